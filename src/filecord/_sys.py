@@ -1,0 +1,318 @@
+"""The one I/O seam: every system call filecord makes goes through this module.
+
+Theory of operation
+-------------------
+Durability bugs hide in the order and the outcome of system calls, so tests must be able to fail
+any call, shorten any write, lose unsynced data or kill the process at any call.  Monkeypatching
+``os`` misses calls made through file objects, so filecord never uses file objects for its own
+I/O: it calls the functions below, which forward to the active :class:`Backend`.  Each call first
+passes through ``Backend.hook(op, args)``; a test backend overrides ``hook`` to raise or to kill,
+and overrides single methods to return short counts or to record what is durable.
+
+Nothing here orders calls or retries them; callers own the protocol.  ``fsync`` uses
+``F_FULLFSYNC`` where the platform has it, because plain ``fsync`` on macOS leaves data in the
+drive's cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+# FICLONERANGE = _IOW(0x94, 13, struct file_clone_range); Python 3.11 has no constant for it.
+_FICLONERANGE = 0x4020940D
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+
+_libc: Any = None
+
+
+def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    if _libc.fallocate(fd, mode, offset, length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+class Backend:
+    """The real system.  Subclass it in tests; override :meth:`hook` to inject faults."""
+
+    def hook(self, op: str, args: tuple[Any, ...]) -> None:
+        """Called before every operation with its name and arguments; the real one does nothing."""
+
+    # --- descriptors -----------------------------------------------------------------------
+    def open(self, path: str, flags: int, mode: int) -> int:
+        return os.open(path, flags | getattr(os, "O_CLOEXEC", 0), mode)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def pread(self, fd: int, n: int, offset: int) -> bytes:
+        return os.pread(fd, n, offset)
+
+    def preadinto(self, fd: int, buf: memoryview, offset: int) -> int:
+        return os.preadv(fd, [buf], offset)
+
+    def pwrite(self, fd: int, data: memoryview | bytes, offset: int) -> int:
+        return os.pwrite(fd, data, offset)
+
+    def write(self, fd: int, data: memoryview | bytes) -> int:
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        if sys.platform == "darwin":  # pragma: no cover - exercised on macOS only
+            fcntl.fcntl(fd, getattr(fcntl, "F_FULLFSYNC", 51))
+        else:
+            os.fsync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def fstat(self, fd: int) -> os.stat_result:
+        return os.fstat(fd)
+
+    def fchmod(self, fd: int, mode: int) -> None:
+        os.fchmod(fd, mode)
+
+    def futimens(self, fd: int, atime_ns: int, mtime_ns: int) -> None:
+        os.utime(fd, ns=(atime_ns, mtime_ns))
+
+    def copy_file_range(self, src: int, dst: int, count: int, src_off: int, dst_off: int) -> int:
+        return os.copy_file_range(src, dst, count, src_off, dst_off)
+
+    def sendfile(self, dst: int, src: int, src_off: int, count: int) -> int:
+        return os.sendfile(dst, src, src_off, count)
+
+    def clone_range(self, src: int, src_off: int, length: int, dst: int, dst_off: int) -> None:
+        # struct file_clone_range { s64 src_fd; u64 src_offset, src_length, dest_offset; }
+        arg = (
+            src.to_bytes(8, "little", signed=True)
+            + src_off.to_bytes(8, "little")
+            + length.to_bytes(8, "little")
+            + dst_off.to_bytes(8, "little")
+        )
+        fcntl.ioctl(dst, _FICLONERANGE, arg)
+
+    def punch_hole(self, fd: int, offset: int, length: int) -> None:
+        _fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length)
+
+    # --- names -----------------------------------------------------------------------------
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def stat(self, path: str) -> os.stat_result:
+        return os.stat(path)
+
+    def lstat(self, path: str) -> os.stat_result:
+        return os.lstat(path)
+
+    def statvfs(self, path: str) -> os.statvfs_result:
+        return os.statvfs(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def access(self, path: str, mode: int) -> bool:
+        return os.access(path, mode)
+
+
+_active: Backend = Backend()
+
+
+def active() -> Backend:
+    """The backend in use (tests read counters from it)."""
+    return _active
+
+
+@contextlib.contextmanager
+def use(backend: Backend) -> Iterator[Backend]:
+    """Route every filecord system call through ``backend`` inside the ``with`` block."""
+    global _active
+    previous, _active = _active, backend
+    try:
+        yield backend
+    finally:
+        _active = previous
+
+
+def open(path: str, flags: int, mode: int = 0o666) -> int:
+    _active.hook("open", (path, flags, mode))
+    return _active.open(path, flags, mode)
+
+
+def close(fd: int) -> None:
+    _active.hook("close", (fd,))
+    _active.close(fd)
+
+
+def pread(fd: int, n: int, offset: int) -> bytes:
+    _active.hook("pread", (fd, n, offset))
+    return _active.pread(fd, n, offset)
+
+
+def preadinto(fd: int, buf: memoryview, offset: int) -> int:
+    _active.hook("preadinto", (fd, len(buf), offset))
+    return _active.preadinto(fd, buf, offset)
+
+
+def pwrite(fd: int, data: memoryview | bytes, offset: int) -> int:
+    _active.hook("pwrite", (fd, len(data), offset))
+    return _active.pwrite(fd, data, offset)
+
+
+def write(fd: int, data: memoryview | bytes) -> int:
+    _active.hook("write", (fd, len(data)))
+    return _active.write(fd, data)
+
+
+def fsync(fd: int) -> None:
+    _active.hook("fsync", (fd,))
+    _active.fsync(fd)
+
+
+def ftruncate(fd: int, size: int) -> None:
+    _active.hook("ftruncate", (fd, size))
+    _active.ftruncate(fd, size)
+
+
+def fstat(fd: int) -> os.stat_result:
+    _active.hook("fstat", (fd,))
+    return _active.fstat(fd)
+
+
+def fchmod(fd: int, mode: int) -> None:
+    _active.hook("fchmod", (fd, mode))
+    _active.fchmod(fd, mode)
+
+
+def futimens(fd: int, atime_ns: int, mtime_ns: int) -> None:
+    _active.hook("futimens", (fd, atime_ns, mtime_ns))
+    _active.futimens(fd, atime_ns, mtime_ns)
+
+
+def copy_file_range(src: int, dst: int, count: int, src_off: int, dst_off: int) -> int:
+    _active.hook("copy_file_range", (src, dst, count, src_off, dst_off))
+    return _active.copy_file_range(src, dst, count, src_off, dst_off)
+
+
+def sendfile(dst: int, src: int, src_off: int, count: int) -> int:
+    _active.hook("sendfile", (dst, src, src_off, count))
+    return _active.sendfile(dst, src, src_off, count)
+
+
+def clone_range(src: int, src_off: int, length: int, dst: int, dst_off: int) -> None:
+    _active.hook("clone_range", (src, src_off, length, dst, dst_off))
+    _active.clone_range(src, src_off, length, dst, dst_off)
+
+
+def punch_hole(fd: int, offset: int, length: int) -> None:
+    _active.hook("punch_hole", (fd, offset, length))
+    _active.punch_hole(fd, offset, length)
+
+
+def fsync_dir(path: str) -> None:
+    _active.hook("fsync_dir", (path,))
+    _active.fsync_dir(path)
+
+
+def rename(src: str, dst: str) -> None:
+    _active.hook("rename", (src, dst))
+    _active.rename(src, dst)
+
+
+def unlink(path: str) -> None:
+    _active.hook("unlink", (path,))
+    _active.unlink(path)
+
+
+def stat(path: str) -> os.stat_result:
+    _active.hook("stat", (path,))
+    return _active.stat(path)
+
+
+def lstat(path: str) -> os.stat_result:
+    _active.hook("lstat", (path,))
+    return _active.lstat(path)
+
+
+def statvfs(path: str) -> os.statvfs_result:
+    _active.hook("statvfs", (path,))
+    return _active.statvfs(path)
+
+
+def listdir(path: str) -> list[str]:
+    _active.hook("listdir", (path,))
+    return _active.listdir(path)
+
+
+def access(path: str, mode: int) -> bool:
+    _active.hook("access", (path, mode))
+    return _active.access(path, mode)
+
+
+# --- small helpers built only on the calls above --------------------------------------------
+
+
+def read_all(fd: int, offset: int, n: int) -> bytes:
+    """Read exactly ``n`` bytes at ``offset`` or raise ``EIO`` on a premature end of file."""
+    parts: list[bytes] = []
+    done = 0
+    while done < n:
+        chunk = pread(fd, n - done, offset + done)
+        if not chunk:
+            raise OSError(errno.EIO, f"unexpected end of file at offset {offset + done}")
+        parts.append(chunk)
+        done += len(chunk)
+    return b"".join(parts)
+
+
+def write_all(fd: int, data: memoryview | bytes, offset: int | None) -> None:
+    """Write all of ``data`` at ``offset`` (or sequentially when ``None``), looping on short writes.
+
+    A write that returns 0 would loop forever, so it is an error (``EIO``).
+    """
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        piece = view[done:]
+        n = write(fd, piece) if offset is None else pwrite(fd, piece, offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, "write returned 0 bytes")
+        done += n
+
+
+def read_text(path: str, limit: int = 1 << 20) -> str:
+    """A small text file (``/proc`` entries) read through the seam."""
+    fd = open(path, os.O_RDONLY)
+    try:
+        parts: list[bytes] = []
+        offset = 0
+        while offset < limit:
+            chunk = pread(fd, 65536, offset)
+            if not chunk:
+                break
+            parts.append(chunk)
+            offset += len(chunk)
+        return b"".join(parts).decode("utf-8", "replace")
+    finally:
+        close(fd)

@@ -1,0 +1,331 @@
+"""FileBackedData: bytes that live in a file, a whole file or a range of one.
+
+Theory of operation
+-------------------
+A piece records the file's size, device, inode and modification time when it is made.  Every read
+opens the file, ``fstat``s the descriptor and compares; any difference raises
+:class:`DataChangedError`.  The state therefore lives on the file, not in a flag on one object:
+a second object on the same file, or a copy, sees a consumed or rewritten file too (failure F2).
+
+An *owned* file is one filecord may delete: ``close()`` unlinks it, and a ``weakref.finalize``
+does so at collection.  Before a consuming save shortens the file it detaches that finalizer
+(F9: cleanup must never delete a half-moved source) and re-arms it only if rollback restored it.
+``move_from`` adopts a file by renaming it to a private name in the same directory; the private
+name is first created with ``O_EXCL`` so the rename can never clobber someone else's file.  A
+crash after that rename leaves the data under the private name, never lost.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import secrets
+import stat as stat_mod
+import weakref
+from dataclasses import dataclass
+
+from filecord import _sys
+from filecord.errors import DataChangedError
+
+CHUNK = 8 << 20  # one reusable read buffer; bounds host memory of every streamed read
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """What a file looked like when a piece was made: the facts every read re-checks."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileIdentity:
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _unlink_if_same(path: str, dev: int, ino: int) -> None:
+    """Delete ``path`` only if it is still the file we own (never someone else's new file)."""
+    try:
+        st = _sys.lstat(path)
+        if st.st_dev == dev and st.st_ino == ino:
+            _sys.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class FileBackedData:
+    """A range of a file, read lazily and re-checked on every read.
+
+    ``FileBackedData(path, offset=0, length=None, owned=False, sha256=None)``: ``length`` defaults
+    to the rest of the file.  ``owned=True`` lets filecord delete the file (``close()``, garbage
+    collection, or a consuming save).  ``sha256`` is a hex digest the caller already knows; it is
+    trusted and never recomputed.  ``copy.copy`` and ``copy.deepcopy`` return the object itself:
+    a file has one owner.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_finalizer",
+        "_identity",
+        "_length",
+        "_offset",
+        "_owned",
+        "_path",
+        "_sha256",
+    )
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        owned: bool = False,
+        sha256: str | None = None,
+    ) -> None:
+        self._path = os.fspath(path)
+        if offset < 0:
+            raise ValueError(f"{self._path}: offset must be >= 0, got {offset}")
+        st = _sys.stat(self._path)
+        if not stat_mod.S_ISREG(st.st_mode):
+            raise ValueError(f"{self._path}: not a regular file")
+        if offset > st.st_size:
+            raise ValueError(f"{self._path}: offset {offset} is past the end ({st.st_size} bytes)")
+        if length is None:
+            length = st.st_size - offset
+        if length < 0 or offset + length > st.st_size:
+            raise ValueError(
+                f"{self._path}: range [{offset}, {offset + length}) is outside the file "
+                f"({st.st_size} bytes)"
+            )
+        if sha256 is not None and (len(sha256) != 64 or not _is_hex(sha256)):
+            raise ValueError(f"sha256 must be 64 hex digits, got {sha256!r}")
+        self._identity = FileIdentity.of(st)
+        self._offset = offset
+        self._length = length
+        self._owned = owned
+        self._sha256 = sha256.lower() if sha256 else None
+        self._finalizer: weakref.finalize[[str, int, int], FileBackedData] | None = None
+        if owned:
+            self._arm()
+
+    @classmethod
+    def move_from(cls, path: str | os.PathLike[str]) -> FileBackedData:
+        """Adopt ``path``: rename it to a private name in its directory and own it."""
+        src = os.fspath(path)
+        st = _sys.lstat(src)
+        if not stat_mod.S_ISREG(st.st_mode):
+            raise ValueError(f"{src}: move_from needs a regular file (not a symlink or device)")
+        directory, name = os.path.split(os.path.abspath(src))
+        for _ in range(100):
+            private = os.path.join(directory, f".{name}.{secrets.token_hex(6)}.filecord-owned")
+            try:
+                fd = _sys.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                continue
+            _sys.close(fd)
+            try:
+                _sys.rename(src, private)
+            except BaseException:
+                _sys.unlink(private)
+                raise
+            return cls(private, owned=True)
+        raise FileExistsError(errno.EEXIST, f"no free private name next to {src}")
+
+    # --- identity and lifetime ---------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def offset(self) -> int:
+        return self._offset
+
+    @property
+    def owned(self) -> bool:
+        return self._owned
+
+    @property
+    def identity(self) -> FileIdentity:
+        """The file's facts when this piece was made."""
+        return self._identity
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __repr__(self) -> str:
+        own = ", owned=True" if self._owned else ""
+        return f"FileBackedData({self._path!r}, offset={self._offset}, length={self._length}{own})"
+
+    def __copy__(self) -> FileBackedData:
+        return self
+
+    def __deepcopy__(self, memo: object) -> FileBackedData:
+        return self
+
+    def _arm(self) -> None:
+        if self._finalizer is None or not self._finalizer.alive:
+            ident = self._identity
+            self._finalizer = weakref.finalize(
+                self, _unlink_if_same, self._path, ident.dev, ident.ino
+            )
+
+    def detach_cleanup(self) -> None:
+        """Stop this object from ever deleting its file (a save or another owner took it over)."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+
+    def rearm_cleanup(self) -> None:
+        """Undo :meth:`detach_cleanup` after a rollback gave the file back intact."""
+        if self._owned:
+            self._arm()
+
+    def close(self) -> None:
+        """Delete an owned file now (a no-op for files we do not own, and when already gone)."""
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+
+    # --- checked reads ---------------------------------------------------------------------
+    def _mismatch(self, found: os.stat_result | None) -> str | None:
+        ident = self._identity
+        if found is None:
+            return "the file is gone"
+        if (found.st_dev, found.st_ino) != (ident.dev, ident.ino):
+            return "the path now names another file"
+        if found.st_size != ident.size:
+            return "the file size changed"
+        if found.st_mtime_ns != ident.mtime_ns:
+            return "the file was modified"
+        return None
+
+    def _raise_changed(self, found: os.stat_result | None, reason: str) -> None:
+        raise DataChangedError(
+            self._path,
+            expected_size=self._identity.size,
+            found_size=None if found is None else found.st_size,
+            reason=reason,
+        )
+
+    def check(self) -> None:
+        """Raise :class:`DataChangedError` unless the file still holds this piece's bytes."""
+        try:
+            found: os.stat_result | None = _sys.stat(self._path)
+        except FileNotFoundError:
+            found = None
+        reason = self._mismatch(found)
+        if reason is not None:
+            self._raise_changed(found, reason)
+
+    def open_checked(self) -> int:
+        """Open the file read-only and verify it through the descriptor; the caller closes it."""
+        try:
+            fd = _sys.open(self._path, os.O_RDONLY)
+        except FileNotFoundError:
+            self._raise_changed(None, "the file is gone")
+            raise  # unreachable: _raise_changed always raises; keeps the type checker honest
+        try:
+            found = _sys.fstat(fd)
+            reason = self._mismatch(found)
+            if reason is not None:
+                self._raise_changed(found, reason)
+        except BaseException:
+            _sys.close(fd)
+            raise
+        return fd
+
+    def read_range(self, start: int, n: int) -> bytes:
+        """``n`` bytes starting ``start`` bytes into this piece."""
+        if start < 0 or n < 0 or start + n > self._length:
+            raise ValueError(f"range [{start}, {start + n}) outside a piece of {self._length}")
+        fd = self.open_checked()
+        try:
+            return _sys.read_all(fd, self._offset + start, n)
+        except OSError as exc:
+            if exc.errno == errno.EIO:
+                self.check()  # shortened while we read: report the change
+            raise
+        finally:
+            _sys.close(fd)
+
+    def prefix(self, n: int) -> bytes:
+        """The first ``min(n, len(self))`` bytes."""
+        return self.read_range(0, min(max(n, 0), self._length))
+
+    def to_bytes(self) -> bytes:
+        """All bytes in memory.  Prefer streaming; this costs ``len(self)`` of host memory."""
+        return self.read_range(0, self._length)
+
+    def iter_chunks(self, chunk: int = CHUNK) -> _ChunkReader:
+        """Stream the bytes through one reused buffer; each view is valid until the next."""
+        return _ChunkReader(self, chunk)
+
+    def sha256(self) -> str:
+        """Hex sha256 of the bytes, streamed once and cached (or the digest given at creation)."""
+        if self._sha256 is None:
+            h = hashlib.sha256()
+            with self.iter_chunks() as chunks:
+                for view in chunks:
+                    h.update(view)
+            self._sha256 = h.hexdigest()
+        return self._sha256
+
+    @property
+    def known_sha256(self) -> str | None:
+        """The digest if it is already known, without reading the file."""
+        return self._sha256
+
+
+class _ChunkReader:
+    """Context manager + iterator over a piece's bytes through one reused buffer.
+
+    The descriptor is opened (and the file verified) on ``__enter__``; each yielded view is
+    valid until the next one, so host memory stays at one chunk whatever the piece's size.
+    """
+
+    def __init__(self, data: FileBackedData, chunk: int) -> None:
+        self._data = data
+        self._buf = memoryview(bytearray(max(1, min(chunk, len(data)))))
+        self._fd: int | None = None
+        self._pos = 0
+
+    def __enter__(self) -> _ChunkReader:
+        self._fd = self._data.open_checked()
+        self._pos = 0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            _sys.close(self._fd)
+            self._fd = None
+
+    def __iter__(self) -> _ChunkReader:
+        return self
+
+    def __next__(self) -> memoryview:
+        if self._fd is None:
+            raise RuntimeError("iterate inside `with data.iter_chunks() as chunks:`")
+        remaining = len(self._data) - self._pos
+        if remaining <= 0:
+            raise StopIteration
+        view = self._buf[: min(len(self._buf), remaining)]
+        got = 0
+        while got < len(view):
+            n = _sys.preadinto(self._fd, view[got:], self._data.offset + self._pos + got)
+            if n <= 0:
+                self._data.check()  # a file shortened under us is a change, not an I/O error
+                raise OSError(errno.EIO, f"{self._data.path}: unexpected end of file")
+            got += n
+        self._pos += len(view)
+        return view
+
+
+def _is_hex(s: str) -> bool:
+    try:
+        int(s, 16)
+    except ValueError:
+        return False
+    return True

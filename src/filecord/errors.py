@@ -1,0 +1,89 @@
+"""The error hierarchy.
+
+Every error filecord raises derives from :class:`FilecordError` and also from the builtin a
+caller would naturally catch (``OSError`` for I/O, ``ValueError`` for malformed input), so code
+written against the standard library keeps working.  Errors carry structured fields; the
+human-readable story goes into ``add_note`` so tracebacks show it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class FilecordError(Exception):
+    """Base class of every filecord error."""
+
+
+class DataChangedError(FilecordError, OSError):
+    """A file-backed piece no longer holds the bytes it was made with.
+
+    ``path`` is the file, ``expected_size``/``found_size`` its size when the piece was made and
+    now (``None`` when the file is gone), and ``reason`` says what differed.
+    """
+
+    def __init__(
+        self, path: str, *, expected_size: int, found_size: int | None, reason: str
+    ) -> None:
+        found = "missing" if found_size is None else f"{found_size} bytes"
+        super().__init__(
+            f"{path}: file-backed data changed since it was captured ({reason}; "
+            f"expected {expected_size} bytes, found {found})"
+        )
+        self.path = path
+        self.expected_size = expected_size
+        self.found_size = found_size
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class SourceState:
+    """Where the bytes of one consumed source are after a failed save."""
+
+    path: str
+    original_size: int
+    bytes_in_source: int
+    rest_at: tuple[tuple[str, int], ...]  # (temp file, offset) holding bytes past bytes_in_source
+
+
+class SaveError(FilecordError, OSError):
+    """A save failed.  The final names are untouched unless ``journal_path`` says otherwise.
+
+    ``journal_path`` names a journal that ``filecord recover`` must finish (``None`` when the
+    save cleaned up completely); ``sources`` lists, per consumed source, where its bytes are.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        errno: int | None = None,
+        journal_path: str | None = None,
+        sources: tuple[SourceState, ...] = (),
+    ) -> None:
+        if errno is None:
+            super().__init__(message)
+        else:
+            super().__init__(errno, message)
+        self.message = message
+        self.journal_path = journal_path
+        self.sources = sources
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InsufficientSpaceError(SaveError):
+    """The preflight found too little free space; nothing was created."""
+
+
+class SourceIsOutputError(SaveError):
+    """An output of the save is also one of its sources."""
+
+
+class RecoverError(FilecordError, OSError):
+    """A journal could not be recovered (unreadable, or a file it names is not as recorded)."""
+
+
+class FormatError(FilecordError, ValueError):
+    """A file is not a well-formed instance of its format."""
