@@ -1,0 +1,94 @@
+"""Clean-room ExecuTorch formats: ``.pte`` programs and ``.ptd`` data files.
+
+Read them (``read_pte``, ``read_ptd``: every segment a file-backed range, never loaded), build
+them (``assemble_pte``, ``build_ptd``, ``merge_ptd``, ``serialize_program``: Cords holding the
+pieces you gave by reference), and keep named data (``NamedDataStore``).  Only the
+``flatbuffers`` runtime is needed: no generated code, no flatc.
+"""
+
+from filecord.executorch._fbschema import Table
+from filecord.executorch._layout import Aligned, plan_segments
+from filecord.executorch.errors import (
+    BadHeaderError,
+    BadMagicError,
+    DuplicateKeyError,
+    ExecutorchFormatError,
+    InvalidTagError,
+    MalformedFlatbufferError,
+    MissingFieldError,
+    NamedDataConflictError,
+    OutOfRangeError,
+    OverlapError,
+    SegmentTableMismatchError,
+    TooManyObjectsError,
+    TruncatedError,
+)
+from filecord.executorch.named_data import DataEntry, NamedDataStore, validate_tag
+from filecord.executorch.ptd import PtdFile, PtdHeader, PtdSegment, build_ptd, merge_ptd, read_ptd
+from filecord.executorch.pte import (
+    PteDelegate,
+    PteFile,
+    PteHeader,
+    PteSegment,
+    assemble_pte,
+    encode_program,
+    max_force_align,
+    read_pte,
+)
+from filecord.executorch.schema import (
+    FLAT_TENSOR_SCHEMA,
+    PROGRAM_SCHEMA,
+    flat_tensor_table,
+    program_table,
+)
+from filecord.executorch.serialize import SerializedProgram, serialize_program
+from filecord.executorch.values import PtdEntry, ScalarType, TensorLayout
+
+__all__ = [
+    # reading
+    "read_pte",
+    "read_ptd",
+    "PteFile",
+    "PteHeader",
+    "PteSegment",
+    "PteDelegate",
+    "PtdFile",
+    "PtdHeader",
+    "PtdSegment",
+    "PtdEntry",
+    # writing
+    "assemble_pte",
+    "encode_program",
+    "max_force_align",
+    "plan_segments",
+    "Aligned",
+    "build_ptd",
+    "merge_ptd",
+    "serialize_program",
+    "SerializedProgram",
+    # values
+    "NamedDataStore",
+    "DataEntry",
+    "validate_tag",
+    "TensorLayout",
+    "ScalarType",
+    "Table",
+    "program_table",
+    "flat_tensor_table",
+    "PROGRAM_SCHEMA",
+    "FLAT_TENSOR_SCHEMA",
+    # errors
+    "ExecutorchFormatError",
+    "TruncatedError",
+    "BadMagicError",
+    "BadHeaderError",
+    "OutOfRangeError",
+    "OverlapError",
+    "MalformedFlatbufferError",
+    "MissingFieldError",
+    "TooManyObjectsError",
+    "DuplicateKeyError",
+    "NamedDataConflictError",
+    "InvalidTagError",
+    "SegmentTableMismatchError",
+]
