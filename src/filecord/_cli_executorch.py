@@ -1,0 +1,187 @@
+"""``filecord inspect PATH [--json]``: show where every byte of a ``.pte`` or ``.ptd`` lies.
+
+Rendering only; the facts come from :func:`read_pte` / :func:`read_ptd`.  The format is chosen
+by the flatbuffer identifier at bytes 4..8 (``ET12`` or ``FT01``), not by the file name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from filecord import _sys
+from filecord.errors import FormatError
+from filecord.executorch import PtdFile, PteFile, read_ptd, read_pte
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "inspect",
+        help="show the layout of an ExecuTorch .pte or .ptd file",
+        description="Show header, segments (absolute offsets and sizes), constant segment, "
+        "named data and delegates of an ExecuTorch program (.pte) or data file (.ptd).",
+    )
+    p.add_argument("path", help="a .pte or .ptd file")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(func=run_inspect)
+
+
+def _identifier(path: str) -> bytes:
+    fd = _sys.open(path, os.O_RDONLY)
+    try:
+        return _sys.pread(fd, 8, 0)[4:8]
+    finally:
+        _sys.close(fd)
+
+
+def describe_pte(f: PteFile) -> dict[str, Any]:
+    h = f.header
+    return {
+        "format": "pte",
+        "path": f.path,
+        "file_size": f.file_size,
+        "header": None
+        if h is None
+        else {
+            "length": h.length,
+            "padded_length": h.padded_length,
+            "program_size": h.program_size,
+            "segment_base_offset": h.segment_base_offset,
+            "segment_data_size": h.segment_data_size,
+        },
+        "segments": [
+            {"index": s.index, "offset": s.offset, "size": s.size, "file_offset": s.file_offset}
+            for s in f.segments
+        ],
+        "constant_segment": None
+        if f.constant_segment is None
+        else {"segment_index": f.constant_segment[0], "offsets": list(f.constant_segment[1])},
+        "mutable_data_segments": [
+            {"segment_index": i, "offsets": list(offs)} for i, offs in f.mutable_data_segments
+        ],
+        "named_data": [{"key": k, "segment_index": i} for k, i in f.named_data.items()],
+        "delegates": [
+            {
+                "plan": d.plan,
+                "index": d.position,
+                "id": d.id,
+                "location": d.location,
+                "data_index": d.index,
+                "size": d.size,
+                "file_offset": f.segments[d.index].file_offset if d.location == "SEGMENT" else None,
+            }
+            for d in f.delegates
+        ],
+    }
+
+
+def describe_ptd(f: PtdFile) -> dict[str, Any]:
+    h = f.header
+    return {
+        "format": "ptd",
+        "path": f.path,
+        "file_size": f.file_size,
+        "version": f.version,
+        "header": {
+            "length": h.length,
+            "flatbuffer_offset": h.flatbuffer_offset,
+            "flatbuffer_size": h.flatbuffer_size,
+            "segment_base_offset": h.segment_base_offset,
+            "segment_data_size": h.segment_data_size,
+        },
+        "segments": [
+            {"index": s.index, "offset": s.offset, "size": s.size, "file_offset": s.file_offset}
+            for s in f.segments
+        ],
+        "entries": [
+            {
+                "key": e.key,
+                "segment_index": e.segment_index,
+                "size": e.size,
+                "layout": None
+                if e.layout is None
+                else {
+                    "scalar_type": e.layout.scalar_type.name,
+                    "sizes": list(e.layout.sizes),
+                    "dim_order": list(e.layout.dim_order),
+                },
+            }
+            for e in f.entries.values()
+        ],
+    }
+
+
+def _render(info: dict[str, Any]) -> list[str]:
+    lines = [f"{info['format']} file {info['path']} ({info['file_size']} bytes)"]
+    h = info["header"]
+    if h is None:
+        lines.append("  header: none (the file is the program flatbuffer)")
+    else:
+        lines.append("  header: " + ", ".join(f"{k} {v}" for k, v in h.items()))
+    if "version" in info:
+        lines.append(f"  version: {info['version']}")
+    lines.append(f"  segments: {len(info['segments'])}")
+    for s in info["segments"]:
+        end = s["file_offset"] + s["size"]
+        lines.append(
+            f"    [{s['index']}] bytes {s['file_offset']}..{end} ({s['size']} bytes, "
+            f"+{s['offset']} from the base)"
+        )
+    if info["format"] == "pte":
+        c = info["constant_segment"]
+        lines.append(
+            "  constant segment: none"
+            if c is None
+            else f"  constant segment: segment {c['segment_index']}, offsets {c['offsets']}"
+        )
+        lines.extend(
+            f"  mutable data: segment {m['segment_index']}, offsets {m['offsets']}"
+            for m in info["mutable_data_segments"]
+        )
+        lines.append(f"  named data: {len(info['named_data'])}")
+        lines.extend(f"    {n['key']} -> segment {n['segment_index']}" for n in info["named_data"])
+        lines.append(f"  delegates: {len(info['delegates'])}")
+        for d in info["delegates"]:
+            where = "" if d["file_offset"] is None else f" at {d['file_offset']}"
+            lines.append(
+                f"    plan {d['plan']} delegate {d['index']} {d['id']}: {d['location']} "
+                f"{d['data_index']} ({d['size']} bytes{where})"
+            )
+    else:
+        lines.append(f"  entries: {len(info['entries'])}")
+        for e in info["entries"]:
+            lay = e["layout"]
+            shape = (
+                "" if lay is None else f", {lay['scalar_type']} {lay['sizes']} {lay['dim_order']}"
+            )
+            lines.append(
+                f"    {e['key']} -> segment {e['segment_index']} ({e['size']} bytes{shape})"
+            )
+    return lines
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    path = os.fspath(args.path)
+    try:
+        ident = _identifier(path)
+        if ident == b"ET12":
+            info = describe_pte(read_pte(path))
+        elif ident == b"FT01":
+            info = describe_ptd(read_ptd(path))
+        else:
+            print(
+                f"filecord inspect: {path}: not an ExecuTorch .pte or .ptd (identifier {ident!r})",
+                file=sys.stderr,
+            )
+            return 1
+    except (FormatError, OSError) as exc:
+        print(f"filecord inspect: {path}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print("\n".join(_render(info)))
+    return 0
