@@ -110,3 +110,73 @@ def run_program(pte: os.PathLike[str] | str, x: Any, data_path: Path | None = No
         Path(pte), data_path=None if data_path is None else str(data_path)
     )
     return program.load_method("forward").execute([x])[0]
+
+
+# --- hand-built programs (no executorch needed) ---------------------------------------------
+
+WEIGHT = bytes(range(48))
+BIAS = bytes(range(100, 112))
+DELEGATE_BLOB = b"delegate-blob-" * 10
+
+
+def sample_program(*, delegate: bool = True, constants: tuple[bytes, ...] = (b"", WEIGHT, BIAS)):
+    """A small Program in emitter form: constants inline, one inline delegate blob."""
+    from filecord.executorch import program_table as t
+
+    tensor = t(
+        "Tensor",
+        scalar_type=6,
+        sizes=(3, 4),
+        dim_order=(0, 1),
+        data_buffer_idx=1,
+        extra_tensor_info=t("ExtraTensorInfo", fully_qualified_name="lin.weight"),
+    )
+    values = (
+        t("EValue", val=tensor),
+        t("EValue", val=t("Int", int_val=-7)),
+        t("EValue", val=t("Double", double_val=2.5)),
+        t("EValue", val=t("BoolList", items=(True, False, True))),
+        t("EValue", val=t("String", string_val="héllo")),
+        t("EValue", val=t("Null")),
+    )
+    chain = t(
+        "Chain",
+        inputs=(),
+        outputs=(),
+        instructions=(
+            t("Instruction", instr_args=t("KernelCall", op_index=0, args=(0, 1, 2))),
+            t("Instruction", instr_args=t("FreeCall", value_index=1)),
+        ),
+    )
+    delegates = ()
+    if delegate:
+        ref = t("BackendDelegateDataReference", location=0, index=0)
+        delegates = (
+            t(
+                "BackendDelegate",
+                id="DummyBackend",
+                processed=ref,
+                compile_specs=(t("CompileSpec", key="k", value=(1, 2)),),
+            ),
+        )
+    plan = t(
+        "ExecutionPlan",
+        name="forward",
+        container_meta_type=t("ContainerMetadata", encoded_inp_str="in", encoded_out_str="out"),
+        values=values,
+        inputs=(0,),
+        outputs=(0,),
+        chains=(chain,),
+        operators=(t("Operator", name="aten::add", overload="out"),),
+        delegates=delegates,
+        non_const_buffer_sizes=(0, 64),
+    )
+    return t(
+        "Program",
+        version=0,
+        execution_plan=(plan,),
+        constant_buffer=tuple(t("Buffer", storage=c) for c in constants),
+        backend_delegate_data=(
+            (t("BackendDelegateInlineData", data=DELEGATE_BLOB),) if delegate else ()
+        ),
+    )

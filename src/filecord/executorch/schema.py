@@ -208,11 +208,11 @@ FLAT_TENSOR_SCHEMA = Schema(
 )
 
 
-def program_table(name: str, **values: Any) -> Table:
+def program_table(name: str, /, **values: Any) -> Table:
     """A table of the program schema: ``program_table("DataSegment", offset=0, size=60)``."""
     return Table(PROGRAM_SCHEMA.spec(name), values)
 
 
-def flat_tensor_table(name: str, **values: Any) -> Table:
+def flat_tensor_table(name: str, /, **values: Any) -> Table:
     """A table of the data-file schema."""
     return Table(FLAT_TENSOR_SCHEMA.spec(name), values)
