@@ -49,16 +49,19 @@ def test_build_ptd_exact_layout(tmp_path: Path) -> None:
 
     f = read_ptd(write_cord(cord, tmp_path / "d.ptd"))
     assert [(s.offset, s.size) for s in f.segments] == [(0, 48), (256, 12)]
-    assert f.entries["w"].layout == W and f.entries["b"].layout == B
+    assert f.entries["w"].layout == W
+    assert f.entries["b"].layout == B
     assert f.entries["b"].data.to_bytes() == b  # type: ignore[union-attr]
 
 
 def test_empty_ptd_still_has_header_and_padding(tmp_path: Path) -> None:
     data = bytes(build_ptd({}))
     fb_size, base, size = struct.unpack_from("<QQQ", data, 24)
-    assert size == 0 and len(data) == base == _round_up(48 + fb_size, 128)
+    assert size == 0
+    assert len(data) == base == _round_up(48 + fb_size, 128)
     f = read_ptd(write_cord(build_ptd({}), tmp_path / "e.ptd"))
-    assert f.entries == {} and f.segments == ()
+    assert f.entries == {}
+    assert f.segments == ()
 
 
 def test_rebuild_from_read_entries_is_identical(tmp_path: Path) -> None:
@@ -109,7 +112,8 @@ def test_store_key_rules() -> None:
     s = NamedDataStore()
     s.add_named_data("k", b"abc")
     s.add_named_data("k", b"abc", alignment=64, external_tag="t")  # equal bytes: no-op
-    assert s.tags == () and s.pte_data["k"].alignment == 1
+    assert s.tags == ()
+    assert s.pte_data["k"].alignment == 1
     with pytest.raises(NamedDataConflictError):
         s.add_named_data("k", b"abd")
     with pytest.raises(NamedDataConflictError):
@@ -148,7 +152,8 @@ def test_known_digest_is_never_reread(tmp_path: Path) -> None:
         s.add_named_data("b", b)
         s.add_named_data("a", b)  # the same key again with equal bytes
     assert counting.opens == []
-    assert len(s.buffers) == 1 and s.buffers[0] is a
+    assert len(s.buffers) == 1
+    assert s.buffers[0] is a
 
 
 def test_unknown_digest_is_streamed_once(tmp_path: Path) -> None:
@@ -160,7 +165,8 @@ def test_unknown_digest_is_streamed_once(tmp_path: Path) -> None:
     s.add_named_data("a", a)
     s.add_named_data("b", b)
     assert len(s.buffers) == 2
-    assert a.known_sha256 is not None and b.known_sha256 is not None
+    assert a.known_sha256 is not None
+    assert b.known_sha256 is not None
     with _sys.use(_Counting()) as counting:
         s.add_named_data("c", b)  # same object: no read at all
         s.add_named_data("b", b)

@@ -46,7 +46,8 @@ def test_constant_segment_layout_exact_bytes(tmp_path: Path) -> None:
     assert out.program["constant_buffer"] == ()
 
     f = read_pte(write_cord(out.pte, tmp_path / "m.pte"))
-    assert f.header is not None and f.header.padded_length == 32
+    assert f.header is not None
+    assert f.header.padded_length == 32
     assert [(s.offset, s.size, s.file_offset) for s in f.segments] == [(0, 60, base)]
     assert f.segments[0].data.to_bytes() == segment
     assert f.flatbuffer == flatbuffer
@@ -82,7 +83,8 @@ def test_segment_alignment_is_relative_to_the_base(tmp_path: Path) -> None:
     # "small" at 128-multiple above 812 -> 896.
     assert layout == [(0, 60), (128, len(DELEGATE_BLOB)), (512, 300), (896, 7)]
     assert f.named_data == {"big": 2, "small": 3}
-    assert f.delegates[0].location == "SEGMENT" and f.delegates[0].index == 1
+    assert f.delegates[0].location == "SEGMENT"
+    assert f.delegates[0].index == 1
     assert f.delegates[0].data.to_bytes() == DELEGATE_BLOB  # type: ignore[union-attr]
     assert f.segments[2].data.to_bytes() == b"B" * 300
     assert f.header is not None
@@ -97,7 +99,8 @@ def test_header_padded_to_largest_force_align(tmp_path: Path) -> None:
     assert data[40:72] == bytes(32)
     assert struct.unpack_from("<Q", data, 16)[0] == 64 + len(flatbuffer)
     f = read_pte(write_cord(out.pte, tmp_path / "m.pte"))
-    assert f.header is not None and f.header.padded_length == 64
+    assert f.header is not None
+    assert f.header.padded_length == 64
     assert f.flatbuffer == flatbuffer
 
 
