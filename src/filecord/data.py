@@ -45,16 +45,6 @@ class FileIdentity:
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _unlink_if_same(path: str, dev: int, ino: int) -> None:
-    """Delete ``path`` only if it is still the file we own (never someone else's new file)."""
-    try:
-        st = _sys.lstat(path)
-        if st.st_dev == dev and st.st_ino == ino:
-            _sys.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 class FileBackedData:
     """A range of a file, read lazily and re-checked on every read.
 
@@ -169,7 +159,7 @@ class FileBackedData:
         if self._finalizer is None or not self._finalizer.alive:
             ident = self._identity
             self._finalizer = weakref.finalize(
-                self, _unlink_if_same, self._path, ident.dev, ident.ino
+                self, _sys.unlink_if_same, self._path, ident.dev, ident.ino
             )
 
     def detach_cleanup(self) -> None:
