@@ -326,13 +326,23 @@ def unlink_missing_ok(path: str) -> None:
         return
 
 
-def unlink_if_same(path: str, dev: int, ino: int) -> bool:
-    """Unlink ``path`` only if it still names the file (dev, ino); never someone's new file."""
+def unlink_if_same(
+    path: str, dev: int, ino: int, size: int | None = None, mtime_ns: int | None = None
+) -> bool:
+    """Unlink ``path`` only if it still names the file (dev, ino); never someone's new file.
+
+    Inode numbers are reused at once on ext4, so callers that know the file's size and
+    modification time pass them too.
+    """
     try:
         st = lstat(path)
     except FileNotFoundError:
         return False
     if (st.st_dev, st.st_ino) != (dev, ino):
+        return False
+    if size is not None and st.st_size != size:
+        return False
+    if mtime_ns is not None and st.st_mtime_ns != mtime_ns:
         return False
     unlink_missing_ok(path)
     return True

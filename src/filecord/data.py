@@ -97,7 +97,7 @@ class FileBackedData:
         self._length = length
         self._owned = owned
         self._sha256 = sha256.lower() if sha256 else None
-        self._finalizer: weakref.finalize[[str, int, int], FileBackedData] | None = None
+        self._finalizer: weakref.finalize[[str, int, int, int, int], FileBackedData] | None = None
         if owned:
             self._arm()
 
@@ -159,7 +159,8 @@ class FileBackedData:
         if self._finalizer is None or not self._finalizer.alive:
             ident = self._identity
             self._finalizer = weakref.finalize(
-                self, _sys.unlink_if_same, self._path, ident.dev, ident.ino
+                self, _sys.unlink_if_same, self._path, ident.dev, ident.ino, ident.size,
+                ident.mtime_ns,
             )
 
     def detach_cleanup(self) -> None:
