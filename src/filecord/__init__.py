@@ -1,4 +1,9 @@
-"""filecord: assemble large artifacts from bytes and file-backed pieces, atomically."""
+"""filecord: assemble large artifacts from bytes and file-backed pieces, atomically.
+
+``save``/``save_many`` write through a temp file, fsync, rename and a directory fsync; with
+``consume=True`` owned file-backed pieces are moved (or cloned) instead of copied.  ``plan`` is
+the dry run and ``recover`` finishes or undoes an interrupted save from its journal.
+"""
 
 from filecord.cord import Cord
 from filecord.data import FileBackedData
@@ -10,13 +15,26 @@ from filecord.errors import (
     RecoverError,
     SaveError,
     SourceIsOutputError,
+    SourceState,
 )
+from filecord.plan import DEFAULT_WINDOW, PieceAction
+from filecord.recover import Recovered, recover
+from filecord.report import SaveReport
+from filecord.save import plan, save, save_many
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Cord",
     "FileBackedData",
+    "save",
+    "save_many",
+    "plan",
+    "recover",
+    "SaveReport",
+    "PieceAction",
+    "Recovered",
+    "DEFAULT_WINDOW",
     "DataChangedError",
     "FilecordError",
     "FormatError",
@@ -24,5 +42,6 @@ __all__ = [
     "RecoverError",
     "SaveError",
     "SourceIsOutputError",
+    "SourceState",
     "__version__",
 ]

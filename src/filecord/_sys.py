@@ -316,3 +316,33 @@ def read_text(path: str, limit: int = 1 << 20) -> str:
         return b"".join(parts).decode("utf-8", "replace")
     finally:
         close(fd)
+
+
+def unlink_missing_ok(path: str) -> None:
+    """Unlink ``path``; a name that is already gone is what we wanted."""
+    try:
+        unlink(path)
+    except FileNotFoundError:
+        return
+
+
+def unlink_if_same(
+    path: str, dev: int, ino: int, size: int | None = None, mtime_ns: int | None = None
+) -> bool:
+    """Unlink ``path`` only if it still names the file (dev, ino); never someone's new file.
+
+    Inode numbers are reused at once on ext4, so callers that know the file's size and
+    modification time pass them too.
+    """
+    try:
+        st = lstat(path)
+    except FileNotFoundError:
+        return False
+    if (st.st_dev, st.st_ino) != (dev, ino):
+        return False
+    if size is not None and st.st_size != size:
+        return False
+    if mtime_ns is not None and st.st_mtime_ns != mtime_ns:
+        return False
+    unlink_missing_ok(path)
+    return True

@@ -45,16 +45,6 @@ class FileIdentity:
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _unlink_if_same(path: str, dev: int, ino: int) -> None:
-    """Delete ``path`` only if it is still the file we own (never someone else's new file)."""
-    try:
-        st = _sys.lstat(path)
-        if st.st_dev == dev and st.st_ino == ino:
-            _sys.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 class FileBackedData:
     """A range of a file, read lazily and re-checked on every read.
 
@@ -67,11 +57,10 @@ class FileBackedData:
 
     __slots__ = (
         "__weakref__",
-        "_finalizer",
         "_identity",
         "_length",
         "_offset",
-        "_owned",
+        "_owner",
         "_path",
         "_sha256",
     )
@@ -105,11 +94,8 @@ class FileBackedData:
         self._identity = FileIdentity.of(st)
         self._offset = offset
         self._length = length
-        self._owned = owned
         self._sha256 = sha256.lower() if sha256 else None
-        self._finalizer: weakref.finalize[[str, int, int], FileBackedData] | None = None
-        if owned:
-            self._arm()
+        self._owner = _Owner(self._path, self._identity) if owned else None
 
     @classmethod
     def move_from(cls, path: str | os.PathLike[str]) -> FileBackedData:
@@ -145,7 +131,26 @@ class FileBackedData:
 
     @property
     def owned(self) -> bool:
-        return self._owned
+        return self._owner is not None
+
+    def slice(self, start: int, length: int, *, sha256: str | None = None) -> FileBackedData:
+        """A sub-range of this piece, sharing its file and its ownership (no new stat).
+
+        Every slice of an owned file shares one owner: the file is deleted when the last of
+        them is collected, or at once when any of them is closed.
+        """
+        if start < 0 or length < 0 or start + length > self._length:
+            raise ValueError(f"slice [{start}, {start + length}) outside a piece of {self._length}")
+        new = object.__new__(FileBackedData)
+        new._path = self._path
+        new._identity = self._identity
+        new._offset = self._offset + start
+        new._length = length
+        new._owner = self._owner
+        new._sha256 = sha256.lower() if sha256 else None
+        if start == 0 and length == self._length and sha256 is None:
+            new._sha256 = self._sha256
+        return new
 
     @property
     def identity(self) -> FileIdentity:
@@ -156,7 +161,7 @@ class FileBackedData:
         return self._length
 
     def __repr__(self) -> str:
-        own = ", owned=True" if self._owned else ""
+        own = ", owned=True" if self._owner is not None else ""
         return f"FileBackedData({self._path!r}, offset={self._offset}, length={self._length}{own})"
 
     def __copy__(self) -> FileBackedData:
@@ -165,29 +170,20 @@ class FileBackedData:
     def __deepcopy__(self, memo: object) -> FileBackedData:
         return self
 
-    def _arm(self) -> None:
-        if self._finalizer is None or not self._finalizer.alive:
-            ident = self._identity
-            self._finalizer = weakref.finalize(
-                self, _unlink_if_same, self._path, ident.dev, ident.ino
-            )
-
     def detach_cleanup(self) -> None:
-        """Stop this object from ever deleting its file (a save or another owner took it over)."""
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
+        """Stop ever deleting the file (a save or another owner took it over)."""
+        if self._owner is not None:
+            self._owner.detach()
 
     def rearm_cleanup(self) -> None:
         """Undo :meth:`detach_cleanup` after a rollback gave the file back intact."""
-        if self._owned:
-            self._arm()
+        if self._owner is not None:
+            self._owner.arm()
 
     def close(self) -> None:
         """Delete an owned file now (a no-op for files we do not own, and when already gone)."""
-        if self._finalizer is not None:
-            self._finalizer()
-            self._finalizer = None
+        if self._owner is not None:
+            self._owner.close()
 
     # --- checked reads ---------------------------------------------------------------------
     def _mismatch(self, found: os.stat_result | None) -> str | None:
@@ -277,6 +273,40 @@ class FileBackedData:
     def known_sha256(self) -> str | None:
         """The digest if it is already known, without reading the file."""
         return self._sha256
+
+
+class _Owner:
+    """The deletion right over one file, shared by every piece (slice) of it.
+
+    The finalizer hangs on this object, so the file goes when the last piece holding it is
+    collected; it deletes only a file that still matches what was adopted (inode numbers are
+    reused at once, so size and modification time are compared too).
+    """
+
+    __slots__ = ("__weakref__", "_finalizer", "_identity", "_path")
+
+    def __init__(self, path: str, identity: FileIdentity) -> None:
+        self._path = path
+        self._identity = identity
+        self._finalizer: weakref.finalize[[str, int, int, int, int], _Owner] | None = None
+        self.arm()
+
+    def arm(self) -> None:
+        if self._finalizer is None or not self._finalizer.alive:
+            i = self._identity
+            self._finalizer = weakref.finalize(
+                self, _sys.unlink_if_same, self._path, i.dev, i.ino, i.size, i.mtime_ns
+            )
+
+    def detach(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+
+    def close(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
 
 
 class _ChunkReader:

@@ -15,6 +15,19 @@ class FilecordError(Exception):
     """Base class of every filecord error."""
 
 
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note`` on 3.11+; on 3.10 the note is kept in ``__notes__`` all the same."""
+    adder = getattr(exc, "add_note", None)
+    if adder is not None:
+        adder(note)
+    else:  # pragma: no cover - Python 3.10
+        notes = getattr(exc, "__notes__", None)
+        if notes is None:
+            notes = []
+            exc.__notes__ = notes  # type: ignore[attr-defined]
+        notes.append(note)
+
+
 class DataChangedError(FilecordError, OSError):
     """A file-backed piece no longer holds the bytes it was made with.
 

@@ -1,0 +1,120 @@
+"""The preflight's eyes: stat the sources and destinations, probe file systems (I/O, no decisions).
+
+Theory of operation
+-------------------
+Only reads happen here, plus one optional clone probe: two tiny files created ``O_EXCL`` in the
+destination directory and unlinked at once, so that a file system that says it is XFS but was
+made without reflink is known before the plan promises a clone.  A crash during the probe can
+leave a 4 KiB ``.filecord-probe.*`` file; nothing else.  Results are cached per device for the
+life of the process.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat as stat_mod
+
+from filecord import _sys
+from filecord.plan import CLONING_FILESYSTEMS, NO_HOLE_FILESYSTEMS, FsFacts
+
+_clone_cache: dict[int, bool] = {}
+
+
+def fs_type(path: str) -> str:
+    """The file system type holding ``path`` (from ``/proc/self/mountinfo``), or "unknown"."""
+    try:
+        dev = _sys.stat(path).st_dev
+        text = _sys.read_text("/proc/self/mountinfo")
+    except OSError:
+        return "unknown"
+    want = f"{os.major(dev)}:{os.minor(dev)}"
+    real = os.path.realpath(path)
+    best, best_len = "unknown", -1
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5:
+            continue
+        mount_point = fields[4].replace("\\040", " ")
+        kind = right.split()[0] if right.split() else "unknown"
+        if fields[2] == want:
+            return kind
+        # btrfs subvolumes report anonymous devices: fall back to the longest mount prefix.
+        prefix = mount_point.rstrip("/") + "/"
+        if (real + "/").startswith(prefix) and len(prefix) > best_len:
+            best, best_len = kind, len(prefix)
+    return best
+
+
+def probe_clone(directory: str) -> bool:
+    """Whether the file system under ``directory`` clones ranges (tried, not guessed)."""
+    dev = _sys.stat(directory).st_dev
+    if dev in _clone_cache:
+        return _clone_cache[dev]
+    token = secrets.token_hex(6)
+    a = os.path.join(directory, f".filecord-probe.{token}.a")
+    b = os.path.join(directory, f".filecord-probe.{token}.b")
+    ok = False
+    fds: list[int] = []
+    try:
+        fa = _sys.open(a, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fds.append(fa)
+        fb = _sys.open(b, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fds.append(fb)
+        _sys.write_all(fa, bytes(4096), 0)
+        try:
+            _sys.clone_range(fa, 0, 4096, fb, 0)
+            ok = True
+        except OSError as exc:
+            if exc.errno not in _CLONE_REFUSALS:
+                raise
+    finally:
+        for fd in fds:
+            _sys.close(fd)
+        for p in (a, b):
+            _sys.unlink_missing_ok(p)
+    _clone_cache[dev] = ok
+    return ok
+
+
+_CLONE_REFUSALS = frozenset(
+    {errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS, errno.EPERM}
+)
+
+
+def fs_facts(directory: str, *, want_clone: bool) -> FsFacts:
+    st = _sys.stat(directory)
+    vfs = _sys.statvfs(directory)
+    kind = fs_type(directory)
+    can_clone = False
+    if want_clone and kind in CLONING_FILESYSTEMS:
+        can_clone = probe_clone(directory)
+    return FsFacts(
+        dev=st.st_dev,
+        fs_type=kind,
+        free=vfs.f_bavail * vfs.f_frsize,
+        can_clone=can_clone,
+        keeps_holes=kind not in NO_HOLE_FILESYSTEMS,
+    )
+
+
+def resolve_target(path: str) -> tuple[str, os.stat_result | None]:
+    """The file a save to ``path`` replaces, and its stat (None when it does not exist yet).
+
+    A symlink to a regular file is followed and the file it names is replaced.  A path that
+    names something else (a FIFO, ``/dev/stdout``) is returned as given, to be opened as is.
+    """
+    absolute = os.path.abspath(path)
+    try:
+        st = _sys.stat(absolute)
+    except FileNotFoundError:
+        return os.path.realpath(absolute), None  # absent, or a dangling link: create its target
+    if stat_mod.S_ISREG(st.st_mode):
+        return os.path.realpath(absolute), st
+    return absolute, st
+
+
+def is_clone_refusal(exc: OSError) -> bool:
+    return exc.errno in _CLONE_REFUSALS

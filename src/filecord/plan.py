@@ -1,0 +1,336 @@
+"""Pure planning: outputs + options + facts about files -> what a save will do, and why.
+
+Nothing here touches the disk.  ``facts.py`` gathers the stat results and file-system
+capabilities at the edge; this module turns them into a :class:`SavePlan` that lists, for every
+file-backed piece, whether it will be cloned, moved or copied (with the reason for every copy
+made under ``consume=True``) and the predicted peak disk per file system.  Because every
+decision is a function of plain values, each rule is unit-testable without a disk.
+
+Decision rules (``consume=True``; without it, pieces are only cloned or copied):
+
+* clone: source and output on one file system that can clone, the output offset and the source
+  offset block-aligned, and the length block-aligned or ending at both the source's and the
+  output's end.  An owned file that could be moved is cloned only if *all* its pieces can be,
+  so that one file is never half cloned, half moved.
+* move: the file is owned (by every object naming it), regular, not reached through a symlink,
+  has one hard link, is writable, lives on the output's file system, that file system keeps
+  holes, the output is a temp file we create, and the pieces' ranges, merged, reach the end of
+  the file.  Ranges below a gap are copied ("a gap below the moved range"); without a run that
+  reaches the end of the file nothing is moved.  A range used by several outputs, or several
+  times in one, is still moved: every destination is written before the source is shortened.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+MiB = 1 << 20
+DEFAULT_WINDOW = 128 * MiB  # picked by bench/consume_window.py; see docs/benchmarks.md
+BLOCK = 4096
+SPACE_SLACK = 1 * MiB  # journal, directory entries and extent metadata
+
+# Reasons a piece was copied although consume=True asked to move it.
+NOT_OWNED = "not owned"
+SYMLINK = "a symlink"
+HARDLINK = "another hard link"
+READ_ONLY = "read-only"
+OTHER_FS = "another file system"
+GAP = "a gap below the moved range"
+GAP_TO_END = "bytes after the range are not part of the save"
+NOT_OUR_FILE = "the output is not a regular file we created"
+NO_HOLES = "the file system keeps no holes"
+WINDOWS = "Windows"
+CLONE_REFUSED = "the file system refused the clone"
+CLONED_WHOLE = "cloned"  # internal marker, never reported: all pieces of the file clone
+
+CLONING_FILESYSTEMS = frozenset({"btrfs", "xfs", "bcachefs", "ocfs2"})
+NO_HOLE_FILESYSTEMS = frozenset({"vfat", "msdos", "exfat", "hfs", "hfsplus", "fuseblk"})
+
+
+@dataclass(frozen=True)
+class SourceFacts:
+    """One distinct source file, as stat saw it during the preflight."""
+
+    key: tuple[int, int]  # (dev, ino)
+    path: str
+    size: int
+    owned: bool  # every FileBackedData naming this file owns it
+    symlink: bool
+    nlink: int
+    regular: bool
+    writable: bool
+
+
+@dataclass(frozen=True)
+class FsFacts:
+    dev: int
+    fs_type: str
+    free: int
+    can_clone: bool
+    keeps_holes: bool
+
+
+@dataclass(frozen=True)
+class PieceRef:
+    """One placement of a piece in an output (``source`` is None for in-memory bytes)."""
+
+    output: int
+    index: int
+    out_offset: int
+    length: int
+    source: tuple[int, int] | None = None
+    src_offset: int = 0
+
+
+@dataclass(frozen=True)
+class OutputFacts:
+    path: str  # the name the caller gave
+    target: str  # the file actually replaced (a symlink at ``path`` is followed)
+    dev: int
+    length: int
+    direct: bool  # not a regular file (FIFO, device): written in place, streamed
+
+
+@dataclass(frozen=True)
+class PieceAction:
+    """What happens to one piece; ``reason`` explains every copy under ``consume=True``."""
+
+    output: str
+    index: int
+    out_offset: int
+    length: int
+    action: str  # "written" (in memory), "copied", "cloned" or "moved"
+    source: str | None = None
+    src_offset: int = 0
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class MoveSource:
+    """A source shortened from its end down to ``run_start``; ``dests`` are its placements."""
+
+    key: tuple[int, int]
+    path: str
+    size: int
+    run_start: int
+    dests: tuple[PieceRef, ...]
+
+
+@dataclass(frozen=True)
+class FsPeak:
+    dev: int
+    fs_type: str
+    needed: int
+    free: int
+
+    @property
+    def fits(self) -> bool:
+        return self.needed <= self.free
+
+
+@dataclass(frozen=True)
+class SavePlan:
+    outputs: tuple[OutputFacts, ...]
+    actions: tuple[PieceAction, ...]
+    moves: tuple[MoveSource, ...]
+    consumed: tuple[tuple[int, int], ...]  # owned sources deleted at commit (consume=True)
+    peaks: tuple[FsPeak, ...]
+    consume: bool
+    window: int
+    refs: tuple[PieceRef, ...] = field(repr=False, default=())
+
+
+def _clone_ok(ref: PieceRef, src: SourceFacts, out: OutputFacts, fs: FsFacts | None) -> bool:
+    if out.direct or fs is None or not fs.can_clone or src.key[0] != out.dev or ref.length == 0:
+        return False
+    if ref.out_offset % BLOCK or ref.src_offset % BLOCK:
+        return False
+    if ref.length % BLOCK == 0:
+        return True
+    return ref.src_offset + ref.length == src.size and ref.out_offset + ref.length == out.length
+
+
+def _move_refusal(
+    src: SourceFacts, outs: Iterable[OutputFacts], fs_of: dict[int, FsFacts]
+) -> str | None:
+    if sys.platform == "win32":  # pragma: no cover - no sparse files by default there
+        return WINDOWS
+    if not src.owned:
+        return NOT_OWNED
+    if src.symlink:
+        return SYMLINK
+    if not src.regular:
+        return NOT_OUR_FILE
+    if src.nlink != 1:
+        return HARDLINK
+    if not src.writable:
+        return READ_ONLY
+    for out in outs:
+        if out.direct:
+            return NOT_OUR_FILE
+        if out.dev != src.key[0]:
+            return OTHER_FS
+        fs = fs_of.get(out.dev)
+        if fs is not None and not fs.keeps_holes:
+            return NO_HOLES
+    return None
+
+
+def merged_runs(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Merge half-open ranges that overlap or touch; sorted, non-empty ranges only."""
+    runs: list[tuple[int, int]] = []
+    for lo, hi in sorted(r for r in ranges if r[1] > r[0]):
+        if runs and lo <= runs[-1][1]:
+            runs[-1] = (runs[-1][0], max(runs[-1][1], hi))
+        else:
+            runs.append((lo, hi))
+    return runs
+
+
+def cover(
+    dests: Sequence[PieceRef], lo: int, hi: int
+) -> list[tuple[int, int, PieceRef]]:
+    """Non-overlapping segments ``(start, end, ref)`` of ``[lo, hi)``, each held by ``ref``.
+
+    Used to put moved bytes back: any one destination holding a byte will do.  Raises
+    ``ValueError`` if some byte of ``[lo, hi)`` is held by no destination.
+    """
+    segs: list[tuple[int, int, PieceRef]] = []
+    pos = lo
+    while pos < hi:
+        best: PieceRef | None = None
+        for d in dests:
+            if d.src_offset <= pos < d.src_offset + d.length and (
+                best is None or d.src_offset + d.length > best.src_offset + best.length
+            ):
+                best = d
+        if best is None:
+            raise ValueError(f"no destination holds source byte {pos}")
+        end = min(hi, best.src_offset + best.length)
+        segs.append((pos, end, best))
+        pos = end
+    return segs
+
+
+def make_plan(
+    outputs: Sequence[OutputFacts],
+    refs: Sequence[PieceRef],
+    sources: dict[tuple[int, int], SourceFacts],
+    filesystems: dict[int, FsFacts],
+    *,
+    consume: bool,
+    window: int,
+) -> SavePlan:
+    """Decide every piece's action and the peak disk per file system (pure)."""
+    if window < BLOCK:
+        raise ValueError(f"the sync window must be at least {BLOCK} bytes, got {window}")
+    by_source: dict[tuple[int, int], list[PieceRef]] = {}
+    for r in refs:
+        if r.source is not None:
+            by_source.setdefault(r.source, []).append(r)
+
+    decision: dict[PieceRef, tuple[str, str | None]] = {}
+    moves: list[MoveSource] = []
+    for key, placements in by_source.items():
+        src = sources[key]
+        outs = {outputs[r.output] for r in placements}
+        clonable = [
+            _clone_ok(r, src, outputs[r.output], filesystems.get(outputs[r.output].dev))
+            for r in placements
+        ]
+        if not consume:
+            for r, c in zip(placements, clonable, strict=True):
+                decision[r] = ("cloned", None) if c else ("copied", None)
+            continue
+        refusal = _move_refusal(src, outs, filesystems)
+        pairs = zip(placements, clonable, strict=True)
+        if refusal is None and all(c for r, c in pairs if r.length):
+            refusal = CLONED_WHOLE  # every piece clones: the file need not be shortened at all
+        if refusal is not None:
+            for r, c in zip(placements, clonable, strict=True):
+                decision[r] = ("cloned", None) if c else ("copied", refusal)
+            continue
+        runs = merged_runs((r.src_offset, r.src_offset + r.length) for r in placements)
+        top = runs[-1] if runs else None
+        if top is None or top[1] != src.size:
+            for r in placements:
+                decision[r] = ("copied", GAP_TO_END if r.length else None)
+            continue
+        moved = tuple(r for r in placements if r.length and r.src_offset >= top[0])
+        for r in placements:
+            if r in moved:
+                decision[r] = ("moved", None)
+            else:
+                decision[r] = ("copied", GAP if r.length else None)
+        moves.append(MoveSource(key, src.path, src.size, top[0], moved))
+
+    actions: list[PieceAction] = []
+    for r in refs:
+        out = outputs[r.output]
+        if r.source is None:
+            actions.append(PieceAction(out.path, r.index, r.out_offset, r.length, "written"))
+            continue
+        act, why = decision[r]
+        if act == "copied" and r.length == 0:
+            why = None
+        actions.append(
+            PieceAction(
+                out.path, r.index, r.out_offset, r.length, act,
+                sources[r.source].path, r.src_offset, why,
+            )
+        )
+
+    consumed = tuple(k for k, s in sources.items() if consume and s.owned and k in by_source)
+    return SavePlan(
+        outputs=tuple(outputs),
+        actions=tuple(actions),
+        moves=tuple(moves),
+        consumed=consumed,
+        peaks=_peaks(outputs, actions, moves, filesystems, window),
+        consume=consume,
+        window=window,
+        refs=tuple(refs),
+    )
+
+
+def _peaks(
+    outputs: Sequence[OutputFacts],
+    actions: Sequence[PieceAction],
+    moves: Sequence[MoveSource],
+    filesystems: dict[int, FsFacts],
+    window: int,
+) -> tuple[FsPeak, ...]:
+    """Bytes each file system must find free at the worst instant of the save.
+
+    New bytes are the outputs' lengths minus what is shared (cloned) or moved (each moved run
+    counts once; a second destination of the same bytes is new data).  A move also holds one
+    sync window twice before the source is shortened.
+    """
+    needed: dict[int, int] = {}
+    for out in outputs:
+        if not out.direct:
+            needed[out.dev] = needed.get(out.dev, 0) + out.length
+    dev_of = {o.path: o.dev for o in outputs}
+    for a in actions:
+        if a.action == "cloned":
+            needed[dev_of[a.output]] -= a.length
+    extra: dict[int, int] = {}
+    for m in moves:
+        dev = m.key[0]
+        run = m.size - m.run_start
+        needed[dev] = needed.get(dev, 0) - run
+        extra[dev] = max(extra.get(dev, 0), min(window, run))
+    peaks = []
+    for dev, n in sorted(needed.items()):
+        fs = filesystems.get(dev)
+        peaks.append(
+            FsPeak(
+                dev=dev,
+                fs_type=fs.fs_type if fs else "unknown",
+                needed=max(0, n) + extra.get(dev, 0) + SPACE_SLACK,
+                free=fs.free if fs else 0,
+            )
+        )
+    return tuple(peaks)

@@ -1,0 +1,182 @@
+"""The preflight: normalize the arguments, stat everything, refuse early, and plan.
+
+Nothing is created or changed here (the clone probe in ``facts`` aside); every refusal happens
+before the first output is opened: a changed source, an output that is a source, a missing or
+read-only directory, two outputs naming one file, or too little free space.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat as stat_mod
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from filecord import _sys
+from filecord.cord import Cord, PieceLike
+from filecord.data import FileBackedData
+from filecord.errors import InsufficientSpaceError, SaveError, SourceIsOutputError
+from filecord.facts import fs_facts, resolve_target
+from filecord.plan import (
+    BLOCK,
+    FsFacts,
+    OutputFacts,
+    PieceRef,
+    SavePlan,
+    SourceFacts,
+    make_plan,
+)
+
+Target = str | os.PathLike[str]
+CordLike = Cord | PieceLike | list[PieceLike] | tuple[PieceLike, ...]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The normalized save: cords per output, the objects per source file, and the plan."""
+
+    cords: tuple[Cord, ...]
+    datas: Mapping[tuple[int, int], tuple[FileBackedData, ...]]
+    target_stats: tuple[os.stat_result | None, ...]
+    plan: SavePlan
+
+
+def as_cord(value: CordLike) -> Cord:
+    if isinstance(value, Cord):
+        return value
+    if isinstance(value, (list, tuple)):
+        return Cord(value)
+    return Cord([value])
+
+
+def normalize(
+    target: Target | Mapping[Target, CordLike], cord: CordLike | None
+) -> list[tuple[str, Cord]]:
+    if isinstance(target, Mapping):
+        if cord is not None:
+            raise TypeError("pass either a {path: cord} mapping or a path and a cord, not both")
+        items = [(os.fspath(p), as_cord(c)) for p, c in target.items()]
+    else:
+        if cord is None:
+            raise TypeError("save(path, cord): the cord is missing")
+        items = [(os.fspath(target), as_cord(cord))]
+    if not items:
+        raise ValueError("nothing to save: no outputs given")
+    return items
+
+
+def _dir_facts(path: str, target: str) -> str:
+    directory = os.path.dirname(target) or "."
+    try:
+        st = _sys.stat(directory)
+    except FileNotFoundError:
+        raise SaveError(
+            f"cannot save {path}: the directory {directory} does not exist", errno=errno.ENOENT
+        ) from None
+    if not stat_mod.S_ISDIR(st.st_mode):
+        raise SaveError(f"cannot save {path}: {directory} is not a directory", errno=errno.ENOTDIR)
+    if not _sys.access(directory, os.W_OK | os.X_OK):
+        raise SaveError(
+            f"cannot save {path}: the directory {directory} is not writable", errno=errno.EACCES
+        )
+    return directory
+
+
+def prepare(
+    items: list[tuple[str, Cord]], *, consume: bool, window: int
+) -> Prepared:
+    outputs: list[OutputFacts] = []
+    target_stats: list[os.stat_result | None] = []
+    seen_targets: dict[str, str] = {}
+    out_dirs: list[str] = []
+    for path, cord in items:
+        target, st = resolve_target(path)
+        if target in seen_targets:
+            raise ValueError(f"{path} and {seen_targets[target]} name the same file {target}")
+        seen_targets[target] = path
+        if st is not None and stat_mod.S_ISDIR(st.st_mode):
+            raise SaveError(f"cannot save {path}: it is a directory", errno=errno.EISDIR)
+        direct = st is not None and not stat_mod.S_ISREG(st.st_mode)
+        if direct:
+            directory = os.path.dirname(target) or "."
+            dev = st.st_dev if st is not None else 0
+        else:
+            directory = _dir_facts(path, target)
+            dev = _sys.stat(directory).st_dev
+        out_dirs.append(directory)
+        outputs.append(OutputFacts(path, target, dev, len(cord), direct))
+        target_stats.append(st)
+
+    refs: list[PieceRef] = []
+    datas: dict[tuple[int, int], list[FileBackedData]] = {}
+    for o, (_path, cord) in enumerate(items):
+        offset = 0
+        for i, piece in enumerate(cord.pieces):
+            if isinstance(piece, FileBackedData):
+                piece.check()
+                ident = piece.identity
+                key = (ident.dev, ident.ino)
+                group = datas.setdefault(key, [])
+                if not any(d is piece for d in group):
+                    group.append(piece)
+                refs.append(PieceRef(o, i, offset, len(piece), key, piece.offset))
+            else:
+                refs.append(PieceRef(o, i, offset, len(piece)))
+            offset += len(piece)
+
+    for out, st in zip(outputs, target_stats, strict=True):
+        if st is not None and (st.st_dev, st.st_ino) in datas:
+            raise SourceIsOutputError(
+                f"cannot save {out.path}: it is also one of the save's sources "
+                f"({datas[(st.st_dev, st.st_ino)][0].path})",
+                errno=errno.EINVAL,
+            )
+
+    sources = {key: _source_facts(key, group) for key, group in datas.items()}
+    filesystems: dict[int, FsFacts] = {}
+    for out, directory in zip(outputs, out_dirs, strict=True):
+        if out.direct or out.dev in filesystems:
+            continue
+        want_clone = any(
+            key[0] == out.dev and sources[key].size >= BLOCK for key in sources
+        )
+        filesystems[out.dev] = fs_facts(directory, want_clone=want_clone)
+    plan = make_plan(outputs, refs, sources, filesystems, consume=consume, window=window)
+    return Prepared(
+        cords=tuple(c for _p, c in items),
+        datas={k: tuple(v) for k, v in datas.items()},
+        target_stats=tuple(target_stats),
+        plan=plan,
+    )
+
+
+def _source_facts(key: tuple[int, int], group: list[FileBackedData]) -> SourceFacts:
+    path = group[0].path
+    lst = _sys.lstat(path)
+    st = _sys.stat(path)
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    writable = _sys.access(path, os.W_OK) and _sys.access(directory, os.W_OK | os.X_OK)
+    return SourceFacts(
+        key=key,
+        path=path,
+        size=st.st_size,
+        owned=all(d.owned for d in group),
+        symlink=stat_mod.S_ISLNK(lst.st_mode),
+        nlink=st.st_nlink,
+        regular=stat_mod.S_ISREG(st.st_mode),
+        writable=writable,
+    )
+
+
+def check_space(plan: SavePlan) -> None:
+    """Refuse, before anything is created, a save that cannot fit at its peak."""
+    for peak in plan.peaks:
+        if not peak.fits:
+            where = ", ".join(o.path for o in plan.outputs if o.dev == peak.dev)
+            raise InsufficientSpaceError(
+                f"not enough free space on the {peak.fs_type} file system holding {where}: "
+                f"the save needs {peak.needed} bytes at its peak and {peak.free} are free"
+                + ("" if plan.consume else " (consume=True may need less)"),
+                errno=errno.ENOSPC,
+            )

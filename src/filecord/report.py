@@ -1,0 +1,94 @@
+"""What a save did (or, from ``plan()``, would do): a value, rendered by the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from filecord.plan import FsPeak, PieceAction
+
+
+@dataclass(frozen=True)
+class SaveReport:
+    """Every piece with its action, totals, peaks, and for a real save the time and fsyncs.
+
+    ``dry_run`` is True for :func:`filecord.plan`.  ``actions`` lists in-memory pieces as
+    ``written`` and file-backed ones as ``copied``, ``cloned`` or ``moved``; a copy made under
+    ``consume=True`` carries its ``reason``.
+    """
+
+    outputs: tuple[str, ...]
+    sizes: tuple[int, ...]
+    actions: tuple[PieceAction, ...]
+    peaks: tuple[FsPeak, ...]
+    consume: bool
+    window: int
+    dry_run: bool
+    elapsed_s: float = 0.0
+    fsyncs: int = 0
+    journal: bool = False
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes)
+
+    def bytes_by_action(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for a in self.actions:
+            totals[a.action] = totals.get(a.action, 0) + a.length
+        return totals
+
+    def copy_reasons(self) -> dict[str, int]:
+        """Bytes copied under ``consume=True``, per reason."""
+        out: dict[str, int] = {}
+        for a in self.actions:
+            if a.reason is not None:
+                out[a.reason] = out.get(a.reason, 0) + a.length
+        return out
+
+    def file_actions(self) -> tuple[PieceAction, ...]:
+        return tuple(a for a in self.actions if a.source is not None)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "dry_run": self.dry_run,
+            "consume": self.consume,
+            "window": self.window,
+            "outputs": [
+                {"path": p, "bytes": n} for p, n in zip(self.outputs, self.sizes, strict=True)
+            ],
+            "bytes_by_action": self.bytes_by_action(),
+            "copy_reasons": self.copy_reasons(),
+            "pieces": [
+                {
+                    "output": a.output,
+                    "index": a.index,
+                    "offset": a.out_offset,
+                    "bytes": a.length,
+                    "action": a.action,
+                    "source": a.source,
+                    "source_offset": a.src_offset if a.source is not None else None,
+                    "reason": a.reason,
+                }
+                for a in self.actions
+            ],
+            "peaks": [
+                {"fs_type": p.fs_type, "dev": p.dev, "needed": p.needed, "free": p.free}
+                for p in self.peaks
+            ],
+            "elapsed_s": self.elapsed_s,
+            "fsyncs": self.fsyncs,
+            "journal": self.journal,
+        }
+
+    def summary(self) -> str:
+        """A few lines for people: totals per action and the copy reasons."""
+        verb = "would save" if self.dry_run else "saved"
+        lines = [
+            f"{verb} {len(self.outputs)} file(s), {self.total_bytes} bytes"
+            + ("" if self.dry_run else f" in {self.elapsed_s:.3f} s, {self.fsyncs} fsyncs")
+        ]
+        for action, n in sorted(self.bytes_by_action().items()):
+            lines.append(f"  {action:8} {n} bytes")
+        for reason, n in sorted(self.copy_reasons().items()):
+            lines.append(f"  copied because {reason}: {n} bytes")
+        return "\n".join(lines)

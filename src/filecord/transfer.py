@@ -1,0 +1,219 @@
+"""Byte movers: copy, clone, move and put back.  The only module that shortens a source.
+
+Theory of operation
+-------------------
+*Copy* uses ``copy_file_range`` in bounded segments (fast, little CPU, and a free clone on
+btrfs/XFS), falling back to ``pread``/``pwrite`` through one reused buffer when the kernel
+refuses (``EXDEV``, ``EOPNOTSUPP``, ``ENOSYS``, ``EINVAL``) or returns 0 early.  Streams (pipes,
+devices) take ``sendfile`` and then ``read``/``write``.  Every loop checks the full length: a
+short count is continued, a zero count is an error, never silently accepted (F3).
+
+*Move* shortens a source from its end, one sync window at a time:
+
+1. copy the window's bytes to every destination that uses them, at their final offsets;
+2. ``fsync`` every destination touched;
+3. only then ``ftruncate`` the source to the window's start.
+
+A crash after 1 or 2 leaves the bytes in the source (still full length) and maybe in the
+temps; a crash after 3 leaves them durably in the temps.  So at every instant each byte is
+durable in the source or at its journaled offset, and the source's own size says how far the
+move got (no journal write per window).  A failed or uncertain fsync raises before step 3.
+
+*Restore* (rollback and recovery) runs the same discipline in reverse: copy the bytes back to
+the end of the source, ``fsync`` the source, and only then punch the hole in the temp that held
+them (best effort, to free space; the temp is deleted afterwards anyway).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from filecord import _sys
+from filecord.plan import MoveSource, cover
+
+log = logging.getLogger(__name__)
+
+SEGMENT = 256 << 20  # one copy_file_range call; also the progress granularity
+BUFFER = 8 << 20
+
+_CFR_FALLBACK = frozenset(
+    {errno.EXDEV, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF, errno.ETXTBSY}
+)
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class Counters:
+    """Per-save mutable state: the fsync tally and the one reused copy buffer."""
+
+    fsyncs: int = 0
+    _buf: memoryview | None = field(default=None, repr=False)
+
+    def buffer(self) -> memoryview:
+        if self._buf is None:
+            self._buf = memoryview(bytearray(BUFFER))
+        return self._buf
+
+    def fsync(self, fd: int) -> None:
+        _sys.fsync(fd)
+        self.fsyncs += 1
+
+
+def _nop(_n: int) -> None:
+    return None
+
+
+def _buffered_copy(
+    src: int, dst: int, src_off: int, dst_off: int | None, n: int, c: Counters, progress: Progress
+) -> None:
+    buf = c.buffer()
+    done = 0
+    while done < n:
+        view = buf[: min(len(buf), n - done)]
+        got = _sys.preadinto(src, view, src_off + done)
+        if got <= 0:
+            raise OSError(errno.EIO, f"source ended {n - done} bytes early at {src_off + done}")
+        _sys.write_all(dst, view[:got], None if dst_off is None else dst_off + done)
+        done += got
+        progress(got)
+
+
+def copy_range(
+    src: int, dst: int, src_off: int, dst_off: int, n: int, c: Counters,
+    progress: Progress = _nop,
+) -> None:
+    """Copy ``n`` bytes between two regular files at the given offsets, completely."""
+    done = 0
+    while done < n:
+        try:
+            got = _sys.copy_file_range(
+                src, dst, min(SEGMENT, n - done), src_off + done, dst_off + done
+            )
+        except OSError as exc:
+            if exc.errno not in _CFR_FALLBACK:
+                raise
+            got = 0
+        if got <= 0:
+            # Refused, or 0 at a place that should have data: finish through the buffer, which
+            # raises EIO on a real premature end of file.
+            _buffered_copy(src, dst, src_off + done, dst_off + done, n - done, c, progress)
+            break
+        done += got
+        progress(got)
+
+
+def copy_to_stream(
+    src: int, dst: int, src_off: int, n: int, c: Counters, progress: Progress = _nop
+) -> None:
+    """Append ``n`` bytes to a stream (pipe, device, O_APPEND file): sendfile, else read/write."""
+    done = 0
+    while done < n:
+        try:
+            got = _sys.sendfile(dst, src, src_off + done, min(SEGMENT, n - done))
+        except OSError as exc:
+            if exc.errno not in _CFR_FALLBACK:
+                raise
+            got = 0
+        if got <= 0:
+            _buffered_copy(src, dst, src_off + done, None, n - done, c, progress)
+            break
+        done += got
+        progress(got)
+
+
+def write_bytes(
+    dst: int, data: memoryview, dst_off: int | None, c: Counters, progress: Progress = _nop
+) -> None:
+    """Write an in-memory piece in bounded slices (so progress moves and no slice is huge)."""
+    for start in range(0, len(data), BUFFER):
+        part = data[start : start + BUFFER]
+        _sys.write_all(dst, part, None if dst_off is None else dst_off + start)
+        progress(len(part))
+
+
+def clone(src: int, src_off: int, n: int, dst: int, dst_off: int, c: Counters) -> None:
+    """Share ``n`` bytes' extents (raises OSError when the file system refuses)."""
+    _sys.clone_range(src, src_off, n, dst, dst_off)
+
+
+def move_source(
+    src: int,
+    m: MoveSource,
+    temps: Sequence[int],
+    window: int,
+    c: Counters,
+    progress: Progress = _nop,
+) -> None:
+    """Move ``m``'s run into the temps, shortening the source one window at a time.
+
+    ``temps[i]`` is the open temp file of output ``i``.  The source must still be
+    ``m.size`` bytes long; the caller checked it.
+    """
+    pos = m.size
+    while pos > m.run_start:
+        lo = max(m.run_start, pos - window)
+        touched: set[int] = set()
+        for d in m.dests:
+            a, b = max(d.src_offset, lo), min(d.src_offset + d.length, pos)
+            if a < b:
+                copy_range(src, temps[d.output], a, d.out_offset + (a - d.src_offset), b - a, c)
+                touched.add(temps[d.output])
+        for fd in sorted(touched):
+            c.fsync(fd)  # raises on failure: the truncate below never runs after a bad fsync
+        _sys.ftruncate(src, lo)
+        progress(pos - lo)
+        pos = lo
+
+
+def restore_source(
+    src: int,
+    m: MoveSource,
+    temps: Sequence[int | None],
+    window: int,
+    c: Counters,
+    *,
+    punch: bool,
+) -> int:
+    """Put back the bytes a move took from ``src``; returns how many were restored.
+
+    Works from the source's current size up, so it is idempotent and resumable: rerun after a
+    crash, it continues where the size says.  ``temps[i]`` may be None for outputs that hold no
+    bytes of this source.
+    """
+    start = _sys.fstat(src).st_size
+    if start > m.size:
+        raise OSError(errno.EIO, f"{m.path} is longer ({start}) than recorded ({m.size})")
+    if start < m.run_start:
+        raise OSError(
+            errno.EIO, f"{m.path} is shorter ({start}) than the journal allows ({m.run_start})"
+        )
+    pos = start
+    while pos < m.size:
+        hi = min(m.size, pos + window)
+        segs = cover(m.dests, pos, hi)
+        for a, b, d in segs:
+            tfd = temps[d.output]
+            if tfd is None:
+                raise OSError(errno.ENOENT, f"the temp file holding {m.path}[{a}:{b}] is missing")
+            copy_range(tfd, src, d.out_offset + (a - d.src_offset), a, b - a, c)
+        c.fsync(src)  # the bytes are durable in the source before any temp lets go of them
+        if punch:
+            for a, b, d in segs:
+                tfd = temps[d.output]
+                if tfd is not None:
+                    _punch_best_effort(tfd, d.out_offset + (a - d.src_offset), b - a)
+        pos = hi
+    return m.size - start
+
+
+def _punch_best_effort(fd: int, offset: int, length: int) -> None:
+    # Freeing the temp's copy early only saves disk; the temp is unlinked right after the
+    # rollback, so a refusal (EOPNOTSUPP on file systems without holes) changes nothing durable.
+    try:
+        _sys.punch_hole(fd, offset, length)
+    except OSError as exc:
+        log.debug("punch_hole refused (%s); the temp keeps its copy until it is removed", exc)

@@ -1,0 +1,155 @@
+"""The pure decision rules, one fact at a time, no disk."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from filecord.plan import FsFacts, OutputFacts, PieceRef, SourceFacts, make_plan
+
+# `filecord.plan` the attribute is the dry-run function; the module is reached by name.
+P = importlib.import_module("filecord.plan")
+
+DEV = 7
+KEY = (DEV, 100)
+
+
+def src(**kw: object) -> SourceFacts:
+    base: dict[str, object] = {
+        "key": KEY, "path": "/d/src", "size": 10_000, "owned": True, "symlink": False, "nlink": 1,
+        "regular": True, "writable": True,
+    }
+    base.update(kw)
+    return SourceFacts(**base)  # type: ignore[arg-type]
+
+
+def fs(dev: int = DEV, **kw: object) -> FsFacts:
+    base: dict[str, object] = {
+        "dev": dev, "fs_type": "ext4", "free": 1 << 40, "can_clone": False, "keeps_holes": True
+    }
+    base.update(kw)
+    return FsFacts(**base)  # type: ignore[arg-type]
+
+
+def out(length: int = 10_100, dev: int = DEV, *, direct: bool = False) -> OutputFacts:
+    return OutputFacts("/d/o", "/d/o", dev, length, direct)
+
+
+def whole() -> list[PieceRef]:
+    return [PieceRef(0, 0, 0, 100), PieceRef(0, 1, 100, 10_000, KEY, 0)]
+
+
+def decide(s: SourceFacts, o: OutputFacts | None = None, f: FsFacts | None = None,
+           refs: list[PieceRef] | None = None, consume: bool = True) -> P.SavePlan:
+    return make_plan([o or out()], refs or whole(), {s.key: s}, {DEV: f or fs()},
+                     consume=consume, window=4096)
+
+
+def test_owned_regular_file_is_moved() -> None:
+    p = decide(src())
+    assert [a.action for a in p.actions] == ["written", "moved"]
+    assert p.moves[0].run_start == 0
+    assert p.consumed == (KEY,)
+
+
+@pytest.mark.parametrize(
+    ("facts", "reason"),
+    [
+        ({"owned": False}, P.NOT_OWNED),
+        ({"symlink": True}, P.SYMLINK),
+        ({"nlink": 2}, P.HARDLINK),
+        ({"writable": False}, P.READ_ONLY),
+    ],
+)
+def test_refusals_copy_with_reason(facts: dict[str, object], reason: str) -> None:
+    p = decide(src(**facts))
+    assert p.actions[1].action == "copied"
+    assert p.actions[1].reason == reason
+    assert p.moves == ()
+
+
+def test_other_file_system_and_no_holes_and_direct_output() -> None:
+    other = decide(src(key=(8, 1)), refs=[PieceRef(0, 0, 0, 10_000, (8, 1), 0)])
+    assert other.actions[0].reason == P.OTHER_FS
+    assert decide(src(), f=fs(keeps_holes=False)).actions[1].reason == P.NO_HOLES
+    assert decide(src(), o=out(direct=True)).actions[1].reason == P.NOT_OUR_FILE
+
+
+def test_without_consume_nothing_has_a_reason() -> None:
+    p = decide(src(owned=False), consume=False)
+    assert p.actions[1].action == "copied"
+    assert p.actions[1].reason is None
+    assert p.consumed == ()
+
+
+def test_gap_below_the_moved_run_is_copied() -> None:
+    refs = [PieceRef(0, 0, 0, 1000, KEY, 0), PieceRef(0, 1, 1000, 5000, KEY, 5000)]
+    p = decide(src(), o=out(6000), refs=refs)
+    assert [(a.action, a.reason) for a in p.actions] == [("copied", P.GAP), ("moved", None)]
+    assert p.moves[0].run_start == 5000
+
+
+def test_range_that_misses_the_end_is_not_moved() -> None:
+    refs = [PieceRef(0, 0, 0, 9000, KEY, 0)]
+    p = decide(src(), o=out(9000), refs=refs)
+    assert p.actions[0].reason == P.GAP_TO_END
+    assert p.moves == ()
+
+
+def test_shared_range_is_moved_to_every_destination() -> None:
+    refs = [PieceRef(0, 0, 0, 10_000, KEY, 0), PieceRef(0, 1, 10_000, 10_000, KEY, 0)]
+    p = decide(src(), o=out(20_000), refs=refs)
+    assert [a.action for a in p.actions] == ["moved", "moved"]
+    assert len(p.moves[0].dests) == 2
+    # The second copy of the bytes is new data on disk; the first is moved.
+    assert p.peaks[0].needed == 10_000 + 4096 + P.SPACE_SLACK
+
+
+def test_clone_needs_alignment_or_a_shared_end() -> None:
+    cl = fs(can_clone=True, fs_type="xfs")
+    aligned = [PieceRef(0, 0, 0, 4096), PieceRef(0, 1, 4096, 10_000, KEY, 0)]
+    p = decide(src(owned=False), o=out(14_096), f=cl, refs=aligned, consume=False)
+    assert p.actions[1].action == "cloned"  # unaligned length, but ends both files
+    unaligned = [PieceRef(0, 0, 0, 100), PieceRef(0, 1, 100, 10_000, KEY, 0)]
+    p = decide(src(owned=False), f=cl, refs=unaligned, consume=False)
+    assert p.actions[1].action == "copied"
+
+
+def test_owned_file_that_fully_clones_is_cloned_not_moved() -> None:
+    cl = fs(can_clone=True, fs_type="btrfs")
+    refs = [PieceRef(0, 0, 0, 4096), PieceRef(0, 1, 4096, 10_000, KEY, 0)]
+    p = decide(src(), o=out(14_096), f=cl, refs=refs)
+    assert p.actions[1].action == "cloned"
+    assert p.moves == ()
+    assert p.consumed == (KEY,)  # still deleted at commit
+    assert p.peaks[0].needed == 4096 + P.SPACE_SLACK
+
+
+def test_peak_copy_is_output_size_and_move_is_window() -> None:
+    copy = decide(src(owned=False))
+    move = decide(src())
+    assert copy.peaks[0].needed == 10_100 + P.SPACE_SLACK
+    assert move.peaks[0].needed == 100 + 4096 + P.SPACE_SLACK
+    tight = decide(src(), f=fs(free=100 + 4096 + P.SPACE_SLACK))
+    assert tight.peaks[0].fits
+    assert not decide(src(owned=False), f=fs(free=100 + 4096 + P.SPACE_SLACK)).peaks[0].fits
+
+
+def test_cover_picks_non_overlapping_holders() -> None:
+    a = PieceRef(0, 0, 0, 50, KEY, 0)
+    b = PieceRef(1, 0, 0, 80, KEY, 20)
+    segs = P.cover([a, b], 0, 100)
+    assert [(s, e) for s, e, _ in segs] == [(0, 50), (50, 100)]
+    assert segs[1][2] is b
+    with pytest.raises(ValueError, match="no destination"):
+        P.cover([a], 0, 60)
+
+
+def test_merged_runs() -> None:
+    assert P.merged_runs([(5, 10), (0, 5), (20, 30), (25, 26), (40, 40)]) == [(0, 10), (20, 30)]
+
+
+def test_window_too_small() -> None:
+    with pytest.raises(ValueError, match="window"):
+        make_plan([out()], whole(), {KEY: src()}, {DEV: fs()}, consume=True, window=10)
