@@ -33,6 +33,4 @@ def make_file(tmp_path: Path) -> Callable[..., str]:
 
 def leftovers(directory: str | Path) -> list[str]:
     """Temps and journals a save may leave: there must be none after a clean failure."""
-    return sorted(
-        n for n in os.listdir(directory) if n.endswith((".partial", ".filecord-journal"))
-    )
+    return sorted(n for n in os.listdir(directory) if n.endswith((".partial", ".filecord-journal")))

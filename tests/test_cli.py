@@ -19,7 +19,12 @@ ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "filecord.cli", *args],
-        capture_output=True, text=True, env=ENV, cwd=cwd, timeout=600, check=False,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=cwd,
+        timeout=600,
+        check=False,
     )
 
 

@@ -85,7 +85,8 @@ def test_gap_below_moved_run(tmp_path: Path) -> None:
     high = FileBackedData(p, offset=20_000, owned=True)
     r = save(tmp_path / "o", Cord([high, low]), consume=True, window=W)
     assert [(a.action, a.reason) for a in r.actions] == [
-        ("moved", None), ("copied", "a gap below the moved range")
+        ("moved", None),
+        ("copied", "a gap below the moved range"),
     ]
     assert (tmp_path / "o").read_bytes() == data[20_000:] + data[:10_000]
     assert not p.exists()  # consumed: deleted at commit
@@ -114,7 +115,7 @@ def test_failed_consuming_save_rolls_back_byte_exact(tmp_path: Path) -> None:
     class FailLastFsync(_sys.Backend):
         def hook(self, op: str, args: tuple[object, ...]) -> None:
             if op == "ftruncate":
-                calls["fsync"] = -10**9  # arm after the first truncate
+                calls["fsync"] = -(10**9)  # arm after the first truncate
             if op == "pwrite" and args[1] == len(b'{"committed": true}\n') and calls["fsync"] < 0:
                 raise OSError(5, "injected EIO at the commit line")
 

@@ -17,8 +17,14 @@ KEY = (DEV, 100)
 
 def src(**kw: object) -> SourceFacts:
     base: dict[str, object] = {
-        "key": KEY, "path": "/d/src", "size": 10_000, "owned": True, "symlink": False, "nlink": 1,
-        "regular": True, "writable": True,
+        "key": KEY,
+        "path": "/d/src",
+        "size": 10_000,
+        "owned": True,
+        "symlink": False,
+        "nlink": 1,
+        "regular": True,
+        "writable": True,
     }
     base.update(kw)
     return SourceFacts(**base)  # type: ignore[arg-type]
@@ -26,7 +32,11 @@ def src(**kw: object) -> SourceFacts:
 
 def fs(dev: int = DEV, **kw: object) -> FsFacts:
     base: dict[str, object] = {
-        "dev": dev, "fs_type": "ext4", "free": 1 << 40, "can_clone": False, "keeps_holes": True
+        "dev": dev,
+        "fs_type": "ext4",
+        "free": 1 << 40,
+        "can_clone": False,
+        "keeps_holes": True,
     }
     base.update(kw)
     return FsFacts(**base)  # type: ignore[arg-type]
@@ -40,10 +50,16 @@ def whole() -> list[PieceRef]:
     return [PieceRef(0, 0, 0, 100), PieceRef(0, 1, 100, 10_000, KEY, 0)]
 
 
-def decide(s: SourceFacts, o: OutputFacts | None = None, f: FsFacts | None = None,
-           refs: list[PieceRef] | None = None, consume: bool = True) -> P.SavePlan:
-    return make_plan([o or out()], refs or whole(), {s.key: s}, {DEV: f or fs()},
-                     consume=consume, window=4096)
+def decide(
+    s: SourceFacts,
+    o: OutputFacts | None = None,
+    f: FsFacts | None = None,
+    refs: list[PieceRef] | None = None,
+    consume: bool = True,
+) -> P.SavePlan:
+    return make_plan(
+        [o or out()], refs or whole(), {s.key: s}, {DEV: f or fs()}, consume=consume, window=4096
+    )
 
 
 def test_owned_regular_file_is_moved() -> None:

@@ -14,13 +14,29 @@ torch = pytest.importorskip("torch", reason="the torch extra is not installed")
 from filecord.torch import dense_dim_order, write_tensors  # noqa: E402
 
 CPU_DTYPES = [
-    d for d in (
-        torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-        torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16, torch.float32,
-        torch.float64, torch.complex64, torch.complex128,
-        getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None),
-        getattr(torch, "float8_e4m3fnuz", None), getattr(torch, "float8_e5m2fnuz", None),
-    ) if d is not None
+    d
+    for d in (
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        getattr(torch, "float8_e4m3fn", None),
+        getattr(torch, "float8_e5m2", None),
+        getattr(torch, "float8_e4m3fnuz", None),
+        getattr(torch, "float8_e5m2fnuz", None),
+    )
+    if d is not None
 ]
 
 
@@ -39,8 +55,9 @@ def sample(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     n = 1
     for s in shape:
         n *= s
-    bits = torch.randint(0, 256, (n * torch.empty((), dtype=dtype).element_size(),),
-                         dtype=torch.uint8, generator=g)
+    bits = torch.randint(
+        0, 256, (n * torch.empty((), dtype=dtype).element_size(),), dtype=torch.uint8, generator=g
+    )
     return bits.view(dtype).reshape(shape)
 
 

@@ -1,0 +1,82 @@
+"""``filecord inspect`` on hand-built files, through the real command line (no executorch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from et_helpers import sample_program, write_cord
+
+from filecord.executorch import (
+    NamedDataStore,
+    PtdEntry,
+    ScalarType,
+    TensorLayout,
+    build_ptd,
+    read_pte,
+    serialize_program,
+)
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def _inspect(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": SRC}
+    return subprocess.run(
+        [sys.executable, "-m", "filecord.cli", "inspect", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+
+
+def test_inspect_pte_json_and_text(tmp_path: Path) -> None:
+    store = NamedDataStore()
+    store.add_named_data("nd", b"N" * 20, alignment=256)
+    path = write_cord(serialize_program(sample_program(), store).pte, tmp_path / "m.pte")
+    f = read_pte(path)
+    assert f.header is not None
+    base = f.header.segment_base_offset
+    done = _inspect(str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert info["format"] == "pte"
+    assert info["header"]["segment_base_offset"] == base
+    assert [(s["file_offset"], s["size"]) for s in info["segments"]] == [
+        (base, 60),
+        (base + 128, 140),
+        (base + 512, 20),
+    ]
+    assert info["constant_segment"] == {"segment_index": 0, "offsets": [0, 0, 48]}
+    assert info["named_data"] == [{"key": "nd", "segment_index": 2}]
+    assert info["delegates"][0]["location"] == "SEGMENT"
+    assert info["delegates"][0]["file_offset"] == base + 128
+    text = _inspect(str(path)).stdout
+    assert f"[2] bytes {base + 512}..{base + 532} (20 bytes, +512 from the base)" in text
+    assert "DummyBackend: SEGMENT 1 (140 bytes at" in text
+
+
+def test_inspect_ptd_and_errors(tmp_path: Path) -> None:
+    layout = TensorLayout.contiguous(ScalarType.FLOAT, (3, 4))
+    path = write_cord(build_ptd([PtdEntry("w", bytes(48), layout)]), tmp_path / "d.ptd")
+    info = json.loads(_inspect(str(path), "--json").stdout)
+    assert info["entries"] == [
+        {
+            "key": "w",
+            "segment_index": 0,
+            "size": 48,
+            "layout": {"scalar_type": "FLOAT", "sizes": [3, 4], "dim_order": [0, 1]},
+        }
+    ]
+    broken = tmp_path / "broken.ptd"
+    broken.write_bytes(path.read_bytes()[:-1])
+    done = _inspect(str(broken))
+    assert done.returncode != 0
+    assert "FH01.segment_data_size at offset 40" in done.stderr
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"not an executorch file")
+    assert _inspect(str(other)).returncode != 0
