@@ -1,23 +1,12 @@
-"""Shared fixtures: deterministic file contents and a helper to make files."""
+"""Shared fixtures for the top-level tests."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-
-def pattern(n: int, seed: str = "x") -> bytes:
-    """``n`` deterministic bytes that differ at every offset class (no two blocks equal)."""
-    out = bytearray()
-    block = 0
-    while len(out) < n:
-        out += hashlib.sha256(f"{seed}/{block}".encode()).digest()
-        block += 1
-    return bytes(out[:n])
 
 
 @pytest.fixture
@@ -29,8 +18,3 @@ def make_file(tmp_path: Path) -> Callable[..., str]:
         return os.fspath(path)
 
     return make
-
-
-def leftovers(directory: str | Path) -> list[str]:
-    """Temps and journals a save may leave: there must be none after a clean failure."""
-    return sorted(n for n in os.listdir(directory) if n.endswith((".partial", ".filecord-journal")))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import leftovers, pattern
 from filecord import Cord, FileBackedData, SaveError, _sys, recover, save, save_many
+from filecord_testing import leftovers, pattern
 
 W = 8192  # a small sync window: several windows per source
 

@@ -5,8 +5,8 @@ from collections.abc import Callable
 
 import pytest
 
-from conftest import pattern
 from filecord import Cord, FileBackedData
+from filecord_testing import pattern
 
 
 def test_pieces_lengths_and_bytes(make_file: Callable[..., str]) -> None:

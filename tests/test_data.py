@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pattern
 from filecord import Cord, DataChangedError, FileBackedData, save
+from filecord_testing import pattern
 
 
 def test_whole_file_and_range_read_exact_bytes(make_file: Callable[..., str]) -> None:

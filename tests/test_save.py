@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import leftovers, pattern
 from filecord import (
     Cord,
     FileBackedData,
@@ -18,6 +17,7 @@ from filecord import (
     save,
     save_many,
 )
+from filecord_testing import leftovers, pattern
 
 
 def test_many_pieces_land_at_exact_offsets(tmp_path: Path, make_file: Callable[..., str]) -> None:
