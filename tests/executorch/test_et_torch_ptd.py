@@ -60,6 +60,7 @@ def test_add_tensor_infers_layout_and_streams(tmp_path: Path) -> None:
     entries = store.entries("w")
     e = entries["conv.weight"]
     assert e.layout == TensorLayout(ScalarType.BFLOAT16, (2, 3, 4, 5), (0, 2, 3, 1))
-    assert e.data.to_bytes() == cl.permute(0, 2, 3, 1).contiguous().view(torch.uint8).numpy().tobytes()
+    memory_order = cl.permute(0, 2, 3, 1).contiguous()
+    assert e.data.to_bytes() == memory_order.view(torch.uint8).numpy().tobytes()
     assert entries["same"].data is e.data  # deduplicated by the digest computed while writing
     assert e.alignment == 16
