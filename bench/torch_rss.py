@@ -96,7 +96,8 @@ def main() -> int:
     ok = [r for r in results if "extra" in r]
     data = ok[0]["data"] if ok else args.size
     print(f"state dict: {data / 2**30:.2f} GiB of float32 tensors, one process per writer")
-    print(f"{'writer':12} {'peak RSS above tensors':>24} {'x data':>8} {'time':>8} {'vs filecord':>12}")
+    print(f"{'writer':12} {'peak RSS above tensors':>24} {'x data':>8} {'time':>8} "
+          f"{'vs filecord':>12}")
     ref = next((r for r in ok if r["case"] == "filecord"), None)
     for r in results:
         if "error" in r:
