@@ -130,3 +130,36 @@ def ptd_header(flatbuffer_size: int, segment_base_offset: int, segment_data_size
         segment_data_size,
     )
     return fields + bytes(padded - len(fields))
+
+
+def check_regions(
+    prefix: str,
+    *,
+    region_end: int,
+    region_field: tuple[str, int],
+    base: int,
+    base_field: tuple[str, int],
+    data_size: int,
+    data_field: tuple[str, int],
+    file_size: int,
+) -> None:
+    """The header-declared layout of a ``.pte``/``.ptd`` fits its file: the flatbuffer region
+    ends inside the file, the segments start after it, and the segments end inside the file.
+    Each field is ``(name, header offset)`` for the error."""
+    from filecord.executorch.errors import OverlapError, TruncatedError
+
+    if region_end > file_size:
+        raise TruncatedError(
+            f"{prefix} ends at {region_end}, past the end of the {file_size}-byte file",
+            field=region_field[0], offset=region_field[1],
+        )
+    if base < region_end:
+        raise OverlapError(
+            f"segment_base_offset {base} is inside the {prefix} (ends at {region_end})",
+            field=base_field[0], offset=base_field[1],
+        )
+    if base + data_size > file_size:
+        raise TruncatedError(
+            f"segments end at {base + data_size}, past the end of the {file_size}-byte file",
+            field=data_field[0], offset=data_field[1],
+        )

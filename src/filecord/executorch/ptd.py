@@ -28,6 +28,7 @@ from filecord.executorch._layout import (
     PTD_HEADER_LENGTH,
     PTD_HEADER_MAGIC,
     Aligned,
+    check_regions,
     insert_header,
     piece_length,
     plan_segments,
@@ -111,25 +112,16 @@ def parse_ptd_header(head: bytes, file_size: int) -> PtdHeader:
         raise BadHeaderError(
             f"flatbuffer_size {fb_size} is below 8", field="FH01.flatbuffer_size", offset=24
         )
-    region_end = fb_offset + fb_size
-    if region_end > file_size:
-        raise TruncatedError(
-            f"flatbuffer ends at {region_end}, past the end of the {file_size}-byte file",
-            field="FH01.flatbuffer_size",
-            offset=24,
-        )
-    if base < region_end:
-        raise OverlapError(
-            f"segment_base_offset {base} is inside the flatbuffer (ends at {region_end})",
-            field="FH01.segment_base_offset",
-            offset=32,
-        )
-    if base + data_size > file_size:
-        raise TruncatedError(
-            f"segments end at {base + data_size}, past the end of the {file_size}-byte file",
-            field="FH01.segment_data_size",
-            offset=40,
-        )
+    check_regions(
+        "flatbuffer",
+        region_end=fb_offset + fb_size,
+        region_field=("FH01.flatbuffer_size", 24),
+        base=base,
+        base_field=("FH01.segment_base_offset", 32),
+        data_size=data_size,
+        data_field=("FH01.segment_data_size", 40),
+        file_size=file_size,
+    )
     return PtdHeader(length, fb_offset, fb_size, base, data_size)
 
 

@@ -27,6 +27,7 @@ from filecord.executorch._layout import (
     PTE_HEADER_MAGIC,
     PTE_HEADER_MIN_LENGTH,
     Aligned,
+    check_regions,
     insert_header,
     normalize_segments,
     piece_length,
@@ -153,24 +154,16 @@ def parse_pte_header(head: bytes, file_size: int) -> tuple[int, int, int, int] |
             field="eh00.program_size",
             offset=16,
         )
-    if program_size > file_size:
-        raise TruncatedError(
-            f"program_size {program_size} runs past the end of the {file_size}-byte file",
-            field="eh00.program_size",
-            offset=16,
-        )
-    if base < program_size:
-        raise OverlapError(
-            f"segment_base_offset {base} is inside the program (program_size {program_size})",
-            field="eh00.segment_base_offset",
-            offset=24,
-        )
-    if base + data_size > file_size:
-        raise TruncatedError(
-            f"segments end at {base + data_size}, past the end of the {file_size}-byte file",
-            field="eh00.segment_data_size",
-            offset=32,
-        )
+    check_regions(
+        "program",
+        region_end=program_size,
+        region_field=("eh00.program_size", 16),
+        base=base,
+        base_field=("eh00.segment_base_offset", 24),
+        data_size=data_size,
+        data_field=("eh00.segment_data_size", 32),
+        file_size=file_size,
+    )
     return length, program_size, base, data_size
 
 
