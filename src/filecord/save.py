@@ -370,7 +370,15 @@ def _close_all(txn: _Txn) -> None:
     txn.fds = [None] * len(txn.fds)
     txn.src_fds.clear()
     txn.started = [(m, -1) for m, _fd in txn.started]
+    # The lists are already cleared, so a failed close must not skip the rest: close every
+    # descriptor (Linux releases one even when close reports an error), then raise the first.
+    first: OSError | None = None
     for fd in fds:
         if fd >= 0:
-            _sys.close(fd)
+            try:
+                _sys.close(fd)
+            except OSError as exc:
+                first = first or exc
+    if first is not None:
+        raise first
 
