@@ -40,7 +40,7 @@ from filecord import _sys, journal, transfer
 from filecord._rollback import fail as _fail
 from filecord.cord import Cord
 from filecord.data import FileBackedData
-from filecord.errors import SaveError
+from filecord.errors import FilecordError, SaveError, add_note
 from filecord.facts import is_clone_refusal
 from filecord.plan import CLONE_REFUSED, DEFAULT_WINDOW, MoveSource, PieceAction
 from filecord.preflight import CordLike, Prepared, Target, check_space, normalize, prepare
@@ -156,8 +156,18 @@ def _run(
     progress: ProgressCallback | None,
 ) -> SaveReport:
     start = time.perf_counter()
-    prep = prepare(items, consume=consume, window=window)
-    check_space(prep.plan)
+    try:
+        prep = prepare(items, consume=consume, window=window)
+        check_space(prep.plan)
+    except OSError as exc:
+        if isinstance(exc, FilecordError):
+            raise
+        # A system call of the preflight failed (stat, statvfs, ...): still a SaveError, as
+        # documented, and nothing exists yet to clean up.
+        names = ", ".join(p for p, _c in items)
+        err = SaveError(f"saving {names} failed: {exc.strerror or exc}", errno=exc.errno)
+        add_note(err, "nothing was created or changed: the save can be retried")
+        raise err from exc
     txn = _Txn(prep, secrets.token_hex(6), progress)
     try:
         _execute(txn)
