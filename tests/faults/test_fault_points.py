@@ -36,12 +36,11 @@ from support.faultfs import (
     Call,
     FaultFS,
     SimFS,
-    Tracer,
     ZeroWriteFS,
     commit_bounds,
     count_arg,
 )
-from support.scenarios import SPECS, Layout, detach_all, open_fds
+from support.scenarios import SPECS, Layout, detach_all, open_fds, trace_save
 
 
 @dataclass
@@ -55,19 +54,6 @@ class Tally:
     def add(self, outcome: str) -> None:
         self.points += 1
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-
-
-def trace(spec_name: str, root: Path, *, cfr: bool) -> list[Call]:
-    lay = Layout(SPECS[spec_name], root)
-    lay.create()
-    cords, datas = lay.cords()
-    tracer = Tracer(cfr=cfr)
-    with _sys.use(tracer):
-        lay.run(cords)
-    assert lay.classify() == "done", lay.describe()
-    detach_all(datas)
-    shutil.rmtree(root)
-    return tracer.calls
 
 
 def applicable(call: Call, kind: str) -> bool:
@@ -154,7 +140,7 @@ def run_point(
 def run_all(
     tmp_path: Path, spec_name: str, kind: str, *, persistent: bool, cfr: bool
 ) -> Tally:
-    calls = trace(spec_name, tmp_path / "trace", cfr=cfr)
+    calls = trace_save(spec_name, tmp_path / "trace", cfr=cfr)
     tally = Tally()
     for call in calls:
         if not applicable(call, kind):
@@ -165,13 +151,15 @@ def run_all(
             outcome = run_point(lay, calls, call.index, kind, persistent=persistent, cfr=cfr)
         except AssertionError as exc:
             first_line = str(exc).splitlines()[0] if str(exc) else repr(exc)
-            tally.failures.append(f"k={call.index} {call.op}({call.path or call.args}): {first_line}")
+            where = call.path or call.args
+            tally.failures.append(f"k={call.index} {call.op}({where}): {first_line}")
             continue
         tally.add(outcome)
         shutil.rmtree(root)
     mode = "persistent" if persistent else "once"
-    print(f"\n{spec_name} cfr={cfr} {kind} {mode}: {tally.points}/{tally.points + len(tally.failures)}"
-          f" injection points pass of N={len(calls)} calls; {tally.outcomes}")
+    total = tally.points + len(tally.failures)
+    print(f"\n{spec_name} cfr={cfr} {kind} {mode}: {tally.points}/{total} injection points "
+          f"pass, of N={len(calls)} calls; {tally.outcomes}")
     return tally
 
 
@@ -185,7 +173,9 @@ MATRIX = [
     ("single", True, ("eio", "enospc", "short-write")),
 ]
 PARAMS = [
-    pytest.param(s, cfr, k, p, id=f"{s}-{'cfr' if cfr else 'nocfr'}-{k}-{'persist' if p else 'once'}")
+    pytest.param(
+        s, cfr, k, p, id=f"{s}-{'cfr' if cfr else 'nocfr'}-{k}-{'persist' if p else 'once'}"
+    )
     for s, cfr, kinds in MATRIX
     for k in kinds
     for p in (False, True)
@@ -208,7 +198,7 @@ def test_consuming_save_raises_every_time(tmp_path: Path) -> None:
 
     (The parametrized test above checks the full semantics; this one states the count.)
     """
-    calls = trace("consume3", tmp_path / "trace", cfr=True)
+    calls = trace_save("consume3", tmp_path / "trace", cfr=True)
     raised = swallowed = 0
     for call in calls:
         if call.op == "access":
@@ -237,7 +227,7 @@ def test_consuming_save_raises_every_time(tmp_path: Path) -> None:
 @pytest.mark.parametrize("cfr", [True, False], ids=["cfr", "nocfr"])
 def test_write_returning_zero_is_an_error(tmp_path: Path, cfr: bool) -> None:
     """A pwrite that returns 0 must fail the save (it would otherwise loop or lose bytes)."""
-    calls = trace("consume3", tmp_path / "trace", cfr=cfr)
+    calls = trace_save("consume3", tmp_path / "trace", cfr=cfr)
     last_pre, _first_post = commit_bounds(calls)
     points = 0
     for call in calls:

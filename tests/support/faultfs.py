@@ -234,3 +234,20 @@ def commit_bounds(calls: list[Call]) -> tuple[int, int]:
         return renames[0], renames[0] + 1
     commit_fsync = next(c.index for c in calls if c.index > reopen[0] and c.op == "fsync")
     return commit_fsync, renames[0]
+
+
+def commit_write(calls: list[Call]) -> int | None:
+    """Index of the write that appends the commit line to the journal (None: no journal).
+
+    A process killed after it keeps the line (the page cache survives SIGKILL), so a kill
+    before a later call must be recovered as committed, and a kill before an earlier one as
+    not committed.
+    """
+    for c in calls:
+        if c.op == "pwrite" and c.path.endswith(".filecord-journal") and c.args[2] > 0:
+            return c.index
+    return None
+
+
+def destructive_points(calls: list[Call], ops: frozenset[str] = DESTRUCTIVE_OPS) -> list[Call]:
+    return [c for c in calls if c.op in ops]

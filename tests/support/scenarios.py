@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import filecord
-from filecord import Cord, FileBackedData
+from filecord import Cord, FileBackedData, _sys
+from support.faultfs import Call, Tracer
 
 TEMP_SUFFIX = ".partial"
 JOURNAL_SUFFIX = ".filecord-journal"
@@ -42,7 +44,7 @@ class Src:
     owned: bool
 
     def content(self) -> bytes:
-        return random.Random(self.seed).randbytes(self.size)
+        return random.Random(self.seed).randbytes(self.size)  # noqa: S311 - test data
 
 
 @dataclass(frozen=True)
@@ -265,7 +267,7 @@ class Layout:
 
 
 def _first_diff(a: bytes, b: bytes) -> int:
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return min(len(a), len(b))
@@ -280,3 +282,22 @@ def detach_all(datas: list[FileBackedData]) -> None:
     """Disarm owned objects' finalizers: a test that drops them must not delete case files."""
     for d in datas:
         d.detach_cleanup()
+
+
+def trace_save(spec_name: str, root: Path, *, cfr: bool = True) -> list[Call]:
+    """The counting run: save the spec once under ``root`` with every call recorded.
+
+    Checks that it succeeds exactly, then removes ``root``.
+    """
+    lay = Layout(SPECS[spec_name], root)
+    lay.create()
+    cords, datas = lay.cords()
+    tracer = Tracer(cfr=cfr)
+    with _sys.use(tracer):
+        lay.run(cords)
+    if lay.classify() != "done":
+        raise AssertionError("the traced save did not produce the expected files:\n"
+                             + lay.describe())
+    detach_all(datas)
+    shutil.rmtree(root)
+    return tracer.calls
