@@ -301,8 +301,16 @@ def _write_journal(txn: _Txn) -> None:
         txn.counters.fsync(fd)
     finally:
         _sys.close(fd)
-    _sys.fsync_dir(directory)
-    txn.counters.fsyncs += 1
+    # The journal's name and every temp's name must be durable before the first truncate:
+    # fsyncing a file does not persist its directory entry, so a temp in another directory
+    # could vanish in a power cut together with the bytes moved into it.
+    dirs = [directory]
+    for temp in txn.temps:
+        if temp is not None and os.path.dirname(temp) not in dirs:
+            dirs.append(os.path.dirname(temp))
+    for d in dirs:
+        _sys.fsync_dir(d)
+        txn.counters.fsyncs += 1
 
 
 def _move(txn: _Txn, m: MoveSource) -> None:
