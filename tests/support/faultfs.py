@@ -21,6 +21,8 @@ WRITE_OPS = frozenset({"pwrite", "write", "copy_file_range", "sendfile"})
 READ_OPS = frozenset({"pread", "preadinto"})
 # The calls a crash point is placed before (issue 3): the ones that change what is durable.
 DESTRUCTIVE_OPS = frozenset({"ftruncate", "rename", "unlink", "fsync", "fsync_dir"})
+# Recovery and rollback also punch temps and put back the sources' times.
+RECOVER_OPS = DESTRUCTIVE_OPS | {"punch_hole", "futimens"}
 
 ERRNOS = {"eio": errno.EIO, "enospc": errno.ENOSPC}
 KINDS = ("eio", "enospc", "short-write", "short-read")

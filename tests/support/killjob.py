@@ -19,10 +19,8 @@ from pathlib import Path
 
 import filecord
 from filecord import _sys
-from support.faultfs import DESTRUCTIVE_OPS, KillFS
+from support.faultfs import RECOVER_OPS, KillFS
 from support.scenarios import SPECS, Layout
-
-RECOVER_OPS = DESTRUCTIVE_OPS | {"punch_hole", "futimens"}
 
 
 def job(root: str, spec_name: str, phase: str, at: int) -> None:

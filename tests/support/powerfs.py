@@ -26,6 +26,7 @@ names never synced disappear, and each surviving inode gets its durable content.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat as stat_mod
 from typing import Any
@@ -53,7 +54,11 @@ def _read_fd(fd: int) -> bytes:
 
 
 class PowerFS(_sys.Backend):
-    """Real I/O plus the durable state; crashes before the ``crash_at``-th call in ``ops``."""
+    """Real I/O plus the durable state; crashes before the ``crash_at``-th call in ``ops``.
+
+    With ``fault_at``, that call (counting all calls) fails with EIO first, and ``crash_at``
+    counts only the calls after it.
+    """
 
     def __init__(
         self,
@@ -62,11 +67,14 @@ class PowerFS(_sys.Backend):
         *,
         crash_at: int | None = None,
         ops: frozenset[str] = DESTRUCTIVE_OPS,
+        fault_at: int | None = None,
     ) -> None:
         self.shadow = os.path.realpath(shadow)
         os.makedirs(self.shadow, exist_ok=True)
         self.crash_at = crash_at
         self.ops = ops
+        self.fault_at = fault_at
+        self.calls = 0
         self.seen = 0
         self.dead = False
         self.durable: dict[int, bytes] = {}
@@ -112,6 +120,14 @@ class PowerFS(_sys.Backend):
             if op == "close":
                 return  # let descriptors go; closing changes nothing durable
             raise Crash(f"dead: {op}")
+        self.calls += 1
+        if self.fault_at is not None:
+            # Fail one call with EIO, then count crash points from there: a crash during the
+            # rollback that the failure starts.
+            if self.calls == self.fault_at:
+                raise OSError(errno.EIO, f"injected at call {self.calls}: {op}")
+            if self.calls < self.fault_at:
+                return
         if op in self.ops:
             self.seen += 1
             if self.seen == self.crash_at:
@@ -131,8 +147,8 @@ class PowerFS(_sys.Backend):
         self.fd_ino.pop(fd, None)
         super().close(fd)
 
+    # The model is the durability: the real fsyncs would only slow the sweeps down.
     def fsync(self, fd: int) -> None:
-        super().fsync(fd)
         if fd in self.fd_ino:
             self.durable[self.fd_ino[fd]] = _read_fd(fd)
 
@@ -152,7 +168,6 @@ class PowerFS(_sys.Backend):
                 self.durable[ino] = old[:offset] + bytes(end - offset) + old[end:]
 
     def fsync_dir(self, path: str) -> None:
-        super().fsync_dir(path)
         d = os.path.realpath(path)
         if d in self.names:
             self.names[d] = self._listing(d)
