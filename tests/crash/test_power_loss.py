@@ -166,6 +166,7 @@ def test_model_catches_a_missing_fsync_before_truncate(
     assert len(failures) >= 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep", [False, True], ids=["drop-unsynced", "keep-unsynced"])
 def test_power_cut_during_recover(tmp_path: Path, keep: bool) -> None:
     """After each save crash point, cut the power again at each destructive call of recover."""
@@ -190,6 +191,7 @@ def test_power_cut_during_recover(tmp_path: Path, keep: bool) -> None:
     assert points >= n
 
 
+@pytest.mark.slow
 def test_power_cut_during_rollback(tmp_path: Path) -> None:
     """Fail a call of the consuming save with EIO, then cut the power at each destructive call
     of the rollback it starts (and once after the failed save returned): recover must restore.

@@ -65,6 +65,7 @@ def judge(lay: Layout, want: str) -> str | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec_name", ["consume3", "copy3", "single"])
 def test_sigkill_before_every_destructive_call(tmp_path: Path, spec_name: str) -> None:
     calls = trace_save(spec_name, tmp_path / "trace")
@@ -97,6 +98,7 @@ def test_sigkill_before_every_destructive_call(tmp_path: Path, spec_name: str) -
         assert outcomes["done"]
 
 
+@pytest.mark.slow
 def test_sigkill_during_recover(tmp_path: Path) -> None:
     """Kill the save at each point, then kill recovery at each of its points, recover again."""
     spec_name = "consume3"
