@@ -40,7 +40,7 @@ from filecord import _sys, journal, transfer
 from filecord._rollback import fail as _fail
 from filecord.cord import Cord
 from filecord.data import FileBackedData
-from filecord.errors import SaveError
+from filecord.errors import FilecordError, SaveError, add_note
 from filecord.facts import is_clone_refusal
 from filecord.plan import CLONE_REFUSED, DEFAULT_WINDOW, MoveSource, PieceAction
 from filecord.preflight import CordLike, Prepared, Target, check_space, normalize, prepare
@@ -156,8 +156,18 @@ def _run(
     progress: ProgressCallback | None,
 ) -> SaveReport:
     start = time.perf_counter()
-    prep = prepare(items, consume=consume, window=window)
-    check_space(prep.plan)
+    try:
+        prep = prepare(items, consume=consume, window=window)
+        check_space(prep.plan)
+    except OSError as exc:
+        if isinstance(exc, FilecordError):
+            raise
+        # A system call of the preflight failed (stat, statvfs, ...): still a SaveError, as
+        # documented, and nothing exists yet to clean up.
+        names = ", ".join(p for p, _c in items)
+        err = SaveError(f"saving {names} failed: {exc.strerror or exc}", errno=exc.errno)
+        add_note(err, "nothing was created or changed: the save can be retried")
+        raise err from exc
     txn = _Txn(prep, secrets.token_hex(6), progress)
     try:
         _execute(txn)
@@ -307,8 +317,16 @@ def _write_journal(txn: _Txn) -> None:
         txn.counters.fsync(fd)
     finally:
         _sys.close(fd)
-    _sys.fsync_dir(directory)
-    txn.counters.fsyncs += 1
+    # The journal's name and every temp's name must be durable before the first truncate:
+    # fsyncing a file does not persist its directory entry, so a temp in another directory
+    # could vanish in a power cut together with the bytes moved into it.
+    dirs = [directory]
+    for temp in txn.temps:
+        if temp is not None and os.path.dirname(temp) not in dirs:
+            dirs.append(os.path.dirname(temp))
+    for d in dirs:
+        _sys.fsync_dir(d)
+        txn.counters.fsyncs += 1
 
 
 def _move(txn: _Txn, m: MoveSource) -> None:
@@ -386,7 +404,15 @@ def _close_all(txn: _Txn) -> None:
     txn.fds = [None] * len(txn.fds)
     txn.src_fds.clear()
     txn.started = [(m, -1) for m, _fd in txn.started]
+    # The lists are already cleared, so a failed close must not skip the rest: close every
+    # descriptor (Linux releases one even when close reports an error), then raise the first.
+    first: OSError | None = None
     for fd in fds:
         if fd >= 0:
-            _sys.close(fd)
+            try:
+                _sys.close(fd)
+            except OSError as exc:
+                first = first or exc
+    if first is not None:
+        raise first
 

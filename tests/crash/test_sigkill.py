@@ -1,0 +1,134 @@
+"""SIGKILL a save right before each of its destructive calls, then recover and judge.
+
+The destructive calls are every ``ftruncate``, ``rename``, ``unlink``, ``fsync`` and
+``fsync_dir`` of the save (a counting run enumerates them).  For each one a child process
+rebuilds the scenario's cords from the files, runs the save with a backend that SIGKILLs the
+process right before that call, and dies.  The parent then runs ``recover`` on the journal's
+directory, and the directory must be exactly one of:
+
+* pristine: every source byte-exact, every output absent or old, nothing else;
+* done: every output complete and exact, consumed sources gone, nothing else.
+
+Which one is also fixed: SIGKILL keeps the page cache, so a kill before the commit line is
+written must roll back and a kill after it must finish.  A second ``recover`` must find
+nothing to do.  Killing recovery itself at each of its destructive calls (and putting back a
+source's times, and punching a temp) and recovering again must end the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import filecord
+from support.faultfs import Call, commit_write, destructive_points
+from support.killjob import fork_run, job
+from support.scenarios import SPECS, Layout, trace_save
+
+SRC = Path(filecord.__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def spawn(root: Path, spec_name: str, phase: str, at: int) -> subprocess.CompletedProcess[str]:
+    """A fresh interpreter runs the job (support/killjob.py) against ``root``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(TESTS)])}
+    return subprocess.run(
+        [sys.executable, "-m", "support.killjob", str(root), spec_name, phase, str(at)],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+def expected_after_kill(calls: list[Call], point: Call) -> str:
+    cw = commit_write(calls)
+    if cw is None:  # no journal: the rename is the commit point; the temp is garbage before
+        first_rename = next(c.index for c in calls if c.op == "rename")
+        return "pristine+garbage" if point.index <= first_rename else "done"
+    return "pristine" if point.index < cw else "done"
+
+
+def judge(lay: Layout, want: str) -> str | None:
+    """Recover, check the state is ``want``, recover again (idempotent); None if all holds."""
+    filecord.recover(lay.journal_dir)
+    state = lay.classify(allow_garbage=want == "pristine+garbage")
+    if state != want:
+        return f"ended {state}, want {want}\n{lay.describe()}"
+    if filecord.recover(lay.journal_dir):
+        return "a second recover found a journal"
+    if lay.classify(allow_garbage=want == "pristine+garbage") != want:
+        return "a second recover changed the files"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec_name", ["consume3", "copy3", "single"])
+def test_sigkill_before_every_destructive_call(tmp_path: Path, spec_name: str) -> None:
+    calls = trace_save(spec_name, tmp_path / "trace")
+    points = destructive_points(calls)
+    failures: list[str] = []
+    outcomes: Counter[str] = Counter()
+    for p, call in enumerate(points, 1):
+        lay = Layout(SPECS[spec_name], tmp_path / f"p{p}")
+        lay.create()
+        proc = spawn(lay.root, spec_name, "save", p)
+        if proc.returncode != -9:
+            failures.append(f"point {p} ({call.op}): child exited {proc.returncode}: "
+                            f"{proc.stderr[-2000:]}")
+            continue
+        want = expected_after_kill(calls, call)
+        problem = judge(lay, want)
+        if problem:
+            failures.append(f"point {p} (before {call.op} {call.path}): {problem}")
+            continue
+        outcomes[want] += 1
+        shutil.rmtree(lay.root)
+    n = len(points)
+    print(f"\n{spec_name}: SIGKILL before each destructive call: {n - len(failures)}/{n} "
+          f"recovered all-or-nothing ({dict(outcomes)})")
+    assert not failures, "\n".join(failures)
+    assert n >= 3  # single: fsync temp, rename, fsync dir
+    if spec_name != "single":
+        # Both sides of the commit point were hit.
+        assert outcomes["pristine"]
+        assert outcomes["done"]
+
+
+@pytest.mark.slow
+def test_sigkill_during_recover(tmp_path: Path) -> None:
+    """Kill the save at each point, then kill recovery at each of its points, recover again."""
+    spec_name = "consume3"
+    calls = trace_save(spec_name, tmp_path / "trace")
+    points = destructive_points(calls)
+    failures: list[str] = []
+    recover_points = 0
+    for p, call in enumerate(points, 1):
+        want = expected_after_kill(calls, call)
+        j = 1
+        while True:
+            lay = Layout(SPECS[spec_name], tmp_path / f"p{p}-r{j}")
+            lay.create()
+            root = str(lay.root)
+            rc = fork_run(lambda root=root, p=p: job(root, spec_name, "save", p))
+            assert rc == -9, f"save child for point {p} exited {rc}"
+            rc = fork_run(lambda root=root, j=j: job(root, spec_name, "recover", j))
+            if rc not in (0, -9):
+                failures.append(f"save point {p}, recover point {j}: recover child exited {rc}")
+                break
+            problem = judge(lay, want)
+            if problem:
+                failures.append(f"save point {p} ({call.op}), recover killed at {j}: {problem}")
+            shutil.rmtree(lay.root)
+            if rc == 0:
+                break  # recovery finished before its j-th destructive call: every point covered
+            recover_points += 1
+            j += 1
+    print(f"\n{spec_name}: SIGKILL during recover: {recover_points - len(failures)}/"
+          f"{recover_points} recovery crash points (over {len(points)} save crash points) "
+          f"recovered again all-or-nothing")
+    assert not failures, "\n".join(failures[:20])
+    assert recover_points >= len(points)

@@ -1,0 +1,255 @@
+"""``_sys`` backends for the reliability suites: trace, fail the Nth call, shorten, kill.
+
+Every backend counts calls in ``hook``, which ``_sys`` calls before each operation, so "the Nth
+call" means the same call in every run of a deterministic save (the call sequence up to the
+first fault does not depend on anything random).  The fault model follows SQLite's test VFS:
+fail the Nth call once, or fail it and every later call of the same operation (persistent).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from filecord import _sys
+
+# A short count is only meaningful for calls that transfer bytes and return how many.
+WRITE_OPS = frozenset({"pwrite", "write", "copy_file_range", "sendfile"})
+READ_OPS = frozenset({"pread", "preadinto"})
+# The calls a crash point is placed before (issue 3): the ones that change what is durable.
+DESTRUCTIVE_OPS = frozenset({"ftruncate", "rename", "unlink", "fsync", "fsync_dir"})
+# Recovery and rollback also punch temps and put back the sources' times.
+RECOVER_OPS = DESTRUCTIVE_OPS | {"punch_hole", "futimens"}
+
+ERRNOS = {"eio": errno.EIO, "enospc": errno.ENOSPC}
+KINDS = ("eio", "enospc", "short-write", "short-read")
+
+
+def count_arg(op: str, args: tuple[Any, ...]) -> int:
+    """How many bytes a transfer call asked for (from the hook's arguments)."""
+    if op in ("pwrite", "write", "pread", "preadinto"):
+        return int(args[1])
+    if op == "copy_file_range":
+        return int(args[2])
+    if op == "sendfile":
+        return int(args[3])
+    return 0
+
+
+class SimFS(_sys.Backend):
+    """The real system, optionally without ``copy_file_range`` (as across file systems).
+
+    With ``cfr=False`` every ``copy_file_range`` fails with ``EXDEV``, which sends every copy
+    through the ``preadinto``/``pwrite`` loop: that is where short reads can happen.
+    """
+
+    def __init__(self, *, cfr: bool = True) -> None:
+        self.cfr = cfr
+
+    def copy_file_range(self, src: int, dst: int, count: int, src_off: int, dst_off: int) -> int:
+        if not self.cfr:
+            raise OSError(errno.EXDEV, "copy_file_range disabled by the test backend")
+        return super().copy_file_range(src, dst, count, src_off, dst_off)
+
+
+@dataclass(frozen=True)
+class Call:
+    index: int  # 1-based position among all calls of the run
+    op: str
+    args: tuple[Any, ...]
+    path: str = ""  # the path the call names, or the one its descriptor was opened from
+
+
+class Tracer(SimFS):
+    """Records every call; the counting run that fixes N."""
+
+    def __init__(self, *, cfr: bool = True) -> None:
+        super().__init__(cfr=cfr)
+        self.calls: list[Call] = []
+        self.paths: dict[int, str] = {}  # fd -> path it was opened from (latest)
+
+    def hook(self, op: str, args: tuple[Any, ...]) -> None:
+        if args and isinstance(args[0], str):
+            path = args[0]
+        elif args and isinstance(args[0], int):
+            path = self.paths.get(args[0], "")
+        else:
+            path = ""
+        self.calls.append(Call(len(self.calls) + 1, op, args, path))
+
+    def open(self, path: str, flags: int, mode: int) -> int:
+        fd = super().open(path, flags, mode)
+        self.paths[fd] = path
+        return fd
+
+
+class FaultFS(SimFS):
+    """Fail (or shorten) the ``at``-th call; with ``persistent``, also every later call of its op.
+
+    ``kind`` is one of :data:`KINDS`.  Errors are raised before the call runs, except ``close``:
+    Linux releases the descriptor even when ``close`` reports an error, so it is closed first.
+    A short write or read transfers half of what was asked (at least one byte is always left
+    out, so the caller must loop).  ``fired`` lists the calls that were hit.
+    """
+
+    def __init__(self, at: int, kind: str, *, persistent: bool, cfr: bool = True) -> None:
+        super().__init__(cfr=cfr)
+        if kind not in KINDS:
+            raise ValueError(kind)
+        self.at = at
+        self.kind = kind
+        self.persistent = persistent
+        self.calls = 0
+        self.op_at: str | None = None
+        self.fired: list[Call] = []
+        self.enabled = True
+        self._short = False
+
+    def _hit(self, op: str) -> bool:
+        if not self.enabled:
+            return False
+        if self.calls == self.at:
+            self.op_at = op
+            return True
+        return self.persistent and self.calls > self.at and op == self.op_at
+
+    def hook(self, op: str, args: tuple[Any, ...]) -> None:
+        self.calls += 1
+        if not self._hit(op):
+            return
+        if self.kind in ERRNOS:
+            self.fired.append(Call(self.calls, op, args))
+            if op == "close":
+                os.close(args[0])
+            code = ERRNOS[self.kind]
+            raise OSError(code, f"{os.strerror(code)} (injected at call {self.calls}: {op})")
+        ops = WRITE_OPS if self.kind == "short-write" else READ_OPS
+        if op in ops and count_arg(op, args) > 1:
+            self.fired.append(Call(self.calls, op, args))
+            self._short = True
+
+    def _take_short(self) -> bool:
+        short, self._short = self._short, False
+        return short
+
+    def pwrite(self, fd: int, data: memoryview | bytes, offset: int) -> int:
+        if self._take_short():
+            data = memoryview(data)[: len(data) // 2]
+        return super().pwrite(fd, data, offset)
+
+    def write(self, fd: int, data: memoryview | bytes) -> int:
+        if self._take_short():
+            data = memoryview(data)[: len(data) // 2]
+        return super().write(fd, data)
+
+    def copy_file_range(self, src: int, dst: int, count: int, src_off: int, dst_off: int) -> int:
+        if self._take_short():
+            count //= 2
+        return super().copy_file_range(src, dst, count, src_off, dst_off)
+
+    def sendfile(self, dst: int, src: int, src_off: int, count: int) -> int:
+        if self._take_short():
+            count //= 2
+        return super().sendfile(dst, src, src_off, count)
+
+    def pread(self, fd: int, n: int, offset: int) -> bytes:
+        if self._take_short():
+            n //= 2
+        return super().pread(fd, n, offset)
+
+    def preadinto(self, fd: int, buf: memoryview, offset: int) -> int:
+        if self._take_short():
+            buf = buf[: len(buf) // 2]
+        return super().preadinto(fd, buf, offset)
+
+
+class ZeroWriteFS(SimFS):
+    """The ``at``-th call, a write, returns 0 without writing: an error, never a silent loss."""
+
+    def __init__(self, at: int, *, cfr: bool = True) -> None:
+        super().__init__(cfr=cfr)
+        self.at = at
+        self.calls = 0
+        self.fired = False
+
+    def hook(self, op: str, args: tuple[Any, ...]) -> None:
+        self.calls += 1
+
+    def pwrite(self, fd: int, data: memoryview | bytes, offset: int) -> int:
+        if self.calls == self.at:
+            self.fired = True
+            return 0
+        return super().pwrite(fd, data, offset)
+
+
+class KillFS(SimFS):
+    """SIGKILL this process right before the ``at``-th call whose op is in ``ops``."""
+
+    def __init__(self, at: int, ops: frozenset[str] = DESTRUCTIVE_OPS) -> None:
+        super().__init__()
+        self.at = at
+        self.ops = ops
+        self.seen = 0
+
+    def hook(self, op: str, args: tuple[Any, ...]) -> None:
+        if op in self.ops:
+            self.seen += 1
+            if self.seen == self.at:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+class CountFS(SimFS):
+    """Counts the calls whose op is in ``ops`` (a run's crash points)."""
+
+    def __init__(self, ops: frozenset[str] = DESTRUCTIVE_OPS) -> None:
+        super().__init__()
+        self.ops = ops
+        self.points: list[str] = []
+
+    def hook(self, op: str, args: tuple[Any, ...]) -> None:
+        if op in self.ops:
+            self.points.append(op)
+
+
+def commit_bounds(calls: list[Call]) -> tuple[int, int]:
+    """``(last_pre, first_post)`` call indexes of a traced successful save.
+
+    A fault at a call ``<= last_pre`` happens before the commit point, so the save must leave
+    everything as it was.  A fault at ``>= first_post`` happens after it, so the outputs must end
+    complete (after ``recover`` when the error names a journal).  Between them lie only the
+    calls that close descriptors after the commit line is durable but before the first rename:
+    either outcome is all-or-nothing, so both are accepted there.
+
+    With a journal the commit point is the fsync that follows the commit line's write (the
+    journal is reopened without ``O_CREAT`` only for that); without one it is the rename, and a
+    failed rename changed nothing.
+    """
+    renames = [c.index for c in calls if c.op == "rename"]
+    reopen = [
+        c.index for c in calls
+        if c.op == "open" and c.path.endswith(".filecord-journal") and not c.args[1] & os.O_CREAT
+    ]
+    if not reopen:
+        return renames[0], renames[0] + 1
+    commit_fsync = next(c.index for c in calls if c.index > reopen[0] and c.op == "fsync")
+    return commit_fsync, renames[0]
+
+
+def commit_write(calls: list[Call]) -> int | None:
+    """Index of the write that appends the commit line to the journal (None: no journal).
+
+    A process killed after it keeps the line (the page cache survives SIGKILL), so a kill
+    before a later call must be recovered as committed, and a kill before an earlier one as
+    not committed.
+    """
+    for c in calls:
+        if c.op == "pwrite" and c.path.endswith(".filecord-journal") and c.args[2] > 0:
+            return c.index
+    return None
+
+
+def destructive_points(calls: list[Call], ops: frozenset[str] = DESTRUCTIVE_OPS) -> list[Call]:
+    return [c for c in calls if c.op in ops]

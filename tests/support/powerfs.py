@@ -1,0 +1,228 @@
+"""A page-cache model: what a power cut keeps and what it forgets (RocksDB-style, for small files).
+
+The backend runs every call on the real files and keeps, beside them, what the disk would hold
+if the power failed now:
+
+* per inode, its **durable content**: the bytes at its last ``fsync`` (files that existed when
+  the model started count as synced; a file created since starts empty);
+* per watched directory, its **durable names** (name -> inode) at its last ``fsync_dir``.
+
+Worst cases are chosen where the file system may legally do either:
+
+* ``ftruncate`` and ``punch_hole`` reach the disk at once, before any data written earlier
+  (metadata journaled ahead of data), so they shorten or zero the durable content too;
+* ``fsync`` of a file does not make its directory entry durable (POSIX does not promise it);
+* unsynced writes are dropped (``drop``), or all kept while name operations are still lost
+  (``keep``: a kernel that flushed the data but not the directory).
+
+At the crash point the hook raises :class:`Crash` (a ``BaseException``, so filecord's cleanup,
+which catches ``OSError``, cannot swallow it) and every later call but ``close`` raises it
+too: the process is dead to the disk.  :meth:`PowerFS.apply_crash` then rewrites the real
+directories into the durable state: names go back to their last synced inode (inodes that lost
+their last name are kept alive in a shadow directory by a hard link made just before the
+``unlink`` or the ``rename`` over them, so the inode numbers the journal records stay true),
+names never synced disappear, and each surviving inode gets its durable content.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat as stat_mod
+from typing import Any
+
+from filecord import _sys
+from support.faultfs import DESTRUCTIVE_OPS
+
+
+class Crash(BaseException):
+    """The simulated power cut."""
+
+
+class ModelError(AssertionError):
+    """The model met a case it does not handle (the test is wrong, not the code)."""
+
+
+def _read_fd(fd: int) -> bytes:
+    # Reopen through /proc: the descriptor may be write-only (the journal is).
+    rfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
+    try:
+        size = os.fstat(rfd).st_size
+        return os.pread(rfd, size, 0) if size else b""
+    finally:
+        os.close(rfd)
+
+
+class PowerFS(_sys.Backend):
+    """Real I/O plus the durable state; crashes before the ``crash_at``-th call in ``ops``.
+
+    With ``fault_at``, that call (counting all calls) fails with EIO first, and ``crash_at``
+    counts only the calls after it.
+    """
+
+    def __init__(
+        self,
+        dirs: list[str],
+        shadow: str,
+        *,
+        crash_at: int | None = None,
+        ops: frozenset[str] = DESTRUCTIVE_OPS,
+        fault_at: int | None = None,
+    ) -> None:
+        self.shadow = os.path.realpath(shadow)
+        os.makedirs(self.shadow, exist_ok=True)
+        self.crash_at = crash_at
+        self.ops = ops
+        self.fault_at = fault_at
+        self.calls = 0
+        self.seen = 0
+        self.dead = False
+        self.durable: dict[int, bytes] = {}
+        self.names: dict[str, dict[str, int]] = {}
+        self.fd_ino: dict[int, int] = {}
+        self.shadowed: set[int] = set()
+        for d in dirs:
+            d = os.path.realpath(d)
+            self.names[d] = self._listing(d)
+            for name, ino in self.names[d].items():
+                with open(os.path.join(d, name), "rb") as f:
+                    self.durable[ino] = f.read()
+
+    # --- bookkeeping ---------------------------------------------------------------------------
+    @staticmethod
+    def _listing(d: str) -> dict[str, int]:
+        out = {}
+        for name in os.listdir(d):
+            st = os.lstat(os.path.join(d, name))
+            if stat_mod.S_ISREG(st.st_mode):
+                out[name] = st.st_ino
+        return out
+
+    def _watched(self, path: str) -> bool:
+        return os.path.dirname(os.path.realpath(path)) in self.names
+
+    def _keep_inode(self, path: str) -> None:
+        """Before a name goes away, keep its inode alive so a crash can bring it back."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        if not self._watched(path) or st.st_ino in self.shadowed:
+            return
+        if st.st_ino not in self.durable:
+            raise ModelError(f"{path}: inode {st.st_ino} was never seen by the model")
+        os.link(path, os.path.join(self.shadow, f"ino-{st.st_ino}"))
+        self.shadowed.add(st.st_ino)
+
+    # --- the hook: the crash point -------------------------------------------------------------
+    def hook(self, op: str, args: tuple[Any, ...]) -> None:
+        if self.dead:
+            if op == "close":
+                return  # let descriptors go; closing changes nothing durable
+            raise Crash(f"dead: {op}")
+        self.calls += 1
+        if self.fault_at is not None:
+            # Fail one call with EIO, then count crash points from there: a crash during the
+            # rollback that the failure starts.
+            if self.calls == self.fault_at:
+                raise OSError(errno.EIO, f"injected at call {self.calls}: {op}")
+            if self.calls < self.fault_at:
+                return
+        if op in self.ops:
+            self.seen += 1
+            if self.seen == self.crash_at:
+                self.dead = True
+                raise Crash(f"power cut before {op}{args}")
+
+    # --- calls that change the model -----------------------------------------------------------
+    def open(self, path: str, flags: int, mode: int) -> int:
+        fd = super().open(path, flags, mode)
+        if self._watched(path):
+            ino = os.fstat(fd).st_ino
+            self.durable.setdefault(ino, b"")  # a new file: nothing of it is on disk yet
+            self.fd_ino[fd] = ino
+        return fd
+
+    def close(self, fd: int) -> None:
+        self.fd_ino.pop(fd, None)
+        super().close(fd)
+
+    # The model is the durability: the real fsyncs would only slow the sweeps down.
+    def fsync(self, fd: int) -> None:
+        if fd in self.fd_ino:
+            self.durable[self.fd_ino[fd]] = _read_fd(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        super().ftruncate(fd, size)
+        ino = self.fd_ino.get(fd)
+        if ino is not None and size < len(self.durable[ino]):
+            self.durable[ino] = self.durable[ino][:size]
+
+    def punch_hole(self, fd: int, offset: int, length: int) -> None:
+        super().punch_hole(fd, offset, length)
+        ino = self.fd_ino.get(fd)
+        if ino is not None:
+            old = self.durable[ino]
+            end = min(len(old), offset + length)
+            if offset < end:
+                self.durable[ino] = old[:offset] + bytes(end - offset) + old[end:]
+
+    def fsync_dir(self, path: str) -> None:
+        d = os.path.realpath(path)
+        if d in self.names:
+            self.names[d] = self._listing(d)
+
+    def rename(self, src: str, dst: str) -> None:
+        self._keep_inode(dst)  # the file it replaces may come back after a crash
+        super().rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        self._keep_inode(path)
+        super().unlink(path)
+
+    # --- the crash -----------------------------------------------------------------------------
+    def leftover_fds(self) -> list[int]:
+        return list(self.fd_ino)
+
+    def apply_crash(self, *, keep_data: bool = False) -> None:
+        """Turn the real directories into what the disk held at the crash."""
+        for fd in self.leftover_fds():  # descriptors a dead save never closed
+            self.close(fd)
+        current: dict[int, bytes] = {}
+        # 1. Every watched name's inode goes to the shadow directory, keyed by inode.
+        for d in self.names:
+            for name, ino in self._listing(d).items():
+                path = os.path.join(d, name)
+                if keep_data:
+                    with open(path, "rb") as f:
+                        current[ino] = f.read()
+                dest = os.path.join(self.shadow, f"ino-{ino}")
+                if os.path.exists(dest):
+                    raise ModelError(f"inode {ino} has two names")
+                os.rename(path, dest)
+        for ino in self.shadowed:
+            if keep_data and ino not in current:
+                with open(os.path.join(self.shadow, f"ino-{ino}"), "rb") as f:
+                    current[ino] = f.read()
+        # 2. The durable names come back, each on its durable inode.
+        placed: set[int] = set()
+        for d, names in self.names.items():
+            for name, ino in names.items():
+                src = os.path.join(self.shadow, f"ino-{ino}")
+                if ino in placed or not os.path.exists(src):
+                    raise ModelError(f"{d}/{name}: inode {ino} is not available")
+                os.rename(src, os.path.join(d, name))
+                placed.add(ino)
+                # 3. ... with its durable content.
+                want = current[ino] if keep_data else self.durable.get(ino)
+                if want is None:
+                    raise ModelError(f"{d}/{name}: inode {ino} was never seen by the model")
+                with open(os.path.join(d, name), "r+b") as f:
+                    if f.read() != want:
+                        f.seek(0)
+                        f.truncate(0)
+                        f.write(want)
+        # 4. Inodes with no durable name are gone.
+        for leftover in os.listdir(self.shadow):
+            os.unlink(os.path.join(self.shadow, leftover))
+        self.shadowed.clear()

@@ -1,0 +1,303 @@
+"""The saves the reliability suites break, and the checker that judges what is left.
+
+A :class:`Spec` is plain data (sources by seed and size, outputs as lists of piece references),
+so the parent process and a killed child build byte-identical files and cords from it without
+sharing any object.  :class:`Layout` is a spec placed under a root directory.
+
+The checker compares a snapshot of *every* file under the root (hidden ones included) with two
+exact expectations:
+
+* **pristine**: the sources hold their original bytes and every output is absent or holds its
+  old bytes; nothing else exists (no temp, no journal);
+* **done**: every output holds exactly the new bytes, the consumed owned sources are gone, the
+  other sources are untouched; nothing else exists.
+
+Anything else is a violation.  The crash suites may also accept **pristine+garbage**: pristine
+plus ``.*.partial`` temps, which a crash before the journal existed leaves behind and which
+``recover`` cannot tell apart from the temps of a save still running.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import filecord
+from filecord import Cord, FileBackedData, _sys
+from support.faultfs import Call, Tracer
+
+TEMP_SUFFIX = ".partial"
+JOURNAL_SUFFIX = ".filecord-journal"
+
+
+@dataclass(frozen=True)
+class Src:
+    """A source file: ``size`` bytes from ``seed`` at ``rel`` (relative to the root)."""
+
+    rel: str
+    size: int
+    seed: int
+    owned: bool
+
+    def content(self) -> bytes:
+        return random.Random(self.seed).randbytes(self.size)  # noqa: S311 - test data
+
+
+@dataclass(frozen=True)
+class Ref:
+    """One piece: in-memory ``data`` (``source`` is None) or a range of a source file."""
+
+    source: str | None = None
+    data: bytes = b""
+    offset: int = 0
+    length: int | None = None
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    consume: bool
+    window: int
+    single: bool  # save() (no journal when nothing moves) instead of save_many()
+    sources: Mapping[str, Src]
+    outputs: tuple[tuple[str, tuple[Ref, ...]], ...]
+    old: Mapping[str, bytes] = field(default_factory=dict)  # outputs that already exist
+
+
+def _piece_bytes(spec: Spec, ref: Ref) -> bytes:
+    if ref.source is None:
+        return ref.data
+    whole = spec.sources[ref.source].content()
+    end = len(whole) if ref.length is None else ref.offset + ref.length
+    return whole[ref.offset : end]
+
+
+# (a) copy mode, three outputs in two directories: bytes, whole and ranged file pieces, empty
+# pieces (in memory and file-backed), unicode and spaces in names, one output replacing a file.
+COPY3 = Spec(
+    name="copy3",
+    consume=False,
+    window=4096,
+    single=False,
+    sources={
+        "W": Src("src dir/weights ü.bin", 9000, 1, owned=False),
+        "X": Src("src dir/x.bin", 5000, 2, owned=True),  # owned, but copy mode never consumes
+    },
+    outputs=(
+        ("out ü/model 1.pte", (
+            Ref(data=b"HDR1"), Ref("W"), Ref(data=b""), Ref("W", offset=100, length=2000),
+            Ref(data=b"tail"),
+        )),
+        ("out ü/ü 2.ptd", (
+            Ref("X"), Ref("X", offset=17, length=0), Ref(data=b"mid"),
+            Ref("X", offset=0, length=10),
+        )),
+        ("other/o3.bin", (Ref(data=b""), Ref(data=b"only bytes " * 50))),
+    ),
+    old={"out ü/model 1.pte": b"the old model, kept on any failure before the commit"},
+)
+
+# (b) consume mode: A is shared by two outputs, B is used twice in one output, C has a gap below
+# its moved run (so part of it is copied before the rest is moved), U is not owned (copied), and
+# in-memory bytes sit between them.  A 4096-byte window gives several windows per source.  The
+# third output lives in the sources' directory, not beside the journal.
+CONSUME3 = Spec(
+    name="consume3",
+    consume=True,
+    window=4096,
+    single=False,
+    sources={
+        "A": Src("src dir/A ü.bin", 4 * 4096 + 123, 11, owned=True),
+        "B": Src("src dir/B.bin", 2 * 4096 + 7, 12, owned=True),
+        "C": Src("src dir/C.bin", 3 * 4096, 13, owned=True),
+        "U": Src("src dir/U.bin", 5000, 14, owned=False),
+    },
+    outputs=(
+        ("out ü/model 1.pte", (
+            Ref(data=b"HEAD"), Ref("A"), Ref(data=b""), Ref("U", offset=10, length=4000),
+            Ref(data=b"pad" * 3),
+        )),
+        ("out ü/data 2.ptd", (Ref("A"), Ref("B"), Ref(data=b"mid"), Ref("B"))),
+        ("src dir/o3.bin", (
+            Ref("C", offset=0, length=1000), Ref(data=b"gap"), Ref("C", offset=3000),
+            Ref(data=b"end"),
+        )),
+    ),
+    old={"out ü/model 1.pte": b"the old model, kept on any failure before the commit"},
+)
+
+# (c) one output, copy mode: no journal, the rename is the commit point.
+SINGLE = Spec(
+    name="single",
+    consume=False,
+    window=4096,
+    single=True,
+    sources={"W": Src("src/w.bin", 7000, 21, owned=False)},
+    outputs=(("out/one file.bin", (Ref(data=b"x"), Ref("W", offset=0, length=3000))),),
+    old={"out/one file.bin": b"old single"},
+)
+
+SPECS = {s.name: s for s in (COPY3, CONSUME3, SINGLE)}
+
+
+class Layout:
+    """A spec placed under ``root``: creates the files, builds cords, judges the result."""
+
+    def __init__(self, spec: Spec, root: Path) -> None:
+        self.spec = spec
+        self.root = root
+
+    # --- paths -------------------------------------------------------------------------------
+    def path(self, rel: str) -> str:
+        return str(self.root / rel)
+
+    @property
+    def journal_dir(self) -> str:
+        """Where save puts the journal: the first output's directory."""
+        return os.path.dirname(self.path(self.spec.outputs[0][0]))
+
+    def dirs(self) -> list[str]:
+        rels = [s.rel for s in self.spec.sources.values()] + [o for o, _ in self.spec.outputs]
+        return sorted({os.path.dirname(self.path(r)) for r in rels})
+
+    # --- setup -------------------------------------------------------------------------------
+    def create(self) -> None:
+        for d in self.dirs():
+            os.makedirs(d, exist_ok=True)
+        for rel, data in self.pristine().items():
+            with open(self.path(rel), "wb") as f:
+                f.write(data)
+
+    def cords(self) -> tuple[dict[str, Cord], list[FileBackedData]]:
+        """Fresh cords; pieces naming the same range share one FileBackedData object."""
+        made: dict[tuple[str, int, int | None], FileBackedData] = {}
+        cords: dict[str, Cord] = {}
+        for rel, refs in self.spec.outputs:
+            pieces: list[bytes | FileBackedData] = []
+            for ref in refs:
+                if ref.source is None:
+                    pieces.append(ref.data)
+                    continue
+                key = (ref.source, ref.offset, ref.length)
+                if key not in made:
+                    src = self.spec.sources[ref.source]
+                    made[key] = FileBackedData(
+                        self.path(src.rel), offset=ref.offset, length=ref.length,
+                        owned=src.owned,
+                    )
+                pieces.append(made[key])
+            cords[self.path(rel)] = Cord(pieces)
+        return cords, list(made.values())
+
+    def run(self, cords: Mapping[str, Cord]) -> filecord.SaveReport:
+        s = self.spec
+        if s.single:
+            ((path, cord),) = cords.items()
+            return filecord.save(path, cord, consume=s.consume, window=s.window)
+        return filecord.save_many(dict(cords), consume=s.consume, window=s.window)
+
+    # --- expectations ------------------------------------------------------------------------
+    def source_bytes(self) -> dict[str, bytes]:
+        return {s.rel: s.content() for s in self.spec.sources.values()}
+
+    def expected_outputs(self) -> dict[str, bytes]:
+        return {
+            rel: b"".join(_piece_bytes(self.spec, r) for r in refs)
+            for rel, refs in self.spec.outputs
+        }
+
+    def consumed(self) -> set[str]:
+        if not self.spec.consume:
+            return set()
+        used = {r.source for _o, refs in self.spec.outputs for r in refs if r.source}
+        return {s.rel for k, s in self.spec.sources.items() if s.owned and k in used}
+
+    def pristine(self) -> dict[str, bytes]:
+        return {**self.source_bytes(), **self.spec.old}
+
+    def done(self) -> dict[str, bytes]:
+        kept = {r: b for r, b in self.source_bytes().items() if r not in self.consumed()}
+        return {**kept, **self.expected_outputs()}
+
+    # --- judging -----------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, bytes]:
+        """Every file under the root, hidden ones included, by relative path."""
+        out: dict[str, bytes] = {}
+        for dirpath, _dirs, files in os.walk(self.root):
+            for name in files:
+                full = os.path.join(dirpath, name)
+                out[os.path.relpath(full, self.root)] = Path(full).read_bytes()
+        return out
+
+    def classify(self, *, allow_garbage: bool = False) -> str | None:
+        """"pristine", "done", "pristine+garbage" (only if allowed), or None (a violation)."""
+        snap = self.snapshot()
+        if snap == self.pristine():
+            return "pristine"
+        if snap == self.done():
+            return "done"
+        if allow_garbage:
+            clean = {
+                r: b for r, b in snap.items()
+                if not (os.path.basename(r).startswith(".") and r.endswith(TEMP_SUFFIX))
+            }
+            if clean == self.pristine():
+                return "pristine+garbage"
+        return None
+
+    def describe(self) -> str:
+        """What differs from both expectations: for assertion messages."""
+        snap = self.snapshot()
+        lines = []
+        for label, want in (("pristine", self.pristine()), ("done", self.done())):
+            extra = sorted(set(snap) - set(want))
+            missing = sorted(set(want) - set(snap))
+            differ = sorted(r for r in set(snap) & set(want) if snap[r] != want[r])
+            details = [
+                f"{r}: {len(snap[r])} bytes, want {len(want[r])}"
+                + (f", first difference at {_first_diff(snap[r], want[r])}")
+                for r in differ
+            ]
+            lines.append(f"vs {label}: extra={extra} missing={missing} differ={details}")
+        return "\n".join(lines)
+
+
+def _first_diff(a: bytes, b: bytes) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def open_fds() -> set[int]:
+    """This process's open descriptors (to prove a failed save leaks none)."""
+    return {int(n) for n in os.listdir("/proc/self/fd")}
+
+
+def detach_all(datas: list[FileBackedData]) -> None:
+    """Disarm owned objects' finalizers: a test that drops them must not delete case files."""
+    for d in datas:
+        d.detach_cleanup()
+
+
+def trace_save(spec_name: str, root: Path, *, cfr: bool = True) -> list[Call]:
+    """The counting run: save the spec once under ``root`` with every call recorded.
+
+    Checks that it succeeds exactly, then removes ``root``.
+    """
+    lay = Layout(SPECS[spec_name], root)
+    lay.create()
+    cords, datas = lay.cords()
+    tracer = Tracer(cfr=cfr)
+    with _sys.use(tracer):
+        lay.run(cords)
+    if lay.classify() != "done":
+        raise AssertionError("the traced save did not produce the expected files:\n"
+                             + lay.describe())
+    detach_all(datas)
+    shutil.rmtree(root)
+    return tracer.calls
