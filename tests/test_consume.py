@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from filecord import Cord, FileBackedData, SaveError, _sys, recover, save, save_many
+from filecord import (
+    Cord,
+    FileBackedData,
+    RecoverError,
+    SaveError,
+    _sys,
+    recover,
+    save,
+    save_many,
+)
 from filecord_testing import leftovers, pattern
 
 W = 8192  # a small sync window: several windows per source
@@ -197,3 +206,18 @@ def test_recover_restores_an_uncommitted_move(tmp_path: Path) -> None:
     fa.check()
     assert not (tmp_path / "o").exists()
     assert leftovers(tmp_path) == []
+
+
+def test_recover_refuses_a_committed_save_whose_output_is_lost(tmp_path: Path) -> None:
+    a = pattern(40_000)
+    fa = owned(tmp_path, "a", a)
+    with _sys.use(FailAfterTruncates()), pytest.raises(SaveError) as info:
+        save_many({tmp_path / "o1": Cord([fa]), tmp_path / "o2": b"x"}, consume=True, window=W)
+    journal = info.value.journal_path
+    assert journal is not None
+    temps = [n for n in os.listdir(tmp_path) if n.startswith(".o1.") and n.endswith(".partial")]
+    assert len(temps) == 1
+    os.unlink(tmp_path / temps[0])  # the complete output vanished (someone cleaned up)
+    with pytest.raises(RecoverError, match="lost"):
+        recover(journal)
+    assert os.path.exists(journal)  # kept: nothing it names is deleted on a guess

@@ -24,8 +24,14 @@ TEMP_SUFFIX = ".partial"
 
 @dataclass(frozen=True)
 class JournalOutput:
+    """An output: its temp, its final name, and the temp's identity and length, so recovery
+    can tell "already renamed" (the final name is that inode) from "lost"."""
+
     final: str
     temp: str
+    dev: int = 0
+    ino: int = 0
+    length: int = 0
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,7 @@ def _body(j: Journal) -> dict[str, object]:
     return {
         "version": VERSION,
         "token": j.token,
-        "outputs": [[o.final, o.temp] for o in j.outputs],
+        "outputs": [[o.final, o.temp, o.dev, o.ino, o.length] for o in j.outputs],
         "sources": [
             {
                 "path": s.path,
@@ -110,7 +116,10 @@ def decode(data: bytes) -> Journal | None:
     if body.get("version") != VERSION:
         raise RecoverError(f"journal version {body.get('version')!r} is not {VERSION}")
     try:
-        outputs = tuple(JournalOutput(str(f), str(t)) for f, t in body["outputs"])
+        outputs = tuple(
+            JournalOutput(str(f), str(t), int(d), int(i), int(n))
+            for f, t, d, i, n in body["outputs"]
+        )
         sources = tuple(
             JournalSource(
                 path=str(s["path"]),

@@ -118,6 +118,12 @@ def _finish(path: str, j: journal.Journal) -> Recovered:
     for out in j.outputs:
         if out.temp and _exists(out.temp):
             _sys.rename(out.temp, out.final)
+        elif out.temp and _same_file(out.final, out.dev, out.ino) is None:
+            raise RecoverError(
+                f"{out.final}: the journal {path} is committed, but neither its temp "
+                f"{out.temp} nor the renamed output is there; the output is lost (the journal "
+                "is kept so the sources it lists are not deleted)"
+            )
         d = os.path.dirname(out.final)
         if out.temp and d not in dirs:
             dirs.append(d)

@@ -306,8 +306,8 @@ def _write_journal(txn: _Txn) -> None:
         )
     # Direct outputs (no temp) keep their slot with an empty temp so indexes stay aligned.
     outputs = tuple(
-        journal.JournalOutput(o.target, t or "")
-        for o, t in zip(p.outputs, txn.temps, strict=True)
+        _journal_output(o.target, t, fd, o.length)
+        for o, t, fd in zip(p.outputs, txn.temps, txn.fds, strict=True)
     )
     record = journal.encode(journal.Journal(txn.token, outputs, tuple(sources)))
     fd = _sys.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -327,6 +327,15 @@ def _write_journal(txn: _Txn) -> None:
     for d in dirs:
         _sys.fsync_dir(d)
         txn.counters.fsyncs += 1
+
+
+def _journal_output(
+    final: str, temp: str | None, fd: int | None, length: int
+) -> journal.JournalOutput:
+    if temp is None or fd is None:
+        return journal.JournalOutput(final, "")
+    st = _sys.fstat(fd)
+    return journal.JournalOutput(final, temp, st.st_dev, st.st_ino, length)
 
 
 def _move(txn: _Txn, m: MoveSource) -> None:
