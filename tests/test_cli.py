@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -62,10 +63,13 @@ def test_demo_small_completes_verifies_and_cleans_up(tmp_path: Path) -> None:
     assert any(line.startswith("copy ") and "2.00" in line for line in lines)
     assert any(line.startswith("consume ") and "moved" in line for line in lines)
     assert os.listdir(tmp_path) == []  # nothing left behind
+    if importlib.util.find_spec("executorch") is not None:
+        assert any(line.startswith("model: ") and "matches PyTorch" in line for line in lines)
 
 
 def test_demo_json(tmp_path: Path) -> None:
-    r = run("demo", "--size", "2MiB", "--json", "--dir", str(tmp_path), "--window", "1MiB")
+    r = run("demo", "--size", "2MiB", "--json", "--dir", str(tmp_path), "--window", "1MiB",
+            "--no-model")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["verified"] is True
@@ -75,6 +79,7 @@ def test_demo_json(tmp_path: Path) -> None:
     # Copy holds sources and output at once; a move never holds much more than the data.
     assert modes["copy"]["peak_disk_over_data"] >= 1.99
     assert modes["consume"]["peak_disk_over_data"] <= 1.0 + (1 << 20) / (2 << 20) + 0.05
+    assert doc["model"] is None
 
 
 def test_recover_on_a_clean_directory(tmp_path: Path) -> None:

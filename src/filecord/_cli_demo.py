@@ -13,7 +13,6 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import shutil
 import tempfile
 import time
@@ -21,15 +20,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from filecord import _sys
+from filecord import _cli_demo_model, _sys
+from filecord._cli_demo_model import ModelResult
 from filecord._cli_progress import Bar
-from filecord.cord import Cord
+from filecord._measure import DiskSampler, rss_now, rss_peak, rss_reset
 from filecord.data import FileBackedData
+from filecord.executorch.ptd import build_ptd, read_ptd
+from filecord.executorch.values import PtdEntry
 from filecord.plan import DEFAULT_WINDOW
 from filecord.report import SaveReport
 from filecord.save import save
 
-HEADER_ALIGN = 4096
+SEGMENT = 4096  # a clone-friendly layout: btrfs and XFS can share the engines' extents
 
 
 @dataclass(frozen=True)
@@ -42,75 +44,17 @@ class RunResult:
     verified: bool
 
 
-class _DiskSampler(_sys.Backend):
-    """Samples allocated blocks under one directory at every durable step of the save.
-
-    It reads with ``os`` directly on purpose: the samples are measurement, not library I/O.
-    """
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self.peak = 0
-
-    def sample(self) -> None:
-        total = 0
-        with os.scandir(self.directory) as entries:
-            for entry in entries:
-                total += _blocks(entry)
-        self.peak = max(self.peak, total)
-
-    def hook(self, op: str, args: tuple[Any, ...]) -> None:
-        if op in ("fsync", "ftruncate", "rename", "unlink", "copy_file_range", "pwrite"):
-            self.sample()
-
-
-def _blocks(entry: os.DirEntry[str]) -> int:
-    try:
-        return entry.stat(follow_symlinks=False).st_blocks * 512
-    except FileNotFoundError:  # removed between the listing and the stat
-        return 0
-
-
-def _rss_reset() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
-def _rss_peak() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _rss_now() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def make_engines(directory: str, total: int, count: int, tag: str) -> tuple[list[str], bytes]:
-    """Write ``count`` files of pseudo-random bytes totalling ``total``; returns paths and header.
+def make_engines(directory: str, total: int, count: int, tag: str) -> list[tuple[str, str]]:
+    """Write ``count`` files of pseudo-random bytes totalling ``total``: (path, sha256) each.
 
     Each 1 MiB block is a fresh sha256-derived pattern, so no two blocks (or files) are equal
-    and a misplaced block cannot verify.
+    and a misplaced block cannot verify.  The digest is computed while writing.
     """
     sizes = [total // count + (1 if i < total % count else 0) for i in range(count)]
-    paths = []
+    made = []
     for i, size in enumerate(sizes):
         path = os.path.join(directory, f"engine{i}.{tag}.bin")
+        digest = hashlib.sha256()
         fd = _sys.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             off = 0
@@ -119,56 +63,50 @@ def make_engines(directory: str, total: int, count: int, tag: str) -> tuple[list
                 seed = hashlib.sha256(f"{tag}/{i}/{block}".encode()).digest()
                 chunk = (seed * (1 << 15))[: min(1 << 20, size - off)]
                 _sys.write_all(fd, chunk, off)
+                digest.update(chunk)
                 off += len(chunk)
                 block += 1
         finally:
             _sys.close(fd)
-        paths.append(path)
-    header = json.dumps({"engines": [os.path.basename(p) for p in paths], "sizes": sizes})
-    return paths, header.encode().ljust(HEADER_ALIGN, b" ")
+        made.append((path, digest.hexdigest()))
+    return made
 
 
-def _digest_of(cord: Cord) -> str:
-    h = hashlib.sha256()
-    for piece in cord.pieces:
-        if isinstance(piece, FileBackedData):
-            with piece.iter_chunks() as chunks:
-                for view in chunks:
-                    h.update(view)
-        else:
-            h.update(piece)
-    return h.hexdigest()
-
-
-def _digest_file(path: str) -> str:
-    return FileBackedData(path).sha256()
+def _sha(data: object) -> str | None:
+    return data.sha256() if isinstance(data, FileBackedData) else None
 
 
 def run_once(
     directory: str, total: int, count: int, *, consume: bool, window: int, quiet: bool
 ) -> RunResult:
+    """Pack the engines as named data into a ``.ptd`` by copy or by move, and verify it."""
     mode = "consume" if consume else "copy"
-    paths, header = make_engines(directory, total, count, mode)
-    pieces: list[bytes | FileBackedData] = [header]
-    pieces += [FileBackedData(p, owned=consume) for p in paths]
-    cord = Cord(pieces)
-    expected = _digest_of(cord)
-    out = os.path.join(directory, f"artifact.{mode}.bin")
-    sampler = _DiskSampler(directory)
+    made = make_engines(directory, total, count, mode)
+    entries = {
+        f"engine{i}": PtdEntry(f"engine{i}", FileBackedData(p, owned=consume), None, SEGMENT)
+        for i, (p, _digest) in enumerate(made)
+    }
+    out = os.path.join(directory, f"engines.{mode}.ptd")
+    cord = build_ptd(entries, segment_alignment=SEGMENT)
+    del entries
+    sampler = DiskSampler(directory)
     sampler.sample()
-    _rss_reset()
-    base_rss = _rss_now()
+    rss_reset()
+    base_rss = rss_now()
     start = time.perf_counter()
-    with Bar(f"save ({mode})", quiet=quiet) as bar, _sys.use(sampler):
+    with Bar(f"pack .ptd ({mode})", quiet=quiet) as bar, _sys.use(sampler):
         report = save(out, cord, consume=consume, window=window, progress=bar.callback)
     seconds = time.perf_counter() - start
     sampler.sample()
-    rss = max(0, _rss_peak() - base_rss)
-    verified = _digest_file(out) == expected
+    rss = max(0, rss_peak() - base_rss)
+    del cord
+    got = read_ptd(out).entries
+    verified = all(_sha(got[f"engine{i}"].data) == d for i, (_p, d) in enumerate(made))
     if consume:
-        verified = verified and not any(os.path.exists(p) for p in paths)
+        verified = verified and not any(os.path.exists(p) for p, _d in made)
+    del got
     _sys.unlink(out)
-    for p in paths:
+    for p, _d in made:
         _sys.unlink_missing_ok(p)
     return RunResult(mode, seconds, sampler.peak, rss, report, verified)
 
@@ -189,26 +127,48 @@ def _table(results: list[RunResult], total: int, human: Callable[[float], str]) 
     return "\n".join(lines)
 
 
+def _model_step(args: argparse.Namespace, workdir: str) -> ModelResult | None:
+    if args.no_model:
+        return None
+    if not _cli_demo_model.available():
+        if not args.quiet and not args.json:
+            print("(executorch is not installed: skipping the real-model step)")
+        return None
+    return _cli_demo_model.run_model(workdir)
+
+
+def _model_json(m: ModelResult | None) -> dict[str, object] | None:
+    if m is None:
+        return None
+    return {"seconds": m.seconds, "weight_bytes": m.weight_bytes,
+            "max_abs_error": m.max_abs_error, "verified": m.verified,
+            "report": m.report.to_dict()}
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from filecord.cli import human
 
     total: int = args.size
+    if total < args.pieces or args.pieces < 1:
+        raise SystemExit(f"filecord demo: --size must be at least --pieces ({args.pieces})")
     parent = args.dir or tempfile.gettempdir()
     workdir = tempfile.mkdtemp(prefix="filecord-demo-", dir=parent)
     results: list[RunResult] = []
+    quiet = args.quiet or args.json
     try:
-        if not args.quiet and not args.json:
-            print(f"filecord demo: {human(total)} in {args.pieces} engine file(s) + a header, "
-                  f"in {workdir}")
+        if not quiet:
+            print(f"filecord demo: {human(total)} of synthetic engines in {args.pieces} files, "
+                  f"packed as named data into a .ptd, in {workdir}")
         results.extend(
             run_once(workdir, total, args.pieces, consume=consume, window=args.window,
-                     quiet=args.quiet or args.json)
+                     quiet=quiet)
             for consume in (False, True)
         )
+        model = _model_step(args, workdir)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    ok = all(r.verified for r in results)
+    ok = all(r.verified for r in results) and (model is None or model.verified)
     if args.json:
         print(json.dumps({
             "size": total, "pieces": args.pieces, "directory": workdir, "kept": args.keep,
@@ -219,16 +179,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
                  "peak_rss_delta": r.peak_rss_delta, "verified": r.verified,
                  "report": r.report.to_dict()} for r in results
             ],
+            "model": _model_json(model),
         }, indent=2))
-    else:
-        print(_table(results, total, human))
-        for r in results:
-            reasons = r.report.copy_reasons()
-            if reasons:
-                print(f"{r.mode}: copied instead of moved: {reasons}")
-        print("all output bytes verified" if ok else "VERIFICATION FAILED")
-        if not args.keep:
-            print("cleaned up (use --keep to look at the files)")
+        return 0 if ok else 1
+    print(_table(results, total, human))
+    for r in results:
+        reasons = r.report.copy_reasons()
+        if reasons:
+            print(f"{r.mode}: copied instead of moved: {reasons}")
+    if model is not None:
+        by_action = sorted(model.report.bytes_by_action().items())
+        acts = ", ".join(f"{k} {human(v)}" for k, v in by_action)
+        print(f"model: exported with ExecuTorch, {human(model.weight_bytes)} of weights streamed "
+              f"to a file-backed blob and saved with consume=True ({acts}) in "
+              f"{model.seconds:.2f} s; the runtime's output matches PyTorch's "
+              f"(max abs error {model.max_abs_error:.1e})" if model.verified else
+              f"model: the runtime's output DIFFERS from PyTorch's ({model.max_abs_error:.1e})")
+    print("all output bytes verified" if ok else "VERIFICATION FAILED")
+    if not args.keep:
+        print("cleaned up (use --keep to look at the files)")
     return 0 if ok else 1
 
 
@@ -238,9 +207,10 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p = sub.add_parser(
         "demo",
         help="save synthetic engine files by copy and by move, verify, compare",
-        description="Generate synthetic engine files (1 GiB by default), save them with a "
-        "header into one artifact by copy and then with consume=True, verify every byte, and "
-        "print time, peak allocated disk and peak RSS side by side.",
+        description="Generate synthetic engine files (1 GiB by default), pack them as named "
+        "data into an ExecuTorch .ptd by copy and then with consume=True, verify every byte, "
+        "print time, peak allocated disk and peak RSS side by side; then (with executorch "
+        "installed) export a small model, save its weights with consume=True and run it.",
     )
     p.add_argument("--size", type=parse_size, default=1 << 30, help="total engine bytes [1GiB]")
     p.add_argument("--pieces", type=int, default=4, help="number of engine files [4]")
@@ -248,5 +218,6 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.add_argument("--window", type=parse_size, default=DEFAULT_WINDOW,
                    help=f"consume sync window [{DEFAULT_WINDOW >> 20}MiB]")
     p.add_argument("--keep", action="store_true", help="keep the generated files")
+    p.add_argument("--no-model", action="store_true", help="skip the ExecuTorch model step")
     add_common(p)
     p.set_defaults(func=cmd_demo)

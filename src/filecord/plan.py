@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 MiB = 1 << 20
-DEFAULT_WINDOW = 128 * MiB  # picked by bench/consume_window.py; see docs/benchmarks.md
+DEFAULT_WINDOW = 64 * MiB  # picked by bench/consume_window.py; see docs/benchmarks.md
 BLOCK = 4096
 SPACE_SLACK = 1 * MiB  # journal, directory entries and extent metadata
 

@@ -182,9 +182,25 @@ def _execute(txn: _Txn) -> None:
     _fill(txn)
     if _needs_journal(txn.prep):
         _write_journal(txn)
+    _presize_for_moves(txn)
     for m in p.moves:
         _move(txn, m)
     _commit(txn)
+
+
+def _presize_for_moves(txn: _Txn) -> None:
+    """Give every temp that receives moved bytes its final length (a hole) first.
+
+    Moves write each temp from its end backwards; on XFS each write that extends the file
+    reserves speculative space past the new end until close, so a move would hold about two
+    windows.  A temp already at its final length is never extended, so the peak stays at
+    one window on every file system.
+    """
+    p = txn.prep.plan
+    for o in sorted({d.output for m in p.moves for d in m.dests}):
+        fd = txn.fds[o]
+        if fd is not None and _sys.fstat(fd).st_size < p.outputs[o].length:
+            _sys.ftruncate(fd, p.outputs[o].length)
 
 
 def _create_outputs(txn: _Txn) -> None:

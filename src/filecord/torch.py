@@ -30,12 +30,16 @@ import os
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from filecord import _sys
 from filecord.data import CHUNK, FileBackedData
+
+if TYPE_CHECKING:
+    from filecord.executorch.values import TensorLayout
+    from filecord.report import SaveReport
 
 DeviceCopy = Callable[[Any, Any], None]  # (device uint8 slice, pinned host uint8 slice)
 
@@ -223,3 +227,76 @@ def _adopt(
         data = whole.slice(min(start, len(whole)), length, sha256=digest)
         out[key] = TensorBlob(key, data, t.dtype, tuple(t.shape), dims, digest)
     return out
+
+
+# --- ExecuTorch data files -----------------------------------------------------------------
+
+_SCALAR_TYPES = {
+    "bool": "BOOL", "uint8": "BYTE", "int8": "CHAR", "int16": "SHORT", "int32": "INT",
+    "int64": "LONG", "float16": "HALF", "float32": "FLOAT", "float64": "DOUBLE",
+    "bfloat16": "BFLOAT16", "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64",
+    "float8_e5m2": "FLOAT8E5M2", "float8_e4m3fn": "FLOAT8E4M3FN",
+    "float8_e5m2fnuz": "FLOAT8E5M2FNUZ", "float8_e4m3fnuz": "FLOAT8E4M3FNUZ",
+}
+
+
+def layout_of(blob: TensorBlob) -> TensorLayout:
+    """The ExecuTorch TensorLayout of a written tensor (scalar type, sizes, dim order)."""
+    from filecord.executorch.values import ScalarType, TensorLayout
+
+    name = str(blob.dtype).removeprefix("torch.")
+    if name not in _SCALAR_TYPES:
+        raise ValueError(f"{blob.key!r}: dtype {blob.dtype} has no ExecuTorch scalar type")
+    return TensorLayout(ScalarType[_SCALAR_TYPES[name]], blob.sizes, blob.dim_order)
+
+
+def _view_identity(t: torch.Tensor) -> tuple[object, ...]:
+    # Two keys naming the very same view (tied weights) are written once and stored once.
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), t.dtype,
+            tuple(t.shape), t.stride())
+
+
+def save_state_dict(
+    state_dict: Mapping[str, torch.Tensor],
+    path: str | os.PathLike[str],
+    *,
+    consume: bool = True,
+    alignment: int = 16,
+    segment_alignment: int = 128,
+    window: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SaveReport:
+    """Write ``state_dict`` as an ExecuTorch ``.ptd``: one entry per key, with its layout.
+
+    The tensors are streamed into one packed scratch file beside ``path`` (host memory: one
+    chunk), which the save then moves into the ``.ptd`` (``consume=True``) or copies from and
+    deletes.  Keys are used as they are; for a program exported with
+    ``external_constants=True`` they are the parameters' fully qualified names, which is what
+    ``model.state_dict()`` gives.  Tied weights (the same view under two keys) are stored once.
+    """
+    from filecord.executorch.ptd import build_ptd
+    from filecord.executorch.values import PtdEntry
+    from filecord.plan import DEFAULT_WINDOW
+    from filecord.save import save
+
+    target = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(target))
+    firsts: dict[tuple[object, ...], str] = {}
+    alias: dict[str, str] = {}
+    unique: list[tuple[str, torch.Tensor]] = []
+    for key, t in _tensor_items(state_dict):
+        ident = _view_identity(t)
+        if ident in firsts:
+            alias[key] = firsts[ident]
+        else:
+            firsts[ident] = key
+            unique.append((key, t))
+    blobs = write_tensors(unique, directory, alignment=1, stem=os.path.basename(target))
+    entries = {}
+    for key in state_dict:
+        blob = blobs[alias.get(key, key)]
+        entries[key] = PtdEntry(key, blob.data, layout_of(blob), alignment)
+    cord = build_ptd(entries, segment_alignment=segment_alignment)
+    del blobs, entries  # the cord holds the pieces; the scratch file goes with the last one
+    return save(target, cord, consume=consume, window=window or DEFAULT_WINDOW,
+                progress=progress)

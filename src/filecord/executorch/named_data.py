@@ -17,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 from filecord.data import FileBackedData
 from filecord.executorch._layout import positive_int
@@ -150,6 +152,31 @@ class NamedDataStore:
         target = self._pte if external_tag is None else self._external.setdefault(external_tag, {})
         target[key] = DataEntry(index, alignment, tensor_layout)
         self._key_buffer[key] = index
+
+    def add_tensor(
+        self,
+        key: str,
+        tensor: Any,
+        *,
+        alignment: int = 16,
+        external_tag: str | None = None,
+        directory: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Stream a torch tensor into an owned file-backed blob and add it with its layout.
+
+        The bytes go from the tensor's memory to a scratch file in ``directory`` (default: the
+        system temp directory; put it on the output's file system so a consuming save can
+        move it) one chunk at a time, hashed while written, so deduplication reads nothing.
+        The layout (scalar type, sizes, dim order: contiguous or channels-last) is inferred.
+        """
+        from filecord.torch import layout_of, write_tensors  # torch is imported only there
+
+        where = tempfile.gettempdir() if directory is None else os.fspath(directory)
+        blob = write_tensors({key: tensor}, where, stem="named-data")[key]
+        self.add_named_data(
+            key, blob.data, alignment=alignment, external_tag=external_tag,
+            tensor_layout=layout_of(blob),
+        )
 
     def merge(self, other: NamedDataStore) -> None:
         """Add every key of ``other`` (program keys first, then each tag), sharing its blobs."""

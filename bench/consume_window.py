@@ -1,0 +1,147 @@
+"""Issue 3: consume (move) against copy on ext4, at several sync windows, side by side.
+
+    sudo .venv/bin/python bench/consume_window.py [--size 4G] [--windows 8,64,128,256]
+                                                   [--rounds 3] [--dir DIR]
+
+Every run starts from a fresh, fsynced ``--size`` source (not timed) and ends with the data in
+one new, fsynced file and the source gone:
+
+* copy: ``save(consume=False)`` then ``unlink`` the source;
+* consume at window W: ``save(consume=True, window=W)`` of an owned source.
+
+The variants run in turn, rotated each round, after one warm-up round that is not counted.
+Per variant: median time (range) and its ratio to the copy's median, the peak allocated disk
+(``st_blocks`` of every file in the directory: source, temp, journal; sampled through the
+``_sys`` seam right before every ftruncate, fsync, rename and unlink) over the data size, the
+fsyncs the save made, the extents of the output (``filefrag``) and the CPU time.
+
+Without ``--dir`` the files live on a loop-mounted ext4 image (preallocated) under
+``--image-base``, unmounted and deleted at the end (root needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+from _bench import (
+    GiB,
+    MiB,
+    describe,
+    extents,
+    fskit,
+    machine,
+    med,
+    parse_size,
+    spread,
+    table,
+    workdir,
+)
+
+import filecord
+from filecord import Cord, FileBackedData, _sys
+
+TIME_TARGET, DISK_TARGET = 1.10, 1.03
+
+
+def cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def one_run(work: Path, size: int, window: int | None) -> dict[str, float]:
+    """One save of a fresh source: window None is the copy."""
+    src, out = work / "weights.bin", work / "model.bin"
+    fskit.write_pattern(src, size, seed=7)
+    os.sync()
+    sampler = fskit.Sampler(lambda: fskit.allocated(work))
+    consume = window is not None
+    cord = Cord([FileBackedData(src, owned=consume)])
+    c0, t0 = cpu(), time.perf_counter()
+    with _sys.use(sampler):
+        if consume:
+            report = filecord.save(out, cord, consume=True, window=window)
+        else:
+            report = filecord.save(out, cord)
+            os.unlink(src)
+    elapsed, cpu_s = time.perf_counter() - t0, cpu() - c0
+    sampler.sample()
+    want = "moved" if consume else "copied"
+    if [a.action for a in report.file_actions()] != [want] or src.exists():
+        raise SystemExit(f"expected the source {want} and gone: {report.summary()}")
+    for pos in sorted({0, size // 2 // MiB * MiB, max(0, size - MiB)}):  # spot checks
+        n = min(MiB, size - pos)
+        with open(out, "rb") as f:
+            f.seek(pos)
+            if f.read(n) != fskit.pattern(7, pos, n):
+                raise SystemExit(f"output differs near byte {pos}")
+    result = {
+        "time": elapsed, "cpu": cpu_s, "peak": sampler.peak / size, "fsyncs": report.fsyncs,
+        "extents": extents(out),
+    }
+    out.unlink()
+    os.sync()
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", type=parse_size, default=4 * GiB)
+    ap.add_argument("--windows", default="8,64,128,256", help="MiB, comma separated")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", help="run in this directory (ext4) instead of a fresh ext4 image")
+    ap.add_argument("--image-base", default="/var/tmp", help="where the image file goes")
+    args = ap.parse_args()
+    windows = [int(w) * MiB for w in args.windows.split(",")]
+    default = filecord.DEFAULT_WINDOW
+    variants: list[int | None] = [None, *windows]
+    label = {None: "copy + unlink"} | {
+        w: f"consume, window {w // MiB} MiB" + (" (default)" if w == default else "")
+        for w in windows
+    }
+
+    image = 2 * args.size + max(windows) + GiB
+    results: dict[int | None, list[dict[str, float]]] = {v: [] for v in variants}
+    with workdir(args.dir, image, args.image_base) as work:
+        where = describe(work, args.dir is None)
+        for r in range(args.rounds + 1):
+            k = r % len(variants)
+            for v in variants[k:] + variants[:k]:
+                res = one_run(work, args.size, v)
+                tag = "warm-up" if r == 0 else f"round {r}"
+                print(f"{tag} {label[v]}: {res['time']:.2f} s, peak {res['peak']:.4f}x",
+                      file=sys.stderr)
+                if r > 0:
+                    results[v].append(res)
+
+    base = med([x["time"] for x in results[None]])
+    rows = []
+    for v in variants:
+        rs = results[v]
+        t = [x["time"] for x in rs]
+        rows.append([
+            label[v], len(rs), spread(t), f"{med(t) / base:.2f}x",
+            f"{args.size / GiB / med(t):.2f}", f"{max(x['peak'] for x in rs):.4f}x",
+            int(med([x["fsyncs"] for x in rs])), int(med([x["extents"] for x in rs])),
+            f"{med([x['cpu'] for x in rs]):.2f}",
+        ])
+    print(f"\n{args.size / GiB:g} GiB, consume vs copy; {machine()}; {where}; "
+          f"{args.rounds} rotated rounds after a warm-up\n")
+    print(table(["variant", "n", "median s (range)", "time vs copy", "GiB/s",
+                 "peak alloc / data", "fsyncs", "extents", "CPU s"], rows))
+    if default in results:
+        rs = results[default]
+        ratio = med([x["time"] for x in rs]) / base
+        peak = max(x["peak"] for x in rs)
+        print(f"\ndefault window {default // MiB} MiB: time {ratio:.2f}x of copy (target "
+              f"<= {TIME_TARGET}x: {'met' if ratio <= TIME_TARGET else 'MISSED'}), peak "
+              f"{peak:.4f}x of the data (target <= {DISK_TARGET}x: "
+              f"{'met' if peak <= DISK_TARGET else 'MISSED'})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""``filecord pack`` and ``filecord plan``: files become named entries of one ``.ptd``.
+
+``pack OUT.ptd [KEY=]FILE... [--consume] [--align N]`` writes the data file in one atomic save;
+``plan`` takes the same arguments and prints what ``pack`` would do (moved, cloned, copied and
+why, and whether it fits) without writing anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from filecord._cli_progress import Bar
+from filecord.data import FileBackedData
+from filecord.plan import DEFAULT_WINDOW
+from filecord.report import SaveReport
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported with exit status 2, like argparse's own errors."""
+
+
+def parse_specs(specs: list[str]) -> list[tuple[str, str]]:
+    """``KEY=FILE`` or ``FILE`` (key: the file's name).  An argument naming an existing file is
+    a file even if it contains ``=``."""
+    out: list[tuple[str, str]] = []
+    seen: dict[str, str] = {}
+    for spec in specs:
+        if "=" in spec and not os.path.exists(spec):
+            key, path = spec.split("=", 1)
+            if not key:
+                raise UsageError(f"empty key in {spec!r}")
+        else:
+            key, path = os.path.basename(spec), spec
+        if not os.path.isfile(path):
+            raise UsageError(f"{path}: no such file")
+        if key in seen:
+            raise UsageError(f"key {key!r} given twice ({seen[key]} and {path})")
+        seen[key] = path
+        out.append((key, path))
+    if not out:
+        raise UsageError("nothing to pack: give at least one [KEY=]FILE")
+    return out
+
+
+def _cord(args: argparse.Namespace) -> tuple[Any, list[FileBackedData]]:
+    from filecord.executorch.ptd import build_ptd
+    from filecord.executorch.values import PtdEntry
+
+    if args.align < 1 or args.align & (args.align - 1):
+        raise UsageError(f"--align must be a power of two, got {args.align}")
+    specs = parse_specs(args.files)
+    datas = [(key, FileBackedData(path, owned=args.consume)) for key, path in specs]
+    entries = {key: PtdEntry(key, d, None, args.align) for key, d in datas}
+    return build_ptd(entries, segment_alignment=max(128, args.align)), [d for _k, d in datas]
+
+
+def _render(report: SaveReport, args: argparse.Namespace, human: Callable[[float], str]) -> None:
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return
+    if args.quiet and not report.dry_run:
+        return
+    print(report.summary())
+    for a in report.file_actions():
+        why = f" ({a.reason})" if a.reason else ""
+        print(f"  {a.action:7} {human(a.length):>12}  {a.source}{why}")
+    for peak in report.peaks:
+        verdict = "fits" if peak.fits else "DOES NOT FIT"
+        print(f"  {peak.fs_type}: needs {human(peak.needed)} at its peak, {human(peak.free)} "
+              f"free: {verdict}")
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    from filecord.cli import human
+    from filecord.save import plan, save
+
+    try:
+        cord, datas = _cord(args)
+    except UsageError as exc:
+        print(f"filecord {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.dry_run:
+            report = plan(args.out, cord, consume=args.consume, window=args.window)
+        else:
+            with Bar(f"pack {os.path.basename(args.out)}", quiet=args.quiet or args.json) as bar:
+                report = save(args.out, cord, consume=args.consume, window=args.window,
+                              progress=bar.callback)
+    finally:
+        # The user's files are ours to delete only through a save that succeeded (which has
+        # already removed them): after a dry run or a failure they must stay where they are.
+        for d in datas:
+            d.detach_cleanup()
+    _render(report, args, human)
+    return 0 if all(p.fits for p in report.peaks) or not report.dry_run else 1
+
+
+def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
+    from filecord.cli import parse_size
+
+    for name, help_ in (
+        ("pack", "pack files as named entries into an ExecuTorch .ptd, atomically"),
+        ("plan", "show what `pack` would do (move, clone or copy, and why) without writing"),
+    ):
+        p = sub.add_parser(name, help=help_, description=help_ + ". Keys default to the "
+                           "files' names; with --consume the files are moved in and deleted.")
+        p.add_argument("out", metavar="OUT.ptd", help="the data file to write")
+        p.add_argument("files", nargs="+", metavar="[KEY=]FILE", help="entries to pack")
+        p.add_argument("--consume", action="store_true",
+                       help="move the files into the output (they are deleted)")
+        p.add_argument("--align", type=int, default=128, help="entry alignment [128]")
+        p.add_argument("--window", type=parse_size, default=DEFAULT_WINDOW,
+                       help=f"consume sync window [{DEFAULT_WINDOW >> 20}MiB]")
+        if name == "pack":
+            p.add_argument("-n", "--dry-run", action="store_true", help="same as `plan`")
+        else:
+            p.set_defaults(dry_run=True)
+        add_common(p)
+        p.set_defaults(func=cmd_pack)

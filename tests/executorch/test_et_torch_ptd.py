@@ -1,0 +1,66 @@
+"""Tensors streamed into .ptd files that the ExecuTorch runtime loads."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from et_helpers import Exported, run_program
+
+torch = pytest.importorskip("torch", reason="these tests stream torch tensors")
+
+from filecord.executorch import NamedDataStore, ScalarType, TensorLayout, read_ptd  # noqa: E402
+from filecord.torch import save_state_dict  # noqa: E402
+
+
+@pytest.mark.interop
+@pytest.mark.parametrize("consume", [True, False])
+def test_state_dict_ptd_runs_the_external_program(
+    exported: dict[str, Exported], tmp_path: Path, consume: bool
+) -> None:
+    ex = exported["external"]
+    ptd = tmp_path / "weights.ptd"
+    report = save_state_dict(ex.state, ptd, consume=consume)
+    moved = report.bytes_by_action().get("moved", 0)
+    assert moved == (sum(t.numel() * t.element_size() for t in ex.state.values()) if consume else 0)
+    assert [n for n in os.listdir(tmp_path) if n != "weights.ptd"] == []  # scratch file gone
+    got = run_program(ex.pte, ex.x, ptd)
+    assert torch.allclose(got, ex.expected, atol=1e-6)
+    # The entries carry the layouts the runtime checks, and the bytes of each tensor.
+    entries = read_ptd(ptd).entries
+    for key, t in ex.state.items():
+        e = entries[key]
+        assert e.layout == TensorLayout(ScalarType.FLOAT, tuple(t.shape), tuple(range(t.dim())))
+        assert e.data.to_bytes() == t.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def test_tied_weights_are_stored_once(tmp_path: Path) -> None:
+    w = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    save_state_dict({"emb.weight": w, "head.weight": w, "b": torch.ones(3)}, tmp_path / "t.ptd")
+    ptd = read_ptd(tmp_path / "t.ptd")
+    assert len(ptd.segments) == 2
+    assert ptd.entries["emb.weight"].segment_index == ptd.entries["head.weight"].segment_index
+    assert ptd.entries["head.weight"].data.to_bytes() == w.numpy().tobytes()
+
+
+def test_bad_dtype_leaves_nothing(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no ExecuTorch scalar type"):
+        save_state_dict({"c": torch.ones(2, dtype=torch.complex64)}, tmp_path / "c.ptd")
+    assert os.listdir(tmp_path) == []
+
+
+def test_add_tensor_infers_layout_and_streams(tmp_path: Path) -> None:
+    store = NamedDataStore()
+    cl = torch.arange(2 * 3 * 4 * 5, dtype=torch.bfloat16).reshape(2, 3, 4, 5)
+    cl = cl.to(memory_format=torch.channels_last)
+    store.add_tensor("conv.weight", cl, external_tag="w", directory=tmp_path)
+    store.add_tensor("same", cl.clone(memory_format=torch.channels_last), external_tag="w",
+                     directory=tmp_path)
+    entries = store.entries("w")
+    e = entries["conv.weight"]
+    assert e.layout == TensorLayout(ScalarType.BFLOAT16, (2, 3, 4, 5), (0, 2, 3, 1))
+    memory_order = cl.permute(0, 2, 3, 1).contiguous()
+    assert e.data.to_bytes() == memory_order.view(torch.uint8).numpy().tobytes()
+    assert entries["same"].data is e.data  # deduplicated by the digest computed while writing
+    assert e.alignment == 16

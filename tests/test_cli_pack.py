@@ -1,0 +1,88 @@
+"""`filecord pack` / `filecord plan` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from filecord.executorch import read_ptd
+from filecord_testing import leftovers, pattern
+
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "filecord.cli", *args], capture_output=True,
+                          text=True, env=ENV, cwd=cwd, timeout=120, check=False)
+
+
+def files(tmp_path: Path) -> tuple[bytes, bytes]:
+    a, b = pattern(100_000, "a"), pattern(5_001, "b")
+    (tmp_path / "a.bin").write_bytes(a)
+    (tmp_path / "b.bin").write_bytes(b)
+    return a, b
+
+
+def test_pack_copy_puts_each_file_at_its_segment(tmp_path: Path) -> None:
+    a, b = files(tmp_path)
+    r = run("pack", "out.ptd", "a.bin", "weights=b.bin", "--align", "4096", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    ptd = read_ptd(tmp_path / "out.ptd")
+    raw = (tmp_path / "out.ptd").read_bytes()
+    base = ptd.header.segment_base_offset
+    for key, data in (("a.bin", a), ("weights", b)):
+        seg = ptd.segments[ptd.entries[key].segment_index]
+        assert (base + seg.offset) % 4096 == 0
+        assert raw[base + seg.offset : base + seg.offset + len(data)] == data
+    assert (tmp_path / "a.bin").read_bytes() == a  # copied: sources stay
+    assert "copied" in r.stdout
+
+
+def test_pack_consume_moves_and_deletes_sources(tmp_path: Path) -> None:
+    a, b = files(tmp_path)
+    r = run("pack", "out.ptd", "a.bin", "b.bin", "--consume", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["bytes_by_action"]["moved"] == len(a) + len(b)
+    assert sorted(os.listdir(tmp_path)) == ["out.ptd"]
+    entries = read_ptd(tmp_path / "out.ptd").entries
+    assert entries["a.bin"].data.to_bytes() == a
+    assert entries["b.bin"].data.to_bytes() == b
+
+
+def test_plan_and_dry_run_touch_nothing(tmp_path: Path) -> None:
+    a, _b = files(tmp_path)
+    for args in (("plan", "out.ptd", "a.bin", "b.bin", "--consume"),
+                 ("pack", "-n", "out.ptd", "a.bin", "b.bin", "--consume")):
+        r = run(*args, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert "would save" in r.stdout
+        assert "moved" in r.stdout
+        assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]
+    assert (tmp_path / "a.bin").read_bytes() == a
+
+
+def test_usage_errors(tmp_path: Path) -> None:
+    files(tmp_path)
+    for args, msg in (
+        (("pack", "o.ptd", "missing.bin"), "no such file"),
+        (("pack", "o.ptd", "a.bin", "a.bin"), "given twice"),
+        (("pack", "o.ptd", "=a.bin"), "empty key"),
+        (("pack", "o.ptd", "a.bin", "--align", "3"), "power of two"),
+    ):
+        r = run(*args, cwd=tmp_path)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert msg in r.stderr
+        assert not (tmp_path / "o.ptd").exists()
+
+
+def test_failed_consuming_pack_keeps_the_files(tmp_path: Path) -> None:
+    a, _b = files(tmp_path)
+    r = run("pack", "no/such/dir/out.ptd", "a.bin", "--consume", cwd=tmp_path)
+    assert r.returncode == 1
+    assert "does not exist" in r.stderr
+    assert (tmp_path / "a.bin").read_bytes() == a
+    assert leftovers(tmp_path) == []
