@@ -97,8 +97,9 @@ def digest(directory: Path) -> dict[str, str]:
 
 
 def run(variant: str, work: Path, edge: Any, static: dict[str, Any], size: int) -> dict[str, Any]:
-    import filecord.executorch as fe
     from executorch.exir._serialize._cord import FileBackedData as EtFileBackedData
+
+    import filecord.executorch as fe
 
     out = work / "out"
     out.mkdir()
