@@ -206,3 +206,10 @@ def test_plan_is_a_dry_run(tmp_path: Path) -> None:
     assert report.dry_run
     assert report.bytes_by_action()["moved"] == 8192
     assert sorted(os.listdir(tmp_path)) == ["w.bin"]
+
+
+def test_from_manager_refuses_other_objects() -> None:
+    from filecord.executorch import from_manager
+
+    with pytest.raises(TypeError, match="ExecutorchProgramManager"):
+        from_manager(object())
