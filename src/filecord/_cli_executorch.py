@@ -1,6 +1,8 @@
 """``filecord inspect PATH [--json]``: show where every byte of a ``.pte`` or ``.ptd`` lies.
+``filecord verify PROGRAM.pte [--data FILE.ptd] [--json]``: check a program and its data.
 
-Rendering only; the facts come from :func:`read_pte` / :func:`read_ptd`.  The format is chosen
+Rendering only; the facts come from :func:`read_pte` / :func:`read_ptd` and
+:func:`filecord.executorch.verify.verify`.  The format is chosen
 by the flatbuffer identifier at bytes 4..8 (``ET12`` or ``FT01``), not by the file name.
 """
 
@@ -27,6 +29,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("path", help="a .pte or .ptd file")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=run_inspect)
+
+    v = subparsers.add_parser(
+        "verify",
+        help="check an ExecuTorch program and its data files (and load it, if executorch is "
+        "installed)",
+        description="Structural checks of a .pte and its .ptd files (every segment in bounds, "
+        "every external tensor's key present with a matching layout), then, when the "
+        "executorch package is installed, a load of every method in its runtime. Exit 0 when "
+        "everything checks, 1 otherwise.",
+    )
+    v.add_argument("pte", help="the program (.pte)")
+    v.add_argument(
+        "--data", action="append", default=[], metavar="FILE.ptd",
+        help="a data file of the program (repeat for several)",
+    )
+    v.add_argument("--no-runtime", action="store_true", help="structural checks only")
+    v.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    v.set_defaults(func=run_verify)
 
 
 def _identifier(path: str) -> bytes:
@@ -184,4 +204,36 @@ def run_inspect(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2))
     else:
         print("\n".join(_render(info)))
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from filecord.executorch.verify import verify
+
+    result = verify(args.pte, args.data, runtime=not args.no_runtime)
+    rt = result.runtime
+    if args.json:
+        print(json.dumps({
+            "ok": result.ok,
+            "pte": result.pte,
+            "data": list(result.data),
+            "external_tensors": result.external_tensors,
+            "constant_tensors": result.constant_tensors,
+            "problems": [{"where": p.where, "message": p.message} for p in result.problems],
+            "runtime": {"status": rt.status, "methods": list(rt.methods), "note": rt.note},
+        }, indent=2))
+        return 0 if result.ok else 1
+    for p in result.problems:
+        print(f"filecord verify: {p.where}: {p.message}", file=sys.stderr)
+    if rt.status == "failed":
+        print(f"filecord verify: {result.pte}: runtime load failed: {rt.note}", file=sys.stderr)
+    elif rt.status == "skipped":
+        print(f"note: {rt.note}")
+    if not result.ok:
+        return 1
+    data = f" with {', '.join(result.data)}" if result.data else ""
+    print(f"ok: {result.pte}{data}: structure checks passed ({result.constant_tensors} constant "
+          f"and {result.external_tensors} external tensors)")
+    if rt.status == "loaded":
+        print(f"ok: loaded in the ExecuTorch runtime: methods {', '.join(rt.methods)}")
     return 0

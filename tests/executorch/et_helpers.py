@@ -31,6 +31,7 @@ class Exported:
     x: Any
     expected: Any  # PyTorch's output for x (first call)
     state: dict[str, Any] = field(default_factory=dict)  # the module's state_dict
+    manager: Any = None  # the ExecutorchProgramManager that wrote pte/ptds
 
 
 PROGRAMS = (
@@ -99,7 +100,7 @@ def export_all(out: Path) -> dict[str, Exported]:
         et.write_tensor_data_to_file(str(d))
         expected = cls().eval()(x)  # fresh module: the exported program starts from init state
         ptds = {p.stem: p for p in sorted(d.glob("*.ptd"))}
-        result[name] = Exported(name, d / f"{name}.pte", ptds, config, x, expected, state)
+        result[name] = Exported(name, d / f"{name}.pte", ptds, config, x, expected, state, et)
     return result
 
 

@@ -2,12 +2,15 @@
 
 Read them (``read_pte``, ``read_ptd``: every segment a file-backed range, never loaded), build
 them (``assemble_pte``, ``build_ptd``, ``merge_ptd``, ``serialize_program``: Cords holding the
-pieces you gave by reference), and keep named data (``NamedDataStore``).  Only the
+pieces you gave by reference), and keep named data (``NamedDataStore``).  Save whole programs
+with ``Program`` (a ``.pte`` plus its ``.ptd`` files in one transaction), also straight from
+ExecuTorch's ``ExecutorchProgramManager`` (``from_manager``, ``save``).  Only the
 ``flatbuffers`` runtime is needed: no generated code, no flatc.
 """
 
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import Aligned, plan_segments
+from filecord.executorch.adapter import from_manager, save
 from filecord.executorch.errors import (
     BadHeaderError,
     BadMagicError,
@@ -24,6 +27,12 @@ from filecord.executorch.errors import (
     TruncatedError,
 )
 from filecord.executorch.named_data import DataEntry, NamedDataStore, validate_tag
+from filecord.executorch.program import (
+    Program,
+    merge_data_files,
+    merged_file_name,
+    ptd_file_name,
+)
 from filecord.executorch.ptd import PtdFile, PtdHeader, PtdSegment, build_ptd, merge_ptd, read_ptd
 from filecord.executorch.pte import (
     PteDelegate,
@@ -45,6 +54,13 @@ from filecord.executorch.serialize import SerializedProgram, serialize_program
 from filecord.executorch.values import PtdEntry, ScalarType, TensorLayout
 
 __all__ = [
+    # programs
+    "Program",
+    "from_manager",
+    "save",
+    "ptd_file_name",
+    "merged_file_name",
+    "merge_data_files",
     # reading
     "read_pte",
     "read_ptd",

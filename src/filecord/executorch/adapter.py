@@ -1,0 +1,202 @@
+"""Take an ``executorch`` 1.5.x ``ExecutorchProgramManager``'s serialized program over, unchanged.
+
+Theory of operation
+-------------------
+The manager serializes in its constructor and keeps the result: ``_pte_data`` (an ExecuTorch
+Cord whose ``_buffers`` are ``bytes`` or ExecuTorch ``FileBackedData``) and ``_tensor_data``
+(tag -> Cord).  :func:`from_manager` turns these into a :class:`Program` without serializing
+again: ``bytes`` are shared as they are, and each ExecuTorch ``FileBackedData`` (``_path``,
+``_size``, ``_sha256``, ``_finalizer``) becomes one filecord ``FileBackedData`` on the same
+file, however many cords use it.
+
+Ownership: an ExecuTorch object that would delete its file (a live ``_finalizer``) is taken
+over.  Its finalizer is detached, so ExecuTorch never deletes a file filecord may be moving; the
+filecord object owns the file instead and is attached to the ExecuTorch object, so the file
+lives as long as either side still uses it, and exactly one of them deletes it.
+
+The manager keeps working, but through filecord: in its cords every taken-over item is replaced
+by a stand-in that reads via the filecord object, which re-checks the file on every read.  After
+a consuming save moved the data away, reading the manager (``buffer``, ``write_to_file``,
+``save``, ``write_tensor_data_to_file``) therefore raises ``DataChangedError`` instead of
+reading a shortened, missing or reused file.  (ExecuTorch's own ``save`` logs and swallows that
+error; its other writers let it through.)
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any
+
+from filecord import _sys
+from filecord.cord import Cord
+from filecord.data import FileBackedData
+from filecord.errors import DataChangedError, add_note
+from filecord.executorch.program import Program
+from filecord.report import SaveReport
+
+log = logging.getLogger(__name__)
+
+_TAKEN = "_filecord_data"  # attribute set on ExecuTorch objects we took over
+_NOTE = (
+    "filecord took this data over from ExecuTorch (filecord.executorch.from_manager); a "
+    "save with consume=True moves it into that save's output, after which it cannot be read here"
+)
+
+
+@functools.cache
+def _stand_in_type() -> type:
+    """The stand-in class, a subclass of ExecuTorch's ``FileBackedData`` (its Cord accepts only
+    ``bytes`` and that class), made on first use so executorch stays an optional import."""
+    from executorch.exir._serialize._cord import FileBackedData as EtFileBackedData
+
+    class FilecordBacked(EtFileBackedData):  # type: ignore[misc]
+        """ExecuTorch's view of data that filecord manages: every read is checked by filecord."""
+
+        def __init__(self, data: FileBackedData) -> None:
+            # No super().__init__: it would stat the file again and could arm a second deleter.
+            self._path = data.path
+            self._size = len(data)
+            known = data.known_sha256
+            self._sha256 = None if known is None else bytes.fromhex(known)
+            self._finalizer = None
+            self._filecord_data = data
+
+        def _checked(self, read: Any) -> Any:
+            try:
+                return read()
+            except DataChangedError as exc:
+                add_note(exc, _NOTE)
+                raise
+
+        def prefix(self, size: int) -> bytes:
+            return self._checked(lambda: self._filecord_data.prefix(size))  # type: ignore[no-any-return]
+
+        def sha256(self) -> bytes:
+            return bytes.fromhex(self._checked(self._filecord_data.sha256))
+
+        def to_bytes(self) -> bytes:
+            return self._checked(self._filecord_data.to_bytes)  # type: ignore[no-any-return]
+
+        def write_to_file(self, outfile: Any) -> None:
+            self._checked(lambda: Cord([self._filecord_data]).write_to_file(outfile))
+
+        def close(self) -> None:
+            self._filecord_data.close()
+
+    return FilecordBacked
+
+
+def _hex_digest(value: object) -> str | None:
+    if isinstance(value, bytes) and len(value) == 32:
+        return value.hex()
+    if isinstance(value, str) and len(value) == 64:
+        return value
+    return None
+
+
+def _take_over(item: Any) -> FileBackedData:
+    """The filecord object for one ExecuTorch ``FileBackedData`` (made once per object)."""
+    existing = getattr(item, _TAKEN, None)
+    if isinstance(existing, FileBackedData):
+        return existing
+    path = os.fspath(item._path)
+    expected = int(item._size)
+    try:
+        found: int | None = _sys.stat(path).st_size
+    except FileNotFoundError:
+        found = None
+    if found != expected:
+        raise DataChangedError(
+            path,
+            expected_size=expected,
+            found_size=found,
+            reason="the file no longer has the size ExecuTorch recorded",
+        )
+    finalizer = getattr(item, "_finalizer", None)
+    owned = finalizer is not None and bool(finalizer.alive)
+    data = FileBackedData(path, owned=owned, sha256=_hex_digest(getattr(item, "_sha256", None)))
+    if finalizer is not None and owned:
+        finalizer.detach()  # from now on only filecord's owner deletes the file
+        log.debug("took over ownership of %s from ExecuTorch", path)
+    setattr(item, _TAKEN, data)  # keeps filecord's owner (and the file) alive with ExecuTorch's
+    return data
+
+
+def _adopt_cord(et_cord: Any, what: str, stand_ins: dict[int, Any]) -> Cord:
+    buffers = getattr(et_cord, "_buffers", None)
+    if not isinstance(buffers, list):
+        raise TypeError(f"{what}: expected an ExecuTorch Cord, got {type(et_cord).__name__}")
+    cord = Cord()
+    for i, item in enumerate(buffers):
+        if isinstance(item, bytes):
+            cord.append(item)
+            continue
+        if not hasattr(item, "_path") or not hasattr(item, "_size"):
+            raise TypeError(f"{what}[{i}]: unsupported piece {type(item).__name__}")
+        data = _take_over(item)
+        cord.append(data)
+        stand_in = stand_ins.get(id(data))
+        if stand_in is None:
+            stand_in = stand_ins[id(data)] = (
+                item if isinstance(item, _stand_in_type()) else _stand_in_type()(data)
+            )
+        buffers[i] = stand_in
+    if len(cord) != len(et_cord):
+        raise ValueError(
+            f"{what}: pieces add up to {len(cord)} bytes, the cord says {len(et_cord)}"
+        )
+    return cord
+
+
+def from_manager(manager: Any) -> Program:
+    """A :class:`Program` holding exactly what ``manager`` (``executorch`` 1.5.x's
+    ``ExecutorchProgramManager``) serialized; see the module docstring for ownership.
+
+    Raises ``TypeError`` for anything that does not carry 1.5.x's serialized fields, and
+    ``DataChangedError`` if a file-backed piece no longer has the size ExecuTorch recorded.
+    """
+    pte_data = getattr(manager, "_pte_data", None)
+    tensor_data = getattr(manager, "_tensor_data", None)
+    if pte_data is None or not isinstance(tensor_data, (dict, type(None))):
+        raise TypeError(
+            f"from_manager needs an executorch 1.5.x ExecutorchProgramManager (from "
+            f"to_executorch()), got {type(manager).__name__} without its serialized program"
+        )
+    stand_ins: dict[int, Any] = {}
+    pte = _adopt_cord(pte_data, "_pte_data", stand_ins)
+    data = {
+        tag: _adopt_cord(cord, f"_tensor_data[{tag!r}]", stand_ins)
+        for tag, cord in (tensor_data or {}).items()
+    }
+    return Program(
+        pte,
+        data,
+        segment_alignment=_segment_alignment(manager),
+        data_alignment=_data_alignment(manager),
+    )
+
+
+def _segment_alignment(manager: Any) -> int:
+    config = getattr(getattr(manager, "_data_serializer", None), "config", None)
+    value = getattr(config, "segment_alignment", 128)
+    return value if isinstance(value, int) and value > 0 else 128
+
+
+def _data_alignment(manager: Any) -> dict[str, int]:
+    """Alignments the backends asked for, per external key (the data files do not record them)."""
+    named = getattr(manager, "_named_data", None)
+    out: dict[str, int] = {}
+    for entries in (getattr(named, "external_data", None) or {}).values():
+        for key, entry in entries.items():
+            alignment = getattr(entry, "alignment", 1)
+            if isinstance(alignment, int) and alignment > 0:
+                out[key] = alignment
+    return out
+
+
+def save(manager: Any, path: str | os.PathLike[str], **options: Any) -> SaveReport:
+    """``from_manager(manager).save(path, **options)``: the program and its data files in one
+    atomic transaction (options: ``data_dir``, ``consume``, ``merge_data``, ``window``, ...)."""
+    return from_manager(manager).save(path, **options)

@@ -1,0 +1,167 @@
+"""``filecord verify`` through the real command line parser, on the exported programs and on
+deliberately broken copies of them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from et_helpers import PROGRAMS, Exported, write_cord
+
+from filecord import cli
+from filecord.cord import Cord
+from filecord.executorch import (
+    PtdEntry,
+    ScalarType,
+    TensorLayout,
+    build_ptd,
+    merge_ptd,
+    read_ptd,
+    read_pte,
+    verify,
+)
+
+pytestmark = pytest.mark.interop
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = cli.main(["verify", *argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def data_args(e: Exported) -> list[str]:
+    return [a for p in e.ptds.values() for a in ("--data", str(p))]
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_exported_programs_pass_structure(
+    exported: dict[str, Exported], name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    e = exported[name]
+    rc, out, err = run(capsys, str(e.pte), *data_args(e), "--json", "--no-runtime")
+    info = json.loads(out)
+    assert (rc, err, info["ok"], info["problems"]) == (0, "", True, [])
+    external = {"external": 2, "two_tags": 2}.get(name, 0)
+    assert info["external_tensors"] == external
+
+
+@pytest.mark.parametrize("name", ["external", "xnnpack"])
+def test_runtime_load(
+    exported: dict[str, Exported], name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    e = exported[name]
+    rc, out, _err = run(capsys, str(e.pte), *data_args(e))
+    assert rc == 0
+    assert "structure checks passed" in out
+    assert "loaded in the ExecuTorch runtime: methods forward" in out
+
+
+def test_missing_data_file_is_reported(
+    exported: dict[str, Exported], capsys: pytest.CaptureFixture[str]
+) -> None:
+    e = exported["external"]
+    rc, _out, err = run(capsys, str(e.pte))  # its data file is missing
+    assert rc == 1
+    assert "external tensor 'lin.weight' is in none of the data files given" in err
+    assert "external tensor 'lin.bias' is in none of the data files given" in err
+
+
+def test_runtime_failure_is_reported(
+    exported: dict[str, Exported], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A delegate blob is opaque to the structural checks; only the runtime can reject it."""
+    e = exported["xnnpack"]
+    pte = read_pte(e.pte)
+    (delegate,) = pte.delegates
+    assert delegate.location == "SEGMENT"
+    start = pte.segments[delegate.index].file_offset
+    data = bytearray(e.pte.read_bytes())
+    data[start : start + delegate.size] = bytes(delegate.size)
+    broken = tmp_path / "zeroed_delegate.pte"
+    broken.write_bytes(data)
+    rc, out, err = run(capsys, str(broken), "--json")
+    info = json.loads(out)
+    assert (rc, info["problems"], info["runtime"]["status"]) == (1, [], "failed")
+    assert "forward" in info["runtime"]["note"]
+    rc, _out, err = run(capsys, str(broken))
+    assert rc == 1
+    assert "runtime load failed" in err
+
+
+def _ptd_with(e: Exported, tmp_path: Path, **change: Any) -> Path:
+    """The external program's data file, rebuilt with one entry changed."""
+    entries = dict(read_ptd(e.ptds["_default_external_constant"]).entries)
+    w = entries["lin.weight"]
+    entries["lin.weight"] = PtdEntry(
+        w.key, change.get("data", w.data), change.get("layout", w.layout), 1
+    )
+    return write_cord(build_ptd(entries), tmp_path / "bad.ptd")
+
+
+def test_layout_and_size_mismatches(
+    exported: dict[str, Exported], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    e = exported["external"]
+    wrong = TensorLayout.contiguous(ScalarType.FLOAT, (4, 3))
+    rc, out, err = run(capsys, str(e.pte), "--data", str(_ptd_with(e, tmp_path, layout=wrong)))
+    assert rc == 1
+    assert (
+        "lin.weight: layout FLOAT [4, 3] dim_order [0, 1] but the program's tensor is FLOAT [3, 4]"
+        in err
+    )
+    assert "fix the problems first" in out  # a broken file is never handed to the runtime
+    rc, _out, err = run(capsys, str(e.pte), "--data", str(_ptd_with(e, tmp_path, layout=None)))
+    assert "lin.weight: no tensor layout" in err
+    short = Cord([bytes(40)])
+    rc, _out, err = run(capsys, str(e.pte), "--data", str(_ptd_with(e, tmp_path, data=short)))
+    assert rc == 1
+    assert "lin.weight: 40 bytes but the tensor needs 48" in err
+
+
+def test_truncated_and_garbage_files(
+    exported: dict[str, Exported], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    e = exported["xnnpack"]
+    data = e.pte.read_bytes()
+    cut = tmp_path / "cut.pte"
+    cut.write_bytes(data[:-10])
+    rc, out, err = run(capsys, str(cut), "--json")
+    info = json.loads(out)
+    assert rc == 1
+    assert not info["ok"]
+    assert "segment" in info["problems"][0]["message"]
+    assert info["runtime"]["status"] == "skipped"
+    junk = tmp_path / "junk.ptd"
+    junk.write_bytes(b"\0" * 100)
+    rc, _out, err = run(capsys, str(e.pte), "--data", str(junk), "--no-runtime")
+    assert rc == 1
+    assert "junk.ptd" in err
+
+
+def test_several_data_files(
+    exported: dict[str, Exported], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    e = exported["two_tags"]
+    rc, out, _err = run(capsys, str(e.pte), *data_args(e))
+    assert rc == 0
+    assert "one data file per program" in out
+    merged = write_cord(merge_ptd(list(e.ptds.values())), tmp_path / "merged.ptd")
+    assert verify.verify(e.pte, [merged]).runtime.status == "loaded"
+    # The same key in two data files is a problem.
+    rc, _out, err = run(capsys, str(e.pte), *data_args(e), "--data", str(merged), "--no-runtime")
+    assert rc == 1
+    assert "is in 2 data files" in err
+
+
+def test_without_executorch_the_runtime_is_skipped(
+    exported: dict[str, Exported],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(verify, "runtime_available", lambda: False)
+    rc, out, _err = run(capsys, str(exported["linear"].pte))
+    assert rc == 0
+    assert "note: executorch is not installed" in out
