@@ -3,8 +3,9 @@
 The library only calls ``progress(done, total)``; this turns those calls into a bar.  tqdm is an
 optional dependency (the ``cli`` extra): without it, or with ``--quiet``, or when stderr is not
 a terminal, nothing is drawn.  tqdm's own ``TQDM_*`` environment settings apply, and
-``FILECORD_NO_PROGRESS=1`` / ``HF_HUB_DISABLE_PROGRESS_BARS=1`` switch bars off as in the rest
-of the ecosystem.
+``FILECORD_NO_PROGRESS=1``, ``TQDM_DISABLE=1`` and ``HF_HUB_DISABLE_PROGRESS_BARS=1`` switch
+bars off as in the rest of the ecosystem (checked here because tqdm's environment defaults do
+not override the ``disable=None`` we pass).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-_OFF_VARS = ("FILECORD_NO_PROGRESS", "HF_HUB_DISABLE_PROGRESS_BARS")
+_OFF_VARS = ("FILECORD_NO_PROGRESS", "HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE")
 
 
 def _enabled(*, quiet: bool) -> bool:
