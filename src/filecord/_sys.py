@@ -346,3 +346,11 @@ def unlink_if_same(
         return False
     unlink_missing_ok(path)
     return True
+
+
+def fsync_parents(paths: list[str]) -> int:
+    """fsync the directory holding each path, once per distinct directory; returns how many."""
+    dirs = list(dict.fromkeys(os.path.dirname(os.path.abspath(p)) for p in paths))
+    for d in dirs:
+        fsync_dir(d)
+    return len(dirs)

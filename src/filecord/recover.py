@@ -114,7 +114,6 @@ def _same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
 
 
 def _finish(path: str, j: journal.Journal) -> Recovered:
-    dirs: list[str] = []
     for out in j.outputs:
         if out.temp and _exists(out.temp):
             _sys.rename(out.temp, out.final)
@@ -124,16 +123,13 @@ def _finish(path: str, j: journal.Journal) -> Recovered:
                 f"{out.temp} nor the renamed output is there; the output is lost (the journal "
                 "is kept so the sources it lists are not deleted)"
             )
-        d = os.path.dirname(out.final)
-        if out.temp and d not in dirs:
-            dirs.append(d)
-    for d in dirs:
-        _sys.fsync_dir(d)
-    src_dirs: list[str] = []
+    _sys.fsync_parents([o.final for o in j.outputs if o.temp])
+    touched: list[str] = []
     for s in j.sources:
         st = _same_file(s.path, s.dev, s.ino)
         if st is None:
             continue
+        touched.append(s.path)
         if s.unlink_at_commit:
             _sys.unlink_missing_ok(s.path)
         elif st.st_size > s.run_start:
@@ -142,14 +138,8 @@ def _finish(path: str, j: journal.Journal) -> Recovered:
                 _sys.ftruncate(fd, s.run_start)
             finally:
                 _sys.close(fd)
-        d = os.path.dirname(s.path)
-        if d not in src_dirs:
-            src_dirs.append(d)
-    for d in src_dirs:
-        _sys.fsync_dir(d)
-    _sys.unlink(path)
-    return Recovered(path, "finished", tuple(o.final for o in j.outputs),
-                     tuple(s.path for s in j.sources))
+    _sys.fsync_parents(touched)
+    return _drop_journal(path, j, "finished")
 
 
 def _restore(path: str, j: journal.Journal) -> Recovered:
@@ -181,17 +171,17 @@ def _restore(path: str, j: journal.Journal) -> Recovered:
         for tfd in temp_fds:
             if tfd is not None:
                 _sys.close(tfd)
-    dirs: list[str] = []
-    for out in j.outputs:
-        if out.temp:
-            _sys.unlink_missing_ok(out.temp)
-            d = os.path.dirname(out.temp)
-            if d not in dirs:
-                dirs.append(d)
-    for d in dirs:
-        _sys.fsync_dir(d)
+    temps = [o.temp for o in j.outputs if o.temp]
+    for temp in temps:
+        _sys.unlink_missing_ok(temp)
+    _sys.fsync_parents(temps)
+    return _drop_journal(path, j, "restored")
+
+
+def _drop_journal(path: str, j: journal.Journal, action: str) -> Recovered:
+    """The last step: the journal goes only when everything it describes is settled."""
     _sys.unlink(path)
-    return Recovered(path, "restored", tuple(o.final for o in j.outputs),
+    return Recovered(path, action, tuple(o.final for o in j.outputs),
                      tuple(s.path for s in j.sources))
 
 

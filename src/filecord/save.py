@@ -320,13 +320,7 @@ def _write_journal(txn: _Txn) -> None:
     # The journal's name and every temp's name must be durable before the first truncate:
     # fsyncing a file does not persist its directory entry, so a temp in another directory
     # could vanish in a power cut together with the bytes moved into it.
-    dirs = [directory]
-    for temp in txn.temps:
-        if temp is not None and os.path.dirname(temp) not in dirs:
-            dirs.append(os.path.dirname(temp))
-    for d in dirs:
-        _sys.fsync_dir(d)
-        txn.counters.fsyncs += 1
+    txn.counters.fsyncs += _sys.fsync_parents([path, *(t for t in txn.temps if t is not None)])
 
 
 def _journal_output(
@@ -379,31 +373,22 @@ def _commit(txn: _Txn) -> None:
             _sys.close(fd)
         txn.committed = True
     _close_all(txn)
-    dirs: list[str] = []
+    finals: list[str] = []
     for o, (out, temp) in enumerate(zip(p.outputs, txn.temps, strict=True)):
         if temp is None:
             continue
         _sys.rename(temp, out.target)
         txn.renamed.append(o)
-        directory = os.path.dirname(out.target)
-        if directory not in dirs:
-            dirs.append(directory)
-    for directory in dirs:
-        _sys.fsync_dir(directory)
-        txn.counters.fsyncs += 1
-    src_dirs: list[str] = []
+        finals.append(out.target)
+    txn.counters.fsyncs += _sys.fsync_parents(finals)
+    consumed: list[str] = []
     for key in p.consumed:
         for d in txn.prep.datas[key]:
             d.detach_cleanup()
-        path = txn.prep.datas[key][0].path
-        _sys.unlink_if_same(path, *key)
-        directory = os.path.dirname(os.path.abspath(path))
-        if directory not in src_dirs:
-            src_dirs.append(directory)
+        consumed.append(txn.prep.datas[key][0].path)
+        _sys.unlink_if_same(consumed[-1], *key)
     if txn.journal_path is not None:
-        for directory in src_dirs:
-            _sys.fsync_dir(directory)
-            txn.counters.fsyncs += 1
+        txn.counters.fsyncs += _sys.fsync_parents(consumed)
         _sys.unlink(txn.journal_path)
 
 
