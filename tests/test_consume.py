@@ -221,3 +221,25 @@ def test_recover_refuses_a_committed_save_whose_output_is_lost(tmp_path: Path) -
     with pytest.raises(RecoverError, match="lost"):
         recover(journal)
     assert os.path.exists(journal)  # kept: nothing it names is deleted on a guess
+
+
+def test_ctrl_c_during_the_move_rolls_back_and_propagates(tmp_path: Path) -> None:
+    a = pattern(50_000, "a")
+    fa = owned(tmp_path, "a", a)
+
+    class CtrlC(_sys.Backend):
+        truncates = 0
+
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "ftruncate":
+                self.truncates += 1
+                if self.truncates == 3:  # mid-move (the 1st truncate presizes the temp)
+                    raise KeyboardInterrupt
+
+    with _sys.use(CtrlC()), pytest.raises(KeyboardInterrupt) as info:
+        save(tmp_path / "o", Cord([b"h", fa]), consume=True, window=W)
+    assert Path(fa.path).read_bytes() == a
+    fa.check()
+    assert not (tmp_path / "o").exists()
+    assert leftovers(tmp_path) == []
+    assert any("can be retried" in n for n in info.value.__notes__)
