@@ -39,13 +39,9 @@ def _try(notes: list[str], what: str, fn: object, *args: object) -> None:
 
 
 def _close_everything(txn: _Txn, notes: list[str]) -> None:
-    fds = [fd for fd in txn.fds if fd is not None] + list(txn.src_fds.values())
-    fds += [fd for _m, fd in txn.started if fd >= 0]
-    txn.fds = [None] * len(txn.fds)
-    txn.src_fds.clear()
-    txn.started = [(m, -1) for m, _fd in txn.started]
-    for fd in fds:
-        _try(notes, f"close descriptor {fd}", _sys.close, fd)
+    from filecord.save import close_descriptors  # save imports this module
+
+    notes.extend(f"could not close a descriptor: {exc}" for exc in close_descriptors(txn))
 
 
 def _uncommit(journal_path: str) -> None:

@@ -392,21 +392,30 @@ def _commit(txn: _Txn) -> None:
         _sys.unlink(txn.journal_path)
 
 
-def _close_all(txn: _Txn) -> None:
+def close_descriptors(txn: _Txn) -> list[OSError]:
+    """Close every descriptor the save holds and forget them; returns the close errors.
+
+    A failed close must not skip the rest: Linux releases a descriptor even when close
+    reports an error, so all are closed and the caller decides what an error means.
+    """
     fds = [fd for fd in txn.fds if fd is not None] + list(txn.src_fds.values())
-    fds += [fd for _m, fd in txn.started]
+    fds += [fd for _m, fd in txn.started if fd >= 0]
     txn.fds = [None] * len(txn.fds)
     txn.src_fds.clear()
     txn.started = [(m, -1) for m, _fd in txn.started]
-    # The lists are already cleared, so a failed close must not skip the rest: close every
-    # descriptor (Linux releases one even when close reports an error), then raise the first.
-    first: OSError | None = None
-    for fd in fds:
-        if fd >= 0:
-            try:
-                _sys.close(fd)
-            except OSError as exc:
-                first = first or exc
-    if first is not None:
-        raise first
+    return [e for e in map(_close_reporting, fds) if e is not None]
+
+
+def _close_reporting(fd: int) -> OSError | None:
+    try:
+        _sys.close(fd)
+    except OSError as exc:
+        return exc
+    return None
+
+
+def _close_all(txn: _Txn) -> None:
+    errors = close_descriptors(txn)
+    if errors:
+        raise errors[0]
 
