@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from filecord import __version__
+from filecord import __version__, _cli_demo_model
 from filecord.cli import parse_size
 
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
@@ -63,7 +62,7 @@ def test_demo_small_completes_verifies_and_cleans_up(tmp_path: Path) -> None:
     assert any(line.startswith("copy ") and "2.00" in line for line in lines)
     assert any(line.startswith("consume ") and "moved" in line for line in lines)
     assert os.listdir(tmp_path) == []  # nothing left behind
-    if importlib.util.find_spec("executorch") is not None:
+    if _cli_demo_model.available():
         assert any(line.startswith("model: ") and "matches PyTorch" in line for line in lines)
 
 

@@ -29,7 +29,14 @@ class ModelResult:
 
 
 def available() -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in ("torch", "executorch"))
+    """torch and the real executorch package (its runtime; a bare ``executorch`` folder on the
+    path, such as a test directory, does not count)."""
+    try:
+        return all(
+            importlib.util.find_spec(m) is not None for m in ("torch", "executorch.runtime")
+        )
+    except ModuleNotFoundError:
+        return False
 
 
 def run_model(directory: str) -> ModelResult:
