@@ -141,6 +141,10 @@ class SavePlan:
     window: int
     refs: tuple[PieceRef, ...] = field(repr=False, default=())
 
+    @property
+    def total_bytes(self) -> int:
+        return sum(o.length for o in self.outputs)
+
 
 def _clone_ok(ref: PieceRef, src: SourceFacts, out: OutputFacts, fs: FsFacts | None) -> bool:
     if out.direct or fs is None or not fs.can_clone or src.key[0] != out.dev or ref.length == 0:

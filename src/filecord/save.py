@@ -74,7 +74,7 @@ class _Txn:
     def advance(self, n: int) -> None:
         self.done += n
         if self.progress is not None:
-            self.progress(self.done, sum(o.length for o in self.prep.plan.outputs))
+            self.progress(self.done, self.prep.plan.total_bytes)
 
 
 def save(
