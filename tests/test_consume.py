@@ -102,15 +102,10 @@ def test_gap_below_moved_run(tmp_path: Path) -> None:
 
 
 class FailAfterTruncates(_sys.Backend):
-    """Fail the first rename, after every truncate of the move has happened."""
-
-    def __init__(self) -> None:
-        self.truncates = 0
+    """Fail the first rename onto a final name: after the commit point, every move done."""
 
     def hook(self, op: str, args: tuple[object, ...]) -> None:
-        if op == "ftruncate":
-            self.truncates += 1
-        if op == "rename":
+        if op == "rename" and not str(args[1]).endswith(".partial"):
             raise OSError(28, "injected ENOSPC")
 
 
@@ -196,7 +191,8 @@ def test_recover_restores_an_uncommitted_move(tmp_path: Path) -> None:
 
     backend.hook = hook  # type: ignore[method-assign]
     with _sys.use(backend), pytest.raises(Crash):
-        save(tmp_path / "o", Cord([fa]), consume=True, window=W)
+        # A header byte first: a real move window by window, not an adoption by rename.
+        save(tmp_path / "o", Cord([b"h", fa]), consume=True, window=W)
     assert os.path.getsize(fa.path) < len(a)  # the move had shortened the source
     journals = [n for n in os.listdir(tmp_path) if n.endswith(".filecord-journal")]
     assert len(journals) == 1
@@ -243,3 +239,35 @@ def test_ctrl_c_during_the_move_rolls_back_and_propagates(tmp_path: Path) -> Non
     assert not (tmp_path / "o").exists()
     assert leftovers(tmp_path) == []
     assert any("can be retried" in n for n in info.value.__notes__)
+
+
+def test_a_whole_owned_file_is_adopted_by_rename(tmp_path: Path) -> None:
+    a = pattern(3 << 20, "a")
+    fa = owned(tmp_path, "a", a)
+    ino = os.stat(fa.path).st_ino
+    report = save(tmp_path / "o", Cord([b"", fa]), consume=True, window=W)
+    assert [x.action for x in report.file_actions()] == ["moved"]
+    assert os.stat(tmp_path / "o").st_ino == ino  # the very file: no byte was copied
+    assert (tmp_path / "o").read_bytes() == a
+    assert not os.path.exists(fa.path)
+    assert leftovers(tmp_path) == []
+    assert report.peaks[0].needed == 1 << 20  # only the slack: nothing is held twice
+
+
+def test_a_failed_adoption_renames_the_source_back(tmp_path: Path) -> None:
+    a = pattern(100_000, "a")
+    fa = owned(tmp_path, "a", a)
+    path, ino = fa.path, os.stat(fa.path).st_ino
+
+    class FailCommitLine(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "pwrite" and args[1] == len(b'{"committed": true}\n'):
+                raise OSError(5, "injected EIO at the commit line")
+
+    with _sys.use(FailCommitLine()), pytest.raises(SaveError, match="injected"):
+        save(tmp_path / "o", Cord([fa]), consume=True, window=W)
+    assert os.stat(path).st_ino == ino
+    assert Path(path).read_bytes() == a
+    fa.check()
+    assert not (tmp_path / "o").exists()
+    assert leftovers(tmp_path) == []

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from filecord import _sys, transfer
 from filecord.errors import FilecordError, SaveError, SourceState, add_note
+from filecord.plan import MoveSource
 
 if TYPE_CHECKING:
     from filecord.save import _Txn
@@ -60,6 +61,10 @@ def _rollback(txn: _Txn) -> int:
     temps: list[int | None] = list(txn.fds)
     restored = 0
     for m, fd in reversed(txn.started):
+        if m.adopt:
+            _unadopt(txn, m)
+            restored += 1
+            continue
         own = fd < 0
         if own:
             fd = _sys.open(m.path, os.O_RDWR)
@@ -75,6 +80,22 @@ def _rollback(txn: _Txn) -> int:
             d.rearm_cleanup()
         restored += 1
     return restored
+
+
+def _unadopt(txn: _Txn, m: MoveSource) -> None:
+    """Rename an adopted source back from its temp, if the rename had happened."""
+    temp = txn.temps[m.dests[0].output]
+    if temp is None:  # pragma: no cover - adoption always has a temp
+        return
+    try:
+        st = _sys.lstat(temp)
+    except FileNotFoundError:
+        st = None
+    if st is not None and (st.st_dev, st.st_ino) == m.key:
+        _sys.rename(temp, m.path)
+        _sys.fsync_parents([m.path, temp])
+    for d in txn.prep.datas[m.key]:
+        d.rearm_cleanup()
 
 
 def _source_states(txn: _Txn) -> tuple[SourceState, ...]:

@@ -47,9 +47,11 @@ class JournalSource:
     mtime_ns: int
     unlink_at_commit: bool
     dests: tuple[PieceRef, ...]
+    adopted_to: str = ""  # the temp the whole file is renamed onto (adoption), else ""
 
     def as_move(self) -> MoveSource:
-        return MoveSource((self.dev, self.ino), self.path, self.size, self.run_start, self.dests)
+        return MoveSource((self.dev, self.ino), self.path, self.size, self.run_start, self.dests,
+                          bool(self.adopted_to))
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ def _body(j: Journal) -> dict[str, object]:
                 "mtime_ns": s.mtime_ns,
                 "unlink_at_commit": s.unlink_at_commit,
                 "dests": [[d.output, d.out_offset, d.length, d.src_offset] for d in s.dests],
+                "adopted_to": s.adopted_to,
             }
             for s in j.sources
         ],
@@ -130,6 +133,7 @@ def decode(data: bytes) -> Journal | None:
                 atime_ns=int(s["atime_ns"]),
                 mtime_ns=int(s["mtime_ns"]),
                 unlink_at_commit=bool(s["unlink_at_commit"]),
+                adopted_to=str(s.get("adopted_to", "")),
                 dests=tuple(
                     PieceRef(int(o), 0, int(off), int(n), (int(s["dev"]), int(s["ino"])), int(so))
                     for o, off, n, so in s["dests"]

@@ -109,13 +109,18 @@ class PieceAction:
 
 @dataclass(frozen=True)
 class MoveSource:
-    """A source shortened from its end down to ``run_start``; ``dests`` are its placements."""
+    """A source shortened from its end down to ``run_start``; ``dests`` are its placements.
+
+    ``adopt``: the source is the whole of one output and nothing else, so it is not copied at
+    all: it is renamed onto that output's temp (no bytes move, no extra disk).
+    """
 
     key: tuple[int, int]
     path: str
     size: int
     run_start: int
     dests: tuple[PieceRef, ...]
+    adopt: bool = False
 
 
 @dataclass(frozen=True)
@@ -180,6 +185,14 @@ def _move_refusal(
         if fs is not None and not fs.keeps_holes:
             return NO_HOLES
     return None
+
+
+def _adoptable(moved: tuple[PieceRef, ...], src: SourceFacts, refs: Sequence[PieceRef]) -> bool:
+    """The whole file is the whole of one output, used once: rename it instead of copying."""
+    if len(moved) != 1 or moved[0].src_offset != 0 or moved[0].length != src.size:
+        return False
+    only = moved[0]
+    return all(r is only or r.output != only.output or r.length == 0 for r in refs)
 
 
 def merged_runs(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -268,7 +281,8 @@ def make_plan(
                 decision[r] = ("moved", None)
             else:
                 decision[r] = ("copied", GAP if r.length else None)
-        moves.append(MoveSource(key, src.path, src.size, top[0], moved))
+        moves.append(MoveSource(key, src.path, src.size, top[0], moved,
+                                _adoptable(moved, src, refs)))
 
     actions: list[PieceAction] = []
     for r in refs:
@@ -325,7 +339,8 @@ def _peaks(
         dev = m.key[0]
         run = m.size - m.run_start
         needed[dev] = needed.get(dev, 0) - run
-        extra[dev] = max(extra.get(dev, 0), min(window, run))
+        if not m.adopt:  # a rename holds nothing twice
+            extra[dev] = max(extra.get(dev, 0), min(window, run))
     peaks = []
     for dev, n in sorted(needed.items()):
         fs = filesystems.get(dev)

@@ -147,6 +147,9 @@ def _restore(path: str, j: journal.Journal) -> Recovered:
     try:
         temp_fds.extend(_open_if_exists(o.temp) if o.temp else None for o in j.outputs)
         for s in j.sources:
+            if s.adopted_to:
+                _unadopt(path, s)
+                continue
             if s.run_start >= s.size:
                 continue  # only deleted at commit: never touched before it
             st = _same_file(s.path, s.dev, s.ino)
@@ -176,6 +179,19 @@ def _restore(path: str, j: journal.Journal) -> Recovered:
         _sys.unlink_missing_ok(temp)
     _sys.fsync_parents(temps)
     return _drop_journal(path, j, "restored")
+
+
+def _unadopt(path: str, s: journal.JournalSource) -> None:
+    """Put an adopted (renamed, not copied) source back under its own name."""
+    if _same_file(s.path, s.dev, s.ino) is not None:
+        return  # never renamed, or already back
+    if _same_file(s.adopted_to, s.dev, s.ino) is None:
+        raise RecoverError(
+            f"{s.path}: the source is neither at its name nor at {s.adopted_to}; the journal "
+            f"{path} is kept"
+        )
+    _sys.rename(s.adopted_to, s.path)
+    _sys.fsync_parents([s.path, s.adopted_to])
 
 
 def _drop_journal(path: str, j: journal.Journal, action: str) -> Recovered:

@@ -207,7 +207,7 @@ def _presize_for_moves(txn: _Txn) -> None:
     one window on every file system.
     """
     p = txn.prep.plan
-    for o in sorted({d.output for m in p.moves for d in m.dests}):
+    for o in sorted({d.output for m in p.moves if not m.adopt for d in m.dests}):
         fd = txn.fds[o]
         if fd is not None and _sys.fstat(fd).st_size < p.outputs[o].length:
             _sys.ftruncate(fd, p.outputs[o].length)
@@ -302,14 +302,19 @@ def _write_journal(txn: _Txn) -> None:
                 run_start=m.run_start if m else st.st_size, atime_ns=st.st_atime_ns,
                 mtime_ns=st.st_mtime_ns, unlink_at_commit=key in p.consumed,
                 dests=m.dests if m else (),
+                adopted_to=(txn.temps[m.dests[0].output] or "") if m and m.adopt else "",
             )
         )
     # Direct outputs (no temp) keep their slot with an empty temp so indexes stay aligned.
-    outputs = tuple(
+    outputs = [
         _journal_output(o.target, t, fd, o.length)
         for o, t, fd in zip(p.outputs, txn.temps, txn.fds, strict=True)
-    )
-    record = journal.encode(journal.Journal(txn.token, outputs, tuple(sources)))
+    ]
+    for m in p.moves:
+        if m.adopt:  # the final name will be the adopted source's inode, not the empty temp's
+            o = m.dests[0].output
+            outputs[o] = replace(outputs[o], dev=m.key[0], ino=m.key[1])
+    record = journal.encode(journal.Journal(txn.token, tuple(outputs), tuple(sources)))
     fd = _sys.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     txn.journal_path = path
     try:
@@ -345,11 +350,39 @@ def _move(txn: _Txn, m: MoveSource) -> None:
         raise
     for d in datas:
         d.detach_cleanup()  # F9: never let a finalizer delete a half-moved source
+    if m.adopt:
+        _sys.close(fd)
+        _adopt(txn, m)
+        return
     txn.started.append((m, fd))
     temps = [fd_ if fd_ is not None else -1 for fd_ in txn.fds]
     transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance)
     for ref in m.dests:
         txn.dirty.discard(txn.fds[ref.output] or -1)
+
+
+def _adopt(txn: _Txn, m: MoveSource) -> None:
+    """Rename the whole source onto its output's temp: the move of a file that is an output.
+
+    The empty temp claimed the name (O_EXCL) and the journal names both paths, so a crash on
+    either side of the rename is undone or finished by ``recover``.  Both directories are
+    fsynced so the move is durable before the commit line can be.
+    """
+    o = m.dests[0].output
+    temp = txn.temps[o]
+    if temp is None:  # pragma: no cover - the plan adopts only into temps
+        raise SaveError(f"{m.path}: no temp to adopt into")
+    txn.started.append((m, -1))
+    _sys.rename(m.path, temp)
+    txn.counters.fsyncs += _sys.fsync_parents([temp, m.path])
+    old = txn.fds[o]
+    txn.fds[o] = None
+    if old is not None:
+        _sys.close(old)  # the empty temp's inode, replaced by the rename
+    txn.dirty.discard(old if old is not None else -1)
+    fd = _sys.open(temp, os.O_RDWR)
+    txn.fds[o] = fd
+    txn.dirty.add(fd)  # whoever wrote the source may never have synced it
 
 
 def _commit(txn: _Txn) -> None:

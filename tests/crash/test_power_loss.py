@@ -124,7 +124,7 @@ def sweep(tmp_path: Path, spec_name: str, *, keep: bool) -> tuple[int, Counter[s
 
 
 @pytest.mark.parametrize("keep", [False, True], ids=["drop-unsynced", "keep-unsynced"])
-@pytest.mark.parametrize("spec_name", ["consume3", "copy3", "single"])
+@pytest.mark.parametrize("spec_name", ["consume3", "copy3", "single", "adopt2"])
 def test_power_cut_at_every_destructive_call(tmp_path: Path, spec_name: str, keep: bool) -> None:
     n, outcomes, failures = sweep(tmp_path, spec_name, keep=keep)
     flavor = "kept" if keep else "dropped"

@@ -66,7 +66,7 @@ def judge(lay: Layout, want: str) -> str | None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec_name", ["consume3", "copy3", "single"])
+@pytest.mark.parametrize("spec_name", ["consume3", "copy3", "single", "adopt2"])
 def test_sigkill_before_every_destructive_call(tmp_path: Path, spec_name: str) -> None:
     calls = trace_save(spec_name, tmp_path / "trace")
     points = destructive_points(calls)

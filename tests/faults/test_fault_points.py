@@ -171,6 +171,7 @@ MATRIX = [
     ("consume3", True, ("eio", "enospc", "short-write", "short-read")),
     ("consume3", False, ("eio", "short-write", "short-read")),
     ("single", True, ("eio", "enospc", "short-write")),
+    ("adopt2", True, ("eio", "enospc", "short-write")),
 ]
 PARAMS = [
     pytest.param(

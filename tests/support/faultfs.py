@@ -227,7 +227,11 @@ def commit_bounds(calls: list[Call]) -> tuple[int, int]:
     journal is reopened without ``O_CREAT`` only for that); without one it is the rename, and a
     failed rename changed nothing.
     """
-    renames = [c.index for c in calls if c.op == "rename"]
+    # Renames onto final names; a rename onto a temp (a whole owned file adopted as an output)
+    # is a step of the move, before the commit point.
+    renames = [
+        c.index for c in calls if c.op == "rename" and not str(c.args[1]).endswith(".partial")
+    ]
     reopen = [
         c.index for c in calls
         if c.op == "open" and c.path.endswith(".filecord-journal") and not c.args[1] & os.O_CREAT

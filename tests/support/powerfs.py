@@ -198,21 +198,30 @@ class PowerFS(_sys.Backend):
                         current[ino] = f.read()
                 dest = os.path.join(self.shadow, f"ino-{ino}")
                 if os.path.exists(dest):
-                    raise ModelError(f"inode {ino} has two names")
+                    # A second name of one inode (a hard link, as a cross-directory rename
+                    # caught between its two directory syncs leaves): the inode is already
+                    # shadowed; drop this name, step 2 restores the durable ones.
+                    os.unlink(path)
+                    continue
                 os.rename(path, dest)
         for ino in self.shadowed:
             if keep_data and ino not in current:
                 with open(os.path.join(self.shadow, f"ino-{ino}"), "rb") as f:
                     current[ino] = f.read()
         # 2. The durable names come back, each on its durable inode.
-        placed: set[int] = set()
+        placed: dict[int, str] = {}
         for d, names in self.names.items():
             for name, ino in names.items():
                 src = os.path.join(self.shadow, f"ino-{ino}")
-                if ino in placed or not os.path.exists(src):
+                if ino in placed:
+                    # Durable under two names: each directory was synced on its own around a
+                    # rename between them (per-directory durability, the weaker model).
+                    os.link(placed[ino], os.path.join(d, name))
+                    continue
+                if not os.path.exists(src):
                     raise ModelError(f"{d}/{name}: inode {ino} is not available")
                 os.rename(src, os.path.join(d, name))
-                placed.add(ino)
+                placed[ino] = os.path.join(d, name)
                 # 3. ... with its durable content.
                 want = current[ino] if keep_data else self.durable.get(ino)
                 if want is None:

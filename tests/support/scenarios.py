@@ -141,7 +141,26 @@ SINGLE = Spec(
     old={"out/one file.bin": b"old single"},
 )
 
-SPECS = {s.name: s for s in (COPY3, CONSUME3, SINGLE)}
+# (d) consume mode, adoption: the first output is exactly one whole owned file, so the save
+# renames that file onto its temp (across directories) instead of copying it; the second output
+# moves another owned file window by window after a header, and the first replaces a file.
+ADOPT2 = Spec(
+    name="adopt2",
+    consume=True,
+    window=4096,
+    single=False,
+    sources={
+        "D": Src("src dir/D whole.bin", 3 * 4096 + 5, 31, owned=True),
+        "E": Src("src dir/E.bin", 2 * 4096 + 9, 32, owned=True),
+    },
+    outputs=(
+        ("out ü/adopted.ptd", (Ref(data=b""), Ref("D"))),
+        ("out ü/moved.pte", (Ref(data=b"HDR"), Ref("E"))),
+    ),
+    old={"out ü/adopted.ptd": b"the old data file, kept on any failure before the commit"},
+)
+
+SPECS = {s.name: s for s in (COPY3, CONSUME3, SINGLE, ADOPT2)}
 
 
 class Layout:
