@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from filecord import _sys
+from filecord.cord import Cord
 from filecord.data import CHUNK, FileBackedData
 
 if TYPE_CHECKING:
@@ -242,12 +243,18 @@ _SCALAR_TYPES = {
 
 def layout_of(blob: TensorBlob) -> TensorLayout:
     """The ExecuTorch TensorLayout of a written tensor (scalar type, sizes, dim order)."""
+    return _layout(blob.key, blob.dtype, blob.sizes, blob.dim_order)
+
+
+def _layout(
+    key: str, dtype: torch.dtype, sizes: tuple[int, ...], dim_order: tuple[int, ...]
+) -> TensorLayout:
     from filecord.executorch.values import ScalarType, TensorLayout
 
-    name = str(blob.dtype).removeprefix("torch.")
+    name = str(dtype).removeprefix("torch.")
     if name not in _SCALAR_TYPES:
-        raise ValueError(f"{blob.key!r}: dtype {blob.dtype} has no ExecuTorch scalar type")
-    return TensorLayout(ScalarType[_SCALAR_TYPES[name]], blob.sizes, blob.dim_order)
+        raise ValueError(f"{key!r}: dtype {dtype} has no ExecuTorch scalar type")
+    return TensorLayout(ScalarType[_SCALAR_TYPES[name]], sizes, dim_order)
 
 
 def _view_identity(t: torch.Tensor) -> tuple[object, ...]:
@@ -268,14 +275,15 @@ def save_state_dict(
 ) -> SaveReport:
     """Write ``state_dict`` as an ExecuTorch ``.ptd``: one entry per key, with its layout.
 
-    The tensors are streamed into one packed scratch file beside ``path`` (host memory: one
-    chunk), which the save then moves into the ``.ptd`` (``consume=True``) or copies from and
-    deletes.  Keys are used as they are; for a program exported with
-    ``external_constants=True`` they are the parameters' fully qualified names, which is what
-    ``model.state_dict()`` gives.  Tied weights (the same view under two keys) are stored once.
+    The whole file is first written into one owned scratch file beside ``path``: the header
+    and padding from the layout (which depends only on the keys, sizes and layouts), each
+    tensor's bytes streamed from its memory to its final offset (host memory: one chunk).  With
+    ``consume=True`` the save then adopts that file by rename, so every byte is written once;
+    without it the scratch is copied and deleted.  Keys are used as they are; for a program
+    exported with ``external_constants=True`` they are the parameters' fully qualified names,
+    which is what ``model.state_dict()`` gives.  Tied weights (the same view under two keys)
+    are stored once.
     """
-    from filecord.executorch.ptd import build_ptd
-    from filecord.executorch.values import PtdEntry
     from filecord.plan import DEFAULT_WINDOW
     from filecord.save import save
 
@@ -291,12 +299,94 @@ def save_state_dict(
         else:
             firsts[ident] = key
             unique.append((key, t))
-    blobs = write_tensors(unique, directory, alignment=1, stem=os.path.basename(target))
-    entries = {}
-    for key in state_dict:
-        blob = blobs[alias.get(key, key)]
-        entries[key] = PtdEntry(key, blob.data, layout_of(blob), alignment)
-    cord = build_ptd(entries, segment_alignment=segment_alignment)
-    del blobs, entries  # the cord holds the pieces; the scratch file goes with the last one
-    return save(target, cord, consume=consume, window=window or DEFAULT_WINDOW,
+    stem = os.path.basename(target)
+    layouts = {
+        key: _layout(key, t.dtype, tuple(t.shape), dense_dim_order(t) or tuple(range(t.dim())))
+        for key, t in unique
+    }
+    cord, where = _ptd_skeleton(
+        [(k, t.numel() * t.element_size()) for k, t in unique],
+        [(k, alias.get(k, k), layouts[alias.get(k, k)]) for k in state_dict],
+        directory, stem, alignment=alignment, segment_alignment=segment_alignment,
+    )
+    scratch = _write_ptd(cord, where, unique, directory, stem)
+    return save(target, Cord([scratch]), consume=consume, window=window or DEFAULT_WINDOW,
                 progress=progress)
+
+
+def _ptd_skeleton(
+    sizes: list[tuple[str, int]],
+    keys: list[tuple[str, str, TensorLayout]],
+    directory: str,
+    stem: str,
+    *,
+    alignment: int,
+    segment_alignment: int,
+) -> tuple[Cord, dict[str, int]]:
+    """The ``.ptd``'s layout before any tensor byte exists: its header and padding pieces, and
+    the offset at which each tensor's bytes belong.
+
+    ``build_ptd`` needs data of the right lengths, so it is given ranges of a sparse
+    placeholder file (no blocks allocated; removed at once): the layout depends only on the
+    lengths, the keys and the layouts, never on the bytes.
+    """
+    from filecord.executorch.ptd import build_ptd
+    from filecord.executorch.values import PtdEntry
+
+    path, fd = _new_file(directory, stem + ".layout")
+    try:
+        _sys.ftruncate(fd, sum(n for _k, n in sizes))
+        _sys.close(fd)
+        fd = -1
+        whole = FileBackedData(path)
+        slices: dict[str, FileBackedData] = {}
+        start = 0
+        for key, n in sizes:
+            slices[key] = whole.slice(start, n)
+            start += n
+        entries = {k: PtdEntry(k, slices[src], layout, alignment) for k, src, layout in keys}
+        cord = build_ptd(entries, segment_alignment=segment_alignment)
+    finally:
+        if fd >= 0:
+            _sys.close(fd)
+        _sys.unlink_missing_ok(path)
+    owner = {id(d): k for k, d in slices.items()}
+    where: dict[str, int] = {}
+    pos = 0
+    for piece in cord.pieces:
+        if isinstance(piece, FileBackedData) and id(piece) in owner:
+            where[owner[id(piece)]] = pos
+        pos += len(piece)
+    return cord, where
+
+
+def _write_ptd(
+    skeleton: Cord,
+    where: dict[str, int],
+    tensors: list[tuple[str, torch.Tensor]],
+    directory: str,
+    stem: str,
+) -> FileBackedData:
+    """Write the whole ``.ptd`` into one owned scratch file: header and padding from the
+    skeleton, each tensor's bytes streamed to its final offset (a consuming save then adopts
+    the file by rename, so every byte is written exactly once)."""
+    path, fd = _new_file(directory, stem)
+    try:
+        pos = 0
+        for piece in skeleton.pieces:
+            if not isinstance(piece, FileBackedData):
+                _sys.write_all(fd, piece, pos)
+            pos += len(piece)
+        for key, t in tensors:
+            offset = where[key]
+            for view in _chunks(t, CHUNK, None):
+                _sys.write_all(fd, view, offset)
+                offset += len(view)
+        _sys.ftruncate(fd, pos)
+    except BaseException:
+        _sys.close(fd)
+        _sys.unlink_missing_ok(path)
+        raise
+    _sys.close(fd)
+    return FileBackedData(path, owned=True)
+
