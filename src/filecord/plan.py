@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 MiB = 1 << 20
 DEFAULT_WINDOW = 64 * MiB  # picked by bench/consume_window.py; see docs/benchmarks.md
@@ -43,7 +43,6 @@ NOT_OUR_FILE = "the output is not a regular file we created"
 NO_HOLES = "the file system keeps no holes"
 WINDOWS = "Windows"
 CLONE_REFUSED = "the file system refused the clone"
-CLONED_WHOLE = "cloned"  # internal marker, never reported: all pieces of the file clone
 
 CLONING_FILESYSTEMS = frozenset({"btrfs", "xfs", "bcachefs", "ocfs2"})
 NO_HOLE_FILESYSTEMS = frozenset({"vfat", "msdos", "exfat", "hfs", "hfsplus", "fuseblk"})
@@ -144,7 +143,6 @@ class SavePlan:
     peaks: tuple[FsPeak, ...]
     consume: bool
     window: int
-    refs: tuple[PieceRef, ...] = field(repr=False, default=())
 
     @property
     def total_bytes(self) -> int:
@@ -257,15 +255,10 @@ def make_plan(
             _clone_ok(r, src, outputs[r.output], filesystems.get(outputs[r.output].dev))
             for r in placements
         ]
-        if not consume:
-            for r, c in zip(placements, clonable, strict=True):
-                decision[r] = ("cloned", None) if c else ("copied", None)
-            continue
-        refusal = _move_refusal(src, outs, filesystems)
-        pairs = zip(placements, clonable, strict=True)
-        if refusal is None and all(c for r, c in pairs if r.length):
-            refusal = CLONED_WHOLE  # every piece clones: the file need not be shortened at all
-        if refusal is not None:
+        refusal = _move_refusal(src, outs, filesystems) if consume else None
+        # A file whose every piece clones need not be shortened at all: clone it, don't move.
+        all_clone = all(c for r, c in zip(placements, clonable, strict=True) if r.length)
+        if not consume or refusal is not None or all_clone:
             for r, c in zip(placements, clonable, strict=True):
                 decision[r] = ("cloned", None) if c else ("copied", refusal)
             continue
@@ -309,7 +302,6 @@ def make_plan(
         peaks=_peaks(outputs, actions, moves, filesystems, window),
         consume=consume,
         window=window,
-        refs=tuple(refs),
     )
 
 

@@ -244,10 +244,9 @@ def _fill(txn: _Txn) -> None:
         fd = txn.fds[o]
         if fd is None:
             raise SaveError(f"{out.path}: output descriptor missing")
-        stream_off = None if out.direct else 0
         for i, piece in enumerate(cord.pieces):
             act = by_piece[(out.path, i)]
-            dst_off = None if stream_off is None else act.out_offset
+            dst_off = None if out.direct else act.out_offset  # None: append to a stream
             if act.action == "moved":
                 txn.actions.append(act)
                 continue
