@@ -74,6 +74,7 @@ class _Txn:
     src_fds: dict[tuple[int, int], tuple[int, os.stat_result]] = field(default_factory=dict)
     record: journal.Journal | None = None
     journal_path: str | None = None  # the journal's current name, once it has one
+    moving: tuple[int, int] | None = None  # the source being moved right now
     done: int = 0
     counters: transfer.Counters = field(default_factory=transfer.Counters)
     actions: list[PieceAction] = field(default_factory=list)
@@ -267,7 +268,11 @@ def _source_fd(txn: _Txn, data: FileBackedData) -> int:
     key = (ident.dev, ident.ino)
     if key not in txn.src_fds:
         fd = data.open_checked()
-        txn.src_fds[key] = (fd, _sys.fstat(fd))
+        try:
+            txn.src_fds[key] = (fd, _sys.fstat(fd))
+        except BaseException:
+            _sys.close(fd)
+            raise
     return txn.src_fds[key][0]
 
 
@@ -448,7 +453,9 @@ def _move(txn: _Txn, m: MoveSource) -> None:
             raise DataChangedError(m.path, expected_size=m.size, found_size=st.st_size,
                                    reason="another process changed it before it was moved")
         temps = [fd_ if fd_ is not None else -1 for fd_ in txn.fds]
+        txn.moving = m.key
         transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance)
+        txn.moving = None
     except BaseException:
         close_descriptors_quietly([fd])  # never let a close error hide why the move stopped
         raise
@@ -497,6 +504,11 @@ def _commit(txn: _Txn) -> None:
         if size != p.outputs[o].length:
             raise SaveError(f"{p.outputs[o].path}: temp is {size} bytes, expected "
                             f"{p.outputs[o].length}")
+    # Closing before the commit point: a close error still rolls back (NFS reports some
+    # write errors only at close).
+    errors = close_descriptors(txn)
+    if errors:
+        raise errors[0]
     record = txn.record
     if record is not None and txn.journal_path is not None:
         committed = _journal_name(txn, _names.COMMITTED)
@@ -506,10 +518,9 @@ def _commit(txn: _Txn) -> None:
         txn.counters.fsyncs += _sys.fsync_parents([committed])
         for m in p.moves:  # adopted files take the replaced file's owner and mode now
             if m.adopt:
-                jout = record.outputs[m.dests[0].output]
-                afd = txn.fds[m.dests[0].output]
-                if afd is not None:
-                    _undo.apply_owner_mode(afd, jout.mode, jout.uid, jout.gid)
+                o = m.dests[0].output
+                jout = record.outputs[o]
+                _undo.apply_owner_mode_at(record.temp(o), jout.mode, jout.uid, jout.gid)
     finals: list[str] = []
     for out, temp in zip(p.outputs, txn.temps, strict=True):
         if temp is not None:
@@ -526,13 +537,11 @@ def _commit(txn: _Txn) -> None:
                 _sys.unlink(path)
         txn.counters.fsyncs += _sys.fsync_parents(parked)
         _sys.unlink(txn.journal_path)
-    _close_files(txn)
     txn.to(Stage.DONE)
     while txn.locks:
-        _lockfile.release(*txn.locks.pop())
-
-
-def _close_files(txn: _Txn) -> None:
-    # After fsync and rename a close error says nothing about the data; it is only logged.
-    for exc in close_descriptors(txn):
-        log.warning("closing a descriptor after the save failed: %s", exc)
+        path, fd = txn.locks.pop()
+        try:
+            _lockfile.release(path, fd)
+        except OSError as exc:  # the save is complete; a stale lock file is recover's garbage
+            log.warning("the save is complete, but its lock file %s stays (%s): "
+                        "`filecord recover %s` removes it", path, exc, os.path.dirname(path))
