@@ -75,6 +75,7 @@ class _Txn:
     record: journal.Journal | None = None
     journal_path: str | None = None  # the journal's current name, once it has one
     moving: tuple[int, int] | None = None  # the source being moved right now
+    durable: bool = True  # False: no fsync of the outputs and their directories (copy only)
     done: int = 0
     counters: transfer.Counters = field(default_factory=transfer.Counters)
     actions: list[PieceAction] = field(default_factory=list)
@@ -95,9 +96,11 @@ def save(
     consume: bool = False,
     window: int = DEFAULT_WINDOW,
     progress: ProgressCallback | None = None,
+    durable: bool = True,
 ) -> SaveReport:
     """Write ``cord`` to ``path`` atomically and durably; see :func:`save_many`."""
-    return _run(normalize(path, cord), consume=consume, window=window, progress=progress)
+    return _run(normalize(path, cord), consume=consume, window=window, progress=progress,
+                durable=durable)
 
 
 def save_many(
@@ -106,6 +109,7 @@ def save_many(
     consume: bool = False,
     window: int = DEFAULT_WINDOW,
     progress: ProgressCallback | None = None,
+    durable: bool = True,
 ) -> SaveReport:
     """Write several files in one transaction: all final names change only after all are done.
 
@@ -116,8 +120,14 @@ def save_many(
     journal that ``filecord recover`` finishes.  ``progress(done, total)`` is called as bytes
     land.  A final name that is not a regular file (FIFO, device) is streamed into directly,
     without atomicity.
+
+    ``durable=False`` (copy saves only) skips the fsync of the outputs and their directories:
+    readers still see the old file or the whole new one while the machine stays up, but after
+    a power loss a new file may be lost or empty.  For iterating on exports, never for the only
+    copy of anything; a consuming save is always durable (it refuses ``durable=False``).
     """
-    return _run(normalize(outputs, None), consume=consume, window=window, progress=progress)
+    return _run(normalize(outputs, None), consume=consume, window=window, progress=progress,
+                durable=durable)
 
 
 def plan(
@@ -165,7 +175,11 @@ def _run(
     consume: bool,
     window: int,
     progress: ProgressCallback | None,
+    durable: bool = True,
 ) -> SaveReport:
+    if consume and not durable:
+        raise ValueError("durable=False is for copy saves only: a consuming save deletes its "
+                         "sources, so its outputs must be on disk first")
     start = time.perf_counter()
     try:
         prep = prepare(items, consume=consume, window=window)
@@ -183,7 +197,7 @@ def _run(
     for group in prep.datas.values():
         for d in group:
             d.detach_cleanup()
-    txn = _Txn(prep, _names.new_token(), progress)
+    txn = _Txn(prep, _names.new_token(), progress, durable=durable)
     try:
         _execute(txn)
     except BaseException as exc:
@@ -497,7 +511,7 @@ def _commit(txn: _Txn) -> None:
     for o, fd in enumerate(txn.fds):
         if fd is None or p.outputs[o].direct:
             continue
-        if fd in txn.dirty:
+        if fd in txn.dirty and txn.durable:
             txn.counters.fsync(fd)
             txn.dirty.discard(fd)
         size = _sys.fstat(fd).st_size
@@ -529,7 +543,8 @@ def _commit(txn: _Txn) -> None:
     if txn.stage is not Stage.COMMITTED:
         txn.to(Stage.COMMITTED)
     txn.to(Stage.RENAMED)
-    txn.counters.fsyncs += _sys.fsync_parents(finals)
+    if txn.durable:
+        txn.counters.fsyncs += _sys.fsync_parents(finals)
     if record is not None and txn.journal_path is not None:
         parked = [record.parked(s) for s in record.sources if not s.adopt]
         for s, path in zip((s for s in record.sources if not s.adopt), parked, strict=True):
