@@ -18,13 +18,15 @@ Theory of operation
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from filecord import _lockfile, _names, _sys, _undo
 from filecord._stage import Stage
 from filecord.errors import DataChangedError, FilecordError, SaveError, SourceState, add_note
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from filecord.save import _Txn
@@ -59,12 +61,17 @@ def close_descriptors_quietly(fds: list[int]) -> None:
         _close_one(fd)
 
 
-def _close_one(fd: int) -> OSError | None:
+def _attempt(fn: Callable[[T], None], arg: T) -> OSError | None:
+    """Run one cleanup call; its error is returned for the notes, never raised over the cause."""
     try:
-        _sys.close(fd)
+        fn(arg)
     except OSError as exc:
         return exc
     return None
+
+
+def _close_one(fd: int) -> OSError | None:
+    return _attempt(_sys.close, fd)
 
 
 def _close(txn: _Txn, notes: list[str]) -> None:
@@ -184,21 +191,13 @@ def fail(txn: _Txn, exc: BaseException) -> NoReturn:
     _raise(exc, f"saving {names} failed", notes)
 
 
-def _unlink_one(path: str) -> OSError | None:
-    try:
-        _sys.unlink_missing_ok(path)
-    except OSError as exc:
-        return exc
-    return None
-
-
 def _remove_garbage(txn: _Txn, notes: list[str]) -> bool:
     """Unlink temps, a pending journal and the journal; True if something could not go."""
     paths = [t for t in txn.temps if t is not None]
     first = next((o for o in txn.prep.plan.outputs if not o.direct), None)
     if first is not None:
         paths.append(_names.sibling(first.target, txn.token, _names.PENDING))
-    failed = [(p, e) for p, e in ((p, _unlink_one(p)) for p in paths) if e is not None]
+    failed = [(p, e) for p, e in ((p, _attempt(_sys.unlink_missing_ok, p)) for p in paths) if e is not None]
     notes.extend(f"could not remove {p}: {e}" for p, e in failed)
     left = bool(failed)
     if txn.journal_path is not None and not left:
