@@ -197,7 +197,8 @@ def _remove_garbage(txn: _Txn, notes: list[str]) -> bool:
     first = next((o for o in txn.prep.plan.outputs if not o.direct), None)
     if first is not None:
         paths.append(_names.sibling(first.target, txn.token, _names.PENDING))
-    failed = [(p, e) for p, e in ((p, _attempt(_sys.unlink_missing_ok, p)) for p in paths) if e is not None]
+    attempts = ((p, _attempt(_sys.unlink_missing_ok, p)) for p in paths)
+    failed = [(p, e) for p, e in attempts if e is not None]
     notes.extend(f"could not remove {p}: {e}" for p, e in failed)
     left = bool(failed)
     if txn.journal_path is not None and not left:
