@@ -18,7 +18,7 @@ first; the header padded with spaces so the data starts on a multiple of 8.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -296,17 +296,31 @@ def encode_header(
 
 # --- sharding -----------------------------------------------------------------------------
 
-def split_shards(sizes: Sequence[tuple[str, int]], max_shard_size: int) -> list[list[str]]:
+def split_shards(
+    sizes: Sequence[tuple[str, int]],
+    max_shard_size: int,
+    groups: Mapping[str, Hashable] | None = None,
+) -> list[list[str]]:
     """Group names into shards the way ``huggingface_hub`` does (found by differential tests).
 
     In order: a tensor larger than the limit gets a shard of its own at once; the others fill
     the current shard until the next one would push it past the limit.  The current shard is
-    appended last.
+    appended last.  A name whose ``groups`` key (its storage) was already placed joins that
+    shard without counting, after the shard's other names; ``huggingface_hub`` sees empty
+    tensors with one storage pointer this way.
     """
     shards: list[list[str]] = []
     current: list[str] = []
     total = 0
+    first: dict[Hashable, str] = {}
+    later: dict[str, list[str]] = {}
     for name, n in sizes:
+        key = None if groups is None else groups.get(name)
+        if key is not None:
+            if key in first:
+                later.setdefault(first[key], []).append(name)
+                continue
+            first[key] = name
         if n > max_shard_size:
             shards.append([name])
             continue
@@ -317,7 +331,7 @@ def split_shards(sizes: Sequence[tuple[str, int]], max_shard_size: int) -> list[
         total += n
     if current:
         shards.append(current)
-    return [s for s in shards if s]
+    return [s + [x for n in s for x in later.get(n, [])] for s in shards if s]
 
 
 def shard_names(filename_pattern: str, count: int) -> list[str]:

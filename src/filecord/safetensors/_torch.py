@@ -233,8 +233,10 @@ def save_sharded(
         return SaveReport((), (), (), (), consume=False, window=window, dry_run=False)
     named = _named(_checked(kept), os.path.abspath(directory))
     user = dict(metadata or {})
+    empties = {n: (t.device, t.untyped_storage().data_ptr()) for n, t in kept.items()
+               if t.untyped_storage().nbytes() == 0}
     outputs = plan_shards(
-        named, directory, max_shard_size=limit, filename_pattern=pattern,
+        named, directory, storage=empties, max_shard_size=limit, filename_pattern=pattern,
         shard_metadata={"format": "pt"},
         single_metadata={"format": "pt", **user, **dropped},
         index_metadata={**user, **dropped}, alignment=alignment,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Literal
 
 from filecord import _sys
@@ -117,18 +117,23 @@ def plan_shards(
     index_metadata: Mapping[str, str] | None = None,
     alignment: int = 8,
     wholes: Sequence[FileBackedData] = (),
+    storage: Mapping[str, Hashable] | None = None,
 ) -> dict[Target, CordLike]:
     """Every output of a sharded checkpoint (shards and, for several, the index) as Cords.
 
     Shards are grouped as ``huggingface_hub.split_torch_state_dict_into_shards`` groups them
     (in the order given); each shard is written in canonical order.  One shard gets
     ``single_metadata`` and no index; several get ``shard_metadata`` and an index whose
-    metadata is ``{"total_size": ..., **index_metadata}``.
+    metadata is ``{"total_size": ..., **index_metadata}``.  ``storage`` names each tensor's
+    storage for the grouping rule of :func:`split_shards` (default: an empty file-backed tensor
+    is identified by its file and offset, as a memory map would place it).
     """
     if max_shard_size < 1:
         raise ValueError(f"max_shard_size must be positive, got {max_shard_size}")
     by_name = {t.name: t for t in _items(tensors)}
-    groups = split_shards([(t.name, t.nbytes) for t in tensors], max_shard_size)
+    groups = split_shards([(t.name, t.nbytes) for t in tensors], max_shard_size,
+                          {t.name: k for t in tensors if (k := storage_of(t)) is not None}
+                          if storage is None else storage)
     names = shard_names(filename_pattern, len(groups))
     outputs: dict[Target, CordLike] = {}
     meta = single_metadata if len(groups) == 1 else shard_metadata
@@ -143,6 +148,12 @@ def plan_shards(
         outputs[os.path.join(directory, index_name(filename_pattern))] = Cord(
             [encode_index(index, weight_map)])
     return outputs
+
+
+def storage_of(t: NamedTensor) -> Hashable | None:
+    if t.nbytes or not isinstance(t.data, FileBackedData):
+        return None
+    return (t.data.identity.dev, t.data.identity.ino, t.data.offset)
 
 
 def index_name(filename_pattern: str) -> str:
