@@ -352,3 +352,32 @@ def assert_loads_equal_index(d: Path, sd: dict[str, Any]) -> None:
             assert torch.equal(f.get_tensor(name), sd[name])
         seen.add(name)
     assert seen == set(sd)
+
+
+# --- merge and reshard against loading and saving with the packages -------------------------
+
+def test_merge_equals_load_then_save_file_and_reshard_equals_the_hub(tmp_path):
+    from filecord.safetensors import merge, reshard
+
+    sd = random_state_dict(7) | {f"l.{i}": torch.randn(40) for i in range(6)}
+    (tmp_path / "in").mkdir()
+    hub.save_torch_state_dict(dict(sd), tmp_path / "in", max_shard_size=300)
+    index = tmp_path / "in" / "model.safetensors.index.json"
+    merge([index], tmp_path / "ours.safetensors")
+    loaded: dict[str, Any] = {}
+    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+        loaded |= st_torch.load_file(os.fspath(tmp_path / "in" / shard))
+    st_torch.save_file(loaded, os.fspath(tmp_path / "theirs.safetensors"),
+                       metadata={"format": "pt"})
+    assert (tmp_path / "ours.safetensors").read_bytes() == (
+        tmp_path / "theirs.safetensors").read_bytes()
+
+    # reshard of the index (weight_map order) == the hub on the tensors in that order
+    ordered = {k: loaded[k] for k in json.loads(index.read_text())["weight_map"]}
+    for size in (100, 500, 10**9):
+        o, t = tmp_path / f"o{size}", tmp_path / f"t{size}"
+        o.mkdir()
+        t.mkdir()
+        reshard([index], o, max_shard_size=size)
+        hub.save_torch_state_dict(dict(ordered), t, max_shard_size=size)
+        assert_same_checkpoint(o, t, metadata_keys=1)
