@@ -192,3 +192,20 @@ def test_convert_refuses_ptd_entries_without_a_contiguous_layout(tmp_path):
         with pytest.raises(UnrepresentableError, match=name):
             convert(p, tmp_path / "o.safetensors")
     assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_reshard_in_place_with_consume_replaces_the_checkpoint(tmp_path, three_files):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    reshard(three_files, ckpt, max_shard_size=100, consume=True)
+    index = ckpt / "model.safetensors.index.json"
+    old = sorted(p.name for p in ckpt.iterdir())
+    want = expected_merge(tmp_path)
+    reshard([index], ckpt, max_shard_size=400, consume=True)  # fewer shards, same directory
+    new = sorted(p.name for p in ckpt.iterdir())
+    assert len(new) < len(old)
+    assert index.name in new
+    assert all(json.loads(index.read_text())["weight_map"][k] in new
+               for k in json.loads(index.read_text())["weight_map"])
+    merge([index], tmp_path / "m.safetensors")
+    assert (tmp_path / "m.safetensors").read_bytes() == want

@@ -101,7 +101,8 @@ def _run(outputs: Mapping[Target, CordLike], loaded: Loaded, *, consume: bool, d
         return plan(outputs, consume=consume, window=window)
     report = save_many(outputs, consume=consume, window=window, progress=progress)
     if consume:
-        remove_files([p for p in loaded.indexes if p not in outputs])
+        written = {os.path.realpath(o) for o in outputs}
+        remove_files([p for p in loaded.indexes if os.path.realpath(p) not in written])
     return report
 
 
