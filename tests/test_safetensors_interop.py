@@ -381,3 +381,18 @@ def test_merge_equals_load_then_save_file_and_reshard_equals_the_hub(tmp_path):
         reshard([index], o, max_shard_size=size)
         hub.save_torch_state_dict(dict(ordered), t, max_shard_size=size)
         assert_same_checkpoint(o, t, metadata_keys=1)
+
+
+def test_off_host_tensors_go_through_a_scratch_file_and_give_the_same_bytes(tmp_path,
+                                                                            monkeypatch):
+    """The path a GPU tensor takes (streamed to an owned scratch file beside the target, then
+    moved into the output), driven on CPU: same bytes, no scratch file left."""
+    from filecord.safetensors import _torch
+
+    sd = fixed_state_dicts()["every dtype, scalars, empty"]
+    monkeypatch.setattr(_torch, "_on_host", lambda t: False)
+    report = save_file(sd, tmp_path / "o.safetensors", metadata={"format": "pt"})
+    st_torch.save_file(sd, os.fspath(tmp_path / "t.safetensors"), metadata={"format": "pt"})
+    assert (tmp_path / "o.safetensors").read_bytes() == (tmp_path / "t.safetensors").read_bytes()
+    assert report.bytes_by_action().get("moved", 0) > 0
+    assert sorted(os.listdir(tmp_path)) == ["o.safetensors", "t.safetensors"]

@@ -108,11 +108,15 @@ def _refuse_shared(items: Sequence[tuple[str, torch.Tensor]]) -> None:
                     f"clone one) so that each byte is stored once")
 
 
+def _on_host(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu"
+
+
 def _named(items: Sequence[tuple[str, torch.Tensor]], directory: str) -> list[NamedTensor]:
     from filecord.torch import _host_view, write_tensors
 
     out: list[NamedTensor] = []
-    off_host = [(n, t) for n, t in items if t.device.type != "cpu"]
+    off_host = [(n, t) for n, t in items if not _on_host(t)]
     blobs = write_tensors(off_host, directory, per_file=False, stem="safetensors") if off_host \
         else {}
     for name, t in items:
