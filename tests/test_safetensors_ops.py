@@ -209,3 +209,21 @@ def test_reshard_in_place_with_consume_replaces_the_checkpoint(tmp_path, three_f
                for k in json.loads(index.read_text())["weight_map"])
     merge([index], tmp_path / "m.safetensors")
     assert (tmp_path / "m.safetensors").read_bytes() == want
+
+
+def test_a_failed_owned_read_never_deletes_the_inputs(tmp_path, three_files):
+    (tmp_path / "part2.safetensors").write_bytes(b"\x02\0\0\0\0\0\0\0{x")
+    index = tmp_path / "m.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {
+        "model.layer0.w0": "part0.safetensors", "model.layer0.w2": "part2.safetensors"}}))
+    before = snapshot(tmp_path)
+    for args in ([index], three_files):
+        with pytest.raises(ValueError):  # noqa: PT011 - a FormatError or an index error
+            merge(args, tmp_path / "out.safetensors", consume=True)
+        gc.collect()
+        assert snapshot(tmp_path) == before
+    f = read_safetensors(three_files[0], owned=True)
+    f.whole.detach_cleanup()
+    del f
+    gc.collect()
+    assert three_files[0].exists()

@@ -73,14 +73,19 @@ def read_file(path: str | os.PathLike[str], *, owned: bool = False) -> Safetenso
     size, _first, raw = _read_prefix(p)
     header = parse_header(raw, size)
     whole = FileBackedData(p, owned=owned)
-    if len(whole) != size:
-        raise DataChangedError(p, expected_size=size, found_size=len(whole),
-                               reason="the file changed while its header was read")
-    base = header.data_start
-    tensors = {
-        e.name: NamedTensor(e.name, e.dtype, e.shape, whole.slice(base + e.begin, e.end - e.begin))
-        for e in header.entries
-    }
+    try:
+        if len(whole) != size:
+            raise DataChangedError(p, expected_size=size, found_size=len(whole),
+                                   reason="the file changed while its header was read")
+        base = header.data_start
+        tensors = {
+            e.name: NamedTensor(e.name, e.dtype, e.shape,
+                                whole.slice(base + e.begin, e.end - e.begin))
+            for e in header.entries
+        }
+    except BaseException:
+        whole.detach_cleanup()  # a failed read must never delete the user's file
+        raise
     return SafetensorsFile(p, size, header, tensors, whole)
 
 
@@ -118,9 +123,21 @@ def read_index(path: str | os.PathLike[str], *, owned: bool = False) -> Safetens
     weight_map = {k: _shard_name(v, k) for k, v in obj["weight_map"].items()}
     directory = os.path.dirname(p)
     shards: dict[str, SafetensorsFile] = {}
-    for name in weight_map.values():
-        if name not in shards:
-            shards[name] = read_file(os.path.join(directory, name), owned=owned)
+    try:
+        for name in weight_map.values():
+            if name not in shards:
+                shards[name] = read_file(os.path.join(directory, name), owned=owned)
+        tensors = _check_shards(weight_map, shards)
+    except BaseException:
+        for f in shards.values():
+            f.whole.detach_cleanup()  # a failed read must never delete the user's files
+        raise
+    return SafetensorsIndex(p, meta, weight_map, tuple(shards.values()), tensors)
+
+
+def _check_shards(
+    weight_map: dict[str, str], shards: dict[str, SafetensorsFile]
+) -> dict[str, NamedTensor]:
     tensors: dict[str, NamedTensor] = {}
     for key, name in weight_map.items():
         t = shards[name].tensors.get(key)
@@ -133,7 +150,7 @@ def read_index(path: str | os.PathLike[str], *, owned: bool = False) -> Safetens
             if weight_map.get(key) != name:
                 raise InvalidIndexError(f"{name} holds {key!r}, which the index does not map "
                                         f"to it", field="weight_map", offset=None)
-    return SafetensorsIndex(p, meta, weight_map, tuple(shards.values()), tensors)
+    return tensors
 
 
 def read_safetensors(
