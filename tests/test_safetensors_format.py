@@ -397,3 +397,20 @@ def test_index_with_duplicate_keys_or_no_weight_map_is_refused(tmp_path):
     idx.write_text('{"metadata": {}}')
     with pytest.raises(InvalidIndexError):
         read_safetensors(idx)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.sampled_from(
+        ["m-1.safetensors", "m-2.safetensors", "x", "../m-1.safetensors", "", "/", "."]),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(
+        st.sampled_from(["x", "y", "weight_map", "metadata"]), kids, max_size=3),
+    max_leaves=12), st.binary(max_size=16))
+def test_random_indexes_raise_only_format_errors(tmp_path_factory, value, junk):
+    d = tmp_path_factory.mktemp("idx")
+    idx = _shards(d)
+    for text in (json.dumps(value).encode(), json.dumps({"weight_map": value}).encode(),
+                 json.dumps({"weight_map": value}).encode() + junk):
+        idx.write_bytes(text)
+        with contextlib.suppress(SafetensorsFormatError):
+            read_safetensors(idx)

@@ -227,3 +227,41 @@ def test_a_failed_owned_read_never_deletes_the_inputs(tmp_path, three_files):
     del f
     gc.collect()
     assert three_files[0].exists()
+
+
+def test_a_consuming_merge_that_fails_anywhere_leaves_the_inputs_byte_exact(tmp_path,
+                                                                            three_files):
+    """Fail the Nth fsync or ftruncate (moves included): the inputs are restored byte for
+    byte, no output appears, and the same merge then succeeds."""
+    from filecord import _sys
+
+    before = {k: v[0] for k, v in snapshot(tmp_path).items()}
+    want = expected_merge(tmp_path)
+    calls = 0
+
+    class FailNth(_sys.Backend):
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            nonlocal calls
+            if op in ("fsync", "ftruncate", "copy_file_range"):
+                calls += 1
+                if calls == self.n:
+                    raise OSError(5, f"injected at {op}")
+
+    failures = 0
+    for n in range(1, 200):
+        calls = 0
+        try:
+            with _sys.use(FailNth(n)):
+                merge(three_files, tmp_path / "m.safetensors", consume=True, window=4096)
+        except OSError:
+            failures += 1
+            gc.collect()
+            assert {k: v[0] for k, v in snapshot(tmp_path).items()} == before, n
+            continue
+        break
+    assert failures >= 10
+    assert (tmp_path / "m.safetensors").read_bytes() == want
+    assert not any(p.exists() for p in three_files)
