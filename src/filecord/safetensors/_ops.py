@@ -28,6 +28,7 @@ from filecord.safetensors._ptdtypes import safetensors_dtype_of, scalar_type_of
 from filecord.safetensors._read import SafetensorsFile, SafetensorsIndex, read_safetensors
 from filecord.safetensors._write import (
     build_file,
+    file_ids,
     plan_shards,
     remove_files,
     stale_files,
@@ -101,8 +102,8 @@ def _run(outputs: Mapping[Target, CordLike], loaded: Loaded, *, consume: bool, d
         return plan(outputs, consume=consume, window=window)
     report = save_many(outputs, consume=consume, window=window, progress=progress)
     if consume:
-        written = {os.path.realpath(o) for o in outputs}
-        remove_files([p for p in loaded.indexes if os.path.realpath(p) not in written])
+        written = file_ids(outputs)
+        remove_files([p for p in loaded.indexes if not file_ids([p]) & written])
     return report
 
 
@@ -165,7 +166,7 @@ def reshard(
         stale = stale_files(d, filename_pattern, outputs, protect)
         report = _run(outputs, loaded, consume=consume, dry_run=False, window=window,
                       progress=progress)
-        remove_files([p for p in stale if os.path.lexists(p)])
+        remove_files(stale)
         return report
 
 

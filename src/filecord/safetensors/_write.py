@@ -170,19 +170,33 @@ def stale_files(
     prefix, _, suffix = filename_pattern.partition("{suffix}")
     rx = re.compile(re.escape(prefix) + r"(-\d{5}-of-\d{5})?" + re.escape(suffix)
                     + r"(\.index\.json)?")
-    kept = {os.path.realpath(p) for p in (*keep, *protect)}
+    kept = file_ids([*keep, *protect])
     out = []
     for name in sorted(_sys.listdir(directory)):
         path = os.path.join(directory, name)
-        if rx.fullmatch(name) and os.path.realpath(path) not in kept:
+        if rx.fullmatch(name) and not (file_ids([path]) & kept):
             out.append(path)
     return out
+
+
+def file_ids(paths: Iterable[Target]) -> set[tuple[int, int] | str]:
+    """Identities of paths: (dev, ino) of the file each names (symlinks followed), and the
+    absolute path itself (so a name that does not exist yet still matches)."""
+    ids: set[tuple[int, int] | str] = set()
+    for p in paths:
+        ids.add(os.path.abspath(p))
+        try:
+            st = _sys.stat(os.fspath(p))
+        except FileNotFoundError:
+            continue
+        ids.add((st.st_dev, st.st_ino))
+    return ids
 
 
 def remove_files(paths: Sequence[str]) -> None:
     """Unlink (missing is fine) and fsync the directories: used after a commit only."""
     for p in paths:
         log.info("removing %s: the new checkpoint no longer uses it", p)
-        _sys.unlink_missing_ok(p)
+        _sys.unlink_missing_ok(p)  # a consumed input may already be gone
     if paths:
         _sys.fsync_parents(list(paths))
