@@ -240,7 +240,7 @@ def hub_and_ours(tmp_path: Path, sd: dict[str, Any], **kw: Any) -> tuple[Path, P
 @pytest.mark.parametrize("seed", range(30))
 def test_save_sharded_is_identical_to_huggingface_hub(tmp_path, seed):
     sd = random_state_dict(seed)
-    size = random.Random(seed)  # noqa: S311 - reproducible test data.choice([1, 16, 64, 200, 1000, "5GB"])
+    size = random.Random(seed).choice([1, 16, 64, 200, 1000, "5GB"])  # noqa: S311 - test data
     ours, theirs = hub_and_ours(tmp_path, sd, max_shard_size=size)
     assert_same_checkpoint(ours, theirs, metadata_keys=1)
 
