@@ -396,3 +396,15 @@ def test_off_host_tensors_go_through_a_scratch_file_and_give_the_same_bytes(tmp_
     assert (tmp_path / "o.safetensors").read_bytes() == (tmp_path / "t.safetensors").read_bytes()
     assert report.bytes_by_action().get("moved", 0) > 0
     assert sorted(os.listdir(tmp_path)) == ["o.safetensors", "t.safetensors"]
+
+
+def test_conjugate_and_negative_views_are_written_by_value_unlike_safetensors(tmp_path):
+    z = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64)
+    sd = {"c": z.conj(), "n": torch.tensor([1.0, 2.0])._neg_view()}
+    st_torch.save_file(sd, os.fspath(tmp_path / "t.safetensors"))
+    theirs = st_torch.load_file(os.fspath(tmp_path / "t.safetensors"))
+    assert torch.equal(theirs["c"], z)  # upstream writes the memory, not the value
+    save_file(sd, tmp_path / "o.safetensors")
+    ours = st_torch.load_file(os.fspath(tmp_path / "o.safetensors"))
+    assert torch.equal(ours["c"], z.conj().resolve_conj())
+    assert torch.equal(ours["n"], torch.tensor([-1.0, -2.0]))

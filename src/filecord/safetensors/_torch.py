@@ -11,9 +11,10 @@ save then moves into the output.  The temp gets the mode a new file would get fr
 
 Byte identity with ``safetensors.torch.save_file`` and ``huggingface_hub.save_torch_state_dict``
 comes from the layout rules in ``_format`` and the sharing rules below, each found by
-differential tests against the installed packages.  One exception: ``safetensors`` writes
-``__metadata__`` from a hash map, so with two or more metadata keys its key order varies from
-run to run; we keep the order given.
+differential tests against the installed packages.  Deliberate differences: ``safetensors``
+writes ``__metadata__`` from a hash map, so with two or more metadata keys its key order varies
+from run to run (we keep the order given); it writes the memory of a lazily conjugated or
+negated view, not its value (we write the value).
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ def _named(items: Sequence[tuple[str, torch.Tensor]], directory: str) -> list[Na
     for name, t in items:
         code = dtype_of(t, name)
         shape = _shape(t, code, name)
+        if t.is_conj() or t.is_neg():  # lazy views: their memory is not their value
+            t = t.resolve_conj().resolve_neg()
         blob = blobs.get(name)
         if blob is not None:
             out.append(NamedTensor(name, code, shape, blob.data))
