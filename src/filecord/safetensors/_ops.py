@@ -122,9 +122,9 @@ def merge(
 
     The output is laid out as ``safetensors.torch.save_file`` would write the same tensors, so
     merging is byte-identical to loading and saving with the packages.  ``metadata`` defaults
-    to the union of the inputs' ``__metadata__``.  A name in two inputs raises
-    :class:`DuplicateTensorError`.  ``dry_run=True`` returns the plan (per piece: moved, cloned
-    or copied, and why) and writes nothing.
+    to the union of the inputs' ``__metadata__`` (a later input's value wins).  A name in two
+    inputs raises :class:`DuplicateTensorError`.  ``dry_run=True`` returns the plan (per
+    piece: moved, cloned or copied, and why) and writes nothing.
     """
     with _inputs(inputs, consume=consume) as loaded:
         meta = loaded.metadata if metadata is None else dict(metadata)
