@@ -414,3 +414,12 @@ def test_random_indexes_raise_only_format_errors(tmp_path_factory, value, junk):
         idx.write_bytes(text)
         with contextlib.suppress(SafetensorsFormatError):
             read_safetensors(idx)
+
+
+def test_index_naming_a_missing_shard_or_a_directory_is_refused(tmp_path):
+    idx = _shards(tmp_path)
+    (tmp_path / "sub").mkdir()
+    for name in ("missing.safetensors", "sub"):
+        idx.write_text(json.dumps({"weight_map": {"x": name}}))
+        with pytest.raises(InvalidIndexError, match="shard"):
+            read_safetensors(idx)

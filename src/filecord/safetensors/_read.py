@@ -97,6 +97,14 @@ def _shard_name(name: object, key: str) -> str:
     return name
 
 
+def _read_shard(directory: str, name: str, *, owned: bool) -> SafetensorsFile:
+    try:
+        return read_file(os.path.join(directory, name), owned=owned)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+        raise InvalidIndexError(f"shard {name!r}: {exc.strerror}", field="weight_map",
+                                offset=None) from None
+
+
 def read_index(path: str | os.PathLike[str], *, owned: bool = False) -> SafetensorsIndex:
     """Read a ``*.index.json`` and every shard it names (file names beside the index only)."""
     p = os.fspath(path)
@@ -126,7 +134,7 @@ def read_index(path: str | os.PathLike[str], *, owned: bool = False) -> Safetens
     try:
         for name in weight_map.values():
             if name not in shards:
-                shards[name] = read_file(os.path.join(directory, name), owned=owned)
+                shards[name] = _read_shard(directory, name, owned=owned)
         tensors = _check_shards(weight_map, shards)
     except BaseException:
         for f in shards.values():
