@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from filecord import _sys
+from filecord import _cli_safetensors, _sys
 from filecord.errors import FormatError
 from filecord.executorch import PtdFile, PteFile, read_ptd, read_pte
 
@@ -22,11 +22,11 @@ from filecord.executorch import PtdFile, PteFile, read_ptd, read_pte
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser(
         "inspect",
-        help="show the layout of an ExecuTorch .pte or .ptd file",
+        help="show the layout of an ExecuTorch .pte/.ptd or a safetensors file or index",
         description="Show header, segments (absolute offsets and sizes), constant segment, "
         "named data and delegates of an ExecuTorch program (.pte) or data file (.ptd).",
     )
-    p.add_argument("path", help="a .pte or .ptd file")
+    p.add_argument("path", help="a .pte, .ptd, .safetensors or *.index.json file")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=run_inspect)
 
@@ -47,6 +47,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     v.add_argument("--no-runtime", action="store_true", help="structural checks only")
     v.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     v.set_defaults(func=run_verify)
+
+
+def _head(path: str) -> bytes:
+    fd = _sys.open(path, os.O_RDONLY)
+    try:
+        return _sys.pread(fd, 9, 0)
+    finally:
+        _sys.close(fd)
 
 
 def _identifier(path: str) -> bytes:
@@ -191,6 +199,10 @@ def run_inspect(args: argparse.Namespace) -> int:
             info = describe_pte(read_pte(path))
         elif ident == b"FT01":
             info = describe_ptd(read_ptd(path))
+        elif _cli_safetensors.is_safetensors(path, _head(path)):
+            st = _cli_safetensors.describe(path)
+            print(json.dumps(st, indent=2) if args.json else "\n".join(_cli_safetensors.render(st)))
+            return 0
         else:
             print(
                 f"filecord inspect: {path}: not an ExecuTorch .pte or .ptd (identifier {ident!r})",

@@ -96,10 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"filecord {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from filecord import _cli_demo, _cli_pack
+    from filecord import _cli_demo, _cli_pack, _cli_safetensors
 
     _cli_demo.register(sub, _add_common)
     _cli_pack.register(sub, _add_common)
+    _cli_safetensors.register(sub, _add_common)
 
     rec = sub.add_parser(
         "recover",
