@@ -17,7 +17,7 @@ from filecord import _sys
 from filecord.cord import Cord, PieceLike
 from filecord.data import FileBackedData
 from filecord.errors import InsufficientSpaceError, SaveError, SourceIsOutputError
-from filecord.facts import fs_facts, resolve_target
+from filecord.facts import fs_facts, kernel_path, resolve_target
 from filecord.plan import (
     BLOCK,
     FsFacts,
@@ -155,7 +155,7 @@ def _source_facts(key: tuple[int, int], group: list[FileBackedData]) -> SourceFa
     path = group[0].path
     lst = _sys.lstat(path)
     st = _sys.stat(path)
-    directory = os.path.dirname(os.path.abspath(path)) or "."
+    directory = os.path.dirname(kernel_path(path))
     writable = _sys.access(path, os.W_OK) and _sys.access(directory, os.W_OK | os.X_OK)
     return SourceFacts(
         key=key,

@@ -1,0 +1,154 @@
+"""Output and source paths are resolved the way ``open()`` resolves them.
+
+The trap: ``ldir/../x`` with ``ldir`` a symlink to ``elsewhere/deep``.  The kernel follows the
+link first and then ``..``, so the file is ``elsewhere/x``; textual normalisation
+(``os.path.abspath``) drops ``ldir/..`` and says ``./x``.  Every test puts a decoy at the
+textual answer and checks that it is untouched, byte for byte.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from filecord import (
+    Cord,
+    FileBackedData,
+    SaveError,
+    SourceIsOutputError,
+    _sys,
+    plan,
+    save,
+    save_many,
+)
+from filecord.facts import kernel_path, resolve_target
+from filecord_testing import leftovers, pattern
+
+DECOY = b"decoy: must never change"
+
+
+@pytest.fixture
+def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``cwd/ldir -> elsewhere/deep``, a decoy ``cwd/x``; the working directory is ``cwd``."""
+    (tmp_path / "elsewhere" / "deep").mkdir(parents=True)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "ldir").symlink_to(tmp_path / "elsewhere" / "deep")
+    (cwd / "x").write_bytes(DECOY)
+    monkeypatch.chdir(cwd)
+    return tmp_path
+
+
+def test_kernel_path_follows_the_link_before_dotdot(tree: Path) -> None:
+    with open("ldir/../probe", "wb") as f:  # what the kernel does with the same string
+        f.write(b"k")
+    assert (tree / "elsewhere" / "probe").read_bytes() == b"k"
+    assert kernel_path("ldir/../probe") == str(tree / "elsewhere" / "probe")
+    assert kernel_path("ldir/../x") == str(tree / "elsewhere" / "x")
+    assert kernel_path("x") == str(tree / "cwd" / "x")
+    assert kernel_path("ldir/..") == str(tree / "elsewhere")
+    # The last component is kept as given: it may be a link the caller follows or not.
+    assert kernel_path("ldir") == str(tree / "cwd" / "ldir")
+
+
+@pytest.mark.parametrize("absolute", [False, True])
+def test_save_through_link_then_dotdot_writes_where_open_would(
+    tree: Path, absolute: bool
+) -> None:
+    name = str(tree / "cwd" / "ldir" / ".." / "x") if absolute else "ldir/../x"
+    data = pattern(10_000, "new")
+    report = save(name, Cord([b"H", data]))
+    assert (tree / "elsewhere" / "x").read_bytes() == b"H" + data
+    assert (tree / "cwd" / "x").read_bytes() == DECOY
+    assert sorted(os.listdir(tree / "elsewhere")) == ["deep", "x"]
+    assert os.listdir(tree / "elsewhere" / "deep") == []
+    assert sorted(os.listdir(tree / "cwd")) == ["ldir", "x"]
+    assert report.outputs == (name,)  # reported under the caller's name
+
+
+def test_replacing_an_existing_file_through_link_then_dotdot(tree: Path) -> None:
+    real = tree / "elsewhere" / "x"
+    real.write_bytes(b"old")
+    real.chmod(0o640)
+    save("ldir/../x", b"replaced")
+    assert real.read_bytes() == b"replaced"
+    assert real.stat().st_mode & 0o777 == 0o640
+    assert (tree / "cwd" / "x").read_bytes() == DECOY
+    assert leftovers(tree / "elsewhere") == []
+    assert leftovers(tree / "cwd") == []
+
+
+@pytest.mark.parametrize("consume", [False, True])
+def test_source_is_output_through_link_then_dotdot(tree: Path, consume: bool) -> None:
+    src = tree / "elsewhere" / "a"
+    body = pattern(5_000, "a")
+    src.write_bytes(body)
+    (tree / "cwd" / "a").write_bytes(DECOY)
+    d = FileBackedData(str(src), owned=consume)
+    try:
+        with pytest.raises(SourceIsOutputError, match="sources") as info:
+            save("ldir/../a", Cord([b"hdr", d]), consume=consume)
+        assert info.value.errno == errno.EINVAL
+        with pytest.raises(SourceIsOutputError):
+            plan("ldir/../a", Cord([b"hdr", d]), consume=consume)
+    finally:
+        d.detach_cleanup()
+    assert src.read_bytes() == body
+    assert (tree / "cwd" / "a").read_bytes() == DECOY
+    assert leftovers(tree / "elsewhere") == []
+    assert leftovers(tree / "cwd") == []
+
+
+def test_two_spellings_of_one_output_are_refused(tree: Path) -> None:
+    with pytest.raises(ValueError, match="name the same file"):
+        save_many({"ldir/../x": b"1", str(tree / "elsewhere" / "x"): b"2"})
+    assert not (tree / "elsewhere" / "x").exists()
+    assert (tree / "cwd" / "x").read_bytes() == DECOY
+
+
+def test_dotdot_as_last_component_is_a_directory(tree: Path) -> None:
+    with pytest.raises(SaveError, match="is a directory") as info:
+        save("ldir/..", b"x")
+    assert info.value.errno == errno.EISDIR
+    assert sorted(os.listdir(tree / "elsewhere")) == ["deep"]
+
+
+def test_consumed_source_through_link_then_dotdot(tree: Path) -> None:
+    """The owned source is found, moved and deleted where the kernel says it is."""
+    src = tree / "elsewhere" / "s"
+    body = pattern(70_000, "s")
+    src.write_bytes(body)
+    (tree / "cwd" / "s").write_bytes(DECOY)
+    out = tree / "cwd" / "out"
+    d = FileBackedData("ldir/../s", owned=True)
+    report = save(out, Cord([b"<", d, b">"]), consume=True)
+    assert out.read_bytes() == b"<" + body + b">"
+    assert [a.action for a in report.actions] == ["written", "moved", "written"]
+    assert not src.exists()
+    assert (tree / "cwd" / "s").read_bytes() == DECOY
+
+
+def test_directory_fsyncs_go_to_the_kernels_directory(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    real_fsync_dir = _sys.fsync_dir
+
+    def spy(path: str) -> None:
+        synced.append(path)
+        real_fsync_dir(path)
+
+    monkeypatch.setattr(_sys, "fsync_dir", spy)
+    assert _sys.fsync_parents(["ldir/../x", "x"]) == 2
+    assert synced == [str(tree / "elsewhere"), str(tree / "cwd")]
+
+
+def test_resolve_target_of_a_fifo_keeps_its_name_with_a_real_directory(tree: Path) -> None:
+    os.mkfifo(tree / "elsewhere" / "pipe")
+    target, st = resolve_target("ldir/../pipe")
+    assert target == str(tree / "elsewhere" / "pipe")
+    assert st is not None
+    assert not os.path.isfile(target)
