@@ -92,6 +92,19 @@ def test_other_file_system_and_no_holes_and_direct_output() -> None:
     assert decide(src(), o=out(direct=True)).actions[1].reason == P.NOT_OUR_FILE
 
 
+def test_owned_source_written_to_a_direct_output_is_kept() -> None:
+    p = decide(src(), o=out(direct=True))
+    assert p.moves == ()
+    assert p.consumed == ()  # a stream is not storage: the source is not deleted
+    both = make_plan(
+        [out(), out(10_000, direct=True)],
+        [*whole(), PieceRef(1, 0, 0, 10_000, KEY, 0)],
+        {KEY: src()}, {DEV: fs()}, consume=True, window=4096,
+    )
+    assert [a.action for a in both.actions] == ["written", "copied", "copied"]
+    assert both.consumed == ()
+
+
 def test_without_consume_nothing_has_a_reason() -> None:
     p = decide(src(owned=False), consume=False)
     assert p.actions[1].action == "copied"

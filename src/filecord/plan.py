@@ -18,6 +18,8 @@ Decision rules (``consume=True``; without it, pieces are only cloned or copied):
   the file.  Ranges below a gap are copied ("a gap below the moved range"); without a run that
   reaches the end of the file nothing is moved.  A range used by several outputs, or several
   times in one, is still moved: every destination is written before the source is shortened.
+* consumed (deleted at commit): every owned source of the save, except one written to a
+  direct output (FIFO, device): a stream is not storage, so such a source is copied and kept.
 """
 
 from __future__ import annotations
@@ -139,7 +141,8 @@ class SavePlan:
     outputs: tuple[OutputFacts, ...]
     actions: tuple[PieceAction, ...]
     moves: tuple[MoveSource, ...]
-    consumed: tuple[tuple[int, int], ...]  # owned sources deleted at commit (consume=True)
+    # Owned sources deleted at commit (consume=True); never one written to a direct output.
+    consumed: tuple[tuple[int, int], ...]
     peaks: tuple[FsPeak, ...]
     consume: bool
     window: int
@@ -293,7 +296,13 @@ def make_plan(
             )
         )
 
-    consumed = tuple(k for k, s in sources.items() if consume and s.owned and k in by_source)
+    # A stream (FIFO, device) is not storage: an owned source written to one is copied and
+    # kept, never deleted on its account.
+    streamed = {r.source for r in refs if r.source is not None and outputs[r.output].direct}
+    consumed = tuple(
+        k for k, s in sources.items()
+        if consume and s.owned and k in by_source and k not in streamed
+    )
     return SavePlan(
         outputs=tuple(outputs),
         actions=tuple(actions),

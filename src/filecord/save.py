@@ -145,7 +145,8 @@ def _report(
 
 def _needs_journal(prep: Prepared) -> bool:
     p = prep.plan
-    return bool(p.moves or p.consumed) or len(p.outputs) > 1
+    # Direct outputs are never renamed: only several renames need a journal to finish them.
+    return bool(p.moves or p.consumed) or sum(not o.direct for o in p.outputs) > 1
 
 
 def _run(
