@@ -1,4 +1,11 @@
-"""The ``filecord`` command: argument parsing and rendering only; the work is in the library."""
+"""The ``filecord`` command: argument parsing and rendering only; the work is in the library.
+
+Every file name or key on the command line may be any bytes the OS allows (Python hands names
+that are not UTF-8 over as surrogate escapes).  Nothing the user typed can end in a traceback:
+text output escapes what it cannot encode (``\\udcff``), a usage mistake exits 2, a failure
+exits 1 with one line and its notes, and an unexpected error exits 1 with one line (the
+traceback is shown only with ``-vv``).
+"""
 
 from __future__ import annotations
 
@@ -6,35 +13,17 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from filecord import __version__
+from filecord._cli_common import Terminated, UsageError
+from filecord._cli_common import parse_size as parse_size  # part of this module's API
 from filecord.errors import FilecordError
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-
-_UNITS = {
-    "": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2,
-    "mib": 1 << 20, "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4,
-    "tb": 1000**4, "tib": 1 << 40,
-}
-
-
-def parse_size(text: str) -> int:
-    """``"1GiB"``, ``"512M"``, ``"4096"`` -> bytes (decimal for k/M/G, binary for KiB/MiB/GiB)."""
-    s = text.strip().lower().replace("_", "")
-    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(num):].strip()
-    if unit not in _UNITS or not num:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 1GiB, 512MiB or 4096)")
-    try:
-        value = float(num)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a size cannot be negative: {text!r}")
-    return int(value * _UNITS[unit])
 
 
 def human(n: float) -> str:
@@ -52,8 +41,16 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_recover(args: argparse.Namespace) -> int:
+    from filecord.journal import SUFFIX
     from filecord.recover import recover
 
+    if os.path.exists(args.path) and not os.path.isdir(args.path) and not args.path.endswith(
+        SUFFIX
+    ):
+        # A journal's name always ends so; any other file is a typo (a .pte, a .ptd), refused
+        # here before the library is asked to read it.
+        raise UsageError(f"{args.path} is not a filecord journal (its name does not end in "
+                         f"{SUFFIX}); give the journal or the directory that holds it")
     done = recover(args.path)
     if args.json:
         print(json.dumps([
@@ -106,23 +103,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _safe_streams() -> None:
+    """Text output never fails on a name that is not UTF-8: escape what cannot be encoded."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _safe_streams()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE
-    level = logging.WARNING - 10 * min(getattr(args, "verbose", 0), 2)
+    verbose: int = getattr(args, "verbose", 0)
+    level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         result: int = args.func(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print("terminated" if isinstance(exc, Terminated) else "interrupted", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
+    except UsageError as exc:
+        print(f"filecord {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except (FilecordError, OSError) as exc:
         print(f"filecord: error: {exc}", file=sys.stderr)
         for note in getattr(exc, "__notes__", []):
             print(f"  {note}", file=sys.stderr)
+        return EXIT_FAIL
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: never a traceback
+        print(f"filecord {args.command}: internal error: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        if verbose >= 2:
+            traceback.print_exc()
+        else:
+            print("  run again with -vv for the traceback, and please report it",
+                  file=sys.stderr)
         return EXIT_FAIL
     return result
 
