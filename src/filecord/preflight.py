@@ -110,6 +110,7 @@ def prepare(
 
     refs: list[PieceRef] = []
     datas: dict[tuple[int, int], list[FileBackedData]] = {}
+    seen: set[int] = set()  # id() of every piece object grouped (all alive: the cords hold them)
     for o, (_path, cord) in enumerate(items):
         offset = 0
         for i, piece in enumerate(cord.pieces):
@@ -118,7 +119,8 @@ def prepare(
                 ident = piece.identity
                 key = (ident.dev, ident.ino)
                 group = datas.setdefault(key, [])
-                if not any(d is piece for d in group):
+                if id(piece) not in seen:
+                    seen.add(id(piece))
                     group.append(piece)
                 refs.append(PieceRef(o, i, offset, len(piece), key, piece.offset))
             else:
