@@ -152,3 +152,33 @@ def test_resolve_target_of_a_fifo_keeps_its_name_with_a_real_directory(tree: Pat
     assert target == str(tree / "elsewhere" / "pipe")
     assert st is not None
     assert not os.path.isfile(target)
+
+
+def test_state_dict_scratch_is_made_beside_the_real_output(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``save_state_dict`` writes its scratch where the final file will be, not at ``./``."""
+    torch = pytest.importorskip("torch", reason="the torch extra is not installed")
+    from filecord.executorch import read_ptd
+    from filecord.torch import save_state_dict
+
+    created: list[str] = []
+    real_open = _sys.open
+
+    def spy(path: str, flags: int, mode: int = 0o666) -> int:
+        if flags & os.O_CREAT:
+            created.append(path)
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(_sys, "open", spy)
+    w = torch.arange(10, dtype=torch.float32)
+    report = save_state_dict({"w": w}, "ldir/../x.ptd")
+    assert [a.action for a in report.actions] == ["moved"]  # the scratch adopted by rename
+    got = read_ptd(tree / "elsewhere" / "x.ptd").entries["w"].data
+    assert isinstance(got, FileBackedData)
+    assert got.to_bytes() == w.numpy().tobytes()
+    scratch = [p for p in created if p.endswith(".tensors")]
+    assert scratch
+    assert {os.path.dirname(p) for p in scratch} == {str(tree / "elsewhere")}
+    assert (tree / "cwd" / "x").read_bytes() == DECOY
+    assert sorted(os.listdir(tree / "cwd")) == ["ldir", "x"]
