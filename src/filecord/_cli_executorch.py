@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat as stat_mod
 import sys
 from typing import Any
 
@@ -47,6 +48,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     v.add_argument("--no-runtime", action="store_true", help="structural checks only")
     v.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     v.set_defaults(func=run_verify)
+
+
+def _not_regular(path: str) -> str | None:
+    """Why ``path`` cannot be read as a file (a FIFO would block, a device never ends)."""
+    try:
+        st = _sys.stat(path)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if stat_mod.S_ISDIR(st.st_mode):
+        return "a directory, not a file"
+    if not stat_mod.S_ISREG(st.st_mode):
+        return "not a regular file (a FIFO, socket or device is not read)"
+    return None
 
 
 def _identifier(path: str) -> bytes:
@@ -185,6 +199,10 @@ def _render(info: dict[str, Any]) -> list[str]:
 
 def run_inspect(args: argparse.Namespace) -> int:
     path = os.fspath(args.path)
+    why = _not_regular(path)
+    if why is not None:
+        print(f"filecord inspect: {path}: {why}", file=sys.stderr)
+        return 1
     try:
         ident = _identifier(path)
         if ident == b"ET12":
@@ -210,6 +228,12 @@ def run_inspect(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     from filecord.executorch.verify import verify
 
+    odd = [(p, why) for p in (args.pte, *args.data)
+           if os.path.lexists(p) and (why := _not_regular(p)) is not None]
+    for p, why in odd:
+        print(f"filecord verify: {p}: {why}", file=sys.stderr)
+    if odd:
+        return 1
     result = verify(args.pte, args.data, runtime=not args.no_runtime)
     rt = result.runtime
     if args.json:

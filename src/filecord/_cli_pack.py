@@ -49,7 +49,8 @@ def parse_specs(specs: list[str]) -> list[tuple[str, str]]:
                 raise UsageError(f"the name of {spec!r} is not valid UTF-8 and a .ptd key is "
                                  f"text: give it a key, KEY={spec}")
         if not os.path.isfile(path):
-            raise UsageError(f"{path}: no such file")
+            what = "not a regular file" if os.path.exists(path) else "no such file"
+            raise UsageError(f"{path}: {what}")
         if key in seen:
             raise UsageError(f"key {key!r} given twice ({seen[key]} and {path})")
         seen[key] = path
