@@ -155,6 +155,24 @@ def test_pack_to_stdout_with_consume_streams_and_keeps_the_file(tmp_path: Path) 
     assert (tmp_path / "ok.bin").read_bytes() == pattern(1_000, "ok")
 
 
+def test_a_reader_that_goes_away_ends_the_output_quietly(tmp_path: Path) -> None:
+    """`filecord plan ... | head -1`: no BrokenPipeError traceback, no message."""
+    names = [f"f{i}" for i in range(3_000)]
+    for n in names:
+        (tmp_path / n).write_bytes(b"x")
+    proc = subprocess.Popen([sys.executable, "-m", "filecord.cli", "plan", "o.ptd", *names],
+                            cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()  # the report is far larger than a pipe's buffer: the next write fails
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 1
+    assert first.startswith(b"would save 1 file(s)")
+    assert err == b""
+    assert not (tmp_path / "o.ptd").exists()
+
+
 def test_an_unexpected_error_is_one_line_unless_asked(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

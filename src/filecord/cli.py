@@ -111,6 +111,16 @@ def _safe_streams() -> None:
             reconfigure(errors="backslashreplace")
 
 
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's last flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout to replace: nothing will be flushed to it
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _safe_streams()
     parser = build_parser()
@@ -126,6 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         print("terminated" if isinstance(exc, Terminated) else "interrupted", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
+    except BrokenPipeError:
+        # Whoever read our output went away (`filecord plan ... | head`): stop quietly, like
+        # any filter.  (A save into a closed pipe is a SaveError, reported below.)
+        _drop_stdout()
+        return EXIT_FAIL
     except UsageError as exc:
         print(f"filecord {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
