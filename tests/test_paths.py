@@ -102,6 +102,20 @@ def test_source_is_output_through_link_then_dotdot(tree: Path, consume: bool) ->
     assert leftovers(tree / "cwd") == []
 
 
+@pytest.mark.parametrize("exists", [False, True])
+def test_a_final_symlink_whose_target_has_link_then_dotdot(tree: Path, exists: bool) -> None:
+    """``lnk -> ldir/../y``: the link is followed as the kernel follows it (to elsewhere/y)."""
+    (tree / "cwd" / "lnk").symlink_to("ldir/../y")
+    (tree / "cwd" / "y").write_bytes(DECOY)
+    if exists:
+        (tree / "elsewhere" / "y").write_bytes(b"old")
+    save("lnk", b"through the link")
+    assert (tree / "elsewhere" / "y").read_bytes() == b"through the link"
+    assert (tree / "cwd" / "lnk").is_symlink()
+    assert (tree / "cwd" / "y").read_bytes() == DECOY
+    assert (tree / "cwd" / "x").read_bytes() == DECOY
+
+
 def test_two_spellings_of_one_output_are_refused(tree: Path) -> None:
     with pytest.raises(ValueError, match="name the same file"):
         save_many({"ldir/../x": b"1", str(tree / "elsewhere" / "x"): b"2"})
