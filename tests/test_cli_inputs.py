@@ -239,6 +239,63 @@ def test_demo_removes_its_directory_when_stopped(
     assert os.listdir(parent) == []
 
 
+_PAUSED_PACK = r"""
+import signal, sys, time
+from filecord import _sys, cli
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+class PauseMidMove(_sys.Backend):
+    calls = 0
+
+    def hook(self, op, args):
+        if op == "ftruncate":
+            # 1: the temp given its length; 2: the source shortened by one window; 3: the next.
+            PauseMidMove.calls += 1
+            if PauseMidMove.calls == 3:
+                sys.stdout.buffer.write(b"moving\n")
+                sys.stdout.flush()
+                time.sleep(120)
+                raise AssertionError("not stopped")
+
+
+with _sys.use(PauseMidMove()):
+    sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(("sig", "rc", "word"), [
+    (signal.SIGTERM, 143, b"terminated"), (signal.SIGINT, 130, b"interrupted"),
+])
+def test_a_consuming_pack_stopped_mid_move_rolls_back(
+    tmp_path: Path, sig: signal.Signals, rc: int, word: bytes
+) -> None:
+    body = pattern(64 << 10, "big")
+    (tmp_path / "big.bin").write_bytes(body)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_PACK, "pack", "-q", "o.ptd", "big.bin", "--consume",
+         "--window", "4KiB"],
+        cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"moving\n", proc.communicate(timeout=60)
+        assert (tmp_path / "big.bin").stat().st_size == len(body) - 4096  # one window moved
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == rc, err
+    assert err.startswith(word + b"\n")
+    assert b"the moved bytes were put back into 1 source file(s), byte-exact" in err
+    assert b"Traceback" not in err
+    assert (tmp_path / "big.bin").read_bytes() == body
+    assert sorted(os.listdir(tmp_path)) == ["big.bin"]  # no output, temp or journal
+
+
 # -- the fuzz corpus ----------------------------------------------------------------------------
 
 FAKE_JOURNAL = b".j\xff.abcdef012345.filecord-journal"  # named like a journal, is not one

@@ -7,6 +7,12 @@ Kept apart from ``cli.py`` so that ``python -m filecord.cli`` (where ``cli`` run
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
 
 from filecord.plan import BLOCK
 
@@ -17,6 +23,24 @@ class UsageError(Exception):
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C so that every ``finally`` (and a save's rollback) runs."""
+
+
+def raise_terminated(signum: int, _frame: FrameType | None) -> None:
+    raise Terminated(f"stopped by signal {signum}")
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """For the duration, SIGTERM raises :class:`Terminated` (on the main thread; elsewhere
+    signals cannot be handled and nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before: Any = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 
 _UNITS = {

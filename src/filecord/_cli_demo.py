@@ -21,16 +21,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 from filecord import _cli_demo_model, _sys
 from filecord._cli_common import (
-    Terminated,
     UsageError,
     parse_size,
     parse_window,
     positive_int,
+    raise_terminated,
 )
 from filecord._cli_demo_model import ModelResult
 from filecord._cli_progress import Bar
@@ -159,10 +158,6 @@ def _model_json(m: ModelResult | None) -> dict[str, object] | None:
 _STOP = {signal.SIGINT, signal.SIGTERM}
 
 
-def _raise_terminated(signum: int, _frame: FrameType | None) -> None:
-    raise Terminated(f"stopped by signal {signum}")
-
-
 @contextmanager
 def _workdir(parent: str, *, keep: bool) -> Iterator[str]:
     """A fresh directory under ``parent``, removed on the way out unless ``keep``.
@@ -175,7 +170,7 @@ def _workdir(parent: str, *, keep: bool) -> Iterator[str]:
     main = threading.current_thread() is threading.main_thread()
     before: Any = signal.getsignal(signal.SIGTERM)
     if main:
-        signal.signal(signal.SIGTERM, _raise_terminated)
+        signal.signal(signal.SIGTERM, raise_terminated)
         signal.pthread_sigmask(signal.SIG_BLOCK, _STOP)
     made: list[str] = []
     try:

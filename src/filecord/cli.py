@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Sequence
 
 from filecord import __version__
-from filecord._cli_common import Terminated, UsageError
+from filecord._cli_common import Terminated, UsageError, sigterm_raises
 from filecord._cli_common import parse_size as parse_size  # part of this module's API
 from filecord.errors import FilecordError
 
@@ -132,9 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        result: int = args.func(args)
+        with sigterm_raises():  # a save stopped by SIGTERM rolls back like one stopped by Ctrl-C
+            result: int = args.func(args)
     except KeyboardInterrupt as exc:
         print("terminated" if isinstance(exc, Terminated) else "interrupted", file=sys.stderr)
+        for note in getattr(exc, "__notes__", []):  # what a stopped save undid, or left
+            print(f"  {note}", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
     except BrokenPipeError:
         # Whoever read our output went away (`filecord plan ... | head`): stop quietly, like
