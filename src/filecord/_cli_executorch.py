@@ -29,6 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument("path", help="a .pte or .ptd file")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
     p.set_defaults(func=run_inspect)
 
     v = subparsers.add_parser(
@@ -47,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     v.add_argument("--no-runtime", action="store_true", help="structural checks only")
     v.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    v.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
     v.set_defaults(func=run_verify)
 
 
