@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from filecord import (
     Cord,
@@ -123,6 +125,30 @@ def test_two_spellings_of_one_output_are_refused(tree: Path) -> None:
     assert (tree / "cwd" / "x").read_bytes() == DECOY
 
 
+@pytest.mark.parametrize(
+    ("name", "err", "msg"),
+    [
+        ("missing/../x", errno.ENOENT, "the directory missing/.. does not exist"),
+        ("file/../x", errno.ENOTDIR, "file/.. is not a directory"),
+        ("ldir/missing/../../x", errno.ENOENT, "does not exist"),
+    ],
+)
+def test_dotdot_after_a_missing_directory_or_a_file_is_refused_like_open(
+    tree: Path, name: str, err: int, msg: str
+) -> None:
+    """``open()`` walks every component: ``missing/..`` is not ``.`` for the kernel."""
+    (tree / "cwd" / "file").write_bytes(b"f")
+    kernel_error = FileNotFoundError if err == errno.ENOENT else NotADirectoryError
+    with pytest.raises(kernel_error):
+        open(name, "xb").close()  # what the kernel says about the same string
+    with pytest.raises(SaveError, match=msg) as info:
+        save(name, b"x")
+    assert info.value.errno == err
+    assert sorted(os.listdir(tree / "cwd")) == ["file", "ldir", "x"]
+    assert (tree / "cwd" / "x").read_bytes() == DECOY
+    assert sorted(os.listdir(tree / "elsewhere")) == ["deep"]
+
+
 def test_dotdot_as_last_component_is_a_directory(tree: Path) -> None:
     with pytest.raises(SaveError, match="is a directory") as info:
         save("ldir/..", b"x")
@@ -196,3 +222,46 @@ def test_state_dict_scratch_is_made_beside_the_real_output(
     assert {os.path.dirname(p) for p in scratch} == {str(tree / "elsewhere")}
     assert (tree / "cwd" / "x").read_bytes() == DECOY
     assert sorted(os.listdir(tree / "cwd")) == ["ldir", "x"]
+
+
+_WORDS = ["a", "b", "la", "lup", "labs", "lchain", "..", "."]
+
+
+@pytest.fixture(scope="module")
+def maze(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Directories and symlinks of every kind: relative, absolute, chained, pointing up."""
+    root = tmp_path_factory.mktemp("maze")
+    for d in ("a/b/a", "b/a/b", "a/a", "b/b"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for where in (root, root / "a", root / "b", root / "a" / "b", root / "b" / "a"):
+        (where / "la").symlink_to("../b" if where != root else "a/b")  # relative, sideways
+        (where / "lup").symlink_to("..")  # up
+        (where / "labs").symlink_to(root / "b" / "a")  # absolute
+        (where / "lchain").symlink_to("la")  # a link to a link
+    return root
+
+
+@settings(max_examples=250, deadline=None)
+@given(st.lists(st.sampled_from(_WORDS), min_size=0, max_size=5))
+def test_kernel_path_names_the_file_open_creates(maze: Path, words: list[str]) -> None:
+    """Over random walks through links and ``..``: the file ``open(path, O_CREAT)`` makes is
+    the one ``kernel_path`` and ``resolve_target`` name."""
+    path = os.path.join(str(maze / "a"), *words, "new.bin")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except (FileNotFoundError, NotADirectoryError) as refused:
+        with pytest.raises(type(refused)):  # refused exactly as the kernel refuses it
+            kernel_path(path)
+        return
+    try:
+        made = os.fstat(fd)
+        named = os.stat(kernel_path(path))
+        target, st_target = resolve_target(path)
+        assert (named.st_dev, named.st_ino) == (made.st_dev, made.st_ino)
+        assert st_target is not None
+        assert (st_target.st_dev, st_target.st_ino) == (made.st_dev, made.st_ino)
+        assert os.stat(target).st_ino == made.st_ino
+        assert os.path.realpath(target) == target  # no link and no ``..`` left in it
+    finally:
+        os.close(fd)
+        os.unlink(path)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from filecord.plan import FsFacts, OutputFacts, PieceRef, SourceFacts, make_plan
 
@@ -182,3 +185,30 @@ def test_merged_runs() -> None:
 def test_window_too_small() -> None:
     with pytest.raises(ValueError, match="window"):
         make_plan([out()], whole(), {KEY: src()}, {DEV: fs()}, consume=True, window=10)
+
+
+_REF = st.tuples(st.integers(0, 60), st.integers(0, 30))  # (src_offset, length)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_REF, max_size=12), st.integers(0, 90), st.integers(0, 30))
+def test_cover_agrees_with_a_byte_by_byte_reference(
+    spans: list[tuple[int, int]], lo: int, width: int
+) -> None:
+    dests = [PieceRef(i % 3, i, 1000 * i, n, KEY, s) for i, (s, n) in enumerate(spans)]
+    hi = lo + width
+    holders = {b: [d for d in dests if d.src_offset <= b < d.src_offset + d.length]
+               for b in range(lo, hi)}
+    gaps = [b for b, hs in holders.items() if not hs]
+    if gaps:
+        with pytest.raises(ValueError, match=f"no destination holds source byte {gaps[0]}"):
+            P.cover(dests, lo, hi)
+        return
+    segs = P.cover(dests, lo, hi)
+    bounds = [lo, *(b for _a, b, _d in segs)]
+    assert [(a, b) for a, b, _d in segs] == list(itertools.pairwise(bounds))  # contiguous
+    assert bounds[-1] == hi
+    for a, b, d in segs:
+        assert d.src_offset <= a < b <= d.src_offset + d.length  # held by its ref
+        # the ref reaching furthest from ``a``, so there are as few segments as possible
+        assert d.src_offset + d.length == max(h.src_offset + h.length for h in holders[a])

@@ -105,14 +105,25 @@ def kernel_path(path: str) -> str:
 
     Text normalisation (``os.path.abspath``) is wrong wherever a symlink precedes ``..``:
     with ``ldir`` a link to ``elsewhere/deep``, ``ldir/../x`` is ``elsewhere/x`` for ``open()``
-    but ``./x`` for ``abspath``.  The last component is kept as given (it may be a symlink the
-    caller means to follow or not); a last component of ``.`` or ``..`` names a directory and
-    is resolved with it.
+    but ``./x`` for ``abspath``.  The directory part is resolved by the kernel itself (a
+    ``stat`` of it as given): where ``open()`` would fail (a missing directory or a file before
+    ``..``) this raises the same ``FileNotFoundError`` or ``NotADirectoryError``, and the
+    name returned (``realpath``) is checked to be that very directory.  The last component is
+    kept as given (it may be a symlink the caller means to follow or not); a last component of
+    ``.`` or ``..`` names a directory and is resolved with it.
     """
     head, name = os.path.split(path)
     if name in ("", ".", ".."):
-        return os.path.realpath(path)
-    return os.path.join(os.path.realpath(head or "."), name)
+        head, name = path, ""
+    directory = head or "."
+    found = _sys.stat(directory)  # raises as open() would
+    if not stat_mod.S_ISDIR(found.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), directory)
+    real = os.path.realpath(directory)
+    named = _sys.stat(real)
+    if (named.st_dev, named.st_ino) != (found.st_dev, found.st_ino):  # pragma: no cover - a race
+        raise OSError(errno.EAGAIN, f"{directory} changed while it was being resolved")
+    return os.path.join(real, name) if name else real
 
 
 def resolve_target(path: str) -> tuple[str, os.stat_result | None]:

@@ -66,6 +66,21 @@ def normalize(
     return items
 
 
+def _resolve(path: str) -> tuple[str, os.stat_result | None]:
+    """:func:`resolve_target`, with the kernel's refusals of the directory part made clear."""
+    directory = os.path.dirname(path) or "."
+    try:
+        return resolve_target(path)
+    except FileNotFoundError:
+        raise SaveError(
+            f"cannot save {path}: the directory {directory} does not exist", errno=errno.ENOENT
+        ) from None
+    except NotADirectoryError:
+        raise SaveError(
+            f"cannot save {path}: {directory} is not a directory", errno=errno.ENOTDIR
+        ) from None
+
+
 def _dir_facts(path: str, target: str) -> str:
     directory = os.path.dirname(target) or "."
     try:
@@ -91,7 +106,7 @@ def prepare(
     seen_targets: dict[str, str] = {}
     out_dirs: list[str] = []
     for path, cord in items:
-        target, st = resolve_target(path)
+        target, st = _resolve(path)
         if target in seen_targets:
             raise ValueError(f"{path} and {seen_targets[target]} name the same file {target}")
         seen_targets[target] = path
