@@ -108,6 +108,11 @@ def test_a_key_that_is_not_utf8_is_a_usage_error(tmp_path: Path, cmd: bytes) -> 
         ([b"demo", b"--window", b"0"], b"the window must be at least 4096 bytes"),
         ([b"demo", b"--dir", BAD_MISSING], b"--dir nope\\udcfe\\udcc0\\udcaf: no such directory"),
         ([b"pack", b"o.ptd", b"ok.bin", b"--window", b"1"], b"at least 4096 bytes"),
+        ([b"demo", b"--size", b"1e400"], b"argument --size: not a size: '1e400' (too large)"),
+        ([b"demo", b"--window", b"1e999"], b"not a size: '1e999' (too large)"),
+        ([b"demo", b"--size", b"1e30", b"--dir", b"."], b"free in . (the copy holds"),
+        ([b"pack", b"o.ptd", b"ok.bin", b"--align", b"%d" % (1 << 70)],
+         b"--align must be a power of two from 1 to 1073741824"),
         ([b"recover", b"ok.bin"], b"ok.bin is not a filecord journal"),
     ],
 )
@@ -322,8 +327,10 @@ def corpus() -> list[list[bytes]]:
             [b"demo", b"--dir", p, b"--size", b"64KiB", b"--pieces", b"2", b"--no-model", b"-q"],
             [b"demo", b"--pieces", p], [b"pack", p], [p],
         ]
-    cases += [[b"demo", b"--size", s, b"--dir", BAD_DIR] for s in (b"-1", b"1", b"\xff", b"")]
-    cases += [[b"pack", b"o.ptd", b"ok.bin", b"--align", a] for a in (b"0", b"3", b"-8", b"\xff")]
+    cases += [[b"demo", b"--size", s, b"--dir", BAD_DIR]
+              for s in (b"-1", b"1", b"\xff", b"", b"1e400", b"1e30", b"nan")]
+    cases += [[b"pack", b"o.ptd", b"ok.bin", b"--align", a]
+              for a in (b"0", b"3", b"-8", b"\xff", b"%d" % (1 << 70))]
     return cases
 
 

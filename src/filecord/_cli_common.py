@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import signal
 import threading
 from collections.abc import Iterator
@@ -61,6 +62,8 @@ def parse_size(text: str) -> int:
         value = float(num)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (too large)")
     if value < 0:
         raise argparse.ArgumentTypeError(f"a size cannot be negative: {text!r}")
     return int(value * _UNITS[unit])

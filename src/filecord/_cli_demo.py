@@ -192,10 +192,18 @@ def _workdir(parent: str, *, keep: bool) -> Iterator[str]:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 
-def _work_parent(args: argparse.Namespace) -> str:
+def _work_parent(args: argparse.Namespace, human: Callable[[float], str]) -> str:
+    """Where the demo may work: an existing directory with room for the copy's peak."""
     parent: str = args.dir or tempfile.gettempdir()
     if not os.path.isdir(parent):
         raise UsageError(f"--dir {parent}: no such directory")
+    vfs = _sys.statvfs(parent)
+    free = vfs.f_bavail * vfs.f_frsize
+    needed = 2 * args.size + (16 << 20)  # the copy holds the engines and the output at once
+    if needed > free:
+        raise UsageError(f"--size {human(args.size)} needs {human(needed)} free in {parent} "
+                         f"(the copy holds the engines and the output at once), "
+                         f"{human(free)} are free: give a smaller --size or another --dir")
     return parent
 
 
@@ -206,7 +214,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if total < args.pieces:
         raise UsageError(f"--size ({total} bytes) must be at least one byte per piece "
                          f"(--pieces {args.pieces})")
-    parent = _work_parent(args)
+    parent = _work_parent(args, human)
     results: list[RunResult] = []
     quiet = args.quiet or args.json
     model: ModelResult | None = None

@@ -21,6 +21,8 @@ from filecord.data import FileBackedData
 from filecord.plan import DEFAULT_WINDOW
 from filecord.report import SaveReport
 
+MAX_ALIGN = 1 << 30  # an entry's alignment is padding written into the file
+
 
 def _is_text(s: str) -> bool:
     try:
@@ -64,8 +66,9 @@ def _cord(args: argparse.Namespace) -> tuple[Any, list[FileBackedData]]:
     from filecord.executorch.ptd import build_ptd
     from filecord.executorch.values import PtdEntry
 
-    if args.align < 1 or args.align & (args.align - 1):
-        raise UsageError(f"--align must be a power of two, got {args.align}")
+    if args.align < 1 or args.align & (args.align - 1) or args.align > MAX_ALIGN:
+        raise UsageError(f"--align must be a power of two from 1 to {MAX_ALIGN}, "
+                         f"got {args.align}")
     specs = parse_specs(args.files)
     datas = [(key, FileBackedData(path, owned=args.consume)) for key, path in specs]
     entries = {key: PtdEntry(key, d, None, args.align) for key, d in datas}
