@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat as stat_mod
 import sys
 from typing import Any
 
@@ -28,6 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument("path", help="a .pte, .ptd, .safetensors or *.index.json file")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
     p.set_defaults(func=run_inspect)
 
     v = subparsers.add_parser(
@@ -46,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     v.add_argument("--no-runtime", action="store_true", help="structural checks only")
     v.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    v.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
     v.set_defaults(func=run_verify)
 
 
@@ -55,6 +58,19 @@ def _head(path: str) -> bytes:
         return _sys.pread(fd, 9, 0)
     finally:
         _sys.close(fd)
+
+
+def _not_regular(path: str) -> str | None:
+    """Why ``path`` cannot be read as a file (a FIFO would block, a device never ends)."""
+    try:
+        st = _sys.stat(path)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if stat_mod.S_ISDIR(st.st_mode):
+        return "a directory, not a file"
+    if not stat_mod.S_ISREG(st.st_mode):
+        return "not a regular file (a FIFO, socket or device is not read)"
+    return None
 
 
 def _identifier(path: str) -> bytes:
@@ -193,6 +209,10 @@ def _render(info: dict[str, Any]) -> list[str]:
 
 def run_inspect(args: argparse.Namespace) -> int:
     path = os.fspath(args.path)
+    why = _not_regular(path)
+    if why is not None:
+        print(f"filecord inspect: {path}: {why}", file=sys.stderr)
+        return 1
     try:
         ident = _identifier(path)
         if ident == b"ET12":
@@ -222,6 +242,12 @@ def run_inspect(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     from filecord.executorch.verify import verify
 
+    odd = [(p, why) for p in (args.pte, *args.data)
+           if os.path.lexists(p) and (why := _not_regular(p)) is not None]
+    for p, why in odd:
+        print(f"filecord verify: {p}: {why}", file=sys.stderr)
+    if odd:
+        return 1
     result = verify(args.pte, args.data, runtime=not args.no_runtime)
     rt = result.runtime
     if args.json:

@@ -31,7 +31,7 @@ EXIT_USAGE = 2
 def _finish(report: SaveReport, args: argparse.Namespace) -> int:
     from filecord.cli import human
 
-    _render(report, args, human)
+    _render(report, args, human, sys.stdout)
     return 0 if not report.dry_run or all(p.fits for p in report.peaks) else 1
 
 

@@ -49,7 +49,7 @@ from filecord._stage import Stage, advance
 from filecord.cord import Cord
 from filecord.data import FileBackedData
 from filecord.errors import DataChangedError, FilecordError, SaveError, add_note
-from filecord.facts import is_clone_refusal
+from filecord.facts import is_clone_refusal, kernel_path
 from filecord.plan import CLONE_REFUSED, DEFAULT_WINDOW, MoveSource, PieceAction
 from filecord.preflight import CordLike, Prepared, Target, check_space, normalize, prepare
 from filecord.report import SaveReport
@@ -166,7 +166,8 @@ def _report(
 
 def _needs_journal(prep: Prepared) -> bool:
     p = prep.plan
-    return bool(p.moves or p.consumed) or sum(1 for o in p.outputs if not o.direct) > 1
+    # Direct outputs are never renamed: only several renames need a journal to finish them.
+    return bool(p.moves or p.consumed) or sum(not o.direct for o in p.outputs) > 1
 
 
 def _run(
@@ -370,9 +371,8 @@ def _record(txn: _Txn) -> journal.Journal:
         data = txn.prep.datas[key][0]
         st = _sys.stat(data.path)
         m = moves.get(key)
-        directory, name = os.path.split(os.path.abspath(data.path))
         sources.append(journal.JournalSource(
-            path=os.path.join(os.path.realpath(directory), name), dev=key[0], ino=key[1],
+            path=kernel_path(data.path), dev=key[0], ino=key[1],
             size=st.st_size, run_start=m.run_start if m else st.st_size,
             atime_ns=st.st_atime_ns, mtime_ns=st.st_mtime_ns, mode=st.st_mode,
             dests=m.dests if m else (), adopt=bool(m and m.adopt),
