@@ -51,9 +51,8 @@ _RECOVER_WORDS = {
 
 def _cmd_recover(args: argparse.Namespace) -> int:
     from filecord.errors import RecoverError
-    from filecord.recover import Recovered, recover
-
     from filecord.journal import NotAJournalError
+    from filecord.recover import Recovered, recover
 
     error: RecoverError | None = None
     try:
