@@ -282,18 +282,21 @@ def test_a_failed_adoption_renames_the_source_back(tmp_path: Path) -> None:
     size=st.integers(1, 20_000),
     cuts=st.lists(st.tuples(st.integers(0, 20_000), st.integers(0, 6_000), st.integers(0, 2)),
                   min_size=1, max_size=8),
+    tail=st.tuples(st.integers(0, 20_000), st.integers(0, 2)),
     window=st.sampled_from([4096, 5000, 8192, 65536]),
     fail_at=st.integers(0, 6),
 )
 def test_moves_and_rollbacks_of_random_layouts_are_byte_exact(
     tmp_path_factory: pytest.TempPathFactory, size: int,
-    cuts: list[tuple[int, int, int]], window: int, fail_at: int,
+    cuts: list[tuple[int, int, int]], tail: tuple[int, int], window: int, fail_at: int,
 ) -> None:
     # Random overlapping ranges of one owned file into three outputs, moved window by window;
     # then the same save failed at its fail_at-th truncate and rolled back.
     d = tmp_path_factory.mktemp("layout")
     data = pattern(size, "r")
     ranges = [(min(a, size), min(n, size - min(a, size)), o) for a, n, o in cuts]
+    start = min(tail[0], size - 1)
+    ranges.append((start, size - start, tail[1]))  # a run to the end: something is moved
 
     def run(*, fail: int | None) -> None:
         src = d / "src"
