@@ -169,7 +169,7 @@ def fail(txn: _Txn, exc: BaseException) -> NoReturn:
             notes.append(f"could not check the sources: {cexc}")
             _keep_all(txn, exc, names, notes, "the journal and temps are kept")
         try:
-            rollback = txn.journal_path[: -len(_names.JOURNAL)] + _names.ROLLBACK
+            rollback = _names.restage(txn.journal_path, _names.ROLLBACK)
             _sys.rename(txn.journal_path, rollback)
             txn.journal_path = rollback
             _sys.fsync_parents([rollback])
