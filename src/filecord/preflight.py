@@ -106,6 +106,10 @@ def prepare(
     seen_targets: dict[str, str] = {}
     out_dirs: list[str] = []
     for path, cord in items:
+        if path.endswith(os.sep) or os.path.basename(path) in ("", ".", ".."):
+            # open() refuses a name that can only be a directory: so does a save.
+            raise SaveError(f"cannot save {path}: it names a directory, not a file",
+                            errno=errno.EISDIR)
         target, st = _resolve(path)
         if target in seen_targets:
             raise ValueError(f"{path} and {seen_targets[target]} name the same file {target}")
