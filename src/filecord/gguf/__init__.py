@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from filecord.gguf._build import build_gguf, build_split
 from filecord.gguf._encode import encode_header, encode_kv, plan_splits, shard_name
+from filecord.gguf._ops import convert, merge, reshard
 from filecord.gguf._parse import Header, TensorInfo, parse_header
 from filecord.gguf._read import GGUFFile, GGUFModel, read_gguf, read_gguf_file
 from filecord.gguf._types import (
@@ -60,6 +61,10 @@ __all__ = [
     "encode_kv",
     "plan_splits",
     "shard_name",
+    # rewriting models
+    "merge",
+    "reshard",
+    "convert",
     # values
     "GGUFTensor",
     "KeyValue",
