@@ -403,3 +403,63 @@ def test_sha_of_a_model_matches(tmp_path: Path) -> None:
 
     files, _ = run_both(tmp_path, script)
     print({k: hashlib.sha256(v).hexdigest()[:16] for k, v in files.items()})
+
+
+def test_callables_stream_with_one_tensor_in_memory(tmp_path: Path) -> None:
+    """20 tensors of 4 MiB produced by callables: traced peak stays near one tensor (gguf-py
+    keeps every tensor until the write); the file equals gguf-py's."""
+    import tracemalloc
+
+    n, size = 20, 1 << 20  # float32 elements: 4 MiB each
+
+    def make(i: int) -> Callable[[], np.ndarray]:
+        return lambda: np.full(size, i, dtype=np.float32)
+
+    f = fg.GGUFWriter(tmp_path / "ours.gguf", "llama")
+    for i in range(n):
+        f.add_tensor(f"t{i}", make(i))
+    tracemalloc.start()
+    f.close()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    print(f"{n} x 4 MiB tensors produced and saved; traced peak {peak / 2**20:.1f} MiB")
+    assert peak < 3 * 4 * size
+    w = gguf.GGUFWriter(str(tmp_path / "ref.gguf"), "llama")
+    for i in range(n):
+        w.add_tensor(f"t{i}", make(i)())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert (tmp_path / "ours.gguf").read_bytes() == (tmp_path / "ref.gguf").read_bytes()
+
+
+def test_failing_producer_leaves_nothing(tmp_path: Path) -> None:
+    old = tmp_path / "m.gguf"
+    old.write_bytes(b"previous model")
+    f = fg.GGUFWriter(old, "llama")
+    f.add_tensor("a", lambda: np.ones(4, np.float32))
+
+    def boom() -> np.ndarray:
+        raise MemoryError("out of memory while producing b")
+
+    f.add_tensor("b", boom)
+    with pytest.raises(MemoryError):
+        f.close()
+    assert os.listdir(tmp_path) == ["m.gguf"]  # no scratch, no temp, no partial file
+    assert old.read_bytes() == b"previous model"
+    with pytest.raises(ValueError, match="start a new one"):
+        f.close()
+
+
+def test_consume_moves_owned_file_ranges(tmp_path: Path) -> None:
+    a = _arr("float32", (256, 16))
+    blob = tmp_path / "weights.bin"
+    blob.write_bytes(a.tobytes())
+    f = fg.GGUFWriter(tmp_path / "m.gguf", "llama", consume=True)
+    f.add_tensor("a", FileBackedData(blob, owned=True), raw_shape=a.shape, raw_dtype=Q.F32)
+    report = f.close()
+    assert [x.action for x in report.actions if x.length and x.action != "written"] == ["moved"]
+    assert not blob.exists()
+    t = fg.read_gguf(tmp_path / "m.gguf").tensors["a"]
+    assert t.data.to_bytes() == a.tobytes()  # type: ignore[union-attr]

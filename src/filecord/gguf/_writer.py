@@ -124,7 +124,7 @@ class GGUFWriter:
         self._names: set[str] = set()
         self._scratch: tuple[str, int] | None = None
         self._end = 0
-        self._closed = False
+        self._failed: BaseException | None = None
         self.add_string(ARCH_KEY, arch)
 
     # --- key-values ---------------------------------------------------------------------
@@ -218,10 +218,15 @@ class GGUFWriter:
         slot = self._slots[i]
         if not isinstance(slot, _Pending):  # pragma: no cover - found as a _Pending above
             raise TypeError(slot)
+        self._check()
         t = to_tensor(slot.name, tensor, slot.raw_shape, slot.raw_dtype)
         if slot.nbytes is not None and t.nbytes != slot.nbytes:
             raise ValueError(f"{slot.name!r}: declared {slot.nbytes} bytes, got {t.nbytes}")
-        self._slots[i] = self._spill(t)
+        try:
+            self._slots[i] = self._spill(t)
+        except BaseException as exc:
+            self._abandon(exc)
+            raise
 
     # --- the gguf-py write steps ----------------------------------------------------------
     def write_header_to_file(self, path: str | os.PathLike[str] | None = None) -> None:
@@ -237,10 +242,29 @@ class GGUFWriter:
     def write_tensors_to_file(self, *, progress: bool = False) -> None:
         """Produce every pending tensor, in order, into the scratch file."""
         del progress
-        for i, s in enumerate(self._slots):
-            if isinstance(s, _Pending) and s.producer is not None:
-                self._slots[i] = self._spill(to_tensor(s.name, s.producer(), s.raw_shape,
-                                                       s.raw_dtype))
+        self._check()
+        try:
+            for i, s in enumerate(self._slots):
+                if isinstance(s, _Pending) and s.producer is not None:
+                    self._slots[i] = self._spill(to_tensor(s.name, s.producer(), s.raw_shape,
+                                                           s.raw_dtype))
+        except BaseException as exc:
+            self._abandon(exc)
+            raise
+
+    def _check(self) -> None:
+        if self._failed is not None:
+            raise ValueError("this writer failed while producing tensors; start a new one") \
+                from self._failed
+
+    def _abandon(self, exc: BaseException) -> None:
+        """A tensor could not be produced: the scratch file goes, the writer is spent."""
+        self._failed = exc
+        if self._scratch is not None:
+            path, fd = self._scratch
+            self._scratch = None
+            _sys.close(fd)
+            _sys.unlink_missing_ok(path)
 
     def _spill(self, t: GGUFTensor) -> GGUFTensor | _Spilled:
         """A produced tensor's bytes go to the scratch file now; its memory is released."""
