@@ -463,3 +463,28 @@ def test_consume_moves_owned_file_ranges(tmp_path: Path) -> None:
     assert not blob.exists()
     t = fg.read_gguf(tmp_path / "m.gguf").tensors["a"]
     assert t.data.to_bytes() == a.tobytes()  # type: ignore[union-attr]
+
+
+def test_gguf_py_named_helpers_run_against_our_writer(tmp_path: Path) -> None:
+    """A conversion script's named calls (``add_context_length``...) port unchanged."""
+    def script(w: Any) -> None:
+        w.add_name("tiny")
+        w.add_context_length(2048)
+        w.add_block_count(2)
+        w.add_embedding_length(64)
+        w.add_head_count(4)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_file_type(1)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(["<s>", "</s>", "a"])
+        w.add_token_scores([0.0, -1.0, -2.0])
+        w.add_token_types([3, 3, 1])
+        w.add_bos_token_id(0)
+        w.add_quantization_version(2)
+
+    _, d = run_both(tmp_path, script)
+    f = fg.read_gguf_file(d / "m.gguf")
+    assert f.kvs["llama.context_length"].value == 2048
+    assert len(f.kvs) == 14
+    with pytest.raises(AttributeError):
+        fg.GGUFWriter(tmp_path / "x.gguf", "llama").add_no_such_thing  # noqa: B018

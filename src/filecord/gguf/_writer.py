@@ -21,6 +21,7 @@ steps, ``close``) and the bytes are the same.  The differences are the point:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -115,6 +116,7 @@ class GGUFWriter:
                  window: int = DEFAULT_WINDOW, progress: ProgressCallback | None = None) -> None:
         del use_temp_file  # never needed: produced tensors always go to scratch files
         self.path = os.fspath(path)
+        self.arch = arch
         self.kv_data: dict[str, KeyValue] = {}
         self.split_max_tensors, self.split_max_size = split_max_tensors, split_max_size
         self.small_first_shard, self.consume = small_first_shard, consume
@@ -128,6 +130,21 @@ class GGUFWriter:
         self.add_string(ARCH_KEY, arch)
 
     # --- key-values ---------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        """gguf-py's named key helpers (``add_context_length``, ``add_token_list``, ...): when
+        the ``gguf`` package is installed, its helper runs against this writer, so it names
+        the key and calls one of the typed ``add_*`` calls above."""
+        if name.startswith("add_") and not name.startswith("add_tensor"):
+            try:
+                import gguf
+            except ImportError:
+                pass
+            else:
+                helper = getattr(gguf.GGUFWriter, name, None)
+                if callable(helper):
+                    return functools.partial(helper, self)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def add_key_value(self, key: str, val: Any, vtype: Any,
                       sub_type: Any = None) -> None:
         t = ValueType(int(vtype))
