@@ -195,3 +195,20 @@ def test_convert_sharded_index_consumed(tmp_path: Path) -> None:
         t = f.tensors[name]
         assert t.dims == (8, 16)
         assert t.data.to_bytes() == a.tobytes()  # type: ignore[union-attr]
+
+
+def test_reshard_removes_stale_shards_but_not_inputs(tmp_path: Path) -> None:
+    gguf_py(tmp_path / "m.gguf", split_max_tensors=2)  # m-0000k-of-00004.gguf
+    gguf_py(tmp_path / "m.gguf")  # the single file too
+    old = sorted(os.listdir(tmp_path))
+    assert len(old) == 5
+    first = tmp_path / "m-00001-of-00004.gguf"
+    fg.reshard([first], tmp_path / "m.gguf", max_tensors=3)
+    # the new set (3 shards) replaced the old one; the unconsumed inputs are kept
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        {*old, "m-00001-of-00003.gguf", "m-00002-of-00003.gguf", "m-00003-of-00003.gguf"}
+        - {"m.gguf"})
+    fg.reshard([tmp_path / "m-00001-of-00003.gguf"], tmp_path / "m.gguf", max_tensors=7,
+               consume=True)
+    assert sorted(os.listdir(tmp_path)) == ["m.gguf"]
+    assert fg.read_gguf(tmp_path / "m.gguf").tensors.keys() == {n for n, _ in ARRAYS} | {"q"}

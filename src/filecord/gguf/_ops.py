@@ -108,7 +108,10 @@ def reshard(
     """Split (or re-split, or merge back when one shard suffices) as gguf-py splits: shards
     ``<output stem>-00001-of-0000N.gguf`` of at most ``max_tensors`` tensors and ``max_size``
     tensor bytes (0: no limit; soft, a tensor larger than the limit gets its own shard), all
-    in one transaction."""
+    in one transaction.  Files of the same stem that the new set does not use (``<stem>.gguf``,
+    shards of another count) are removed after the commit, inputs only when consumed."""
+    from filecord.safetensors._write import remove_files, stale_files
+
     if max_tensors < 0 or max_size < 0:
         raise ValueError("max_tensors and max_size must not be negative")
     with _models(inputs, consume=consume) as models:
@@ -117,8 +120,17 @@ def reshard(
         outs = build_split(models[0].kvs, tensors, output, max_tensors=max_tensors,
                            max_size=max_size, small_first_shard=small_first_shard,
                            alignment=alignment, sources=sources)
-        return _run(dict(outs.items()), consume=consume, dry_run=dry_run, window=window,
-                    progress=progress)
+        if dry_run:
+            return plan(dict(outs.items()), consume=consume, window=window)
+        out = os.fspath(output)
+        stem = os.path.basename(out).removesuffix(".gguf")
+        protect = [] if consume else [f.path for f in sources]
+        stale = stale_files(os.path.dirname(os.path.abspath(out)), stem + "{suffix}.gguf",
+                            list(outs), protect)
+        report = save_many(dict(outs.items()), consume=consume, window=window,
+                           progress=progress)
+        remove_files([p for p in stale if os.path.lexists(p)])
+        return report
 
 
 def _refusals(tensors: Sequence[object]) -> list[str]:
