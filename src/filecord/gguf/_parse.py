@@ -46,6 +46,7 @@ from filecord.gguf._types import (
 )
 from filecord.gguf.errors import (
     BadMagicError,
+    GGUFFormatError,
     InvalidAlignmentError,
     InvalidKeyError,
     InvalidOffsetsError,
@@ -124,7 +125,8 @@ class _Cursor:
     def u64(self, what: str) -> int:
         return int.from_bytes(self.take(8, what), "little")
 
-    def string(self, what: str, *, strict: bool) -> str:
+    def string(self, what: str, *, strict: bool,
+               error: type[GGUFFormatError] = InvalidKeyError) -> str:
         at = self.pos
         n = self.u64(f"{what} length")
         if n > MAX_STRING:
@@ -134,8 +136,8 @@ class _Cursor:
         try:
             return raw.decode("utf-8", "strict" if strict else "surrogateescape")
         except UnicodeDecodeError as exc:
-            raise InvalidKeyError(f"not UTF-8 ({exc.reason})", field=what,
-                                  offset=at + 8 + exc.start) from None
+            raise error(f"not UTF-8 ({exc.reason})", field=what,
+                        offset=at + 8 + exc.start) from None
 
 
 def _vtype(code: int, what: str, at: int) -> ValueType:
@@ -223,7 +225,7 @@ def _alignment(kvs: dict[str, KeyValue]) -> int:
 
 def _info(cur: _Cursor, i: int, names: set[str]) -> TensorInfo:
     at = cur.pos
-    name = cur.string(f"tensor[{i}].name", strict=True)
+    name = cur.string(f"tensor[{i}].name", strict=True, error=InvalidTensorInfoError)
     what = f"tensor {name!r}"
     if len(name.encode("utf-8")) >= MAX_NAME:
         raise InvalidTensorInfoError(f"a name of {len(name.encode())} bytes; ggml allows at "
