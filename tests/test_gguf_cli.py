@@ -82,6 +82,11 @@ def test_dry_run_json_and_inspect(tmp_path: Path) -> None:
     assert text.returncode == 0
     assert "blk.4.w: F32 ne=[32, 5]" in text.stdout
     assert "shard 2 of 2" in text.stdout
+    second = run("inspect", str(tmp_path / "m-00002-of-00002.gguf"), "--json")
+    assert second.returncode == 0, second.stderr
+    alone = json.loads(second.stdout)
+    assert [f["split"] for f in alone["files"]] == [[1, 2, 5]]
+    assert list(alone["kvs"]) == ["split.no", "split.count", "split.tensors.count"]
 
 
 def test_convert_and_refusal_exit_codes(tmp_path: Path) -> None:

@@ -69,16 +69,21 @@ def _summary(value: object, limit: int = 60) -> object:
 
 
 def describe(path: str) -> dict[str, Any]:
-    """What ``filecord inspect`` shows for a GGUF file or split set (from its first shard)."""
+    """What ``filecord inspect`` shows for a GGUF file or split set (from its first shard; a
+    later shard is shown alone, with its own key-values)."""
     from filecord.data import FileBackedData
-    from filecord.gguf import read_gguf
+    from filecord.gguf import read_gguf, read_gguf_file
 
-    m = read_gguf(path)
+    one = read_gguf_file(path)
+    split = one.split()
+    shards = [one] if split is not None and split[0] != 0 else list(read_gguf(path).shards)
+    kvs = one.kvs if split is not None and split[0] != 0 else {
+        k: v for k, v in one.kvs.items() if not k.startswith("split.")}
     return {
-        "format": "gguf", "path": m.path,
+        "format": "gguf", "path": one.path,
         "kvs": {k: {"type": kv.type.name if kv.sub_type is None
                     else f"ARRAY[{kv.sub_type.name}]", "value": _summary(kv.value)}
-                for k, kv in m.kvs.items()},
+                for k, kv in kvs.items()},
         "files": [{
             "path": f.path, "file_size": f.file_size, "version": f.header.version,
             "alignment": f.alignment, "data_start": f.data_start, "split": f.split(),
@@ -88,7 +93,7 @@ def describe(path: str) -> dict[str, Any]:
                 "offset": t.data.offset if isinstance(t.data, FileBackedData) else None,
                 "size": t.nbytes,
             } for t in f.tensors.values()],
-        } for f in m.shards],
+        } for f in shards],
     }
 
 
