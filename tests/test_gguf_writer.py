@@ -488,3 +488,24 @@ def test_gguf_py_named_helpers_run_against_our_writer(tmp_path: Path) -> None:
     assert len(f.kvs) == 14
     with pytest.raises(AttributeError):
         fg.GGUFWriter(tmp_path / "x.gguf", "llama").add_no_such_thing  # noqa: B018
+
+
+def test_without_consume_callers_owned_files_stay(tmp_path: Path) -> None:
+    """Produced tensors are moved out of their scratch file, but a caller's owned file is only
+    read when ``consume`` is not given."""
+    a = _arr("float32", (8, 8))
+    blob = tmp_path / "w.bin"
+    blob.write_bytes(a.tobytes())
+    d = FileBackedData(blob, owned=True)
+    f = fg.GGUFWriter(tmp_path / "m.gguf", "llama")
+    f.add_tensor("a", d, raw_shape=a.shape, raw_dtype=Q.F32)
+    f.add_tensor("b", lambda: a * 2)
+    report = f.close()
+    by_source = {os.path.basename(x.source): x.action for x in report.file_actions()}
+    assert by_source["w.bin"] == "copied"
+    assert [v for k, v in by_source.items() if k.endswith(".gguf-tensors")] == ["moved"]
+    assert blob.read_bytes() == a.tobytes()
+    d.detach_cleanup()
+    m = fg.read_gguf(tmp_path / "m.gguf")
+    assert m.tensors["b"].data.to_bytes() == (a * 2).tobytes()  # type: ignore[union-attr]
+    assert sorted(os.listdir(tmp_path)) == ["m.gguf", "w.bin"]

@@ -136,3 +136,30 @@ def test_page_aligned_gguf_reshards_and_merges_by_cloning_on_xfs(mount):
     assert again.read_bytes() == (fs / "aligned.gguf").read_bytes()
     p = reshard([fs / "plain.gguf"], fs / "p.gguf", max_size=6 * MiB, dry_run=True)
     assert "copied" in {a.action for a in p.file_actions()}
+
+
+def test_full_disk_leaves_the_old_model_and_nothing_else(mount):
+    """Where gguf-py leaves a partial file under the final name, filecord's writer refuses
+    before writing (in-memory tensors: the preflight sees the space is missing) or fails while
+    producing (callables: the scratch file fills) and removes what it wrote."""
+    from filecord import InsufficientSpaceError
+    from filecord.gguf import GGUFWriter
+
+    fs = mount("tmpfs", 16 * MiB)
+    old = fs / "model.gguf"
+    old.write_bytes(b"the previous model")
+    big = np.ones(5 * MiB, dtype=np.float32)  # 20 MiB
+    w = GGUFWriter(old, "llama")
+    w.add_tensor("big", big)
+    with pytest.raises(InsufficientSpaceError):
+        w.close()
+    assert sorted(p.name for p in fs.iterdir()) == ["model.gguf"]
+    assert old.read_bytes() == b"the previous model"
+    w = GGUFWriter(old, "llama")
+    for i in range(4):
+        w.add_tensor(f"t{i}", lambda: np.ones(MiB, dtype=np.float32))  # 4 MiB each
+    with pytest.raises(OSError) as info:  # noqa: PT011 - the errno is checked below
+        w.close()
+    assert info.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in fs.iterdir()) == ["model.gguf"]
+    assert old.read_bytes() == b"the previous model"
