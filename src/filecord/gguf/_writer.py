@@ -125,6 +125,7 @@ class GGUFWriter:
         self._slots: list[GGUFTensor | _Pending | _Spilled] = []
         self._names: set[str] = set()
         self._scratch: tuple[str, int] | None = None
+        self._scratch_file: FileBackedData | None = None
         self._end = 0
         self._failed: BaseException | None = None
         self.add_string(ARCH_KEY, arch)
@@ -305,7 +306,7 @@ class GGUFWriter:
         if self._scratch is not None:
             _sys.close(self._scratch[1])
             whole = FileBackedData(self._scratch[0], owned=True)
-            self._scratch = None
+            self._scratch, self._scratch_file = None, whole
             for i, s in enumerate(self._slots):
                 if isinstance(s, _Spilled):
                     self._slots[i] = GGUFTensor(s.name, s.type, s.dims,
@@ -317,13 +318,22 @@ class GGUFWriter:
         out of their scratch file; without ``consume`` the caller's own files are then only
         read (their pieces are given as not owned)."""
         tensors = self.tensors()
-        spilled = any(_is_scratch(t) for t in tensors)
+        spilled = self._scratch_file is not None
         if spilled and not self.consume:
-            tensors = [_unowned(t) for t in tensors]
+            tensors = [self._unowned(t) for t in tensors]
         outs = build_split(self.kv_data, tensors, self.path, max_tensors=self.split_max_tensors,
                            max_size=self.split_max_size,
                            small_first_shard=self.small_first_shard)
         return self.consume or spilled, dict(outs.items())
+
+    def _unowned(self, t: GGUFTensor) -> GGUFTensor:
+        """The caller's owned range as a range that is only read (the scratch stays owned)."""
+        d, scratch = t.data, self._scratch_file
+        if (not isinstance(d, FileBackedData) or not d.owned
+                or (scratch is not None and d.identity == scratch.identity)):
+            return t
+        return GGUFTensor(t.name, t.type, t.dims,
+                          FileBackedData(d.path, offset=d.offset, length=len(d)))
 
     def plan(self) -> SaveReport:
         """What ``close`` would do (pending tensors are produced to learn their sizes)."""
@@ -343,15 +353,3 @@ class GGUFWriter:
         """All the write steps and ``close`` at once."""
         return self.close()
 
-
-def _is_scratch(t: GGUFTensor) -> bool:
-    d = t.data
-    return isinstance(d, FileBackedData) and d.owned and d.path.endswith(".gguf-tensors")
-
-
-def _unowned(t: GGUFTensor) -> GGUFTensor:
-    d = t.data
-    if not isinstance(d, FileBackedData) or not d.owned or _is_scratch(t):
-        return t
-    return GGUFTensor(t.name, t.type, t.dims, FileBackedData(d.path, offset=d.offset,
-                                                             length=len(d)))
