@@ -45,13 +45,18 @@ def kv_list(kvs: KVs, alignment: int | None = None) -> list[KeyValue]:
 
 def _own_padding(t: GGUFTensor, alignment: int, sources: Sequence[GGUFFile]
                  ) -> tuple[FileBackedData, int] | None:
-    """The tensor's range extended over the padding that follows it in its GGUF file."""
+    """The tensor's range extended over the padding that follows it in its GGUF file (only
+    for a range that is one of that file's tensors, whose padding is at least ours)."""
     data = t.data
     if not isinstance(data, FileBackedData):
         return None
     for f in sources:
-        if (f.whole.identity != data.identity or f.alignment % alignment
-                or (data.offset - f.data_start) % alignment):
+        if f.whole.identity != data.identity or f.alignment % alignment:
+            continue
+        own = f.tensors.get(t.name)
+        mine = own.data if own is not None else None
+        if not isinstance(mine, FileBackedData) or (mine.offset, len(mine)) != (data.offset,
+                                                                              len(data)):
             continue
         room = min(pad(len(data), alignment), f.file_size - data.offset)
         return f.whole.slice(data.offset, room), pad(len(data), alignment) - room

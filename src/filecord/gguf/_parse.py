@@ -43,6 +43,7 @@ from filecord.gguf._types import (
     Value,
     ValueType,
     pad,
+    tensor_nbytes,
 )
 from filecord.gguf.errors import (
     BadMagicError,
@@ -249,17 +250,15 @@ def _info(cur: _Cursor, i: int, names: set[str]) -> TensorInfo:
     except ValueError:
         raise InvalidTensorInfoError(f"unknown or retired ggml type {code}",
                                      field=f"{what}.type", offset=t_at) from None
-    blck, size = BLOCKS[t]
+    blck = BLOCKS[t][0]
     ne = [*dims, 1, 1, 1, 1][:4]
     if ne[0] % blck:
         raise InvalidTensorInfoError(f"ne0={ne[0]} is not a multiple of the {t.name} block "
                                      f"size {blck}", field=f"{what}.dims", offset=n_at + 4)
     numel = 1
-    nbytes = ne[0] // blck * size
     for d in ne:
         numel *= d
-    for d in ne[1:]:
-        nbytes *= d
+    nbytes = tensor_nbytes(t, dims)
     if numel > I64_MAX or nbytes > I64_MAX:
         raise InvalidTensorInfoError(f"{list(dims)} overflows an i64 count",
                                      field=f"{what}.dims", offset=n_at + 4)
