@@ -9,6 +9,7 @@ subclass, within a time and memory bound.  The suites print and assert their own
 
 from __future__ import annotations
 
+import array
 import random
 import struct
 import time
@@ -74,11 +75,15 @@ def test_exact_fields_and_offsets(tmp_path: Path) -> None:
     assert f.header.version == 3
     assert f.file_size == len(raw)
     assert f.alignment == 32
-    v = {k: x.value for k, x in f.kvs.items()}
+    v = {k: tuple(x.value) if isinstance(x.value, array.array) else x.value
+         for k, x in f.kvs.items()}
     assert v == {"general.architecture": "llama", "u8": 7, "i8": -1, "u16": 513, "i16": -2,
                  "u32": 70000, "i32": -70000, "f32": 0.5, "bool": True, "u64": 2**40,
                  "i64": -(2**40), "f64": 0.25, "arr.s": ("ab", "ü"), "arr.i": (1, -2, 3)}
     assert f.kvs["arr.s"].sub_type is fg.ValueType.STRING
+    packed = f.kvs["arr.i"].value
+    assert isinstance(packed, array.array)
+    assert packed.itemsize == 4  # numbers stay packed: memory is the file's bytes
     start = f.data_start
     assert start % 32 == 0
     assert start == len(raw) - 128
@@ -342,3 +347,16 @@ def test_owned_read_failure_keeps_the_file(tmp_path: Path) -> None:
 
     gc.collect()
     assert p.exists()
+
+
+def test_a_huge_numeric_array_costs_its_bytes_not_python_objects(tmp_path: Path) -> None:
+    n = 8 << 20  # 8 Mi float32 values: 32 MiB
+    raw = gguf_bytes([kv("scores", 9, struct.pack("<IQ", 6, n) + bytes(4 * n))], [], b"")
+    p = write(tmp_path, raw)
+    tracemalloc.start()
+    f = fg.read_gguf_file(p)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(f.kvs["scores"].value) == n  # type: ignore[arg-type]
+    print(f"{len(raw) >> 20} MiB header read with a traced peak of {peak / len(raw):.2f}x")
+    assert peak < 4 * len(raw)  # prefix reads, the record's bytes, the packed array

@@ -76,7 +76,7 @@ def check_readback(d: Path) -> int:
         for k, fld in theirs.items():
             kv = mine.kvs[k]
             got = fld.contents()
-            want = list(kv.value) if isinstance(kv.value, tuple) else kv.value
+            want = kv.value if isinstance(kv.value, (int, float, str)) else list(kv.value)
             if isinstance(want, float) or (isinstance(want, list) and want
                                            and isinstance(want[0], float)):
                 np.testing.assert_array_equal(np.asarray(got, dtype=np.float64),

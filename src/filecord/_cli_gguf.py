@@ -6,6 +6,7 @@ or, for ``inspect``, by the ``GGUF`` magic.
 from __future__ import annotations
 
 import argparse
+import array
 import json
 import os
 import re
@@ -58,7 +59,7 @@ def convert(args: argparse.Namespace) -> SaveReport:
 
 
 def _summary(value: object, limit: int = 60) -> object:
-    if isinstance(value, tuple):
+    if isinstance(value, (tuple, array.array)):
         head = [_summary(v, 20) for v in value[:4]]
         return head if len(value) <= 4 else {"count": len(value), "first": head}
     if isinstance(value, str) and len(value) > limit:

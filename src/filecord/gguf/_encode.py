@@ -10,7 +10,9 @@ arrays, more than 4 dims, a name of 64 bytes or more) the encoder raises instead
 
 from __future__ import annotations
 
+import array
 import struct
+import sys
 from collections.abc import Iterable, Sequence
 
 from filecord.gguf._parse import MAGIC
@@ -58,9 +60,13 @@ def encode_value(kv: KeyValue) -> bytes:
         raise ValueError(f"{kv.key!r}: an array needs a non-array element type (ggml's loader "
                          f"refuses arrays of arrays)")
     items = kv.value
-    if not isinstance(items, (tuple, list, bytes)):
+    if not isinstance(items, (tuple, list, bytes, array.array)):
         raise TypeError(f"{kv.key!r}: an array value must be a sequence")
-    body = b"".join(_scalar(sub, x, kv.key) for x in items)
+    if (isinstance(items, array.array) and sub is not ValueType.STRING
+            and items.typecode == SCALAR_FORMATS[sub] and sys.byteorder == "little"):
+        body = items.tobytes()  # exactly the bytes read (NaN payloads too)
+    else:
+        body = b"".join(_scalar(sub, x, kv.key) for x in items)
     return sub.to_bytes(4, "little") + len(items).to_bytes(8, "little") + body
 
 

@@ -23,8 +23,11 @@ to read; the entry point reads more (never past the file) and parses again.
 
 from __future__ import annotations
 
+import array
 import struct
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 from filecord.gguf._types import (
     ALIGNMENT_KEY,
@@ -148,24 +151,41 @@ def _vtype(code: int, what: str, at: int) -> ValueType:
         raise InvalidValueError(f"unknown value type {code}", field=what, offset=at) from None
 
 
-def _scalars(cur: _Cursor, t: ValueType, count: int, what: str) -> tuple[Scalar, ...]:
+def _bools_ok(raw: memoryview, what: str, at: int) -> None:
+    if raw and max(raw) > 1:
+        bad = next(i for i, v in enumerate(raw) if v > 1)
+        raise InvalidValueError(f"a bool must be 0 or 1, not {raw[bad]}", field=what,
+                                offset=at + bad)
+
+
+def _scalar(cur: _Cursor, t: ValueType, what: str) -> Scalar:
+    at = cur.pos
+    raw = cur.take(SCALAR_SIZES[t], what)
+    if t is ValueType.BOOL:
+        _bools_ok(raw, what, at)
+        return bool(raw[0])
+    value: Scalar = struct.unpack("<" + SCALAR_FORMATS[t], raw)[0]
+    return value
+
+
+def _array(cur: _Cursor, t: ValueType, count: int, what: str) -> array.array[Any]:
+    """``count`` elements kept packed (one machine value each: memory is the file's bytes)."""
     at = cur.pos
     raw = cur.take(count * SCALAR_SIZES[t], what)
-    vals: tuple[Scalar, ...] = struct.unpack(f"<{count}{SCALAR_FORMATS[t]}", raw)
     if t is ValueType.BOOL:
-        bad = next((i for i, v in enumerate(vals) if v not in (0, 1)), None)
-        if bad is not None:
-            raise InvalidValueError(f"a bool must be 0 or 1, not {vals[bad]!r}", field=what,
-                                    offset=at + bad)
-        vals = tuple(bool(v) for v in vals)
-    return vals
+        _bools_ok(raw, what, at)
+    out = array.array(SCALAR_FORMATS[t])
+    out.frombytes(raw)
+    if sys.byteorder == "big":  # pragma: no cover - little-endian hosts only here
+        out.byteswap()
+    return out
 
 
 def _value(cur: _Cursor, t: ValueType, what: str) -> tuple[Value, ValueType | None]:
     if t is ValueType.STRING:
         return cur.string(what, strict=False), None
     if t is not ValueType.ARRAY:
-        return _scalars(cur, t, 1, what)[0], None
+        return _scalar(cur, t, what), None
     at = cur.pos
     sub = _vtype(cur.u32(f"{what} element type"), f"{what} element type", at)
     if sub is ValueType.ARRAY:
@@ -182,7 +202,7 @@ def _value(cur: _Cursor, t: ValueType, what: str) -> tuple[Value, ValueType | No
                              f"{cur.left} are left", field=f"{what} count", offset=n_at)
     if sub is ValueType.STRING:
         return tuple(cur.string(f"{what}[{i}]", strict=False) for i in range(count)), sub
-    return _scalars(cur, sub, count, what), sub
+    return _array(cur, sub, count, what), sub
 
 
 def _count(cur: _Cursor, what: str, least: int) -> int:

@@ -9,9 +9,10 @@ safetensors shape) and the same :data:`~filecord.tensors.TensorBytes`.  Types th
 
 from __future__ import annotations
 
+import array
 import enum
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 from filecord.tensors import DType, NamedTensor, TensorBytes
 
@@ -58,14 +59,17 @@ SCALAR_SIZES: dict[ValueType, int] = {
 }
 
 Scalar = Union[int, float, bool, str, bytes]  # noqa: UP007 - a runtime alias on 3.10
-Value = Union[Scalar, tuple[Scalar, ...]]  # noqa: UP007
+# arrays: a tuple (strings, and what writers are given) or an ``array.array`` (numbers and bools
+# read from a file, kept packed so a hostile array costs no more memory than its bytes)
+Value = Union[Scalar, tuple[Scalar, ...], "array.array[Any]"]
 
 
 @dataclass(frozen=True, slots=True)
 class KeyValue:
     """One key-value.  ``sub_type`` is the element type of an array (``None`` otherwise).
 
-    Strings read from a file are ``str`` (bytes that are not UTF-8 decode with
+    Arrays read from a file are tuples of ``str`` or packed ``array.array`` of numbers (bools
+    as 0/1).  Strings read from a file are ``str`` (bytes that are not UTF-8 decode with
     ``surrogateescape``, so they are written back unchanged); a writer also takes ``bytes``.
     ``encoded``, set by the reader, is the record's exact bytes (key, type, value): rewriting a
     file reuses them, so every value (NaN payloads included) passes through unchanged.
