@@ -15,8 +15,11 @@ import struct
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import filecord.gguf as fg
 from filecord.data import FileBackedData
@@ -360,3 +363,66 @@ def test_a_huge_numeric_array_costs_its_bytes_not_python_objects(tmp_path: Path)
     assert len(f.kvs["scores"].value) == n  # type: ignore[arg-type]
     print(f"{len(raw) >> 20} MiB header read with a traced peak of {peak / len(raw):.2f}x")
     assert peak < 4 * len(raw)  # prefix reads, the record's bytes, the packed array
+
+
+# --- pure round trip: encoder -> parser, no disk -----------------------------------------
+
+
+_VT = fg.ValueType
+
+
+@st.composite
+def _kv(draw: st.DrawFn) -> fg.KeyValue:
+    key = draw(st.text(st.characters(codec="utf-8"), min_size=1, max_size=10))
+    kind = draw(st.sampled_from(["u32", "i64", "f64", "bool", "str", "arr_i8", "arr_str"]))
+    if kind == "u32":
+        return fg.KeyValue(key, _VT.UINT32, draw(st.integers(0, 2**32 - 1)))
+    if kind == "i64":
+        return fg.KeyValue(key, _VT.INT64, draw(st.integers(-(2**63), 2**63 - 1)))
+    if kind == "f64":
+        return fg.KeyValue(key, _VT.FLOAT64, draw(st.floats(allow_nan=False)))
+    if kind == "bool":
+        return fg.KeyValue(key, _VT.BOOL, draw(st.booleans()))
+    if kind == "str":
+        return fg.KeyValue(key, _VT.STRING, draw(st.text(st.characters(codec="utf-8"))))
+    if kind == "arr_i8":
+        return fg.KeyValue(key, _VT.ARRAY, tuple(draw(st.lists(st.integers(-128, 127)))),
+                           _VT.INT8)
+    return fg.KeyValue(key, _VT.ARRAY, tuple(draw(st.lists(st.text(max_size=5)))), _VT.STRING)
+
+
+_TYPES = [t for t in fg.GGMLType if t.name in ("F32", "F16", "Q8_0", "Q4_K", "I8", "MXFP4")]
+
+
+@st.composite
+def _info(draw: st.DrawFn) -> tuple[str, fg.GGMLType, tuple[int, ...], int]:
+    t = draw(st.sampled_from(_TYPES))
+    blck = fg.BLOCKS[t][0]
+    dims = (blck * draw(st.integers(0, 3)), *draw(st.lists(st.integers(0, 3), max_size=3)))
+    name = draw(st.text(st.characters(codec="utf-8"), max_size=8))
+    return name, t, dims, fg.tensor_nbytes(t, dims)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(kvs=st.lists(_kv(), max_size=6, unique_by=lambda kv: kv.key),
+       infos=st.lists(_info(), max_size=6, unique_by=lambda i: i[0]),
+       align=st.sampled_from([None, 1, 16, 4096]))
+def test_encoder_parser_round_trip(kvs: list[fg.KeyValue], infos: list[Any],
+                                   align: int | None) -> None:
+    if align is not None:
+        kvs = [*[k for k in kvs if k.key != "general.alignment"],
+               fg.KeyValue("general.alignment", _VT.UINT32, align)]
+    elif any(k.key == "general.alignment" for k in kvs):
+        return
+    a = align or 32
+    head = fg.encode_header(kvs, infos)
+    assert len(head) % a == 0
+    data = b"".join(bytes([i % 251]) * n + bytes(-n % a) for i, (_, _, _, n) in enumerate(infos))
+    h = fg.parse_header(head + data, len(head) + len(data))
+    assert h.alignment == a
+    assert h.data_start == len(head)
+    assert [(k, v.type, v.value if not isinstance(v.value, array.array) else tuple(v.value),
+             v.sub_type) for k, v in h.kvs.items()] == \
+        [(k.key, k.type, k.value, k.sub_type) for k in kvs]
+    assert [(i.name, i.type, i.dims, i.nbytes) for i in h.infos] == infos
+    assert [fg.encode_kv(v) for v in h.kvs.values()] == [fg.encode_kv(k) for k in kvs]
