@@ -31,6 +31,7 @@ from typing import Any
 
 from filecord import _sys
 from filecord.data import FileBackedData
+from filecord.errors import SaveError
 from filecord.gguf._build import build_split
 from filecord.gguf._pieces import to_tensor
 from filecord.gguf._types import (
@@ -281,8 +282,10 @@ class GGUFWriter:
         if self._scratch is not None:
             path, fd = self._scratch
             self._scratch = None
-            _sys.close(fd)
-            _sys.unlink_missing_ok(path)
+            try:
+                _sys.close(fd)
+            finally:
+                _sys.unlink_missing_ok(path)
 
     def _spill(self, t: GGUFTensor) -> GGUFTensor | _Spilled:
         """A produced tensor's bytes go to the scratch file now; its memory is released."""
@@ -304,9 +307,16 @@ class GGUFWriter:
         if missing:
             raise ValueError(f"no data was written for {missing}")
         if self._scratch is not None:
-            _sys.close(self._scratch[1])
-            whole = FileBackedData(self._scratch[0], owned=True)
-            self._scratch, self._scratch_file = None, whole
+            path, fd = self._scratch
+            self._scratch = None
+            try:
+                _sys.close(fd)
+                whole = FileBackedData(path, owned=True)
+            except BaseException as exc:
+                self._failed = exc
+                _sys.unlink_missing_ok(path)  # no owner yet: nothing else would remove it
+                raise
+            self._scratch_file = whole
             for i, s in enumerate(self._slots):
                 if isinstance(s, _Spilled):
                     self._slots[i] = GGUFTensor(s.name, s.type, s.dims,
@@ -345,8 +355,15 @@ class GGUFWriter:
         if self.report is not None:
             return self.report
         consume, outs = self._consume()
-        self.report = save_many(outs, consume=consume, window=self.window,
-                                progress=self.progress)
+        try:
+            self.report = save_many(outs, consume=consume, window=self.window,
+                                    progress=self.progress)
+        except SaveError as exc:
+            if exc.journal_path is not None and self._scratch_file is not None:
+                # ``filecord recover`` may need the scratch file: never let the collector
+                # delete it while a journal names it (recover removes it if it finishes)
+                self._scratch_file.detach_cleanup()
+            raise
         return self.report
 
     def write(self) -> SaveReport:
