@@ -107,6 +107,12 @@ def test_convert_and_refusal_exit_codes(tmp_path: Path) -> None:
     r = gguf.GGUFReader(str(tmp_path / "o.gguf"))
     assert [t.name for t in r.tensors] == ["b", "w"]
     assert r.fields["general.alignment"].contents() == 4096
+    save_file({f"t{i}": torch.ones(8) for i in range(3)}, str(src))
+    r = run("convert", str(src), str(tmp_path / "s.gguf"), "--max-tensors", "2", "-q")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "s-00002-of-00002.gguf").exists()
+    r = run("convert", str(src), str(tmp_path / "s.ptd"), "--max-tensors", "2")
+    assert r.returncode == 2
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 16)
     r = run("inspect", str(bad))

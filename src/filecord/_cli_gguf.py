@@ -54,6 +54,7 @@ def convert(args: argparse.Namespace) -> SaveReport:
 
     with Bar(f"convert {os.path.basename(args.output)}", quiet=args.quiet or args.json) as bar:
         return gguf_convert(args.input, args.output, arch=args.arch, consume=args.consume,
+                            max_tensors=args.max_tensors, max_size=args.max_shard_size,
                             dry_run=args.dry_run, alignment=args.align, window=args.window,
                             progress=bar.callback)
 

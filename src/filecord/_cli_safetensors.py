@@ -151,8 +151,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
         from filecord import _cli_gguf
 
         return _finish(_cli_gguf.convert(args), args)
-    if args.arch is not None:
-        return _usage(args, "--arch applies to conversions to .gguf only")
+    if args.arch is not None or args.max_tensors or args.max_shard_size:
+        return _usage(args, "--arch, --max-tensors and --max-shard-size apply to conversions "
+                      "to .gguf only")
     to_ptd = args.output.endswith(".ptd")
     if not (to_ptd or (args.input.endswith(".ptd") and args.output.endswith(".safetensors"))):
         return _usage(args, "convert .safetensors (or an index .json) to .ptd, or .ptd to "
@@ -269,6 +270,10 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     c.add_argument("output", metavar="OUT", help="OUT.ptd, OUT.safetensors or OUT.gguf")
     c.add_argument("--arch", default=None,
                    help="GGUF: general.architecture to write (e.g. llama)")
+    c.add_argument("--max-tensors", type=int, default=0,
+                   help="GGUF: split the output, at most this many tensors per shard")
+    c.add_argument("--max-shard-size", type=parse_size, default=0,
+                   help="GGUF: split the output, at most this many tensor bytes per shard")
     common(c, ".ptd entry alignment [16], safetensors data-start alignment [8], or GGUF "
            "general.alignment [32; 4096 lets later saves clone]")
     c.set_defaults(func=cmd_convert)
