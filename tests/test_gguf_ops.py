@@ -212,3 +212,28 @@ def test_reshard_removes_stale_shards_but_not_inputs(tmp_path: Path) -> None:
                consume=True)
     assert sorted(os.listdir(tmp_path)) == ["m.gguf"]
     assert fg.read_gguf(tmp_path / "m.gguf").tensors.keys() == {n for n, _ in ARRAYS} | {"q"}
+
+
+@pytest.mark.parametrize("align", [4096, 64, 32])
+def test_consumed_merge_moves_everything_to_an_equal_or_larger_alignment(tmp_path: Path,
+                                                                align: int) -> None:
+    """A 32-aligned split set merged into a 4096-aligned file (or 64, or 32) with consume:
+    every tensor range moves (each takes as much of its own padding as the output needs), none
+    is copied below a gap; the result equals gguf-py with add_custom_alignment."""
+    src = _dir(tmp_path, "src")
+    gguf_py(src / "m.gguf", split_max_tensors=3)
+    out = tmp_path / "m.gguf"
+    report = fg.merge([src / "m-00001-of-00003.gguf"], out, consume=True, alignment=align)
+    assert {a.action for a in report.file_actions()} == {"moved"}
+    assert os.listdir(src) == []
+    f = fg.read_gguf_file(out)
+    assert f.alignment == align
+    ref = fg.read_gguf_file(_reference(tmp_path, align))
+    assert [t.data.to_bytes() for t in f.tensors.values()] == \
+        [t.data.to_bytes() for t in ref.tensors.values()]  # type: ignore[union-attr]
+
+
+def _reference(tmp_path: Path, align: int) -> Path:
+    p = tmp_path / "ref.gguf"
+    gguf_py(p)
+    return p

@@ -1,11 +1,12 @@
 """GGUF files and split sets as Cords: the header as bytes, each tensor's data by reference.
 
 Nothing is written here: ``filecord.save``/``save_many`` write atomically and durably, moving
-owned ranges with ``consume=True``.  A tensor read from a GGUF file whose alignment is a multiple
-of the output's brings its own padding along (the bytes that follow it in its file, which every
-writer fills with zeros), so the ranges of one source run without gaps and a consuming save can
-move them; adjacent ranges of one file are joined so a plan lists runs, not thousands of
-tensors.  Everything else is padded with zero bytes.
+owned ranges with ``consume=True``.  A tensor read from a GGUF file brings as much of its own
+padding along as the output needs (the bytes that follow it in its file, which every writer
+fills with zeros; zero bytes make up the rest), so when the output's alignment is at least the
+source's, the ranges of one source run without gaps and a consuming save moves them all.
+Adjacent ranges of one file are joined so a plan lists runs, not thousands of tensors.
+Everything else is padded with zero bytes.
 """
 
 from __future__ import annotations
@@ -45,21 +46,23 @@ def kv_list(kvs: KVs, alignment: int | None = None) -> list[KeyValue]:
 
 def _own_padding(t: GGUFTensor, alignment: int, sources: Sequence[GGUFFile]
                  ) -> tuple[FileBackedData, int] | None:
-    """The tensor's range extended over the padding that follows it in its GGUF file (only
-    for a range that is one of that file's tensors, whose padding is at least ours)."""
+    """The tensor's range extended over the padding that follows it in its GGUF file (as much
+    of it as the output needs; zeros make up the rest), for a range that is one of that
+    file's tensors."""
     data = t.data
     if not isinstance(data, FileBackedData):
         return None
     for f in sources:
-        if f.whole.identity != data.identity or f.alignment % alignment:
+        if f.whole.identity != data.identity:
             continue
         own = f.tensors.get(t.name)
         mine = own.data if own is not None else None
         if not isinstance(mine, FileBackedData) or (mine.offset, len(mine)) != (data.offset,
                                                                               len(data)):
             continue
-        room = min(pad(len(data), alignment), f.file_size - data.offset)
-        return f.whole.slice(data.offset, room), pad(len(data), alignment) - room
+        n = len(data)
+        room = min(pad(n, alignment), pad(n, f.alignment), f.file_size - data.offset)
+        return f.whole.slice(data.offset, room), pad(n, alignment) - room
     return None
 
 
