@@ -1,14 +1,14 @@
 """``filecord merge``, ``reshard`` and ``convert`` (and ``inspect`` for safetensors): rendering
-only; the work is in :mod:`filecord.safetensors` and :mod:`filecord.executorch`.
+only; the work is in :mod:`filecord.safetensors`, :mod:`filecord.executorch` and
+:mod:`filecord.gguf`.
 
 ``merge OUT IN...`` dispatches on OUT's suffix: ``.safetensors`` merges safetensors files and
 indexes, ``.ptd`` merges ExecuTorch data files, ``.gguf`` merges a GGUF split set (or files);
 ``reshard`` on ``.gguf`` inputs and ``convert`` to ``.gguf`` go to :mod:`filecord._cli_gguf`.
-Every command takes ``--consume`` (move the
-inputs' bytes into the outputs; the inputs are deleted), ``--dry-run`` (print the plan: per
-piece moved, cloned or copied, and why; write nothing), ``--json`` and ``--quiet``; progress
-bars only on a terminal.  Exit 0 on success, 1 on failure (or a dry run that does not fit),
-2 on bad usage.
+Every command takes ``--consume`` (move the inputs' bytes into the outputs; the inputs are
+deleted), ``--dry-run`` (print the plan: per piece moved, cloned or copied, and why; write
+nothing), ``--json`` and ``--quiet``; progress bars only on a terminal.  Exit 0 on success,
+1 on failure (or a dry run that does not fit), 2 on bad usage.
 """
 
 from __future__ import annotations
