@@ -31,7 +31,6 @@ from typing import Any
 
 from filecord import _sys
 from filecord.data import FileBackedData
-from filecord.errors import SaveError
 from filecord.gguf._build import build_split
 from filecord.gguf._pieces import to_tensor
 from filecord.gguf._types import (
@@ -311,7 +310,7 @@ class GGUFWriter:
             self._scratch = None
             try:
                 _sys.close(fd)
-                whole = FileBackedData(path, owned=True)
+                whole = FileBackedData._scratch(path)
             except BaseException as exc:
                 self._failed = exc
                 _sys.unlink_missing_ok(path)  # no owner yet: nothing else would remove it
@@ -358,11 +357,14 @@ class GGUFWriter:
         try:
             self.report = save_many(outs, consume=consume, window=self.window,
                                     progress=self.progress)
-        except SaveError as exc:
-            if exc.journal_path is not None and self._scratch_file is not None:
-                # ``filecord recover`` may need the scratch file: never let the collector
-                # delete it while a journal names it (recover removes it if it finishes)
-                self._scratch_file.detach_cleanup()
+        except BaseException as exc:
+            # Rolled back in full (no journal left): the scratch file holds only bytes the
+            # writer produced, so it goes.  With a journal, ``filecord recover`` may need it.
+            if getattr(exc, "journal_path", None) is None and self._scratch_file is not None:
+                try:
+                    self._scratch_file.close()
+                except OSError:  # left to the collector: the bytes are the writer's own
+                    self._scratch_file._arm_scratch()
             raise
         return self.report
 
