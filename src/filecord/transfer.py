@@ -178,6 +178,13 @@ def move_source(
         _check_unchanged(src, m, pos, seen, None)
         _sys.ftruncate(src, lo)
         seen = _sys.fstat(src)
+        if seen.st_nlink != 1:
+            # Linked between the check and the truncate: the other name now holds only the
+            # kept prefix.  Stop before the commit deletes the rest; the journal and temps
+            # hold every byte, and a rollback puts them back into the shared inode.
+            raise DataChangedError(m.path, expected_size=lo, found_size=seen.st_size,
+                                   reason="another name was linked to it while it was being "
+                                   "moved")
         progress(pos - lo)
         pos, k = lo, k + 1
 
