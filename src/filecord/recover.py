@@ -305,6 +305,11 @@ def _act(path: str, j: journal.Journal, stage: Stage) -> Recovered:
             return Recovered(path, "finished", outputs, sources)
         if stage is Stage.MOVING:
             _undo.check_strict(j)
+            temps = _undo.open_temps(j)
+            try:
+                _undo.check_temps_hold(j, temps)
+            finally:
+                _undo.close_all(temps)
             rollback = _names.restage(path, _names.ROLLBACK)
             _sys.rename(path, rollback)
             _sys.fsync_parents([rollback])
