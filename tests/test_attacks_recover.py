@@ -337,3 +337,27 @@ def test_19_recover_through_a_symlinked_directory(tmp_path: Path, how: str) -> N
                             consume=True, window=W))
     assert [r.action for r in recover(str(tmp_path) + "/" + how)] == ["restored"]
     assert files(tmp_path) == {"B/src.bin": data}
+
+
+# --- 05: names with newlines: the lock file's pointer to the journal -----------------------
+
+@pytest.mark.parametrize(("when", "want"), [
+    (nth("rename", 1), "discarded"),   # the journal about to get its name
+    (nth("ftruncate", 3), "restored"),  # mid-move
+])
+def test_05_newlines_in_names_do_not_break_the_lock_files_pointer(
+    tmp_path: Path, when: Callable[[str, tuple[object, ...]], bool], want: str
+) -> None:
+    a, b = tmp_path / "d\nir", tmp_path / "B"
+    a.mkdir()
+    b.mkdir()
+    data = pattern(3 * W + 7, "05")
+    f = owned(b / "s\nrc", data)
+    (a / "o\nut\n").write_bytes(b"old")
+    crash(tmp_path, when, lambda: save_many({a / "o\nut\n": Cord([b"H", f]),
+                                             b / "o2": Cord([b"x"])}, consume=True, window=W))
+    # B holds only the other output's temp: its lock file leads to the journal in d\nir.
+    assert [r.action for r in recover(b)] == [want]
+    # A's own files: handled with B's (restored) or its own dead save's garbage (discarded).
+    assert [r.action for r in recover(a)] == ([] if want == "restored" else ["discarded"])
+    assert files(tmp_path) == {"d\nir/o\nut\n": b"old", "B/s\nrc": data}
