@@ -164,7 +164,7 @@ def test_20_an_output_naming_a_directory_is_refused_and_touches_nothing(
 S1, S2 = pattern(3 * W + 7, "s1"), pattern(2 * W, "s2")
 
 
-def _build(root: Path) -> dict[Path, Cord]:
+def _build(root: Path) -> dict[str | os.PathLike[str], Cord]:
     (root / "A").mkdir(parents=True)
     (root / "B").mkdir()
     (root / "A" / "o1").write_bytes(b"old")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,36 +25,33 @@ class Die(BaseException):
     """The process is killed here."""
 
 
+When = Callable[[str, tuple[object, ...], int], bool]  # (op, args, how many calls of op so far)
+
+
 class CrashAt(_sys.Backend):
-    """Die at the first call for which ``when(op, args)`` holds; afterwards nothing the dying
+    """Die at the first call for which ``when(op, args, n)`` holds; afterwards nothing the dying
     process does reaches the disk (every call but ``close`` fails)."""
 
-    def __init__(self, when: Callable[[str, tuple[object, ...]], bool]) -> None:
+    def __init__(self, when: When) -> None:
         self.when, self.dead = when, False
+        self.counts: Counter[str] = Counter()
 
     def hook(self, op: str, args: tuple[object, ...]) -> None:
         if self.dead:
             if op != "close":
                 raise OSError(errno.EIO, "the process is dead")
             return
-        if self.when(op, args):
+        self.counts[op] += 1
+        if self.when(op, args, self.counts[op]):
             self.dead = True
             raise Die
 
 
-def nth(op: str, k: int) -> Callable[[str, tuple[object, ...]], bool]:
-    seen = [0]
-
-    def when(o: str, _args: tuple[object, ...]) -> bool:
-        if o == op:
-            seen[0] += 1
-            return seen[0] == k
-        return False
-
-    return when
+def nth(op: str, k: int) -> When:
+    return lambda o, _args, n: o == op and n == k
 
 
-def crash(root: Path, when: Callable[[str, tuple[object, ...]], bool],
+def crash(root: Path, when: When,
           run: Callable[[], object]) -> None:
     with _sys.use(CrashAt(when)), pytest.raises(Die):
         run()
@@ -90,7 +88,7 @@ def test_30_long_undecodable_name_then_recover_of_the_second_directory(tmp_path:
     long = os.fsdecode(b"\xff" + b"a" * 254)
     d1, d2 = pattern(3 * W, "30a"), pattern(3 * W, "30b")
     f1, f2 = owned(b / "s1", d1), owned(b / "s2", d2)
-    crash(tmp_path, lambda op, args: op == "rename" and str(args[1]) == str(c / "o2"),
+    crash(tmp_path, lambda op, args, _n: op == "rename" and str(args[1]) == str(c / "o2"),
           lambda: save_many({a / long: Cord([b"H", f1]), c / "o2": Cord([b"I", f2])},
                             consume=True, window=W))
     assert (c / "o2").exists() is False
@@ -103,7 +101,7 @@ def test_30_long_undecodable_name_then_recover_of_the_second_directory(tmp_path:
 # --- 14: a late recover must not overwrite a newer save -----------------------------------
 
 def test_14_a_late_recover_keeps_the_newer_save(tmp_path: Path) -> None:
-    crash(tmp_path, lambda op, args: op == "rename" and str(args[1]).endswith("b.ptd"),
+    crash(tmp_path, lambda op, args, _n: op == "rename" and str(args[1]).endswith("b.ptd"),
           lambda: save_many({tmp_path / "a.pte": Cord([b"OLD-SAVE-A"]),
                              tmp_path / "b.ptd": Cord([b"OLD-SAVE-B"])}))
     save(tmp_path / "b.ptd", Cord([b"NEWER-B"]))  # the restarted job
@@ -163,7 +161,7 @@ def test_31_a_deleted_journal_with_sources_elsewhere_is_refused(
     else:
         adopted = [False]
 
-        def when(op: str, args: tuple[object, ...]) -> bool:
+        def when(op: str, args: tuple[object, ...], _n: int) -> bool:
             if op == "rename" and str(args[0]) == str(b / "src.bin"):
                 adopted[0] = True
                 return False
@@ -287,14 +285,14 @@ def _save06(tmp: Path, d1: bytes, d2: bytes) -> None:
 
 
 @pytest.mark.parametrize(("when", "want", "done"), [
-    (nth("ftruncate", 1), "restored", False),   # journal durable, nothing moved
-    (nth("ftruncate", 3), "restored", False),   # mid-move
-    (nth("fsync", 1), "discarded", False),      # copying, before the journal
-    (lambda op, args: op == "unlink" and str(args[0]).endswith(_names.LOCK), "discarded",
-     True),                                     # letting go of the lock files after success
+    pytest.param(nth("ftruncate", 1), "restored", False, id="journaled"),
+    pytest.param(nth("ftruncate", 3), "restored", False, id="mid-move"),
+    pytest.param(nth("fsync", 1), "discarded", False, id="copying"),
+    pytest.param(lambda op, args, _n: op == "unlink" and str(args[0]).endswith(_names.LOCK),
+                 "discarded", True, id="letting-go-of-the-locks"),
 ])
 def test_06_long_names_recover(
-    tmp_path: Path, when: Callable[[str, tuple[object, ...]], bool], want: str, done: bool
+    tmp_path: Path, when: When, want: str, done: bool
 ) -> None:
     d1, d2 = pattern(3 * W, "06a"), pattern(W, "06b")
     crash(tmp_path, when, lambda: _save06(tmp_path, d1, d2))
@@ -342,11 +340,11 @@ def test_19_recover_through_a_symlinked_directory(tmp_path: Path, how: str) -> N
 # --- 05: names with newlines: the lock file's pointer to the journal -----------------------
 
 @pytest.mark.parametrize(("when", "want"), [
-    (nth("rename", 1), "discarded"),   # the journal about to get its name
-    (nth("ftruncate", 3), "restored"),  # mid-move
+    pytest.param(nth("rename", 1), "discarded", id="before-the-journal"),
+    pytest.param(nth("ftruncate", 3), "restored", id="mid-move"),
 ])
 def test_05_newlines_in_names_do_not_break_the_lock_files_pointer(
-    tmp_path: Path, when: Callable[[str, tuple[object, ...]], bool], want: str
+    tmp_path: Path, when: When, want: str
 ) -> None:
     a, b = tmp_path / "d\nir", tmp_path / "B"
     a.mkdir()
