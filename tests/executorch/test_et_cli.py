@@ -55,9 +55,26 @@ def test_inspect_pte_json_and_text(tmp_path: Path) -> None:
     assert info["named_data"] == [{"key": "nd", "segment_index": 2}]
     assert info["delegates"][0]["location"] == "SEGMENT"
     assert info["delegates"][0]["file_offset"] == base + 128
+    summary = info["summary"]
+    assert summary["methods"] == [
+        {"name": "forward", "inputs": ["FLOAT[3, 4]"], "outputs": ["FLOAT[3, 4]"],
+         "instructions": 2, "operators": 1, "delegate_calls": 0}
+    ]
+    assert summary["delegates"] == {"DummyBackend": 1}
+    assert summary["unparsed_delegates"] == ["DummyBackend"]
+    assert summary["constant_bytes_inline"] == 60
+    assert summary["named_data_in_program"] == {"keys": 1, "bytes": 20}
+    assert summary["biggest_segments"][0] == {
+        "index": 1, "size": 140, "file_offset": base + 128, "holds": "DummyBackend delegate payload"
+    }
     text = _inspect(str(path)).stdout
-    assert f"[2] bytes {base + 512}..{base + 532} (20 bytes, +512 from the base)" in text
-    assert "DummyBackend: SEGMENT 1 (140 bytes at" in text
+    assert "    forward(FLOAT[3, 4]) -> FLOAT[3, 4]: 2 instructions, 1 operators" in text
+    assert f"  big: segment 1, 140 bytes at {base + 128}: DummyBackend delegate payload" in text
+    assert "bytes, +512 from the base" not in text  # the full layout only with --verbose
+    verbose = _inspect(str(path), "--verbose").stdout
+    assert verbose.startswith(text.rsplit("  (the full layout", 1)[0])
+    assert f"[2] bytes {base + 512}..{base + 532} (20 bytes, +512 from the base)" in verbose
+    assert "DummyBackend: SEGMENT 1 (140 bytes at" in verbose
 
 
 def test_inspect_ptd_and_errors(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from filecord.executorch.adapter import from_manager, save
 from filecord.executorch.errors import (
     BadHeaderError,
     BadMagicError,
+    BadValueError,
     DuplicateKeyError,
     ExecutorchFormatError,
     InvalidTagError,
@@ -97,6 +98,7 @@ __all__ = [
     "ExecutorchFormatError",
     "TruncatedError",
     "BadMagicError",
+    "BadValueError",
     "BadHeaderError",
     "OutOfRangeError",
     "OverlapError",
