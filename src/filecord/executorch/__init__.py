@@ -8,6 +8,7 @@ ExecuTorch's ``ExecutorchProgramManager`` (``from_manager``, ``save``).  Only th
 ``flatbuffers`` runtime is needed: no generated code, no flatc.
 """
 
+from filecord.executorch._contents import external_tensors
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import Aligned, plan_segments
 from filecord.executorch.adapter import from_manager, save
@@ -62,6 +63,7 @@ __all__ = [
     "ptd_file_name",
     "merged_file_name",
     "merge_data_files",
+    "external_tensors",
     # reading
     "read_pte",
     "read_ptd",

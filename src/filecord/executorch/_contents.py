@@ -11,13 +11,19 @@ amount per decoded object, and the decoder bounds the objects by the file's size
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
+from filecord.cord import Cord
+from filecord.data import FileBackedData
+from filecord.executorch import _fbread
 from filecord.executorch._delegates import XNNPACK_ID, xnnpack_keys
 from filecord.executorch._fbschema import Table
+from filecord.executorch._layout import PTE_HEADER_LENGTH
 from filecord.executorch.errors import BadValueError, OutOfRangeError
-from filecord.executorch.pte import PteFile
-from filecord.executorch.schema import TENSOR_DATA_LOCATION_EXTERNAL
+from filecord.executorch.program import Program
+from filecord.executorch.pte import PteFile, parse_pte_header, read_pte
+from filecord.executorch.schema import PROGRAM_SCHEMA, TENSOR_DATA_LOCATION_EXTERNAL
 from filecord.executorch.values import ScalarType, TensorLayout
 
 MAX_DIMS = 16  # ExecuTorch's runtime limit on a tensor's rank
@@ -225,3 +231,53 @@ def contents(pte: PteFile) -> Contents:
                 needs[k.key] = NeededKey(k.key, k.size, None, d.id)
     return Contents(tuple(methods), tuple(tensors), tuple(needs.values()), by_backend,
                     tuple(unparsed))
+
+
+def external_layouts(program: Table) -> dict[str, TensorLayout]:
+    """Key -> layout of every external tensor of a decoded Program (first use of each key)."""
+    out: dict[str, TensorLayout] = {}
+    for p, plan in enumerate(program["execution_plan"] or ()):
+        for v, value in enumerate(plan["values"] or ()):
+            val = value["val"]
+            if isinstance(val, Table) and val.spec.name == "Tensor":
+                info = tensor_info(val, f"execution_plan[{p}].values[{v}]<Tensor>")
+                if info.external_key is not None:
+                    out.setdefault(info.external_key, info.layout)
+    return out
+def external_tensors(
+    program: str | os.PathLike[str] | PteFile | Program,
+) -> dict[str, TensorLayout]:
+    """Key -> TensorLayout of every tensor ``program`` loads from a data file (its external
+    constants, ``external_constants=...`` at export), in program order.
+
+    ``program`` is a saved ``.pte``, a :class:`PteFile`, or a :class:`Program` (its program
+    flatbuffer is read from the Cord's first pieces; segments are not touched).  Keys that a
+    delegate's payload asks for (weights a backend transformed, keyed by a hash) are not
+    tensors of the program and are not listed: they come only from the export itself.
+    """
+    if isinstance(program, PteFile):
+        table = program.program
+    elif isinstance(program, Program):
+        table = _decode_cord_program(program.pte)
+    else:
+        table = read_pte(program).program
+    return external_layouts(table)
+
+
+def _decode_cord_program(cord: Cord) -> Table:
+    head = _cord_prefix(cord, 8 + PTE_HEADER_LENGTH)
+    parsed = parse_pte_header(head, len(cord))
+    region = _cord_prefix(cord, parsed[1] if parsed else len(cord))
+    return _fbread.decode(region, PROGRAM_SCHEMA)
+
+
+def _cord_prefix(cord: Cord, n: int) -> bytes:
+    parts: list[bytes] = []
+    left = n
+    for piece in cord.pieces:
+        if left <= 0:
+            break
+        chunk = piece.prefix(left) if isinstance(piece, FileBackedData) else bytes(piece[:left])
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
