@@ -219,12 +219,16 @@ def contents(pte: PteFile) -> Contents:
                     )
     by_backend: dict[str, int] = {}
     unparsed: list[str] = []
+    parsed: set[tuple[str, int]] = set()  # a payload shared by many delegates is read once
     for d in pte.delegates:
         by_backend[d.id] = by_backend.get(d.id, 0) + 1
         if d.id != XNNPACK_ID:
             if d.id not in unparsed:
                 unparsed.append(d.id)
             continue
+        if (d.location, d.index) in parsed:
+            continue
+        parsed.add((d.location, d.index))
         where = f"execution_plan[{d.plan}].delegates[{d.position}] ({d.id} payload)"
         for k in xnnpack_keys(d.data, where=where):
             if k.key not in needs:
