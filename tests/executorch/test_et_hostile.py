@@ -508,6 +508,10 @@ def _tensor_program(**fields: Any) -> bytes:
          "17 dimensions; the runtime supports at most 16"),
         ({"shape_dynamism": 7}, "shape_dynamism", "shape_dynamism 7 is not 0, 1 or 2"),
         ({"storage_offset": -1}, "storage_offset", "storage_offset -1 is negative"),
+        ({"extra_tensor_info": program_table("ExtraTensorInfo", location=5)},
+         "extra_tensor_info.location", "location 5 is not SEGMENT (0) or EXTERNAL (1)"),
+        ({"extra_tensor_info": program_table("ExtraTensorInfo", location=1)},
+         "extra_tensor_info", "external tensor without a fully qualified name"),
     ],
 )
 def test_invalid_tensor_fields_are_named(
@@ -523,6 +527,19 @@ def test_invalid_tensor_fields_are_named(
     assert problem.message.endswith(message)
     assert _cli_outcome(["inspect", str(path)]) == "exit 1"
     assert _cli_outcome(["verify", "--no-runtime", str(path)]) == "exit 1"
+
+
+def test_method_value_indices_out_of_range_are_named(tmp_path: Path) -> None:
+    t = program_table
+    plan = t("ExecutionPlan", name="forward",
+             values=(t("EValue", val=t("Int", int_val=1)),), inputs=(0,), outputs=(0, 7))
+    path = tmp_path / "p.pte"
+    path.write_bytes(encode_program(t("Program", execution_plan=(plan,))))
+    (problem,) = verify(path, [], runtime=False).problems
+    assert problem.message == (
+        "execution_plan[0].outputs[1]: value index 7 but the method has 1 values"
+    )
+    assert _cli_outcome(["inspect", str(path)]) == "exit 1"
 
 
 def _amplified(n: int) -> bytes:
