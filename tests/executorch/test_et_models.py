@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 from et_helpers import run_program, write_cord
 
+import filecord
 import filecord.executorch as fe
 from filecord import InsufficientSpaceError
 from filecord.executorch import build_ptd, external_tensors, read_ptd, read_pte
@@ -319,8 +320,13 @@ def test_recipe_writes_the_data_file_a_llama_program_needs(
     for key, entry in their_entries.items():
         assert ours_entries[key].layout == entry.layout
         assert ours_entries[key].data.to_bytes() == entry.data.to_bytes(), key
-    # From a Program (no saved .pte needed) the keys are the same.
-    assert list(external_tensors(fe.from_manager(c.manager))) == list(keys)
+    # The README's form: a Program from the manager, the program saved alone, then its data.
+    program = fe.from_manager(c.manager)
+    assert list(external_tensors(program)) == list(keys)
+    filecord.save(tmp_path / "model.pte", program.pte)
+    save_external_data(c.module, program, tmp_path / "readme.ptd", consume=True)
+    assert (tmp_path / "readme.ptd").read_bytes() == recipe.read_bytes()
+    assert _close(run_program(tmp_path / "model.pte", c.x, tmp_path / "readme.ptd"), c.expected)
 
 
 def test_recipe_refuses_a_module_that_is_not_the_exported_one(
