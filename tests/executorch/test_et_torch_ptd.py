@@ -78,5 +78,5 @@ def test_consume_defaults_to_false_everywhere() -> None:
                  ftorch.save_external_data]
     defaults = {f.__qualname__: inspect.signature(f).parameters["consume"].default
                 for f in functions}
-    assert defaults == {name: False for name in defaults}
+    assert defaults == dict.fromkeys(defaults, False)
     assert len(defaults) == 8
