@@ -2,7 +2,8 @@
 
 A delegate's payload is its backend's own format; the program does not list the named-data keys
 a payload will ask the runtime for.  For XNNPACK we read them from the payload (our own field
-table, written from the format's published description; no generated code):
+table, from the field order of the format's schema and the bytes of real payloads; no
+generated code):
 
 * optionally a header: magic ``XH00`` at byte 4, a u16 header length at 8 (30 in every payload
   we saw), a u32 flatbuffer offset at 10 and a u32 flatbuffer size at 14 (little-endian, relative
