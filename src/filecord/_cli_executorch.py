@@ -89,7 +89,10 @@ def describe_pte(f: PteFile) -> dict[str, Any]:
         "mutable_data_segments": [
             {"segment_index": i, "offsets": list(offs)} for i, offs in f.mutable_data_segments
         ],
-        "named_data": [{"key": k, "segment_index": i} for k, i in f.named_data.items()],
+        "named_data": [
+            {"key": k, "segment_index": i, "size": f.segments[i].size}
+            for k, i in f.named_data.items()
+        ],
         "summary": summarize_pte(f),
         "delegates": [
             {
@@ -310,6 +313,13 @@ def _render_ptd_summary(info: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _few(items: list[int]) -> str:
+    """A list of offsets, collapsed past 8 (``--json`` has them all)."""
+    if len(items) <= _SHOWN:
+        return str(items)
+    return f"{str(items[:_SHOWN])[:-1]}, ... {len(items)} in all]"
+
+
 def _render(info: dict[str, Any]) -> list[str]:
     lines = [f"{info['format']} file {info['path']} ({info['file_size']} bytes)"]
     h = info["header"]
@@ -331,14 +341,17 @@ def _render(info: dict[str, Any]) -> list[str]:
         lines.append(
             "  constant segment: none"
             if c is None
-            else f"  constant segment: segment {c['segment_index']}, offsets {c['offsets']}"
+            else f"  constant segment: segment {c['segment_index']}, offsets {_few(c['offsets'])}"
         )
         lines.extend(
-            f"  mutable data: segment {m['segment_index']}, offsets {m['offsets']}"
+            f"  mutable data: segment {m['segment_index']}, offsets {_few(m['offsets'])}"
             for m in info["mutable_data_segments"]
         )
         lines.append(f"  named data: {len(info['named_data'])}")
-        lines.extend(f"    {n['key']} -> segment {n['segment_index']}" for n in info["named_data"])
+        lines.extend(
+            f"    {n['key']} -> segment {n['segment_index']} ({n['size']} bytes)"
+            for n in info["named_data"]
+        )
         lines.append(f"  delegates: {len(info['delegates'])}")
         for d in info["delegates"]:
             where = "" if d["file_offset"] is None else f" at {d['file_offset']}"

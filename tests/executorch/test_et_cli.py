@@ -52,7 +52,7 @@ def test_inspect_pte_json_and_text(tmp_path: Path) -> None:
         (base + 512, 20),
     ]
     assert info["constant_segment"] == {"segment_index": 0, "offsets": [0, 0, 48]}
-    assert info["named_data"] == [{"key": "nd", "segment_index": 2}]
+    assert info["named_data"] == [{"key": "nd", "segment_index": 2, "size": 20}]
     assert info["delegates"][0]["location"] == "SEGMENT"
     assert info["delegates"][0]["file_offset"] == base + 128
     summary = info["summary"]
@@ -75,6 +75,7 @@ def test_inspect_pte_json_and_text(tmp_path: Path) -> None:
     assert verbose.startswith(text.rsplit("  (the full layout", 1)[0])
     assert f"[2] bytes {base + 512}..{base + 532} (20 bytes, +512 from the base)" in verbose
     assert "DummyBackend: SEGMENT 1 (140 bytes at" in verbose
+    assert "    nd -> segment 2 (20 bytes)" in verbose
 
 
 def test_inspect_ptd_and_errors(tmp_path: Path) -> None:
@@ -97,3 +98,10 @@ def test_inspect_ptd_and_errors(tmp_path: Path) -> None:
     other = tmp_path / "other.bin"
     other.write_bytes(b"not an executorch file")
     assert _inspect(str(other)).returncode != 0
+
+
+def test_long_offset_lists_are_collapsed_in_text() -> None:
+    from filecord._cli_executorch import _few
+
+    assert _few(list(range(8))) == "[0, 1, 2, 3, 4, 5, 6, 7]"
+    assert _few(list(range(300))) == "[0, 1, 2, 3, 4, 5, 6, 7, ... 300 in all]"
