@@ -51,25 +51,39 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
 
 
-def _cmd_recover(args: argparse.Namespace) -> int:
-    from filecord.recover import recover
+_RECOVER_WORDS = {
+    "finished": "completed the save: outputs in place, consumed sources removed",
+    "restored": "rolled back: sources restored byte-exact, temps removed",
+    "discarded": "removed the temps of a save that died before its journal",
+    "skipped": "skipped",
+    "refused": "refused",
+}
 
-    done = recover(args.path)
+
+def _cmd_recover(args: argparse.Namespace) -> int:
+    from filecord.errors import RecoverError
+    from filecord.recover import Recovered, recover
+
+    error: RecoverError | None = None
+    try:
+        done: list[Recovered] = recover(args.path)
+    except RecoverError as exc:
+        error, done = exc, list(getattr(exc, "results", []))
     if args.json:
         print(json.dumps([
             {"journal": r.journal, "action": r.action, "outputs": list(r.outputs),
-             "sources": list(r.sources)} for r in done
+             "sources": list(r.sources), "detail": r.detail, "notes": list(r.notes)}
+            for r in done
         ], indent=2))
-    elif not done:
-        print(f"no filecord journal in {args.path}: nothing to recover")
+    elif not done and error is None:
+        print(f"nothing to recover in {args.path}")
     else:
         for r in done:
-            what = {
-                "finished": "completed the save: outputs in place",
-                "restored": "rolled back: sources restored, temps removed",
-                "discarded": "removed an unfinished journal (nothing had been changed)",
-            }[r.action]
-            print(f"{r.journal}: {what}")
+            detail = f" ({r.detail})" if r.detail and r.action != "refused" else ""
+            if r.action != "refused":
+                print(f"{r.journal}: {_RECOVER_WORDS[r.action]}{detail}")
+    if error is not None:
+        raise error
     return EXIT_OK
 
 
@@ -91,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
         "recover",
         help="finish or undo an interrupted save from its journal",
         description="Finish (if it had committed) or roll back (if not) every interrupted save "
-        "whose journal is at PATH or in the directory PATH. Safe to run again.",
+        "whose journal is at PATH or whose files are in the directory PATH. A save still "
+        "running (its lock held) is skipped; a file that is not a journal, or a journal that "
+        "cannot be proven, is refused and nothing is touched (exit 1). Safe to run again.",
     )
     rec.add_argument("path", nargs="?", default=".", help="a journal file or a directory [.]")
     _add_common(rec)

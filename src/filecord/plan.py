@@ -65,6 +65,8 @@ class SourceFacts:
     nlink: int
     regular: bool
     writable: bool
+    deletable: bool = True  # its directory is writable on a read-write mount
+    allocated: int = -1  # bytes the file system holds for it (st_blocks); -1: unknown
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,17 @@ def _move_refusal(
     return None
 
 
+def _deletable(src: SourceFacts, outs: Iterable[OutputFacts]) -> bool:
+    """Whether a consuming save takes the file over (deletes it at commit).
+
+    Never a file reached through a symlink (the link would go, not the data), one the save
+    could not delete (read-only directory or mount: known now, not after the commit point), or
+    one streamed into a FIFO or device (no atomic output to hand its bytes to).
+    """
+    return (src.owned and not src.symlink and src.regular and src.deletable
+            and not any(o.direct for o in outs))
+
+
 def _adoptable(moved: tuple[PieceRef, ...], src: SourceFacts, refs: Sequence[PieceRef]) -> bool:
     """The whole file is the whole of one output, used once: rename it instead of copying."""
     if len(moved) != 1 or moved[0].src_offset != 0 or moved[0].length != src.size:
@@ -306,8 +319,11 @@ def make_plan(
             )
         )
 
-    consumed = tuple(k for k, s in sources.items() if consume and s.owned and k in by_source)
-    peaks = _peaks(outputs, actions, moves, filesystems, window)
+    consumed = tuple(
+        k for k, s in sources.items()
+        if consume and k in by_source and _deletable(s, (outputs[r.output] for r in by_source[k]))
+    )
+    peaks = _peaks(outputs, actions, moves, sources, filesystems, window)
     if not consume and any(s.owned for s in sources.values()) and not all(p.fits for p in peaks):
         # Say what consume=True would need only where it was worked out, never as a guess.
         alt = {
@@ -339,6 +355,7 @@ def _peaks(
     outputs: Sequence[OutputFacts],
     actions: Sequence[PieceAction],
     moves: Sequence[MoveSource],
+    sources: dict[tuple[int, int], SourceFacts],
     filesystems: dict[int, FsFacts],
     window: int,
 ) -> tuple[FsPeak, ...]:
@@ -373,10 +390,17 @@ def _peaks(
     for m in moves:
         dev = m.key[0]
         run = m.size - m.run_start
-        needed[dev] = needed.get(dev, 0) - run // block_of(dev) * block_of(dev)
+        b = block_of(dev)
         journal.add(dev)
-        if not m.adopt:  # a rename holds nothing twice
-            extra[dev] = max(extra.get(dev, 0), min(window, run))
+        if m.adopt:  # a rename allocates nothing: the output is the file's own blocks
+            needed[dev] = needed.get(dev, 0) - -(-run // b) * b
+            continue
+        # Truncating frees only what the source had allocated: a sparse source's holes are
+        # written into the temps as data, so only its allocated bytes are saved.
+        alloc = sources[m.key].allocated
+        freed = run if alloc < 0 else min(run, alloc)
+        needed[dev] = needed.get(dev, 0) - freed // b * b
+        extra[dev] = max(extra.get(dev, 0), min(window, run))
     peaks = []
     for dev, n in sorted(needed.items()):
         fs = filesystems.get(dev)
