@@ -320,7 +320,7 @@ def _xnn_payload(keys: list[tuple[str, int]]) -> bytes:
     return head + bytes(32 - len(head)) + graph
 
 
-def _verify_program() -> tuple[bytes, bytes]:
+def _verify_program(graph_id: bytes = b"XN01") -> tuple[bytes, bytes]:
     """A program with a constant tensor, an external tensor and an XNNPACK delegate needing one
     key from its own named data and one from the data file; and that data file."""
     t = program_table
@@ -344,7 +344,7 @@ def _verify_program() -> tuple[bytes, bytes]:
                      compile_specs=()),),
         non_const_buffer_sizes=(0, 64),
     )
-    payload = _xnn_payload([("in_program", 20), ("in_data", 16)])
+    payload = _xnn_payload([("in_program", 20), ("in_data", 16)]).replace(b"XN01", graph_id, 1)
     program = t(
         "Program",
         execution_plan=(plan,),
@@ -427,6 +427,17 @@ def test_the_verify_base_case_is_sound(verify_pair: tuple[bytes, bytes], tmp_pat
     assert result.constant_tensors == 1
     alone = verify(tmp_path / "m.pte", [], runtime=False)
     assert [n.key for n in alone.missing] == ["lin.weight", "in_data"]
+
+
+def test_a_later_xnnpack_graph_version_is_reported_not_read(tmp_path: Path) -> None:
+    pte, ptd = _verify_program(graph_id=b"XN07")
+    (tmp_path / "m.pte").write_bytes(pte)
+    (tmp_path / "d.ptd").write_bytes(ptd)
+    result = verify(tmp_path / "m.pte", [tmp_path / "d.ptd"], runtime=False)
+    assert result.ok
+    assert result.unparsed_delegates == ("XnnpackBackend",)
+    assert [n.key for n in result.needs] == ["lin.weight"]  # the payload's keys are unknown
+    assert _cli_outcome(["inspect", str(tmp_path / "m.pte")]) == "exit 0"
 
 
 @pytest.mark.parametrize("target", ["pte", "ptd"])

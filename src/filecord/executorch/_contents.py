@@ -230,7 +230,12 @@ def contents(pte: PteFile) -> Contents:
             continue
         parsed.add((d.location, d.index))
         where = f"execution_plan[{d.plan}].delegates[{d.position}] ({d.id} payload)"
-        for k in xnnpack_keys(d.data, where=where):
+        keys = xnnpack_keys(d.data, where=where)
+        if keys is None:
+            if d.id not in unparsed:
+                unparsed.append(d.id)
+            continue
+        for k in keys:
             if k.key not in needs:
                 needs[k.key] = NeededKey(k.key, k.size, None, d.id)
     return Contents(tuple(methods), tuple(tensors), tuple(needs.values()), by_backend,

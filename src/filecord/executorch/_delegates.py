@@ -79,8 +79,11 @@ def _read(data: bytes | FileBackedData, offset: int, length: int) -> bytes:
     return bytes(data[offset : offset + length])
 
 
-def xnnpack_keys(data: bytes | FileBackedData, *, where: str) -> tuple[DelegateKey, ...]:
-    """The named keys of an XNNPACK payload (first use of each key, in table order).
+def xnnpack_keys(
+    data: bytes | FileBackedData, *, where: str
+) -> tuple[DelegateKey, ...] | None:
+    """The named keys of an XNNPACK payload (first use of each key, in table order), or
+    ``None`` for a graph of a schema version other than ``XN00``/``XN01`` (not read).
 
     Raises an :class:`~filecord.executorch.errors.ExecutorchFormatError` subclass whose field
     starts with ``where`` for a payload that is not a well-formed XNNPACK graph.
@@ -109,7 +112,12 @@ def xnnpack_keys(data: bytes | FileBackedData, *, where: str) -> tuple[DelegateK
             offset=None,
         )
     graph_bytes = _read(data, fb_offset, fb_size)
+    if len(graph_bytes) < 8:
+        raise TruncatedError(f"a {len(graph_bytes)}-byte graph", field=f"{where} XNNGraph",
+                             offset=None)
     if graph_bytes[4:8] not in _XNN_IDENTIFIERS:
+        if graph_bytes[4:6] == b"XN":
+            return None  # a later schema version: its needs are not known here
         raise BadMagicError(
             f"graph identifier is {bytes(graph_bytes[4:8])!r}",
             field=f"{where} XNNGraph",
