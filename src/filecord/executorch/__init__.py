@@ -4,8 +4,10 @@ Read them (``read_pte``, ``read_ptd``: every segment a file-backed range, never 
 them (``assemble_pte``, ``build_ptd``, ``merge_ptd``, ``serialize_program``: Cords holding the
 pieces you gave by reference), and keep named data (``NamedDataStore``).  Save whole programs
 with ``Program`` (a ``.pte`` plus its ``.ptd`` files in one transaction), also straight from
-ExecuTorch's ``ExecutorchProgramManager`` (``from_manager``, ``save``).  Only the
-``flatbuffers`` runtime is needed: no generated code, no flatc.
+ExecuTorch's ``ExecutorchProgramManager`` or ``ExportSession`` (``from_manager``, ``save``).
+Ask what a program loads from data files (``external_tensors``; ``filecord.executorch.verify``
+checks every key it needs).  Only the ``flatbuffers`` runtime is needed: no generated code, no
+flatc.
 """
 
 from filecord.executorch._contents import external_tensors
