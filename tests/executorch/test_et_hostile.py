@@ -472,7 +472,7 @@ def test_verify_and_cli_survive_byte_flips(
     print(cli_meter.line(f"CLI inspect/inspect --json/verify, {target} flipped"))
     assert meter.count >= 300
     assert cli_meter.count >= 900
-    assert meter.outcomes.get("problems", 0) >= 50  # the flips do break things
+    assert meter.outcomes.get("problems", 0) >= 200  # the flips do break things
     assert meter.worst_s < 2.0
 
 

@@ -33,6 +33,7 @@ from et_helpers import run_program, write_cord
 import filecord
 import filecord.executorch as fe
 from filecord import InsufficientSpaceError
+from filecord._cli_executorch import summarize_pte
 from filecord.executorch import build_ptd, external_tensors, read_ptd, read_pte
 from filecord.executorch.verify import verify
 
@@ -204,11 +205,18 @@ def test_each_program_runs_and_verify_agrees(cases: dict[tuple[str, str], Case])
             assert c.ptds, label
         else:
             assert not c.ptds, label
+        summary = summarize_pte(read_pte(c.pte))
+        listed = {n["key"]: n["size"] for n in summary["needs_from_data_files"]}
         if not c.ptds:
+            assert listed == {}, label  # inspect: "needs no data file"
             continue
         needed = _keys(list(c.ptds.values()))
         counts["needs_data"] += 1
         assert {n.key for n in ok.needs} >= needed, label
+        # inspect lists exactly the keys ExecuTorch put in data files, with their sizes.
+        assert set(listed) == needed, label
+        sizes = {k: e.size for p in c.ptds.values() for k, e in read_ptd(p).entries.items()}
+        assert all(listed[k] is None or listed[k] <= sizes[k] for k in needed), label
 
         absent = verify(c.pte, [], runtime=False)
         assert {n.key for n in absent.missing} == needed, label
