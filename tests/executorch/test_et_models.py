@@ -18,6 +18,7 @@ Each test prints its counts; the suite asserts them, so an empty enumeration can
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -286,6 +287,10 @@ def test_cli_verify_summary_and_structure_only_warning(
         missing.stderr)
     assert "_default_external_constant.ptd" in missing.stderr
     (ptd,) = c.ptds.values()
+    as_json = json.loads(cli(str(c.pte), "--no-runtime", "--json").stdout)
+    assert as_json["ok"] is False
+    assert as_json["missing"] == list(read_ptd(ptd).entries)
+    assert [n["key"] for n in as_json["needs"]] == as_json["missing"]
     passed = cli(str(c.pte), "--data", str(ptd), "--no-runtime")
     assert passed.returncode == 0, passed.stderr
     assert "NOT loaded in the runtime: a structure pass does not show that the program runs" in (
