@@ -90,6 +90,8 @@ def test_inspect_ptd_and_errors(tmp_path: Path) -> None:
             "layout": {"scalar_type": "FLOAT", "sizes": [3, 4], "dim_order": [0, 1]},
         }
     ]
+    text = _inspect(str(path)).stdout.splitlines()
+    assert text[1:3] == ["  1 keys in 1 segments, 48 bytes of data", "    w  48 bytes  FLOAT[3, 4]"]
     broken = tmp_path / "broken.ptd"
     broken.write_bytes(path.read_bytes()[:-1])
     done = _inspect(str(broken))
