@@ -41,7 +41,8 @@ def test_recover_refuses_a_file_that_is_not_a_journal(tmp_path: Path, content: b
     cli = subprocess.run([sys.executable, "-m", "filecord.cli", "recover", str(model)],
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC},
                          check=False)
-    assert cli.returncode == 1
+    assert cli.returncode == 2  # a usage error: it names a file that is no journal
+    assert "not a filecord journal" in cli.stderr
     assert "Traceback" not in cli.stderr
     assert model.read_bytes() == content
 
@@ -324,3 +325,27 @@ def test_a_sparse_source_counts_at_its_logical_size(tmp_path: Path) -> None:
     # The dense move frees what it writes; the sparse one writes 64 MiB its source never held.
     assert ps.peaks[0].needed >= (64 << 20) - os.stat(sparse).st_blocks * 512
     assert pd.peaks[0].needed < (4 << 20)
+
+
+@pytest.mark.parametrize("name", ["NEWDIR/", "sub/.", "sub/.."])
+def test_a_name_that_can_only_be_a_directory_is_refused(tmp_path: Path, name: str) -> None:
+    (tmp_path / "sub").mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(OSError, match="names a directory"):
+        save(f"{tmp_path}/{name}", b"x")  # a string: pathlib would drop the "." itself
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_ctrl_c_after_the_save_completed_says_so(tmp_path: Path) -> None:
+    class CtrlCAtLastClose(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "unlink" and str(args[0]).endswith(_names.LOCK):
+                raise KeyboardInterrupt
+
+    with _sys.use(CtrlCAtLastClose()), pytest.raises(KeyboardInterrupt) as info:
+        save(tmp_path / "o", b"payload")
+    assert (tmp_path / "o").read_bytes() == b"payload"
+    assert any("had completed" in n for n in info.value.__notes__)
+    close_leaked(tmp_path)
+    recover(tmp_path)  # the stray lock file is garbage now
+    assert leftovers(tmp_path) == []

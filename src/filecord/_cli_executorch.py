@@ -1,5 +1,5 @@
-"""``filecord inspect PATH [--verbose] [--json]``: what a ``.pte`` or ``.ptd`` holds and needs,
-then (``--verbose``) where every byte lies.
+"""``filecord inspect PATH [-v] [--json]``: what a ``.pte`` or ``.ptd`` holds and needs, then
+(``-v``) where every byte lies; a safetensors file or index is shown as its layout.
 ``filecord verify PROGRAM.pte [--data FILE.ptd] [--json]``: check a program and its data.
 
 Rendering only; the facts come from :func:`read_pte` / :func:`read_ptd` and
@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat as stat_mod
 import sys
 from typing import Any
 
-from filecord import _sys
+from filecord import _cli_safetensors, _sys
 from filecord.errors import FormatError
 from filecord.executorch import PtdFile, PteFile, TensorLayout, read_ptd, read_pte
 from filecord.executorch._contents import contents
@@ -24,17 +25,20 @@ from filecord.executorch._contents import contents
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser(
         "inspect",
-        help="show the layout of an ExecuTorch .pte or .ptd file",
+        help="what an ExecuTorch .pte/.ptd holds and needs, or the layout of a safetensors "
+        "file or index",
         description="A summary of an ExecuTorch program (.pte): methods with their inputs and "
         "outputs, operators, delegates, constant bytes inline and external, the named-data "
         "keys it needs from a data file, where the big bytes are; or of a data file (.ptd). "
-        "--verbose adds the full layout: header, every segment, every key.",
+        "-v adds the full layout: header, every segment, every key. A safetensors file or "
+        "index is shown as its layout.",
     )
-    p.add_argument("path", help="a .pte or .ptd file")
-    p.add_argument(
-        "-v", "--verbose", action="store_true", help="also every segment, key and delegate"
-    )
+    p.add_argument("path", help="a .pte, .ptd, .safetensors or *.index.json file")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument(
+        "-v", "--verbose", action="count", default=0,
+        help="also the full layout (every segment, key and delegate); again: more log detail",
+    )
     p.set_defaults(func=run_inspect)
 
     v = subparsers.add_parser(
@@ -53,7 +57,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     v.add_argument("--no-runtime", action="store_true", help="structural checks only")
     v.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    v.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
     v.set_defaults(func=run_verify)
+
+
+def _head(path: str) -> bytes:
+    fd = _sys.open(path, os.O_RDONLY)
+    try:
+        return _sys.pread(fd, 9, 0)
+    finally:
+        _sys.close(fd)
+
+
+def _not_regular(path: str) -> str | None:
+    """Why ``path`` cannot be read as a file (a FIFO would block, a device never ends)."""
+    try:
+        st = _sys.stat(path)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if stat_mod.S_ISDIR(st.st_mode):
+        return "a directory, not a file"
+    if not stat_mod.S_ISREG(st.st_mode):
+        return "not a regular file (a FIFO, socket or device is not read)"
+    return None
 
 
 def _identifier(path: str) -> bytes:
@@ -225,7 +251,7 @@ def _layout_text(layout: TensorLayout) -> str:
 def _collapsed(lines: list[str], indent: str, noun: str) -> list[str]:
     if len(lines) <= _SHOWN:
         return lines
-    more = f"{indent}... and {len(lines) - _SHOWN} more {noun} (--verbose or --json)"
+    more = f"{indent}... and {len(lines) - _SHOWN} more {noun} (-v or --json)"
     return [*lines[:_SHOWN], more]
 
 
@@ -374,12 +400,20 @@ def _render(info: dict[str, Any]) -> list[str]:
 
 def run_inspect(args: argparse.Namespace) -> int:
     path = os.fspath(args.path)
+    why = _not_regular(path)
+    if why is not None:
+        print(f"filecord inspect: {path}: {why}", file=sys.stderr)
+        return 1
     try:
         ident = _identifier(path)
         if ident == b"ET12":
             info = describe_pte(read_pte(path))
         elif ident == b"FT01":
             info = describe_ptd(read_ptd(path))
+        elif _cli_safetensors.is_safetensors(path, _head(path)):
+            st = _cli_safetensors.describe(path)
+            print(json.dumps(st, indent=2) if args.json else "\n".join(_cli_safetensors.render(st)))
+            return 0
         else:
             print(
                 f"filecord inspect: {path}: not an ExecuTorch .pte or .ptd (identifier {ident!r})",
@@ -396,7 +430,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     if args.verbose:
         lines += ["", "layout:", *_render(info)]
     else:
-        lines.append("  (the full layout: --verbose)")
+        lines.append("  (the full layout: -v)")
     print("\n".join(lines))
     return 0
 
@@ -404,6 +438,12 @@ def run_inspect(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     from filecord.executorch.verify import verify
 
+    odd = [(p, why) for p in (args.pte, *args.data)
+           if os.path.lexists(p) and (why := _not_regular(p)) is not None]
+    for p, why in odd:
+        print(f"filecord verify: {p}: {why}", file=sys.stderr)
+    if odd:
+        return 1
     try:
         result = verify(args.pte, args.data, runtime=not args.no_runtime)
     except (FormatError, OSError) as exc:  # verify reports problems; this is a last guard

@@ -28,6 +28,8 @@ import os
 
 from filecord import _sys
 
+JOURNALED = b"journaled"  # appended once the save's journal is durable under its name
+
 
 class LockBusyError(OSError):
     """The lock is held: a save (or a recover) is running on these files right now."""
@@ -90,6 +92,13 @@ def acquire(path: str) -> int | None:
         _sys.close(fd)
         raise
     return fd
+
+
+def mark_journaled(fd: int) -> None:
+    """Record, durably, that the save's journal exists: from now on a missing journal beside
+    this lock means someone removed it, never that the save died before making it."""
+    _sys.write_all(fd, JOURNALED + b"\n", _sys.fstat(fd).st_size)
+    _sys.fsync(fd)
 
 
 def release(path: str, fd: int) -> None:

@@ -88,6 +88,9 @@ class Backend:
     def fchmod(self, fd: int, mode: int) -> None:
         os.fchmod(fd, mode)
 
+    def lseek(self, fd: int, offset: int, whence: int) -> int:
+        return os.lseek(fd, offset, whence)
+
     def fchown(self, fd: int, uid: int, gid: int) -> None:
         os.fchown(fd, uid, gid)
 
@@ -222,6 +225,11 @@ def fstat(fd: int) -> os.stat_result:
 def fchmod(fd: int, mode: int) -> None:
     _active.hook("fchmod", (fd, mode))
     _active.fchmod(fd, mode)
+
+
+def lseek(fd: int, offset: int, whence: int) -> int:
+    _active.hook("lseek", (fd, offset, whence))
+    return _active.lseek(fd, offset, whence)
 
 
 def fchown(fd: int, uid: int, gid: int) -> None:
@@ -382,9 +390,20 @@ def unlink_if_same(
     return True
 
 
+def _parent(path: str) -> str:
+    head, name = os.path.split(path)
+    if name in ("", ".", ".."):
+        return os.path.dirname(os.path.realpath(path))
+    return os.path.realpath(head or ".")
+
+
 def fsync_parents(paths: list[str]) -> int:
-    """fsync the directory holding each path, once per distinct directory; returns how many."""
-    dirs = list(dict.fromkeys(os.path.dirname(os.path.abspath(p)) for p in paths))
+    """fsync the directory holding each path, once per distinct directory; returns how many.
+
+    The directory is the one the kernel used for the path (symlinks resolved before ``..``),
+    not a textual normalisation of it.
+    """
+    dirs = list(dict.fromkeys(_parent(p) for p in paths))
     for d in dirs:
         fsync_dir(d)
     return len(dirs)

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from filecord import _sys
 from filecord.errors import DataChangedError
-from filecord.plan import MoveSource, cover
+from filecord.plan import MoveSource, PieceRef, cover
 
 log = logging.getLogger(__name__)
 
@@ -156,40 +157,66 @@ def move_source(
     ``temps[i]`` is the open temp file of output ``i``.  The source must still be
     ``m.size`` bytes long; the caller checked it.
     """
-    pos = m.size
+    buckets = _by_window(m, window)
+    seen = _sys.fstat(src)
+    pos, k = m.size, 0
     while pos > m.run_start:
         lo = max(m.run_start, pos - window)
         touched: set[int] = set()
         try:
-            for d in m.dests:
+            for d in buckets.get(k, ()):
                 a, b = max(d.src_offset, lo), min(d.src_offset + d.length, pos)
                 if a < b:
                     copy_range(src, temps[d.output], a, d.out_offset + (a - d.src_offset),
                                b - a, c)
                     touched.add(temps[d.output])
         except OSError as exc:
-            _check_size(src, m, pos, exc)
+            _check_unchanged(src, m, pos, seen, exc)
             raise
         for fd in sorted(touched):
             c.fsync(fd)  # raises on failure: the truncate below never runs after a bad fsync
-        _check_size(src, m, pos, None)
+        _check_unchanged(src, m, pos, seen, None)
         _sys.ftruncate(src, lo)
+        seen = _sys.fstat(src)
         progress(pos - lo)
-        pos = lo
+        pos, k = lo, k + 1
 
 
-def _check_size(src: int, m: MoveSource, pos: int, cause: OSError | None) -> None:
-    """Raise DataChangedError unless the source is still as long as the last truncate left it.
+def _by_window(m: MoveSource, window: int) -> dict[int, list[PieceRef]]:
+    """The destinations meeting each window (window 0 ends at ``m.size``), so a move of N
+    pieces in W windows costs O(N + W) lookups, not O(N * W)."""
+    buckets: dict[int, list[PieceRef]] = {}
+    for d in m.dests:
+        if d.length <= 0:
+            continue
+        first = (m.size - (d.src_offset + d.length)) // window
+        last = (m.size - d.src_offset - 1) // window
+        for k in range(first, last + 1):
+            buckets.setdefault(k, []).append(d)
+    return buckets
 
-    Someone else appended or truncated: truncating now would lose their bytes, and a later
-    put-back would fill the gap with whatever the temps hold there.
+
+def _check_unchanged(
+    src: int, m: MoveSource, pos: int, seen: os.stat_result, cause: OSError | None
+) -> None:
+    """Raise DataChangedError unless the source is as the last truncate left it: that length,
+    one name, and no write since (modification and change times as they were then).
+
+    Someone else appended, truncated, rewrote or linked it: truncating now would lose their
+    bytes (or empty their link), and a later put-back would fill a gap with whatever the temps
+    hold there.
     """
-    found = _sys.fstat(src).st_size
-    if found != pos:
-        raise DataChangedError(
-            m.path, expected_size=pos, found_size=found,
-            reason="another process changed its size while it was being moved",
-        ) from cause
+    now = _sys.fstat(src)
+    why = None
+    if now.st_size != pos:
+        why = "another process changed its size while it was being moved"
+    elif now.st_nlink != 1:
+        why = "another name was linked to it while it was being moved"
+    elif (now.st_mtime_ns, now.st_ctime_ns) != (seen.st_mtime_ns, seen.st_ctime_ns):
+        why = "another process wrote to it while it was being moved"
+    if why is not None:
+        raise DataChangedError(m.path, expected_size=pos, found_size=now.st_size,
+                               reason=why) from cause
 
 
 def restore_source(
@@ -200,12 +227,16 @@ def restore_source(
     c: Counters,
     *,
     punch: bool,
+    dense: bool = False,
 ) -> int:
     """Put back the bytes a move took from ``src``; returns how many were restored.
 
     Works from the source's current size up, so it is idempotent and resumable: rerun after a
     crash, it continues where the size says.  ``temps[i]`` may be None for outputs that hold no
-    bytes of this source.
+    bytes of this source.  With ``dense`` (the source had no holes), a hole in a temp where
+    moved bytes should be proves they were never moved (someone shortened the source since):
+    ``DataChangedError``, before anything is written.  File systems without ``SEEK_HOLE``
+    report no holes, and the check passes.
     """
     start = _sys.fstat(src).st_size
     if start > m.size:
@@ -215,13 +246,28 @@ def restore_source(
             errno.EIO, f"{m.path} is shorter ({start}) than the journal allows ({m.run_start})"
         )
     pos = start
+    pending = cover(m.dests, start, m.size) if start < m.size else []
+    i = 0
     while pos < m.size:
         hi = min(m.size, pos + window)
-        segs = cover(m.dests, pos, hi)
+        segs: list[tuple[int, int, PieceRef]] = []
+        while i < len(pending) and pending[i][0] < hi:  # one sweep over the cover, clipped
+            a, b, d = pending[i]
+            segs.append((a, min(b, hi), d))
+            if b > hi:
+                pending[i] = (hi, b, d)
+                break
+            i += 1
         for a, b, d in segs:
             tfd = temps[d.output]
             if tfd is None:
                 raise OSError(errno.ENOENT, f"the temp file holding {m.path}[{a}:{b}] is missing")
+            if dense:
+                _check_holds_data(tfd, d.out_offset + (a - d.src_offset), b - a, m, a)
+        for a, b, d in segs:
+            tfd = temps[d.output]
+            if tfd is None:  # pragma: no cover - checked above
+                continue
             copy_range(tfd, src, d.out_offset + (a - d.src_offset), a, b - a, c)
         c.fsync(src)  # the bytes are durable in the source before any temp lets go of them
         if punch:
@@ -231,6 +277,21 @@ def restore_source(
                     _punch_best_effort(tfd, d.out_offset + (a - d.src_offset), b - a)
         pos = hi
     return m.size - start
+
+
+def _check_holds_data(fd: int, offset: int, n: int, m: MoveSource, src_at: int) -> None:
+    try:
+        hole = _sys.lseek(fd, offset, getattr(os, "SEEK_HOLE", 4))
+    except OSError as exc:
+        if exc.errno in (errno.EINVAL, errno.ENXIO, errno.EOPNOTSUPP):
+            return
+        raise
+    if hole < offset + n:
+        raise DataChangedError(
+            m.path, expected_size=m.size, found_size=src_at,
+            reason=f"the temp holds no data for its bytes from {src_at + hole - offset} on: "
+            "they were never moved, so the source was shortened by someone else",
+        )
 
 
 def _punch_best_effort(fd: int, offset: int, length: int) -> None:
