@@ -22,6 +22,7 @@ with byte-range locks through the lock manager; where the server offers none, ``
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -64,9 +65,11 @@ def create(path: str, content: bytes) -> int:
         try:
             if _names_same(fd, path):
                 _sys.unlink_missing_ok(path)
-            _sys.close(fd)
         except OSError:  # never hide why the lock could not be made; recover removes it
             pass
+        finally:
+            with contextlib.suppress(OSError):
+                _sys.close(fd)
         raise
     return fd
 
