@@ -21,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 
+from _bench import parse_size  # one size parser for every bench script
+
 CHILD = r"""
 import json, os, sys, threading, time
 sys.path.insert(0, os.path.join(sys.argv[3], "src"))
@@ -72,13 +74,6 @@ save_file({f"blk.{i}.weight": torch.full((per // 64, 64), float(i)) for i in ran
 
 CASES = ["filecord convert copy", "filecord convert consume", "gguf-py default",
          "gguf-py temp file"]
-
-
-def parse_size(text: str) -> int:
-    units = {"gib": 1 << 30, "mib": 1 << 20, "kib": 1 << 10, "": 1}
-    t = text.lower()
-    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
-    return int(float(num) * units[t[len(num):]])
 
 
 def main() -> int:

@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 
+from _bench import parse_size  # one size parser for every bench script
+
 CHILD = r"""
 import json, os, sys, threading, time
 sys.path.insert(0, os.path.join(sys.argv[4], "src"))
@@ -108,13 +110,6 @@ CASES = [
     ("merge packages", "sharded"),
     ("reshard filecord consume", "single"), ("reshard packages", "single"),
 ]
-
-
-def parse_size(text: str) -> int:
-    units = {"gib": 1 << 30, "mib": 1 << 20, "kib": 1 << 10, "": 1}
-    t = text.lower()
-    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
-    return int(float(num) * units[t[len(num):]])
 
 
 def main() -> int:

@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+from _bench import parse_size  # one size parser for every bench script
+
 CHILD = r"""
 import json, os, sys, time
 import torch
@@ -58,13 +60,6 @@ print(json.dumps({"case": case, "extra": rss_peak() - base, "seconds": seconds,
 """
 
 CASES = ("filecord", "safetensors", "executorch")
-
-
-def parse_size(text: str) -> int:
-    units = {"gib": 1 << 30, "mib": 1 << 20, "kib": 1 << 10, "": 1}
-    t = text.lower()
-    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
-    return int(float(num) * units[t[len(num):]])
 
 
 def main() -> int:
