@@ -71,19 +71,31 @@ def test_hard_link_and_symlink_are_copied_and_kept(tmp_path: Path) -> None:
     p = tmp_path / "linked"
     p.write_bytes(data)
     os.link(p, tmp_path / "other-name")
+    ino = os.stat(p).st_ino
     d = FileBackedData(p, owned=True)
     r = save(tmp_path / "o", Cord([d]), consume=True, window=W)
     assert r.actions[0].reason == "another hard link"
     assert (tmp_path / "o").read_bytes() == data
-    assert (tmp_path / "other-name").read_bytes() == data  # the other link is intact
+    # The owned name was consumed (deleted at commit); the file it linked to survives under
+    # its other name: the same inode, byte-exact.
+    assert (tmp_path / "other-name").read_bytes() == data
+    assert os.stat(tmp_path / "other-name").st_ino == ino
+    assert leftovers(tmp_path) == []
 
     t = tmp_path / "target"
     t.write_bytes(data)
+    t_ino = t.stat().st_ino
     (tmp_path / "sym").symlink_to(t)
     s = FileBackedData(tmp_path / "sym", owned=True)
     r = save(tmp_path / "o2", Cord([s]), consume=True, window=W)
     assert r.actions[0].reason == "a symlink"
     assert (tmp_path / "o2").read_bytes() == data
+    # The link still points at its target, and the target survives byte-exact.
+    assert os.readlink(tmp_path / "sym") == str(t)
+    assert t.read_bytes() == data
+    assert t.stat().st_ino == t_ino
+    assert (tmp_path / "sym").read_bytes() == data
+    assert leftovers(tmp_path) == []
 
 
 def test_gap_below_moved_run(tmp_path: Path) -> None:
