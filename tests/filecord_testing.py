@@ -6,6 +6,8 @@ import hashlib
 import os
 from pathlib import Path
 
+from filecord import _names
+
 
 def pattern(n: int, seed: str = "x") -> bytes:
     """``n`` deterministic bytes that differ at every offset class (no two blocks equal)."""
@@ -18,7 +20,22 @@ def pattern(n: int, seed: str = "x") -> bytes:
 
 
 def leftovers(directory: str | Path) -> list[str]:
-    """Temps and journals a save may leave: there must be none after a clean failure."""
-    return sorted(
-        n for n in os.listdir(directory) if n.endswith((".partial", ".filecord-journal"))
-    )
+    """Every file a save names with its token (temps, journals, locks, parked sources): there
+    must be none after a clean failure or a recover."""
+    return sorted(n for n in os.listdir(directory) if _names.parse(n) is not None)
+
+
+def close_leaked(directory: str | Path) -> int:
+    """Close this process's descriptors on files under ``directory``: what the kernel does
+    when a crashed process dies (and with them its ``flock`` locks).  Returns how many."""
+    prefix = os.path.realpath(directory) + os.sep
+    closed = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith(prefix):
+            os.close(int(name))
+            closed += 1
+    return closed

@@ -18,7 +18,7 @@ from filecord import (
     save,
     save_many,
 )
-from filecord_testing import leftovers, pattern
+from filecord_testing import close_leaked, leftovers, pattern
 
 W = 8192  # a small sync window: several windows per source
 
@@ -117,23 +117,20 @@ class FailAfterTruncates(_sys.Backend):
     """Fail the first rename onto a final name: after the commit point, every move done."""
 
     def hook(self, op: str, args: tuple[object, ...]) -> None:
-        if op == "rename" and not str(args[1]).endswith(".partial"):
+        if op == "rename" and not os.path.basename(str(args[1])).startswith("."):
             raise OSError(28, "injected ENOSPC")
 
 
 def test_failed_consuming_save_rolls_back_byte_exact(tmp_path: Path) -> None:
-    # Fail before the commit point: the journal's commit-line fsync.
+    # Fail before the commit point: the journal's rename to its committed name.
     a, b = pattern(50_000, "a"), pattern(12_345, "b")
     fa, fb = owned(tmp_path, "a", a), owned(tmp_path, "b", b)
     st_before = {d.path: os.stat(d.path) for d in (fa, fb)}
-    calls = {"fsync": 0}
 
     class FailLastFsync(_sys.Backend):
         def hook(self, op: str, args: tuple[object, ...]) -> None:
-            if op == "ftruncate":
-                calls["fsync"] = -(10**9)  # arm after the first truncate
-            if op == "pwrite" and args[1] == len(b'{"committed": true}\n') and calls["fsync"] < 0:
-                raise OSError(5, "injected EIO at the commit line")
+            if op == "rename" and str(args[1]).endswith(".filecord-committed"):
+                raise OSError(5, "injected EIO at the commit point")
 
     out = tmp_path / "o"
     out.write_bytes(b"old output")
@@ -205,7 +202,12 @@ def test_recover_restores_an_uncommitted_move(tmp_path: Path) -> None:
     with _sys.use(backend), pytest.raises(Crash):
         # A header byte first: a real move window by window, not an adoption by rename.
         save(tmp_path / "o", Cord([b"h", fa]), consume=True, window=W)
-    assert os.path.getsize(fa.path) < len(a)  # the move had shortened the source
+    assert close_leaked(tmp_path) >= 1  # the "dead" save still held its lock: let it die
+    # The source was parked under the save's token name, then shortened by the move.
+    assert not os.path.exists(fa.path)
+    parked = [n for n in os.listdir(tmp_path) if n.endswith(".filecord-src")]
+    assert len(parked) == 1
+    assert os.path.getsize(tmp_path / parked[0]) < len(a)
     journals = [n for n in os.listdir(tmp_path) if n.endswith(".filecord-journal")]
     assert len(journals) == 1
     done = recover(tmp_path / journals[0])
@@ -273,8 +275,8 @@ def test_a_failed_adoption_renames_the_source_back(tmp_path: Path) -> None:
 
     class FailCommitLine(_sys.Backend):
         def hook(self, op: str, args: tuple[object, ...]) -> None:
-            if op == "pwrite" and args[1] == len(b'{"committed": true}\n'):
-                raise OSError(5, "injected EIO at the commit line")
+            if op == "rename" and str(args[1]).endswith(".filecord-committed"):
+                raise OSError(5, "injected EIO at the commit point")
 
     with _sys.use(FailCommitLine()), pytest.raises(SaveError, match="injected"):
         save(tmp_path / "o", Cord([fa]), consume=True, window=W)

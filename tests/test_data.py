@@ -155,14 +155,37 @@ def test_move_from_adopts_and_close_deletes(tmp_path: Path) -> None:
     d.close()  # idempotent
 
 
-def test_finalizer_deletes_owned_file_but_not_a_new_one(tmp_path: Path) -> None:
+def test_owned_file_outlives_collection_but_scratch_does_not(tmp_path: Path) -> None:
+    # An owned file is deleted only by close() or a committed consuming save: a script that
+    # drops the object (or dies of an exception) keeps the bytes.
     p = tmp_path / "owned"
     p.write_bytes(b"x")
     d = FileBackedData(p, owned=True)
     del d
     gc.collect()
-    assert not p.exists()
+    assert p.read_bytes() == b"x"
+    # A scratch file filecord made for itself goes with its last piece...
+    s = tmp_path / "scratch"
+    s.write_bytes(b"s")
+    sd = FileBackedData._scratch(str(s))
+    piece = sd.slice(0, 1)
+    del sd
+    gc.collect()
+    assert s.exists()  # a slice still holds it
+    del piece
+    gc.collect()
+    assert not s.exists()
+    # ...unless a save was given it: then it is never deleted behind the caller's back.
+    s.write_bytes(b"t")
+    sd = FileBackedData._scratch(str(s))
+    sd.detach_cleanup()
+    del sd
+    gc.collect()
+    assert s.read_bytes() == b"t"
 
+
+def test_close_deletes_owned_file_but_not_a_new_one(tmp_path: Path) -> None:
+    p = tmp_path / "owned"
     p.write_bytes(b"y")
     d = FileBackedData(p, owned=True)
     os.unlink(p)

@@ -84,6 +84,12 @@ class Backend:
     def fchmod(self, fd: int, mode: int) -> None:
         os.fchmod(fd, mode)
 
+    def fchown(self, fd: int, uid: int, gid: int) -> None:
+        os.fchown(fd, uid, gid)
+
+    def flock(self, fd: int, operation: int) -> None:
+        fcntl.flock(fd, operation)
+
     def futimens(self, fd: int, atime_ns: int, mtime_ns: int) -> None:
         os.utime(fd, ns=(atime_ns, mtime_ns))
 
@@ -119,6 +125,9 @@ class Backend:
 
     def unlink(self, path: str) -> None:
         os.unlink(path)
+
+    def link(self, src: str, dst: str) -> None:
+        os.link(src, dst, follow_symlinks=False)
 
     def stat(self, path: str) -> os.stat_result:
         return os.stat(path)
@@ -205,6 +214,16 @@ def fchmod(fd: int, mode: int) -> None:
     _active.fchmod(fd, mode)
 
 
+def fchown(fd: int, uid: int, gid: int) -> None:
+    _active.hook("fchown", (fd, uid, gid))
+    _active.fchown(fd, uid, gid)
+
+
+def flock(fd: int, operation: int) -> None:
+    _active.hook("flock", (fd, operation))
+    _active.flock(fd, operation)
+
+
 def futimens(fd: int, atime_ns: int, mtime_ns: int) -> None:
     _active.hook("futimens", (fd, atime_ns, mtime_ns))
     _active.futimens(fd, atime_ns, mtime_ns)
@@ -243,6 +262,11 @@ def rename(src: str, dst: str) -> None:
 def unlink(path: str) -> None:
     _active.hook("unlink", (path,))
     _active.unlink(path)
+
+
+def link(src: str, dst: str) -> None:
+    _active.hook("link", (src, dst))
+    _active.link(src, dst)
 
 
 def stat(path: str) -> os.stat_result:

@@ -7,12 +7,16 @@ opens the file, ``fstat``s the descriptor and compares; any difference raises
 :class:`DataChangedError`.  The state therefore lives on the file, not in a flag on one object:
 a second object on the same file, or a copy, sees a consumed or rewritten file too (failure F2).
 
-An *owned* file is one filecord may delete: ``close()`` unlinks it, and a ``weakref.finalize``
-does so at collection.  Before a consuming save shortens the file it detaches that finalizer
-(F9: cleanup must never delete a half-moved source) and re-arms it only if rollback restored it.
-``move_from`` adopts a file by renaming it to a private name in the same directory; the private
-name is first created with ``O_EXCL`` so the rename can never clobber someone else's file.  A
-crash after that rename leaves the data under the private name, never lost.
+An *owned* file is one filecord may delete: explicitly with ``close()``, or by a consuming save
+at its commit point.  Nothing deletes an owned file behind the caller's back: no finalizer runs
+at collection, so a save that fails, or a script that ends with an exception, leaves every
+owned file on disk, byte-exact (failure F9 and the README pattern of issue 14).  The only files
+deleted at collection are *scratch* files filecord itself created for an internal step (the
+tensor files of ``filecord.torch``), and only while no save has been given them: a save detaches
+that finalizer before it reads them.  ``move_from`` adopts a file by renaming it to a private
+name in the same directory (``.NAME.TOKEN.filecord-owned``, within NAME_MAX); the private name
+is first created with ``O_EXCL`` so the rename can never clobber someone else's file.  A crash
+after that rename leaves the data under the private name, never lost.
 """
 
 from __future__ import annotations
@@ -20,12 +24,11 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import secrets
 import stat as stat_mod
 import weakref
 from dataclasses import dataclass
 
-from filecord import _sys
+from filecord import _names, _sys
 from filecord.errors import DataChangedError
 
 CHUNK = 8 << 20  # one reusable read buffer; bounds host memory of every streamed read
@@ -98,6 +101,15 @@ class FileBackedData:
         self._owner = _Owner(self._path, self._identity) if owned else None
 
     @classmethod
+    def _scratch(cls, path: str, *, sha256: str | None = None) -> FileBackedData:
+        """An owned temporary (made by filecord, or handed over by ExecuTorch): deleted when
+        the last piece of it is collected, unless a save has been given it."""
+        data = cls(path, owned=True, sha256=sha256)
+        if data._owner is not None:
+            data._owner.arm()
+        return data
+
+    @classmethod
     def move_from(cls, path: str | os.PathLike[str]) -> FileBackedData:
         """Adopt ``path``: rename it to a private name in its directory and own it."""
         src = os.fspath(path)
@@ -106,7 +118,9 @@ class FileBackedData:
             raise ValueError(f"{src}: move_from needs a regular file (not a symlink or device)")
         directory, name = os.path.split(os.path.abspath(src))
         for _ in range(100):
-            private = os.path.join(directory, f".{name}.{secrets.token_hex(6)}.filecord-owned")
+            private = os.path.join(
+                directory, _names.token_name(name, _names.new_token(), _names.OWNED)
+            )
             try:
                 fd = _sys.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:
@@ -171,14 +185,9 @@ class FileBackedData:
         return self
 
     def detach_cleanup(self) -> None:
-        """Stop ever deleting the file (a save or another owner took it over)."""
+        """Never delete the file at collection (a save was given it); ``close()`` still does."""
         if self._owner is not None:
             self._owner.detach()
-
-    def rearm_cleanup(self) -> None:
-        """Undo :meth:`detach_cleanup` after a rollback gave the file back intact."""
-        if self._owner is not None:
-            self._owner.arm()
 
     def close(self) -> None:
         """Delete an owned file now (a no-op for files we do not own, and when already gone)."""
@@ -278,18 +287,18 @@ class FileBackedData:
 class _Owner:
     """The deletion right over one file, shared by every piece (slice) of it.
 
-    The finalizer hangs on this object, so the file goes when the last piece holding it is
-    collected; it deletes only a file that still matches what was adopted (inode numbers are
-    reused at once, so size and modification time are compared too).
+    ``close()`` deletes the file if it still matches what was adopted (inode numbers are reused
+    at once, so size and modification time are compared too).  Only scratch files arm the
+    finalizer that does the same when the last piece holding it is collected.
     """
 
-    __slots__ = ("__weakref__", "_finalizer", "_identity", "_path")
+    __slots__ = ("__weakref__", "_closed", "_finalizer", "_identity", "_path")
 
     def __init__(self, path: str, identity: FileIdentity) -> None:
         self._path = path
         self._identity = identity
         self._finalizer: weakref.finalize[[str, int, int, int, int], _Owner] | None = None
-        self.arm()
+        self._closed = False
 
     def arm(self) -> None:
         if self._finalizer is None or not self._finalizer.alive:
@@ -304,9 +313,11 @@ class _Owner:
             self._finalizer = None
 
     def close(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer()
-            self._finalizer = None
+        self.detach()
+        if not self._closed:
+            self._closed = True
+            i = self._identity
+            _sys.unlink_if_same(self._path, i.dev, i.ino, i.size, i.mtime_ns)
 
 
 class _ChunkReader:

@@ -60,6 +60,8 @@ class SourceFacts:
     nlink: int
     regular: bool
     writable: bool
+    deletable: bool = True  # its directory is writable on a read-write mount
+    allocated: int = -1  # bytes the file system holds for it (st_blocks); -1: unknown
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,17 @@ def _move_refusal(
     return None
 
 
+def _deletable(src: SourceFacts, outs: Iterable[OutputFacts]) -> bool:
+    """Whether a consuming save takes the file over (deletes it at commit).
+
+    Never a file reached through a symlink (the link would go, not the data), one the save
+    could not delete (read-only directory or mount: known now, not after the commit point), or
+    one streamed into a FIFO or device (no atomic output to hand its bytes to).
+    """
+    return (src.owned and not src.symlink and src.regular and src.deletable
+            and not any(o.direct for o in outs))
+
+
 def _adoptable(moved: tuple[PieceRef, ...], src: SourceFacts, refs: Sequence[PieceRef]) -> bool:
     """The whole file is the whole of one output, used once: rename it instead of copying."""
     if len(moved) != 1 or moved[0].src_offset != 0 or moved[0].length != src.size:
@@ -293,13 +306,16 @@ def make_plan(
             )
         )
 
-    consumed = tuple(k for k, s in sources.items() if consume and s.owned and k in by_source)
+    consumed = tuple(
+        k for k, s in sources.items()
+        if consume and k in by_source and _deletable(s, (outputs[r.output] for r in by_source[k]))
+    )
     return SavePlan(
         outputs=tuple(outputs),
         actions=tuple(actions),
         moves=tuple(moves),
         consumed=consumed,
-        peaks=_peaks(outputs, actions, moves, filesystems, window),
+        peaks=_peaks(outputs, actions, moves, sources, filesystems, window),
         consume=consume,
         window=window,
     )
@@ -309,6 +325,7 @@ def _peaks(
     outputs: Sequence[OutputFacts],
     actions: Sequence[PieceAction],
     moves: Sequence[MoveSource],
+    sources: dict[tuple[int, int], SourceFacts],
     filesystems: dict[int, FsFacts],
     window: int,
 ) -> tuple[FsPeak, ...]:
@@ -330,9 +347,14 @@ def _peaks(
     for m in moves:
         dev = m.key[0]
         run = m.size - m.run_start
-        needed[dev] = needed.get(dev, 0) - run
-        if not m.adopt:  # a rename holds nothing twice
-            extra[dev] = max(extra.get(dev, 0), min(window, run))
+        if m.adopt:  # a rename allocates nothing
+            needed[dev] = needed.get(dev, 0) - run
+            continue
+        # Truncating frees only what the source had allocated: a sparse source's holes are
+        # written into the temps as data, so only its allocated bytes are saved.
+        alloc = sources[m.key].allocated
+        needed[dev] = needed.get(dev, 0) - (run if alloc < 0 else min(run, alloc))
+        extra[dev] = max(extra.get(dev, 0), min(window, run))
     peaks = []
     for dev, n in sorted(needed.items()):
         fs = filesystems.get(dev)

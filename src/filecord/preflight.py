@@ -156,7 +156,8 @@ def _source_facts(key: tuple[int, int], group: list[FileBackedData]) -> SourceFa
     lst = _sys.lstat(path)
     st = _sys.stat(path)
     directory = os.path.dirname(os.path.abspath(path)) or "."
-    writable = _sys.access(path, os.W_OK) and _sys.access(directory, os.W_OK | os.X_OK)
+    dir_ok = _sys.access(directory, os.W_OK | os.X_OK) and not _read_only_mount(directory)
+    writable = dir_ok and _sys.access(path, os.W_OK)
     return SourceFacts(
         key=key,
         path=path,
@@ -166,7 +167,15 @@ def _source_facts(key: tuple[int, int], group: list[FileBackedData]) -> SourceFa
         nlink=st.st_nlink,
         regular=stat_mod.S_ISREG(st.st_mode),
         writable=writable,
+        deletable=dir_ok,
+        allocated=getattr(st, "st_blocks", -1) * 512 if hasattr(st, "st_blocks") else -1,
     )
+
+
+def _read_only_mount(directory: str) -> bool:
+    # access() already says no on most read-only mounts, but not for every caller (root on
+    # some file systems): the mount flag is the fact.
+    return bool(_sys.statvfs(directory).f_flag & os.ST_RDONLY)
 
 
 def check_space(plan: SavePlan) -> None:

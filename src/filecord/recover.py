@@ -1,204 +1,194 @@
-"""Finish or undo a save that was interrupted, from its journal.
+"""Finish or undo interrupted saves, acting only on proof.
 
 Theory of operation
 -------------------
-A journal's first line lists the outputs (temp -> final) and every source the save may shorten
-or delete, with each moved range's destinations.  Its state decides the direction:
+What recover may touch is fixed by names: files whose names carry a save's token
+(``_names``), the final names of that save's outputs (a temp is renamed onto one), and a parked
+source's original name (given back with ``link``, never over an existing file).  Nothing else
+is created, changed or deleted, whatever a journal says.
 
-* **torn** (first line incomplete or failing its checksum): it was never synced, so nothing
-  destructive happened.  Temps with the journal's token in its directory are removed, then the
-  journal.
-* **committed** (the commit line is there): every temp is complete.  Rename each temp that
-  still exists onto its final name, fsync the directories, shorten any moved source still
-  longer than its kept prefix, delete the sources marked for deletion (only if they are still
-  the same inode), fsync their directories, delete the journal.
-* **uncommitted**: put every moved byte back (``transfer.restore_source``: copy back, fsync
-  the source, then punch the temp), restore the sources' times, fsync, then delete the temps,
-  fsync the directory, delete the journal.
+* **A file argument** must be named like a journal (``.NAME.TOKEN.filecord-journal``,
+  ``-rollback`` or ``-committed``), be a regular file, and hold a record whose checksum holds
+  (one of its two copies) and whose paths ``journal.confine`` accepts.  Anything else is refused
+  with :class:`RecoverError` before a byte is changed.
+* **A directory** is scanned and its token-named files grouped by token.  Per save:
 
-Every step is judged from the files themselves (does the temp exist, how long is the source),
-so running recovery again after a crash in the middle continues where it stopped; the journal
-is deleted last.  A source that is now a different file (other inode), or shorter than the
-journal allows, stops recovery with :class:`RecoverError` rather than guessing.
+  - a journal here: handled as above;
+  - no journal, a lock file: the lock is taken (``LOCK_NB``).  Held means the save is running:
+    it is skipped and reported.  Free means it is dead.  The lock's content names the journal
+    path; the lock file was fsynced before any temp existed, so a journal that exists
+    elsewhere is found and recovered (it must list this directory), and a journal that does
+    not exist was never made durable, so nothing destructive happened: the temps, a pending
+    journal and the lock file are removed;
+  - temps or parked sources without a lock file or journal: refused, nothing touched.
+
+* **Holding the locks.**  Before acting on a journal, recover takes the lock file of every
+  directory the journal lists; a held one means a live save (or another recover): skipped.
+
+* **Stages** come from the journal's name (``_stage``).  ``-journal``: every source must be
+  where and as long as this save's moves can have left it (``_undo.check_strict``; a source
+  another process changed is refused, never "restored" with zeros), then the journal is
+  renamed ``-rollback`` (fsynced) and the rollback runs.  ``-rollback``: the rollback runs
+  (it resumes from the files).  ``-committed``: ``_undo.finish``.  Then temps, the journal and
+  the lock files are removed, in that order.
+
+Every step is judged from the files, so recovery is idempotent and may be interrupted and run
+again.  Refusals keep every file and say which file holds which bytes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+import stat as stat_mod
+from dataclasses import dataclass, field
+from typing import Literal
 
-from filecord import _sys, journal, transfer
-from filecord.errors import RecoverError
-from filecord.plan import DEFAULT_WINDOW
+from filecord import _lockfile, _names, _sys, _undo, journal, transfer
+from filecord._stage import Stage, of_journal_suffix
+from filecord.errors import DataChangedError, RecoverError, add_note
 
 log = logging.getLogger(__name__)
 
+Action = Literal["finished", "restored", "discarded", "skipped", "refused"]
+JOURNAL_LIMIT = 1 << 30  # a journal is a few bytes per piece; anything larger is not ours
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True)
 class Recovered:
-    """One journal handled: ``action`` is "finished", "restored" or "discarded"."""
+    """One interrupted save handled.
+
+    ``action``: "finished" (completed after its commit point), "restored" (rolled back: the
+    sources are whole again), "discarded" (it died before its journal: its temps removed),
+    "skipped" (it is still running: its lock is held) or "refused" (``detail`` says why; no
+    file was touched).
+    """
 
     journal: str
-    action: str
-    outputs: tuple[str, ...]
-    sources: tuple[str, ...]
-
-
-def find_journals(directory: str) -> list[str]:
-    return sorted(
-        os.path.join(directory, n)
-        for n in _sys.listdir(directory)
-        if n.startswith(".") and n.endswith(journal.SUFFIX)
-    )
+    action: Action
+    outputs: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+    detail: str = ""
+    notes: tuple[str, ...] = field(default=(), repr=False)
 
 
 def recover(path: str | os.PathLike[str]) -> list[Recovered]:
-    """Recover the journal at ``path``, or every journal in the directory ``path``.
+    """Recover the journal at ``path``, or every interrupted save in the directory ``path``.
 
-    Returns what was done per journal (an empty list when a directory holds none).  Safe to
-    run again at any time: a recovered journal is gone, and an interrupted recovery resumes.
+    Returns what was done per save (an empty list when there is nothing to do).  Raises
+    :class:`RecoverError` when ``path`` is a file that is not a journal, and, after handling
+    everything else, when anything was refused; its ``results`` attribute holds the list.
     """
     target = os.fspath(path)
-    st = _sys.stat(target)
-    journals = find_journals(target) if os.path.isdir(target) and st else [target]
-    return [_recover_one(j) for j in journals]
-
-
-def _read(path: str) -> bytes:
-    fd = _sys.open(path, os.O_RDONLY)
-    try:
-        size = _sys.fstat(fd).st_size
-        return _sys.read_all(fd, 0, size)
-    finally:
-        _sys.close(fd)
-
-
-def _token_of(path: str) -> str | None:
-    name = os.path.basename(path)
-    if not name.endswith(journal.SUFFIX):
-        return None
-    parts = name[: -len(journal.SUFFIX)].rsplit(".", 1)
-    return parts[1] if len(parts) == 2 else None
-
-
-def _recover_one(path: str) -> Recovered:
-    j = journal.decode(_read(path))
-    if j is None:
-        return _discard_torn(path)
-    if j.committed:
-        return _finish(path, j)
-    return _restore(path, j)
-
-
-def _discard_torn(path: str) -> Recovered:
-    directory = os.path.dirname(path) or "."
-    token = _token_of(path)
-    removed = []
-    if token:
-        for name in _sys.listdir(directory):
-            if name.endswith(f".{token}{journal.TEMP_SUFFIX}"):
-                _sys.unlink_missing_ok(os.path.join(directory, name))
-                removed.append(name)
-    _sys.unlink_missing_ok(path)
-    log.info("journal %s was torn (never synced): removed it and %d temp(s)", path, len(removed))
-    return Recovered(path, "discarded", (), ())
-
-
-def _same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
-    try:
-        st = _sys.lstat(path)
-    except FileNotFoundError:
-        return None
-    return st if (st.st_dev, st.st_ino) == (dev, ino) else None
-
-
-def _finish(path: str, j: journal.Journal) -> Recovered:
-    for out in j.outputs:
-        if out.temp and _exists(out.temp):
-            _sys.rename(out.temp, out.final)
-        elif out.temp and _same_file(out.final, out.dev, out.ino) is None:
-            raise RecoverError(
-                f"{out.final}: the journal {path} is committed, but neither its temp "
-                f"{out.temp} nor the renamed output is there; the output is lost (the journal "
-                "is kept so the sources it lists are not deleted)"
-            )
-    _sys.fsync_parents([o.final for o in j.outputs if o.temp])
-    touched: list[str] = []
-    for s in j.sources:
-        st = _same_file(s.path, s.dev, s.ino)
-        if st is None:
-            continue
-        touched.append(s.path)
-        if s.unlink_at_commit:
-            _sys.unlink_missing_ok(s.path)
-        elif st.st_size > s.run_start:
-            fd = _sys.open(s.path, os.O_RDWR)
-            try:
-                _sys.ftruncate(fd, s.run_start)
-            finally:
-                _sys.close(fd)
-    _sys.fsync_parents(touched)
-    return _drop_journal(path, j, "finished")
-
-
-def _restore(path: str, j: journal.Journal) -> Recovered:
-    temp_fds: list[int | None] = []
-    try:
-        temp_fds.extend(_open_if_exists(o.temp) if o.temp else None for o in j.outputs)
-        for s in j.sources:
-            if s.adopted_to:
-                _unadopt(path, s)
-                continue
-            if s.run_start >= s.size:
-                continue  # only deleted at commit: never touched before it
-            st = _same_file(s.path, s.dev, s.ino)
-            if st is None:
-                raise RecoverError(
-                    f"{s.path}: the source is missing or is now another file; the journal "
-                    f"{path} and its temps are kept so the bytes are not lost"
-                )
-            fd = _sys.open(s.path, os.O_RDWR)
-            try:
-                n = transfer.restore_source(
-                    fd, s.as_move(), temp_fds, DEFAULT_WINDOW, transfer.Counters(), punch=True
-                )
-                if n or st.st_mtime_ns != s.mtime_ns:
-                    _sys.futimens(fd, s.atime_ns, s.mtime_ns)
-                    _sys.fsync(fd)
-            except OSError as exc:
-                raise RecoverError(f"{s.path}: could not put its bytes back: {exc}") from exc
-            finally:
-                _sys.close(fd)
-    finally:
-        for tfd in temp_fds:
-            if tfd is not None:
-                _sys.close(tfd)
-    temps = [o.temp for o in j.outputs if o.temp]
-    for temp in temps:
-        _sys.unlink_missing_ok(temp)
-    _sys.fsync_parents(temps)
-    return _drop_journal(path, j, "restored")
-
-
-def _unadopt(path: str, s: journal.JournalSource) -> None:
-    """Put an adopted (renamed, not copied) source back under its own name."""
-    if _same_file(s.path, s.dev, s.ino) is not None:
-        return  # never renamed, or already back
-    if _same_file(s.adopted_to, s.dev, s.ino) is None:
-        raise RecoverError(
-            f"{s.path}: the source is neither at its name nor at {s.adopted_to}; the journal "
-            f"{path} is kept"
+    st = _sys.lstat(target)
+    if stat_mod.S_ISDIR(st.st_mode):
+        results = [_recover_token(target, token, names)
+                   for token, names in sorted(_scan(target).items())]
+    else:
+        results = [_recover_file(target, st)]
+    done = [r for r in results if r is not None]
+    refused = [r for r in done if r.action == "refused"]
+    if refused:
+        err = RecoverError(
+            f"recover refused {len(refused)} save(s) in {target}: "
+            + "; ".join(f"{r.journal}: {r.detail}" for r in refused)
         )
-    _sys.rename(s.adopted_to, s.path)
-    _sys.fsync_parents([s.path, s.adopted_to])
+        for r in refused:
+            for note in r.notes:
+                add_note(err, note)
+        err.results = done  # type: ignore[attr-defined]
+        raise err
+    return done
 
 
-def _drop_journal(path: str, j: journal.Journal, action: str) -> Recovered:
-    """The last step: the journal goes only when everything it describes is settled."""
-    _sys.unlink(path)
-    return Recovered(path, action, tuple(o.final for o in j.outputs),
-                     tuple(s.path for s in j.sources))
+def _scan(directory: str) -> dict[str, dict[str, list[str]]]:
+    found: dict[str, dict[str, list[str]]] = {}
+    for name in _sys.listdir(directory):
+        parsed = _names.parse(name)
+        if parsed is not None:
+            token, suffix = parsed
+            found.setdefault(token, {}).setdefault(suffix, []).append(name)
+    return found
+
+
+def _refuse(where: str, why: str, notes: list[str] | None = None) -> Recovered:
+    log.warning("recover refused %s: %s", where, why)
+    return Recovered(where, "refused", detail=why, notes=tuple(notes or ()))
+
+
+def _recover_file(path: str, st: os.stat_result) -> Recovered:
+    parsed = _names.parse(os.path.basename(path))
+    if parsed is None or parsed[1] not in _names.JOURNALS:
+        raise journal.NotAJournalError(
+            f"{path} is not a filecord journal (journals are named "
+            ".NAME.TOKEN.filecord-journal, -rollback or -committed); nothing was touched"
+        )
+    if not stat_mod.S_ISREG(st.st_mode):
+        raise journal.NotAJournalError(f"{path} is not a regular file; nothing was touched")
+    return _recover_journal(os.path.abspath(path), parsed[0], parsed[1], {})
+
+
+def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> Recovered | None:
+    journals = [(n, s) for s in _names.JOURNALS for n in names.get(s, [])]
+    if len(journals) > 1:
+        return _refuse(os.path.join(directory, journals[0][0]),
+                       "several journals carry one token; nothing was touched")
+    if journals:
+        name, suffix = journals[0]
+        return _recover_journal(os.path.abspath(os.path.join(directory, name)), token, suffix, {})
+    locks = names.get(_names.LOCK, [])
+    others = [n for s, ns in names.items() if s != _names.LOCK for n in ns]
+    if not locks:
+        return _refuse(os.path.join(directory, others[0]),
+                       "files of an interrupted save without its lock file: cannot prove the "
+                       "save is over or that no journal needs them; nothing was touched")
+    lock = os.path.abspath(os.path.join(directory, locks[0]))
+    try:
+        fd = _lockfile.acquire(lock)
+    except _lockfile.LockBusyError:
+        return Recovered(lock, "skipped", detail="its save is running (the lock is held)")
+    if fd is None:
+        return None  # removed by whoever held it a moment ago
+    try:
+        pointer = _read_pointer(fd, token)
+        if pointer is None and others:
+            _sys.close(fd)
+            return _refuse(lock, "its lock file is damaged and other files remain; nothing "
+                           "was touched")
+        if pointer is not None:
+            stem = pointer[: -len(_names.JOURNAL)]
+            for suffix in _names.JOURNALS:
+                if _exists(stem + suffix):
+                    return _recover_journal(stem + suffix, token, suffix,
+                                            {os.path.dirname(lock): (lock, fd)})
+        if names.get(_names.SOURCE):
+            _sys.close(fd)
+            return _refuse(lock, "parked sources without a journal; nothing was touched")
+    except BaseException:
+        _close_quietly(fd)
+        raise
+    # The journal never became durable: nothing destructive happened, the rest is garbage.
+    garbage = [os.path.join(directory, n) for n in others]
+    for p in garbage:
+        _sys.unlink_missing_ok(p)
+    _sys.fsync_parents([lock])
+    _lockfile.release(lock, fd)
+    return Recovered(lock, "discarded", detail=f"removed {len(garbage)} temp file(s)")
+
+
+def _read_pointer(fd: int, token: str) -> str | None:
+    """The journal path a lock file names, or None when it is empty or not one."""
+    size = _sys.fstat(fd).st_size
+    if not 0 < size <= 1 << 16:
+        return None
+    text = os.fsdecode(_sys.read_all(fd, 0, size))
+    if not text.endswith("\n"):
+        return None
+    path = text[:-1]
+    parsed = _names.parse(os.path.basename(path))
+    if parsed != (token, _names.JOURNAL) or not os.path.isabs(path):
+        return None
+    return path
 
 
 def _exists(path: str) -> bool:
@@ -209,8 +199,98 @@ def _exists(path: str) -> bool:
     return True
 
 
-def _open_if_exists(path: str) -> int | None:
+def _close_quietly(fd: int) -> None:
     try:
-        return _sys.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        return None
+        _sys.close(fd)
+    except OSError as exc:
+        log.debug("closing a lock: %s", exc)
+
+
+def _read(path: str) -> bytes:
+    fd = _sys.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        size = _sys.fstat(fd).st_size
+        if size > JOURNAL_LIMIT:
+            raise journal.NotAJournalError(f"{path} is {size} bytes: not a filecord journal")
+        return _sys.read_all(fd, 0, size)
+    finally:
+        _sys.close(fd)
+
+
+def _lock_all(j: journal.Journal, held: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
+    """Take the lock file of every directory of the save (those that still exist)."""
+    firsts: dict[str, str] = {}
+    for o in reversed(j.outputs):
+        if not o.direct:
+            firsts[os.path.dirname(o.final)] = o.final
+    locks = dict(held)
+    try:
+        for directory in j.directories():
+            if directory in locks:
+                continue
+            path = _names.sibling(firsts[directory], j.token, _names.LOCK)
+            fd = _lockfile.acquire(path)
+            if fd is not None:
+                locks[directory] = (path, fd)
+    except BaseException:
+        for d, (_p, fd) in locks.items():
+            if d not in held:
+                _close_quietly(fd)
+        raise
+    return locks
+
+
+def _recover_journal(
+    path: str, token: str, suffix: str, held: dict[str, tuple[str, int]]
+) -> Recovered:
+    locks = dict(held)
+    try:
+        try:
+            j = journal.decode(_read(path))
+            journal.confine(j, path)
+        except RecoverError as exc:
+            return _refuse(path, f"{exc}; nothing was touched")
+        if j.token != token:
+            return _refuse(path, "the record's token is not the one in its name")
+        try:
+            locks = _lock_all(j, held)
+        except _lockfile.LockBusyError:
+            return Recovered(path, "skipped", detail="its save is running (a lock is held)")
+        result = _act(path, j, of_journal_suffix(suffix))
+    except BaseException:
+        for _p, fd in locks.values():
+            _close_quietly(fd)
+        raise
+    for lock, fd in locks.values():
+        if result.action == "refused":
+            _close_quietly(fd)
+        else:
+            _lockfile.release(lock, fd)
+    return result
+
+
+def _act(path: str, j: journal.Journal, stage: Stage) -> Recovered:
+    outputs = tuple(o.final for o in j.outputs)
+    sources = tuple(s.path for s in j.sources)
+    try:
+        if stage is Stage.COMMITTED:
+            _undo.finish(j, path)
+            _sys.unlink(path)
+            return Recovered(path, "finished", outputs, sources)
+        if stage is Stage.MOVING:
+            _undo.check_strict(j)
+            rollback = path[: -len(_names.JOURNAL)] + _names.ROLLBACK
+            _sys.rename(path, rollback)
+            _sys.fsync_parents([rollback])
+            path = rollback
+        temps = _undo.open_temps(j)
+        try:
+            _undo.roll_back(j, temps, transfer.Counters())
+        finally:
+            _undo.close_all(temps)
+        _undo.remove_temps(j)
+        _sys.unlink(path)
+        return Recovered(path, "restored", outputs, sources)
+    except (RecoverError, DataChangedError, OSError) as exc:
+        notes = _undo.whereabouts(j)
+        return _refuse(path, f"{exc}; the journal and temps are kept", notes)

@@ -1,46 +1,54 @@
-"""The save transaction: preflight, temp files, copy/clone, journal, move, commit, or undo.
+"""The save transaction: preflight, lock, temps, fill, journal, park, move, commit, or undo.
 
 Theory of operation
 -------------------
-1. Preflight (``preflight.py``): every source still holds its bytes, no output is a source, the
-   directories exist and are writable, the predicted peak fits.  Nothing exists yet, so a
-   refusal leaves nothing behind.
-2. Temps ``.NAME.TOKEN.partial`` are created ``O_CREAT|O_EXCL`` beside each final name (mode of
-   a new file, or the replaced file's mode).  A crash from here to step 4 leaves only temps,
-   which are garbage: the final names and the sources are untouched.
-3. In-memory pieces are written and file-backed pieces cloned or copied at their offsets.
-4. A journal ``.NAME.TOKEN.filecord-journal`` is written, fsynced, and its directory fsynced,
-   when the save moves or consumes sources or has several outputs.  From here a crash is
-   finished by ``recover``: it rolls back (uncommitted) or completes (committed).
-5. Moves (``transfer.move_source``): per window copy, fsync the temps, then truncate the
-   source.  The sources' sizes are the progress record.
-6. Commit: fsync the temps, append the commit line to the journal and fsync it (the commit
-   point), rename every temp onto its final name, fsync the directories, delete the consumed
-   sources (and fsync their directories), delete the journal.  Without a journal the single
-   rename is the commit point.
-7. Failure before the commit point: moved bytes are put back (``transfer.restore_source``:
-   copy back, fsync the source, then release the temp's copy), the sources' times restored,
-   temps and journal removed, and the error raised with a note that the save can be retried.
-   If that rollback fails, the journal stays and the error names it.  After the commit point
-   the outputs are complete in the temps or under their names; the error names the journal
-   that ``recover`` uses to finish.
+Every file the save creates or renames carries its random token (``_names``); the stage is
+held in ``_Txn.stage`` and moves only along ``_stage``'s table.
+
+1. Preflight (``preflight.py``): sources hold their bytes, no output is a source, directories
+   exist and are writable, the predicted peak fits.  Nothing exists yet.
+2. CREATED: a lock file ``.NAME.TOKEN.filecord-lock`` is created and ``flock``ed in every
+   directory that will hold a temp (``_lockfile``), then temps ``.NAME.TOKEN.partial``
+   ``O_CREAT|O_EXCL`` with the replaced file's permission bits from the first instant (never
+   wider; owner, group and set-id bits are applied once the temp is complete).  A crash here
+   leaves garbage that ``recover`` removes once the lock is free.
+3. FILLED: in-memory pieces written, file-backed pieces cloned or copied at their offsets; each
+   source's size, mtime and ctime are re-checked after its bytes are copied.
+4. JOURNALED (when something is moved or consumed, or there are several outputs): the record is
+   written to ``.filecord-pending``, fsynced; every directory of the save is fsynced; the file
+   is renamed to ``.filecord-journal`` and its directory fsynced.  A crash before the rename
+   leaves no journal name, which proves nothing destructive happened.
+5. MOVING: every source the save will shorten or delete is renamed to
+   ``.NAME.TOKEN.filecord-src`` (its directory fsynced), so nothing but this save's token names
+   it while it is incomplete; then adoption renames and moves (``transfer.move_source``: per
+   window copy, fsync the temps, check the source is still the size the move left it, truncate).
+6. COMMITTED: temps fsynced, the journal renamed to ``.filecord-committed`` and its directory
+   fsynced (the commit point; without a journal, the single rename is).  RENAMED: each temp
+   renamed onto its final name, directories fsynced; then the parked sources are unlinked, the
+   journal, then the lock files.
+7. A failure before the commit point is undone by ``_undo.roll_back`` on the live files, after
+   the journal is renamed to ``.filecord-rollback`` (a crash then continues the rollback); a
+   source another process changed mid-move is never rolled back over: the journal and temps
+   stay and the error says where every byte is.  After the commit point nothing is undone; the
+   error names the journal ``recover`` finishes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import secrets
 import stat as stat_mod
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from filecord import _sys, journal, transfer
-from filecord._rollback import fail as _fail
+from filecord import _lockfile, _names, _sys, _undo, journal, transfer
+from filecord._failure import close_descriptors, close_descriptors_quietly
+from filecord._failure import fail as _fail
+from filecord._stage import Stage, advance
 from filecord.cord import Cord
 from filecord.data import FileBackedData
-from filecord.errors import FilecordError, SaveError, add_note
+from filecord.errors import DataChangedError, FilecordError, SaveError, add_note
 from filecord.facts import is_clone_refusal
 from filecord.plan import CLONE_REFUSED, DEFAULT_WINDOW, MoveSource, PieceAction
 from filecord.preflight import CordLike, Prepared, Target, check_space, normalize, prepare
@@ -53,23 +61,25 @@ ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
 
 @dataclass
 class _Txn:
-    """Mutable state of one running save (what exists, so failure knows what to undo)."""
+    """Mutable state of one running save: its stage and the descriptors it holds."""
 
     prep: Prepared
     token: str
     progress: ProgressCallback | None
+    stage: Stage = Stage.CREATED
     fds: list[int | None] = field(default_factory=list)
     temps: list[str | None] = field(default_factory=list)
+    locks: list[tuple[str, int]] = field(default_factory=list)
     dirty: set[int] = field(default_factory=set)
-    src_fds: dict[tuple[int, int], int] = field(default_factory=dict)
-    started: list[tuple[MoveSource, int]] = field(default_factory=list)
-    journal_path: str | None = None
-    committed: bool = False
+    src_fds: dict[tuple[int, int], tuple[int, os.stat_result]] = field(default_factory=dict)
+    record: journal.Journal | None = None
+    journal_path: str | None = None  # the journal's current name, once it has one
     done: int = 0
     counters: transfer.Counters = field(default_factory=transfer.Counters)
     actions: list[PieceAction] = field(default_factory=list)
-    renamed: list[int] = field(default_factory=list)
-    times: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+
+    def to(self, stage: Stage) -> None:
+        self.stage = advance(self.stage, stage)
 
     def advance(self, n: int) -> None:
         self.done += n
@@ -145,7 +155,7 @@ def _report(
 
 def _needs_journal(prep: Prepared) -> bool:
     p = prep.plan
-    return bool(p.moves or p.consumed) or len(p.outputs) > 1
+    return bool(p.moves or p.consumed) or sum(1 for o in p.outputs if not o.direct) > 1
 
 
 def _run(
@@ -168,7 +178,11 @@ def _run(
         err = SaveError(f"saving {names} failed: {exc.strerror or exc}", errno=exc.errno)
         add_note(err, "nothing was created or changed: the save can be retried")
         raise err from exc
-    txn = _Txn(prep, secrets.token_hex(6), progress)
+    # A save that is given a scratch file owns its fate from now on: never a finalizer.
+    for group in prep.datas.values():
+        for d in group:
+            d.detach_cleanup()
+    txn = _Txn(prep, _names.new_token(), progress)
     try:
         _execute(txn)
     except BaseException as exc:
@@ -182,35 +196,46 @@ def _run(
         )
     return _report(
         prep, txn.actions, dry_run=False, elapsed=time.perf_counter() - start,
-        fsyncs=txn.counters.fsyncs, used_journal=txn.journal_path is not None,
+        fsyncs=txn.counters.fsyncs, used_journal=txn.record is not None,
     )
 
 
 def _execute(txn: _Txn) -> None:
     p = txn.prep.plan
+    _lock_directories(txn)
     _create_outputs(txn)
     _fill(txn)
+    txn.to(Stage.FILLED)
+    _finish_modes(txn)
     if _needs_journal(txn.prep):
         _write_journal(txn)
+        _park_sources(txn)
     _presize_for_moves(txn)
     for m in p.moves:
         _move(txn, m)
     _commit(txn)
 
 
-def _presize_for_moves(txn: _Txn) -> None:
-    """Give every temp that receives moved bytes its final length (a hole) first.
+def _journal_name(txn: _Txn, suffix: str) -> str:
+    first = next(o for o in txn.prep.plan.outputs if not o.direct)
+    return _names.sibling(first.target, txn.token, suffix)
 
-    Moves write each temp from its end backwards; on XFS each write that extends the file
-    reserves speculative space past the new end until close, so a move would hold about two
-    windows.  A temp already at its final length is never extended, so the peak stays at
-    one window on every file system.
-    """
-    p = txn.prep.plan
-    for o in sorted({d.output for m in p.moves if not m.adopt for d in m.dests}):
-        fd = txn.fds[o]
-        if fd is not None and _sys.fstat(fd).st_size < p.outputs[o].length:
-            _sys.ftruncate(fd, p.outputs[o].length)
+
+def _lock_directories(txn: _Txn) -> None:
+    """One locked lock file per directory that will hold a temp, before any temp exists."""
+    outs = [o for o in txn.prep.plan.outputs if not o.direct]
+    if not outs:
+        return
+    content = os.fsencode(_journal_name(txn, _names.JOURNAL)) + b"\n"
+    firsts = {os.path.dirname(o.target): o.target for o in reversed(outs)}
+    for directory in dict.fromkeys(os.path.dirname(o.target) for o in outs):
+        path = _names.sibling(firsts[directory], txn.token, _names.LOCK)
+        try:
+            fd = _lockfile.create(path, content)
+        except _lockfile.LockBusyError as exc:
+            raise SaveError(f"{path}: {exc.strerror}; nothing was written, retry the save",
+                            errno=exc.errno) from exc
+        txn.locks.append((path, fd))
 
 
 def _create_outputs(txn: _Txn) -> None:
@@ -219,25 +244,47 @@ def _create_outputs(txn: _Txn) -> None:
             txn.temps.append(None)
             txn.fds.append(_sys.open(out.target, os.O_WRONLY))
             continue
-        directory, name = os.path.split(out.target)
-        temp = os.path.join(directory, f".{name}.{txn.token}{journal.TEMP_SUFFIX}")
-        fd = _sys.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        temp = _names.sibling(out.target, txn.token, _names.TEMP)
+        # The replaced file's permission bits from the first instant (the umask may narrow
+        # them further); set-id bits and the owner only once the content is complete.
+        mode = 0o666 if st is None else stat_mod.S_IMODE(st.st_mode) & 0o777
+        fd = _sys.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
         txn.temps.append(temp)
         txn.fds.append(fd)
-        if st is not None:
-            _sys.fchmod(fd, stat_mod.S_IMODE(st.st_mode))
+
+
+def _finish_modes(txn: _Txn) -> None:
+    """Give each complete temp the replaced file's owner, group and exact mode."""
+    adopted = {m.dests[0].output for m in txn.prep.plan.moves if m.adopt}
+    for o, (fd, st) in enumerate(zip(txn.fds, txn.prep.target_stats, strict=True)):
+        if fd is None or st is None or txn.temps[o] is None or o in adopted:
+            continue
+        _undo.apply_owner_mode(fd, st.st_mode, st.st_uid, st.st_gid)
 
 
 def _source_fd(txn: _Txn, data: FileBackedData) -> int:
     ident = data.identity
     key = (ident.dev, ident.ino)
     if key not in txn.src_fds:
-        txn.src_fds[key] = data.open_checked()
-    return txn.src_fds[key]
+        fd = data.open_checked()
+        txn.src_fds[key] = (fd, _sys.fstat(fd))
+    return txn.src_fds[key][0]
+
+
+def _recheck_source(txn: _Txn, data: FileBackedData) -> None:
+    """After copying from a source: it must be the file it was when we opened it (F-mix)."""
+    fd, was = txn.src_fds[(data.identity.dev, data.identity.ino)]
+    now = _sys.fstat(fd)
+    for what in ("st_size", "st_mtime_ns", "st_ctime_ns"):
+        if getattr(now, what) != getattr(was, what):
+            raise DataChangedError(
+                data.path, expected_size=was.st_size, found_size=now.st_size,
+                reason=f"another process changed it while it was copied ({what[3:]} differs)",
+            )
 
 
 def _fill(txn: _Txn) -> None:
-    """Step 3: everything that is not moved, at its final offset."""
+    """Everything that is not moved, at its final offset."""
     p = txn.prep.plan
     by_piece = {(a.output, a.index): a for a in p.actions}
     for o, (out, cord) in enumerate(zip(p.outputs, txn.prep.cords, strict=True)):
@@ -262,6 +309,8 @@ def _fill(txn: _Txn) -> None:
                 src = _source_fd(txn, piece)
                 transfer.copy_range(src, fd, piece.offset, dst_off, len(piece), txn.counters,
                                     txn.advance)
+            if isinstance(piece, FileBackedData):
+                _recheck_source(txn, piece)
             txn.actions.append(act)
         if not out.direct:
             txn.dirty.add(fd)
@@ -283,102 +332,154 @@ def _clone_or_copy(txn: _Txn, piece: FileBackedData, fd: int, act: PieceAction) 
     return act
 
 
-def _write_journal(txn: _Txn) -> None:
+def _umask() -> int:
+    try:
+        for line in _sys.read_text("/proc/self/status").splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def _record(txn: _Txn) -> journal.Journal:
     p = txn.prep.plan
-    first = next(o for o in p.outputs if not o.direct)
-    directory, name = os.path.split(first.target)
-    path = os.path.join(directory, f".{name}.{txn.token}{journal.SUFFIX}")
     moves = {m.key: m for m in p.moves}
+    adopted_out = {m.dests[0].output: m.key for m in p.moves if m.adopt}
     sources = []
     for key in sorted(set(moves) | set(p.consumed)):
         data = txn.prep.datas[key][0]
         st = _sys.stat(data.path)
-        txn.times[key] = (st.st_atime_ns, st.st_mtime_ns)
         m = moves.get(key)
-        sources.append(
-            journal.JournalSource(
-                path=os.path.abspath(data.path), dev=key[0], ino=key[1], size=st.st_size,
-                run_start=m.run_start if m else st.st_size, atime_ns=st.st_atime_ns,
-                mtime_ns=st.st_mtime_ns, unlink_at_commit=key in p.consumed,
-                dests=m.dests if m else (),
-                adopted_to=(txn.temps[m.dests[0].output] or "") if m and m.adopt else "",
-            )
-        )
-    # Direct outputs (no temp) keep their slot with an empty temp so indexes stay aligned.
-    outputs = [
-        _journal_output(o.target, t, fd, o.length)
-        for o, t, fd in zip(p.outputs, txn.temps, txn.fds, strict=True)
-    ]
-    for m in p.moves:
-        if m.adopt:  # the final name will be the adopted source's inode, not the empty temp's
-            o = m.dests[0].output
-            outputs[o] = replace(outputs[o], dev=m.key[0], ino=m.key[1])
-    record = journal.encode(journal.Journal(txn.token, tuple(outputs), tuple(sources)))
-    fd = _sys.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    txn.journal_path = path
+        directory, name = os.path.split(os.path.abspath(data.path))
+        sources.append(journal.JournalSource(
+            path=os.path.join(os.path.realpath(directory), name), dev=key[0], ino=key[1],
+            size=st.st_size, run_start=m.run_start if m else st.st_size,
+            atime_ns=st.st_atime_ns, mtime_ns=st.st_mtime_ns, mode=st.st_mode,
+            dests=m.dests if m else (), adopt=bool(m and m.adopt),
+        ))
+    outputs = []
+    for o, (out, fd, tst) in enumerate(
+        zip(p.outputs, txn.fds, txn.prep.target_stats, strict=True)
+    ):
+        if out.direct or fd is None:
+            outputs.append(journal.JournalOutput(out.target, 0, 0, out.length, direct=True))
+            continue
+        mine = _sys.fstat(fd)
+        dev, ino = adopted_out.get(o, (mine.st_dev, mine.st_ino))
+        mode, uid, gid = (-1, -1, -1) if tst is None else (tst.st_mode, tst.st_uid, tst.st_gid)
+        if o in adopted_out and tst is None:
+            mode = 0o666 & ~_umask()  # what open() would have given a new file
+        outputs.append(journal.JournalOutput(out.target, dev, ino, out.length, mode, uid, gid))
+    return journal.Journal(txn.token, p.window, tuple(outputs), tuple(sources))
+
+
+def _write_journal(txn: _Txn) -> None:
+    """Pending record, fsync, fsync every directory, rename to the journal name, fsync."""
+    txn.record = _record(txn)
+    pending = _journal_name(txn, _names.PENDING)
+    fd = _sys.open(pending, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        _sys.write_all(fd, record, 0)
+        _sys.write_all(fd, journal.encode(txn.record), 0)
         txn.counters.fsync(fd)
     finally:
         _sys.close(fd)
-    # The journal's name and every temp's name must be durable before the first truncate:
-    # fsyncing a file does not persist its directory entry, so a temp in another directory
-    # could vanish in a power cut together with the bytes moved into it.
-    txn.counters.fsyncs += _sys.fsync_parents([path, *(t for t in txn.temps if t is not None)])
+    # Every name the rollback needs (temps, lock files) must be durable before the journal
+    # name can be: fsyncing a file does not persist its directory entry.
+    temps = [t for t in txn.temps if t is not None]
+    txn.counters.fsyncs += _sys.fsync_parents([pending, *temps])
+    final = _journal_name(txn, _names.JOURNAL)
+    _sys.rename(pending, final)
+    txn.journal_path = final
+    txn.counters.fsyncs += _sys.fsync_parents([final])
+    txn.to(Stage.JOURNALED)
 
 
-def _journal_output(
-    final: str, temp: str | None, fd: int | None, length: int
-) -> journal.JournalOutput:
-    if temp is None or fd is None:
-        return journal.JournalOutput(final, "")
-    st = _sys.fstat(fd)
-    return journal.JournalOutput(final, temp, st.st_dev, st.st_ino, length)
+def _park_sources(txn: _Txn) -> None:
+    """Rename every source the save will shorten or delete to its token name, durably."""
+    record = txn.record
+    if record is None:
+        return
+    parked: list[str] = []
+    for s in record.sources:
+        if s.adopt:
+            continue
+        if txn.stage is not Stage.MOVING:
+            txn.to(Stage.MOVING)
+        current = txn.prep.datas[(s.dev, s.ino)][0].path
+        if _undo.same_file(current, s.dev, s.ino) is None:
+            txn.prep.datas[(s.dev, s.ino)][0].check()
+            raise SaveError(f"{current} was replaced during the save")
+        _sys.rename(current, record.parked(s))
+        parked.append(record.parked(s))
+    txn.counters.fsyncs += _sys.fsync_parents(parked)
+
+
+def _presize_for_moves(txn: _Txn) -> None:
+    """Give every temp that receives moved bytes its final length (a hole) first.
+
+    Moves write each temp from its end backwards; on XFS each write that extends the file
+    reserves speculative space past the new end until close, so a move would hold about two
+    windows.  A temp already at its final length is never extended, so the peak stays at
+    one window on every file system.
+    """
+    p = txn.prep.plan
+    for o in sorted({d.output for m in p.moves if not m.adopt for d in m.dests}):
+        fd = txn.fds[o]
+        if fd is not None and _sys.fstat(fd).st_size < p.outputs[o].length:
+            _sys.ftruncate(fd, p.outputs[o].length)
 
 
 def _move(txn: _Txn, m: MoveSource) -> None:
-    datas = txn.prep.datas[m.key]
-    fd = _sys.open(datas[0].path, os.O_RDWR)
+    record = txn.record
+    if record is None:  # pragma: no cover - moves always write a journal
+        raise SaveError("a move without a journal")
+    src = next(s for s in record.sources if (s.dev, s.ino) == m.key)
+    if txn.stage is not Stage.MOVING:
+        txn.to(Stage.MOVING)
+    if m.adopt:
+        _adopt(txn, m, src)
+        return
+    path = record.parked(src)
+    fd = _sys.open(path, os.O_RDWR)
     try:
         st = _sys.fstat(fd)
         if (st.st_dev, st.st_ino, st.st_size) != (m.key[0], m.key[1], m.size):
-            datas[0].check()  # raises DataChangedError with the details
-            raise SaveError(f"{m.path} changed during the save")
+            raise DataChangedError(m.path, expected_size=m.size, found_size=st.st_size,
+                                   reason="another process changed it before it was moved")
+        temps = [fd_ if fd_ is not None else -1 for fd_ in txn.fds]
+        transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance)
     except BaseException:
-        _sys.close(fd)
+        close_descriptors_quietly([fd])  # never let a close error hide why the move stopped
         raise
-    for d in datas:
-        d.detach_cleanup()  # F9: never let a finalizer delete a half-moved source
-    if m.adopt:
-        _sys.close(fd)
-        _adopt(txn, m)
-        return
-    txn.started.append((m, fd))
-    temps = [fd_ if fd_ is not None else -1 for fd_ in txn.fds]
-    transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance)
+    _sys.close(fd)
     for ref in m.dests:
         txn.dirty.discard(txn.fds[ref.output] or -1)
 
 
-def _adopt(txn: _Txn, m: MoveSource) -> None:
+def _adopt(txn: _Txn, m: MoveSource, src: journal.JournalSource) -> None:
     """Rename the whole source onto its output's temp: the move of a file that is an output.
 
     The empty temp claimed the name (O_EXCL) and the journal names both paths, so a crash on
     either side of the rename is undone or finished by ``recover``.  Both directories are
-    fsynced so the move is durable before the commit line can be.
+    fsynced so the move is durable before the commit can be.
     """
     o = m.dests[0].output
     temp = txn.temps[o]
     if temp is None:  # pragma: no cover - the plan adopts only into temps
         raise SaveError(f"{m.path}: no temp to adopt into")
-    txn.started.append((m, -1))
-    _sys.rename(m.path, temp)
-    txn.counters.fsyncs += _sys.fsync_parents([temp, m.path])
+    current = txn.prep.datas[m.key][0].path
+    st = _undo.same_file(current, *m.key)
+    if st is None or st.st_size != m.size:
+        txn.prep.datas[m.key][0].check()
+        raise SaveError(f"{current} was replaced during the save")
+    _sys.rename(current, temp)
+    txn.counters.fsyncs += _sys.fsync_parents([temp, src.path])
     old = txn.fds[o]
     txn.fds[o] = None
     if old is not None:
         _sys.close(old)  # the empty temp's inode, replaced by the rename
-    txn.dirty.discard(old if old is not None else -1)
+        txn.dirty.discard(old)
     fd = _sys.open(temp, os.O_RDWR)
     txn.fds[o] = fd
     txn.dirty.add(fd)  # whoever wrote the source may never have synced it
@@ -396,58 +497,42 @@ def _commit(txn: _Txn) -> None:
         if size != p.outputs[o].length:
             raise SaveError(f"{p.outputs[o].path}: temp is {size} bytes, expected "
                             f"{p.outputs[o].length}")
-    if txn.journal_path is not None:
-        fd = _sys.open(txn.journal_path, os.O_WRONLY)
-        try:
-            _sys.write_all(fd, journal.COMMIT_LINE, _sys.fstat(fd).st_size)
-            txn.counters.fsync(fd)
-        finally:
-            _sys.close(fd)
-        txn.committed = True
-    _close_all(txn)
+    record = txn.record
+    if record is not None and txn.journal_path is not None:
+        committed = _journal_name(txn, _names.COMMITTED)
+        _sys.rename(txn.journal_path, committed)
+        txn.journal_path = committed
+        txn.to(Stage.COMMITTED)
+        txn.counters.fsyncs += _sys.fsync_parents([committed])
+        for m in p.moves:  # adopted files take the replaced file's owner and mode now
+            if m.adopt:
+                jout = record.outputs[m.dests[0].output]
+                afd = txn.fds[m.dests[0].output]
+                if afd is not None:
+                    _undo.apply_owner_mode(afd, jout.mode, jout.uid, jout.gid)
     finals: list[str] = []
-    for o, (out, temp) in enumerate(zip(p.outputs, txn.temps, strict=True)):
-        if temp is None:
-            continue
-        _sys.rename(temp, out.target)
-        txn.renamed.append(o)
-        finals.append(out.target)
+    for out, temp in zip(p.outputs, txn.temps, strict=True):
+        if temp is not None:
+            _sys.rename(temp, out.target)  # without a journal, this one rename is the commit
+            finals.append(out.target)
+    if txn.stage is not Stage.COMMITTED:
+        txn.to(Stage.COMMITTED)
+    txn.to(Stage.RENAMED)
     txn.counters.fsyncs += _sys.fsync_parents(finals)
-    consumed: list[str] = []
-    for key in p.consumed:
-        for d in txn.prep.datas[key]:
-            d.detach_cleanup()
-        consumed.append(txn.prep.datas[key][0].path)
-        _sys.unlink_if_same(consumed[-1], *key)
-    if txn.journal_path is not None:
-        txn.counters.fsyncs += _sys.fsync_parents(consumed)
+    if record is not None and txn.journal_path is not None:
+        parked = [record.parked(s) for s in record.sources if not s.adopt]
+        for s, path in zip((s for s in record.sources if not s.adopt), parked, strict=True):
+            if _undo.same_file(path, s.dev, s.ino) is not None:
+                _sys.unlink(path)
+        txn.counters.fsyncs += _sys.fsync_parents(parked)
         _sys.unlink(txn.journal_path)
+    _close_files(txn)
+    txn.to(Stage.DONE)
+    while txn.locks:
+        _lockfile.release(*txn.locks.pop())
 
 
-def close_descriptors(txn: _Txn) -> list[OSError]:
-    """Close every descriptor the save holds and forget them; returns the close errors.
-
-    A failed close must not skip the rest: Linux releases a descriptor even when close
-    reports an error, so all are closed and the caller decides what an error means.
-    """
-    fds = [fd for fd in txn.fds if fd is not None] + list(txn.src_fds.values())
-    fds += [fd for _m, fd in txn.started if fd >= 0]
-    txn.fds = [None] * len(txn.fds)
-    txn.src_fds.clear()
-    txn.started = [(m, -1) for m, _fd in txn.started]
-    return [e for e in map(_close_reporting, fds) if e is not None]
-
-
-def _close_reporting(fd: int) -> OSError | None:
-    try:
-        _sys.close(fd)
-    except OSError as exc:
-        return exc
-    return None
-
-
-def _close_all(txn: _Txn) -> None:
-    errors = close_descriptors(txn)
-    if errors:
-        raise errors[0]
-
+def _close_files(txn: _Txn) -> None:
+    # After fsync and rename a close error says nothing about the data; it is only logged.
+    for exc in close_descriptors(txn):
+        log.warning("closing a descriptor after the save failed: %s", exc)

@@ -222,7 +222,7 @@ def _adopt(
     out: dict[str, TensorBlob] = {}
     for key, t, path, start, length, digest, dims in raw:
         if path not in owners:
-            owners[path] = FileBackedData(path, owned=True)
+            owners[path] = FileBackedData._scratch(path)
         whole = owners[path]
         # An empty tensor after the last byte may sit past the end (alignment): clamp it.
         data = whole.slice(min(start, len(whole)), length, sha256=digest)
@@ -310,8 +310,17 @@ def save_state_dict(
         directory, stem, alignment=alignment, segment_alignment=segment_alignment,
     )
     scratch = _write_ptd(cord, where, unique, directory, stem)
-    return save(target, Cord([scratch]), consume=consume, window=window or DEFAULT_WINDOW,
-                progress=progress)
+    try:
+        report = save(target, Cord([scratch]), consume=consume, window=window or DEFAULT_WINDOW,
+                      progress=progress)
+    except BaseException as exc:
+        # Rolled back in full (no journal left): the scratch is only a copy of the tensors.
+        # close() deletes it only if it is still exactly the file written above.
+        if getattr(exc, "journal_path", None) is None:
+            scratch.close()
+        raise
+    scratch.close()  # copied (consume=False): ours alone, and nobody else's bytes
+    return report
 
 
 def _ptd_skeleton(
@@ -388,5 +397,5 @@ def _write_ptd(
         _sys.unlink_missing_ok(path)
         raise
     _sys.close(fd)
-    return FileBackedData(path, owned=True)
+    return FileBackedData._scratch(path)
 

@@ -116,7 +116,11 @@ def _take_over(item: Any) -> FileBackedData:
         )
     finalizer = getattr(item, "_finalizer", None)
     owned = finalizer is not None and bool(finalizer.alive)
-    data = FileBackedData(path, owned=owned, sha256=_hex_digest(getattr(item, "_sha256", None)))
+    digest = _hex_digest(getattr(item, "_sha256", None))
+    # ExecuTorch's temporaries stay temporaries: deleted when the last object drops them,
+    # unless a save is given them (then only that save's commit, or close(), deletes them).
+    data = (FileBackedData._scratch(path, sha256=digest) if owned
+            else FileBackedData(path, sha256=digest))
     if finalizer is not None and owned:
         finalizer.detach()  # from now on only filecord's owner deletes the file
         log.debug("took over ownership of %s from ExecuTorch", path)

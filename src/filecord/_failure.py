@@ -1,0 +1,190 @@
+"""What a failed save does, by stage, and the error the caller sees.
+
+Theory of operation
+-------------------
+* Before the journal (CREATED, FILLED): nothing destructive happened.  Descriptors are closed,
+  the temps and a pending journal unlinked, then the lock files (last, so a crash in between
+  leaves a lock file beside the garbage and ``recover`` may remove it).
+* JOURNALED, MOVING: the journal is first renamed to ``.filecord-rollback`` (directory
+  fsynced), so a crash during the undo continues it; then ``_undo.roll_back`` runs on the live
+  files, exactly as ``recover`` would; then temps, journal and lock files are removed.  If the
+  failure is a source changed by another process, or the undo itself fails, everything stays:
+  the lock files are only closed (their ``flock`` dropped), and the error's notes say which
+  file holds which bytes and which ``filecord recover`` command continues.
+* COMMITTED, RENAMED: nothing is undone.  Descriptors and locks are dropped (the files stay)
+  and the error names the committed journal that ``recover`` finishes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, NoReturn
+
+from filecord import _lockfile, _names, _sys, _undo
+from filecord._stage import Stage
+from filecord.errors import DataChangedError, FilecordError, SaveError, SourceState, add_note
+
+log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from filecord.save import _Txn
+
+
+def _drop_locks(txn: _Txn, *, remove: bool) -> None:
+    while txn.locks:
+        path, fd = txn.locks.pop()
+        if remove:
+            try:
+                _lockfile.release(path, fd)
+            except OSError as exc:  # a lock file left behind is removed by recover
+                log.warning("could not remove the lock file %s: %s", path, exc)
+        else:
+            _close_one(fd)
+
+
+def close_descriptors(txn: _Txn) -> list[OSError]:
+    """Close every temp and source descriptor the save holds; returns the close errors.
+
+    A failed close must not skip the rest: Linux releases a descriptor even when close
+    reports an error, so all are closed and the caller decides what an error means.
+    """
+    fds = [fd for fd in txn.fds if fd is not None] + [fd for fd, _st in txn.src_fds.values()]
+    txn.fds = [None] * len(txn.fds)
+    txn.src_fds.clear()
+    return [e for e in map(_close_one, fds) if e is not None]
+
+
+def close_descriptors_quietly(fds: list[int]) -> None:
+    for fd in fds:
+        _close_one(fd)
+
+
+def _close_one(fd: int) -> OSError | None:
+    try:
+        _sys.close(fd)
+    except OSError as exc:
+        return exc
+    return None
+
+
+def _close(txn: _Txn, notes: list[str]) -> None:
+    notes.extend(f"could not close a descriptor: {exc}" for exc in close_descriptors(txn))
+
+
+def _raise(exc: BaseException, message: str, notes: list[str], **kw: object) -> NoReturn:
+    if isinstance(exc, FilecordError) and not kw:
+        for n in [message, *notes]:
+            add_note(exc, n)
+        raise exc
+    if isinstance(exc, OSError):
+        err = SaveError(
+            f"{message}: {exc.strerror or exc}", errno=exc.errno, **kw  # type: ignore[arg-type]
+        )
+        for n in notes:
+            add_note(err, n)
+        raise err from exc
+    for n in [message, *notes]:
+        add_note(exc, n)
+    raise exc
+
+
+def _states(txn: _Txn) -> tuple[SourceState, ...]:
+    record = txn.record
+    if record is None:
+        return ()
+    states = []
+    for s in record.sources:
+        size = -1
+        for name in (record.parked(s), s.path):
+            st = _undo.same_file(name, s.dev, s.ino)
+            if st is not None:
+                size = st.st_size
+                break
+        rest = tuple((record.temp(d.output), d.out_offset) for d in s.dests)
+        states.append(SourceState(s.path, s.size, size, rest))
+    return tuple(states)
+
+
+def _keep_all(txn: _Txn, exc: BaseException, names: str, notes: list[str], why: str) -> NoReturn:
+    _close(txn, notes)
+    _drop_locks(txn, remove=False)
+    states: tuple[SourceState, ...] = ()
+    try:
+        if txn.record is not None:
+            notes.extend(_undo.whereabouts(txn.record))
+        states = _states(txn)
+    except OSError as wexc:
+        notes.append(f"could not look at the sources to say where their bytes are: {wexc}")
+    notes.append(f"{why}; run `filecord recover {txn.journal_path}` once the cause is fixed")
+    _raise(exc, f"saving {names} failed", notes, journal_path=txn.journal_path, sources=states)
+
+
+def fail(txn: _Txn, exc: BaseException) -> NoReturn:
+    """Clean up after ``exc`` and raise the error the caller sees."""
+    names = ", ".join(o.path for o in txn.prep.plan.outputs)
+    notes: list[str] = []
+    stage, txn.stage = txn.stage, Stage.FAILED
+    if stage in (Stage.COMMITTED, Stage.RENAMED, Stage.DONE):
+        _close(txn, notes)
+        if txn.journal_path is not None and stage is not Stage.DONE:
+            _drop_locks(txn, remove=False)
+            notes.append(
+                f"the outputs are complete; run `filecord recover {txn.journal_path}` to "
+                "finish moving them to their final names and removing the consumed sources"
+            )
+            _raise(exc, f"saving {names} failed after its commit point", notes,
+                   journal_path=txn.journal_path)
+        _drop_locks(txn, remove=True)
+        notes.append(f"{names} holds the complete new content, but syncing its directory "
+                     "failed: after a power loss the old file may come back")
+        _raise(exc, f"saving {names} failed after the rename", notes)
+
+    restored = 0
+    if txn.record is not None and txn.journal_path is not None:
+        if isinstance(exc, DataChangedError) and stage is Stage.MOVING:
+            _keep_all(txn, exc, names, notes, "a source changed under the move, so nothing was "
+                      "put back over it: the journal and temps are kept")
+        try:
+            rollback = txn.journal_path[: -len(_names.JOURNAL)] + _names.ROLLBACK
+            _sys.rename(txn.journal_path, rollback)
+            txn.journal_path = rollback
+            _sys.fsync_parents([rollback])
+            temps = list(txn.fds)
+            restored = _undo.roll_back(txn.record, temps, txn.counters)
+        except BaseException as rexc:  # noqa: BLE001 - any failure here leaves the journal in charge
+            notes.append(f"rolling back also failed: {rexc!r}")
+            _keep_all(txn, exc, names, notes, "the journal and temps are kept")
+    _close(txn, notes)
+    left = _remove_garbage(txn, notes)
+    _drop_locks(txn, remove=not left)
+    if restored:
+        notes.append(f"the moved bytes were put back into {restored} source file(s), byte-exact")
+    notes.append("no final name was changed and the sources are intact: the save can be retried")
+    _raise(exc, f"saving {names} failed", notes)
+
+
+def _unlink_one(path: str) -> OSError | None:
+    try:
+        _sys.unlink_missing_ok(path)
+    except OSError as exc:
+        return exc
+    return None
+
+
+def _remove_garbage(txn: _Txn, notes: list[str]) -> bool:
+    """Unlink temps, a pending journal and the journal; True if something could not go."""
+    paths = [t for t in txn.temps if t is not None]
+    first = next((o for o in txn.prep.plan.outputs if not o.direct), None)
+    if first is not None:
+        paths.append(_names.sibling(first.target, txn.token, _names.PENDING))
+    failed = [(p, e) for p, e in ((p, _unlink_one(p)) for p in paths) if e is not None]
+    notes.extend(f"could not remove {p}: {e}" for p, e in failed)
+    left = bool(failed)
+    if txn.journal_path is not None and not left:
+        try:
+            _sys.fsync_parents(paths)
+            _sys.unlink_missing_ok(txn.journal_path)
+        except OSError as exc:
+            notes.append(f"could not remove the journal {txn.journal_path}: {exc}")
+            left = True
+    return left

@@ -1,0 +1,95 @@
+"""The liveness proof of a save: one ``flock``ed lock file per directory it writes in.
+
+Theory of operation
+-------------------
+A save creates ``.STEM.TOKEN.filecord-lock`` with ``O_CREAT|O_EXCL`` in every directory where
+it will create a temp, *before* the temp, takes ``flock(LOCK_EX|LOCK_NB)`` on it, and then checks
+that the name still names the locked inode (a recover may have removed a lock file it found
+unlocked in the instant between ``open`` and ``flock``; the save then stops before creating
+anything else).  The descriptors stay open until the save has removed everything else; the
+lock files are unlinked last.  The kernel drops an ``flock`` when its holder dies (SIGKILL,
+crash), so "the lock can be taken" proves the save is no longer running.
+
+``recover`` acts on a save's files only while it holds that save's lock, taken the same way
+(open without creating, ``LOCK_NB``, re-check the name).  A held lock means a live save (or
+another recover): it is skipped and reported.  Two recovers exclude each other the same way.
+
+``flock`` locks belong to the open file description, so an in-process ``recover`` contends
+with an in-process save exactly as another process would.  On NFS, Linux emulates ``flock``
+with byte-range locks through the lock manager; where the server offers none, ``flock`` fails
+(``ENOLCK``) and the save refuses rather than run without its proof.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+
+from filecord import _sys
+
+
+class LockBusyError(OSError):
+    """The lock is held: a save (or a recover) is running on these files right now."""
+
+
+def _names_same(fd: int, path: str) -> bool:
+    try:
+        st = _sys.lstat(path)
+    except FileNotFoundError:
+        return False
+    mine = _sys.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def create(path: str, content: bytes) -> int:
+    """Create and lock a new lock file (the save's side); the caller closes the descriptor."""
+    fd = _sys.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            _sys.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LockBusyError(
+                errno.EAGAIN, f"{path} was locked by a recover as it was made"
+            ) from None
+        if not _names_same(fd, path):
+            raise LockBusyError(errno.EAGAIN, f"{path} was removed by a recover as it was made")
+        _sys.write_all(fd, content, 0)
+        # Durable before any temp exists beside it: a temp's name then implies the pointer.
+        _sys.fsync(fd)
+    except BaseException:
+        _sys.close(fd)
+        raise
+    return fd
+
+
+def acquire(path: str) -> int | None:
+    """Lock an existing lock file (the recover's side): its descriptor, or None if it is gone.
+
+    Raises :class:`LockBusyError` when another process holds it.
+    """
+    try:
+        fd = _sys.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            _sys.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LockBusyError(errno.EAGAIN, f"{path} is locked: its save is running") from None
+        if not _names_same(fd, path):
+            _sys.close(fd)
+            return None
+    except BaseException:
+        _sys.close(fd)
+        raise
+    return fd
+
+
+def release(path: str, fd: int) -> None:
+    """Remove the lock file while still holding it, then let go."""
+    try:
+        if _names_same(fd, path):
+            _sys.unlink_missing_ok(path)
+    finally:
+        _sys.close(fd)

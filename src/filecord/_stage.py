@@ -1,0 +1,78 @@
+"""The stages of a save and the one table of legal moves between them.
+
+A running save holds its stage in a variable; a crashed one is read back from the names of its
+files, because every stage that matters after a crash is entered by an atomic rename whose
+directory is fsynced:
+
+=============  ==================================  ===========================================
+stage          what exists                          what a failure or crash is undone by
+=============  ==================================  ===========================================
+CREATED        lock files, empty temps              removing temps (nothing destructive yet)
+FILLED         complete copies in the temps         removing temps
+JOURNALED      ``.filecord-journal`` (durable)      rolling back (sources still whole)
+MOVING         sources renamed, being shortened     rolling back: put bytes and names back
+ROLLING_BACK   ``.filecord-rollback``               rolling back, continued
+COMMITTED      ``.filecord-committed``              finishing: renames, delete sources
+RENAMED        final names replaced                 finishing: delete sources
+DONE           nothing                              nothing
+=============  ==================================  ===========================================
+
+``FAILED`` is the poisoned state of h11's machines: a save that reached it is over.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from filecord import _names
+
+
+class Stage(enum.Enum):
+    CREATED = "created"
+    FILLED = "filled"
+    JOURNALED = "journaled"
+    MOVING = "moving"
+    ROLLING_BACK = "rolling back"
+    COMMITTED = "committed"
+    RENAMED = "renamed"
+    DONE = "done"
+    FAILED = "failed"
+
+
+_LEGAL: dict[Stage, frozenset[Stage]] = {
+    Stage.CREATED: frozenset({Stage.FILLED, Stage.FAILED}),
+    Stage.FILLED: frozenset({Stage.JOURNALED, Stage.COMMITTED, Stage.FAILED}),
+    Stage.JOURNALED: frozenset({Stage.MOVING, Stage.COMMITTED, Stage.ROLLING_BACK,
+                                Stage.FAILED}),
+    Stage.MOVING: frozenset({Stage.COMMITTED, Stage.ROLLING_BACK, Stage.FAILED}),
+    Stage.ROLLING_BACK: frozenset({Stage.FAILED}),
+    Stage.COMMITTED: frozenset({Stage.RENAMED, Stage.FAILED}),
+    Stage.RENAMED: frozenset({Stage.DONE, Stage.FAILED}),
+    Stage.DONE: frozenset(),
+    Stage.FAILED: frozenset(),
+}
+
+
+class StageError(RuntimeError):
+    """A transition the table does not allow: a bug in filecord, never a user error."""
+
+
+def advance(current: Stage, new: Stage) -> Stage:
+    if new not in _LEGAL[current]:
+        raise StageError(f"a save cannot go from {current.value} to {new.value}")
+    return new
+
+
+def undoes(stage: Stage) -> bool:
+    """Whether a failure at ``stage`` is answered by undoing (else by finishing)."""
+    return stage in {Stage.CREATED, Stage.FILLED, Stage.JOURNALED, Stage.MOVING,
+                     Stage.ROLLING_BACK}
+
+
+def of_journal_suffix(suffix: str) -> Stage:
+    """The stage a crashed save was in, from its journal's name."""
+    return {
+        _names.JOURNAL: Stage.MOVING,  # moving or only journaled: the files tell which
+        _names.ROLLBACK: Stage.ROLLING_BACK,
+        _names.COMMITTED: Stage.COMMITTED,
+    }[suffix]

@@ -1,0 +1,258 @@
+"""Roll back or finish a save from its journal record: one implementation for save and recover.
+
+Theory of operation
+-------------------
+Everything here is judged from the files, never from memory, so the in-process rollback of a
+failed save and ``recover`` after a crash run the same code, and both can be interrupted at any
+call and run again.
+
+*Roll back* (before the commit point), per source, newest first:
+
+1. an adopted source (renamed whole onto its output's temp) is found at the temp by device and
+   inode, its mode put back with ``fchmod``, and its name restored;
+2. a parked source (``.NAME.TOKEN.filecord-src``, renamed there before it was shortened) gets
+   its moved bytes back from the temps (``transfer.restore_source``: copy back, ``fsync`` the
+   source, then punch the temp), its times restored with ``futimens`` and ``fsync``ed;
+3. its original name is restored with ``link`` then ``unlink`` of the parked name, so a file
+   someone created at the original path meanwhile is never replaced (the bytes then stay at
+   the parked name and recovery refuses, saying so); the directories are fsynced.
+
+The caller then removes the temps, fsyncs their directories, and removes the journal and the
+lock files.  A crash anywhere leaves each source at one of its two names with a size between
+its kept prefix and its full size, and the bytes above that size still in the temps.
+
+*Strict* mode (a journal found at the ``.filecord-journal`` stage) first checks every source
+is where and how long a move of this save can have left it: at a window boundary of its run.
+Any other size means someone else changed the file; nothing is done and the caller refuses.
+
+*Finish* (after the commit point): each temp still holding the journaled inode is given its
+recorded mode and owner and renamed onto its final name; a final name already holding that
+inode is done; anything else is a lost output and stops recovery.  The directories are fsynced,
+then the parked sources (their names carry the token, so an inode number reused by a new file
+at the old path can never be mistaken for them) are unlinked and their directories fsynced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat as stat_mod
+
+from filecord import _sys, transfer
+from filecord.errors import DataChangedError, RecoverError
+from filecord.journal import Journal, JournalSource
+from filecord.plan import cover
+
+
+def same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
+    """``lstat(path)`` if it names the inode (dev, ino), else None."""
+    try:
+        st = _sys.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st if (st.st_dev, st.st_ino) == (dev, ino) and stat_mod.S_ISREG(st.st_mode) else None
+
+
+def legal_size(s: JournalSource, size: int, window: int) -> bool:
+    """Whether a move (or a rollback) of this save can have left ``s`` at ``size``."""
+    if not s.run_start <= size <= s.size:
+        return False
+    return size in (s.run_start, s.size) or (s.size - size) % window == 0 or (
+        size - s.run_start
+    ) % window == 0
+
+
+def check_strict(j: Journal) -> None:
+    """Refuse (``DataChangedError``) if a source is not as this save can have left it."""
+    for s in j.sources:
+        st = same_file(j.parked(s), s.dev, s.ino)
+        if s.adopt or st is None:
+            continue
+        if not legal_size(s, st.st_size, j.window):
+            raise DataChangedError(
+                j.parked(s), expected_size=s.size, found_size=st.st_size,
+                reason="its size is not one a move of this save leaves: another process "
+                "changed it",
+            )
+
+
+def open_temps(j: Journal) -> list[int | None]:
+    """Descriptors of the temps still holding this save's inodes (None where absent)."""
+    fds: list[int | None] = []
+    try:
+        for o, out in enumerate(j.outputs):
+            if out.direct or same_file(j.temp(o), out.dev, out.ino) is None:
+                fds.append(None)
+            else:
+                fds.append(_sys.open(j.temp(o), os.O_RDWR))
+    except BaseException:
+        close_all(fds)
+        raise
+    return fds
+
+
+def close_all(fds: list[int | None]) -> None:
+    for fd in fds:
+        if fd is not None:
+            _sys.close(fd)
+
+
+def roll_back(j: Journal, temps: list[int | None], c: transfer.Counters) -> int:
+    """Put every source back, byte-exact under its own name; returns how many moved back."""
+    restored = 0
+    for s in reversed(j.sources):
+        restored += _put_back(j, s, temps, c)
+    return restored
+
+
+def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer.Counters) -> int:
+    if s.adopt:
+        temp = j.temp(s.dests[0].output)
+        if same_file(temp, s.dev, s.ino) is not None:
+            fd = _sys.open(temp, os.O_RDONLY)
+            try:
+                _sys.fchmod(fd, stat_mod.S_IMODE(s.mode))
+            finally:
+                _sys.close(fd)
+            _name_back(temp, s.path)
+            return 1
+        if same_file(s.path, s.dev, s.ino) is None:
+            raise RecoverError(f"{s.path}: the adopted source is neither at its name nor at {temp}")
+        return 0
+    parked = j.parked(s)
+    st = same_file(parked, s.dev, s.ino)
+    if st is None:
+        st = same_file(s.path, s.dev, s.ino)
+        if st is None:
+            raise RecoverError(f"{s.path}: the source is neither at its name nor at {parked}")
+        if st.st_size != s.size:
+            raise DataChangedError(s.path, expected_size=s.size, found_size=st.st_size,
+                                   reason="changed by another process before the save moved it")
+        return 0
+    fd = _sys.open(parked, os.O_RDWR)
+    try:
+        size = _sys.fstat(fd).st_size
+        if not s.run_start <= size <= s.size:
+            raise DataChangedError(parked, expected_size=s.size, found_size=size,
+                                   reason="outside the range a move of this save leaves")
+        if size < s.size:
+            transfer.restore_source(fd, s.as_move(), temps, j.window, c, punch=True)
+        _sys.futimens(fd, s.atime_ns, s.mtime_ns)
+        c.fsync(fd)
+    finally:
+        _sys.close(fd)
+    _name_back(parked, s.path)
+    return 1
+
+
+def _name_back(src: str, dst: str) -> None:
+    """Give ``src``'s inode back the name ``dst``, never replacing another file there."""
+    try:
+        _sys.link(src, dst)
+    except FileExistsError:
+        there, here = _sys.lstat(dst), _sys.lstat(src)
+        if (there.st_dev, there.st_ino) != (here.st_dev, here.st_ino):
+            raise RecoverError(
+                f"{dst} is now another file; the original bytes are kept at {src}"
+            ) from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+            raise
+        # No hard links here (FAT, some FUSE): rename, after checking the name is free.
+        try:
+            _sys.lstat(dst)
+        except FileNotFoundError:
+            _sys.rename(src, dst)
+            _sys.fsync_parents([dst])
+            return
+        raise RecoverError(
+            f"{dst} is now another file; the original bytes are kept at {src}"
+        ) from exc
+    _sys.unlink(src)
+    _sys.fsync_parents([dst, src])
+
+
+def remove_temps(j: Journal) -> None:
+    temps = [j.temp(o) for o, out in enumerate(j.outputs) if not out.direct]
+    for t in temps:
+        _sys.unlink_missing_ok(t)
+    _sys.fsync_parents(temps)
+
+
+def finish(j: Journal, journal_path: str) -> None:
+    finals: list[str] = []
+    for o, out in enumerate(j.outputs):
+        if out.direct:
+            continue
+        temp = j.temp(o)
+        if same_file(temp, out.dev, out.ino) is not None:
+            _apply_owner_mode(temp, out.mode, out.uid, out.gid)
+            _sys.rename(temp, out.final)
+        elif same_file(out.final, out.dev, out.ino) is None:
+            raise RecoverError(
+                f"{out.final}: the journal {journal_path} is committed, but neither its temp "
+                f"{temp} nor the renamed output is there; the output is lost (the journal is "
+                "kept so the sources it lists are not deleted)"
+            )
+        finals.append(out.final)
+    _sys.fsync_parents(finals)
+    parked = [j.parked(s) for s in j.sources if not s.adopt]
+    for s, p in zip((s for s in j.sources if not s.adopt), parked, strict=True):
+        if same_file(p, s.dev, s.ino) is not None:
+            _sys.unlink(p)
+    _sys.fsync_parents(parked)
+
+
+def _apply_owner_mode(path: str, mode: int, uid: int, gid: int) -> None:
+    if mode < 0 and uid < 0 and gid < 0:
+        return
+    fd = _sys.open(path, os.O_RDONLY)
+    try:
+        apply_owner_mode(fd, mode, uid, gid)
+    finally:
+        _sys.close(fd)
+
+
+def apply_owner_mode(fd: int, mode: int, uid: int, gid: int) -> None:
+    """Owner first (a chown clears set-id bits), then the mode; an owner we may not give is
+    left as it is (an unprivileged process cannot give a file away)."""
+    if uid >= 0 or gid >= 0:
+        st = _sys.fstat(fd)
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            with contextlib.suppress(PermissionError):
+                _sys.fchown(fd, uid, gid)
+    if mode >= 0:
+        _sys.fchmod(fd, stat_mod.S_IMODE(mode))
+
+
+def whereabouts(j: Journal) -> list[str]:
+    """One line per source: how many bytes are in it (and under which name), where the rest is."""
+    lines = []
+    for s in j.sources:
+        if s.adopt:
+            temp = j.temp(s.dests[0].output)
+            at = temp if same_file(temp, s.dev, s.ino) else s.path
+            lines.append(f"{s.path}: the whole file ({s.size} bytes) is at {at}")
+            continue
+        name, size = s.path, -1
+        for candidate in (j.parked(s), s.path):
+            st = same_file(candidate, s.dev, s.ino)
+            if st is not None:
+                name, size = candidate, st.st_size
+                break
+        if size < 0:
+            lines.append(f"{s.path}: not found under its name or {j.parked(s)}")
+            continue
+        line = f"{s.path}: bytes [0, {size}) of {s.size} are in {name}"
+        if size < s.size:
+            try:
+                segs = cover(s.dests, max(size, s.run_start), s.size)
+            except ValueError:
+                segs = []
+            line += "; " + ", ".join(
+                f"[{a}, {b}) at offset {d.out_offset + a - d.src_offset} of {j.temp(d.output)}"
+                for a, b, d in segs
+            )
+        lines.append(line)
+    return lines
