@@ -21,9 +21,11 @@ WRITE_OPS = frozenset({"pwrite", "write", "copy_file_range", "sendfile"})
 READ_OPS = frozenset({"pread", "preadinto"})
 # The calls a crash point is placed before (issue 3): the ones that change what is durable, and
 # (as "create") every open that creates a name: the lock, a temp, the pending journal.
-DESTRUCTIVE_OPS = frozenset({"ftruncate", "rename", "unlink", "fsync", "fsync_dir", "create"})
-# Recovery and rollback also punch temps and put back the sources' times.
-RECOVER_OPS = DESTRUCTIVE_OPS | {"punch_hole", "futimens"}
+DESTRUCTIVE_OPS = frozenset(
+    {"ftruncate", "rename", "link", "unlink", "fsync", "fsync_dir", "create"}
+)
+# Recovery and rollback also punch temps, put back the sources' times and modes, and owners.
+RECOVER_OPS = DESTRUCTIVE_OPS | {"punch_hole", "futimens", "fchmod", "fchown"}
 
 ERRNOS = {"eio": errno.EIO, "enospc": errno.ENOSPC}
 KINDS = ("eio", "enospc", "short-write", "short-read")
@@ -223,8 +225,9 @@ PENDING_SUFFIX = ".filecord-pending"
 JOURNAL_SUFFIX = ".filecord-journal"
 SRC_SUFFIX = ".filecord-src"
 COMMITTED_SUFFIX = ".filecord-committed"
+ROLLBACK_SUFFIX = ".filecord-rollback"  # a rollback in progress (the journal renamed)
 SUFFIXES = (LOCK_SUFFIX, TEMP_SUFFIX, PENDING_SUFFIX, JOURNAL_SUFFIX, SRC_SUFFIX,
-            COMMITTED_SUFFIX)
+            COMMITTED_SUFFIX, ROLLBACK_SUFFIX)
 # A crash point is also placed before each open that creates a name (the lock, the temps, the
 # pending journal): "create" in an ops set means such an open.
 CREATE = "create"

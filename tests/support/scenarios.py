@@ -354,11 +354,13 @@ def _mark(ok: bytearray, base: int, got: bytes, want: bytes, block: int = 256) -
 
 def lost_bytes(
     lay: Layout, snap: Mapping[str, bytes], *, exempt: Mapping[str, set[int]] | None = None,
+    used_only: frozenset[str] = frozenset(),
 ) -> dict[str, int]:
     """Per source rel, how many original bytes are nowhere: neither in the source (or its
     ``.filecord-src`` name) at their offset nor in any copy of an output (final name or temp)
     at their planned offset.  ``exempt`` lists, per source, offsets a second party destroyed
-    itself (they may be gone).  An empty dict: no byte lost.
+    itself (they may be gone); for the sources in ``used_only`` (consumed by a completed
+    save) only the bytes some output uses count.  An empty dict: no byte lost.
     """
     exempt = exempt or {}
     place = lay.placements()
@@ -366,6 +368,10 @@ def lost_bytes(
     for s in lay.spec.sources.values():
         want = s.content()
         ok = bytearray(len(want))
+        if s.rel in used_only:  # bytes no output uses went with the consumed file
+            ok[:] = b"\x01" * len(want)
+            for _o, _oo, src_off, n in place.get(s.rel, []):
+                ok[src_off : src_off + n] = bytes(n)
         for cand in _candidates(snap, s.rel):
             _mark(ok, 0, cand[: len(want)], want)
         for out_rel, out_off, src_off, n in place.get(s.rel, []):
