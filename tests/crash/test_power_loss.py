@@ -56,7 +56,7 @@ DONE = frozenset({"done"})
 # Floors near the real counts (about 90% of what the suite runs against the v2 core), so a
 # broken enumerator cannot pass by testing less: crash points per scenario (the same in every
 # mode), and per mode the points on each side of the commit.
-POINT_FLOOR = {"consume3": 1, "copy3": 1, "single": 1, "adopt2": 1}
+POINT_FLOOR = {"consume3": 54, "copy3": 24, "single": 7, "adopt2": 29}
 
 
 def wanted(calls: list[Call], point: Call | None, mode: str) -> frozenset[str]:
@@ -216,7 +216,7 @@ def test_power_cut_during_recover(tmp_path: Path, mode: str) -> None:
     print(f"\nconsume3: power cut ({mode}) during recover: {points - len(failures)}/{points} "
           f"recovery crash points (over {n} save crash points) recovered again all-or-nothing")
     assert not failures, "\n".join(failures[:20])
-    assert points >= n
+    assert points >= max(n, 1100)
 
 
 @pytest.mark.slow
@@ -265,4 +265,4 @@ def test_power_cut_during_rollback(tmp_path: Path, mode: str) -> None:
           f"{points - len(failures)}/{points} points (over {last_pre - first_journal + 1} "
           f"failed calls) recovered to the original sources")
     assert not failures, "\n".join(failures[:20])
-    assert points >= 100
+    assert points >= 2200
