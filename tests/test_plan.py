@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from filecord.plan import FsFacts, OutputFacts, PieceRef, SourceFacts, make_plan
 
@@ -92,6 +95,19 @@ def test_other_file_system_and_no_holes_and_direct_output() -> None:
     assert decide(src(), o=out(direct=True)).actions[1].reason == P.NOT_OUR_FILE
 
 
+def test_owned_source_written_to_a_direct_output_is_kept() -> None:
+    p = decide(src(), o=out(direct=True))
+    assert p.moves == ()
+    assert p.consumed == ()  # a stream is not storage: the source is not deleted
+    both = make_plan(
+        [out(), out(10_000, direct=True)],
+        [*whole(), PieceRef(1, 0, 0, 10_000, KEY, 0)],
+        {KEY: src()}, {DEV: fs()}, consume=True, window=4096,
+    )
+    assert [a.action for a in both.actions] == ["written", "copied", "copied"]
+    assert both.consumed == ()
+
+
 def test_without_consume_nothing_has_a_reason() -> None:
     p = decide(src(owned=False), consume=False)
     assert p.actions[1].action == "copied"
@@ -169,3 +185,30 @@ def test_merged_runs() -> None:
 def test_window_too_small() -> None:
     with pytest.raises(ValueError, match="window"):
         make_plan([out()], whole(), {KEY: src()}, {DEV: fs()}, consume=True, window=10)
+
+
+_REF = st.tuples(st.integers(0, 60), st.integers(0, 30))  # (src_offset, length)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_REF, max_size=12), st.integers(0, 90), st.integers(0, 30))
+def test_cover_agrees_with_a_byte_by_byte_reference(
+    spans: list[tuple[int, int]], lo: int, width: int
+) -> None:
+    dests = [PieceRef(i % 3, i, 1000 * i, n, KEY, s) for i, (s, n) in enumerate(spans)]
+    hi = lo + width
+    holders = {b: [d for d in dests if d.src_offset <= b < d.src_offset + d.length]
+               for b in range(lo, hi)}
+    gaps = [b for b, hs in holders.items() if not hs]
+    if gaps:
+        with pytest.raises(ValueError, match=f"no destination holds source byte {gaps[0]}"):
+            P.cover(dests, lo, hi)
+        return
+    segs = P.cover(dests, lo, hi)
+    bounds = [lo, *(b for _a, b, _d in segs)]
+    assert [(a, b) for a, b, _d in segs] == list(itertools.pairwise(bounds))  # contiguous
+    assert bounds[-1] == hi
+    for a, b, d in segs:
+        assert d.src_offset <= a < b <= d.src_offset + d.length  # held by its ref
+        # the ref reaching furthest from ``a``, so there are as few segments as possible
+        assert d.src_offset + d.length == max(h.src_offset + h.length for h in holders[a])

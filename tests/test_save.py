@@ -166,3 +166,32 @@ def test_plan_is_a_dry_run(tmp_path: Path, make_file: Callable[..., str]) -> Non
     assert os.path.exists(d.path)
     assert p.peaks
     assert p.peaks[0].fits
+
+
+def test_durable_false_skips_fsync_but_stays_atomic(tmp_path: Path) -> None:
+    from filecord import _sys
+
+    class Count(_sys.Backend):
+        def __init__(self) -> None:
+            self.ops: list[str] = []
+
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            self.ops.append(op)
+
+    out = tmp_path / "o"
+    out.write_bytes(b"old")
+    fast, slow = Count(), Count()
+    with _sys.use(fast):
+        r = save(out, b"new" * 1000, durable=False)
+    assert out.read_bytes() == b"new" * 1000
+    assert r.fsyncs == 0
+    with _sys.use(slow):
+        save(out, b"newer", durable=True)
+    # The durable save syncs the temp and the directory; the fast one neither.
+    assert slow.ops.count("fsync") >= 1
+    assert slow.ops.count("fsync_dir") >= 1
+    assert fast.ops.count("fsync_dir") == 0
+    assert fast.ops.count("fsync") == slow.ops.count("fsync") - 1  # only the lock file's
+    assert leftovers(tmp_path) == []
+    with pytest.raises(ValueError, match="copy saves only"):
+        save(out, b"x", consume=True, durable=False)

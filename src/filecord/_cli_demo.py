@@ -4,7 +4,7 @@ The demo writes its files in a fresh directory (under ``--dir`` or the system te
 saves a header plus the "engine" files into one artifact twice — once copying, once with
 ``consume=True`` — verifies every output byte against a digest computed while generating, and
 prints time, peak allocated disk, peak RSS and the per-piece actions.  Everything it made is
-removed unless ``--keep``.
+removed unless ``--keep``, also when the demo is stopped by SIGINT (Ctrl-C) or SIGTERM.
 """
 
 from __future__ import annotations
@@ -14,13 +14,23 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from filecord import _cli_demo_model, _sys
+from filecord._cli_common import (
+    UsageError,
+    parse_size,
+    parse_window,
+    positive_int,
+    raise_terminated,
+)
 from filecord._cli_demo_model import ModelResult
 from filecord._cli_progress import Bar
 from filecord._measure import DiskSampler, rss_now, rss_peak, rss_reset
@@ -145,17 +155,70 @@ def _model_json(m: ModelResult | None) -> dict[str, object] | None:
             "report": m.report.to_dict()}
 
 
+_STOP = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextmanager
+def _workdir(parent: str, *, keep: bool) -> Iterator[str]:
+    """A fresh directory under ``parent``, removed on the way out unless ``keep``.
+
+    On the way out means normally, by an error, by SIGINT (Ctrl-C) or by SIGTERM: SIGTERM is
+    turned into an exception for the duration, both signals are blocked while the directory is
+    created (so none can land between its creation and the ``finally`` that owns it), and
+    ignored while it is removed (so a second Ctrl-C cannot leave half of it behind).
+    """
+    main = threading.current_thread() is threading.main_thread()
+    before: Any = signal.getsignal(signal.SIGTERM)
+    if main:
+        signal.signal(signal.SIGTERM, raise_terminated)
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP)
+    made: list[str] = []
+    try:
+        try:
+            made.append(tempfile.mkdtemp(prefix="filecord-demo-", dir=parent))
+        finally:
+            if main:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP)  # a pending one raises here
+        yield made[0]
+    finally:
+        saved = {s: signal.signal(s, signal.SIG_IGN) for s in _STOP} if main else {}
+        try:
+            if made and not keep:
+                shutil.rmtree(made[0], ignore_errors=True)
+        finally:
+            for s, h in saved.items():
+                signal.signal(s, h)
+            if main:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
+
+
+def _work_parent(args: argparse.Namespace, human: Callable[[float], str]) -> str:
+    """Where the demo may work: an existing directory with room for the copy's peak."""
+    parent: str = args.dir or tempfile.gettempdir()
+    if not os.path.isdir(parent):
+        raise UsageError(f"--dir {parent}: no such directory")
+    vfs = _sys.statvfs(parent)
+    free = vfs.f_bavail * vfs.f_frsize
+    needed = 2 * args.size + (16 << 20)  # the copy holds the engines and the output at once
+    if needed > free:
+        raise UsageError(f"--size {human(args.size)} needs {human(needed)} free in {parent} "
+                         f"(the copy holds the engines and the output at once), "
+                         f"{human(free)} are free: give a smaller --size or another --dir")
+    return parent
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from filecord.cli import human
 
     total: int = args.size
-    if total < args.pieces or args.pieces < 1:
-        raise SystemExit(f"filecord demo: --size must be at least --pieces ({args.pieces})")
-    parent = args.dir or tempfile.gettempdir()
-    workdir = tempfile.mkdtemp(prefix="filecord-demo-", dir=parent)
+    if total < args.pieces:
+        raise UsageError(f"--size ({total} bytes) must be at least one byte per piece "
+                         f"(--pieces {args.pieces})")
+    parent = _work_parent(args, human)
     results: list[RunResult] = []
     quiet = args.quiet or args.json
-    try:
+    model: ModelResult | None = None
+    with _workdir(parent, keep=args.keep) as workdir:
         if not quiet:
             print(f"filecord demo: {human(total)} of synthetic engines in {args.pieces} files, "
                   f"packed as named data into a .ptd, in {workdir}")
@@ -165,9 +228,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
             for consume in (False, True)
         )
         model = _model_step(args, workdir)
-    finally:
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
     ok = all(r.verified for r in results) and (model is None or model.verified)
     if args.json:
         print(json.dumps({
@@ -202,8 +262,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
-    from filecord.cli import parse_size
-
     p = sub.add_parser(
         "demo",
         help="save synthetic engine files by copy and by move, verify, compare",
@@ -213,9 +271,9 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
         "installed) export a small model, save its weights with consume=True and run it.",
     )
     p.add_argument("--size", type=parse_size, default=1 << 30, help="total engine bytes [1GiB]")
-    p.add_argument("--pieces", type=int, default=4, help="number of engine files [4]")
+    p.add_argument("--pieces", type=positive_int, default=4, help="number of engine files [4]")
     p.add_argument("--dir", default=None, help="where to work [the system temp directory]")
-    p.add_argument("--window", type=parse_size, default=DEFAULT_WINDOW,
+    p.add_argument("--window", type=parse_window, default=DEFAULT_WINDOW,
                    help=f"consume sync window [{DEFAULT_WINDOW >> 20}MiB]")
     p.add_argument("--keep", action="store_true", help="keep the generated files")
     p.add_argument("--no-model", action="store_true", help="skip the ExecuTorch model step")

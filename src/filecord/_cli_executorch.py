@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat as stat_mod
 import sys
 from typing import Any
 
-from filecord import _sys
+from filecord import _cli_safetensors, _sys
 from filecord.errors import FormatError
 from filecord.executorch import PtdFile, PteFile, read_ptd, read_pte
 
@@ -22,12 +23,13 @@ from filecord.executorch import PtdFile, PteFile, read_ptd, read_pte
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser(
         "inspect",
-        help="show the layout of an ExecuTorch .pte or .ptd file",
+        help="show the layout of an ExecuTorch .pte/.ptd or a safetensors file or index",
         description="Show header, segments (absolute offsets and sizes), constant segment, "
         "named data and delegates of an ExecuTorch program (.pte) or data file (.ptd).",
     )
-    p.add_argument("path", help="a .pte or .ptd file")
+    p.add_argument("path", help="a .pte, .ptd, .safetensors or *.index.json file")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
     p.set_defaults(func=run_inspect)
 
     v = subparsers.add_parser(
@@ -46,7 +48,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     v.add_argument("--no-runtime", action="store_true", help="structural checks only")
     v.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    v.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
     v.set_defaults(func=run_verify)
+
+
+def _head(path: str) -> bytes:
+    fd = _sys.open(path, os.O_RDONLY)
+    try:
+        return _sys.pread(fd, 9, 0)
+    finally:
+        _sys.close(fd)
+
+
+def _not_regular(path: str) -> str | None:
+    """Why ``path`` cannot be read as a file (a FIFO would block, a device never ends)."""
+    try:
+        st = _sys.stat(path)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if stat_mod.S_ISDIR(st.st_mode):
+        return "a directory, not a file"
+    if not stat_mod.S_ISREG(st.st_mode):
+        return "not a regular file (a FIFO, socket or device is not read)"
+    return None
 
 
 def _identifier(path: str) -> bytes:
@@ -185,12 +209,20 @@ def _render(info: dict[str, Any]) -> list[str]:
 
 def run_inspect(args: argparse.Namespace) -> int:
     path = os.fspath(args.path)
+    why = _not_regular(path)
+    if why is not None:
+        print(f"filecord inspect: {path}: {why}", file=sys.stderr)
+        return 1
     try:
         ident = _identifier(path)
         if ident == b"ET12":
             info = describe_pte(read_pte(path))
         elif ident == b"FT01":
             info = describe_ptd(read_ptd(path))
+        elif _cli_safetensors.is_safetensors(path, _head(path)):
+            st = _cli_safetensors.describe(path)
+            print(json.dumps(st, indent=2) if args.json else "\n".join(_cli_safetensors.render(st)))
+            return 0
         else:
             print(
                 f"filecord inspect: {path}: not an ExecuTorch .pte or .ptd (identifier {ident!r})",
@@ -210,6 +242,12 @@ def run_inspect(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     from filecord.executorch.verify import verify
 
+    odd = [(p, why) for p in (args.pte, *args.data)
+           if os.path.lexists(p) and (why := _not_regular(p)) is not None]
+    for p, why in odd:
+        print(f"filecord verify: {p}: {why}", file=sys.stderr)
+    if odd:
+        return 1
     result = verify(args.pte, args.data, runtime=not args.no_runtime)
     rt = result.runtime
     if args.json:

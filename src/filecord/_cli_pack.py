@@ -12,21 +12,30 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
+from filecord import _sys
+from filecord._cli_common import UsageError, parse_window
 from filecord._cli_progress import Bar
 from filecord.data import FileBackedData
 from filecord.plan import DEFAULT_WINDOW
 from filecord.report import SaveReport
 
+MAX_ALIGN = 1 << 30  # an entry's alignment is padding written into the file
 
-class UsageError(Exception):
-    """Bad command-line input: reported with exit status 2, like argparse's own errors."""
+
+def _is_text(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:  # a surrogate escape: the name was not UTF-8
+        return False
+    return True
 
 
 def parse_specs(specs: list[str]) -> list[tuple[str, str]]:
     """``KEY=FILE`` or ``FILE`` (key: the file's name).  An argument naming an existing file is
-    a file even if it contains ``=``."""
+    a file even if it contains ``=``.  A file name may be any bytes; a key is stored as text in
+    the ``.ptd``, so it must be valid UTF-8 (give ``KEY=FILE`` for a file whose name is not)."""
     out: list[tuple[str, str]] = []
     seen: dict[str, str] = {}
     for spec in specs:
@@ -34,10 +43,16 @@ def parse_specs(specs: list[str]) -> list[tuple[str, str]]:
             key, path = spec.split("=", 1)
             if not key:
                 raise UsageError(f"empty key in {spec!r}")
+            if not _is_text(key):
+                raise UsageError(f"key {key!r} is not valid UTF-8 (a .ptd key is text)")
         else:
             key, path = os.path.basename(spec), spec
+            if key and not _is_text(key):
+                raise UsageError(f"the name of {spec!r} is not valid UTF-8 and a .ptd key is "
+                                 f"text: give it a key, KEY={spec}")
         if not os.path.isfile(path):
-            raise UsageError(f"{path}: no such file")
+            what = "not a regular file" if os.path.exists(path) else "no such file"
+            raise UsageError(f"{path}: {what}")
         if key in seen:
             raise UsageError(f"key {key!r} given twice ({seen[key]} and {path})")
         seen[key] = path
@@ -51,39 +66,50 @@ def _cord(args: argparse.Namespace) -> tuple[Any, list[FileBackedData]]:
     from filecord.executorch.ptd import build_ptd
     from filecord.executorch.values import PtdEntry
 
-    if args.align < 1 or args.align & (args.align - 1):
-        raise UsageError(f"--align must be a power of two, got {args.align}")
+    if args.align < 1 or args.align & (args.align - 1) or args.align > MAX_ALIGN:
+        raise UsageError(f"--align must be a power of two from 1 to {MAX_ALIGN}, "
+                         f"got {args.align}")
     specs = parse_specs(args.files)
     datas = [(key, FileBackedData(path, owned=args.consume)) for key, path in specs]
     entries = {key: PtdEntry(key, d, None, args.align) for key, d in datas}
     return build_ptd(entries, segment_alignment=max(128, args.align)), [d for _k, d in datas]
 
 
-def _render(report: SaveReport, args: argparse.Namespace, human: Callable[[float], str]) -> None:
+def _render(
+    report: SaveReport, args: argparse.Namespace, human: Callable[[float], str], out: TextIO
+) -> None:
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(json.dumps(report.to_dict(), indent=2), file=out)
         return
     if args.quiet and not report.dry_run:
         return
-    print(report.summary())
+    print(report.summary(), file=out)
     for a in report.file_actions():
         why = f" ({a.reason})" if a.reason else ""
-        print(f"  {a.action:7} {human(a.length):>12}  {a.source}{why}")
+        print(f"  {a.action:7} {human(a.length):>12}  {a.source}{why}", file=out)
     for peak in report.peaks:
         verdict = "fits" if peak.fits else "DOES NOT FIT"
         print(f"  {peak.fs_type}: needs {human(peak.needed)} at its peak, {human(peak.free)} "
-              f"free: {verdict}")
+              f"free: {verdict}", file=out)
+
+
+def _is_stdout(path: str) -> bool:
+    """Whether ``path`` is the file our standard output writes to (``pack /dev/stdout``)."""
+    try:
+        named = _sys.stat(path)
+        ours = _sys.fstat(sys.stdout.fileno())
+    except (OSError, ValueError):  # absent, or no real stdout (captured, closed)
+        return False
+    return (named.st_dev, named.st_ino) == (ours.st_dev, ours.st_ino)
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
     from filecord.cli import human
     from filecord.save import plan, save
 
-    try:
-        cord, datas = _cord(args)
-    except UsageError as exc:
-        print(f"filecord {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+    cord, datas = _cord(args)  # a UsageError is rendered by main (exit 2)
+    # The report goes to stderr when the artifact itself goes to stdout, never into the stream.
+    report_to = sys.stderr if _is_stdout(args.out) else sys.stdout
     try:
         if args.dry_run:
             report = plan(args.out, cord, consume=args.consume, window=args.window)
@@ -96,13 +122,11 @@ def cmd_pack(args: argparse.Namespace) -> int:
         # already removed them): after a dry run or a failure they must stay where they are.
         for d in datas:
             d.detach_cleanup()
-    _render(report, args, human)
+    _render(report, args, human, report_to)
     return 0 if all(p.fits for p in report.peaks) or not report.dry_run else 1
 
 
 def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
-    from filecord.cli import parse_size
-
     for name, help_ in (
         ("pack", "pack files as named entries into an ExecuTorch .ptd, atomically"),
         ("plan", "show what `pack` would do (move, clone or copy, and why) without writing"),
@@ -114,7 +138,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
         p.add_argument("--consume", action="store_true",
                        help="move the files into the output (they are deleted)")
         p.add_argument("--align", type=int, default=128, help="entry alignment [128]")
-        p.add_argument("--window", type=parse_size, default=DEFAULT_WINDOW,
+        p.add_argument("--window", type=parse_window, default=DEFAULT_WINDOW,
                        help=f"consume sync window [{DEFAULT_WINDOW >> 20}MiB]")
         if name == "pack":
             p.add_argument("-n", "--dry-run", action="store_true", help="same as `plan`")

@@ -18,13 +18,15 @@ Theory of operation
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from filecord import _lockfile, _names, _sys, _undo
 from filecord._stage import Stage
 from filecord.errors import DataChangedError, FilecordError, SaveError, SourceState, add_note
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from filecord.save import _Txn
@@ -59,12 +61,17 @@ def close_descriptors_quietly(fds: list[int]) -> None:
         _close_one(fd)
 
 
-def _close_one(fd: int) -> OSError | None:
+def _attempt(fn: Callable[[T], None], arg: T) -> OSError | None:
+    """Run one cleanup call; its error is returned for the notes, never raised over the cause."""
     try:
-        _sys.close(fd)
+        fn(arg)
     except OSError as exc:
         return exc
     return None
+
+
+def _close_one(fd: int) -> OSError | None:
+    return _attempt(_sys.close, fd)
 
 
 def _close(txn: _Txn, notes: list[str]) -> None:
@@ -72,7 +79,11 @@ def _close(txn: _Txn, notes: list[str]) -> None:
 
 
 def _raise(exc: BaseException, message: str, notes: list[str], **kw: object) -> NoReturn:
-    if isinstance(exc, FilecordError) and not kw:
+    if isinstance(exc, FilecordError):
+        # Keep the caller's error type (a DataChangedError stays one); the journal it leaves
+        # behind rides along as attributes.
+        for k, v in kw.items():
+            setattr(exc, k, v)
         for n in [message, *notes]:
             add_note(exc, n)
         raise exc
@@ -109,9 +120,12 @@ def _keep_all(txn: _Txn, exc: BaseException, names: str, notes: list[str], why: 
     _close(txn, notes)
     _drop_locks(txn, remove=False)
     states: tuple[SourceState, ...] = ()
+    left_at = {}
+    if isinstance(exc, DataChangedError) and txn.moving is not None:
+        left_at = {txn.moving: exc.expected_size}
     try:
         if txn.record is not None:
-            notes.extend(_undo.whereabouts(txn.record))
+            notes.extend(_undo.whereabouts(txn.record, left_at))
         states = _states(txn)
     except OSError as wexc:
         notes.append(f"could not look at the sources to say where their bytes are: {wexc}")
@@ -145,12 +159,26 @@ def fail(txn: _Txn, exc: BaseException) -> NoReturn:
             _keep_all(txn, exc, names, notes, "a source changed under the move, so nothing was "
                       "put back over it: the journal and temps are kept")
         try:
+            # The same proof recover asks for: every source is as this save's moves left it.
+            _undo.check_strict(txn.record)
+        except DataChangedError as cexc:
+            notes.append(f"{cexc}")
+            _keep_all(txn, exc, names, notes, "a source was changed by another process, so "
+                      "nothing was put back over it: the journal and temps are kept")
+        except OSError as cexc:
+            notes.append(f"could not check the sources: {cexc}")
+            _keep_all(txn, exc, names, notes, "the journal and temps are kept")
+        try:
             rollback = txn.journal_path[: -len(_names.JOURNAL)] + _names.ROLLBACK
             _sys.rename(txn.journal_path, rollback)
             txn.journal_path = rollback
             _sys.fsync_parents([rollback])
-            temps = list(txn.fds)
-            restored = _undo.roll_back(txn.record, temps, txn.counters)
+            _close(txn, notes)  # the undo opens what it needs by name, as recover does
+            temps = _undo.open_temps(txn.record)
+            try:
+                restored = _undo.roll_back(txn.record, temps, txn.counters)
+            finally:
+                _undo.close_all(temps)
         except BaseException as rexc:  # noqa: BLE001 - any failure here leaves the journal in charge
             notes.append(f"rolling back also failed: {rexc!r}")
             _keep_all(txn, exc, names, notes, "the journal and temps are kept")
@@ -163,21 +191,14 @@ def fail(txn: _Txn, exc: BaseException) -> NoReturn:
     _raise(exc, f"saving {names} failed", notes)
 
 
-def _unlink_one(path: str) -> OSError | None:
-    try:
-        _sys.unlink_missing_ok(path)
-    except OSError as exc:
-        return exc
-    return None
-
-
 def _remove_garbage(txn: _Txn, notes: list[str]) -> bool:
     """Unlink temps, a pending journal and the journal; True if something could not go."""
     paths = [t for t in txn.temps if t is not None]
     first = next((o for o in txn.prep.plan.outputs if not o.direct), None)
     if first is not None:
         paths.append(_names.sibling(first.target, txn.token, _names.PENDING))
-    failed = [(p, e) for p, e in ((p, _unlink_one(p)) for p in paths) if e is not None]
+    attempts = ((p, _attempt(_sys.unlink_missing_ok, p)) for p in paths)
+    failed = [(p, e) for p, e in attempts if e is not None]
     notes.extend(f"could not remove {p}: {e}" for p, e in failed)
     left = bool(failed)
     if txn.journal_path is not None and not left:

@@ -58,7 +58,13 @@ def create(path: str, content: bytes) -> int:
         # Durable before any temp exists beside it: a temp's name then implies the pointer.
         _sys.fsync(fd)
     except BaseException:
-        _sys.close(fd)
+        # Ours alone (O_EXCL) unless a recover took it: then that recover removes it.
+        try:
+            if _names_same(fd, path):
+                _sys.unlink_missing_ok(path)
+            _sys.close(fd)
+        except OSError:  # never hide why the lock could not be made; recover removes it
+            pass
         raise
     return fd
 

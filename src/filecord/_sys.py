@@ -372,9 +372,20 @@ def unlink_if_same(
     return True
 
 
+def _parent(path: str) -> str:
+    head, name = os.path.split(path)
+    if name in ("", ".", ".."):
+        return os.path.dirname(os.path.realpath(path))
+    return os.path.realpath(head or ".")
+
+
 def fsync_parents(paths: list[str]) -> int:
-    """fsync the directory holding each path, once per distinct directory; returns how many."""
-    dirs = list(dict.fromkeys(os.path.dirname(os.path.abspath(p)) for p in paths))
+    """fsync the directory holding each path, once per distinct directory; returns how many.
+
+    The directory is the one the kernel used for the path (symlinks resolved before ``..``),
+    not a textual normalisation of it.
+    """
+    dirs = list(dict.fromkeys(_parent(p) for p in paths))
     for d in dirs:
         fsync_dir(d)
     return len(dirs)

@@ -187,7 +187,7 @@ def finish(j: Journal, journal_path: str) -> None:
             continue
         temp = j.temp(o)
         if same_file(temp, out.dev, out.ino) is not None:
-            _apply_owner_mode(temp, out.mode, out.uid, out.gid)
+            apply_owner_mode_at(temp, out.mode, out.uid, out.gid)
             _sys.rename(temp, out.final)
         elif same_file(out.final, out.dev, out.ino) is None:
             raise RecoverError(
@@ -204,7 +204,7 @@ def finish(j: Journal, journal_path: str) -> None:
     _sys.fsync_parents(parked)
 
 
-def _apply_owner_mode(path: str, mode: int, uid: int, gid: int) -> None:
+def apply_owner_mode_at(path: str, mode: int, uid: int, gid: int) -> None:
     if mode < 0 and uid < 0 and gid < 0:
         return
     fd = _sys.open(path, os.O_RDONLY)
@@ -226,8 +226,21 @@ def apply_owner_mode(fd: int, mode: int, uid: int, gid: int) -> None:
         _sys.fchmod(fd, stat_mod.S_IMODE(mode))
 
 
-def whereabouts(j: Journal) -> list[str]:
-    """One line per source: how many bytes are in it (and under which name), where the rest is."""
+def _nearest_legal(s: JournalSource, size: int, window: int) -> int:
+    """The size a move of this save left ``s`` at, best guess when someone changed it since."""
+    sizes = {s.run_start, s.size}
+    sizes.update(range(s.size, s.run_start - 1, -window))
+    sizes.update(range(s.run_start, s.size + 1, window))
+    return min(sorted(sizes, reverse=True), key=lambda x: abs(x - size))
+
+
+def whereabouts(j: Journal, left_at: dict[tuple[int, int], int] | None = None) -> list[str]:
+    """One line per source: how many bytes are in it (and under which name), where the rest is.
+
+    ``left_at`` gives, per source (dev, ino), the size the move last left it at when that is
+    known (the in-process error); otherwise a size no move leaves is reported as a change and
+    the nearest size a move leaves is taken as the boundary.
+    """
     lines = []
     for s in j.sources:
         if s.adopt:
@@ -244,10 +257,18 @@ def whereabouts(j: Journal) -> list[str]:
         if size < 0:
             lines.append(f"{s.path}: not found under its name or {j.parked(s)}")
             continue
-        line = f"{s.path}: bytes [0, {size}) of {s.size} are in {name}"
-        if size < s.size:
+        boundary = (left_at or {}).get((s.dev, s.ino), size)
+        if not legal_size(s, boundary, j.window):
+            boundary = _nearest_legal(s, size, j.window)
+        if boundary == size:
+            line = f"{s.path}: bytes [0, {size}) of {s.size} are in {name}"
+        else:
+            line = (f"{s.path}: {name} is {size} bytes long, but the move had left it at "
+                    f"{boundary}: another process changed it; its bytes [0, "
+                    f"{min(size, boundary)}) are there")
+        if boundary < s.size:
             try:
-                segs = cover(s.dests, max(size, s.run_start), s.size)
+                segs = cover(s.dests, max(boundary, s.run_start), s.size)
             except ValueError:
                 segs = []
             line += "; " + ", ".join(

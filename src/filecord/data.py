@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from filecord import _names, _sys
 from filecord.errors import DataChangedError
+from filecord.facts import kernel_path
 
 CHUNK = 8 << 20  # one reusable read buffer; bounds host memory of every streamed read
 
@@ -116,7 +117,7 @@ class FileBackedData:
         st = _sys.lstat(src)
         if not stat_mod.S_ISREG(st.st_mode):
             raise ValueError(f"{src}: move_from needs a regular file (not a symlink or device)")
-        directory, name = os.path.split(os.path.abspath(src))
+        directory, name = os.path.split(kernel_path(src))
         for _ in range(100):
             private = os.path.join(
                 directory, _names.token_name(name, _names.new_token(), _names.OWNED)

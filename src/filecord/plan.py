@@ -18,6 +18,8 @@ Decision rules (``consume=True``; without it, pieces are only cloned or copied):
   the file.  Ranges below a gap are copied ("a gap below the moved range"); without a run that
   reaches the end of the file nothing is moved.  A range used by several outputs, or several
   times in one, is still moved: every destination is written before the source is shortened.
+* consumed (deleted at commit): every owned source of the save, except one written to a
+  direct output (FIFO, device): a stream is not storage, so such a source is copied and kept.
 """
 
 from __future__ import annotations
@@ -141,7 +143,8 @@ class SavePlan:
     outputs: tuple[OutputFacts, ...]
     actions: tuple[PieceAction, ...]
     moves: tuple[MoveSource, ...]
-    consumed: tuple[tuple[int, int], ...]  # owned sources deleted at commit (consume=True)
+    # Owned sources deleted at commit (consume=True); never one written to a direct output.
+    consumed: tuple[tuple[int, int], ...]
     peaks: tuple[FsPeak, ...]
     consume: bool
     window: int
@@ -198,12 +201,15 @@ def _deletable(src: SourceFacts, outs: Iterable[OutputFacts]) -> bool:
             and not any(o.direct for o in outs))
 
 
-def _adoptable(moved: tuple[PieceRef, ...], src: SourceFacts, refs: Sequence[PieceRef]) -> bool:
-    """The whole file is the whole of one output, used once: rename it instead of copying."""
+def _adoptable(moved: tuple[PieceRef, ...], src: SourceFacts, nonempty: dict[int, int]) -> bool:
+    """The whole file is the whole of one output, used once: rename it instead of copying.
+
+    ``nonempty[o]`` counts the pieces of output ``o`` that hold at least one byte, so the
+    test is O(1) per source (the save of N files into N outputs stays linear).
+    """
     if len(moved) != 1 or moved[0].src_offset != 0 or moved[0].length != src.size:
         return False
-    only = moved[0]
-    return all(r is only or r.output != only.output or r.length == 0 for r in refs)
+    return nonempty.get(moved[0].output, 0) == 1  # ``moved[0]`` itself holds bytes
 
 
 def merged_runs(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -222,19 +228,27 @@ def cover(
 ) -> list[tuple[int, int, PieceRef]]:
     """Non-overlapping segments ``(start, end, ref)`` of ``[lo, hi)``, each held by ``ref``.
 
-    Used to put moved bytes back: any one destination holding a byte will do.  Raises
-    ``ValueError`` if some byte of ``[lo, hi)`` is held by no destination.
+    Used to put moved bytes back: any one destination holding a byte will do (at each point,
+    the one that holds the longest run from there).  Raises ``ValueError`` if some byte of
+    ``[lo, hi)`` is held by no destination.  One pass over ``dests`` and a sort of the ones
+    that meet the range: O(N + k log k), not a scan of every destination per segment.
     """
+    meeting = sorted(
+        (d for d in dests if d.length and d.src_offset < hi and d.src_offset + d.length > lo),
+        key=lambda d: d.src_offset,
+    )
     segs: list[tuple[int, int, PieceRef]] = []
     pos = lo
+    i = 0
+    best: PieceRef | None = None
     while pos < hi:
-        best: PieceRef | None = None
-        for d in dests:
-            if d.src_offset <= pos < d.src_offset + d.length and (
-                best is None or d.src_offset + d.length > best.src_offset + best.length
-            ):
+        # Of every destination starting at or before ``pos``, keep the one reaching furthest.
+        while i < len(meeting) and meeting[i].src_offset <= pos:
+            d = meeting[i]
+            if best is None or d.src_offset + d.length > best.src_offset + best.length:
                 best = d
-        if best is None:
+            i += 1
+        if best is None or best.src_offset + best.length <= pos:
             raise ValueError(f"no destination holds source byte {pos}")
         end = min(hi, best.src_offset + best.length)
         segs.append((pos, end, best))
@@ -255,9 +269,12 @@ def make_plan(
     if window < BLOCK:
         raise ValueError(f"the sync window must be at least {BLOCK} bytes, got {window}")
     by_source: dict[tuple[int, int], list[PieceRef]] = {}
+    nonempty: dict[int, int] = {}  # per output, its pieces that hold bytes
     for r in refs:
         if r.source is not None:
             by_source.setdefault(r.source, []).append(r)
+        if r.length:
+            nonempty[r.output] = nonempty.get(r.output, 0) + 1
 
     decision: dict[PieceRef, tuple[str, str | None]] = {}
     moves: list[MoveSource] = []
@@ -283,12 +300,12 @@ def make_plan(
             continue
         moved = tuple(r for r in placements if r.length and r.src_offset >= top[0])
         for r in placements:
-            if r in moved:
+            if r.length and r.src_offset >= top[0]:  # in ``moved`` (tested without a scan)
                 decision[r] = ("moved", None)
             else:
                 decision[r] = ("copied", GAP if r.length else None)
         moves.append(MoveSource(key, src.path, src.size, top[0], moved,
-                                _adoptable(moved, src, refs)))
+                                _adoptable(moved, src, nonempty)))
 
     actions: list[PieceAction] = []
     for r in refs:

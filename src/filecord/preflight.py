@@ -17,7 +17,7 @@ from filecord import _sys
 from filecord.cord import Cord, PieceLike
 from filecord.data import FileBackedData
 from filecord.errors import InsufficientSpaceError, SaveError, SourceIsOutputError
-from filecord.facts import fs_facts, resolve_target
+from filecord.facts import fs_facts, kernel_path, resolve_target
 from filecord.plan import (
     BLOCK,
     FsFacts,
@@ -66,6 +66,21 @@ def normalize(
     return items
 
 
+def _resolve(path: str) -> tuple[str, os.stat_result | None]:
+    """:func:`resolve_target`, with the kernel's refusals of the directory part made clear."""
+    directory = os.path.dirname(path) or "."
+    try:
+        return resolve_target(path)
+    except FileNotFoundError:
+        raise SaveError(
+            f"cannot save {path}: the directory {directory} does not exist", errno=errno.ENOENT
+        ) from None
+    except NotADirectoryError:
+        raise SaveError(
+            f"cannot save {path}: {directory} is not a directory", errno=errno.ENOTDIR
+        ) from None
+
+
 def _dir_facts(path: str, target: str) -> str:
     directory = os.path.dirname(target) or "."
     try:
@@ -91,7 +106,7 @@ def prepare(
     seen_targets: dict[str, str] = {}
     out_dirs: list[str] = []
     for path, cord in items:
-        target, st = resolve_target(path)
+        target, st = _resolve(path)
         if target in seen_targets:
             raise ValueError(f"{path} and {seen_targets[target]} name the same file {target}")
         seen_targets[target] = path
@@ -110,6 +125,7 @@ def prepare(
 
     refs: list[PieceRef] = []
     datas: dict[tuple[int, int], list[FileBackedData]] = {}
+    seen: set[int] = set()  # id() of every piece object grouped (all alive: the cords hold them)
     for o, (_path, cord) in enumerate(items):
         offset = 0
         for i, piece in enumerate(cord.pieces):
@@ -118,7 +134,8 @@ def prepare(
                 ident = piece.identity
                 key = (ident.dev, ident.ino)
                 group = datas.setdefault(key, [])
-                if not any(d is piece for d in group):
+                if id(piece) not in seen:
+                    seen.add(id(piece))
                     group.append(piece)
                 refs.append(PieceRef(o, i, offset, len(piece), key, piece.offset))
             else:
@@ -155,7 +172,7 @@ def _source_facts(key: tuple[int, int], group: list[FileBackedData]) -> SourceFa
     path = group[0].path
     lst = _sys.lstat(path)
     st = _sys.stat(path)
-    directory = os.path.dirname(os.path.abspath(path)) or "."
+    directory = os.path.dirname(kernel_path(path))
     dir_ok = _sys.access(directory, os.W_OK | os.X_OK) and not _read_only_mount(directory)
     writable = dir_ok and _sys.access(path, os.W_OK)
     return SourceFacts(

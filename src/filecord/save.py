@@ -49,7 +49,7 @@ from filecord._stage import Stage, advance
 from filecord.cord import Cord
 from filecord.data import FileBackedData
 from filecord.errors import DataChangedError, FilecordError, SaveError, add_note
-from filecord.facts import is_clone_refusal
+from filecord.facts import is_clone_refusal, kernel_path
 from filecord.plan import CLONE_REFUSED, DEFAULT_WINDOW, MoveSource, PieceAction
 from filecord.preflight import CordLike, Prepared, Target, check_space, normalize, prepare
 from filecord.report import SaveReport
@@ -74,6 +74,8 @@ class _Txn:
     src_fds: dict[tuple[int, int], tuple[int, os.stat_result]] = field(default_factory=dict)
     record: journal.Journal | None = None
     journal_path: str | None = None  # the journal's current name, once it has one
+    moving: tuple[int, int] | None = None  # the source being moved right now
+    durable: bool = True  # False: no fsync of the outputs and their directories (copy only)
     done: int = 0
     counters: transfer.Counters = field(default_factory=transfer.Counters)
     actions: list[PieceAction] = field(default_factory=list)
@@ -94,9 +96,11 @@ def save(
     consume: bool = False,
     window: int = DEFAULT_WINDOW,
     progress: ProgressCallback | None = None,
+    durable: bool = True,
 ) -> SaveReport:
     """Write ``cord`` to ``path`` atomically and durably; see :func:`save_many`."""
-    return _run(normalize(path, cord), consume=consume, window=window, progress=progress)
+    return _run(normalize(path, cord), consume=consume, window=window, progress=progress,
+                durable=durable)
 
 
 def save_many(
@@ -105,6 +109,7 @@ def save_many(
     consume: bool = False,
     window: int = DEFAULT_WINDOW,
     progress: ProgressCallback | None = None,
+    durable: bool = True,
 ) -> SaveReport:
     """Write several files in one transaction: all final names change only after all are done.
 
@@ -115,8 +120,14 @@ def save_many(
     journal that ``filecord recover`` finishes.  ``progress(done, total)`` is called as bytes
     land.  A final name that is not a regular file (FIFO, device) is streamed into directly,
     without atomicity.
+
+    ``durable=False`` (copy saves only) skips the fsync of the outputs and their directories:
+    readers still see the old file or the whole new one while the machine stays up, but after
+    a power loss a new file may be lost or empty.  For iterating on exports, never for the only
+    copy of anything; a consuming save is always durable (it refuses ``durable=False``).
     """
-    return _run(normalize(outputs, None), consume=consume, window=window, progress=progress)
+    return _run(normalize(outputs, None), consume=consume, window=window, progress=progress,
+                durable=durable)
 
 
 def plan(
@@ -155,7 +166,8 @@ def _report(
 
 def _needs_journal(prep: Prepared) -> bool:
     p = prep.plan
-    return bool(p.moves or p.consumed) or sum(1 for o in p.outputs if not o.direct) > 1
+    # Direct outputs are never renamed: only several renames need a journal to finish them.
+    return bool(p.moves or p.consumed) or sum(not o.direct for o in p.outputs) > 1
 
 
 def _run(
@@ -164,7 +176,11 @@ def _run(
     consume: bool,
     window: int,
     progress: ProgressCallback | None,
+    durable: bool = True,
 ) -> SaveReport:
+    if consume and not durable:
+        raise ValueError("durable=False is for copy saves only: a consuming save deletes its "
+                         "sources, so its outputs must be on disk first")
     start = time.perf_counter()
     try:
         prep = prepare(items, consume=consume, window=window)
@@ -182,7 +198,7 @@ def _run(
     for group in prep.datas.values():
         for d in group:
             d.detach_cleanup()
-    txn = _Txn(prep, _names.new_token(), progress)
+    txn = _Txn(prep, _names.new_token(), progress, durable=durable)
     try:
         _execute(txn)
     except BaseException as exc:
@@ -267,7 +283,11 @@ def _source_fd(txn: _Txn, data: FileBackedData) -> int:
     key = (ident.dev, ident.ino)
     if key not in txn.src_fds:
         fd = data.open_checked()
-        txn.src_fds[key] = (fd, _sys.fstat(fd))
+        try:
+            txn.src_fds[key] = (fd, _sys.fstat(fd))
+        except BaseException:
+            _sys.close(fd)
+            raise
     return txn.src_fds[key][0]
 
 
@@ -351,9 +371,8 @@ def _record(txn: _Txn) -> journal.Journal:
         data = txn.prep.datas[key][0]
         st = _sys.stat(data.path)
         m = moves.get(key)
-        directory, name = os.path.split(os.path.abspath(data.path))
         sources.append(journal.JournalSource(
-            path=os.path.join(os.path.realpath(directory), name), dev=key[0], ino=key[1],
+            path=kernel_path(data.path), dev=key[0], ino=key[1],
             size=st.st_size, run_start=m.run_start if m else st.st_size,
             atime_ns=st.st_atime_ns, mtime_ns=st.st_mtime_ns, mode=st.st_mode,
             dests=m.dests if m else (), adopt=bool(m and m.adopt),
@@ -448,7 +467,9 @@ def _move(txn: _Txn, m: MoveSource) -> None:
             raise DataChangedError(m.path, expected_size=m.size, found_size=st.st_size,
                                    reason="another process changed it before it was moved")
         temps = [fd_ if fd_ is not None else -1 for fd_ in txn.fds]
+        txn.moving = m.key
         transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance)
+        txn.moving = None
     except BaseException:
         close_descriptors_quietly([fd])  # never let a close error hide why the move stopped
         raise
@@ -490,13 +511,18 @@ def _commit(txn: _Txn) -> None:
     for o, fd in enumerate(txn.fds):
         if fd is None or p.outputs[o].direct:
             continue
-        if fd in txn.dirty:
+        if fd in txn.dirty and txn.durable:
             txn.counters.fsync(fd)
             txn.dirty.discard(fd)
         size = _sys.fstat(fd).st_size
         if size != p.outputs[o].length:
             raise SaveError(f"{p.outputs[o].path}: temp is {size} bytes, expected "
                             f"{p.outputs[o].length}")
+    # Closing before the commit point: a close error still rolls back (NFS reports some
+    # write errors only at close).
+    errors = close_descriptors(txn)
+    if errors:
+        raise errors[0]
     record = txn.record
     if record is not None and txn.journal_path is not None:
         committed = _journal_name(txn, _names.COMMITTED)
@@ -506,10 +532,9 @@ def _commit(txn: _Txn) -> None:
         txn.counters.fsyncs += _sys.fsync_parents([committed])
         for m in p.moves:  # adopted files take the replaced file's owner and mode now
             if m.adopt:
-                jout = record.outputs[m.dests[0].output]
-                afd = txn.fds[m.dests[0].output]
-                if afd is not None:
-                    _undo.apply_owner_mode(afd, jout.mode, jout.uid, jout.gid)
+                o = m.dests[0].output
+                jout = record.outputs[o]
+                _undo.apply_owner_mode_at(record.temp(o), jout.mode, jout.uid, jout.gid)
     finals: list[str] = []
     for out, temp in zip(p.outputs, txn.temps, strict=True):
         if temp is not None:
@@ -518,7 +543,8 @@ def _commit(txn: _Txn) -> None:
     if txn.stage is not Stage.COMMITTED:
         txn.to(Stage.COMMITTED)
     txn.to(Stage.RENAMED)
-    txn.counters.fsyncs += _sys.fsync_parents(finals)
+    if txn.durable:
+        txn.counters.fsyncs += _sys.fsync_parents(finals)
     if record is not None and txn.journal_path is not None:
         parked = [record.parked(s) for s in record.sources if not s.adopt]
         for s, path in zip((s for s in record.sources if not s.adopt), parked, strict=True):
@@ -526,13 +552,11 @@ def _commit(txn: _Txn) -> None:
                 _sys.unlink(path)
         txn.counters.fsyncs += _sys.fsync_parents(parked)
         _sys.unlink(txn.journal_path)
-    _close_files(txn)
     txn.to(Stage.DONE)
     while txn.locks:
-        _lockfile.release(*txn.locks.pop())
-
-
-def _close_files(txn: _Txn) -> None:
-    # After fsync and rename a close error says nothing about the data; it is only logged.
-    for exc in close_descriptors(txn):
-        log.warning("closing a descriptor after the save failed: %s", exc)
+        path, fd = txn.locks.pop()
+        try:
+            _lockfile.release(path, fd)
+        except OSError as exc:  # the save is complete; a stale lock file is recover's garbage
+            log.warning("the save is complete, but its lock file %s stays (%s): "
+                        "`filecord recover %s` removes it", path, exc, os.path.dirname(path))

@@ -37,6 +37,7 @@ import torch
 from filecord import _sys
 from filecord.cord import Cord
 from filecord.data import CHUNK, FileBackedData
+from filecord.facts import kernel_path
 
 if TYPE_CHECKING:
     from filecord.executorch.values import TensorLayout
@@ -288,7 +289,7 @@ def save_state_dict(
     from filecord.save import save
 
     target = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(target))
+    directory = os.path.dirname(kernel_path(target))  # beside the file ``open()`` would name
     firsts: dict[tuple[object, ...], str] = {}
     alias: dict[str, str] = {}
     unique: list[tuple[str, torch.Tensor]] = []

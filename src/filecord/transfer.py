@@ -12,7 +12,9 @@ short count is continued, a zero count is an error, never silently accepted (F3)
 
 1. copy the window's bytes to every destination that uses them, at their final offsets;
 2. ``fsync`` every destination touched;
-3. only then ``ftruncate`` the source to the window's start.
+3. ``fstat`` the source: it must still be exactly as long as the last truncate left it (an
+   append or truncate by another process is a ``DataChangedError``, never silently cut);
+4. only then ``ftruncate`` the source to the window's start.
 
 A crash after 1 or 2 leaves the bytes in the source (still full length) and maybe in the
 temps; a crash after 3 leaves them durably in the temps.  So at every instant each byte is
@@ -32,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from filecord import _sys
+from filecord.errors import DataChangedError
 from filecord.plan import MoveSource, cover
 
 log = logging.getLogger(__name__)
@@ -157,16 +160,36 @@ def move_source(
     while pos > m.run_start:
         lo = max(m.run_start, pos - window)
         touched: set[int] = set()
-        for d in m.dests:
-            a, b = max(d.src_offset, lo), min(d.src_offset + d.length, pos)
-            if a < b:
-                copy_range(src, temps[d.output], a, d.out_offset + (a - d.src_offset), b - a, c)
-                touched.add(temps[d.output])
+        try:
+            for d in m.dests:
+                a, b = max(d.src_offset, lo), min(d.src_offset + d.length, pos)
+                if a < b:
+                    copy_range(src, temps[d.output], a, d.out_offset + (a - d.src_offset),
+                               b - a, c)
+                    touched.add(temps[d.output])
+        except OSError as exc:
+            _check_size(src, m, pos, exc)
+            raise
         for fd in sorted(touched):
             c.fsync(fd)  # raises on failure: the truncate below never runs after a bad fsync
+        _check_size(src, m, pos, None)
         _sys.ftruncate(src, lo)
         progress(pos - lo)
         pos = lo
+
+
+def _check_size(src: int, m: MoveSource, pos: int, cause: OSError | None) -> None:
+    """Raise DataChangedError unless the source is still as long as the last truncate left it.
+
+    Someone else appended or truncated: truncating now would lose their bytes, and a later
+    put-back would fill the gap with whatever the temps hold there.
+    """
+    found = _sys.fstat(src).st_size
+    if found != pos:
+        raise DataChangedError(
+            m.path, expected_size=pos, found_size=found,
+            reason="another process changed its size while it was being moved",
+        ) from cause
 
 
 def restore_source(

@@ -86,3 +86,23 @@ def test_save_that_only_fits_by_moving_is_refused_as_copy_and_done_as_consume(mo
     # The temp is presized once, then truncated once per window.
     assert sampler.calls["ftruncate"] == 1 + size // window
     assert sampler.peak - base <= len(header) + size + window + MiB
+
+
+def test_a_sparse_source_that_does_not_fit_is_refused_before_anything_moves(mount):
+    # 64 MiB logical, 1 MiB of data, on a 32 MiB tmpfs: moving it would write the holes into
+    # the temp as data, so the preflight counts the logical size and refuses up front.
+    small = mount("tmpfs", 32 * MiB)
+    src = small / "sparse.bin"
+    with open(src, "wb") as f:
+        f.truncate(64 * MiB)
+        f.seek(10 * MiB)
+        f.write(os.urandom(MiB))
+    original = src.read_bytes()
+    before = _listing(small)
+    cord = Cord([b"h" * 100, FileBackedData(src, owned=True)])
+    assert [p.fits for p in filecord.plan(small / "out.bin", cord, consume=True).peaks] == [False]
+    with pytest.raises(InsufficientSpaceError):
+        filecord.save(small / "out.bin", cord, consume=True)
+    assert _listing(small) == before
+    assert src.read_bytes() == original
+    assert os.stat(src).st_blocks * 512 < 2 * MiB  # still sparse: nothing was written into it

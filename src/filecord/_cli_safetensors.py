@@ -1,0 +1,236 @@
+"""``filecord merge``, ``reshard`` and ``convert`` (and ``inspect`` for safetensors): rendering
+only; the work is in :mod:`filecord.safetensors` and :mod:`filecord.executorch`.
+
+``merge OUT IN...`` dispatches on OUT's suffix: ``.safetensors`` merges safetensors files and
+indexes, ``.ptd`` merges ExecuTorch data files.  Every command takes ``--consume`` (move the
+inputs' bytes into the outputs; the inputs are deleted), ``--dry-run`` (print the plan: per
+piece moved, cloned or copied, and why; write nothing), ``--json`` and ``--quiet``; progress
+bars only on a terminal.  Exit 0 on success, 1 on failure (or a dry run that does not fit),
+2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from filecord._cli_pack import _render
+from filecord._cli_progress import Bar
+from filecord.cord import Cord
+from filecord.data import FileBackedData
+from filecord.plan import DEFAULT_WINDOW
+from filecord.report import SaveReport
+
+EXIT_USAGE = 2
+
+
+def _finish(report: SaveReport, args: argparse.Namespace) -> int:
+    from filecord.cli import human
+
+    _render(report, args, human, sys.stdout)
+    return 0 if not report.dry_run or all(p.fits for p in report.peaks) else 1
+
+
+def _usage(args: argparse.Namespace, message: str) -> int:
+    print(f"filecord {args.command}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _check_inputs(paths: list[str]) -> str | None:
+    for p in paths:
+        if not os.path.isfile(p):
+            return f"{p}: no such file"
+    return None
+
+
+def merge_ptd_files(
+    paths: list[str], *, owned: bool, segment_alignment: int
+) -> tuple[Cord, list[FileBackedData]]:
+    """A merged ``.ptd`` Cord whose data are ranges of whole-file pieces (owned when consuming,
+    so a consuming save can move them); returns the Cord and those pieces."""
+    from filecord.executorch import NamedDataStore, build_ptd, read_ptd
+
+    store = NamedDataStore()
+    wholes: list[FileBackedData] = []
+    try:
+        for path in paths:
+            ptd = read_ptd(path)
+            whole = FileBackedData(path, owned=owned)
+            wholes.append(whole)
+            ranges: dict[int, FileBackedData] = {}
+            for key, e in ptd.entries.items():
+                data = e.data
+                if not isinstance(data, FileBackedData):  # pragma: no cover - read_ptd: ranges
+                    raise TypeError(f"{key}: expected file-backed data")
+                piece = ranges.setdefault(id(data), whole.slice(data.offset, len(data)))
+                store.add_named_data(key, piece, alignment=e.alignment,
+                                     tensor_layout=e.layout)
+        return build_ptd(store.entries(), segment_alignment=segment_alignment), wholes
+    except BaseException:
+        for w in wholes:
+            w.detach_cleanup()
+        raise
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from filecord.save import plan, save
+
+    bad = _check_inputs(args.inputs)
+    if bad:
+        return _usage(args, bad)
+    out: str = args.out
+    with Bar(f"merge {os.path.basename(out)}", quiet=args.quiet or args.json) as bar:
+        if out.endswith(".safetensors"):
+            from filecord.safetensors import merge
+
+            report = merge(args.inputs, out, consume=args.consume, dry_run=args.dry_run,
+                           alignment=args.align or 8, window=args.window,
+                           progress=bar.callback)
+        elif out.endswith(".ptd"):
+            cord, wholes = merge_ptd_files(args.inputs, owned=args.consume,
+                                           segment_alignment=args.align or 128)
+            try:
+                if args.dry_run:
+                    report = plan(out, cord, consume=args.consume, window=args.window)
+                else:
+                    report = save(out, cord, consume=args.consume, window=args.window,
+                                  progress=bar.callback)
+            finally:
+                for w in wholes:
+                    w.detach_cleanup()
+        else:
+            return _usage(args, f"{out}: the output must end in .safetensors or .ptd")
+    return _finish(report, args)
+
+
+def cmd_reshard(args: argparse.Namespace) -> int:
+    from filecord.safetensors import reshard
+
+    bad = _check_inputs(args.inputs)
+    if bad:
+        return _usage(args, bad)
+    if not os.path.isdir(args.outdir):
+        return _usage(args, f"{args.outdir}: not a directory")
+    if "{suffix}" not in args.pattern:
+        return _usage(args, f"--pattern must contain {{suffix}}: {args.pattern!r}")
+    with Bar("reshard", quiet=args.quiet or args.json) as bar:
+        report = reshard(args.inputs, args.outdir, max_shard_size=args.max_shard_size,
+                         filename_pattern=args.pattern, consume=args.consume,
+                         dry_run=args.dry_run, alignment=args.align or 8, window=args.window,
+                         progress=bar.callback)
+    return _finish(report, args)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from filecord.safetensors import convert
+
+    bad = _check_inputs([args.input])
+    if bad:
+        return _usage(args, bad)
+    to_ptd = args.output.endswith(".ptd")
+    if not (to_ptd or (args.input.endswith(".ptd") and args.output.endswith(".safetensors"))):
+        return _usage(args, "convert .safetensors (or an index .json) to .ptd, or .ptd to "
+                      ".safetensors")
+    align = args.align or (16 if to_ptd else 8)
+    with Bar(f"convert {os.path.basename(args.output)}", quiet=args.quiet or args.json) as bar:
+        report = convert(args.input, args.output, consume=args.consume, dry_run=args.dry_run,
+                         alignment=align, window=args.window, progress=bar.callback)
+    return _finish(report, args)
+
+
+# --- inspect -------------------------------------------------------------------------------
+
+def describe(path: str) -> dict[str, Any]:
+    """What ``filecord inspect`` shows for a safetensors file or index."""
+    from filecord.safetensors import SafetensorsFile, read_safetensors
+
+    got = read_safetensors(path)
+    files = [got] if isinstance(got, SafetensorsFile) else list(got.shards)
+    info: dict[str, Any] = {"format": "safetensors", "path": got.path}
+    if not isinstance(got, SafetensorsFile):
+        info.update(format="safetensors-index", metadata=got.metadata)
+    info["files"] = [{
+        "path": f.path, "file_size": f.file_size, "header_size": f.header.size,
+        "data_start": f.data_start, "metadata": f.metadata,
+        "tensors": [{
+            "name": t.name, "dtype": t.dtype.value, "shape": list(t.shape),
+            "offset": t.data.offset if isinstance(t.data, FileBackedData) else None,
+            "size": t.nbytes,
+        } for t in f.tensors.values()],
+    } for f in files]
+    return info
+
+
+def render(info: dict[str, Any]) -> list[str]:
+    lines = [f"{info['format']} {info['path']}"]
+    if "metadata" in info:
+        lines.append(f"  index metadata: {json.dumps(info['metadata'])}")
+    for f in info["files"]:
+        lines.append(f"  file {f['path']} ({f['file_size']} bytes): header {f['header_size']} "
+                     f"bytes, data from {f['data_start']}")
+        lines.append(f"    metadata: {json.dumps(f['metadata'])}")
+        lines.append(f"    tensors: {len(f['tensors'])}")
+        lines.extend(
+            f"      {t['name']}: {t['dtype']} {t['shape']} bytes {t['offset']}.."
+            f"{t['offset'] + t['size']} ({t['size']} bytes)" for t in f["tensors"])
+    return lines
+
+
+def is_safetensors(path: str, head: bytes) -> bool:
+    """By name (``.safetensors``, ``.json``) or by content (a header length, then ``{``)."""
+    if path.endswith((".safetensors", ".index.json")):
+        return True
+    return len(head) >= 9 and head[8:9] == b"{"
+
+
+def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
+    from filecord.cli import parse_size
+
+    def common(p: argparse.ArgumentParser, align_help: str) -> None:
+        p.add_argument("--consume", action="store_true",
+                       help="move the inputs' bytes into the output(s); the inputs are deleted")
+        p.add_argument("-n", "--dry-run", action="store_true",
+                       help="print what would be moved, cloned or copied (and why); write "
+                       "nothing")
+        p.add_argument("--align", type=int, default=None, help=align_help)
+        p.add_argument("--window", type=parse_size, default=DEFAULT_WINDOW,
+                       help=f"consume sync window [{DEFAULT_WINDOW >> 20}MiB]")
+        add_common(p)
+
+    m = sub.add_parser(
+        "merge", help="merge safetensors files/indexes into one .safetensors, or .ptd files "
+        "into one .ptd", description="Merge checkpoints without loading them. OUT.safetensors: "
+        "inputs are .safetensors files or *.index.json (the output is what safetensors' "
+        "save_file would write for the same tensors). OUT.ptd: inputs are .ptd files.")
+    m.add_argument("out", metavar="OUT", help="OUT.safetensors or OUT.ptd")
+    m.add_argument("inputs", nargs="+", metavar="IN", help="files (or index .json) to merge")
+    common(m, "safetensors: data-start alignment [8; 4096 lets later saves clone]; .ptd: "
+           "segment alignment [128]")
+    m.set_defaults(func=cmd_merge)
+
+    r = sub.add_parser(
+        "reshard", help="split or reshard safetensors into shards and an index",
+        description="Write IN... (files or *.index.json) as shards of at most "
+        "--max-shard-size plus model.safetensors.index.json, as huggingface_hub would, in one "
+        "transaction. One input file and a small size split it.")
+    r.add_argument("inputs", nargs="+", metavar="IN", help="files or index .json")
+    r.add_argument("outdir", metavar="OUTDIR", help="directory for the shards and index")
+    r.add_argument("--max-shard-size", type=parse_size, default=5 * 10**9,
+                   help="largest shard [5GB]")
+    r.add_argument("--pattern", default="model{suffix}.safetensors",
+                   help="shard file name pattern [model{suffix}.safetensors]")
+    common(r, "data-start alignment of each shard [8]")
+    r.set_defaults(func=cmd_reshard)
+
+    c = sub.add_parser(
+        "convert", help="convert .safetensors (or an index) to ExecuTorch .ptd, and back",
+        description="Convert between safetensors and ExecuTorch .ptd, keeping every tensor's "
+        "bytes. Tensors the target cannot represent are refused with their name and reason.")
+    c.add_argument("input", metavar="IN", help="IN.safetensors, INDEX.json or IN.ptd")
+    c.add_argument("output", metavar="OUT", help="OUT.ptd or OUT.safetensors")
+    common(c, ".ptd entry alignment [16], or safetensors data-start alignment [8]")
+    c.set_defaults(func=cmd_convert)

@@ -1,0 +1,147 @@
+"""Planning and saving N pieces costs O(N log N), measured by counting work, not by a clock.
+
+The measure is the number of lines of filecord's own code executed (``sys.settrace``): the
+same on every machine and under any load.  Growing N by 4x must grow it by well under 16x
+(what a quadratic step gives: the old membership scans did 0.5 N^2 comparisons); sorting
+happens in C and is not counted, so O(N log N) code reads as close to 4x.  The wall-clock
+numbers for 100,000 pieces are in ``bench/many_pieces.py`` and docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import filecord
+from filecord import Cord, FileBackedData, plan, save
+from filecord.plan import PieceRef, cover
+from filecord_testing import pattern
+
+ROOT = os.path.dirname(os.path.abspath(filecord.__file__))
+GROWTH = 4
+LIMIT = GROWTH * 1.5  # linear is 4x; quadratic would be 16x
+
+
+def filecord_lines(fn: Callable[[], object]) -> int:
+    """How many lines of filecord's code ``fn()`` executes."""
+    count = 0
+
+    def local(frame: FrameType, event: str, arg: Any) -> Any:
+        nonlocal count
+        if event == "line":
+            count += 1
+        return local
+
+    def calls(frame: FrameType, event: str, arg: Any) -> Any:
+        return local if frame.f_code.co_filename.startswith(ROOT) else None
+
+    before = sys.gettrace()
+    sys.settrace(calls)
+    try:
+        fn()
+    finally:
+        sys.settrace(before)
+    return count
+
+
+def growth(measure: Callable[[int], int], n: int) -> tuple[int, int, float]:
+    small, big = measure(n), measure(GROWTH * n)
+    return small, big, big / small
+
+
+def _slices(directory: Path, n: int, *, owned: bool) -> tuple[Path, bytes, Cord]:
+    body = pattern(n * 64, f"slices{n}")
+    src = directory / f"src{n}.bin"
+    src.write_bytes(body)
+    whole = FileBackedData(str(src), owned=owned)
+    return src, body, Cord([whole.slice(i * 64, 64) for i in range(n)])
+
+
+def test_consume_save_of_many_slices_of_one_file_is_not_quadratic(tmp_path: Path) -> None:
+    def measure(n: int) -> int:
+        d = tmp_path / f"n{n}"
+        d.mkdir()
+        src, body, cord = _slices(d, n, owned=True)
+        out = d / "out.bin"
+
+        def run() -> None:
+            plan(out, cord, consume=True)
+            report = save(out, cord, consume=True)
+            assert {a.action for a in report.actions} == {"moved"}
+
+        lines = filecord_lines(run)
+        assert out.read_bytes() == body
+        assert not src.exists()
+        return lines
+
+    small, big, ratio = growth(measure, 1_000)
+    print(f"consume-save, 1,000 vs 4,000 slices: {small} vs {big} lines, x{ratio:.2f}")
+    assert ratio < LIMIT
+
+
+def test_copy_save_of_many_slices_is_not_quadratic(tmp_path: Path) -> None:
+    def measure(n: int) -> int:
+        d = tmp_path / f"n{n}"
+        d.mkdir()
+        src, body, cord = _slices(d, n, owned=False)
+        out = d / "out.bin"
+        lines = filecord_lines(lambda: save(out, Cord([b"<", *cord.pieces, b">"])))
+        assert out.read_bytes() == b"<" + body + b">"
+        assert src.read_bytes() == body
+        return lines
+
+    small, big, ratio = growth(measure, 1_000)
+    print(f"copy-save, 1,000 vs 4,000 slices: {small} vs {big} lines, x{ratio:.2f}")
+    assert ratio < LIMIT
+
+
+def test_plan_of_many_whole_file_outputs_is_not_quadratic(tmp_path: Path) -> None:
+    """N owned files, each the whole of one output: N adoptions, each decided in O(1)."""
+
+    def measure(n: int) -> int:
+        d = tmp_path / f"n{n}"
+        d.mkdir()
+        outs: dict[Path, Cord] = {}
+        for i in range(n):
+            (d / f"s{i}").write_bytes(b"%d" % i)
+            outs[d / f"o{i}"] = Cord([FileBackedData(str(d / f"s{i}"), owned=True)])
+        try:
+            report = plan(outs, consume=True)
+            assert {a.action for a in report.actions} == {"moved"}
+            lines = filecord_lines(lambda: plan(outs, consume=True))
+        finally:
+            for c in outs.values():
+                for piece in c.pieces:
+                    if isinstance(piece, FileBackedData):
+                        piece.detach_cleanup()
+        return lines
+
+    small, big, ratio = growth(measure, 300)
+    print(f"plan of whole-file outputs, 300 vs 1,200: {small} vs {big} lines, x{ratio:.2f}")
+    assert ratio < LIMIT
+
+
+def test_cover_is_not_quadratic() -> None:
+    """Putting N moved pieces back: one pass, not a scan of every holder per segment."""
+
+    def refs(n: int) -> list[PieceRef]:
+        # Reversed, with a shorter duplicate of every range: the best holder must be chosen.
+        out = [PieceRef(0, i, i * 10, 10, (1, 1), i * 10) for i in range(n)]
+        out += [PieceRef(1, i, i * 5, 5, (1, 1), i * 10) for i in range(n)]
+        return out[::-1]
+
+    def measure(n: int) -> int:
+        dests = refs(n)
+        segs: list[tuple[int, int, PieceRef]] = []
+        lines = filecord_lines(lambda: segs.extend(cover(dests, 0, n * 10)))
+        assert [(a, b) for a, b, _d in segs] == [(i * 10, i * 10 + 10) for i in range(n)]
+        assert all(d.output == 0 and d.src_offset == a for a, _b, d in segs)
+        return lines
+
+    small, big, ratio = growth(measure, 2_000)
+    print(f"cover, 2,000 vs 8,000 holders: {small} vs {big} lines, x{ratio:.2f}")
+    assert ratio < LIMIT
