@@ -265,4 +265,4 @@ def test_power_cut_during_rollback(tmp_path: Path, mode: str) -> None:
           f"{points - len(failures)}/{points} points (over {last_pre - first_journal + 1} "
           f"failed calls) recovered to the original sources")
     assert not failures, "\n".join(failures[:20])
-    assert points >= 2200
+    assert points >= 2800

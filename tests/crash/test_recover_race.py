@@ -31,7 +31,7 @@ from support.faultfs import LOCK_SUFFIX, SimFS
 from support.scenarios import SPECS, Layout, detach_all, trace_save
 
 # Floors near the real counts (about 90% of the calls of each save against the v2 core).
-FLOOR = {"consume3": 170, "copy3": 97, "single": 38, "adopt2": 81}
+FLOOR = {"consume3": 198, "copy3": 106, "single": 41, "adopt2": 96}
 
 
 def state(lay: Layout) -> dict[str, tuple[int, bytes]]:
