@@ -236,7 +236,8 @@ def windows(lay: Layout, calls: list[Call], key: str) -> tuple[int, set[int]]:
     if adoption:  # the output is the source's inode: after the save's last look at it, too
         temp = str(adoption[0].args[1])
         cp = commit_point(calls)
-        last_look = max(c.index for c in calls if c.index < cp and c.path == temp)
+        last_look = max(c.index for c in calls
+                        if c.index < cp and c.path == temp and c.op != "close")
         race |= set(range(last_look + 1, cp + 1))
     return last, race
 
