@@ -114,7 +114,8 @@ def main() -> None:
     print(table(["mode", "file system", "action", "peak allocated / data", "save s"], rows))
     if results:
         plot(results, Path(args.png))
-        print(f"plot: {args.png}")
+        # Relative to the current directory where possible: the output lands in docs verbatim.
+        print(f"plot: {os.path.relpath(args.png)}")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ def test_recover_refuses_a_file_that_is_not_a_journal(tmp_path: Path, content: b
     cli = subprocess.run([sys.executable, "-m", "filecord.cli", "recover", str(model)],
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC},
                          check=False)
-    assert cli.returncode == 1
+    assert cli.returncode == 2  # a usage error: it names a file that is no journal
+    assert "not a filecord journal" in cli.stderr
     assert "Traceback" not in cli.stderr
     assert model.read_bytes() == content
 

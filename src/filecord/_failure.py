@@ -187,6 +187,10 @@ def fail(txn: _Txn, exc: BaseException) -> NoReturn:
     _drop_locks(txn, remove=not left)
     if restored:
         notes.append(f"the moved bytes were put back into {restored} source file(s), byte-exact")
+    streams = [o.path for o in txn.prep.plan.outputs if o.direct]
+    if streams:
+        notes.append(f"bytes already written to {', '.join(streams)} (not a regular file) "
+                     "cannot be taken back")
     notes.append("no final name was changed and the sources are intact: the save can be retried")
     _raise(exc, f"saving {names} failed", notes)
 

@@ -51,11 +51,15 @@ _RECOVER_WORDS = {
 
 def _cmd_recover(args: argparse.Namespace) -> int:
     from filecord.errors import RecoverError
+    from filecord.journal import NotAJournalError
     from filecord.recover import Recovered, recover
 
     error: RecoverError | None = None
     try:
         done: list[Recovered] = recover(args.path)
+    except NotAJournalError as exc:
+        # A typo (`recover model.pte`): the file was not touched; say so as a usage error.
+        raise UsageError(f"{exc}; give a journal or the directory of the save") from exc
     except RecoverError as exc:
         error, done = exc, list(getattr(exc, "results", []))
     if args.json:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from filecord import _sys
 from filecord.errors import DataChangedError
-from filecord.plan import MoveSource, cover
+from filecord.plan import MoveSource, PieceRef, cover
 
 log = logging.getLogger(__name__)
 
@@ -156,12 +156,13 @@ def move_source(
     ``temps[i]`` is the open temp file of output ``i``.  The source must still be
     ``m.size`` bytes long; the caller checked it.
     """
-    pos = m.size
+    buckets = _by_window(m, window)
+    pos, k = m.size, 0
     while pos > m.run_start:
         lo = max(m.run_start, pos - window)
         touched: set[int] = set()
         try:
-            for d in m.dests:
+            for d in buckets.get(k, ()):
                 a, b = max(d.src_offset, lo), min(d.src_offset + d.length, pos)
                 if a < b:
                     copy_range(src, temps[d.output], a, d.out_offset + (a - d.src_offset),
@@ -175,7 +176,21 @@ def move_source(
         _check_size(src, m, pos, None)
         _sys.ftruncate(src, lo)
         progress(pos - lo)
-        pos = lo
+        pos, k = lo, k + 1
+
+
+def _by_window(m: MoveSource, window: int) -> dict[int, list[PieceRef]]:
+    """The destinations meeting each window (window 0 ends at ``m.size``), so a move of N
+    pieces in W windows costs O(N + W) lookups, not O(N * W)."""
+    buckets: dict[int, list[PieceRef]] = {}
+    for d in m.dests:
+        if d.length <= 0:
+            continue
+        first = (m.size - (d.src_offset + d.length)) // window
+        last = (m.size - d.src_offset - 1) // window
+        for k in range(first, last + 1):
+            buckets.setdefault(k, []).append(d)
+    return buckets
 
 
 def _check_size(src: int, m: MoveSource, pos: int, cause: OSError | None) -> None:
@@ -215,9 +230,18 @@ def restore_source(
             errno.EIO, f"{m.path} is shorter ({start}) than the journal allows ({m.run_start})"
         )
     pos = start
+    pending = cover(m.dests, start, m.size) if start < m.size else []
+    i = 0
     while pos < m.size:
         hi = min(m.size, pos + window)
-        segs = cover(m.dests, pos, hi)
+        segs: list[tuple[int, int, PieceRef]] = []
+        while i < len(pending) and pending[i][0] < hi:  # one sweep over the cover, clipped
+            a, b, d = pending[i]
+            segs.append((a, min(b, hi), d))
+            if b > hi:
+                pending[i] = (hi, b, d)
+                break
+            i += 1
         for a, b, d in segs:
             tfd = temps[d.output]
             if tfd is None:
