@@ -71,6 +71,8 @@ class RecoverRaces(SimFS):
             if before.get(name) != after.get(name):
                 self.changed[name] = ("removed" if name not in after else "created"
                                       if name not in before else "changed")
+                if name in before and not before[name][1]:
+                    self.changed[name] += " (empty)"
 
 
 def run_point(lay: Layout, k: int) -> tuple[str, list[str]]:
@@ -92,7 +94,8 @@ def run_point(lay: Layout, k: int) -> tuple[str, list[str]]:
         problems.append(f"recover raised {race.error!r}")
     empty_lock_removed = (
         len(race.changed) == 1
-        and all(n.endswith(LOCK_SUFFIX) and what == "removed" for n, what in race.changed.items())
+        and all(n.endswith(LOCK_SUFFIX) and what == "removed (empty)"
+                for n, what in race.changed.items())
     )
     actions = Counter(r.action for r in race.results)
     if set(actions) - {"skipped"} - ({"discarded"} if empty_lock_removed else set()):
