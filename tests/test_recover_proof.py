@@ -325,3 +325,60 @@ def test_a_sparse_source_counts_at_its_logical_size(tmp_path: Path) -> None:
     # The dense move frees what it writes; the sparse one writes 64 MiB its source never held.
     assert ps.peaks[0].needed >= (64 << 20) - os.stat(sparse).st_blocks * 512
     assert pd.peaks[0].needed < (4 << 20)
+
+
+@pytest.mark.parametrize("name", ["NEWDIR/", "sub/.", "sub/.."])
+def test_a_name_that_can_only_be_a_directory_is_refused(tmp_path: Path, name: str) -> None:
+    (tmp_path / "sub").mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(OSError, match="names a directory"):
+        save(f"{tmp_path}/{name}", b"x")  # a string: pathlib would drop the "." itself
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_ctrl_c_after_the_save_completed_says_so(tmp_path: Path) -> None:
+    class CtrlCAtLastClose(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "unlink" and str(args[0]).endswith(_names.LOCK):
+                raise KeyboardInterrupt
+
+    with _sys.use(CtrlCAtLastClose()), pytest.raises(KeyboardInterrupt) as info:
+        save(tmp_path / "o", b"payload")
+    assert (tmp_path / "o").read_bytes() == b"payload"
+    assert any("had completed" in n for n in info.value.__notes__)
+    close_leaked(tmp_path)
+    recover(tmp_path)  # the stray lock file is garbage now
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.root
+def test_a_whole_file_across_two_mounts_of_one_file_system_is_moved_not_renamed(
+    tmp_path: Path,
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a bind mount")
+    real, bind = tmp_path / "real", tmp_path / "bind"
+    real.mkdir()
+    bind.mkdir()
+    r = subprocess.run(["mount", "--bind", str(real), str(bind)], capture_output=True,
+                       check=False)
+    if r.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot bind-mount: {r.stderr!r}")
+        pytest.skip(f"cannot bind-mount: {r.stderr!r}")
+    try:
+        data = pattern(5 * W, "b")
+        (real / "src").write_bytes(data)
+        out_dir = tmp_path / "out"
+        out_dir.mkdir()
+        # The same file system (same st_dev), but a rename from bind/ to out/ is EXDEV.
+        assert os.stat(bind / "src").st_dev == os.stat(out_dir).st_dev
+        report = save(out_dir / "o", Cord([FileBackedData(bind / "src", owned=True)]),
+                      consume=True, window=W)
+        assert [a.action for a in report.file_actions()] == ["moved"]
+        assert (out_dir / "o").read_bytes() == data
+        assert not (real / "src").exists()
+        assert leftovers(out_dir) == []
+        assert leftovers(real) == []
+    finally:
+        subprocess.run(["umount", str(bind)], check=False)

@@ -215,6 +215,13 @@ def run_inspect(args: argparse.Namespace) -> int:
         return 1
     try:
         ident = _identifier(path)
+        if _head(path)[:4] == b"GGUF":
+            from filecord import _cli_gguf
+
+            g = _cli_gguf.describe(path)
+            print(json.dumps(g, indent=2, ensure_ascii=False) if args.json
+                  else "\n".join(_cli_gguf.render(g)))
+            return 0
         if ident == b"ET12":
             info = describe_pte(read_pte(path))
         elif ident == b"FT01":

@@ -1,12 +1,14 @@
 """``filecord merge``, ``reshard`` and ``convert`` (and ``inspect`` for safetensors): rendering
-only; the work is in :mod:`filecord.safetensors` and :mod:`filecord.executorch`.
+only; the work is in :mod:`filecord.safetensors`, :mod:`filecord.executorch` and
+:mod:`filecord.gguf`.
 
 ``merge OUT IN...`` dispatches on OUT's suffix: ``.safetensors`` merges safetensors files and
-indexes, ``.ptd`` merges ExecuTorch data files.  Every command takes ``--consume`` (move the
-inputs' bytes into the outputs; the inputs are deleted), ``--dry-run`` (print the plan: per
-piece moved, cloned or copied, and why; write nothing), ``--json`` and ``--quiet``; progress
-bars only on a terminal.  Exit 0 on success, 1 on failure (or a dry run that does not fit),
-2 on bad usage.
+indexes, ``.ptd`` merges ExecuTorch data files, ``.gguf`` merges a GGUF split set (or files);
+``reshard`` on ``.gguf`` inputs and ``convert`` to ``.gguf`` go to :mod:`filecord._cli_gguf`.
+Every command takes ``--consume`` (move the inputs' bytes into the outputs; the inputs are
+deleted), ``--dry-run`` (print the plan: per piece moved, cloned or copied, and why; write
+nothing), ``--json`` and ``--quiet``; progress bars only on a terminal.  Exit 0 on success,
+1 on failure (or a dry run that does not fit), 2 on bad usage.
 """
 
 from __future__ import annotations
@@ -83,6 +85,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if bad:
         return _usage(args, bad)
     out: str = args.out
+    if out.endswith(".gguf"):
+        from filecord import _cli_gguf
+
+        return _finish(_cli_gguf.merge(args), args)
     with Bar(f"merge {os.path.basename(out)}", quiet=args.quiet or args.json) as bar:
         if out.endswith(".safetensors"):
             from filecord.safetensors import merge
@@ -103,7 +109,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
                 for w in wholes:
                     w.detach_cleanup()
         else:
-            return _usage(args, f"{out}: the output must end in .safetensors or .ptd")
+            return _usage(args, f"{out}: the output must end in .safetensors, .ptd or .gguf")
     return _finish(report, args)
 
 
@@ -115,11 +121,19 @@ def cmd_reshard(args: argparse.Namespace) -> int:
         return _usage(args, bad)
     if not os.path.isdir(args.outdir):
         return _usage(args, f"{args.outdir}: not a directory")
-    if "{suffix}" not in args.pattern:
+    if args.pattern is not None and "{suffix}" not in args.pattern:
         return _usage(args, f"--pattern must contain {{suffix}}: {args.pattern!r}")
+    if all(p.endswith(".gguf") for p in args.inputs):
+        from filecord import _cli_gguf
+
+        return _finish(_cli_gguf.reshard(args), args)
+    if args.max_tensors is not None:
+        return _usage(args, "--max-tensors applies to GGUF inputs only")
     with Bar("reshard", quiet=args.quiet or args.json) as bar:
-        report = reshard(args.inputs, args.outdir, max_shard_size=args.max_shard_size,
-                         filename_pattern=args.pattern, consume=args.consume,
+        report = reshard(args.inputs, args.outdir,
+                         max_shard_size=args.max_shard_size or 5 * 10**9,
+                         filename_pattern=args.pattern or "model{suffix}.safetensors",
+                         consume=args.consume,
                          dry_run=args.dry_run, alignment=args.align or 8, window=args.window,
                          progress=bar.callback)
     return _finish(report, args)
@@ -131,6 +145,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
     bad = _check_inputs([args.input])
     if bad:
         return _usage(args, bad)
+    if args.output.endswith(".gguf"):
+        if args.input.endswith((".ptd", ".gguf")):
+            return _usage(args, "convert to .gguf takes a .safetensors file or an index .json")
+        from filecord import _cli_gguf
+
+        return _finish(_cli_gguf.convert(args), args)
+    if args.arch is not None or args.max_tensors or args.max_shard_size:
+        return _usage(args, "--arch, --max-tensors and --max-shard-size apply to conversions "
+                      "to .gguf only")
     to_ptd = args.output.endswith(".ptd")
     if not (to_ptd or (args.input.endswith(".ptd") and args.output.endswith(".safetensors"))):
         return _usage(args, "convert .safetensors (or an index .json) to .ptd, or .ptd to "
@@ -203,34 +226,54 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
 
     m = sub.add_parser(
         "merge", help="merge safetensors files/indexes into one .safetensors, or .ptd files "
-        "into one .ptd", description="Merge checkpoints without loading them. OUT.safetensors: "
+        "into one .ptd, or a GGUF split set into one .gguf",
+        description="Merge checkpoints without loading them. OUT.gguf: IN is the first shard "
+        "of a split set (or several .gguf files); the output is what gguf-py's GGUFWriter "
+        "would write for the same key-values and tensors. OUT.safetensors: "
         "inputs are .safetensors files or *.index.json (the output is what safetensors' "
         "save_file would write for the same tensors). OUT.ptd: inputs are .ptd files.")
-    m.add_argument("out", metavar="OUT", help="OUT.safetensors or OUT.ptd")
+    m.add_argument("out", metavar="OUT", help="OUT.safetensors, OUT.ptd or OUT.gguf")
     m.add_argument("inputs", nargs="+", metavar="IN", help="files (or index .json) to merge")
     common(m, "safetensors: data-start alignment [8; 4096 lets later saves clone]; .ptd: "
-           "segment alignment [128]")
+           "segment alignment [128]; .gguf: general.alignment [the input's]")
     m.set_defaults(func=cmd_merge)
 
     r = sub.add_parser(
-        "reshard", help="split or reshard safetensors into shards and an index",
+        "reshard", help="split or reshard safetensors (shards and an index) or GGUF (gguf-split "
+        "shards)",
         description="Write IN... (files or *.index.json) as shards of at most "
         "--max-shard-size plus model.safetensors.index.json, as huggingface_hub would, in one "
-        "transaction. One input file and a small size split it.")
+        "transaction. One input file and a small size split it. GGUF inputs: shards "
+        "OUTDIR/<stem>-00001-of-0000N.gguf split as gguf-py splits (--max-tensors, "
+        "--max-shard-size), the split.* keys added, all in one transaction.")
     r.add_argument("inputs", nargs="+", metavar="IN", help="files or index .json")
     r.add_argument("outdir", metavar="OUTDIR", help="directory for the shards and index")
-    r.add_argument("--max-shard-size", type=parse_size, default=5 * 10**9,
-                   help="largest shard [5GB]")
-    r.add_argument("--pattern", default="model{suffix}.safetensors",
-                   help="shard file name pattern [model{suffix}.safetensors]")
+    r.add_argument("--max-shard-size", type=parse_size, default=None,
+                   help="largest shard [5GB; GGUF: tensor bytes, no limit unless given]")
+    r.add_argument("--max-tensors", type=int, default=None,
+                   help="GGUF: most tensors per shard [128 when no size is given, as "
+                   "gguf-split]")
+    r.add_argument("--pattern", default=None,
+                   help="shard file name pattern [model{suffix}.safetensors; GGUF: the "
+                   "input's stem, shards <stem>-00001-of-0000N.gguf]")
     common(r, "data-start alignment of each shard [8]")
     r.set_defaults(func=cmd_reshard)
 
     c = sub.add_parser(
-        "convert", help="convert .safetensors (or an index) to ExecuTorch .ptd, and back",
+        "convert", help="convert .safetensors (or an index) to ExecuTorch .ptd or GGUF, and .ptd "
+        "back to safetensors",
         description="Convert between safetensors and ExecuTorch .ptd, keeping every tensor's "
-        "bytes. Tensors the target cannot represent are refused with their name and reason.")
+        "bytes. Tensors the target cannot represent are refused with their name and reason. To "
+        ".gguf: F32, F16 and BF16 pass through (dims reversed, bytes identical); anything "
+        "needing a cast, rename, permutation or quantization is refused.")
     c.add_argument("input", metavar="IN", help="IN.safetensors, INDEX.json or IN.ptd")
-    c.add_argument("output", metavar="OUT", help="OUT.ptd or OUT.safetensors")
-    common(c, ".ptd entry alignment [16], or safetensors data-start alignment [8]")
+    c.add_argument("output", metavar="OUT", help="OUT.ptd, OUT.safetensors or OUT.gguf")
+    c.add_argument("--arch", default=None,
+                   help="GGUF: general.architecture to write (e.g. llama)")
+    c.add_argument("--max-tensors", type=int, default=0,
+                   help="GGUF: split the output, at most this many tensors per shard")
+    c.add_argument("--max-shard-size", type=parse_size, default=0,
+                   help="GGUF: split the output, at most this many tensor bytes per shard")
+    common(c, ".ptd entry alignment [16], safetensors data-start alignment [8], or GGUF "
+           "general.alignment [32; 4096 lets later saves clone]")
     c.set_defaults(func=cmd_convert)

@@ -138,9 +138,15 @@ def fail(txn: _Txn, exc: BaseException) -> NoReturn:
     names = ", ".join(o.path for o in txn.prep.plan.outputs)
     notes: list[str] = []
     stage, txn.stage = txn.stage, Stage.FAILED
-    if stage in (Stage.COMMITTED, Stage.RENAMED, Stage.DONE):
+    if stage is Stage.DONE:  # e.g. Ctrl-C while the last lock file was being let go
         _close(txn, notes)
-        if txn.journal_path is not None and stage is not Stage.DONE:
+        _drop_locks(txn, remove=False)
+        add_note(exc, f"the save of {names} had completed: every output is in place and "
+                 "durable (a lock file left behind is removed by `filecord recover`)")
+        raise exc
+    if stage in (Stage.COMMITTED, Stage.RENAMED):
+        _close(txn, notes)
+        if txn.journal_path is not None:
             _drop_locks(txn, remove=False)
             notes.append(
                 f"the outputs are complete; run `filecord recover {txn.journal_path}` to "
@@ -169,7 +175,7 @@ def fail(txn: _Txn, exc: BaseException) -> NoReturn:
             notes.append(f"could not check the sources: {cexc}")
             _keep_all(txn, exc, names, notes, "the journal and temps are kept")
         try:
-            rollback = txn.journal_path[: -len(_names.JOURNAL)] + _names.ROLLBACK
+            rollback = _names.restage(txn.journal_path, _names.ROLLBACK)
             _sys.rename(txn.journal_path, rollback)
             txn.journal_path = rollback
             _sys.fsync_parents([rollback])

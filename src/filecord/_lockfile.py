@@ -22,11 +22,14 @@ with byte-range locks through the lock manager; where the server offers none, ``
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 
 from filecord import _sys
+
+JOURNALED = b"journaled"  # appended once the save's journal is durable under its name
 
 
 class LockBusyError(OSError):
@@ -62,9 +65,11 @@ def create(path: str, content: bytes) -> int:
         try:
             if _names_same(fd, path):
                 _sys.unlink_missing_ok(path)
-            _sys.close(fd)
         except OSError:  # never hide why the lock could not be made; recover removes it
             pass
+        finally:
+            with contextlib.suppress(OSError):
+                _sys.close(fd)
         raise
     return fd
 
@@ -90,6 +95,13 @@ def acquire(path: str) -> int | None:
         _sys.close(fd)
         raise
     return fd
+
+
+def mark_journaled(fd: int) -> None:
+    """Record, durably, that the save's journal exists: from now on a missing journal beside
+    this lock means someone removed it, never that the save died before making it."""
+    _sys.write_all(fd, JOURNALED + b"\n", _sys.fstat(fd).st_size)
+    _sys.fsync(fd)
 
 
 def release(path: str, fd: int) -> None:

@@ -49,13 +49,19 @@ def _encoded(name: str) -> bytes:
 
 
 def token_name(stem: str, token: str, suffix: str) -> str:
-    """``.{stem}.{token}{suffix}``, with the stem shortened (and hashed) to fit NAME_MAX bytes."""
+    """``.{stem}.{token}{suffix}``, with the stem shortened (and hashed) to fit NAME_MAX bytes.
+
+    Whether and how the stem is cut does not depend on the suffix (the room is reckoned for the
+    longest one), so one save's names differ only in their suffixes and a stage's name can be
+    derived from another's by swapping the suffix.
+    """
     full = f".{stem}.{token}{suffix}"
-    if len(_encoded(full)) <= NAME_MAX:
+    longest = max((*SUFFIXES, OWNED), key=len)
+    if len(_encoded(f".{stem}.{token}{longest}")) <= NAME_MAX:
         return full
     raw = _encoded(stem)
     digest = hashlib.sha256(raw).hexdigest()[:12]
-    room = NAME_MAX - len(_encoded(f"..{token}{suffix}")) - len(digest) - 1
+    room = NAME_MAX - len(_encoded(f"..{token}{longest}")) - len(digest) - 1
     cut = raw[:room]
     # Avoid splitting a UTF-8 character (at most 3 continuation bytes to back off); names that
     # are not UTF-8 at all stay as bytes through fsdecode's surrogate escapes.
@@ -64,6 +70,15 @@ def token_name(stem: str, token: str, suffix: str) -> str:
             break
         cut = cut[:-1]
     return f".{os.fsdecode(cut)}~{digest}.{token}{suffix}"
+
+
+def restage(path: str, suffix: str) -> str:
+    """The same save's name with another suffix (``x.TOKEN.filecord-journal`` -> ``-rollback``)."""
+    directory, name = os.path.split(path)
+    parsed = parse(name)
+    if parsed is None:
+        raise ValueError(f"{path} is not a name filecord made")
+    return os.path.join(directory, name[: -len(parsed[1])] + suffix)
 
 
 def _decodes(b: bytes) -> bool:

@@ -84,6 +84,9 @@ class Backend:
     def fchmod(self, fd: int, mode: int) -> None:
         os.fchmod(fd, mode)
 
+    def lseek(self, fd: int, offset: int, whence: int) -> int:
+        return os.lseek(fd, offset, whence)
+
     def fchown(self, fd: int, uid: int, gid: int) -> None:
         os.fchown(fd, uid, gid)
 
@@ -212,6 +215,11 @@ def fstat(fd: int) -> os.stat_result:
 def fchmod(fd: int, mode: int) -> None:
     _active.hook("fchmod", (fd, mode))
     _active.fchmod(fd, mode)
+
+
+def lseek(fd: int, offset: int, whence: int) -> int:
+    _active.hook("lseek", (fd, offset, whence))
+    return _active.lseek(fd, offset, whence)
 
 
 def fchown(fd: int, uid: int, gid: int) -> None:

@@ -41,7 +41,7 @@ import stat as stat_mod
 
 from filecord import _sys, transfer
 from filecord.errors import DataChangedError, RecoverError
-from filecord.journal import Journal, JournalSource
+from filecord.journal import Journal, JournalOutput, JournalSource
 from filecord.plan import cover
 
 
@@ -52,6 +52,23 @@ def same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
     except FileNotFoundError:
         return None
     return st if (st.st_dev, st.st_ino) == (dev, ino) and stat_mod.S_ISREG(st.st_mode) else None
+
+
+def open_same(path: str, dev: int, ino: int, flags: int) -> int:
+    """Open ``path`` without following a symlink and check it is the inode (dev, ino).
+
+    An ``lstat`` before ``open`` is not enough: a second party can swap the name for a symlink
+    to another file in between.  The check on the descriptor is the proof.
+    """
+    fd = _sys.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        st = _sys.fstat(fd)
+        if (st.st_dev, st.st_ino) != (dev, ino) or not stat_mod.S_ISREG(st.st_mode):
+            raise RecoverError(f"{path} changed while recover was looking at it; not touched")
+    except BaseException:
+        _sys.close(fd)
+        raise
+    return fd
 
 
 def legal_size(s: JournalSource, size: int, window: int) -> bool:
@@ -77,6 +94,29 @@ def check_strict(j: Journal) -> None:
             )
 
 
+def check_committed(j: Journal) -> None:
+    """Refuse to finish unless every move had completed: a committed save shortened each moved
+    source to its kept prefix and put each adopted one at its temp (or final name) first.
+
+    A journal renamed to "committed" by someone else mid-move fails here instead of deleting
+    sources that still hold bytes no temp has.
+    """
+    for s in j.sources:
+        if s.adopt:
+            if same_file(s.path, s.dev, s.ino) is not None:
+                raise RecoverError(f"{s.path}: the journal says committed, but the adopted "
+                                   "source is still under its own name: the commit never "
+                                   "happened")
+            continue  # at its temp or final name, or lost (``finish`` says which)
+        for name in (j.parked(s), s.path):
+            st = same_file(name, s.dev, s.ino)
+            if st is not None and st.st_size != s.run_start:
+                raise RecoverError(
+                    f"{name}: the journal says committed, but the source is {st.st_size} bytes "
+                    f"where a finished move leaves {s.run_start}: the commit never happened"
+                )
+
+
 def open_temps(j: Journal) -> list[int | None]:
     """Descriptors of the temps still holding this save's inodes (None where absent)."""
     fds: list[int | None] = []
@@ -85,7 +125,7 @@ def open_temps(j: Journal) -> list[int | None]:
             if out.direct or same_file(j.temp(o), out.dev, out.ino) is None:
                 fds.append(None)
             else:
-                fds.append(_sys.open(j.temp(o), os.O_RDWR))
+                fds.append(open_same(j.temp(o), out.dev, out.ino, os.O_RDWR))
     except BaseException:
         close_all(fds)
         raise
@@ -110,7 +150,7 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
     if s.adopt:
         temp = j.temp(s.dests[0].output)
         if same_file(temp, s.dev, s.ino) is not None:
-            fd = _sys.open(temp, os.O_RDONLY)
+            fd = open_same(temp, s.dev, s.ino, os.O_RDONLY)
             try:
                 _sys.fchmod(fd, stat_mod.S_IMODE(s.mode))
             finally:
@@ -130,14 +170,15 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
             raise DataChangedError(s.path, expected_size=s.size, found_size=st.st_size,
                                    reason="changed by another process before the save moved it")
         return 0
-    fd = _sys.open(parked, os.O_RDWR)
+    fd = open_same(parked, s.dev, s.ino, os.O_RDWR)
     try:
         size = _sys.fstat(fd).st_size
         if not s.run_start <= size <= s.size:
             raise DataChangedError(parked, expected_size=s.size, found_size=size,
                                    reason="outside the range a move of this save leaves")
         if size < s.size:
-            transfer.restore_source(fd, s.as_move(), temps, j.window, c, punch=True)
+            transfer.restore_source(fd, s.as_move(), temps, j.window, c, punch=True,
+                                    dense=s.dense)
         _sys.futimens(fd, s.atime_ns, s.mtime_ns)
         c.fsync(fd)
     finally:
@@ -187,7 +228,8 @@ def finish(j: Journal, journal_path: str) -> None:
             continue
         temp = j.temp(o)
         if same_file(temp, out.dev, out.ino) is not None:
-            apply_owner_mode_at(temp, out.mode, out.uid, out.gid)
+            _check_replaceable(out, journal_path)
+            apply_owner_mode_at(temp, out.dev, out.ino, out.mode, out.uid, out.gid)
             _sys.rename(temp, out.final)
         elif same_file(out.final, out.dev, out.ino) is None:
             raise RecoverError(
@@ -204,10 +246,24 @@ def finish(j: Journal, journal_path: str) -> None:
     _sys.fsync_parents(parked)
 
 
-def apply_owner_mode_at(path: str, mode: int, uid: int, gid: int) -> None:
+def _check_replaceable(out: JournalOutput, journal_path: str) -> None:
+    """The final name must still hold what the save meant to replace (or nothing): a file saved
+    there after the crash is newer than this save and is never overwritten by finishing it."""
+    try:
+        st = _sys.lstat(out.final)
+    except FileNotFoundError:
+        return
+    if (st.st_dev, st.st_ino) != (out.old_dev, out.old_ino):
+        raise RecoverError(
+            f"{out.final} was replaced after the save of {journal_path} stopped; the newer "
+            f"file is kept and this save's output stays at its temp"
+        )
+
+
+def apply_owner_mode_at(path: str, dev: int, ino: int, mode: int, uid: int, gid: int) -> None:
     if mode < 0 and uid < 0 and gid < 0:
         return
-    fd = _sys.open(path, os.O_RDONLY)
+    fd = open_same(path, dev, ino, os.O_RDONLY)
     try:
         apply_owner_mode(fd, mode, uid, gid)
     finally:

@@ -185,6 +185,12 @@ class FileBackedData:
     def __deepcopy__(self, memo: object) -> FileBackedData:
         return self
 
+    def _arm_scratch(self) -> None:
+        """Give a scratch file back to the collector after a save that used it rolled back in
+        full and could not remove it: nothing but filecord ever held its bytes."""
+        if self._owner is not None:
+            self._owner.arm()
+
     def detach_cleanup(self) -> None:
         """Never delete the file at collection (a save was given it); ``close()`` still does."""
         if self._owner is not None:
@@ -316,9 +322,9 @@ class _Owner:
     def close(self) -> None:
         self.detach()
         if not self._closed:
-            self._closed = True
             i = self._identity
             _sys.unlink_if_same(self._path, i.dev, i.ino, i.size, i.mtime_ns)
+            self._closed = True
 
 
 class _ChunkReader:

@@ -48,6 +48,33 @@ def fs_type(path: str) -> str:
     return best
 
 
+def mount_table() -> list[tuple[str, int]]:
+    """(mount point + "/", mount id) for every mount, longest point first (empty if unknown)."""
+    try:
+        text = _sys.read_text("/proc/self/mountinfo")
+    except OSError:
+        return []
+    table = []
+    for line in text.splitlines():
+        fields = line.split(" - ", 1)[0].split()
+        if len(fields) >= 5 and fields[0].isdigit():
+            table.append((fields[4].replace("\\040", " ").rstrip("/") + "/", int(fields[0])))
+    # The last of equal points wins (a mount over a mount): stable sort keeps file order.
+    table.reverse()
+    table.sort(key=lambda t: -len(t[0]))
+    return table
+
+
+def mount_id(path: str, table: list[tuple[str, int]]) -> int:
+    """The id of the mount ``path`` is reached through; 0 when the table cannot say.
+
+    Two mounts of one file system (a bind mount) share ``st_dev``, but a rename between them
+    fails with EXDEV; the mount id tells them apart.
+    """
+    real = os.path.realpath(path) + "/"
+    return next((mid for point, mid in table if real.startswith(point)), 0)
+
+
 def probe_clone(directory: str) -> bool:
     """Whether the file system under ``directory`` clones ranges (tried, not guessed)."""
     dev = _sys.stat(directory).st_dev

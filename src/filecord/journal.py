@@ -53,6 +53,8 @@ class JournalOutput:
     uid: int = -1
     gid: int = -1
     direct: bool = False  # a FIFO or device written in place: no temp, nothing to recover
+    old_dev: int = 0  # the file the save replaces (0, 0: the name was free)
+    old_ino: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,7 @@ class JournalSource:
     mode: int
     dests: tuple[PieceRef, ...]
     adopt: bool = False
+    dense: bool = False  # no holes when journaled: a hole in a temp then proves tampering
 
     def as_move(self) -> MoveSource:
         return MoveSource((self.dev, self.ino), self.path, self.size, self.run_start, self.dests,
@@ -103,13 +106,14 @@ def _body(j: Journal) -> dict[str, object]:
         "token": j.token,
         "window": j.window,
         "outputs": [
-            [o.final, o.dev, o.ino, o.length, o.mode, o.uid, o.gid, o.direct] for o in j.outputs
+            [o.final, o.dev, o.ino, o.length, o.mode, o.uid, o.gid, o.direct, o.old_dev,
+             o.old_ino] for o in j.outputs
         ],
         "sources": [
             {
                 "path": s.path, "dev": s.dev, "ino": s.ino, "size": s.size,
                 "run_start": s.run_start, "atime_ns": s.atime_ns, "mtime_ns": s.mtime_ns,
-                "mode": s.mode, "adopt": s.adopt,
+                "mode": s.mode, "adopt": s.adopt, "dense": s.dense,
                 "dests": [[d.output, d.out_offset, d.length, d.src_offset] for d in s.dests],
             }
             for s in j.sources
@@ -171,8 +175,9 @@ def _parse(line: bytes) -> Journal:
     if body["version"] != VERSION:
         raise ValueError(f"version {body['version']!r} is not {VERSION}")
     outputs = tuple(
-        JournalOutput(_str(f), _int(d), _int(i), _int(n), _int(m), _int(u), _int(g), bool(x))
-        for f, d, i, n, m, u, g, x in body["outputs"]
+        JournalOutput(_str(f), _int(d), _int(i), _int(n), _int(m), _int(u), _int(g), bool(x),
+                      _int(od), _int(oi))
+        for f, d, i, n, m, u, g, x, od, oi in body["outputs"]
     )
     sources = []
     for s in body["sources"]:
@@ -181,6 +186,7 @@ def _parse(line: bytes) -> Journal:
             path=_str(s["path"]), dev=key[0], ino=key[1], size=_int(s["size"]),
             run_start=_int(s["run_start"]), atime_ns=_int(s["atime_ns"]),
             mtime_ns=_int(s["mtime_ns"]), mode=_int(s["mode"]), adopt=bool(s["adopt"]),
+            dense=bool(s["dense"]),
             dests=tuple(
                 PieceRef(_int(o), 0, _int(off), _int(n), key, _int(so))
                 for o, off, n, so in s["dests"]

@@ -64,6 +64,7 @@ class SourceFacts:
     writable: bool
     deletable: bool = True  # its directory is writable on a read-write mount
     allocated: int = -1  # bytes the file system holds for it (st_blocks); -1: unknown
+    mount: int = 0  # mount id (two mounts of one file system share st_dev but not renames)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class OutputFacts:
     dev: int
     length: int
     direct: bool  # not a regular file (FIFO, device): written in place, streamed
+    mount: int = 0  # mount id of its directory (see SourceFacts.mount)
 
 
 @dataclass(frozen=True)
@@ -201,13 +203,19 @@ def _deletable(src: SourceFacts, outs: Iterable[OutputFacts]) -> bool:
             and not any(o.direct for o in outs))
 
 
-def _adoptable(moved: tuple[PieceRef, ...], src: SourceFacts, nonempty: dict[int, int]) -> bool:
+def _adoptable(
+    moved: tuple[PieceRef, ...], src: SourceFacts, nonempty: dict[int, int],
+    outputs: Sequence[OutputFacts],
+) -> bool:
     """The whole file is the whole of one output, used once: rename it instead of copying.
 
     ``nonempty[o]`` counts the pieces of output ``o`` that hold at least one byte, so the
-    test is O(1) per source (the save of N files into N outputs stays linear).
+    test is O(1) per source (the save of N files into N outputs stays linear).  A rename
+    across two mounts of one file system fails (EXDEV), so those are moved window by window.
     """
     if len(moved) != 1 or moved[0].src_offset != 0 or moved[0].length != src.size:
+        return False
+    if src.mount != outputs[moved[0].output].mount:
         return False
     return nonempty.get(moved[0].output, 0) == 1  # ``moved[0]`` itself holds bytes
 
@@ -305,7 +313,7 @@ def make_plan(
             else:
                 decision[r] = ("copied", GAP if r.length else None)
         moves.append(MoveSource(key, src.path, src.size, top[0], moved,
-                                _adoptable(moved, src, nonempty)))
+                                _adoptable(moved, src, nonempty, outputs)))
 
     actions: list[PieceAction] = []
     for r in refs:

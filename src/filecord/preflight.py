@@ -17,7 +17,7 @@ from filecord import _sys
 from filecord.cord import Cord, PieceLike
 from filecord.data import FileBackedData
 from filecord.errors import InsufficientSpaceError, SaveError, SourceIsOutputError
-from filecord.facts import fs_facts, kernel_path, resolve_target
+from filecord.facts import fs_facts, kernel_path, mount_id, mount_table, resolve_target
 from filecord.plan import (
     BLOCK,
     FsFacts,
@@ -105,7 +105,12 @@ def prepare(
     target_stats: list[os.stat_result | None] = []
     seen_targets: dict[str, str] = {}
     out_dirs: list[str] = []
+    mounts = mount_table() if consume else []  # read once: adoption must not cross mounts
     for path, cord in items:
+        if path.endswith(os.sep) or os.path.basename(path) in ("", ".", ".."):
+            # open() refuses a name that can only be a directory: so does a save.
+            raise SaveError(f"cannot save {path}: it names a directory, not a file",
+                            errno=errno.EISDIR)
         target, st = _resolve(path)
         if target in seen_targets:
             raise ValueError(f"{path} and {seen_targets[target]} name the same file {target}")
@@ -120,7 +125,8 @@ def prepare(
             directory = _dir_facts(path, target)
             dev = _sys.stat(directory).st_dev
         out_dirs.append(directory)
-        outputs.append(OutputFacts(path, target, dev, len(cord), direct))
+        mount = 0 if direct or not consume else mount_id(directory, mounts)
+        outputs.append(OutputFacts(path, target, dev, len(cord), direct, mount))
         target_stats.append(st)
 
     refs: list[PieceRef] = []
@@ -150,7 +156,7 @@ def prepare(
                 errno=errno.EINVAL,
             )
 
-    sources = {key: _source_facts(key, group) for key, group in datas.items()}
+    sources = {key: _source_facts(key, group, mounts) for key, group in datas.items()}
     filesystems: dict[int, FsFacts] = {}
     for out, directory in zip(outputs, out_dirs, strict=True):
         if out.direct or out.dev in filesystems:
@@ -168,7 +174,9 @@ def prepare(
     )
 
 
-def _source_facts(key: tuple[int, int], group: list[FileBackedData]) -> SourceFacts:
+def _source_facts(
+    key: tuple[int, int], group: list[FileBackedData], mounts: list[tuple[str, int]]
+) -> SourceFacts:
     path = group[0].path
     lst = _sys.lstat(path)
     st = _sys.stat(path)
@@ -185,6 +193,7 @@ def _source_facts(key: tuple[int, int], group: list[FileBackedData]) -> SourceFa
         regular=stat_mod.S_ISREG(st.st_mode),
         writable=writable,
         deletable=dir_ok,
+        mount=mount_id(directory, mounts),
         allocated=getattr(st, "st_blocks", -1) * 512 if hasattr(st, "st_blocks") else -1,
     )
 

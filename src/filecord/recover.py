@@ -80,12 +80,13 @@ def recover(path: str | os.PathLike[str]) -> list[Recovered]:
     everything else, when anything was refused; its ``results`` attribute holds the list.
     """
     target = os.fspath(path)
-    st = _sys.lstat(target)
+    st = _sys.stat(target)  # a directory reached through a symlink is that directory
     if stat_mod.S_ISDIR(st.st_mode):
-        results = [_recover_token(target, token, names)
-                   for token, names in sorted(_scan(target).items())]
+        real = os.path.realpath(target)
+        results = [_recover_token(real, token, names)
+                   for token, names in sorted(_scan(real).items())]
     else:
-        results = [_recover_file(target, st)]
+        results = [_recover_file(target, _sys.lstat(target))]
     done = [r for r in results if r is not None]
     refused = [r for r in done if r.action == "refused"]
     if refused:
@@ -125,7 +126,8 @@ def _recover_file(path: str, st: os.stat_result) -> Recovered:
         )
     if not stat_mod.S_ISREG(st.st_mode):
         raise journal.NotAJournalError(f"{path} is not a regular file; nothing was touched")
-    return _recover_journal(os.path.abspath(path), parsed[0], parsed[1], {})
+    real = os.path.join(_real_dir(path), os.path.basename(path))
+    return _recover_journal(real, parsed[0], parsed[1], {})
 
 
 def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> Recovered | None:
@@ -135,7 +137,7 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
                        "several journals carry one token; nothing was touched")
     if journals:
         name, suffix = journals[0]
-        return _recover_journal(os.path.abspath(os.path.join(directory, name)), token, suffix, {})
+        return _recover_journal(os.path.join(directory, name), token, suffix, {})
     locks = names.get(_names.LOCK, [])
     others = [n for s, ns in names.items() if s != _names.LOCK for n in ns]
     if not locks:
@@ -150,20 +152,26 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
     if fd is None:
         return None  # removed by whoever held it a moment ago
     try:
-        pointer = _read_pointer(fd, token)
+        pointer, journaled = _read_pointer(fd, token)
         if pointer is None and others:
             _sys.close(fd)
             return _refuse(lock, "its lock file is damaged and other files remain; nothing "
                            "was touched")
         if pointer is not None:
-            stem = pointer[: -len(_names.JOURNAL)]
             for suffix in _names.JOURNALS:
-                if _exists(stem + suffix):
-                    return _recover_journal(stem + suffix, token, suffix,
-                                            {os.path.dirname(lock): (lock, fd)})
+                candidate = _names.restage(pointer, suffix)
+                if _exists(candidate):
+                    return _recover_journal(candidate, token, suffix,
+                                            {_real_dir(lock): (lock, fd)})
         if names.get(_names.SOURCE):
             _sys.close(fd)
             return _refuse(lock, "parked sources without a journal; nothing was touched")
+        if journaled and others:
+            # The save made its journal durable (the lock says so) and the journal is gone:
+            # someone removed it, and these temps may hold bytes moved out of a source.
+            _sys.close(fd)
+            return _refuse(lock, f"its journal {pointer} was made and is gone, and its temps "
+                           "may hold moved bytes; nothing was touched")
     except BaseException:
         _close_quietly(fd)
         raise
@@ -176,19 +184,24 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
     return Recovered(lock, "discarded", detail=f"removed {len(garbage)} temp file(s)")
 
 
-def _read_pointer(fd: int, token: str) -> str | None:
-    """The journal path a lock file names, or None when it is empty or not one."""
+def _read_pointer(fd: int, token: str) -> tuple[str | None, bool]:
+    """The journal path a lock file names (None when it is empty or not one), and whether the
+    save marked that its journal had been made durable."""
     size = _sys.fstat(fd).st_size
     if not 0 < size <= 1 << 16:
-        return None
-    text = os.fsdecode(_sys.read_all(fd, 0, size))
-    if not text.endswith("\n"):
-        return None
-    path = text[:-1]
+        return None, False
+    lines = os.fsdecode(_sys.read_all(fd, 0, size)).split("\n")
+    if len(lines) < 2:
+        return None, False
+    path = lines[0]
     parsed = _names.parse(os.path.basename(path))
     if parsed != (token, _names.JOURNAL) or not os.path.isabs(path):
-        return None
-    return path
+        return None, False
+    return path, _lockfile.JOURNALED.decode() in lines[1:]
+
+
+def _real_dir(path: str) -> str:
+    return os.path.realpath(os.path.dirname(os.path.abspath(path)))
 
 
 def _exists(path: str) -> bool:
@@ -217,8 +230,16 @@ def _read(path: str) -> bytes:
         _sys.close(fd)
 
 
+class _MissingLockError(Exception):
+    """A directory of the save has no lock file: nothing proves the save is over."""
+
+
 def _lock_all(j: journal.Journal, held: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
-    """Take the lock file of every directory of the save (those that still exist)."""
+    """Take the lock file of every directory of the save.
+
+    The save made each one before anything else in that directory and removes them after its
+    journal, so a journal whose lock file is missing is refused, never taken as "free".
+    """
     firsts: dict[str, str] = {}
     for o in reversed(j.outputs):
         if not o.direct:
@@ -230,8 +251,9 @@ def _lock_all(j: journal.Journal, held: dict[str, tuple[str, int]]) -> dict[str,
                 continue
             path = _names.sibling(firsts[directory], j.token, _names.LOCK)
             fd = _lockfile.acquire(path)
-            if fd is not None:
-                locks[directory] = (path, fd)
+            if fd is None:
+                raise _MissingLockError(path)
+            locks[directory] = (path, fd)
     except BaseException:
         for d, (_p, fd) in locks.items():
             if d not in held:
@@ -256,6 +278,9 @@ def _recover_journal(
             locks = _lock_all(j, held)
         except _lockfile.LockBusyError:
             return Recovered(path, "skipped", detail="its save is running (a lock is held)")
+        except _MissingLockError as exc:
+            return _refuse(path, f"its lock file {exc} is missing, so nothing proves the save "
+                           "is over; nothing was touched")
         result = _act(path, j, of_journal_suffix(suffix))
     except BaseException:
         for _p, fd in locks.values():
@@ -274,12 +299,13 @@ def _act(path: str, j: journal.Journal, stage: Stage) -> Recovered:
     sources = tuple(s.path for s in j.sources)
     try:
         if stage is Stage.COMMITTED:
+            _undo.check_committed(j)
             _undo.finish(j, path)
             _sys.unlink(path)
             return Recovered(path, "finished", outputs, sources)
         if stage is Stage.MOVING:
             _undo.check_strict(j)
-            rollback = path[: -len(_names.JOURNAL)] + _names.ROLLBACK
+            rollback = _names.restage(path, _names.ROLLBACK)
             _sys.rename(path, rollback)
             _sys.fsync_parents([rollback])
             path = rollback

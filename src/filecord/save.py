@@ -376,6 +376,7 @@ def _record(txn: _Txn) -> journal.Journal:
             size=st.st_size, run_start=m.run_start if m else st.st_size,
             atime_ns=st.st_atime_ns, mtime_ns=st.st_mtime_ns, mode=st.st_mode,
             dests=m.dests if m else (), adopt=bool(m and m.adopt),
+            dense=st.st_blocks * 512 >= st.st_size,
         ))
     outputs = []
     for o, (out, fd, tst) in enumerate(
@@ -389,7 +390,9 @@ def _record(txn: _Txn) -> journal.Journal:
         mode, uid, gid = (-1, -1, -1) if tst is None else (tst.st_mode, tst.st_uid, tst.st_gid)
         if o in adopted_out and tst is None:
             mode = 0o666 & ~_umask()  # what open() would have given a new file
-        outputs.append(journal.JournalOutput(out.target, dev, ino, out.length, mode, uid, gid))
+        old = (0, 0) if tst is None else (tst.st_dev, tst.st_ino)
+        outputs.append(journal.JournalOutput(out.target, dev, ino, out.length, mode, uid, gid,
+                                             old_dev=old[0], old_ino=old[1]))
     return journal.Journal(txn.token, p.window, tuple(outputs), tuple(sources))
 
 
@@ -412,6 +415,8 @@ def _write_journal(txn: _Txn) -> None:
     txn.journal_path = final
     txn.counters.fsyncs += _sys.fsync_parents([final])
     txn.to(Stage.JOURNALED)
+    for _path, lock_fd in txn.locks:
+        _lockfile.mark_journaled(lock_fd)
 
 
 def _park_sources(txn: _Txn) -> None:
@@ -463,7 +468,8 @@ def _move(txn: _Txn, m: MoveSource) -> None:
     fd = _sys.open(path, os.O_RDWR)
     try:
         st = _sys.fstat(fd)
-        if (st.st_dev, st.st_ino, st.st_size) != (m.key[0], m.key[1], m.size):
+        was = txn.prep.datas[m.key][0].identity
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (*m.key, m.size, was.mtime_ns):
             raise DataChangedError(m.path, expected_size=m.size, found_size=st.st_size,
                                    reason="another process changed it before it was moved")
         temps = [fd_ if fd_ is not None else -1 for fd_ in txn.fds]
@@ -534,7 +540,8 @@ def _commit(txn: _Txn) -> None:
             if m.adopt:
                 o = m.dests[0].output
                 jout = record.outputs[o]
-                _undo.apply_owner_mode_at(record.temp(o), jout.mode, jout.uid, jout.gid)
+                _undo.apply_owner_mode_at(record.temp(o), jout.dev, jout.ino, jout.mode,
+                                          jout.uid, jout.gid)
     finals: list[str] = []
     for out, temp in zip(p.outputs, txn.temps, strict=True):
         if temp is not None:

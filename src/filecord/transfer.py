@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -157,6 +158,7 @@ def move_source(
     ``m.size`` bytes long; the caller checked it.
     """
     buckets = _by_window(m, window)
+    seen = _sys.fstat(src)
     pos, k = m.size, 0
     while pos > m.run_start:
         lo = max(m.run_start, pos - window)
@@ -169,12 +171,13 @@ def move_source(
                                b - a, c)
                     touched.add(temps[d.output])
         except OSError as exc:
-            _check_size(src, m, pos, exc)
+            _check_unchanged(src, m, pos, seen, exc)
             raise
         for fd in sorted(touched):
             c.fsync(fd)  # raises on failure: the truncate below never runs after a bad fsync
-        _check_size(src, m, pos, None)
+        _check_unchanged(src, m, pos, seen, None)
         _sys.ftruncate(src, lo)
+        seen = _sys.fstat(src)
         progress(pos - lo)
         pos, k = lo, k + 1
 
@@ -193,18 +196,27 @@ def _by_window(m: MoveSource, window: int) -> dict[int, list[PieceRef]]:
     return buckets
 
 
-def _check_size(src: int, m: MoveSource, pos: int, cause: OSError | None) -> None:
-    """Raise DataChangedError unless the source is still as long as the last truncate left it.
+def _check_unchanged(
+    src: int, m: MoveSource, pos: int, seen: os.stat_result, cause: OSError | None
+) -> None:
+    """Raise DataChangedError unless the source is as the last truncate left it: that length,
+    one name, and no write since (modification and change times as they were then).
 
-    Someone else appended or truncated: truncating now would lose their bytes, and a later
-    put-back would fill the gap with whatever the temps hold there.
+    Someone else appended, truncated, rewrote or linked it: truncating now would lose their
+    bytes (or empty their link), and a later put-back would fill a gap with whatever the temps
+    hold there.
     """
-    found = _sys.fstat(src).st_size
-    if found != pos:
-        raise DataChangedError(
-            m.path, expected_size=pos, found_size=found,
-            reason="another process changed its size while it was being moved",
-        ) from cause
+    now = _sys.fstat(src)
+    why = None
+    if now.st_size != pos:
+        why = "another process changed its size while it was being moved"
+    elif now.st_nlink != 1:
+        why = "another name was linked to it while it was being moved"
+    elif (now.st_mtime_ns, now.st_ctime_ns) != (seen.st_mtime_ns, seen.st_ctime_ns):
+        why = "another process wrote to it while it was being moved"
+    if why is not None:
+        raise DataChangedError(m.path, expected_size=pos, found_size=now.st_size,
+                               reason=why) from cause
 
 
 def restore_source(
@@ -215,12 +227,16 @@ def restore_source(
     c: Counters,
     *,
     punch: bool,
+    dense: bool = False,
 ) -> int:
     """Put back the bytes a move took from ``src``; returns how many were restored.
 
     Works from the source's current size up, so it is idempotent and resumable: rerun after a
     crash, it continues where the size says.  ``temps[i]`` may be None for outputs that hold no
-    bytes of this source.
+    bytes of this source.  With ``dense`` (the source had no holes), a hole in a temp where
+    moved bytes should be proves they were never moved (someone shortened the source since):
+    ``DataChangedError``, before anything is written.  File systems without ``SEEK_HOLE``
+    report no holes, and the check passes.
     """
     start = _sys.fstat(src).st_size
     if start > m.size:
@@ -246,6 +262,12 @@ def restore_source(
             tfd = temps[d.output]
             if tfd is None:
                 raise OSError(errno.ENOENT, f"the temp file holding {m.path}[{a}:{b}] is missing")
+            if dense:
+                _check_holds_data(tfd, d.out_offset + (a - d.src_offset), b - a, m, a)
+        for a, b, d in segs:
+            tfd = temps[d.output]
+            if tfd is None:  # pragma: no cover - checked above
+                continue
             copy_range(tfd, src, d.out_offset + (a - d.src_offset), a, b - a, c)
         c.fsync(src)  # the bytes are durable in the source before any temp lets go of them
         if punch:
@@ -255,6 +277,21 @@ def restore_source(
                     _punch_best_effort(tfd, d.out_offset + (a - d.src_offset), b - a)
         pos = hi
     return m.size - start
+
+
+def _check_holds_data(fd: int, offset: int, n: int, m: MoveSource, src_at: int) -> None:
+    try:
+        hole = _sys.lseek(fd, offset, getattr(os, "SEEK_HOLE", 4))
+    except OSError as exc:
+        if exc.errno in (errno.EINVAL, errno.ENXIO, errno.EOPNOTSUPP):
+            return
+        raise
+    if hole < offset + n:
+        raise DataChangedError(
+            m.path, expected_size=m.size, found_size=src_at,
+            reason=f"the temp holds no data for its bytes from {src_at + hole - offset} on: "
+            "they were never moved, so the source was shortened by someone else",
+        )
 
 
 def _punch_best_effort(fd: int, offset: int, length: int) -> None:

@@ -1,0 +1,113 @@
+"""GGUF in ``filecord merge``, ``reshard``, ``convert`` and ``inspect``: rendering only; the work
+is in :mod:`filecord.gguf`.  The commands dispatch here by suffix (``OUT.gguf``, ``IN.gguf``)
+or, for ``inspect``, by the ``GGUF`` magic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import json
+import os
+import re
+from typing import Any
+
+from filecord._cli_progress import Bar
+from filecord.report import SaveReport
+
+GGUF_TENSORS_DEFAULT = 128  # gguf-split's default when no limit is given
+_SHARD = re.compile(r"-\d{5}-of-\d{5}$")
+
+
+def merge(args: argparse.Namespace) -> SaveReport:
+    from filecord.gguf import merge as gguf_merge
+
+    with Bar(f"merge {os.path.basename(args.out)}", quiet=args.quiet or args.json) as bar:
+        return gguf_merge(args.inputs, args.out, consume=args.consume, dry_run=args.dry_run,
+                          alignment=args.align, window=args.window, progress=bar.callback)
+
+
+def output_base(args: argparse.Namespace) -> str:
+    """``OUTDIR/<stem>.gguf``: the stem from ``--pattern`` when given, else the first input's
+    name without ``.gguf`` and without a shard suffix."""
+    if args.pattern is not None:
+        name = str(args.pattern).format(suffix="")
+    else:
+        stem = os.path.basename(str(args.inputs[0])).removesuffix(".gguf")
+        name = _SHARD.sub("", stem) + ".gguf"
+    return os.path.join(str(args.outdir), name)
+
+
+def reshard(args: argparse.Namespace) -> SaveReport:
+    from filecord.gguf import reshard as gguf_reshard
+
+    size = args.max_shard_size or 0
+    tensors = args.max_tensors or (0 if size else GGUF_TENSORS_DEFAULT)
+    with Bar("reshard", quiet=args.quiet or args.json) as bar:
+        return gguf_reshard(args.inputs, output_base(args), max_tensors=tensors, max_size=size,
+                            consume=args.consume, dry_run=args.dry_run, alignment=args.align,
+                            window=args.window, progress=bar.callback)
+
+
+def convert(args: argparse.Namespace) -> SaveReport:
+    from filecord.gguf import convert as gguf_convert
+
+    with Bar(f"convert {os.path.basename(args.output)}", quiet=args.quiet or args.json) as bar:
+        return gguf_convert(args.input, args.output, arch=args.arch, consume=args.consume,
+                            max_tensors=args.max_tensors, max_size=args.max_shard_size,
+                            dry_run=args.dry_run, alignment=args.align, window=args.window,
+                            progress=bar.callback)
+
+
+def _summary(value: object, limit: int = 60) -> object:
+    if isinstance(value, (tuple, array.array)):
+        head = [_summary(v, 20) for v in value[:4]]
+        return head if len(value) <= 4 else {"count": len(value), "first": head}
+    if isinstance(value, str) and len(value) > limit:
+        return value[:limit] + "..."
+    if isinstance(value, float) and value != value:
+        return "nan"
+    return value
+
+
+def describe(path: str) -> dict[str, Any]:
+    """What ``filecord inspect`` shows for a GGUF file or split set (from its first shard; a
+    later shard is shown alone, with its own key-values)."""
+    from filecord.data import FileBackedData
+    from filecord.gguf import read_gguf, read_gguf_file
+
+    one = read_gguf_file(path)
+    split = one.split()
+    shards = [one] if split is not None and split[0] != 0 else list(read_gguf(path).shards)
+    kvs = one.kvs if split is not None and split[0] != 0 else {
+        k: v for k, v in one.kvs.items() if not k.startswith("split.")}
+    return {
+        "format": "gguf", "path": one.path,
+        "kvs": {k: {"type": kv.type.name if kv.sub_type is None
+                    else f"ARRAY[{kv.sub_type.name}]", "value": _summary(kv.value)}
+                for k, kv in kvs.items()},
+        "files": [{
+            "path": f.path, "file_size": f.file_size, "version": f.header.version,
+            "alignment": f.alignment, "data_start": f.data_start, "split": f.split(),
+            "tensors": [{
+                "name": t.name, "type": t.type.name, "dims": list(t.dims),
+                "shape": list(t.shape),
+                "offset": t.data.offset if isinstance(t.data, FileBackedData) else None,
+                "size": t.nbytes,
+            } for t in f.tensors.values()],
+        } for f in shards],
+    }
+
+
+def render(info: dict[str, Any]) -> list[str]:
+    lines = [f"gguf {info['path']}", f"  key-values: {len(info['kvs'])}"]
+    lines.extend(f"    {k}: {v['type']} {json.dumps(v['value'], ensure_ascii=False)}"
+                 for k, v in info["kvs"].items())
+    for f in info["files"]:
+        split = "" if f["split"] is None else f", shard {f['split'][0] + 1} of {f['split'][1]}"
+        lines.append(f"  file {f['path']} ({f['file_size']} bytes): v{f['version']}, alignment "
+                     f"{f['alignment']}, data from {f['data_start']}{split}")
+        lines.append(f"    tensors: {len(f['tensors'])}")
+        lines.extend(f"      {t['name']}: {t['type']} ne={t['dims']} bytes {t['offset']}.."
+                     f"{t['offset'] + t['size']} ({t['size']} bytes)" for t in f["tensors"])
+    return lines

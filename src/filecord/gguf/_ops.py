@@ -1,0 +1,206 @@
+"""Merge, reshard (split) and convert GGUF models without loading them: file-backed ranges in,
+one ``save``/``save_many`` transaction out.
+
+Theory of operation
+-------------------
+Inputs are read with :func:`read_gguf` (headers only; tensors are ranges).  With
+``consume=True`` they are read as *owned*, so the save moves their bytes into the outputs (a
+GGUF tensor takes its padding along, so one input's ranges run without gaps to its end) and
+deletes them at the commit: a model that fills the disk can still be merged, split or
+converted.  Whatever happens, the inputs' deletion right is given up on the way out: only a
+committed consuming save removes a user's file, never a dry run, a failure or the garbage
+collector.  Outputs are laid out as gguf-py's writer lays out the same key-values and tensors,
+so a merge equals gguf-py writing the model as one file, and a reshard equals gguf-py writing
+it with ``split_max_tensors``/``split_max_size``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+from filecord.gguf._build import build_gguf, build_split
+from filecord.gguf._read import GGUFModel, read_gguf
+from filecord.gguf._types import ARCH_KEY, DENSE, GGUFTensor, KeyValue, ValueType
+from filecord.gguf.errors import DuplicateTensorError, UnrepresentableError
+from filecord.plan import DEFAULT_WINDOW
+from filecord.preflight import CordLike, Target
+from filecord.report import SaveReport
+from filecord.save import plan, save_many
+from filecord.tensors import DType
+
+ProgressCallback = Callable[[int, int], None]
+Paths = Sequence[str | os.PathLike[str]]
+PASSTHROUGH = (DType.F32, DType.F16, DType.BF16)
+
+
+@contextmanager
+def _models(paths: Paths, *, consume: bool) -> Iterator[list[GGUFModel]]:
+    models: list[GGUFModel] = []
+    try:
+        for p in paths:
+            models.append(read_gguf(p, owned=consume))  # noqa: PERF401 - one at a time
+        yield models
+    finally:
+        for m in models:
+            m.detach_cleanup()
+
+
+def _union(models: list[GGUFModel]) -> list[GGUFTensor]:
+    tensors: dict[str, GGUFTensor] = {}
+    where: dict[str, str] = {}
+    for m in models:
+        for name, t in m.tensors.items():
+            if name in tensors:
+                raise DuplicateTensorError(f"tensor {name!r} is in both {where[name]} and "
+                                           f"{m.path}")
+            tensors[name] = t
+            where[name] = m.path
+    return list(tensors.values())
+
+
+def _run(outputs: Mapping[Target, CordLike], *, consume: bool, dry_run: bool, window: int,
+         progress: ProgressCallback | None) -> SaveReport:
+    if dry_run:
+        return plan(outputs, consume=consume, window=window)
+    return save_many(outputs, consume=consume, window=window, progress=progress)
+
+
+def merge(
+    inputs: Paths,
+    output: str | os.PathLike[str],
+    *,
+    consume: bool = False,
+    alignment: int | None = None,
+    dry_run: bool = False,
+    window: int = DEFAULT_WINDOW,
+    progress: ProgressCallback | None = None,
+) -> SaveReport:
+    """One ``.gguf`` from a split set (given by its first shard) or several models.
+
+    Key-values are the first input's (without ``split.*``, byte for byte); tensors are every
+    input's in order (a name in two inputs raises :class:`DuplicateTensorError`).
+    ``alignment`` sets ``general.alignment`` (4096: every tensor on a page, so later saves
+    clone); ``dry_run`` returns the plan and writes nothing.
+    """
+    with _models(inputs, consume=consume) as models:
+        tensors = _union(models)
+        sources = [f for m in models for f in m.shards]
+        cord = build_gguf(models[0].kvs, tensors, alignment=alignment, sources=sources)
+        return _run({os.fspath(output): cord}, consume=consume, dry_run=dry_run,
+                    window=window, progress=progress)
+
+
+def reshard(
+    inputs: Paths,
+    output: str | os.PathLike[str],
+    *,
+    max_tensors: int = 0,
+    max_size: int = 0,
+    small_first_shard: bool = False,
+    consume: bool = False,
+    alignment: int | None = None,
+    dry_run: bool = False,
+    window: int = DEFAULT_WINDOW,
+    progress: ProgressCallback | None = None,
+) -> SaveReport:
+    """Split (or re-split, or merge back when one shard suffices) as gguf-py splits: shards
+    ``<output stem>-00001-of-0000N.gguf`` of at most ``max_tensors`` tensors and ``max_size``
+    tensor bytes (0: no limit; soft, a tensor larger than the limit gets its own shard), all
+    in one transaction.  Files of the same stem that the new set does not use (``<stem>.gguf``,
+    shards of another count) are removed after the commit, inputs only when consumed."""
+    from filecord.safetensors._write import remove_files, stale_files
+
+    if max_tensors < 0 or max_size < 0:
+        raise ValueError("max_tensors and max_size must not be negative")
+    with _models(inputs, consume=consume) as models:
+        tensors = _union(models)
+        sources = [f for m in models for f in m.shards]
+        outs = build_split(models[0].kvs, tensors, output, max_tensors=max_tensors,
+                           max_size=max_size, small_first_shard=small_first_shard,
+                           alignment=alignment, sources=sources)
+        if dry_run:
+            return plan(dict(outs.items()), consume=consume, window=window)
+        out = os.fspath(output)
+        stem = os.path.basename(out).removesuffix(".gguf")
+        protect = [] if consume else [f.path for f in sources]
+        stale = stale_files(os.path.dirname(os.path.abspath(out)), stem + "{suffix}.gguf",
+                            list(outs), protect)
+        report = save_many(dict(outs.items()), consume=consume, window=window,
+                           progress=progress)
+        remove_files([p for p in stale if os.path.lexists(p)])
+        return report
+
+
+def _refusals(tensors: Sequence[object]) -> list[str]:
+    from filecord.tensors import NamedTensor
+
+    out = []
+    for t in tensors:
+        if not isinstance(t, NamedTensor):  # pragma: no cover - read_safetensors gives these
+            continue
+        if t.dtype not in PASSTHROUGH:
+            why = ("GGUF has no such type" if t.dtype not in DENSE.values()
+                   else "llama.cpp's converter casts it")
+            out.append(f"{t.name} ({t.dtype.value}: needs a cast, {why})")
+        elif len(t.name.encode("utf-8")) >= 64:
+            out.append(f"{t.name} (a name of 64 bytes or more: needs a rename)")
+        elif len(t.shape) > 4:
+            out.append(f"{t.name} ({len(t.shape)} dims: needs a reshape)")
+    return out
+
+
+def convert(
+    source: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    *,
+    arch: str | None = None,
+    consume: bool = False,
+    alignment: int | None = None,
+    max_tensors: int = 0,
+    max_size: int = 0,
+    dry_run: bool = False,
+    window: int = DEFAULT_WINDOW,
+    progress: ProgressCallback | None = None,
+) -> SaveReport:
+    """``.safetensors`` (or a sharded checkpoint's ``*.index.json``) to GGUF, bytes unchanged.
+
+    Only tensors that pass through are written: F32, F16 and BF16 keep their bytes and get
+    their dims reversed (ggml order); names are kept.  Anything that needs a transformation
+    (a cast, a rename, quantization, permutation) is refused with every such tensor named:
+    that belongs to a conversion script, which :class:`~filecord.gguf.GGUFWriter` serves.
+    Order: shard files sorted, names sorted within each, as ``convert_hf_to_gguf.py`` reads
+    them.  Key-values: ``general.architecture`` when ``arch`` is given, then each safetensors
+    ``__metadata__`` entry as a string under ``safetensors.<key>``.  With ``consume=True`` the
+    tensors' bytes are moved and the inputs (and the index) removed at the commit.
+    """
+    from filecord.safetensors._read import SafetensorsIndex, read_safetensors
+    from filecord.safetensors._write import remove_files
+
+    src = os.fspath(source)
+    got = read_safetensors(src, owned=consume)
+    files = list(got.shards) if isinstance(got, SafetensorsIndex) else [got]
+    try:
+        ordered = [t for f in sorted(files, key=lambda f: f.path)
+                   for _, t in sorted(f.tensors.items())]
+        bad = _refusals(ordered)
+        if bad:
+            raise UnrepresentableError(
+                f"{len(bad)} tensor(s) of {src} cannot pass through to GGUF unchanged: "
+                + "; ".join(bad))
+        tensors = [GGUFTensor.from_named(t) for t in ordered]
+        kvs = [KeyValue(ARCH_KEY, ValueType.STRING, arch)] if arch else []
+        for f in files:
+            for k, v in (f.metadata or {}).items():
+                kvs.append(KeyValue(f"safetensors.{k}", ValueType.STRING, v))
+        outs = build_split(kvs, tensors, output, max_tensors=max_tensors, max_size=max_size,
+                           alignment=alignment)
+        report = _run(dict(outs.items()), consume=consume, dry_run=dry_run, window=window,
+                      progress=progress)
+        if consume and not dry_run and isinstance(got, SafetensorsIndex):
+            remove_files([got.path])
+        return report
+    finally:
+        for f in files:
+            f.whole.detach_cleanup()

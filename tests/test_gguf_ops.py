@@ -1,0 +1,239 @@
+"""GGUF merge, reshard and convert on real files: byte-identical to gguf-py writing the same
+model, with and without consume, dry runs, refusals."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+import filecord.gguf as fg  # noqa: E402
+
+rng = np.random.default_rng(16)
+ARRAYS = [(f"blk.{i}.w", (rng.standard_normal((i + 2, 8)) * 10).astype(
+    "float16" if i % 2 else "float32")) for i in range(6)]
+Q8 = rng.integers(0, 256, (4, 34), dtype=np.uint8)
+
+
+def gguf_py(path: Path, **kw: Any) -> None:
+    """The model as gguf-py writes it (optionally split)."""
+    w = gguf.GGUFWriter(str(path), "llama", **kw)
+    w.add_string("general.name", "tiny")
+    w.add_array("tokenizer.ggml.tokens", ["a", "bb", "ccc"])
+    w.add_float32("f", float("nan"))
+    for name, a in ARRAYS:
+        w.add_tensor(name, a)
+    w.add_tensor("q", Q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _dir(tmp_path: Path, name: str) -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    return d
+
+
+@pytest.mark.parametrize("consume", [False, True])
+@pytest.mark.parametrize("split", [{"split_max_tensors": 2}, {"split_max_size": 200}])
+def test_merge_equals_gguf_py_single_file(tmp_path: Path, consume: bool,
+                                          split: dict[str, int]) -> None:
+    gguf_py(_dir(tmp_path, "one") / "m.gguf")
+    src = _dir(tmp_path, "split")
+    gguf_py(src / "m.gguf", **split)
+    shards = sorted(os.listdir(src))
+    assert len(shards) > 2
+    out = tmp_path / "merged.gguf"
+    report = fg.merge([src / shards[0]], out, consume=consume)
+    assert out.read_bytes() == (tmp_path / "one" / "m.gguf").read_bytes()
+    assert sorted(os.listdir(src)) == ([] if consume else shards)
+    if consume:
+        assert {a.action for a in report.actions if a.length and a.action != "written"} \
+            == {"moved"}
+
+
+@pytest.mark.parametrize("consume", [False, True])
+@pytest.mark.parametrize("split", [{"max_tensors": 3}, {"max_tensors": 1}, {"max_size": 100}])
+def test_reshard_equals_gguf_py_split(tmp_path: Path, consume: bool,
+                                      split: dict[str, int]) -> None:
+    ref = _dir(tmp_path, "ref")
+    gguf_py(ref / "m.gguf", **{f"split_{k}": v for k, v in split.items()})
+    src = _dir(tmp_path, "src")
+    gguf_py(src / "in.gguf")
+    out = _dir(tmp_path, "out")
+    fg.reshard([src / "in.gguf"], out / "m.gguf", consume=consume, **split)
+    assert sorted(os.listdir(out)) == sorted(os.listdir(ref))
+    for name in os.listdir(ref):
+        assert (out / name).read_bytes() == (ref / name).read_bytes(), name
+    assert os.listdir(src) == ([] if consume else ["in.gguf"])
+
+
+def test_dry_runs_write_nothing(tmp_path: Path) -> None:
+    src = _dir(tmp_path, "src")
+    gguf_py(src / "m.gguf", split_max_tensors=3)
+    before = {p: (src / p).read_bytes() for p in os.listdir(src)}
+    first = src / sorted(before)[0]
+    r1 = fg.merge([first], tmp_path / "o.gguf", consume=True, dry_run=True)
+    r2 = fg.reshard([first], tmp_path / "r.gguf", max_tensors=1, consume=True, dry_run=True)
+    assert r1.dry_run
+    assert r2.dry_run
+    assert len(r2.outputs) == 7
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+    assert {p: (src / p).read_bytes() for p in os.listdir(src)} == before
+
+
+def test_alignment_4096_pages_and_roundtrip(tmp_path: Path) -> None:
+    gguf_py(tmp_path / "m.gguf")
+    fg.merge([tmp_path / "m.gguf"], tmp_path / "a.gguf", alignment=4096)
+    f = fg.read_gguf_file(tmp_path / "a.gguf")
+    assert f.alignment == 4096
+    assert all(t.data.offset % 4096 == 0 for t in f.tensors.values())  # type: ignore[union-attr]
+    fg.merge([tmp_path / "a.gguf"], tmp_path / "b.gguf", alignment=32)
+    # general.alignment stays in its slot (now 32): same as gguf-py with add_custom_alignment
+    w = gguf.GGUFWriter(str(tmp_path / "ref.gguf"), "llama")
+    w.add_string("general.name", "tiny")
+    w.add_array("tokenizer.ggml.tokens", ["a", "bb", "ccc"])
+    w.add_float32("f", float("nan"))
+    w.add_custom_alignment(32)
+    for name, a in ARRAYS:
+        w.add_tensor(name, a)
+    w.add_tensor("q", Q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert (tmp_path / "b.gguf").read_bytes() == (tmp_path / "ref.gguf").read_bytes()
+    r = gguf.GGUFReader(str(tmp_path / "a.gguf"))
+    for rt in r.tensors:
+        assert bytes(np.asarray(rt.data).view(np.uint8).reshape(-1)) == \
+            f.tensors[rt.name].data.to_bytes()  # type: ignore[union-attr]
+
+
+def test_merge_refuses_duplicate_tensor(tmp_path: Path) -> None:
+    gguf_py(tmp_path / "a.gguf")
+    gguf_py(tmp_path / "b.gguf")
+    with pytest.raises(fg.DuplicateTensorError, match=r"blk\.0\.w"):
+        fg.merge([tmp_path / "a.gguf", tmp_path / "b.gguf"], tmp_path / "o.gguf")
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def _safetensors(path: Path, tensors: dict[str, Any], metadata: dict[str, str] | None) -> None:
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    save_file({k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+               for k, v in tensors.items()}, str(path), metadata=metadata)
+
+
+@pytest.mark.parametrize("consume", [False, True])
+def test_convert_safetensors_equals_gguf_py(tmp_path: Path, consume: bool) -> None:
+    torch = pytest.importorskip("torch")
+    ts = {"z.weight": rng.standard_normal((3, 5)).astype(np.float32),
+          "a.weight": rng.standard_normal((4, 2)).astype(np.float16),
+          "m.bias": rng.standard_normal((6,)).astype(np.float32)}
+    bf = torch.randn(2, 3).to(torch.bfloat16)
+    src = tmp_path / "model.safetensors"
+    _safetensors(src, {**ts, "b.weight": bf}, {"format": "pt"})
+    out = tmp_path / "out.gguf"
+    fg.convert(src, out, arch="llama", consume=consume)
+    assert src.exists() is not consume
+    w = gguf.GGUFWriter(str(tmp_path / "ref.gguf"), "llama")
+    w.add_string("safetensors.format", "pt")
+    order = sorted([*ts, "b.weight"])
+    for name in order:
+        if name == "b.weight":
+            w.add_tensor(name, bf.view(torch.int16).numpy().view(np.uint16),
+                         raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:
+            w.add_tensor(name, ts[name])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert out.read_bytes() == (tmp_path / "ref.gguf").read_bytes()
+
+
+def test_convert_refuses_tensors_needing_transformation(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    src = tmp_path / "m.safetensors"
+    _safetensors(src, {"ok": torch.zeros(2), "ids": torch.zeros(2, dtype=torch.int64),
+                       "mask": torch.zeros(2, dtype=torch.bool),
+                       "x" * 70: torch.zeros(2)}, None)
+    with pytest.raises(fg.UnrepresentableError) as info:
+        fg.convert(src, tmp_path / "o.gguf", consume=True)
+    msg = str(info.value)
+    assert "3 tensor(s)" in msg
+    for part in ("ids (I64: needs a cast", "mask (BOOL: needs a cast, GGUF has no such type",
+                 "x" * 70 + " (a name of 64 bytes"):
+        assert part in msg
+    assert src.exists()
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_convert_sharded_index_consumed(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from filecord.safetensors import reshard as st_reshard
+
+    src = tmp_path / "one.safetensors"
+    ts = {f"l{i}.weight": rng.standard_normal((16, 8)).astype(np.float32) for i in range(5)}
+    _safetensors(src, ts, None)
+    shards = _dir(tmp_path, "sh")
+    st_reshard([src], shards, max_shard_size=1000)
+    assert len(os.listdir(shards)) == 6  # 5 shards of one 512-byte tensor, and the index
+    out = tmp_path / "o.gguf"
+    fg.convert(shards / "model.safetensors.index.json", out, consume=True)
+    assert os.listdir(shards) == []
+    f = fg.read_gguf_file(out)
+    assert sorted(f.tensors) == sorted(ts)
+    for name, a in ts.items():
+        t = f.tensors[name]
+        assert t.dims == (8, 16)
+        assert t.data.to_bytes() == a.tobytes()  # type: ignore[union-attr]
+
+
+def test_reshard_removes_stale_shards_but_not_inputs(tmp_path: Path) -> None:
+    gguf_py(tmp_path / "m.gguf", split_max_tensors=2)  # m-0000k-of-00004.gguf
+    gguf_py(tmp_path / "m.gguf")  # the single file too
+    old = sorted(os.listdir(tmp_path))
+    assert len(old) == 5
+    first = tmp_path / "m-00001-of-00004.gguf"
+    fg.reshard([first], tmp_path / "m.gguf", max_tensors=3)
+    # the new set (3 shards) replaced the old one; the unconsumed inputs are kept
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        {*old, "m-00001-of-00003.gguf", "m-00002-of-00003.gguf", "m-00003-of-00003.gguf"}
+        - {"m.gguf"})
+    fg.reshard([tmp_path / "m-00001-of-00003.gguf"], tmp_path / "m.gguf", max_tensors=7,
+               consume=True)
+    assert sorted(os.listdir(tmp_path)) == ["m.gguf"]
+    assert fg.read_gguf(tmp_path / "m.gguf").tensors.keys() == {n for n, _ in ARRAYS} | {"q"}
+
+
+@pytest.mark.parametrize("align", [4096, 64, 32])
+def test_consumed_merge_moves_everything_to_an_equal_or_larger_alignment(tmp_path: Path,
+                                                                align: int) -> None:
+    """A 32-aligned split set merged into a 4096-aligned file (or 64, or 32) with consume:
+    every tensor range moves (each takes as much of its own padding as the output needs), none
+    is copied below a gap; the result equals gguf-py with add_custom_alignment."""
+    src = _dir(tmp_path, "src")
+    gguf_py(src / "m.gguf", split_max_tensors=3)
+    out = tmp_path / "m.gguf"
+    report = fg.merge([src / "m-00001-of-00003.gguf"], out, consume=True, alignment=align)
+    assert {a.action for a in report.file_actions()} == {"moved"}
+    assert os.listdir(src) == []
+    f = fg.read_gguf_file(out)
+    assert f.alignment == align
+    ref = fg.read_gguf_file(_reference(tmp_path, align))
+    assert [t.data.to_bytes() for t in f.tensors.values()] == \
+        [t.data.to_bytes() for t in ref.tensors.values()]  # type: ignore[union-attr]
+
+
+def _reference(tmp_path: Path, align: int) -> Path:
+    p = tmp_path / "ref.gguf"
+    gguf_py(p)
+    return p
