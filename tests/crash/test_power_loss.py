@@ -220,10 +220,13 @@ def test_power_cut_during_recover(tmp_path: Path, mode: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["drop", "eager-torn"])
-def test_power_cut_during_rollback(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize(("mode", "stride"), [("drop", 1), ("eager-torn", 3)])
+def test_power_cut_during_rollback(tmp_path: Path, mode: str, stride: int) -> None:
     """Fail a call of the consuming save with EIO, then cut the power at each destructive call
     of the rollback it starts (and once after the failed save returned): recover must restore.
+
+    ``eager-torn`` fails every third call only (the sweep is the longest of the suite); its
+    points still cover every stage of the rollback.
     """
     spec_name = "consume3"
     calls = trace_save(spec_name, tmp_path / "trace")
@@ -232,7 +235,7 @@ def test_power_cut_during_rollback(tmp_path: Path, mode: str) -> None:
     first_journal = next(c.index for c in calls if c.path.endswith(PENDING_SUFFIX))
     failures: list[str] = []
     points = 0
-    for k in range(first_journal, last_pre + 1):
+    for k in range(first_journal, last_pre + 1, stride):
         j = 1
         while True:
             lay = Layout(SPECS[spec_name], tmp_path / f"k{k}-j{j}")
@@ -261,8 +264,9 @@ def test_power_cut_during_rollback(tmp_path: Path, mode: str) -> None:
             if not crashed:
                 break
             j += 1
+    calls_failed = len(range(first_journal, last_pre + 1, stride))
     print(f"\nconsume3: power cut ({mode}) during the rollback of a failed save: "
-          f"{points - len(failures)}/{points} points (over {last_pre - first_journal + 1} "
-          f"failed calls) recovered to the original sources")
+          f"{points - len(failures)}/{points} points (over {calls_failed} failed calls) "
+          f"recovered to the original sources")
     assert not failures, "\n".join(failures[:20])
-    assert points >= 2800
+    assert points >= 2800 // stride
