@@ -57,8 +57,8 @@ SPEC = "consume3"
 SRC = Path(filecord.__file__).resolve().parents[1]
 
 # Floors near the real counts (about 90% of what runs against the v2 core).
-FLIP_RESTORED_FLOOR = 2680  # of ~2,980 flips: one copy of the record survives a flip
-TRUNC_RESTORED_FLOOR = 1330  # of ~2,980 cuts: those that keep the first copy whole
+FLIP_RESTORED_FLOOR = 2800  # of ~3,130 flips: one copy of the record survives a flip
+TRUNC_RESTORED_FLOOR = 1400  # of ~3,130 cuts: those that keep the first copy whole
 REUSE_POINTS_FLOOR = 40
 CRAFTED_FLOOR = 22
 

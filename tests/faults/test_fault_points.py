@@ -227,17 +227,17 @@ PARAMS = [
 # Floors near the real counts (about 90% of the points run against the v2 core), per
 # (scenario, copy_file_range, kind), so a broken tracer cannot pass by running less.
 FLOOR: dict[tuple[str, bool, str], int] = {
-    ("copy3", True, "eio"): 100, ("copy3", True, "enospc"): 100,
-    ("copy3", True, "short-write"): 10, ("copy3", True, "short-read"): 2,
-    ("copy3", False, "short-write"): 13, ("copy3", False, "short-read"): 5,
-    ("consume3", True, "eio"): 188, ("consume3", True, "enospc"): 188,
-    ("consume3", True, "short-write"): 26, ("consume3", True, "short-read"): 2,
-    ("consume3", False, "eio"): 226, ("consume3", False, "short-write"): 45,
-    ("consume3", False, "short-read"): 20,
+    ("copy3", True, "eio"): 105, ("copy3", True, "enospc"): 105,
+    ("copy3", True, "short-write"): 12, ("copy3", True, "short-read"): 2,
+    ("copy3", False, "short-write"): 15, ("copy3", False, "short-read"): 5,
+    ("consume3", True, "eio"): 210, ("consume3", True, "enospc"): 210,
+    ("consume3", True, "short-write"): 28, ("consume3", True, "short-read"): 3,
+    ("consume3", False, "eio"): 248, ("consume3", False, "short-write"): 47,
+    ("consume3", False, "short-read"): 22,
     ("single", True, "eio"): 38, ("single", True, "enospc"): 38,
     ("single", True, "short-write"): 2,
-    ("adopt2", True, "eio"): 90, ("adopt2", True, "enospc"): 90,
-    ("adopt2", True, "short-write"): 5,
+    ("adopt2", True, "eio"): 102, ("adopt2", True, "enospc"): 102,
+    ("adopt2", True, "short-write"): 6,
 }
 
 
@@ -282,10 +282,11 @@ def test_consuming_save_raises_every_time(tmp_path: Path) -> None:
     print(f"\nconsume3: {raised} injected errors raised, {swallowed} absorbed "
           f"(best-effort: /proc/self/mountinfo, closes after the commit is durable), of "
           f"{raised + swallowed} points")
-    assert raised >= 300
-    # Per kind: the stat and the open/reads/close of mountinfo, the closes after the commit is
-    # durable, and the removal of the two lock files (lstat, fstat, unlink each).
-    assert swallowed <= 2 * 16
+    assert raised >= 390
+    # Each absorbed point was checked against best_effort above; per kind they are the stat and
+    # the open/reads/close of mountinfo, the closes after the commit is durable, and the
+    # removal of the two lock files (lstat, fstat, unlink each): 17 in this save.
+    assert swallowed <= 2 * 17
 
 
 @pytest.mark.parametrize("cfr", [True, False], ids=["cfr", "nocfr"])
