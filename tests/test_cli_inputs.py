@@ -78,7 +78,7 @@ def test_non_utf8_file_packs_under_a_given_key_and_inspects(tmp_path: Path) -> N
     assert os.fsencode(info["path"]) == BAD_OUT  # JSON escapes round-trip to the bytes
     text = run([b"inspect", BAD_OUT], tmp_path)
     assert text.returncode == 0
-    assert text.stdout.startswith(b"ptd file out\\udcff.ptd (")
+    assert text.stdout.startswith(b"data file out\\udcff.ptd (")
 
 
 @pytest.mark.parametrize("cmd", [b"pack", b"plan"])

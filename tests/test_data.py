@@ -211,3 +211,29 @@ def test_move_from_refuses_symlink(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="regular file"):
         FileBackedData.move_from(link)
     assert target.read_bytes() == b"t"
+
+
+def test_bytes_loads_the_range(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"0123456789")
+    d = FileBackedData(path, offset=2, length=5)
+    assert bytes(d) == b"23456" == d.to_bytes()
+    path.write_bytes(b"012")
+    with pytest.raises(DataChangedError):
+        bytes(d)
+
+
+def test_save_report_repr_is_one_short_line(tmp_path: Path) -> None:
+    pieces = []
+    for i in range(300):
+        (tmp_path / f"s{i}").write_bytes(b"x" * 10)
+        pieces.append(FileBackedData(tmp_path / f"s{i}"))
+    report = save(tmp_path / "out", Cord([b"head", *pieces]))
+    text = repr(report)
+    assert "\n" not in text
+    assert len(text) < 300, text
+    assert text.startswith(
+        f"SaveReport(saved {tmp_path / 'out'}: 3004 bytes in 301 pieces (copied 3000, "
+        "written 4), consume=False, "
+    )
+    assert len(report.actions) == 301  # the detail is all still there

@@ -134,8 +134,10 @@ def test_shared_range_is_moved_to_every_destination() -> None:
     p = decide(src(), o=out(20_000), refs=refs)
     assert [a.action for a in p.actions] == ["moved", "moved"]
     assert len(p.moves[0].dests) == 2
-    # The second copy of the bytes is new data on disk; the first is moved.
-    assert p.peaks[0].needed == 10_000 + 4096 + P.SPACE_SLACK
+    # The second copy of the bytes is new data on disk; the first is moved (in whole blocks:
+    # 20 000 bytes take 5 blocks, the moved 10 000 free 2), and one window is held twice.
+    assert p.peaks[0].margin == P.space_margin(1, 20_000, 4096, journal=True) == 5 * 4096
+    assert p.peaks[0].needed == (5 - 2) * 4096 + 4096 + 5 * 4096
 
 
 def test_clone_needs_alignment_or_a_shared_end() -> None:
@@ -155,17 +157,60 @@ def test_owned_file_that_fully_clones_is_cloned_not_moved() -> None:
     assert p.actions[1].action == "cloned"
     assert p.moves == ()
     assert p.consumed == (KEY,)  # still deleted at commit
-    assert p.peaks[0].needed == 4096 + P.SPACE_SLACK
+    # 14 096 bytes take 4 blocks; the clone shares 2 whole ones (its tail block is new).
+    assert p.peaks[0].needed == 2 * 4096 + P.space_margin(1, 14_096, 4096, journal=False)
 
 
 def test_peak_copy_is_output_size_and_move_is_window() -> None:
     copy = decide(src(owned=False))
     move = decide(src())
-    assert copy.peaks[0].needed == 10_100 + P.SPACE_SLACK
-    assert move.peaks[0].needed == 100 + 4096 + P.SPACE_SLACK
-    tight = decide(src(), f=fs(free=100 + 4096 + P.SPACE_SLACK))
+    # 10 100 bytes are 3 blocks; the move frees the 2 whole blocks of its 10 000 bytes.
+    # One file: its directory entry and metadata (2), one block per started 128 MiB (1).
+    assert copy.peaks[0].margin == 3 * 4096
+    assert copy.peaks[0].needed == 3 * 4096 + 3 * 4096
+    assert move.peaks[0].margin == 5 * 4096  # and the journal's file and entry
+    assert move.peaks[0].needed == 1 * 4096 + 4096 + 5 * 4096
+    tight = decide(src(), f=fs(free=move.peaks[0].needed))
     assert tight.peaks[0].fits
-    assert not decide(src(owned=False), f=fs(free=100 + 4096 + P.SPACE_SLACK)).peaks[0].fits
+    assert not decide(src(), f=fs(free=move.peaks[0].needed - 1)).peaks[0].fits
+    # For 10 000 bytes a copy needs less than a move (the window and the journal cost more).
+    assert copy.peaks[0].needed < move.peaks[0].needed
+
+
+def big_refs() -> list[PieceRef]:
+    return [PieceRef(0, 0, 0, 100), PieceRef(0, 1, 100, P.MiB, KEY, 0)]
+
+
+def test_blocks_follow_the_file_system_and_the_margin_grows_with_the_data() -> None:
+    big = decide(src(owned=False), f=fs(block=65536))
+    assert big.peaks[0].needed == 65536 + 3 * 65536
+    assert P.space_margin(1, 10 * P.MiB << 10, 4096, journal=False) == (2 + 80) * 4096
+
+
+def test_consume_hint_only_when_consume_was_worked_out_and_needs_less() -> None:
+    pre = importlib.import_module("filecord.preflight")
+    big, o = src(size=P.MiB), out(P.MiB + 100)
+    copy = decide(big, o, fs(free=8 * 4096), big_refs(), consume=False)
+    (peak,) = copy.peaks
+    assert (peak.fits, peak.needed) == (False, 257 * 4096 + 3 * 4096)
+    moved = decide(big, o, fs(free=8 * 4096), big_refs()).peaks[0].needed
+    assert peak.consume_needed == moved == 4096 + 4096 + 5 * 4096
+    with pytest.raises(OSError, match=f"; consume=True would need {moved}$") as info:
+        pre.check_space(copy)
+    assert f"needs {peak.needed} bytes at its peak (its data in 4096-byte blocks, plus a " \
+        f"margin of {3 * 4096} bytes for file-system metadata and the journal) and " \
+        f"{8 * 4096} are free" in str(info.value)
+    # 10 000 bytes: consume would need more (window, journal), so it is not suggested.
+    small = decide(src(), f=fs(free=4096), consume=False)
+    assert small.peaks[0].consume_needed is not None
+    assert small.peaks[0].consume_needed > small.peaks[0].needed
+    with pytest.raises(OSError, match=r"are free$") as refused:
+        pre.check_space(small)
+    assert "consume" not in str(refused.value)
+    unowned = decide(src(owned=False), f=fs(free=4096), consume=False)
+    assert unowned.peaks[0].consume_needed is None  # nothing to move: no promise
+    roomy = decide(src(), consume=False)
+    assert roomy.peaks[0].consume_needed is None  # it fits: nothing to say
 
 
 def test_cover_picks_non_overlapping_holders() -> None:

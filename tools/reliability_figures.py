@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "reliability.md"
 BEGIN, END = "<!-- figures:begin -->", "<!-- figures:end -->"
 SUITES = ["tests/faults", "tests/crash", "tests/executorch/test_et_hostile.py"]
-TALLY = re.compile(r"(\d+/\d+|\d+ (truncations|byte-flip cases|oversize-word cases))")
+TALLY = re.compile(
+    r"(\d+/\d+|\d+ (truncations|byte-flip cases|oversize-word cases|calls)|sparse 1\.1 GB)"
+)
 
 
 def collect() -> tuple[list[str], str]:

@@ -1,4 +1,5 @@
-"""``filecord inspect PATH [--json]``: show where every byte of a ``.pte`` or ``.ptd`` lies.
+"""``filecord inspect PATH [-v] [--json]``: what a ``.pte`` or ``.ptd`` holds and needs, then
+(``-v``) where every byte lies; a safetensors file or index is shown as its layout.
 ``filecord verify PROGRAM.pte [--data FILE.ptd] [--json]``: check a program and its data.
 
 Rendering only; the facts come from :func:`read_pte` / :func:`read_ptd` and
@@ -17,19 +18,27 @@ from typing import Any
 
 from filecord import _cli_safetensors, _sys
 from filecord.errors import FormatError
-from filecord.executorch import PtdFile, PteFile, read_ptd, read_pte
+from filecord.executorch import PtdFile, PteFile, TensorLayout, read_ptd, read_pte
+from filecord.executorch._contents import contents
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser(
         "inspect",
-        help="show the layout of an ExecuTorch .pte/.ptd or a safetensors file or index",
-        description="Show header, segments (absolute offsets and sizes), constant segment, "
-        "named data and delegates of an ExecuTorch program (.pte) or data file (.ptd).",
+        help="what an ExecuTorch .pte/.ptd holds and needs, or the layout of a safetensors "
+        "file or index",
+        description="A summary of an ExecuTorch program (.pte): methods with their inputs and "
+        "outputs, operators, delegates, constant bytes inline and external, the named-data "
+        "keys it needs from a data file, where the big bytes are; or of a data file (.ptd). "
+        "-v adds the full layout: header, every segment, every key. A safetensors file or "
+        "index is shown as its layout.",
     )
     p.add_argument("path", help="a .pte, .ptd, .safetensors or *.index.json file")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
+    p.add_argument(
+        "-v", "--verbose", action="count", default=0,
+        help="also the full layout (every segment, key and delegate); again: more log detail",
+    )
     p.set_defaults(func=run_inspect)
 
     v = subparsers.add_parser(
@@ -106,7 +115,11 @@ def describe_pte(f: PteFile) -> dict[str, Any]:
         "mutable_data_segments": [
             {"segment_index": i, "offsets": list(offs)} for i, offs in f.mutable_data_segments
         ],
-        "named_data": [{"key": k, "segment_index": i} for k, i in f.named_data.items()],
+        "named_data": [
+            {"key": k, "segment_index": i, "size": f.segments[i].size}
+            for k, i in f.named_data.items()
+        ],
+        "summary": summarize_pte(f),
         "delegates": [
             {
                 "plan": d.plan,
@@ -158,6 +171,181 @@ def describe_ptd(f: PtdFile) -> dict[str, Any]:
     }
 
 
+_SHOWN = 8  # items of a long list shown in the summary
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def summarize_pte(f: PteFile) -> dict[str, Any]:
+    """The facts a person needs first: what runs, what it needs, where the bytes are."""
+    found = contents(f)
+    constant_bytes = 0
+    if f.constant_segment is not None and f.constant_segment[0] < len(f.segments):
+        constant_bytes = f.segments[f.constant_segment[0]].size
+    in_program = f.named_data
+    external = [n for n in found.needs if n.needed_by == "tensor" or n.key not in in_program]
+    roles: dict[int, str] = {}
+    if f.constant_segment is not None:
+        roles[f.constant_segment[0]] = "constant tensors"
+    for index, _offsets in f.mutable_data_segments:
+        roles[index] = "mutable tensors' initial values"
+    for d in f.delegates:
+        if d.location == "SEGMENT":
+            roles[d.index] = f"{d.id} delegate payload"
+    for key, index in in_program.items():
+        roles.setdefault(index, f"named data {key!r}")
+    biggest = sorted(f.segments, key=lambda s: (-s.size, s.index))[:3]
+    return {
+        "methods": [
+            {
+                "name": m.name,
+                "inputs": list(m.inputs),
+                "outputs": list(m.outputs),
+                "instructions": m.instructions,
+                "operators": len(m.operators),
+                "delegate_calls": m.delegate_calls,
+            }
+            for m in found.methods
+        ],
+        "operators": sorted({op for m in found.methods for op in m.operators}),
+        "delegates": found.delegates_by_backend,
+        "delegate_payload_bytes": sum(d.size for d in f.delegates),
+        "constant_tensors": sum(
+            1 for t in found.tensors
+            if t.external_key is None and t.constant_index > 0 and not t.planned
+        ),
+        "constant_bytes_inline": constant_bytes,
+        "named_data_in_program": {
+            "keys": len(in_program),
+            "bytes": sum(f.segments[i].size for i in set(in_program.values())),
+        },
+        "external_tensors": sum(1 for t in found.tensors if t.external_key is not None),
+        "needs_from_data_files": [
+            {"key": n.key, "size": n.size, "needed_by": n.needed_by,
+             "layout": None if n.layout is None else _layout_text(n.layout)}
+            for n in external
+        ],
+        "needs_bytes": sum(n.size or 0 for n in external),
+        "unparsed_delegates": list(found.unparsed_delegates),
+        "program_bytes": f.header.program_size if f.header else f.file_size,
+        "biggest_segments": [
+            {"index": s.index, "size": s.size, "file_offset": s.file_offset,
+             "holds": roles.get(s.index, "unreferenced")}
+            for s in biggest if s.size
+        ],
+    }
+
+
+def _layout_text(layout: TensorLayout) -> str:
+    order = list(layout.dim_order)
+    plain = order == sorted(order)
+    shape = f"{layout.scalar_type.name}{list(layout.sizes)}"
+    return shape if plain else f"{shape} dim_order {order}"
+
+
+def _collapsed(lines: list[str], indent: str, noun: str) -> list[str]:
+    if len(lines) <= _SHOWN:
+        return lines
+    more = f"{indent}... and {len(lines) - _SHOWN} more {noun} (-v or --json)"
+    return [*lines[:_SHOWN], more]
+
+
+def _render_pte_summary(info: dict[str, Any]) -> list[str]:
+    s = info["summary"]
+    lines = [f"program {info['path']} ({_size(info['file_size'])}, {info['file_size']} bytes)"]
+    lines.append(f"  methods: {len(s['methods'])}")
+    method_lines = [
+        f"    {m['name']}({', '.join(m['inputs'])}) -> {', '.join(m['outputs']) or 'nothing'}: "
+        f"{m['instructions']} instructions, {m['operators']} operators"
+        + (f", {m['delegate_calls']} delegate calls" if m["delegate_calls"] else "")
+        for m in s["methods"]
+    ]
+    lines += _collapsed(method_lines, "    ", "methods")
+    ops = s["operators"]
+    if ops:
+        shown = ", ".join(ops[:_SHOWN]) + (f" and {len(ops) - _SHOWN} more" if len(ops) > _SHOWN
+                                           else "")
+        lines.append(f"  operators: {len(ops)} distinct: {shown}")
+    if s["delegates"]:
+        lines.append(
+            "  delegates: "
+            + ", ".join(f"{backend} x{n}" for backend, n in s["delegates"].items())
+            + f" ({_size(s['delegate_payload_bytes'])} of payload)"
+        )
+    lines.append(
+        f"  constants: {s['constant_tensors']} tensors in the program "
+        f"({_size(s['constant_bytes_inline'])} constant segment), {s['external_tensors']} "
+        f"external tensors"
+    )
+    nd = s["named_data_in_program"]
+    if nd["keys"]:
+        lines.append(f"  named data in the program: {nd['keys']} keys, {_size(nd['bytes'])}")
+    needs = s["needs_from_data_files"]
+    if needs:
+        lines.append(
+            f"  needs a data file (.ptd) holding {len(needs)} keys, {_size(s['needs_bytes'])}:"
+        )
+        lines += _collapsed(
+            [
+                f"    {n['key']}  {'?' if n['size'] is None else n['size']} bytes"
+                + (f"  {n['layout']}" if n["layout"] else f"  ({n['needed_by']})")
+                for n in needs
+            ],
+            "    ",
+            "keys",
+        )
+        lines.append(
+            "    (ExecuTorch writes tag T's data to T.ptd, _default_external_constant.ptd for "
+            "external_constants=True; give it with --data to verify)"
+        )
+    else:
+        lines.append("  needs no data file")
+    if s["unparsed_delegates"]:
+        lines.append(
+            "  not read: the payloads of " + ", ".join(s["unparsed_delegates"])
+            + " (keys they need from named data are not listed)"
+        )
+    lines.append(f"  program flatbuffer: {_size(s['program_bytes'])}")
+    for b in s["biggest_segments"]:
+        lines.append(
+            f"  big: segment {b['index']}, {_size(b['size'])} at {b['file_offset']}: {b['holds']}"
+        )
+    return lines
+
+
+def _render_ptd_summary(info: dict[str, Any]) -> list[str]:
+    entries = info["entries"]
+    total = sum(s["size"] for s in info["segments"])
+    lines = [
+        f"data file {info['path']} ({_size(info['file_size'])}, {info['file_size']} bytes)",
+        f"  {len(entries)} keys in {len(info['segments'])} segments, {_size(total)} of data",
+    ]
+    biggest = sorted(entries, key=lambda e: -e["size"])
+    lines += _collapsed(
+        [
+            f"    {e['key']}  {e['size']} bytes"
+            + ("" if e["layout"] is None else
+               f"  {e['layout']['scalar_type']}{e['layout']['sizes']}")
+            for e in biggest
+        ],
+        "    ",
+        "keys",
+    )
+    return lines
+
+
+def _few(items: list[int]) -> str:
+    """A list of offsets, collapsed past 8 (``--json`` has them all)."""
+    if len(items) <= _SHOWN:
+        return str(items)
+    return f"{str(items[:_SHOWN])[:-1]}, ... {len(items)} in all]"
+
+
 def _render(info: dict[str, Any]) -> list[str]:
     lines = [f"{info['format']} file {info['path']} ({info['file_size']} bytes)"]
     h = info["header"]
@@ -179,14 +367,17 @@ def _render(info: dict[str, Any]) -> list[str]:
         lines.append(
             "  constant segment: none"
             if c is None
-            else f"  constant segment: segment {c['segment_index']}, offsets {c['offsets']}"
+            else f"  constant segment: segment {c['segment_index']}, offsets {_few(c['offsets'])}"
         )
         lines.extend(
-            f"  mutable data: segment {m['segment_index']}, offsets {m['offsets']}"
+            f"  mutable data: segment {m['segment_index']}, offsets {_few(m['offsets'])}"
             for m in info["mutable_data_segments"]
         )
         lines.append(f"  named data: {len(info['named_data'])}")
-        lines.extend(f"    {n['key']} -> segment {n['segment_index']}" for n in info["named_data"])
+        lines.extend(
+            f"    {n['key']} -> segment {n['segment_index']} ({n['size']} bytes)"
+            for n in info["named_data"]
+        )
         lines.append(f"  delegates: {len(info['delegates'])}")
         for d in info["delegates"]:
             where = "" if d["file_offset"] is None else f" at {d['file_offset']}"
@@ -241,8 +432,13 @@ def run_inspect(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         print(json.dumps(info, indent=2))
+        return 0
+    lines = _render_pte_summary(info) if info["format"] == "pte" else _render_ptd_summary(info)
+    if args.verbose:
+        lines += ["", "layout:", *_render(info)]
     else:
-        print("\n".join(_render(info)))
+        lines.append("  (the full layout: -v)")
+    print("\n".join(lines))
     return 0
 
 
@@ -255,7 +451,11 @@ def run_verify(args: argparse.Namespace) -> int:
         print(f"filecord verify: {p}: {why}", file=sys.stderr)
     if odd:
         return 1
-    result = verify(args.pte, args.data, runtime=not args.no_runtime)
+    try:
+        result = verify(args.pte, args.data, runtime=not args.no_runtime)
+    except (FormatError, OSError) as exc:  # verify reports problems; this is a last guard
+        print(f"filecord verify: {args.pte}: {exc}", file=sys.stderr)
+        return 1
     rt = result.runtime
     if args.json:
         print(json.dumps({
@@ -264,6 +464,11 @@ def run_verify(args: argparse.Namespace) -> int:
             "data": list(result.data),
             "external_tensors": result.external_tensors,
             "constant_tensors": result.constant_tensors,
+            "needs": [
+                {"key": n.key, "size": n.size, "needed_by": n.needed_by} for n in result.needs
+            ],
+            "missing": [n.key for n in result.missing],
+            "unparsed_delegates": list(result.unparsed_delegates),
             "problems": [{"where": p.where, "message": p.message} for p in result.problems],
             "runtime": {"status": rt.status, "methods": list(rt.methods), "note": rt.note},
         }, indent=2))
@@ -278,7 +483,13 @@ def run_verify(args: argparse.Namespace) -> int:
         return 1
     data = f" with {', '.join(result.data)}" if result.data else ""
     print(f"ok: {result.pte}{data}: structure checks passed ({result.constant_tensors} constant "
-          f"and {result.external_tensors} external tensors)")
+          f"and {result.external_tensors} external tensors, {len(result.needs)} named-data keys "
+          f"needed and found)")
+    if result.unparsed_delegates:
+        print("note: the payloads of " + ", ".join(result.unparsed_delegates) + " were not "
+              "read: keys they need are not checked")
     if rt.status == "loaded":
         print(f"ok: loaded in the ExecuTorch runtime: methods {', '.join(rt.methods)}")
+    else:
+        print("NOT loaded in the runtime: a structure pass does not show that the program runs")
     return 0

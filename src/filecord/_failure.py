@@ -19,20 +19,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 from filecord import _lockfile, _names, _sys, _undo
 from filecord._stage import Stage
+from filecord._txn import Txn
 from filecord.errors import DataChangedError, FilecordError, SaveError, SourceState, add_note
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-if TYPE_CHECKING:
-    from filecord.save import _Txn
 
 
-def _drop_locks(txn: _Txn, *, remove: bool) -> None:
+def _drop_locks(txn: Txn, *, remove: bool) -> None:
     while txn.locks:
         path, fd = txn.locks.pop()
         if remove:
@@ -44,7 +43,7 @@ def _drop_locks(txn: _Txn, *, remove: bool) -> None:
             _close_one(fd)
 
 
-def close_descriptors(txn: _Txn) -> list[OSError]:
+def close_descriptors(txn: Txn) -> list[OSError]:
     """Close every temp and source descriptor the save holds; returns the close errors.
 
     A failed close must not skip the rest: Linux releases a descriptor even when close
@@ -74,7 +73,7 @@ def _close_one(fd: int) -> OSError | None:
     return _attempt(_sys.close, fd)
 
 
-def _close(txn: _Txn, notes: list[str]) -> None:
+def _close(txn: Txn, notes: list[str]) -> None:
     notes.extend(f"could not close a descriptor: {exc}" for exc in close_descriptors(txn))
 
 
@@ -99,7 +98,7 @@ def _raise(exc: BaseException, message: str, notes: list[str], **kw: object) -> 
     raise exc
 
 
-def _states(txn: _Txn) -> tuple[SourceState, ...]:
+def _states(txn: Txn) -> tuple[SourceState, ...]:
     record = txn.record
     if record is None:
         return ()
@@ -116,7 +115,7 @@ def _states(txn: _Txn) -> tuple[SourceState, ...]:
     return tuple(states)
 
 
-def _keep_all(txn: _Txn, exc: BaseException, names: str, notes: list[str], why: str) -> NoReturn:
+def _keep_all(txn: Txn, exc: BaseException, names: str, notes: list[str], why: str) -> NoReturn:
     _close(txn, notes)
     _drop_locks(txn, remove=False)
     states: tuple[SourceState, ...] = ()
@@ -133,7 +132,7 @@ def _keep_all(txn: _Txn, exc: BaseException, names: str, notes: list[str], why: 
     _raise(exc, f"saving {names} failed", notes, journal_path=txn.journal_path, sources=states)
 
 
-def fail(txn: _Txn, exc: BaseException) -> NoReturn:
+def fail(txn: Txn, exc: BaseException) -> NoReturn:
     """Clean up after ``exc`` and raise the error the caller sees."""
     names = ", ".join(o.path for o in txn.prep.plan.outputs)
     notes: list[str] = []
@@ -201,7 +200,7 @@ def fail(txn: _Txn, exc: BaseException) -> NoReturn:
     _raise(exc, f"saving {names} failed", notes)
 
 
-def _remove_garbage(txn: _Txn, notes: list[str]) -> bool:
+def _remove_garbage(txn: Txn, notes: list[str]) -> bool:
     """Unlink temps, a pending journal and the journal; True if something could not go."""
     paths = [t for t in txn.temps if t is not None]
     first = next((o for o in txn.prep.plan.outputs if not o.direct), None)

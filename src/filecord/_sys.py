@@ -21,6 +21,7 @@ import ctypes
 import ctypes.util
 import errno
 import fcntl
+import mmap
 import os
 import sys
 from collections.abc import Iterator
@@ -77,6 +78,9 @@ class Backend:
 
     def ftruncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
+
+    def map_read(self, fd: int, length: int) -> mmap.mmap:
+        return mmap.mmap(fd, length, access=mmap.ACCESS_READ)
 
     def fstat(self, fd: int) -> os.stat_result:
         return os.fstat(fd)
@@ -175,6 +179,12 @@ def open(path: str, flags: int, mode: int = 0o666) -> int:
 def close(fd: int) -> None:
     _active.hook("close", (fd,))
     _active.close(fd)
+
+
+def map_read(fd: int, length: int) -> mmap.mmap:
+    """A read-only map of the first ``length`` (> 0) bytes: pages are read when touched."""
+    _active.hook("map_read", (fd, length))
+    return _active.map_read(fd, length)
 
 
 def pread(fd: int, n: int, offset: int) -> bytes:

@@ -83,8 +83,16 @@ def legal_size(s: JournalSource, size: int, window: int) -> bool:
 def check_strict(j: Journal) -> None:
     """Refuse (``DataChangedError``) if a source is not as this save can have left it."""
     for s in j.sources:
+        if s.adopt:
+            continue
         st = same_file(j.parked(s), s.dev, s.ino)
-        if s.adopt or st is None:
+        if st is None:
+            st = same_file(s.path, s.dev, s.ino)
+            if st is not None and st.st_size != s.size:  # never parked, so never moved
+                raise DataChangedError(
+                    s.path, expected_size=s.size, found_size=st.st_size,
+                    reason="changed by another process before the save moved it",
+                )
             continue
         if not legal_size(s, st.st_size, j.window):
             raise DataChangedError(
@@ -92,6 +100,20 @@ def check_strict(j: Journal) -> None:
                 reason="its size is not one a move of this save leaves: another process "
                 "changed it",
             )
+
+
+def check_temps_hold(j: Journal, temps: list[int | None]) -> None:
+    """Refuse (``DataChangedError``) if a parked source's missing bytes are not all in the
+    temps (beyond a temp's end, or, for a source without holes, in a hole): they were never
+    moved, so someone shortened the source to a size a move leaves.  Checked before the journal
+    changes its name, so a refusal leaves every file as it was; the rollback checks again."""
+    for s in j.sources:
+        if s.adopt:
+            continue
+        st = same_file(j.parked(s), s.dev, s.ino)
+        if st is not None and st.st_size < s.size:
+            transfer.check_moved(s.as_move(), temps, max(st.st_size, s.run_start),
+                                 dense=s.dense)
 
 
 def check_committed(j: Journal) -> None:

@@ -271,6 +271,10 @@ class FileBackedData:
         """All bytes in memory.  Prefer streaming; this costs ``len(self)`` of host memory."""
         return self.read_range(0, self._length)
 
+    def __bytes__(self) -> bytes:
+        """``bytes(data)`` loads the whole range into memory, like :meth:`to_bytes`."""
+        return self.to_bytes()
+
     def iter_chunks(self, chunk: int = CHUNK) -> _ChunkReader:
         """Stream the bytes through one reused buffer; each view is valid until the next."""
         return _ChunkReader(self, chunk)

@@ -17,7 +17,7 @@ import secrets
 import stat as stat_mod
 
 from filecord import _sys
-from filecord.plan import CLONING_FILESYSTEMS, NO_HOLE_FILESYSTEMS, FsFacts
+from filecord.plan import BLOCK, CLONING_FILESYSTEMS, NO_HOLE_FILESYSTEMS, FsFacts
 
 _clone_cache: dict[int, bool] = {}
 
@@ -124,6 +124,7 @@ def fs_facts(directory: str, *, want_clone: bool) -> FsFacts:
         free=vfs.f_bavail * vfs.f_frsize,
         can_clone=can_clone,
         keeps_holes=kind not in NO_HOLE_FILESYSTEMS,
+        block=vfs.f_frsize or vfs.f_bsize or BLOCK,
     )
 
 

@@ -26,12 +26,17 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MiB = 1 << 20
 DEFAULT_WINDOW = 64 * MiB  # picked by bench/consume_window.py; see docs/benchmarks.md
 BLOCK = 4096
-SPACE_SLACK = 1 * MiB  # journal, directory entries and extent metadata
+# The space check's margin, in blocks of the file system: per output file, its inode's overflow
+# (extent tree or indirect blocks: one per started 128 MiB of data) and its directory entry's
+# share of a directory block; and, when a journal is written, its file and directory entry.
+MARGIN_BLOCKS_PER_FILE = 2
+MARGIN_DATA_PER_BLOCK = 128 * MiB
+MARGIN_JOURNAL_BLOCKS = 2
 
 # Reasons a piece was copied although consume=True asked to move it.
 NOT_OWNED = "not owned"
@@ -74,6 +79,7 @@ class FsFacts:
     free: int
     can_clone: bool
     keeps_holes: bool
+    block: int = BLOCK  # the unit the file system allocates in (statvfs f_frsize)
 
 
 @dataclass(frozen=True)
@@ -130,10 +136,17 @@ class MoveSource:
 
 @dataclass(frozen=True)
 class FsPeak:
+    """``needed``: bytes the file system must have free at the save's worst instant: the data it
+    allocates, rounded up to ``block``-byte blocks, plus ``margin`` (see :func:`space_margin`).
+    ``consume_needed``: what ``consume=True`` would need instead, when it was asked for."""
+
     dev: int
     fs_type: str
     needed: int
     free: int
+    margin: int = 0
+    block: int = BLOCK
+    consume_needed: int | None = None
 
     @property
     def fits(self) -> bool:
@@ -335,15 +348,32 @@ def make_plan(
         k for k, s in sources.items()
         if consume and k in by_source and _deletable(s, (outputs[r.output] for r in by_source[k]))
     )
+    peaks = _peaks(outputs, actions, moves, sources, filesystems, window)
+    if not consume and any(s.owned for s in sources.values()) and not all(p.fits for p in peaks):
+        # Say what consume=True would need only where it was worked out, never as a guess.
+        alt = {
+            p.dev: p.needed
+            for p in make_plan(
+                outputs, refs, sources, filesystems, consume=True, window=window
+            ).peaks
+        }
+        peaks = tuple(replace(p, consume_needed=alt.get(p.dev)) for p in peaks)
     return SavePlan(
         outputs=tuple(outputs),
         actions=tuple(actions),
         moves=tuple(moves),
         consumed=consumed,
-        peaks=_peaks(outputs, actions, moves, sources, filesystems, window),
+        peaks=peaks,
         consume=consume,
         window=window,
     )
+
+
+def space_margin(files: int, data: int, block: int, *, journal: bool) -> int:
+    """The bytes the space check adds beyond the data's own blocks: file-system metadata of
+    ``files`` new files holding ``data`` bytes, and a journal's file when one is written."""
+    blocks = MARGIN_BLOCKS_PER_FILE * files + -(-data // MARGIN_DATA_PER_BLOCK)
+    return block * (blocks + (MARGIN_JOURNAL_BLOCKS if journal else 0))
 
 
 def _peaks(
@@ -356,39 +386,60 @@ def _peaks(
 ) -> tuple[FsPeak, ...]:
     """Bytes each file system must find free at the worst instant of the save.
 
-    New bytes are the outputs' lengths minus what is shared (cloned) or moved (each moved run
-    counts once; a second destination of the same bytes is new data).  A move also holds one
-    sync window twice before the source is shortened.
+    New bytes are the outputs' lengths, each rounded up to whole blocks, minus what is shared
+    (cloned) or moved (each moved run counts once, in whole blocks; a second destination of the
+    same bytes is new data).  A move also holds one sync window twice before the source is
+    shortened.  The margin (:func:`space_margin`) covers the metadata of new files.
     """
     needed: dict[int, int] = {}
+    files: dict[int, int] = {}
+    data: dict[int, int] = {}
+
+    def block_of(dev: int) -> int:
+        fs = filesystems.get(dev)
+        return fs.block if fs is not None and fs.block > 0 else BLOCK
+
     for out in outputs:
         if not out.direct:
-            needed[out.dev] = needed.get(out.dev, 0) + out.length
+            b = block_of(out.dev)
+            needed[out.dev] = needed.get(out.dev, 0) + -(-out.length // b) * b
+            files[out.dev] = files.get(out.dev, 0) + 1
+            data[out.dev] = data.get(out.dev, 0) + out.length
     dev_of = {o.path: o.dev for o in outputs}
     for a in actions:
         if a.action == "cloned":
-            needed[dev_of[a.output]] -= a.length
+            dev = dev_of[a.output]
+            needed[dev] -= a.length // block_of(dev) * block_of(dev)
     extra: dict[int, int] = {}
+    journal: set[int] = set()
     for m in moves:
         dev = m.key[0]
         run = m.size - m.run_start
-        if m.adopt:  # a rename allocates nothing
-            needed[dev] = needed.get(dev, 0) - run
+        b = block_of(dev)
+        journal.add(dev)
+        if m.adopt:  # a rename allocates nothing: the output is the file's own blocks
+            needed[dev] = needed.get(dev, 0) - -(-run // b) * b
             continue
         # Truncating frees only what the source had allocated: a sparse source's holes are
         # written into the temps as data, so only its allocated bytes are saved.
         alloc = sources[m.key].allocated
-        needed[dev] = needed.get(dev, 0) - (run if alloc < 0 else min(run, alloc))
+        freed = run if alloc < 0 else min(run, alloc)
+        needed[dev] = needed.get(dev, 0) - freed // b * b
         extra[dev] = max(extra.get(dev, 0), min(window, run))
     peaks = []
     for dev, n in sorted(needed.items()):
         fs = filesystems.get(dev)
+        margin = space_margin(
+            files.get(dev, 0), data.get(dev, 0), block_of(dev), journal=dev in journal
+        )
         peaks.append(
             FsPeak(
                 dev=dev,
                 fs_type=fs.fs_type if fs else "unknown",
-                needed=max(0, n) + extra.get(dev, 0) + SPACE_SLACK,
+                needed=max(0, n) + extra.get(dev, 0) + margin,
                 free=fs.free if fs else 0,
+                margin=margin,
+                block=block_of(dev),
             )
         )
     return tuple(peaks)

@@ -209,9 +209,13 @@ def check_space(plan: SavePlan) -> None:
     for peak in plan.peaks:
         if not peak.fits:
             where = ", ".join(o.path for o in plan.outputs if o.dev == peak.dev)
+            hint = ""
+            if peak.consume_needed is not None and peak.consume_needed < peak.needed:
+                hint = f"; consume=True would need {peak.consume_needed}"
             raise InsufficientSpaceError(
                 f"not enough free space on the {peak.fs_type} file system holding {where}: "
-                f"the save needs {peak.needed} bytes at its peak and {peak.free} are free"
-                + ("" if plan.consume else " (consume=True may need less)"),
+                f"the save needs {peak.needed} bytes at its peak (its data in "
+                f"{peak.block}-byte blocks, plus a margin of {peak.margin} bytes for file-system "
+                f"metadata and the journal) and {peak.free} are free{hint}",
                 errno=errno.ENOSPC,
             )

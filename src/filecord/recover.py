@@ -190,14 +190,17 @@ def _read_pointer(fd: int, token: str) -> tuple[str | None, bool]:
     size = _sys.fstat(fd).st_size
     if not 0 < size <= 1 << 16:
         return None, False
-    lines = os.fsdecode(_sys.read_all(fd, 0, size)).split("\n")
-    if len(lines) < 2:
+    raw = _sys.read_all(fd, 0, size)
+    # PATH\n[journaled\n]: a path may hold newlines itself, but it ends with the journal suffix.
+    end = raw.rfind(os.fsencode(_names.JOURNAL) + b"\n")
+    if end < 0:
         return None, False
-    path = lines[0]
+    end += len(_names.JOURNAL)
+    path = os.fsdecode(raw[:end])
     parsed = _names.parse(os.path.basename(path))
     if parsed != (token, _names.JOURNAL) or not os.path.isabs(path):
         return None, False
-    return path, _lockfile.JOURNALED.decode() in lines[1:]
+    return path, raw[end + 1 :].startswith(_lockfile.JOURNALED + b"\n")
 
 
 def _real_dir(path: str) -> str:
@@ -305,6 +308,11 @@ def _act(path: str, j: journal.Journal, stage: Stage) -> Recovered:
             return Recovered(path, "finished", outputs, sources)
         if stage is Stage.MOVING:
             _undo.check_strict(j)
+            temps = _undo.open_temps(j)
+            try:
+                _undo.check_temps_hold(j, temps)
+            finally:
+                _undo.close_all(temps)
             rollback = _names.restage(path, _names.ROLLBACK)
             _sys.rename(path, rollback)
             _sys.fsync_parents([rollback])

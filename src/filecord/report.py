@@ -31,6 +31,18 @@ class SaveReport:
     def total_bytes(self) -> int:
         return sum(self.sizes)
 
+    def __repr__(self) -> str:
+        """One line whatever the number of pieces (``actions`` holds them all)."""
+        names = ", ".join(self.outputs[:3]) + (
+            f" and {len(self.outputs) - 3} more" if len(self.outputs) > 3 else ""
+        )
+        per_action = ", ".join(f"{a} {n}" for a, n in sorted(self.bytes_by_action().items()))
+        timing = "" if self.dry_run else f", {self.elapsed_s:.3f} s, {self.fsyncs} fsyncs"
+        return (
+            f"SaveReport({'plan' if self.dry_run else 'saved'} {names}: {self.total_bytes} bytes "
+            f"in {len(self.actions)} pieces ({per_action}), consume={self.consume}{timing})"
+        )
+
     def bytes_by_action(self) -> dict[str, int]:
         totals: dict[str, int] = {}
         for a in self.actions:

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Every file the save creates or renames carries its random token (``_names``); the stage is
-held in ``_Txn.stage`` and moves only along ``_stage``'s table.
+held in ``Txn.stage`` and moves only along ``_stage``'s table.
 
 1. Preflight (``preflight.py``): sources hold their bytes, no output is a source, directories
    exist and are writable, the predicted peak fits.  Nothing exists yet.
@@ -37,56 +37,22 @@ from __future__ import annotations
 
 import logging
 import os
-import stat as stat_mod
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
 
-from filecord import _lockfile, _names, _sys, _undo, journal, transfer
+from filecord import _fill, _journaling, _lockfile, _names, _sys, _undo, journal, transfer
 from filecord._failure import close_descriptors, close_descriptors_quietly
 from filecord._failure import fail as _fail
-from filecord._stage import Stage, advance
+from filecord._stage import Stage
+from filecord._txn import ProgressCallback as ProgressCallback
+from filecord._txn import Txn
 from filecord.cord import Cord
-from filecord.data import FileBackedData
 from filecord.errors import DataChangedError, FilecordError, SaveError, add_note
-from filecord.facts import is_clone_refusal, kernel_path
-from filecord.plan import CLONE_REFUSED, DEFAULT_WINDOW, MoveSource, PieceAction
+from filecord.plan import DEFAULT_WINDOW, MoveSource, PieceAction
 from filecord.preflight import CordLike, Prepared, Target, check_space, normalize, prepare
 from filecord.report import SaveReport
 
 log = logging.getLogger(__name__)
-
-ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
-
-
-@dataclass
-class _Txn:
-    """Mutable state of one running save: its stage and the descriptors it holds."""
-
-    prep: Prepared
-    token: str
-    progress: ProgressCallback | None
-    stage: Stage = Stage.CREATED
-    fds: list[int | None] = field(default_factory=list)
-    temps: list[str | None] = field(default_factory=list)
-    locks: list[tuple[str, int]] = field(default_factory=list)
-    dirty: set[int] = field(default_factory=set)
-    src_fds: dict[tuple[int, int], tuple[int, os.stat_result]] = field(default_factory=dict)
-    record: journal.Journal | None = None
-    journal_path: str | None = None  # the journal's current name, once it has one
-    moving: tuple[int, int] | None = None  # the source being moved right now
-    durable: bool = True  # False: no fsync of the outputs and their directories (copy only)
-    done: int = 0
-    counters: transfer.Counters = field(default_factory=transfer.Counters)
-    actions: list[PieceAction] = field(default_factory=list)
-
-    def to(self, stage: Stage) -> None:
-        self.stage = advance(self.stage, stage)
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        if self.progress is not None:
-            self.progress(self.done, self.prep.plan.total_bytes)
 
 
 def save(
@@ -198,7 +164,7 @@ def _run(
     for group in prep.datas.values():
         for d in group:
             d.detach_cleanup()
-    txn = _Txn(prep, _names.new_token(), progress, durable=durable)
+    txn = Txn(prep, _names.new_token(), progress, durable=durable)
     try:
         _execute(txn)
     except BaseException as exc:
@@ -216,230 +182,23 @@ def _run(
     )
 
 
-def _execute(txn: _Txn) -> None:
+def _execute(txn: Txn) -> None:
     p = txn.prep.plan
-    _lock_directories(txn)
-    _create_outputs(txn)
-    _fill(txn)
+    _journaling.lock_directories(txn)
+    _fill.create_outputs(txn)
+    _fill.fill(txn)
     txn.to(Stage.FILLED)
-    _finish_modes(txn)
+    _fill.finish_modes(txn)
     if _needs_journal(txn.prep):
-        _write_journal(txn)
-        _park_sources(txn)
+        _journaling.write_journal(txn)
+        _journaling.park_sources(txn)
     _presize_for_moves(txn)
     for m in p.moves:
         _move(txn, m)
     _commit(txn)
 
 
-def _journal_name(txn: _Txn, suffix: str) -> str:
-    first = next(o for o in txn.prep.plan.outputs if not o.direct)
-    return _names.sibling(first.target, txn.token, suffix)
-
-
-def _lock_directories(txn: _Txn) -> None:
-    """One locked lock file per directory that will hold a temp, before any temp exists."""
-    outs = [o for o in txn.prep.plan.outputs if not o.direct]
-    if not outs:
-        return
-    content = os.fsencode(_journal_name(txn, _names.JOURNAL)) + b"\n"
-    firsts = {os.path.dirname(o.target): o.target for o in reversed(outs)}
-    for directory in dict.fromkeys(os.path.dirname(o.target) for o in outs):
-        path = _names.sibling(firsts[directory], txn.token, _names.LOCK)
-        try:
-            fd = _lockfile.create(path, content)
-        except _lockfile.LockBusyError as exc:
-            raise SaveError(f"{path}: {exc.strerror}; nothing was written, retry the save",
-                            errno=exc.errno) from exc
-        txn.locks.append((path, fd))
-
-
-def _create_outputs(txn: _Txn) -> None:
-    for out, st in zip(txn.prep.plan.outputs, txn.prep.target_stats, strict=True):
-        if out.direct:
-            txn.temps.append(None)
-            txn.fds.append(_sys.open(out.target, os.O_WRONLY))
-            continue
-        temp = _names.sibling(out.target, txn.token, _names.TEMP)
-        # The replaced file's permission bits from the first instant (the umask may narrow
-        # them further); set-id bits and the owner only once the content is complete.
-        mode = 0o666 if st is None else stat_mod.S_IMODE(st.st_mode) & 0o777
-        fd = _sys.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
-        txn.temps.append(temp)
-        txn.fds.append(fd)
-
-
-def _finish_modes(txn: _Txn) -> None:
-    """Give each complete temp the replaced file's owner, group and exact mode."""
-    adopted = {m.dests[0].output for m in txn.prep.plan.moves if m.adopt}
-    for o, (fd, st) in enumerate(zip(txn.fds, txn.prep.target_stats, strict=True)):
-        if fd is None or st is None or txn.temps[o] is None or o in adopted:
-            continue
-        _undo.apply_owner_mode(fd, st.st_mode, st.st_uid, st.st_gid)
-
-
-def _source_fd(txn: _Txn, data: FileBackedData) -> int:
-    ident = data.identity
-    key = (ident.dev, ident.ino)
-    if key not in txn.src_fds:
-        fd = data.open_checked()
-        try:
-            txn.src_fds[key] = (fd, _sys.fstat(fd))
-        except BaseException:
-            _sys.close(fd)
-            raise
-    return txn.src_fds[key][0]
-
-
-def _recheck_source(txn: _Txn, data: FileBackedData) -> None:
-    """After copying from a source: it must be the file it was when we opened it (F-mix)."""
-    fd, was = txn.src_fds[(data.identity.dev, data.identity.ino)]
-    now = _sys.fstat(fd)
-    for what in ("st_size", "st_mtime_ns", "st_ctime_ns"):
-        if getattr(now, what) != getattr(was, what):
-            raise DataChangedError(
-                data.path, expected_size=was.st_size, found_size=now.st_size,
-                reason=f"another process changed it while it was copied ({what[3:]} differs)",
-            )
-
-
-def _fill(txn: _Txn) -> None:
-    """Everything that is not moved, at its final offset."""
-    p = txn.prep.plan
-    by_piece = {(a.output, a.index): a for a in p.actions}
-    for o, (out, cord) in enumerate(zip(p.outputs, txn.prep.cords, strict=True)):
-        fd = txn.fds[o]
-        if fd is None:
-            raise SaveError(f"{out.path}: output descriptor missing")
-        for i, piece in enumerate(cord.pieces):
-            act = by_piece[(out.path, i)]
-            dst_off = None if out.direct else act.out_offset  # None: append to a stream
-            if act.action == "moved":
-                txn.actions.append(act)
-                continue
-            if not isinstance(piece, FileBackedData):
-                transfer.write_bytes(fd, piece, dst_off, txn.counters, txn.advance)
-            elif dst_off is None:
-                src = _source_fd(txn, piece)
-                transfer.copy_to_stream(src, fd, piece.offset, len(piece), txn.counters,
-                                        txn.advance)
-            elif act.action == "cloned":
-                act = _clone_or_copy(txn, piece, fd, act)
-            else:
-                src = _source_fd(txn, piece)
-                transfer.copy_range(src, fd, piece.offset, dst_off, len(piece), txn.counters,
-                                    txn.advance)
-            if isinstance(piece, FileBackedData):
-                _recheck_source(txn, piece)
-            txn.actions.append(act)
-        if not out.direct:
-            txn.dirty.add(fd)
-
-
-def _clone_or_copy(txn: _Txn, piece: FileBackedData, fd: int, act: PieceAction) -> PieceAction:
-    src = _source_fd(txn, piece)
-    try:
-        transfer.clone(src, piece.offset, len(piece), fd, act.out_offset, txn.counters)
-    except OSError as exc:
-        if not is_clone_refusal(exc):
-            raise
-        log.info("clone of %s refused (%s); copying", piece.path, exc)
-        transfer.copy_range(src, fd, piece.offset, act.out_offset, len(piece), txn.counters,
-                            txn.advance)
-        return replace(act, action="copied",
-                       reason=CLONE_REFUSED if txn.prep.plan.consume else None)
-    txn.advance(len(piece))
-    return act
-
-
-def _umask() -> int:
-    try:
-        for line in _sys.read_text("/proc/self/status").splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
-
-
-def _record(txn: _Txn) -> journal.Journal:
-    p = txn.prep.plan
-    moves = {m.key: m for m in p.moves}
-    adopted_out = {m.dests[0].output: m.key for m in p.moves if m.adopt}
-    sources = []
-    for key in sorted(set(moves) | set(p.consumed)):
-        data = txn.prep.datas[key][0]
-        st = _sys.stat(data.path)
-        m = moves.get(key)
-        sources.append(journal.JournalSource(
-            path=kernel_path(data.path), dev=key[0], ino=key[1],
-            size=st.st_size, run_start=m.run_start if m else st.st_size,
-            atime_ns=st.st_atime_ns, mtime_ns=st.st_mtime_ns, mode=st.st_mode,
-            dests=m.dests if m else (), adopt=bool(m and m.adopt),
-            dense=st.st_blocks * 512 >= st.st_size,
-        ))
-    outputs = []
-    for o, (out, fd, tst) in enumerate(
-        zip(p.outputs, txn.fds, txn.prep.target_stats, strict=True)
-    ):
-        if out.direct or fd is None:
-            outputs.append(journal.JournalOutput(out.target, 0, 0, out.length, direct=True))
-            continue
-        mine = _sys.fstat(fd)
-        dev, ino = adopted_out.get(o, (mine.st_dev, mine.st_ino))
-        mode, uid, gid = (-1, -1, -1) if tst is None else (tst.st_mode, tst.st_uid, tst.st_gid)
-        if o in adopted_out and tst is None:
-            mode = 0o666 & ~_umask()  # what open() would have given a new file
-        old = (0, 0) if tst is None else (tst.st_dev, tst.st_ino)
-        outputs.append(journal.JournalOutput(out.target, dev, ino, out.length, mode, uid, gid,
-                                             old_dev=old[0], old_ino=old[1]))
-    return journal.Journal(txn.token, p.window, tuple(outputs), tuple(sources))
-
-
-def _write_journal(txn: _Txn) -> None:
-    """Pending record, fsync, fsync every directory, rename to the journal name, fsync."""
-    txn.record = _record(txn)
-    pending = _journal_name(txn, _names.PENDING)
-    fd = _sys.open(pending, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        _sys.write_all(fd, journal.encode(txn.record), 0)
-        txn.counters.fsync(fd)
-    finally:
-        _sys.close(fd)
-    # Every name the rollback needs (temps, lock files) must be durable before the journal
-    # name can be: fsyncing a file does not persist its directory entry.
-    temps = [t for t in txn.temps if t is not None]
-    txn.counters.fsyncs += _sys.fsync_parents([pending, *temps])
-    final = _journal_name(txn, _names.JOURNAL)
-    _sys.rename(pending, final)
-    txn.journal_path = final
-    txn.counters.fsyncs += _sys.fsync_parents([final])
-    txn.to(Stage.JOURNALED)
-    for _path, lock_fd in txn.locks:
-        _lockfile.mark_journaled(lock_fd)
-
-
-def _park_sources(txn: _Txn) -> None:
-    """Rename every source the save will shorten or delete to its token name, durably."""
-    record = txn.record
-    if record is None:
-        return
-    parked: list[str] = []
-    for s in record.sources:
-        if s.adopt:
-            continue
-        if txn.stage is not Stage.MOVING:
-            txn.to(Stage.MOVING)
-        current = txn.prep.datas[(s.dev, s.ino)][0].path
-        if _undo.same_file(current, s.dev, s.ino) is None:
-            txn.prep.datas[(s.dev, s.ino)][0].check()
-            raise SaveError(f"{current} was replaced during the save")
-        _sys.rename(current, record.parked(s))
-        parked.append(record.parked(s))
-    txn.counters.fsyncs += _sys.fsync_parents(parked)
-
-
-def _presize_for_moves(txn: _Txn) -> None:
+def _presize_for_moves(txn: Txn) -> None:
     """Give every temp that receives moved bytes its final length (a hole) first.
 
     Moves write each temp from its end backwards; on XFS each write that extends the file
@@ -454,7 +213,7 @@ def _presize_for_moves(txn: _Txn) -> None:
             _sys.ftruncate(fd, p.outputs[o].length)
 
 
-def _move(txn: _Txn, m: MoveSource) -> None:
+def _move(txn: Txn, m: MoveSource) -> None:
     record = txn.record
     if record is None:  # pragma: no cover - moves always write a journal
         raise SaveError("a move without a journal")
@@ -484,7 +243,7 @@ def _move(txn: _Txn, m: MoveSource) -> None:
         txn.dirty.discard(txn.fds[ref.output] or -1)
 
 
-def _adopt(txn: _Txn, m: MoveSource, src: journal.JournalSource) -> None:
+def _adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
     """Rename the whole source onto its output's temp: the move of a file that is an output.
 
     The empty temp claimed the name (O_EXCL) and the journal names both paths, so a crash on
@@ -512,7 +271,7 @@ def _adopt(txn: _Txn, m: MoveSource, src: journal.JournalSource) -> None:
     txn.dirty.add(fd)  # whoever wrote the source may never have synced it
 
 
-def _commit(txn: _Txn) -> None:
+def _commit(txn: Txn) -> None:
     p = txn.prep.plan
     for o, fd in enumerate(txn.fds):
         if fd is None or p.outputs[o].direct:
@@ -531,7 +290,7 @@ def _commit(txn: _Txn) -> None:
         raise errors[0]
     record = txn.record
     if record is not None and txn.journal_path is not None:
-        committed = _journal_name(txn, _names.COMMITTED)
+        committed = _journaling.journal_name(txn, _names.COMMITTED)
         _sys.rename(txn.journal_path, committed)
         txn.journal_path = committed
         txn.to(Stage.COMMITTED)

@@ -40,6 +40,8 @@ from filecord.data import CHUNK, FileBackedData
 from filecord.facts import kernel_path
 
 if TYPE_CHECKING:
+    from filecord.executorch.program import Program
+    from filecord.executorch.pte import PteFile
     from filecord.executorch.values import TensorLayout
     from filecord.report import SaveReport
 
@@ -268,7 +270,7 @@ def save_state_dict(
     state_dict: Mapping[str, torch.Tensor],
     path: str | os.PathLike[str],
     *,
-    consume: bool = True,
+    consume: bool = False,
     alignment: int = 16,
     segment_alignment: int = 128,
     window: int | None = None,
@@ -280,10 +282,13 @@ def save_state_dict(
     and padding from the layout (which depends only on the keys, sizes and layouts), each
     tensor's bytes streamed from its memory to its final offset (host memory: one chunk).  With
     ``consume=True`` the save then adopts that file by rename, so every byte is written once;
-    without it the scratch is copied and deleted.  Keys are used as they are; for a program
-    exported with ``external_constants=True`` they are the parameters' fully qualified names,
-    which is what ``model.state_dict()`` gives.  Tied weights (the same view under two keys)
-    are stored once.
+    without it (the default, as everywhere in filecord) the scratch is copied and deleted, so
+    the data is written twice and held twice on disk at the peak.  Only filecord's own scratch
+    file is ever consumed here: the tensors are never changed.  Keys are used as they are.
+    For a program's data file use :func:`save_external_data`, which takes the keys from the
+    program itself: ``model.state_dict()`` leaves out non-persistent buffers (a Hugging Face
+    Llama's ``rotary_emb.inv_freq``) that such a program may need.  Tied weights (the same
+    view under two keys) are stored once.
     """
     from filecord.plan import DEFAULT_WINDOW
     from filecord.save import save
@@ -322,6 +327,68 @@ def save_state_dict(
         raise
     scratch.close()  # copied (consume=False): ours alone, and nobody else's bytes
     return report
+
+
+def module_tensors(
+    module: torch.nn.Module, keys: Iterable[str]
+) -> dict[str, torch.Tensor]:
+    """``keys`` looked up in ``module``'s parameters and buffers, non-persistent buffers
+    included (``state_dict()`` leaves those out), detached.  Raises ``KeyError`` naming every
+    key the module does not have."""
+    named: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
+    named.update(module.named_buffers(remove_duplicate=False))
+    wanted = list(keys)
+    absent = [k for k in wanted if k not in named]
+    if absent:
+        shown = ", ".join(repr(k) for k in absent[:8]) + (
+            f" and {len(absent) - 8} more" if len(absent) > 8 else ""
+        )
+        raise KeyError(
+            f"{len(absent)} key(s) the program needs are not parameters or buffers of the "
+            f"module: {shown}"
+        )
+    return {k: named[k].detach() for k in wanted}
+
+
+def save_external_data(
+    module: torch.nn.Module,
+    program: str | os.PathLike[str] | PteFile | Program,
+    path: str | os.PathLike[str],
+    *,
+    consume: bool = False,
+    alignment: int = 16,
+    segment_alignment: int = 128,
+    window: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SaveReport:
+    """Write the data file of a program exported with ``external_constants=...``: every
+    tensor the program loads from a data file (:func:`filecord.executorch.external_tensors`),
+    taken from ``module``'s parameters and buffers, streamed as :func:`save_state_dict` does.
+
+    The keys and the layouts come from the program, not from ``module.state_dict()``, which
+    leaves out non-persistent buffers.  Each tensor's dtype, shape and dim order must equal the
+    program's layout (``ValueError`` otherwise), so a module that differs from the exported one
+    is refused before anything is written.  Weights a delegate transformed (XNNPACK packs and
+    keys them by a hash) are not the module's tensors: they come only from the export itself
+    (``filecord.executorch.save(manager, ...)``).
+    """
+    from filecord.executorch import external_tensors
+
+    layouts = external_tensors(program)
+    tensors = module_tensors(module, layouts)
+    for key, want in layouts.items():
+        t = tensors[key]
+        got = _layout(key, t.dtype, tuple(t.shape), dense_dim_order(t) or tuple(range(t.dim())))
+        if got != want:
+            raise ValueError(
+                f"{key!r}: the module's tensor is {got.scalar_type.name}{list(got.sizes)} "
+                f"dim_order {list(got.dim_order)}, the program's is "
+                f"{want.scalar_type.name}{list(want.sizes)} dim_order {list(want.dim_order)}"
+            )
+    return save_state_dict(
+        tensors, path, consume=consume, alignment=alignment,
+        segment_alignment=segment_alignment, window=window, progress=progress,
+    )
 
 
 def _ptd_skeleton(

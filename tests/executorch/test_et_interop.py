@@ -339,7 +339,18 @@ def test_inspect_shows_known_layout(
         d.id for plan in raw.execution_plan for d in plan.delegates
     ]
 
-    args = parser.parse_args(["inspect", str(e.pte)])
+    # The summary agrees with ExecuTorch's own view of the program.
+    summary = info["summary"]
+    assert [m["name"] for m in summary["methods"]] == [p.name for p in raw.execution_plan]
+    assert [m["instructions"] for m in summary["methods"]] == [
+        sum(len(c.instructions) for c in p.chains) for p in raw.execution_plan
+    ]
+    assert summary["operators"] == sorted(
+        {o.name + (f".{o.overload}" if o.overload else "") for p in raw.execution_plan
+         for o in p.operators}
+    )
+    assert summary["external_tensors"] == sum(len(read_ptd(p).entries) for p in e.ptds.values())
+    args = parser.parse_args(["inspect", str(e.pte), "--verbose"])
     assert args.func(args) == 0
     text = capsys.readouterr().out
     for s in raw.segments:

@@ -142,6 +142,16 @@ def test_consume_moves_owned_data_and_runs(
     assert {n: os.stat(out / n).st_mtime_ns for n in os.listdir(out)} == stamps
     assert {n: (out / n).read_bytes() for n in os.listdir(out)} == expected
     assert leftovers(out) == []
+    # ExecuTorch's own writers open their output before reading a piece; filecord's guard
+    # refuses first, so no truncated file appears (ExecuTorch's save would log and return).
+    for write in (
+        lambda: manager.write_tensor_data_to_file(str(tmp_path / "again")),
+        lambda: manager.save(str(tmp_path / "again" / "m.pte")),
+        lambda: manager.write_to_file(open(os.devnull, "wb")),  # noqa: SIM115
+    ):
+        with pytest.raises(DataChangedError, match="gone"):
+            write()
+    assert os.listdir(tmp_path / "again") == []
 
 
 def test_copy_matches_managers_own_save_and_runs(

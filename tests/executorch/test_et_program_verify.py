@@ -4,6 +4,7 @@ deliberately broken copies of them."""
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -65,22 +66,32 @@ def test_missing_data_file_is_reported(
     e = exported["external"]
     rc, _out, err = run(capsys, str(e.pte))  # its data file is missing
     assert rc == 1
-    assert "external tensor 'lin.weight' is in none of the data files given" in err
-    assert "external tensor 'lin.bias' is in none of the data files given" in err
+    assert err.count("filecord verify:") == 1  # one summary, not one line per tensor
+    assert (
+        f"{e.pte}: data: 2 named-data key(s) the program needs at load time, no data file was "
+        "given: 'lin.weight' (48 bytes), 'lin.bias' (12 bytes). They belong in a data file "
+        "(.ptd): ExecuTorch writes tag T's data to T.ptd (_default_external_constant.ptd for "
+        "external_constants=True)"
+    ) in err
 
 
 def test_runtime_failure_is_reported(
     exported: dict[str, Exported], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A delegate blob is opaque to the structural checks; only the runtime can reject it."""
+    """The structure check reads an XNNPACK payload's header and constant table only: damage
+    to its nodes (the last 64 bytes of its graph) passes it, and only the runtime rejects it;
+    a zeroed payload is a structural problem."""
     e = exported["xnnpack"]
     pte = read_pte(e.pte)
     (delegate,) = pte.delegates
     assert delegate.location == "SEGMENT"
     start = pte.segments[delegate.index].file_offset
+    blob = delegate.data.to_bytes() if not isinstance(delegate.data, bytes) else delegate.data
+    assert blob[4:8] == b"XH00"
+    fb_offset, fb_size = struct.unpack_from("<II", blob, 10)
     data = bytearray(e.pte.read_bytes())
-    data[start : start + delegate.size] = bytes(delegate.size)
-    broken = tmp_path / "zeroed_delegate.pte"
+    data[start + fb_offset + fb_size - 64 : start + fb_offset + fb_size] = bytes(64)
+    broken = tmp_path / "damaged_nodes.pte"
     broken.write_bytes(data)
     rc, out, err = run(capsys, str(broken), "--json")
     info = json.loads(out)
@@ -89,6 +100,16 @@ def test_runtime_failure_is_reported(
     rc, _out, err = run(capsys, str(broken))
     assert rc == 1
     assert "runtime load failed" in err
+    zeroed = bytearray(e.pte.read_bytes())
+    zeroed[start : start + delegate.size] = bytes(delegate.size)
+    broken.write_bytes(zeroed)
+    rc, out, err = run(capsys, str(broken), "--json")
+    info = json.loads(out)
+    assert (rc, info["runtime"]["status"]) == (1, "skipped")
+    assert [p["message"] for p in info["problems"]] == [
+        "execution_plan[0].delegates[0] (XnnpackBackend payload): payload starts "
+        f"{bytes(8)!r}: neither an XH00 header nor an XNNPACK graph"
+    ]
 
 
 def _ptd_with(e: Exported, tmp_path: Path, **change: Any) -> Path:

@@ -64,3 +64,19 @@ def test_add_tensor_infers_layout_and_streams(tmp_path: Path) -> None:
     assert e.data.to_bytes() == memory_order.view(torch.uint8).numpy().tobytes()
     assert entries["same"].data is e.data  # deduplicated by the digest computed while writing
     assert e.alignment == 16
+
+
+def test_consume_defaults_to_false_everywhere() -> None:
+    import inspect
+
+    import filecord
+    import filecord.executorch as fe
+    from filecord import torch as ftorch
+
+    functions = [filecord.save, filecord.save_many, filecord.plan, fe.Program.save,
+                 fe.Program.plan, fe.Program.write_tensor_data_to_file, ftorch.save_state_dict,
+                 ftorch.save_external_data]
+    defaults = {f.__qualname__: inspect.signature(f).parameters["consume"].default
+                for f in functions}
+    assert defaults == dict.fromkeys(defaults, False)
+    assert len(defaults) == 8

@@ -4,16 +4,20 @@ Read them (``read_pte``, ``read_ptd``: every segment a file-backed range, never 
 them (``assemble_pte``, ``build_ptd``, ``merge_ptd``, ``serialize_program``: Cords holding the
 pieces you gave by reference), and keep named data (``NamedDataStore``).  Save whole programs
 with ``Program`` (a ``.pte`` plus its ``.ptd`` files in one transaction), also straight from
-ExecuTorch's ``ExecutorchProgramManager`` (``from_manager``, ``save``).  Only the
-``flatbuffers`` runtime is needed: no generated code, no flatc.
+ExecuTorch's ``ExecutorchProgramManager`` or ``ExportSession`` (``from_manager``, ``save``).
+Ask what a program loads from data files (``external_tensors``; ``filecord.executorch.verify``
+checks every key it needs).  Only the ``flatbuffers`` runtime is needed: no generated code, no
+flatc.
 """
 
+from filecord.executorch._contents import external_tensors
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import Aligned, plan_segments
 from filecord.executorch.adapter import from_manager, save
 from filecord.executorch.errors import (
     BadHeaderError,
     BadMagicError,
+    BadValueError,
     DuplicateKeyError,
     ExecutorchFormatError,
     InvalidTagError,
@@ -61,6 +65,7 @@ __all__ = [
     "ptd_file_name",
     "merged_file_name",
     "merge_data_files",
+    "external_tensors",
     # reading
     "read_pte",
     "read_ptd",
@@ -97,6 +102,7 @@ __all__ = [
     "ExecutorchFormatError",
     "TruncatedError",
     "BadMagicError",
+    "BadValueError",
     "BadHeaderError",
     "OutOfRangeError",
     "OverlapError",

@@ -6,9 +6,15 @@ Every position is computed in Python integers and checked against the buffer bef
 unpacked, so a hostile file can only produce an :class:`ExecutorchFormatError` naming the field
 and the absolute offset, never an ``IndexError``/``struct.error``.  Unsigned offsets only point
 forward and our schemas are not recursive, so decoding always ends; the one remaining way to
-make it slow is amplification (a vector of a million offsets to one table), which a budget
-stops: decoding may visit at most a few times as many bytes as the buffer holds, which a
-writer that does not share objects never comes near.
+make it slow is amplification (a vector of a million offsets to one table).  Two rules stop it:
+a table reached twice is refused (no writer we know shares tables: ExecuTorch's packer and flatc
+build every object once; vtables, which writers do share, are not tables), so every decoded
+table is a distinct region of the buffer; and decoding may visit at most a few times as many
+bytes as the buffer holds (strings and vectors, shared or not, are charged every time they are
+reached).  Work and memory are therefore proportional to the buffer's size.
+
+The buffer may be an ``mmap`` of the file: only the pages the decoder touches are read, so a
+huge (or sparse) file is rejected after reading a few pages, not after loading it.
 
 Alignment is checked as the C++ verifier does by default: tables and vector lengths on 4 bytes,
 vtables on 2, scalars on their width (all relative to the buffer start).
@@ -16,6 +22,7 @@ vtables on 2, scalars on their width (all relative to the buffer start).
 
 from __future__ import annotations
 
+import mmap
 import struct
 from typing import Any
 
@@ -27,16 +34,19 @@ from filecord.executorch.errors import (
     TruncatedError,
 )
 
+Buffer = bytes | mmap.mmap  # what the decoder reads from (never modified)
+
 _BUDGET_FACTOR = 4
 _BUDGET_SLACK = 4096
 
 
 class _Reader:
-    def __init__(self, buf: bytes, schema: Schema, base: int) -> None:
+    def __init__(self, buf: Buffer, schema: Schema, base: int) -> None:
         self.buf = buf
         self.schema = schema
         self.base = base  # absolute file offset of buf[0], for messages only
         self.budget = _BUDGET_FACTOR * len(buf) + _BUDGET_SLACK
+        self.seen: set[int] = set()
 
     # --- checked primitives ----------------------------------------------------------------
     def need(self, pos: int, n: int, what: str) -> None:
@@ -87,6 +97,13 @@ class _Reader:
     # --- objects ---------------------------------------------------------------------------
     def table(self, pos: int, spec: TableSpec, path: str) -> Table:
         self.aligned(pos, 4, path)
+        if pos in self.seen:
+            raise TooManyObjectsError(
+                "a table reached twice (shared tables are refused)",
+                field=path,
+                offset=self.base + pos,
+            )
+        self.seen.add(pos)
         self.spend(4, path, pos)
         vtable = pos - self.i32(pos, path)
         what = f"{path} (vtable)"
@@ -195,7 +212,7 @@ class _Reader:
         return tuple(bool(x) for x in items) if f.scalar.is_bool else items
 
 
-def decode(buf: bytes, schema: Schema, *, base: int = 0, check_identifier: bool = True) -> Table:
+def decode(buf: Buffer, schema: Schema, *, base: int = 0, check_identifier: bool = True) -> Table:
     """Decode a whole flatbuffer (root offset at ``buf[0]``) into a :class:`Table`.
 
     ``base`` is the absolute file offset of ``buf[0]``, used only in error messages.
@@ -212,7 +229,7 @@ def decode(buf: bytes, schema: Schema, *, base: int = 0, check_identifier: bool 
     return reader.table(root, schema.spec(schema.root), schema.root)
 
 
-def root_object_start(buf: bytes) -> int:
+def root_object_start(buf: Buffer) -> int:
     """Lowest position of the root table or its vtable: where the builder's output began.
 
     The caller has already decoded ``buf``, so these reads are known to be in range.

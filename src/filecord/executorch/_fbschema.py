@@ -11,6 +11,7 @@ empty encode differently, so the distinction is kept) and an absent scalar reads
 from __future__ import annotations
 
 import enum
+import mmap
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ class Scalar:
     is_float: bool = False
     is_bool: bool = False
 
-    def unpack(self, buf: bytes, pos: int) -> int | float | bool:
+    def unpack(self, buf: bytes | mmap.mmap, pos: int) -> int | float | bool:
         value: int | float | bool = struct.unpack_from("<" + self.code, buf, pos)[0]
         return bool(value) if self.is_bool else value
 

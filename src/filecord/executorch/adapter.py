@@ -16,10 +16,15 @@ lives as long as either side still uses it, and exactly one of them deletes it.
 
 The manager keeps working, but through filecord: in its cords every taken-over item is replaced
 by a stand-in that reads via the filecord object, which re-checks the file on every read.  After
-a consuming save moved the data away, reading the manager (``buffer``, ``write_to_file``,
-``save``, ``write_tensor_data_to_file``) therefore raises ``DataChangedError`` instead of
-reading a shortened, missing or reused file.  (ExecuTorch's own ``save`` logs and swallows that
-error; its other writers let it through.)
+a consuming save moved the data away, reading the manager (``buffer``) therefore raises
+``DataChangedError`` instead of reading a shortened, missing or reused file.  ExecuTorch's
+writers open their output before they read the first piece, so a failure there would leave a
+truncated file behind; the manager's ``save``, ``write_to_file`` and
+``write_tensor_data_to_file`` are therefore wrapped (on that one manager object) to check every
+taken-over file first and raise ``DataChangedError`` before ExecuTorch opens anything.
+
+``from_manager`` also takes ExecuTorch's ``ExportSession`` (the ``executorch.export`` recipe
+API): its ``get_executorch_program_manager()`` is used.
 """
 
 from __future__ import annotations
@@ -161,6 +166,10 @@ def from_manager(manager: Any) -> Program:
     Raises ``TypeError`` for anything that does not carry 1.5.x's serialized fields, and
     ``DataChangedError`` if a file-backed piece no longer has the size ExecuTorch recorded.
     """
+    if getattr(manager, "_pte_data", None) is None:
+        session_manager = getattr(manager, "get_executorch_program_manager", None)
+        if callable(session_manager):  # an ExportSession
+            manager = session_manager()
     pte_data = getattr(manager, "_pte_data", None)
     tensor_data = getattr(manager, "_tensor_data", None)
     if pte_data is None or not isinstance(tensor_data, (dict, type(None))):
@@ -174,12 +183,48 @@ def from_manager(manager: Any) -> Program:
         tag: _adopt_cord(cord, f"_tensor_data[{tag!r}]", stand_ins)
         for tag, cord in (tensor_data or {}).items()
     }
+    taken = [d for cord in (pte, *data.values()) for d in cord.file_backed_buffers()]
+    if taken:
+        _guard_writers(manager, taken)
     return Program(
         pte,
         data,
         segment_alignment=_segment_alignment(manager),
         data_alignment=_data_alignment(manager),
     )
+
+
+_WRITERS = ("save", "write_to_file", "write_tensor_data_to_file")
+
+
+def _guard_writers(manager: Any, taken: list[FileBackedData]) -> None:
+    """Make the manager's writers check the taken-over files before ExecuTorch opens an output
+    (see the module docstring).  Done once per manager; the wrappers read ``taken`` live."""
+    guarded: list[FileBackedData] | None = getattr(manager, "_filecord_guarded", None)
+    if guarded is not None:
+        guarded.extend(d for d in taken if all(d is not g for g in guarded))
+        return
+    files = list(taken)
+    for name in _WRITERS:
+        original = getattr(manager, name, None)
+        if not callable(original):
+            continue
+
+        @functools.wraps(original)
+        def checked(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+            try:
+                for data in files:
+                    data.check()
+            except DataChangedError as exc:
+                add_note(exc, _NOTE)
+                raise
+            return __original(*args, **kwargs)
+
+        try:
+            setattr(manager, name, checked)
+        except AttributeError:  # pragma: no cover - a manager type that forbids it
+            return
+    manager._filecord_guarded = files
 
 
 def _segment_alignment(manager: Any) -> int:

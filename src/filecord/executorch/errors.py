@@ -22,6 +22,7 @@ class ExecutorchFormatError(FormatError):
     def __init__(self, message: str, *, field: str, offset: int | None) -> None:
         where = f"{field}" if offset is None else f"{field} at offset {offset}"
         super().__init__(f"{where}: {message}")
+        self.message = message
         self.field = field
         self.offset = offset
 
@@ -72,3 +73,8 @@ class InvalidTagError(FilecordError, ValueError):
 
 class SegmentTableMismatchError(FilecordError, ValueError):
     """The program's segment table does not describe the segments handed to the assembler."""
+
+
+class BadValueError(ExecutorchFormatError):
+    """A field holds a value outside its allowed set: an unknown enum value (a ScalarType), a
+    dim_order that is not a permutation, a negative size, too many dimensions."""

@@ -174,13 +174,15 @@ class Program:
         window: int = DEFAULT_WINDOW,
         progress: ProgressCallback | None = None,
     ) -> SaveReport:
-        """Write the ``.pte`` at ``path`` and every ``.ptd`` in ``data_dir`` (default: beside
-        the ``.pte``) in one atomic, durable transaction.
+        """Write the ``.pte`` at ``path`` (which must end in ``.pte``, as ExecuTorch requires)
+        and every ``.ptd`` in ``data_dir`` (default: beside the ``.pte``) in one atomic, durable
+        transaction.
 
         ``consume=True`` moves owned file-backed pieces into the outputs (their files are gone
         afterwards); a second save of the same Program then raises ``DataChangedError`` before
         any file is opened.  ``merge_data=True`` writes one ``<pte stem>.ptd``.
         """
+        _check_pte_name(path)
         outputs = self.outputs(path, data_dir=data_dir, merge_data=merge_data)
         log.info("saving program %s with %d data file(s)", os.fspath(path), len(outputs) - 1)
         return _annotated(outputs, consume=consume, window=window, progress=progress)
@@ -195,6 +197,7 @@ class Program:
         window: int = DEFAULT_WINDOW,
     ) -> SaveReport:
         """What :meth:`save` with these arguments would do, piece by piece; writes nothing."""
+        _check_pte_name(path)
         outputs = self.outputs(path, data_dir=data_dir, merge_data=merge_data)
         targets: dict[Target, CordLike] = dict(outputs.items())
         return plan(targets, consume=consume, window=window)
@@ -220,6 +223,12 @@ class Program:
         """Stream the ``.pte`` into a file the caller opened: always a copy, never a move
         (a foreign file object may be a pipe or opened for appending).  Returns the bytes."""
         return self.pte.write_to_file(fileobj)
+
+
+def _check_pte_name(path: str | os.PathLike[str]) -> None:
+    if not os.fspath(path).endswith(".pte"):
+        raise ValueError(f"a program is saved to a .pte path (as ExecuTorch requires), not "
+                         f"{os.fspath(path)!r}")
 
 
 def _annotated(

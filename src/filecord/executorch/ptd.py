@@ -148,11 +148,20 @@ def read_ptd(path: str | os.PathLike[str]) -> PtdFile:
     try:
         file_size = _sys.fstat(fd).st_size
         head = _sys.read_all(fd, 0, min(file_size, 8 + PTD_HEADER_LENGTH))
+        if len(head) >= 8 and head[4:8] != FLAT_TENSOR_SCHEMA.identifier:
+            raise BadMagicError(
+                f"file identifier is {bytes(head[4:8])!r}, expected "
+                f"{FLAT_TENSOR_SCHEMA.identifier!r}",
+                field="file identifier",
+                offset=4,
+            )
         header = parse_ptd_header(head, file_size)
-        region = _sys.read_all(fd, 0, header.flatbuffer_offset + header.flatbuffer_size)
+        # A map, not a read: only the pages the decoder visits are read (see _fbread).
+        region = _sys.map_read(fd, header.flatbuffer_offset + header.flatbuffer_size)
     finally:
         _sys.close(fd)
-    flat = _fbread.decode(region, FLAT_TENSOR_SCHEMA)
+    with region:
+        flat = _fbread.decode(region, FLAT_TENSOR_SCHEMA)
     for name in ("segments", "named_data"):
         if flat[name] is None:
             raise MissingFieldError(

@@ -40,6 +40,7 @@ from filecord.executorch._layout import (
 from filecord.executorch._ptecheck import ProgramFacts, check_program
 from filecord.executorch.errors import (
     BadHeaderError,
+    BadMagicError,
     OverlapError,
     SegmentTableMismatchError,
     TruncatedError,
@@ -78,16 +79,22 @@ class PteSegment:
 
 @dataclass(frozen=True)
 class PteFile:
-    """What :func:`read_pte` found.  ``program`` is the decoded Program table, ``flatbuffer``
-    the plain program flatbuffer (header removed), as ExecuTorch's encoder produced it."""
+    """What :func:`read_pte` found.  ``program`` is the decoded Program table, ``region`` the
+    program region of the file (header included), ``flatbuffer`` (read on use) the plain
+    program flatbuffer (header removed), as ExecuTorch's encoder produced it."""
 
     path: str
     file_size: int
     header: PteHeader | None
     program: Table
-    flatbuffer: bytes
+    region: FileBackedData = field(repr=False)
     segments: tuple[PteSegment, ...]
     facts: ProgramFacts
+
+    @property
+    def flatbuffer(self) -> bytes:
+        region = self.region.to_bytes()
+        return region if self.header is None else strip_header(region, self.header.padded_length)
 
     @property
     def constant_segment(self) -> tuple[int, tuple[int, ...]] | None:
@@ -167,7 +174,7 @@ def parse_pte_header(head: bytes, file_size: int) -> tuple[int, int, int, int] |
     return length, program_size, base, data_size
 
 
-def infer_padded_length(region: bytes, length: int) -> int:
+def infer_padded_length(region: _fbread.Buffer, length: int) -> int:
     """The inserted header size: the largest 32 * 2**k the flatbuffer's first object clears.
 
     The builder's output starts right after its own finish padding, which is smaller than its
@@ -206,19 +213,26 @@ def read_pte(path: str | os.PathLike[str]) -> PteFile:
     try:
         file_size = _sys.fstat(fd).st_size
         head = _sys.read_all(fd, 0, min(file_size, 8 + PTE_HEADER_LENGTH))
+        if len(head) < 8 or head[4:8] != PROGRAM_SCHEMA.identifier:
+            raise BadMagicError(
+                f"file identifier is {bytes(head[4:8])!r}, expected "
+                f"{PROGRAM_SCHEMA.identifier!r}",
+                field="file identifier",
+                offset=4,
+            )
         parsed = parse_pte_header(head, file_size)
         region_size = parsed[1] if parsed else file_size
-        region = _sys.read_all(fd, 0, region_size)
+        # A map, not a read: only the pages the decoder visits are read (see _fbread).
+        region = _sys.map_read(fd, region_size)
     finally:
         _sys.close(fd)
-    program = _fbread.decode(region, PROGRAM_SCHEMA)
-    header: PteHeader | None = None
-    flatbuffer = region
-    if parsed is not None:
-        length, program_size, base, data_size = parsed
-        padded = infer_padded_length(region, length)
-        header = PteHeader(length, program_size, base, data_size, padded)
-        flatbuffer = strip_header(region, padded)
+    with region:
+        program = _fbread.decode(region, PROGRAM_SCHEMA)
+        header: PteHeader | None = None
+        if parsed is not None:
+            length, program_size, base, data_size = parsed
+            padded = infer_padded_length(region, length)
+            header = PteHeader(length, program_size, base, data_size, padded)
     facts = check_program(
         program,
         segment_base_offset=header.segment_base_offset if header else None,
@@ -229,7 +243,8 @@ def read_pte(path: str | os.PathLike[str]) -> PteFile:
         PteSegment(i, off, size, base + off, FileBackedData(p, offset=base + off, length=size))
         for i, (off, size) in enumerate(facts.segments)
     )
-    return PteFile(p, file_size, header, program, flatbuffer, segments, facts)
+    whole = FileBackedData(p, offset=0, length=region_size)
+    return PteFile(p, file_size, header, program, whole, segments, facts)
 
 
 def max_force_align(*, constant_tensor_alignment: int = 16, delegate_alignment: int = 16) -> int:

@@ -1,11 +1,15 @@
 """Check a saved program and its data files: structure here, and optionally a runtime load.
 
 Structure (no executorch needed): both files parse with every segment in bounds (the readers
-check headers, segment tables, subsegment offsets, named-data and delegate indices); every
-constant tensor fits in the constant segment; every external tensor's key is in exactly one
-data file, with a TensorLayout equal to the tensor's (the runtime dereferences the layout without
-a null check) and at least the tensor's bytes; no key is both in the program and in a data file
-(the runtime refuses such a merged map).
+check headers, segment tables, subsegment offsets, named-data and delegate indices) and every
+field read is valid (scalar types, dim orders, sizes); every constant tensor fits in the constant
+segment; every named-data key the program needs is found: an external tensor's key in exactly
+one data file, with a TensorLayout equal to the tensor's (the runtime dereferences the layout
+without a null check) and at least the tensor's bytes; a key an XNNPACK delegate's payload
+refers to in the program's named data or a data file, with at least the bytes the payload says;
+no key is both in the program and in a data file (the runtime refuses such a merged map).  Keys
+found nowhere are reported together, in one problem.  Other backends' payloads are not read
+(``unparsed_delegates``): a structure pass is never a promise that the program runs.
 
 Runtime: when ``executorch`` is importable and the structure is sound, a child process loads the
 program (with its one data file) in ExecuTorch's runtime and loads every method.  A child,
@@ -16,7 +20,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
 import subprocess
 import sys
@@ -24,21 +27,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from filecord.errors import FormatError
-from filecord.executorch._fbschema import Table
+from filecord.executorch._contents import NeededKey, TensorInfo, contents
 from filecord.executorch.ptd import PtdFile, read_ptd
 from filecord.executorch.pte import PteFile, read_pte
-from filecord.executorch.schema import TENSOR_DATA_LOCATION_EXTERNAL
-from filecord.executorch.values import PtdEntry, ScalarType, TensorLayout
+from filecord.executorch.values import PtdEntry, TensorLayout
 
-_ELEMENT_SIZE = {
-    ScalarType.BYTE: 1, ScalarType.CHAR: 1, ScalarType.SHORT: 2, ScalarType.INT: 4,
-    ScalarType.LONG: 8, ScalarType.HALF: 2, ScalarType.FLOAT: 4, ScalarType.DOUBLE: 8,
-    ScalarType.BOOL: 1, ScalarType.QINT8: 1, ScalarType.QUINT8: 1, ScalarType.QINT32: 4,
-    ScalarType.BFLOAT16: 2, ScalarType.BITS16: 2, ScalarType.FLOAT8E5M2: 1,
-    ScalarType.FLOAT8E4M3FN: 1, ScalarType.FLOAT8E5M2FNUZ: 1, ScalarType.FLOAT8E4M3FNUZ: 1,
-    ScalarType.UINT16: 2, ScalarType.UINT32: 4, ScalarType.UINT64: 8,
-}  # sub-byte packed types (QUINT4X2, QUINT2X4) are left out: no size check for them
-_STATIC = 0  # TensorShapeDynamism.STATIC
+DEFAULT_TAG = "_default_external_constant"  # ExecuTorch's tag for external_constants=True
+
 RUNTIME_TIMEOUT_S = 900
 
 
@@ -67,42 +62,24 @@ class Verification:
     external_tensors: int
     constant_tensors: int
     runtime: RuntimeCheck
+    needs: tuple[NeededKey, ...] = ()  # every named-data key the program needs to load
+    missing: tuple[NeededKey, ...] = ()  # those found neither in the program nor a data file
+    unparsed_delegates: tuple[str, ...] = ()  # backends whose payload needs were not read
 
     @property
     def ok(self) -> bool:
         return not self.problems and self.runtime.status != "failed"
 
 
-def _nbytes(t: Table) -> int | None:
-    try:
-        size = _ELEMENT_SIZE.get(ScalarType(t["scalar_type"]))
-    except ValueError:
-        return None
-    if size is None or t["shape_dynamism"] != _STATIC:
-        return None
-    return size * math.prod(t["sizes"] or ())
-
-
-def _tensors(pte: PteFile) -> list[tuple[str, Table]]:
-    out = []
-    for p, plan in enumerate(pte.program["execution_plan"] or ()):
-        name = plan["name"] or f"plan {p}"
-        for v, value in enumerate(plan["values"] or ()):
-            val = value["val"]
-            if isinstance(val, Table) and val.spec.name == "Tensor":
-                out.append((f"{pte.path}: method {name!r} value {v}", val))
-    return out
-
-
-def _check_constant(where: str, t: Table, pte: PteFile) -> list[Problem]:
-    index = t["data_buffer_idx"]
+def _check_constant(info: TensorInfo, pte: PteFile) -> list[Problem]:
+    where, index = f"{pte.path}: {info.where}", info.constant_index
     if pte.constant_segment is None:
         return [Problem(where, f"constant tensor (buffer {index}) but no constant segment")]
     seg_index, offsets = pte.constant_segment
     if index >= len(offsets):
         return [Problem(where, f"constant buffer {index} but the segment lists {len(offsets)}")]
     seg_size = pte.segments[seg_index].size if seg_index < len(pte.segments) else 0
-    need = _nbytes(t)
+    need = info.nbytes
     if need is not None and offsets[index] + need > seg_size:
         return [
             Problem(
@@ -114,35 +91,50 @@ def _check_constant(where: str, t: Table, pte: PteFile) -> list[Problem]:
     return []
 
 
-def _check_external(
-    where: str, t: Table, found: list[tuple[str, PtdEntry]]
-) -> list[Problem]:
-    key = (t["extra_tensor_info"] or {}).get("fully_qualified_name")
-    if not key:
-        return [Problem(where, "external tensor without a fully qualified name")]
-    if not found:
-        return [Problem(where, f"external tensor {key!r} is in none of the data files given")]
+def _check_found(need: NeededKey, found: list[tuple[str, PtdEntry]]) -> list[Problem]:
     path, entry = found[0]
     problems = []
     if len(found) > 1:
         problems.append(
-            Problem(where, f"key {key!r} is in {len(found)} data files: "
-                           + ", ".join(p for p, _e in found))
+            Problem(f"key {need.key!r}", f"is in {len(found)} data files: "
+                                         + ", ".join(p for p, _e in found))
         )
-    want = TensorLayout(ScalarType(t["scalar_type"]), t["sizes"] or (), t["dim_order"] or ())
-    if entry.layout is None:
-        problems.append(Problem(f"{path}: {key}", "no tensor layout (the runtime needs one)"))
-    elif entry.layout != want:
+    if need.layout is not None:
+        if entry.layout is None:
+            problems.append(
+                Problem(f"{path}: {need.key}", "no tensor layout (the runtime needs one)")
+            )
+        elif entry.layout != need.layout:
+            problems.append(
+                Problem(f"{path}: {need.key}", f"layout {_show(entry.layout)} but the program's "
+                                               f"tensor is {_show(need.layout)}")
+            )
+    if need.size is not None and entry.size < need.size:
+        who = "the tensor" if need.needed_by == "tensor" else f"the {need.needed_by} delegate"
         problems.append(
-            Problem(f"{path}: {key}", f"layout {_show(entry.layout)} but the program's tensor is "
-                                      f"{_show(want)}")
-        )
-    need = _nbytes(t)
-    if need is not None and entry.size < need:
-        problems.append(
-            Problem(f"{path}: {key}", f"{entry.size} bytes but the tensor needs {need}")
+            Problem(f"{path}: {need.key}", f"{entry.size} bytes but {who} needs {need.size}")
         )
     return problems
+
+
+def _listed(keys: Sequence[NeededKey], limit: int = 8) -> str:
+    shown = ", ".join(
+        f"{k.key!r} ({'?' if k.size is None else k.size} bytes"
+        + ("" if k.needed_by == "tensor" else f", {k.needed_by}") + ")"
+        for k in keys[:limit]
+    )
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def missing_message(missing: Sequence[NeededKey], data: Sequence[str]) -> str:
+    """One sentence for every key found nowhere, naming the data file it is expected in."""
+    where = "no data file was given" if not data else "not in " + ", ".join(data)
+    return (
+        f"{len(missing)} named-data key(s) the program needs at load time, {where}: "
+        f"{_listed(missing)}. They belong in a data file (.ptd): ExecuTorch writes tag T's "
+        f"data to T.ptd ({DEFAULT_TAG}.ptd for external_constants=True), filecord's "
+        f"merge_data to <program>.ptd"
+    )
 
 
 def _show(layout: TensorLayout) -> str:
@@ -157,10 +149,19 @@ def _read_data(path: str, problems: list[Problem]) -> PtdFile | None:
         return None
 
 
-def check_structure(
-    pte_path: str, data_paths: Sequence[str]
-) -> tuple[list[Problem], PteFile | None, int, int]:
-    """Problems found without executorch; also the parsed program and the tensor counts."""
+@dataclass(frozen=True)
+class Structure:
+    problems: list[Problem]
+    pte: PteFile | None
+    external_tensors: int
+    constant_tensors: int
+    needs: tuple[NeededKey, ...]
+    missing: tuple[NeededKey, ...]
+    unparsed_delegates: tuple[str, ...]
+
+
+def check_structure(pte_path: str, data_paths: Sequence[str]) -> Structure:
+    """Problems found without executorch; also the parsed program and what it needs."""
     problems: list[Problem] = []
     try:
         pte: PteFile | None = read_pte(pte_path)
@@ -169,7 +170,7 @@ def check_structure(
         pte = None
     ptds = [f for f in (_read_data(path, problems) for path in data_paths) if f is not None]
     if pte is None:
-        return problems, None, 0, 0
+        return Structure(problems, None, 0, 0, (), (), ())
     by_key: dict[str, list[tuple[str, PtdEntry]]] = {}
     for f in ptds:
         for key, entry in f.entries.items():
@@ -179,17 +180,35 @@ def check_structure(
         for key in pte.named_data
         if key in by_key
     )
-    external = constant = 0
-    for where, t in _tensors(pte):
-        info = t["extra_tensor_info"]
-        if info is not None and info["location"] == TENSOR_DATA_LOCATION_EXTERNAL:
-            external += 1
-            key = info["fully_qualified_name"] or ""
-            problems.extend(_check_external(where, t, by_key.get(key, [])))
-        elif t["data_buffer_idx"] > 0 and t["allocation_info"] is None:
+    try:
+        found = contents(pte)
+    except FormatError as exc:
+        problems.append(Problem(pte.path, str(exc)))
+        return Structure(problems, pte, 0, 0, (), (), ())
+    external = sum(1 for t in found.tensors if t.external_key is not None)
+    constant = 0
+    for t in found.tensors:
+        if t.external_key is None and t.constant_index > 0 and not t.planned:
             constant += 1
-            problems.extend(_check_constant(where, t, pte))
-    return problems, pte, external, constant
+            problems.extend(_check_constant(t, pte))
+    missing = []
+    in_program = pte.named_data
+    for need in found.needs:
+        hits = by_key.get(need.key, [])
+        if hits:
+            problems.extend(_check_found(need, hits))
+        elif need.needed_by != "tensor" and need.key in in_program:
+            size = pte.segments[in_program[need.key]].size
+            if need.size is not None and size < need.size:
+                problems.append(Problem(f"{pte.path}: named data {need.key!r}",
+                                        f"{size} bytes but the {need.needed_by} delegate "
+                                        f"needs {need.size}"))
+        else:
+            missing.append(need)
+    if missing:
+        problems.append(Problem(f"{pte.path}: data", missing_message(missing, data_paths)))
+    return Structure(problems, pte, external, constant, found.needs, tuple(missing),
+                     found.unparsed_delegates)
 
 
 def runtime_available() -> bool:
@@ -229,7 +248,8 @@ def verify(
     """Check ``pte_path`` with ``data_paths``; see the module docstring."""
     pte = os.fspath(pte_path)
     data = tuple(os.fspath(p) for p in data_paths)
-    problems, _parsed, external, constant = check_structure(pte, data)
+    found = check_structure(pte, data)
+    problems = found.problems
     if not runtime:
         check = RuntimeCheck("skipped", note="runtime load not requested")
     elif problems:
@@ -246,4 +266,7 @@ def verify(
         )
     else:
         check = runtime_load(pte, data[0] if data else None)
-    return Verification(pte, data, tuple(problems), external, constant, check)
+    return Verification(
+        pte, data, tuple(problems), found.external_tensors, found.constant_tensors, check,
+        found.needs, found.missing, found.unparsed_delegates,
+    )

@@ -1,0 +1,127 @@
+"""Stages CREATED and FILLED: the temps, and every byte that is not moved.
+
+Theory of operation
+-------------------
+Each temp ``.NAME.TOKEN.partial`` is created ``O_CREAT|O_EXCL`` with the replaced file's
+permission bits (narrowed by the umask), so it is never readable beyond the old file from the
+first instant.  In-memory pieces are written and file-backed ones cloned or copied at their
+final offsets; after each file-backed piece the source's size, mtime and ctime are compared
+with what they were when it was opened, so a source rewritten during the copy is a
+``DataChangedError``, never a silent mix.  Only then do the temps get the replaced file's owner,
+group and exact mode (set-id bits last, on complete content).  A crash here leaves temps that
+``recover`` removes once the save's lock is free: nothing destructive has happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat as stat_mod
+from dataclasses import replace
+
+from filecord import _names, _sys, _undo, transfer
+from filecord._txn import Txn
+from filecord.data import FileBackedData
+from filecord.errors import DataChangedError, SaveError
+from filecord.facts import is_clone_refusal
+from filecord.plan import CLONE_REFUSED, PieceAction
+
+log = logging.getLogger(__name__)
+
+
+def create_outputs(txn: Txn) -> None:
+    for out, st in zip(txn.prep.plan.outputs, txn.prep.target_stats, strict=True):
+        if out.direct:
+            txn.temps.append(None)
+            txn.fds.append(_sys.open(out.target, os.O_WRONLY))
+            continue
+        temp = _names.sibling(out.target, txn.token, _names.TEMP)
+        # The replaced file's permission bits from the first instant (the umask may narrow
+        # them further); set-id bits and the owner only once the content is complete.
+        mode = 0o666 if st is None else stat_mod.S_IMODE(st.st_mode) & 0o777
+        fd = _sys.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
+        txn.temps.append(temp)
+        txn.fds.append(fd)
+
+
+def finish_modes(txn: Txn) -> None:
+    """Give each complete temp the replaced file's owner, group and exact mode."""
+    adopted = {m.dests[0].output for m in txn.prep.plan.moves if m.adopt}
+    for o, (fd, st) in enumerate(zip(txn.fds, txn.prep.target_stats, strict=True)):
+        if fd is None or st is None or txn.temps[o] is None or o in adopted:
+            continue
+        _undo.apply_owner_mode(fd, st.st_mode, st.st_uid, st.st_gid)
+
+
+def _source_fd(txn: Txn, data: FileBackedData) -> int:
+    ident = data.identity
+    key = (ident.dev, ident.ino)
+    if key not in txn.src_fds:
+        fd = data.open_checked()
+        try:
+            txn.src_fds[key] = (fd, _sys.fstat(fd))
+        except BaseException:
+            _sys.close(fd)
+            raise
+    return txn.src_fds[key][0]
+
+
+def _recheck_source(txn: Txn, data: FileBackedData) -> None:
+    """After copying from a source: it must be the file it was when we opened it (F-mix)."""
+    fd, was = txn.src_fds[(data.identity.dev, data.identity.ino)]
+    now = _sys.fstat(fd)
+    for what in ("st_size", "st_mtime_ns", "st_ctime_ns"):
+        if getattr(now, what) != getattr(was, what):
+            raise DataChangedError(
+                data.path, expected_size=was.st_size, found_size=now.st_size,
+                reason=f"another process changed it while it was copied ({what[3:]} differs)",
+            )
+
+
+def fill(txn: Txn) -> None:
+    """Everything that is not moved, at its final offset."""
+    p = txn.prep.plan
+    by_piece = {(a.output, a.index): a for a in p.actions}
+    for o, (out, cord) in enumerate(zip(p.outputs, txn.prep.cords, strict=True)):
+        fd = txn.fds[o]
+        if fd is None:
+            raise SaveError(f"{out.path}: output descriptor missing")
+        for i, piece in enumerate(cord.pieces):
+            act = by_piece[(out.path, i)]
+            dst_off = None if out.direct else act.out_offset  # None: append to a stream
+            if act.action == "moved":
+                txn.actions.append(act)
+                continue
+            if not isinstance(piece, FileBackedData):
+                transfer.write_bytes(fd, piece, dst_off, txn.counters, txn.advance)
+            elif dst_off is None:
+                src = _source_fd(txn, piece)
+                transfer.copy_to_stream(src, fd, piece.offset, len(piece), txn.counters,
+                                        txn.advance)
+            elif act.action == "cloned":
+                act = _clone_or_copy(txn, piece, fd, act)
+            else:
+                src = _source_fd(txn, piece)
+                transfer.copy_range(src, fd, piece.offset, dst_off, len(piece), txn.counters,
+                                    txn.advance)
+            if isinstance(piece, FileBackedData):
+                _recheck_source(txn, piece)
+            txn.actions.append(act)
+        if not out.direct:
+            txn.dirty.add(fd)
+
+
+def _clone_or_copy(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -> PieceAction:
+    src = _source_fd(txn, piece)
+    try:
+        transfer.clone(src, piece.offset, len(piece), fd, act.out_offset, txn.counters)
+    except OSError as exc:
+        if not is_clone_refusal(exc):
+            raise
+        log.info("clone of %s refused (%s); copying", piece.path, exc)
+        transfer.copy_range(src, fd, piece.offset, act.out_offset, len(piece), txn.counters,
+                            txn.advance)
+        return replace(act, action="copied",
+                       reason=CLONE_REFUSED if txn.prep.plan.consume else None)
+    txn.advance(len(piece))
+    return act

@@ -1,0 +1,134 @@
+"""Stages CREATED (lock files), JOURNALED and MOVING (parking): the proof a crash is undone by.
+
+Theory of operation
+-------------------
+1. Before any temp, a lock file per directory (``_lockfile.create``: ``O_EXCL``, ``flock``,
+   content = the journal's path, ``fsync``): a temp's name then implies its lock and pointer.
+2. The record goes to ``.filecord-pending``, is fsynced, every directory of the save is
+   fsynced (temps and lock files are durable), then it is renamed to ``.filecord-journal`` and
+   its directory fsynced: a journal name never holds a torn record.  Each lock file then gets
+   a durable "journaled" mark, so a journal that later goes missing is known to be removed,
+   not never made.
+3. Every source the save will shorten or delete is renamed to ``.NAME.TOKEN.filecord-src`` in
+   its own directory and the directories fsynced, before anything is truncated.  A crash
+   between renames leaves each source at one of its two names, both known to ``recover``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from filecord import _lockfile, _names, _sys, _undo, journal
+from filecord._stage import Stage
+from filecord._txn import Txn
+from filecord.errors import SaveError
+from filecord.facts import kernel_path
+
+
+def journal_name(txn: Txn, suffix: str) -> str:
+    first = next(o for o in txn.prep.plan.outputs if not o.direct)
+    return _names.sibling(first.target, txn.token, suffix)
+
+
+def lock_directories(txn: Txn) -> None:
+    """One locked lock file per directory that will hold a temp, before any temp exists."""
+    outs = [o for o in txn.prep.plan.outputs if not o.direct]
+    if not outs:
+        return
+    content = os.fsencode(journal_name(txn, _names.JOURNAL)) + b"\n"
+    firsts = {os.path.dirname(o.target): o.target for o in reversed(outs)}
+    for directory in dict.fromkeys(os.path.dirname(o.target) for o in outs):
+        path = _names.sibling(firsts[directory], txn.token, _names.LOCK)
+        try:
+            fd = _lockfile.create(path, content)
+        except _lockfile.LockBusyError as exc:
+            raise SaveError(f"{path}: {exc.strerror}; nothing was written, retry the save",
+                            errno=exc.errno) from exc
+        txn.locks.append((path, fd))
+
+
+def _umask() -> int:
+    try:
+        for line in _sys.read_text("/proc/self/status").splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def _record(txn: Txn) -> journal.Journal:
+    p = txn.prep.plan
+    moves = {m.key: m for m in p.moves}
+    adopted_out = {m.dests[0].output: m.key for m in p.moves if m.adopt}
+    sources = []
+    for key in sorted(set(moves) | set(p.consumed)):
+        data = txn.prep.datas[key][0]
+        st = _sys.stat(data.path)
+        m = moves.get(key)
+        sources.append(journal.JournalSource(
+            path=kernel_path(data.path), dev=key[0], ino=key[1],
+            size=st.st_size, run_start=m.run_start if m else st.st_size,
+            atime_ns=st.st_atime_ns, mtime_ns=st.st_mtime_ns, mode=st.st_mode,
+            dests=m.dests if m else (), adopt=bool(m and m.adopt),
+            dense=st.st_blocks * 512 >= st.st_size,
+        ))
+    outputs = []
+    for o, (out, fd, tst) in enumerate(
+        zip(p.outputs, txn.fds, txn.prep.target_stats, strict=True)
+    ):
+        if out.direct or fd is None:
+            outputs.append(journal.JournalOutput(out.target, 0, 0, out.length, direct=True))
+            continue
+        mine = _sys.fstat(fd)
+        dev, ino = adopted_out.get(o, (mine.st_dev, mine.st_ino))
+        mode, uid, gid = (-1, -1, -1) if tst is None else (tst.st_mode, tst.st_uid, tst.st_gid)
+        if o in adopted_out and tst is None:
+            mode = 0o666 & ~_umask()  # what open() would have given a new file
+        old = (0, 0) if tst is None else (tst.st_dev, tst.st_ino)
+        outputs.append(journal.JournalOutput(out.target, dev, ino, out.length, mode, uid, gid,
+                                             old_dev=old[0], old_ino=old[1]))
+    return journal.Journal(txn.token, p.window, tuple(outputs), tuple(sources))
+
+
+def write_journal(txn: Txn) -> None:
+    """Pending record, fsync, fsync every directory, rename to the journal name, fsync."""
+    txn.record = _record(txn)
+    pending = journal_name(txn, _names.PENDING)
+    fd = _sys.open(pending, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        _sys.write_all(fd, journal.encode(txn.record), 0)
+        txn.counters.fsync(fd)
+    finally:
+        _sys.close(fd)
+    # Every name the rollback needs (temps, lock files) must be durable before the journal
+    # name can be: fsyncing a file does not persist its directory entry.
+    temps = [t for t in txn.temps if t is not None]
+    txn.counters.fsyncs += _sys.fsync_parents([pending, *temps])
+    final = journal_name(txn, _names.JOURNAL)
+    _sys.rename(pending, final)
+    txn.journal_path = final
+    txn.counters.fsyncs += _sys.fsync_parents([final])
+    txn.to(Stage.JOURNALED)
+    for _path, lock_fd in txn.locks:
+        _lockfile.mark_journaled(lock_fd)
+
+
+def park_sources(txn: Txn) -> None:
+    """Rename every source the save will shorten or delete to its token name, durably."""
+    record = txn.record
+    if record is None:
+        return
+    parked: list[str] = []
+    for s in record.sources:
+        if s.adopt:
+            continue
+        if txn.stage is not Stage.MOVING:
+            txn.to(Stage.MOVING)
+        current = txn.prep.datas[(s.dev, s.ino)][0].path
+        if _undo.same_file(current, s.dev, s.ino) is None:
+            txn.prep.datas[(s.dev, s.ino)][0].check()
+            raise SaveError(f"{current} was replaced during the save")
+        _sys.rename(current, record.parked(s))
+        parked.append(record.parked(s))
+    txn.counters.fsyncs += _sys.fsync_parents(parked)

@@ -1,0 +1,49 @@
+"""The mutable state of one running save, shared by the modules that run its stages.
+
+No I/O here: ``save`` drives the stages, ``_fill`` and ``_journaling`` run them, ``_failure``
+undoes them; each reads and changes this one object, and the stage moves only along
+``_stage``'s table.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from filecord import journal, transfer
+from filecord._stage import Stage, advance
+from filecord.plan import PieceAction
+from filecord.preflight import Prepared
+
+ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
+
+
+@dataclass
+class Txn:
+    """Mutable state of one running save: its stage and the descriptors it holds."""
+
+    prep: Prepared
+    token: str
+    progress: ProgressCallback | None
+    stage: Stage = Stage.CREATED
+    fds: list[int | None] = field(default_factory=list)
+    temps: list[str | None] = field(default_factory=list)
+    locks: list[tuple[str, int]] = field(default_factory=list)
+    dirty: set[int] = field(default_factory=set)
+    src_fds: dict[tuple[int, int], tuple[int, os.stat_result]] = field(default_factory=dict)
+    record: journal.Journal | None = None
+    journal_path: str | None = None  # the journal's current name, once it has one
+    moving: tuple[int, int] | None = None  # the source being moved right now
+    durable: bool = True  # False: no fsync of the outputs and their directories (copy only)
+    done: int = 0
+    counters: transfer.Counters = field(default_factory=transfer.Counters)
+    actions: list[PieceAction] = field(default_factory=list)
+
+    def to(self, stage: Stage) -> None:
+        self.stage = advance(self.stage, stage)
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done, self.prep.plan.total_bytes)
