@@ -73,19 +73,31 @@ def test_hard_link_and_symlink_are_copied_and_kept(tmp_path: Path) -> None:
     p = tmp_path / "linked"
     p.write_bytes(data)
     os.link(p, tmp_path / "other-name")
+    ino = os.stat(p).st_ino
     d = FileBackedData(p, owned=True)
     r = save(tmp_path / "o", Cord([d]), consume=True, window=W)
     assert r.actions[0].reason == "another hard link"
     assert (tmp_path / "o").read_bytes() == data
-    assert (tmp_path / "other-name").read_bytes() == data  # the other link is intact
+    # The owned name was consumed (deleted at commit); the file it linked to survives under
+    # its other name: the same inode, byte-exact.
+    assert (tmp_path / "other-name").read_bytes() == data
+    assert os.stat(tmp_path / "other-name").st_ino == ino
+    assert leftovers(tmp_path) == []
 
     t = tmp_path / "target"
     t.write_bytes(data)
+    t_ino = t.stat().st_ino
     (tmp_path / "sym").symlink_to(t)
     s = FileBackedData(tmp_path / "sym", owned=True)
     r = save(tmp_path / "o2", Cord([s]), consume=True, window=W)
     assert r.actions[0].reason == "a symlink"
     assert (tmp_path / "o2").read_bytes() == data
+    # The link still points at its target, and the target survives byte-exact.
+    assert os.readlink(tmp_path / "sym") == str(t)
+    assert t.read_bytes() == data
+    assert t.stat().st_ino == t_ino
+    assert (tmp_path / "sym").read_bytes() == data
+    assert leftovers(tmp_path) == []
 
 
 def test_gap_below_moved_run(tmp_path: Path) -> None:
@@ -276,6 +288,61 @@ def test_a_failed_adoption_renames_the_source_back(tmp_path: Path) -> None:
     fa.check()
     assert not (tmp_path / "o").exists()
     assert leftovers(tmp_path) == []
+
+
+SCRIPT = r"""
+import sys
+from filecord import Cord, FileBackedData, _sys, save_many
+
+a, b, out, where = sys.argv[1:5]
+fa, fb = FileBackedData.move_from(a), FileBackedData(b, owned=True)
+print(fa.path, flush=True)
+
+
+class FailMidMove(_sys.Backend):
+    truncates = 0
+
+    def hook(self, op, args):
+        if op == "ftruncate":
+            self.truncates += 1
+            if self.truncates == 3:
+                raise OSError(5, "injected EIO mid-move")
+
+
+if where == "mid-move":
+    ctx = _sys.use(FailMidMove())
+    ctx.__enter__()
+save_many({out: Cord([b"h", fa, fb])}, consume=True, window=8192)  # raises: ends the script
+"""
+
+
+@pytest.mark.parametrize("where", ["preflight", "mid-move"])
+def test_a_failed_save_that_ends_the_script_keeps_every_owned_file(
+    tmp_path: Path, where: str
+) -> None:
+    """The README's pattern, failing: the exception ends the process (finalizers run at
+    exit); every owned source must still be on disk, byte-exact."""
+    import subprocess
+    import sys
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    a, b = pattern(50_000, "a"), pattern(30_000, "b")
+    (tmp_path / "a").write_bytes(a)
+    (tmp_path / "b").write_bytes(b)
+    out = tmp_path / "missing-dir" / "o.pte" if where == "preflight" else tmp_path / "o.pte"
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "a"), str(tmp_path / "b"), str(out),
+         where],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(src)},
+        check=False, timeout=60,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" in proc.stderr  # it really died of the exception
+    moved_a = Path(proc.stdout.split("\n")[0])
+    assert moved_a.read_bytes() == a  # under move_from's private name, byte-exact
+    assert (tmp_path / "b").read_bytes() == b
+    assert leftovers(tmp_path) == []
+    assert not out.exists()
 
 
 @settings(max_examples=40, deadline=None)

@@ -1,18 +1,21 @@
 """SIGKILL a save right before each of its destructive calls, then recover and judge.
 
-The destructive calls are every ``ftruncate``, ``rename``, ``unlink``, ``fsync`` and
-``fsync_dir`` of the save (a counting run enumerates them).  For each one a child process
-rebuilds the scenario's cords from the files, runs the save with a backend that SIGKILLs the
-process right before that call, and dies.  The parent then runs ``recover`` on the journal's
-directory, and the directory must be exactly one of:
+The destructive calls are every ``ftruncate``, ``rename``, ``unlink``, ``fsync``,
+``fsync_dir`` and every open that creates a name (the lock, a temp, the pending journal) of the
+save (a counting run enumerates them).  For each one a child process rebuilds the scenario's
+cords from the files, runs the save with a backend that SIGKILLs the process right before that
+call, and dies (its lock goes with it).  The parent then runs ``recover`` on every directory
+the save used, the journal's first, and the files must be exactly one of:
 
-* pristine: every source byte-exact, every output absent or old, nothing else;
+* pristine: every source byte-exact, every output absent or old, nothing else (no lock, temp,
+  pending or journal name, no ``.filecord-src``);
 * done: every output complete and exact, consumed sources gone, nothing else.
 
-Which one is also fixed: SIGKILL keeps the page cache, so a kill before the commit line is
-written must roll back and a kill after it must finish.  A second ``recover`` must find
-nothing to do.  Killing recovery itself at each of its destructive calls (and putting back a
-source's times, and punching a temp) and recovering again must end the same way.
+Which one is also fixed: SIGKILL keeps the page cache, so a kill at or before the commit rename
+(the journal onto ``.filecord-committed``, or without a journal the temp onto its final name)
+must roll back and a kill after it must finish.  A second ``recover`` must find nothing to do.
+Killing recovery itself at each of its destructive calls (and putting back a source's times,
+and punching a temp) and recovering again must end the same way.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pathlib import Path
 import pytest
 
 import filecord
-from support.faultfs import Call, commit_write, destructive_points
+from support.faultfs import Call, commit_point, destructive_points
 from support.killjob import fork_run, job
 from support.scenarios import SPECS, Layout, trace_save
 
@@ -44,23 +47,30 @@ def spawn(root: Path, spec_name: str, phase: str, at: int) -> subprocess.Complet
     )
 
 
+# Floors near the real counts (about 90% of the kill points against the v2 core), so a broken
+# enumerator cannot pass by testing less.
+POINT_FLOOR = {"consume3": 55, "copy3": 25, "single": 6, "adopt2": 29}
+RECOVER_POINT_FLOOR = 1130
+
+
 def expected_after_kill(calls: list[Call], point: Call) -> str:
-    cw = commit_write(calls)
-    if cw is None:  # no journal: the rename is the commit point; the temp is garbage before
-        first_rename = next(c.index for c in calls if c.op == "rename")
-        return "pristine+garbage" if point.index <= first_rename else "done"
-    return "pristine" if point.index < cw else "done"
+    """A kill before the commit rename (or at it) rolls back; after it, finishes."""
+    return "pristine" if point.index <= commit_point(calls) else "done"
 
 
 def judge(lay: Layout, want: str) -> str | None:
     """Recover, check the state is ``want``, recover again (idempotent); None if all holds."""
-    filecord.recover(lay.journal_dir)
-    state = lay.classify(allow_garbage=want == "pristine+garbage")
+    try:
+        lay.recover_all()
+    except filecord.RecoverError as exc:
+        return f"recover refused: {exc}\n{lay.describe()}"
+    state = lay.classify()
     if state != want:
         return f"ended {state}, want {want}\n{lay.describe()}"
-    if filecord.recover(lay.journal_dir):
-        return "a second recover found a journal"
-    if lay.classify(allow_garbage=want == "pristine+garbage") != want:
+    again = lay.recover_all()
+    if again:
+        return f"a second recover did something: {again}"
+    if lay.classify() != want:
         return "a second recover changed the files"
     return None
 
@@ -91,11 +101,11 @@ def test_sigkill_before_every_destructive_call(tmp_path: Path, spec_name: str) -
     print(f"\n{spec_name}: SIGKILL before each destructive call: {n - len(failures)}/{n} "
           f"recovered all-or-nothing ({dict(outcomes)})")
     assert not failures, "\n".join(failures)
-    assert n >= 3  # single: fsync temp, rename, fsync dir
-    if spec_name != "single":
-        # Both sides of the commit point were hit.
-        assert outcomes["pristine"]
-        assert outcomes["done"]
+    assert n >= POINT_FLOOR[spec_name]
+    # Both sides of the commit point were hit (a single save's too: its temp and lock are
+    # removed by recover, there is no "pristine plus garbage" any more).
+    assert outcomes["pristine"] >= 2
+    assert outcomes["done"] >= 1
 
 
 @pytest.mark.slow
@@ -131,4 +141,4 @@ def test_sigkill_during_recover(tmp_path: Path) -> None:
           f"{recover_points} recovery crash points (over {len(points)} save crash points) "
           f"recovered again all-or-nothing")
     assert not failures, "\n".join(failures[:20])
-    assert recover_points >= len(points)
+    assert recover_points >= max(len(points), RECOVER_POINT_FLOOR)

@@ -19,10 +19,13 @@ from filecord import _sys
 # A short count is only meaningful for calls that transfer bytes and return how many.
 WRITE_OPS = frozenset({"pwrite", "write", "copy_file_range", "sendfile"})
 READ_OPS = frozenset({"pread", "preadinto"})
-# The calls a crash point is placed before (issue 3): the ones that change what is durable.
-DESTRUCTIVE_OPS = frozenset({"ftruncate", "rename", "unlink", "fsync", "fsync_dir"})
-# Recovery and rollback also punch temps and put back the sources' times.
-RECOVER_OPS = DESTRUCTIVE_OPS | {"punch_hole", "futimens"}
+# The calls a crash point is placed before (issue 3): the ones that change what is durable, and
+# (as "create") every open that creates a name: the lock, a temp, the pending journal.
+DESTRUCTIVE_OPS = frozenset(
+    {"ftruncate", "rename", "link", "unlink", "fsync", "fsync_dir", "create"}
+)
+# Recovery and rollback also punch temps, put back the sources' times and modes, and owners.
+RECOVER_OPS = DESTRUCTIVE_OPS | {"punch_hole", "futimens", "fchmod", "fchown"}
 
 ERRNOS = {"eio": errno.EIO, "enospc": errno.ENOSPC}
 KINDS = ("eio", "enospc", "short-write", "short-read")
@@ -195,7 +198,7 @@ class KillFS(SimFS):
         self.seen = 0
 
     def hook(self, op: str, args: tuple[Any, ...]) -> None:
-        if op in self.ops:
+        if is_point(op, args, self.ops):
             self.seen += 1
             if self.seen == self.at:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -210,50 +213,94 @@ class CountFS(SimFS):
         self.points: list[str] = []
 
     def hook(self, op: str, args: tuple[Any, ...]) -> None:
-        if op in self.ops:
-            self.points.append(op)
+        if is_point(op, args, self.ops):
+            self.points.append(point_op(op, args))
+
+
+# --- the v2 protocol's names ---------------------------------------------------------------------
+# Every file a save creates is ``.{stem}.{TOKEN}{suffix}`` (filecord._names.token_name).
+LOCK_SUFFIX = ".filecord-lock"
+TEMP_SUFFIX = ".partial"
+PENDING_SUFFIX = ".filecord-pending"
+JOURNAL_SUFFIX = ".filecord-journal"
+SRC_SUFFIX = ".filecord-src"
+COMMITTED_SUFFIX = ".filecord-committed"
+ROLLBACK_SUFFIX = ".filecord-rollback"  # a rollback in progress (the journal renamed)
+SUFFIXES = (LOCK_SUFFIX, TEMP_SUFFIX, PENDING_SUFFIX, JOURNAL_SUFFIX, SRC_SUFFIX,
+            COMMITTED_SUFFIX, ROLLBACK_SUFFIX)
+# A crash point is also placed before each open that creates a name (the lock, the temps, the
+# pending journal): "create" in an ops set means such an open.
+CREATE = "create"
+
+
+def is_filecord_name(name: str) -> bool:
+    """Whether a file name is one a save or recover of the v2 protocol creates."""
+    base = os.path.basename(name)
+    return base.startswith(".") and base.endswith(SUFFIXES)
+
+
+def point_op(op: str, args: tuple[Any, ...]) -> str:
+    """The crash-point class of a call: its op, or ``create`` for an open with ``O_CREAT``."""
+    if op == "open" and len(args) > 1 and int(args[1]) & os.O_CREAT:
+        return CREATE
+    return op
+
+
+def is_point(op: str, args: tuple[Any, ...], ops: frozenset[str]) -> bool:
+    return point_op(op, args) in ops
+
+
+def _dst(c: Call) -> str:
+    return str(c.args[1]) if c.op == "rename" else ""
+
+
+def commit_point(calls: list[Call]) -> int:
+    """Index of the call that commits a traced successful save.
+
+    With a journal: the rename of the journal onto its ``.filecord-committed`` name.  Without
+    one: the rename of the (only) temp onto its final name.
+    """
+    for c in calls:
+        if c.op == "rename" and _dst(c).endswith(COMMITTED_SUFFIX):
+            return c.index
+    return final_renames(calls)[0]
+
+
+def has_journal(calls: list[Call]) -> bool:
+    return any(c.op == "rename" and _dst(c).endswith(COMMITTED_SUFFIX) for c in calls)
+
+
+def final_renames(calls: list[Call]) -> list[int]:
+    """Renames onto final names (a rename onto any filecord name is a step before the commit:
+    the journal's, a source's onto ``.filecord-src``, an adoption onto a temp)."""
+    return [c.index for c in calls if c.op == "rename" and not is_filecord_name(_dst(c))]
+
+
+def commit_sync(calls: list[Call]) -> int:
+    """Index of the directory fsync that makes the commit rename durable."""
+    cp = commit_point(calls)
+    dst = _dst(calls[cp - 1])
+    directory = os.path.dirname(dst)
+    for c in calls[cp:]:
+        if c.op == "fsync_dir" and os.path.realpath(str(c.args[0])) == os.path.realpath(
+                directory):
+            return c.index
+    raise AssertionError(f"no fsync of {directory} after the commit rename {cp}")
 
 
 def commit_bounds(calls: list[Call]) -> tuple[int, int]:
     """``(last_pre, first_post)`` call indexes of a traced successful save.
 
-    A fault at a call ``<= last_pre`` happens before the commit point, so the save must leave
-    everything as it was.  A fault at ``>= first_post`` happens after it, so the outputs must end
-    complete (after ``recover`` when the error names a journal).  Between them lie only the
-    calls that close descriptors after the commit line is durable but before the first rename:
-    either outcome is all-or-nothing, so both are accepted there.
-
-    With a journal the commit point is the fsync that follows the commit line's write (the
-    journal is reopened without ``O_CREAT`` only for that); without one it is the rename, and a
-    failed rename changed nothing.
+    A fault at a call ``<= last_pre`` happens at or before the commit point (a failed rename
+    changed nothing), so the save must leave everything as it was.  A fault at ``>=
+    first_post`` happens after the commit is durable, so the outputs must end complete (after
+    ``recover``).  Between them lies only the directory fsync that makes the commit rename
+    durable (and anything up to it): the save may undo the rename or keep it, so both
+    outcomes are accepted there, and each must be exact.
     """
-    # Renames onto final names; a rename onto a temp (a whole owned file adopted as an output)
-    # is a step of the move, before the commit point.
-    renames = [
-        c.index for c in calls if c.op == "rename" and not str(c.args[1]).endswith(".partial")
-    ]
-    reopen = [
-        c.index for c in calls
-        if c.op == "open" and c.path.endswith(".filecord-journal") and not c.args[1] & os.O_CREAT
-    ]
-    if not reopen:
-        return renames[0], renames[0] + 1
-    commit_fsync = next(c.index for c in calls if c.index > reopen[0] and c.op == "fsync")
-    return commit_fsync, renames[0]
-
-
-def commit_write(calls: list[Call]) -> int | None:
-    """Index of the write that appends the commit line to the journal (None: no journal).
-
-    A process killed after it keeps the line (the page cache survives SIGKILL), so a kill
-    before a later call must be recovered as committed, and a kill before an earlier one as
-    not committed.
-    """
-    for c in calls:
-        if c.op == "pwrite" and c.path.endswith(".filecord-journal") and c.args[2] > 0:
-            return c.index
-    return None
+    cp = commit_point(calls)
+    return cp, commit_sync(calls) + 1
 
 
 def destructive_points(calls: list[Call], ops: frozenset[str] = DESTRUCTIVE_OPS) -> list[Call]:
-    return [c for c in calls if c.op in ops]
+    return [c for c in calls if is_point(c.op, c.args, ops)]

@@ -2,8 +2,9 @@
 
 ``python -m support.killjob ROOT SPEC PHASE AT`` (with ``src`` and ``tests`` on PYTHONPATH):
 ``PHASE`` is ``save`` (build the spec's cords from the files under ROOT and save them) or
-``recover`` (recover the journal directory).  The process SIGKILLs itself right before its
-``AT``-th destructive call; it exits 0 if it finished first, and 3 on any exception.  The
+``recover`` (recover every directory the save used, the journal's first).  The process
+SIGKILLs itself right before its ``AT``-th destructive call (an open that creates a name
+counts); it exits 0 if it finished first, and 3 on any exception.  The
 parent rebuilds the same files from the spec before starting it, so nothing but the file
 system is shared.  ``fork_run`` runs the same jobs in a forked child, which is much cheaper
 than starting an interpreter when there are hundreds of points.
@@ -17,7 +18,6 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-import filecord
 from filecord import _sys
 from support.faultfs import RECOVER_OPS, KillFS
 from support.scenarios import SPECS, Layout
@@ -31,7 +31,7 @@ def job(root: str, spec_name: str, phase: str, at: int) -> None:
             lay.run(cords)
     elif phase == "recover":
         with _sys.use(KillFS(at, RECOVER_OPS)):
-            filecord.recover(lay.journal_dir)
+            lay.recover_all()
     else:
         raise ValueError(phase)
 

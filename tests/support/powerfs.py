@@ -15,6 +15,13 @@ Worst cases are chosen where the file system may legally do either:
 * unsynced writes are dropped (``drop``), or all kept while name operations are still lost
   (``keep``: a kernel that flushed the data but not the directory).
 
+The opposite shape, a name kept whose data was lost, is the **eager** modes: every name
+operation (create, rename, unlink) is durable at once, as on a file system that journals
+metadata ahead of data, while unsynced data is dropped (``eager-drop``: each file holds what
+its last ``fsync`` left) or half-written (``eager-torn``: the size is the current one, the
+first half of the unsynced change reached the disk and the rest reads as the old bytes or
+zeros).  That is how a journal, a lock or a temp can survive under its name with torn content.
+
 At the crash point the hook raises :class:`Crash` (a ``BaseException``, so filecord's cleanup,
 which catches ``OSError``, cannot swallow it) and every later call but ``close`` raises it
 too: the process is dead to the disk.  :meth:`PowerFS.apply_crash` then rewrites the real
@@ -32,7 +39,28 @@ import stat as stat_mod
 from typing import Any
 
 from filecord import _sys
-from support.faultfs import DESTRUCTIVE_OPS
+from support.faultfs import DESTRUCTIVE_OPS, is_point
+
+# mode -> (names, data): which name operations survive, and what unsynced data becomes.
+MODES = {
+    "drop": ("lazy", "drop"),
+    "keep": ("lazy", "keep"),
+    "eager-drop": ("eager", "drop"),
+    "eager-torn": ("eager", "torn"),
+}
+
+
+def torn(durable: bytes, current: bytes) -> bytes:
+    """What a half-written file holds: the current size; of the range that differs from the
+    durable bytes (zeros past them), the first half is new and the rest old."""
+    n = len(current)
+    old = durable[:n].ljust(n, b"\0")
+    if old == current:
+        return current
+    i = next(k for k in range(n) if old[k] != current[k])
+    j = next(k for k in range(n - 1, -1, -1) if old[k] != current[k])
+    mid = i + (j + 1 - i) // 2
+    return current[:mid] + old[mid:]
 
 
 class Crash(BaseException):
@@ -81,6 +109,7 @@ class PowerFS(_sys.Backend):
         self.names: dict[str, dict[str, int]] = {}
         self.fd_ino: dict[int, int] = {}
         self.shadowed: set[int] = set()
+        self.torn_files = 0  # files an eager-torn crash left half-written (a model statistic)
         for d in dirs:
             d = os.path.realpath(d)
             self.names[d] = self._listing(d)
@@ -128,7 +157,7 @@ class PowerFS(_sys.Backend):
                 raise OSError(errno.EIO, f"injected at call {self.calls}: {op}")
             if self.calls < self.fault_at:
                 return
-        if op in self.ops:
+        if is_point(op, args, self.ops):
             self.seen += 1
             if self.seen == self.crash_at:
                 self.dead = True
@@ -184,16 +213,19 @@ class PowerFS(_sys.Backend):
     def leftover_fds(self) -> list[int]:
         return list(self.fd_ino)
 
-    def apply_crash(self, *, keep_data: bool = False) -> None:
-        """Turn the real directories into what the disk held at the crash."""
-        for fd in self.leftover_fds():  # descriptors a dead save never closed
+    def apply_crash(self, mode: str = "drop") -> None:
+        """Turn the real directories into what the disk held at the crash (see :data:`MODES`)."""
+        names_mode, data_mode = MODES[mode]
+        for fd in self.leftover_fds():  # descriptors a dead save never closed (its lock too)
             self.close(fd)
+        if names_mode == "eager":  # every name operation reached the disk at once
+            self.names = {d: self._listing(d) for d in self.names}
         current: dict[int, bytes] = {}
         # 1. Every watched name's inode goes to the shadow directory, keyed by inode.
         for d in self.names:
             for name, ino in self._listing(d).items():
                 path = os.path.join(d, name)
-                if keep_data:
+                if data_mode != "drop":
                     with open(path, "rb") as f:
                         current[ino] = f.read()
                 dest = os.path.join(self.shadow, f"ino-{ino}")
@@ -205,7 +237,7 @@ class PowerFS(_sys.Backend):
                     continue
                 os.rename(path, dest)
         for ino in self.shadowed:
-            if keep_data and ino not in current:
+            if data_mode != "drop" and ino not in current:
                 with open(os.path.join(self.shadow, f"ino-{ino}"), "rb") as f:
                     current[ino] = f.read()
         # 2. The durable names come back, each on its durable inode.
@@ -223,9 +255,16 @@ class PowerFS(_sys.Backend):
                 os.rename(src, os.path.join(d, name))
                 placed[ino] = os.path.join(d, name)
                 # 3. ... with its durable content.
-                want = current[ino] if keep_data else self.durable.get(ino)
-                if want is None:
+                durable = self.durable.get(ino)
+                if durable is None:
                     raise ModelError(f"{d}/{name}: inode {ino} was never seen by the model")
+                want = {
+                    "drop": durable,
+                    "keep": current.get(ino, durable),
+                    "torn": torn(durable, current.get(ino, durable)),
+                }[data_mode]
+                if want != durable:
+                    self.torn_files += int(data_mode == "torn")
                 with open(os.path.join(d, name), "r+b") as f:
                     if f.read() != want:
                         f.seek(0)
