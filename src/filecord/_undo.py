@@ -130,13 +130,14 @@ def check_committed(j: Journal) -> None:
                                    "source is still under its own name: the commit never "
                                    "happened")
             continue  # at its temp or final name, or lost (``finish`` says which)
-        for name in (j.parked(s), s.path):
-            st = same_file(name, s.dev, s.ino)
-            if st is not None and st.st_size != s.run_start:
-                raise RecoverError(
-                    f"{name}: the journal says committed, but the source is {st.st_size} bytes "
-                    f"where a finished move leaves {s.run_start}: the commit never happened"
-                )
+        # Only the parked name: the original path may hold a new file that reused the freed
+        # inode number after the commit, and that file is none of this save's business.
+        st = same_file(j.parked(s), s.dev, s.ino)
+        if st is not None and st.st_size != s.run_start:
+            raise RecoverError(
+                f"{j.parked(s)}: the journal says committed, but the source is {st.st_size} "
+                f"bytes where a finished move leaves {s.run_start}: the commit never happened"
+            )
 
 
 def open_temps(j: Journal) -> list[int | None]:
@@ -155,9 +156,18 @@ def open_temps(j: Journal) -> list[int | None]:
 
 
 def close_all(fds: list[int | None]) -> None:
+    """Close every descriptor, even after one close fails (Linux frees it either way); the
+    first error is raised once all are closed."""
+    first: OSError | None = None
     for fd in fds:
-        if fd is not None:
+        if fd is None:
+            continue
+        try:
             _sys.close(fd)
+        except OSError as exc:
+            first = first or exc
+    if first is not None:
+        raise first
 
 
 def roll_back(j: Journal, temps: list[int | None], c: transfer.Counters) -> int:

@@ -124,8 +124,9 @@ def _recover_file(path: str, st: os.stat_result) -> Recovered:
             f"{path} is not a filecord journal (journals are named "
             ".NAME.TOKEN.filecord-journal, -rollback or -committed); nothing was touched"
         )
-    if not stat_mod.S_ISREG(st.st_mode):
-        raise journal.NotAJournalError(f"{path} is not a regular file; nothing was touched")
+    if not stat_mod.S_ISREG(st.st_mode):  # named like a journal: refused, not a typo
+        raise RecoverError(f"{path} is named like a journal but is not a regular file (a "
+                           "symlink?); nothing was touched")
     real = os.path.join(_real_dir(path), os.path.basename(path))
     return _recover_journal(real, parsed[0], parsed[1], {})
 
@@ -137,7 +138,11 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
                        "several journals carry one token; nothing was touched")
     if journals:
         name, suffix = journals[0]
-        return _recover_journal(os.path.join(directory, name), token, suffix, {})
+        path = os.path.join(directory, name)
+        if not stat_mod.S_ISREG(_sys.lstat(path).st_mode):
+            return _refuse(path, "named like a journal but not a regular file (a symlink?); "
+                           "nothing was touched")
+        return _recover_journal(path, token, suffix, {})
     locks = names.get(_names.LOCK, [])
     others = [n for s, ns in names.items() if s != _names.LOCK for n in ns]
     if not locks:
@@ -237,11 +242,20 @@ class _MissingLockError(Exception):
     """A directory of the save has no lock file: nothing proves the save is over."""
 
 
-def _lock_all(j: journal.Journal, held: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
+class _ForeignLockError(Exception):
+    """A lock file in a directory the journal lists points at another journal."""
+
+
+def _lock_all(
+    j: journal.Journal, held: dict[str, tuple[str, int]], pointer: str
+) -> dict[str, tuple[str, int]]:
     """Take the lock file of every directory of the save.
 
     The save made each one before anything else in that directory and removes them after its
-    journal, so a journal whose lock file is missing is refused, never taken as "free".
+    journal, so a journal whose lock file is missing is refused, never taken as "free".  Each
+    lock file names the journal of the save that made it: one naming another journal means
+    this journal reaches into a directory that is not its save's (a crafted or copied
+    journal), and nothing is done.
     """
     firsts: dict[str, str] = {}
     for o in reversed(j.outputs):
@@ -257,6 +271,8 @@ def _lock_all(j: journal.Journal, held: dict[str, tuple[str, int]]) -> dict[str,
             if fd is None:
                 raise _MissingLockError(path)
             locks[directory] = (path, fd)
+            if _read_pointer(fd, j.token)[0] != pointer:
+                raise _ForeignLockError(path)
     except BaseException:
         for d, (_p, fd) in locks.items():
             if d not in held:
@@ -273,12 +289,19 @@ def _recover_journal(
         try:
             j = journal.decode(_read(path))
             journal.confine(j, path)
-        except RecoverError as exc:
+        except (RecoverError, OSError) as exc:  # OSError: e.g. ELOOP, the name is a symlink
             return _refuse(path, f"{exc}; nothing was touched")
         if j.token != token:
             return _refuse(path, "the record's token is not the one in its name")
+        strays = [d for d in held if d not in j.directories()]
+        if strays:
+            return _refuse(path, f"a lock file in {strays[0]} names this journal, but the "
+                           "journal does not list that directory; nothing was touched")
         try:
-            locks = _lock_all(j, held)
+            locks = _lock_all(j, held, _names.restage(path, _names.JOURNAL))
+        except _ForeignLockError as exc:
+            return _refuse(path, f"the lock file {exc} belongs to another journal: this one "
+                           "reaches beyond its save; nothing was touched")
         except _lockfile.LockBusyError:
             return Recovered(path, "skipped", detail="its save is running (a lock is held)")
         except _MissingLockError as exc:
