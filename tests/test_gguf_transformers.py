@@ -6,7 +6,7 @@ permuted per head (the script's job: produced by callables when their turn comes
 tensor passed through as a file range of the model's own ``model.safetensors`` and moved out of
 it (``consume=True``).  transformers' ``load_gguf_checkpoint`` (which reads with gguf-py, maps
 the names back and undoes the permutation) must give a model whose logits equal the original's
-exactly.  (llama.cpp itself was not built here.)
+exactly.  (llama.cpp itself loads a file from the writer in ``test_gguf_llamacpp.py``.)
 """
 
 from __future__ import annotations
