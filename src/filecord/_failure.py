@@ -115,7 +115,25 @@ def _states(txn: Txn) -> tuple[SourceState, ...]:
     return tuple(states)
 
 
-def _keep_all(txn: Txn, exc: BaseException, names: str, notes: list[str], why: str) -> NoReturn:
+def _hold(txn: Txn, notes: list[str]) -> None:
+    """A source changed under the move: rename the journal ``.filecord-held`` so no recover
+    ever rolls back over the change (it would fill the gap with whatever the temps hold)."""
+    if txn.journal_path is None or not txn.journal_path.endswith(_names.JOURNAL):
+        return
+    held = _names.restage(txn.journal_path, _names.HELD)
+    try:
+        _sys.rename(txn.journal_path, held)
+        txn.journal_path = held
+        _sys.fsync_parents([held])
+    except OSError as exc:
+        notes.append(f"could not mark the journal held ({exc}): recover refuses it anyway if "
+                     "the change shows in the source's size")
+
+
+def _keep_all(txn: Txn, exc: BaseException, names: str, notes: list[str], why: str,
+              *, hold: bool = False) -> NoReturn:
+    if hold:
+        _hold(txn, notes)
     _close(txn, notes)
     _drop_locks(txn, remove=False)
     states: tuple[SourceState, ...] = ()
@@ -161,15 +179,21 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
     restored = 0
     if txn.record is not None and txn.journal_path is not None:
         if isinstance(exc, DataChangedError) and stage is Stage.MOVING:
+            # A new hard link changes no byte: recover may put the bytes back into the
+            # shared inode.  A write, append or truncate did: hold the journal.
+            linked = "linked" in exc.reason
             _keep_all(txn, exc, names, notes, "a source changed under the move, so nothing was "
-                      "put back over it: the journal and temps are kept")
+                      "put back over it: the journal and temps are kept" +
+                      ("" if linked else " (held: recover will not undo over the change)"),
+                      hold=not linked)
         try:
             # The same proof recover asks for: every source is as this save's moves left it.
             _undo.check_strict(txn.record)
         except DataChangedError as cexc:
             notes.append(f"{cexc}")
             _keep_all(txn, exc, names, notes, "a source was changed by another process, so "
-                      "nothing was put back over it: the journal and temps are kept")
+                      "nothing was put back over it: the journal (held) and temps are kept",
+                      hold=True)
         except OSError as cexc:
             notes.append(f"could not check the sources: {cexc}")
             _keep_all(txn, exc, names, notes, "the journal and temps are kept")

@@ -59,7 +59,14 @@ def _source_fd(txn: Txn, data: FileBackedData) -> int:
     if key not in txn.src_fds:
         fd = data.open_checked()
         try:
-            txn.src_fds[key] = (fd, _sys.fstat(fd))
+            st = _sys.fstat(fd)
+            # The baseline every later look is compared with must itself be the captured
+            # file, or a change between open_checked's look and this one would pass unseen.
+            if (st.st_size, st.st_mtime_ns) != (ident.size, ident.mtime_ns):
+                raise DataChangedError(data.path, expected_size=ident.size,
+                                       found_size=st.st_size,
+                                       reason="another process changed it as it was opened")
+            txn.src_fds[key] = (fd, st)
         except BaseException:
             _sys.close(fd)
             raise
@@ -94,21 +101,38 @@ def fill(txn: Txn) -> None:
                 continue
             if not isinstance(piece, FileBackedData):
                 transfer.write_bytes(fd, piece, dst_off, txn.counters, txn.advance)
-            elif dst_off is None:
-                src = _source_fd(txn, piece)
-                transfer.copy_to_stream(src, fd, piece.offset, len(piece), txn.counters,
-                                        txn.advance)
-            elif act.action == "cloned":
-                act = _clone_or_copy(txn, piece, fd, act)
             else:
-                src = _source_fd(txn, piece)
-                transfer.copy_range(src, fd, piece.offset, dst_off, len(piece), txn.counters,
-                                    txn.advance)
-            if isinstance(piece, FileBackedData):
-                _recheck_source(txn, piece)
+                act = _copy_piece(txn, piece, fd, dst_off, act)
             txn.actions.append(act)
         if not out.direct:
             txn.dirty.add(fd)
+
+
+def _copy_piece(
+    txn: Txn, piece: FileBackedData, fd: int, dst_off: int | None, act: PieceAction
+) -> PieceAction:
+    """Clone or copy one file-backed piece, then prove its source did not change meanwhile.
+
+    A copy that fails because the source shrank under it (EIO at an early end of file) is
+    reported as the change it is, not as an I/O error.
+    """
+    try:
+        if dst_off is None:
+            src = _source_fd(txn, piece)
+            transfer.copy_to_stream(src, fd, piece.offset, len(piece), txn.counters,
+                                    txn.advance)
+        elif act.action == "cloned":
+            act = _clone_or_copy(txn, piece, fd, act)
+        else:
+            src = _source_fd(txn, piece)
+            transfer.copy_range(src, fd, piece.offset, dst_off, len(piece), txn.counters,
+                                txn.advance)
+    except OSError:
+        if (piece.identity.dev, piece.identity.ino) in txn.src_fds:
+            _recheck_source(txn, piece)
+        raise
+    _recheck_source(txn, piece)
+    return act
 
 
 def _clone_or_copy(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -> PieceAction:

@@ -26,11 +26,12 @@ PENDING = ".filecord-pending"
 JOURNAL = ".filecord-journal"
 COMMITTED = ".filecord-committed"
 ROLLBACK = ".filecord-rollback"
+HELD = ".filecord-held"
 SOURCE = ".filecord-src"
 OWNED = ".filecord-owned"
 
-SUFFIXES = (LOCK, TEMP, PENDING, JOURNAL, COMMITTED, ROLLBACK, SOURCE)
-JOURNALS = (JOURNAL, COMMITTED, ROLLBACK)
+SUFFIXES = (LOCK, TEMP, PENDING, JOURNAL, COMMITTED, ROLLBACK, HELD, SOURCE)
+JOURNALS = (JOURNAL, COMMITTED, ROLLBACK, HELD)
 TOKEN_LEN = 16
 _TOKEN_RE = re.compile(r"[0-9a-f]{16}")
 

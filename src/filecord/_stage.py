@@ -12,6 +12,9 @@ FILLED         complete copies in the temps         removing temps
 JOURNALED      ``.filecord-journal`` (durable)      rolling back (sources still whole)
 MOVING         sources renamed, being shortened     rolling back: put bytes and names back
 ROLLING_BACK   ``.filecord-rollback``               rolling back, continued
+HELD           ``.filecord-held``                   nothing: another process changed a source
+                                                    mid-move; recover refuses and says where
+                                                    every byte is
 COMMITTED      ``.filecord-committed``              finishing: renames, delete sources
 RENAMED        final names replaced                 finishing: delete sources
 DONE           nothing                              nothing
@@ -33,6 +36,7 @@ class Stage(enum.Enum):
     JOURNALED = "journaled"
     MOVING = "moving"
     ROLLING_BACK = "rolling back"
+    HELD = "held"
     COMMITTED = "committed"
     RENAMED = "renamed"
     DONE = "done"
@@ -46,6 +50,7 @@ _LEGAL: dict[Stage, frozenset[Stage]] = {
                                 Stage.FAILED}),
     Stage.MOVING: frozenset({Stage.COMMITTED, Stage.ROLLING_BACK, Stage.FAILED}),
     Stage.ROLLING_BACK: frozenset({Stage.FAILED}),
+    Stage.HELD: frozenset(),
     Stage.COMMITTED: frozenset({Stage.RENAMED, Stage.FAILED}),
     Stage.RENAMED: frozenset({Stage.DONE, Stage.FAILED}),
     Stage.DONE: frozenset(),
@@ -75,4 +80,5 @@ def of_journal_suffix(suffix: str) -> Stage:
         _names.JOURNAL: Stage.MOVING,  # moving or only journaled: the files tell which
         _names.ROLLBACK: Stage.ROLLING_BACK,
         _names.COMMITTED: Stage.COMMITTED,
+        _names.HELD: Stage.HELD,
     }[suffix]

@@ -323,6 +323,10 @@ def _recover_journal(
 def _act(path: str, j: journal.Journal, stage: Stage) -> Recovered:
     outputs = tuple(o.final for o in j.outputs)
     sources = tuple(s.path for s in j.sources)
+    if stage is Stage.HELD:
+        return _refuse(path, "the save stopped because another process changed a source "
+                       "mid-move; nothing is undone over that change (the notes say where "
+                       "every byte is)", _undo.whereabouts(j))
     try:
         if stage is Stage.COMMITTED:
             _undo.check_committed(j)

@@ -233,7 +233,8 @@ def _move(txn: Txn, m: MoveSource) -> None:
                                    reason="another process changed it before it was moved")
         temps = [fd_ if fd_ is not None else -1 for fd_ in txn.fds]
         txn.moving = m.key
-        transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance)
+        transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance,
+                             seen=st)
         txn.moving = None
     except BaseException:
         close_descriptors_quietly([fd])  # never let a close error hide why the move stopped
@@ -254,11 +255,14 @@ def _adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
     temp = txn.temps[o]
     if temp is None:  # pragma: no cover - the plan adopts only into temps
         raise SaveError(f"{m.path}: no temp to adopt into")
-    current = txn.prep.datas[m.key][0].path
+    data = txn.prep.datas[m.key][0]
+    current = data.path
     st = _undo.same_file(current, *m.key)
-    if st is None or st.st_size != m.size:
-        txn.prep.datas[m.key][0].check()
-        raise SaveError(f"{current} was replaced during the save")
+    if st is None or (st.st_size, st.st_mtime_ns) != (m.size, data.identity.mtime_ns):
+        raise DataChangedError(current, expected_size=m.size,
+                               found_size=None if st is None else st.st_size,
+                               reason="another process changed or replaced it before it was "
+                               "adopted")
     _sys.rename(current, temp)
     txn.counters.fsyncs += _sys.fsync_parents([temp, src.path])
     old = txn.fds[o]
@@ -273,15 +277,22 @@ def _adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
 
 def _commit(txn: Txn) -> None:
     p = txn.prep.plan
+    adopted = {m.dests[0].output: m.key for m in p.moves if m.adopt}
     for o, fd in enumerate(txn.fds):
         if fd is None or p.outputs[o].direct:
             continue
         if fd in txn.dirty and txn.durable:
             txn.counters.fsync(fd)
             txn.dirty.discard(fd)
-        size = _sys.fstat(fd).st_size
-        if size != p.outputs[o].length:
-            raise SaveError(f"{p.outputs[o].path}: temp is {size} bytes, expected "
+        st = _sys.fstat(fd)
+        if o in adopted:  # someone else's write to the adopted file is a change, not an I/O
+            was = txn.prep.datas[adopted[o]][0].identity   # error: keep it, claim nothing
+            if (st.st_size, st.st_mtime_ns) != (was.size, was.mtime_ns):
+                raise DataChangedError(p.outputs[o].path, expected_size=was.size,
+                                       found_size=st.st_size, reason="another process "
+                                       "changed the adopted file before the commit")
+        if st.st_size != p.outputs[o].length:
+            raise SaveError(f"{p.outputs[o].path}: temp is {st.st_size} bytes, expected "
                             f"{p.outputs[o].length}")
     # Closing before the commit point: a close error still rolls back (NFS reports some
     # write errors only at close).

@@ -151,14 +151,18 @@ def move_source(
     window: int,
     c: Counters,
     progress: Progress = _nop,
+    *,
+    seen: os.stat_result | None = None,
 ) -> None:
     """Move ``m``'s run into the temps, shortening the source one window at a time.
 
-    ``temps[i]`` is the open temp file of output ``i``.  The source must still be
-    ``m.size`` bytes long; the caller checked it.
+    ``temps[i]`` is the open temp file of output ``i``.  ``seen`` is the caller's checked look
+    at the source (its size ``m.size`` and its captured times): every later look is compared
+    with it, so nothing can change unseen between the check and the move.
     """
     buckets = _by_window(m, window)
-    seen = _sys.fstat(src)
+    if seen is None:
+        seen = _sys.fstat(src)
     pos, k = m.size, 0
     while pos > m.run_start:
         lo = max(m.run_start, pos - window)
