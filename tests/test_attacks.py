@@ -74,6 +74,12 @@ def test_22_a_rewrite_during_a_move_is_reported_and_nothing_is_papered_over(
         os.close(writer)
     assert not (tmp_path / "out").exists()
     close_leaked(tmp_path)
+    if not any(p.name.endswith(_names.SOURCE) for p in tmp_path.iterdir()):
+        # Seen before the first truncate: nothing was moved, the file is given its name back
+        # as the other party left it, and nothing else remains.
+        assert (tmp_path / "src.bin").read_bytes() == b"REWRITTEN-HEAD" + data[14:]
+        assert leftovers(tmp_path) == []
+        return
     parked = one(tmp_path, _names.SOURCE).read_bytes()
     # As the other party left it (the head rewritten, at a window boundary), never "restored";
     # the bytes moved out of it are in the temp at their offsets.

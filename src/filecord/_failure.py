@@ -178,9 +178,10 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
 
     restored = 0
     if txn.record is not None and txn.journal_path is not None:
-        if isinstance(exc, DataChangedError) and stage is Stage.MOVING:
-            # A new hard link changes no byte: recover may put the bytes back into the
-            # shared inode.  A write, append or truncate did: hold the journal.
+        if isinstance(exc, DataChangedError) and txn.moving is not None:
+            # Bytes were being moved out of the changed file.  A new hard link changes no
+            # byte: recover may put the bytes back into the shared inode.  A write, append or
+            # truncate did: hold the journal.
             linked = "linked" in exc.reason
             _keep_all(txn, exc, names, notes, "a source changed under the move, so nothing was "
                       "put back over it: the journal and temps are kept" +
@@ -214,7 +215,12 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
     _close(txn, notes)
     left = _remove_garbage(txn, notes)
     _drop_locks(txn, remove=not left)
-    if restored:
+    if restored and isinstance(exc, DataChangedError):
+        # Only whole files were involved (an adopted file is renamed, never cut): they are back
+        # under their names, but the changed one holds the other process's change.
+        notes.append(f"{restored} source file(s) were given back their names; {exc.path} holds "
+                     "what another process made of it, not its original bytes")
+    elif restored:
         notes.append(f"the moved bytes were put back into {restored} source file(s), byte-exact")
     streams = [o.path for o in txn.prep.plan.outputs if o.direct]
     if streams:
