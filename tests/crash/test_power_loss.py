@@ -194,8 +194,19 @@ def test_model_catches_a_missing_fsync_before_truncate(
     assert len(failures) >= 3
 
 
+_SIZE_BEFORE_DATA = pytest.mark.xfail(
+    strict=True,
+    reason="known limit (docs/guarantees.md): a put-back's progress is the source's size; a "
+    "file system that makes a size change durable before its data (ext4 data=writeback, "
+    "modelled by eager-torn) can leave a full-length source with a zero tail after a power "
+    "cut during a rollback, and recover then trusts the size",
+)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["drop", "keep", "eager-torn"])
+@pytest.mark.parametrize(
+    "mode", ["drop", "keep", pytest.param("eager-torn", marks=_SIZE_BEFORE_DATA)]
+)
 def test_power_cut_during_recover(tmp_path: Path, mode: str) -> None:
     """After each save crash point, cut the power again at each destructive call of recover."""
     calls = trace_save("consume3", tmp_path / "trace")
@@ -220,7 +231,9 @@ def test_power_cut_during_recover(tmp_path: Path, mode: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("mode", "stride"), [("drop", 1), ("eager-torn", 3)])
+@pytest.mark.parametrize(
+    ("mode", "stride"), [("drop", 1), pytest.param("eager-torn", 3, marks=_SIZE_BEFORE_DATA)]
+)
 def test_power_cut_during_rollback(tmp_path: Path, mode: str, stride: int) -> None:
     """Fail a call of the consuming save with EIO, then cut the power at each destructive call
     of the rollback it starts (and once after the failed save returned): recover must restore.
