@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from filecord import _names
+from filecord.data import FileBackedData
 
 
 def pattern(n: int, seed: str = "x") -> bytes:
@@ -39,3 +40,22 @@ def close_leaked(directory: str | Path) -> int:
             os.close(int(name))
             closed += 1
     return closed
+
+
+def owned_file(path: Path, data: bytes) -> FileBackedData:
+    """Write ``data`` at ``path`` and own it (a consuming save may move and delete it)."""
+    path.write_bytes(data)
+    return FileBackedData(path, owned=True)
+
+
+def files(root: Path) -> dict[str, bytes]:
+    """Every regular file under ``root`` (relative name -> bytes)."""
+    return {str(p.relative_to(root)): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+def one(directory: Path, suffix: str) -> Path:
+    """The one file in ``directory`` whose name ends with ``suffix``."""
+    found = [p for p in directory.iterdir() if p.name.endswith(suffix)]
+    assert len(found) == 1, (suffix, sorted(p.name for p in directory.iterdir()))
+    return found[0]

@@ -17,26 +17,13 @@ import pytest
 
 from filecord import Cord, FileBackedData, _names, _sys, recover, save, save_many
 from filecord.errors import DataChangedError, SaveError
-from filecord_testing import close_leaked, leftovers, pattern
+from filecord_testing import close_leaked, files, leftovers, one, pattern
+from filecord_testing import owned_file as owned
 
 W = 4096
 
 
-def owned(path: Path, data: bytes) -> FileBackedData:
-    path.write_bytes(data)
-    return FileBackedData(path, owned=True)
 
-
-def files(root: Path) -> dict[str, bytes]:
-    """Every regular file under ``root`` (relative name -> bytes)."""
-    return {str(p.relative_to(root)): p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
-
-
-def one(directory: Path, suffix: str) -> Path:
-    found = [p for p in directory.iterdir() if p.name.endswith(suffix)]
-    assert len(found) == 1, (suffix, sorted(p.name for p in directory.iterdir()))
-    return found[0]
 
 
 class AtCall(_sys.Backend):
