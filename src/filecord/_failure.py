@@ -40,7 +40,7 @@ def _drop_locks(txn: Txn, *, remove: bool) -> None:
             except OSError as exc:  # a lock file left behind is removed by recover
                 log.warning("could not remove the lock file %s: %s", path, exc)
         else:
-            _close_one(fd)
+            _sys.close_each([fd])
 
 
 def close_descriptors(txn: Txn) -> list[OSError]:
@@ -52,12 +52,11 @@ def close_descriptors(txn: Txn) -> list[OSError]:
     fds = [fd for fd in txn.fds if fd is not None] + [fd for fd, _st in txn.src_fds.values()]
     txn.fds = [None] * len(txn.fds)
     txn.src_fds.clear()
-    return [e for e in map(_close_one, fds) if e is not None]
+    return _sys.close_each(fds)
 
 
 def close_descriptors_quietly(fds: list[int]) -> None:
-    for fd in fds:
-        _close_one(fd)
+    _sys.close_each(fds)  # never let a close error hide why the save stopped
 
 
 def _attempt(fn: Callable[[T], None], arg: T) -> OSError | None:
@@ -67,10 +66,6 @@ def _attempt(fn: Callable[[T], None], arg: T) -> OSError | None:
     except OSError as exc:
         return exc
     return None
-
-
-def _close_one(fd: int) -> OSError | None:
-    return _attempt(_sys.close, fd)
 
 
 def _close(txn: Txn, notes: list[str]) -> None:
@@ -104,12 +99,8 @@ def _states(txn: Txn) -> tuple[SourceState, ...]:
         return ()
     states = []
     for s in record.sources:
-        size = -1
-        for name in (record.parked(s), s.path):
-            st = _undo.same_file(name, s.dev, s.ino)
-            if st is not None:
-                size = st.st_size
-                break
+        found = _undo.locate(record, s)
+        size = found[1].st_size if found else -1
         rest = tuple((record.temp(d.output), d.out_offset) for d in s.dests)
         states.append(SourceState(s.path, s.size, size, rest))
     return tuple(states)

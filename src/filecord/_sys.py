@@ -360,6 +360,20 @@ def read_text(path: str, limit: int = 1 << 20) -> str:
         close(fd)
 
 
+def close_each(fds: list[int]) -> list[OSError]:
+    """Close every descriptor even when one close fails (Linux frees it either way); returns
+    the errors, for the caller to raise or to note."""
+    return [e for e in map(_close_reporting, fds) if e is not None]
+
+
+def _close_reporting(fd: int) -> OSError | None:
+    try:
+        close(fd)
+    except OSError as exc:
+        return exc
+    return None
+
+
 def unlink_missing_ok(path: str) -> None:
     """Unlink ``path``; a name that is already gone is what we wanted."""
     try:

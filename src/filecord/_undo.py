@@ -156,18 +156,19 @@ def open_temps(j: Journal) -> list[int | None]:
 
 
 def close_all(fds: list[int | None]) -> None:
-    """Close every descriptor, even after one close fails (Linux frees it either way); the
-    first error is raised once all are closed."""
-    first: OSError | None = None
-    for fd in fds:
-        if fd is None:
-            continue
-        try:
-            _sys.close(fd)
-        except OSError as exc:
-            first = first or exc
-    if first is not None:
-        raise first
+    """Close every descriptor; the first close error is raised once all are closed."""
+    errors = _sys.close_each([fd for fd in fds if fd is not None])
+    if errors:
+        raise errors[0]
+
+
+def locate(j: Journal, s: JournalSource) -> tuple[str, os.stat_result] | None:
+    """Where source ``s`` is now: its parked (token) name first, then its own name."""
+    for name in (j.parked(s), s.path):
+        st = same_file(name, s.dev, s.ino)
+        if st is not None:
+            return name, st
+    return None
 
 
 def roll_back(j: Journal, temps: list[int | None], c: transfer.Counters) -> int:
@@ -336,12 +337,8 @@ def whereabouts(j: Journal, left_at: dict[tuple[int, int], int] | None = None) -
             at = temp if same_file(temp, s.dev, s.ino) else s.path
             lines.append(f"{s.path}: the whole file ({s.size} bytes) is at {at}")
             continue
-        name, size = s.path, -1
-        for candidate in (j.parked(s), s.path):
-            st = same_file(candidate, s.dev, s.ino)
-            if st is not None:
-                name, size = candidate, st.st_size
-                break
+        found = locate(j, s)
+        name, size = (found[0], found[1].st_size) if found else (s.path, -1)
         if size < 0:
             lines.append(f"{s.path}: not found under its name or {j.parked(s)}")
             continue
