@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from filecord import _names
-from filecord.data import FileBackedData
+from filecord._data import FileBackedData
 
 
 def pattern(n: int, seed: str = "x") -> bytes:

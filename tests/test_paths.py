@@ -26,7 +26,7 @@ from filecord import (
     save,
     save_many,
 )
-from filecord.facts import kernel_path, resolve_target
+from filecord._facts import kernel_path, resolve_target
 from filecord_testing import leftovers, pattern
 
 DECOY = b"decoy: must never change"

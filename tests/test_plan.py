@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 import itertools
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filecord.plan import FsFacts, OutputFacts, PieceRef, SourceFacts, make_plan
-
-# `filecord.plan` the attribute is the dry-run function; the module is reached by name.
-P = importlib.import_module("filecord.plan")
+from filecord import _plan as P
+from filecord import _preflight
+from filecord._plan import FsFacts, OutputFacts, PieceRef, SourceFacts, make_plan
 
 DEV = 7
 KEY = (DEV, 100)
@@ -188,7 +186,7 @@ def test_blocks_follow_the_file_system_and_the_margin_grows_with_the_data() -> N
 
 
 def test_consume_hint_only_when_consume_was_worked_out_and_needs_less() -> None:
-    pre = importlib.import_module("filecord.preflight")
+    pre = _preflight
     big, o = src(size=P.MiB), out(P.MiB + 100)
     copy = decide(big, o, fs(free=8 * 4096), big_refs(), consume=False)
     (peak,) = copy.peaks

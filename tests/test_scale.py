@@ -18,7 +18,7 @@ from typing import Any
 
 import filecord
 from filecord import Cord, FileBackedData, plan, save
-from filecord.plan import PieceRef, cover
+from filecord._plan import PieceRef, cover
 from filecord_testing import pattern
 
 ROOT = os.path.dirname(os.path.abspath(filecord.__file__))

@@ -5,8 +5,12 @@
 the dry run and ``recover`` finishes or undoes an interrupted save from its journal.
 """
 
-from filecord.cord import Cord
-from filecord.data import FileBackedData
+from filecord._cord import Cord
+from filecord._data import FileBackedData
+from filecord._plan import DEFAULT_WINDOW, PieceAction
+from filecord._recover import Recovered, recover
+from filecord._report import SaveReport
+from filecord._save import plan, save, save_many
 from filecord.errors import (
     DataChangedError,
     FilecordError,
@@ -17,10 +21,6 @@ from filecord.errors import (
     SourceIsOutputError,
     SourceState,
 )
-from filecord.plan import DEFAULT_WINDOW, PieceAction
-from filecord.recover import Recovered, recover
-from filecord.report import SaveReport
-from filecord.save import plan, save, save_many
 
 __version__ = "0.1.0"
 

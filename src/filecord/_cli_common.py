@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from filecord.plan import BLOCK
+from filecord._plan import BLOCK
 
 
 class UsageError(Exception):

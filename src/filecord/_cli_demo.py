@@ -33,13 +33,13 @@ from filecord._cli_common import (
 )
 from filecord._cli_demo_model import ModelResult
 from filecord._cli_progress import Bar
+from filecord._data import FileBackedData
 from filecord._measure import DiskSampler, rss_now, rss_peak, rss_reset
-from filecord.data import FileBackedData
+from filecord._plan import DEFAULT_WINDOW
+from filecord._report import SaveReport
+from filecord._save import save
 from filecord.executorch.ptd import build_ptd, read_ptd
 from filecord.executorch.values import PtdEntry
-from filecord.plan import DEFAULT_WINDOW
-from filecord.report import SaveReport
-from filecord.save import save
 
 SEGMENT = 4096  # a clone-friendly layout: btrfs and XFS can share the engines' extents
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from filecord.report import SaveReport
+from filecord._report import SaveReport
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def run_model(directory: str) -> ModelResult:
     import torch
     from torch.export import export
 
-    from filecord.save import save
+    from filecord._save import save
     from filecord.torch import save_state_dict
 
     with _silenced():

@@ -17,9 +17,9 @@ from typing import Any, TextIO
 from filecord import _sys
 from filecord._cli_common import UsageError, parse_window
 from filecord._cli_progress import Bar
-from filecord.data import FileBackedData
-from filecord.plan import DEFAULT_WINDOW
-from filecord.report import SaveReport
+from filecord._data import FileBackedData
+from filecord._plan import DEFAULT_WINDOW
+from filecord._report import SaveReport
 
 MAX_ALIGN = 1 << 30  # an entry's alignment is padding written into the file
 
@@ -104,8 +104,8 @@ def _is_stdout(path: str) -> bool:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
+    from filecord._save import plan, save
     from filecord.cli import human
-    from filecord.save import plan, save
 
     cord, datas = _cord(args)  # a UsageError is rendered by main (exit 2)
     # The report goes to stderr when the artifact itself goes to stdout, never into the stream.

@@ -22,10 +22,10 @@ from typing import Any
 
 from filecord._cli_pack import _render
 from filecord._cli_progress import Bar
-from filecord.cord import Cord
-from filecord.data import FileBackedData
-from filecord.plan import DEFAULT_WINDOW
-from filecord.report import SaveReport
+from filecord._cord import Cord
+from filecord._data import FileBackedData
+from filecord._plan import DEFAULT_WINDOW
+from filecord._report import SaveReport
 
 EXIT_USAGE = 2
 
@@ -79,7 +79,7 @@ def merge_ptd_files(
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from filecord.save import plan, save
+    from filecord._save import plan, save
 
     bad = _check_inputs(args.inputs)
     if bad:

@@ -19,12 +19,12 @@ import os
 import stat as stat_mod
 from dataclasses import replace
 
-from filecord import _names, _sys, _undo, transfer
+from filecord import _names, _sys, _transfer, _undo
+from filecord._data import FileBackedData
+from filecord._facts import is_clone_refusal
+from filecord._plan import CLONE_REFUSED, PieceAction
 from filecord._txn import Txn
-from filecord.data import FileBackedData
 from filecord.errors import DataChangedError, SaveError
-from filecord.facts import is_clone_refusal
-from filecord.plan import CLONE_REFUSED, PieceAction
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def fill(txn: Txn) -> None:
                 txn.actions.append(act)
                 continue
             if not isinstance(piece, FileBackedData):
-                transfer.write_bytes(fd, piece, dst_off, txn.counters, txn.advance)
+                _transfer.write_bytes(fd, piece, dst_off, txn.counters, txn.advance)
             else:
                 act = _copy_piece(txn, piece, fd, dst_off, act)
             txn.actions.append(act)
@@ -119,13 +119,13 @@ def _copy_piece(
     try:
         if dst_off is None:
             src = _source_fd(txn, piece)
-            transfer.copy_to_stream(src, fd, piece.offset, len(piece), txn.counters,
+            _transfer.copy_to_stream(src, fd, piece.offset, len(piece), txn.counters,
                                     txn.advance)
         elif act.action == "cloned":
             act = _clone_or_copy(txn, piece, fd, act)
         else:
             src = _source_fd(txn, piece)
-            transfer.copy_range(src, fd, piece.offset, dst_off, len(piece), txn.counters,
+            _transfer.copy_range(src, fd, piece.offset, dst_off, len(piece), txn.counters,
                                 txn.advance)
     except OSError:
         if (piece.identity.dev, piece.identity.ino) in txn.src_fds:
@@ -138,12 +138,12 @@ def _copy_piece(
 def _clone_or_copy(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -> PieceAction:
     src = _source_fd(txn, piece)
     try:
-        transfer.clone(src, piece.offset, len(piece), fd, act.out_offset, txn.counters)
+        _transfer.clone(src, piece.offset, len(piece), fd, act.out_offset, txn.counters)
     except OSError as exc:
         if not is_clone_refusal(exc):
             raise
         log.info("clone of %s refused (%s); copying", piece.path, exc)
-        transfer.copy_range(src, fd, piece.offset, act.out_offset, len(piece), txn.counters,
+        _transfer.copy_range(src, fd, piece.offset, act.out_offset, len(piece), txn.counters,
                             txn.advance)
         return replace(act, action="copied",
                        reason=CLONE_REFUSED if txn.prep.plan.consume else None)

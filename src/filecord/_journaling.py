@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import os
 
-from filecord import _lockfile, _names, _sys, _undo, journal
+from filecord import _journal, _lockfile, _names, _sys, _undo
+from filecord._facts import kernel_path
 from filecord._stage import Stage
 from filecord._txn import Txn
 from filecord.errors import SaveError
-from filecord.facts import kernel_path
 
 
 def journal_name(txn: Txn, suffix: str) -> str:
@@ -57,7 +57,7 @@ def _umask() -> int:
     return 0o022
 
 
-def _record(txn: Txn) -> journal.Journal:
+def _record(txn: Txn) -> _journal.Journal:
     p = txn.prep.plan
     moves = {m.key: m for m in p.moves}
     adopted_out = {m.dests[0].output: m.key for m in p.moves if m.adopt}
@@ -66,7 +66,7 @@ def _record(txn: Txn) -> journal.Journal:
         data = txn.prep.datas[key][0]
         st = _sys.stat(data.path)
         m = moves.get(key)
-        sources.append(journal.JournalSource(
+        sources.append(_journal.JournalSource(
             path=kernel_path(data.path), dev=key[0], ino=key[1],
             size=st.st_size, run_start=m.run_start if m else st.st_size,
             atime_ns=st.st_atime_ns, mtime_ns=st.st_mtime_ns, mode=st.st_mode,
@@ -78,7 +78,7 @@ def _record(txn: Txn) -> journal.Journal:
         zip(p.outputs, txn.fds, txn.prep.target_stats, strict=True)
     ):
         if out.direct or fd is None:
-            outputs.append(journal.JournalOutput(out.target, 0, 0, out.length, direct=True))
+            outputs.append(_journal.JournalOutput(out.target, 0, 0, out.length, direct=True))
             continue
         mine = _sys.fstat(fd)
         dev, ino = adopted_out.get(o, (mine.st_dev, mine.st_ino))
@@ -86,9 +86,9 @@ def _record(txn: Txn) -> journal.Journal:
         if o in adopted_out and tst is None:
             mode = 0o666 & ~_umask()  # what open() would have given a new file
         old = (0, 0) if tst is None else (tst.st_dev, tst.st_ino)
-        outputs.append(journal.JournalOutput(out.target, dev, ino, out.length, mode, uid, gid,
+        outputs.append(_journal.JournalOutput(out.target, dev, ino, out.length, mode, uid, gid,
                                              old_dev=old[0], old_ino=old[1]))
-    return journal.Journal(txn.token, p.window, tuple(outputs), tuple(sources))
+    return _journal.Journal(txn.token, p.window, tuple(outputs), tuple(sources))
 
 
 def write_journal(txn: Txn) -> None:
@@ -97,7 +97,7 @@ def write_journal(txn: Txn) -> None:
     pending = journal_name(txn, _names.PENDING)
     fd = _sys.open(pending, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        _sys.write_all(fd, journal.encode(txn.record), 0)
+        _sys.write_all(fd, _journal.encode(txn.record), 0)
         txn.counters.fsync(fd)
     finally:
         _sys.close(fd)

@@ -11,10 +11,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from filecord import journal, transfer
+from filecord import _journal, _transfer
+from filecord._plan import PieceAction
+from filecord._preflight import Prepared
 from filecord._stage import Stage, advance
-from filecord.plan import PieceAction
-from filecord.preflight import Prepared
 
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -32,12 +32,12 @@ class Txn:
     locks: list[tuple[str, int]] = field(default_factory=list)
     dirty: set[int] = field(default_factory=set)
     src_fds: dict[tuple[int, int], tuple[int, os.stat_result]] = field(default_factory=dict)
-    record: journal.Journal | None = None
+    record: _journal.Journal | None = None
     journal_path: str | None = None  # the journal's current name, once it has one
     moving: tuple[int, int] | None = None  # the source being moved right now
     durable: bool = True  # False: no fsync of the outputs and their directories (copy only)
     done: int = 0
-    counters: transfer.Counters = field(default_factory=transfer.Counters)
+    counters: _transfer.Counters = field(default_factory=_transfer.Counters)
     actions: list[PieceAction] = field(default_factory=list)
 
     def to(self, stage: Stage) -> None:

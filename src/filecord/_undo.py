@@ -11,7 +11,7 @@ call and run again.
 1. an adopted source (renamed whole onto its output's temp) is found at the temp by device and
    inode, its mode put back with ``fchmod``, and its name restored;
 2. a parked source (``.NAME.TOKEN.filecord-src``, renamed there before it was shortened) gets
-   its moved bytes back from the temps (``transfer.restore_source``: copy back, ``fsync`` the
+   its moved bytes back from the temps (``_transfer.restore_source``: copy back, ``fsync`` the
    source, then punch the temp), its times restored with ``futimens`` and ``fsync``ed;
 3. its original name is restored with ``link`` then ``unlink`` of the parked name, so a file
    someone created at the original path meanwhile is never replaced (the bytes then stay at
@@ -39,10 +39,10 @@ import errno
 import os
 import stat as stat_mod
 
-from filecord import _sys, transfer
+from filecord import _sys, _transfer
+from filecord._journal import Journal, JournalOutput, JournalSource
+from filecord._plan import cover
 from filecord.errors import DataChangedError, RecoverError
-from filecord.journal import Journal, JournalOutput, JournalSource
-from filecord.plan import cover
 
 
 def same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
@@ -112,7 +112,7 @@ def check_temps_hold(j: Journal, temps: list[int | None]) -> None:
             continue
         st = same_file(j.parked(s), s.dev, s.ino)
         if st is not None and st.st_size < s.size:
-            transfer.check_moved(s.as_move(), temps, max(st.st_size, s.run_start),
+            _transfer.check_moved(s.as_move(), temps, max(st.st_size, s.run_start),
                                  dense=s.dense)
 
 
@@ -171,7 +171,7 @@ def locate(j: Journal, s: JournalSource) -> tuple[str, os.stat_result] | None:
     return None
 
 
-def roll_back(j: Journal, temps: list[int | None], c: transfer.Counters) -> int:
+def roll_back(j: Journal, temps: list[int | None], c: _transfer.Counters) -> int:
     """Put every source back, byte-exact under its own name; returns how many moved back."""
     restored = 0
     for s in reversed(j.sources):
@@ -179,7 +179,7 @@ def roll_back(j: Journal, temps: list[int | None], c: transfer.Counters) -> int:
     return restored
 
 
-def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer.Counters) -> int:
+def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: _transfer.Counters) -> int:
     if s.adopt:
         temp = j.temp(s.dests[0].output)
         if same_file(temp, s.dev, s.ino) is not None:
@@ -210,7 +210,7 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
             raise DataChangedError(parked, expected_size=s.size, found_size=size,
                                    reason="outside the range a move of this save leaves")
         if size < s.size:
-            transfer.restore_source(fd, s.as_move(), temps, j.window, c, punch=True,
+            _transfer.restore_source(fd, s.as_move(), temps, j.window, c, punch=True,
                                     dense=s.dense)
         _sys.futimens(fd, s.atime_ns, s.mtime_ns)
         c.fsync(fd)

@@ -50,9 +50,9 @@ _RECOVER_WORDS = {
 
 
 def _cmd_recover(args: argparse.Namespace) -> int:
+    from filecord._journal import NotAJournalError
+    from filecord._recover import Recovered, recover
     from filecord.errors import RecoverError
-    from filecord.journal import NotAJournalError
-    from filecord.recover import Recovered, recover
 
     error: RecoverError | None = None
     try:

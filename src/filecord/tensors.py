@@ -1,6 +1,6 @@
 """Named tensors shared by the formats: a name, a dtype, a shape and the bytes.
 
-The bytes are in memory (``bytes``/``memoryview``) or a :class:`~filecord.data.FileBackedData`
+The bytes are in memory (``bytes``/``memoryview``) or a :class:`~filecord.FileBackedData`
 range that is never loaded.  safetensors uses these values directly; the ExecuTorch ``.ptd``
 code and the GGUF reader map their own element types onto :class:`DType`.  Pure: no I/O.
 
@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Union
 
-from filecord.data import FileBackedData
+from filecord._data import FileBackedData
 
 TensorBytes = Union[bytes, memoryview, FileBackedData]  # noqa: UP007 - a runtime alias on 3.10
 

@@ -35,15 +35,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from filecord import _sys
-from filecord.cord import Cord
-from filecord.data import CHUNK, FileBackedData
-from filecord.facts import kernel_path
+from filecord._cord import Cord
+from filecord._data import CHUNK, FileBackedData
+from filecord._facts import kernel_path
 
 if TYPE_CHECKING:
+    from filecord._report import SaveReport
     from filecord.executorch.program import Program
     from filecord.executorch.pte import PteFile
     from filecord.executorch.values import TensorLayout
-    from filecord.report import SaveReport
 
 DeviceCopy = Callable[[Any, Any], None]  # (device uint8 slice, pinned host uint8 slice)
 
@@ -290,8 +290,8 @@ def save_state_dict(
     Llama's ``rotary_emb.inv_freq``) that such a program may need.  Tied weights (the same
     view under two keys) are stored once.
     """
-    from filecord.plan import DEFAULT_WINDOW
-    from filecord.save import save
+    from filecord._plan import DEFAULT_WINDOW
+    from filecord._save import save
 
     target = os.fspath(path)
     directory = os.path.dirname(kernel_path(target))  # beside the file ``open()`` would name

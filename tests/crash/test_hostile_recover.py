@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 
 import filecord
-from filecord import RecoverError, _sys, journal
+from filecord import RecoverError, _journal, _sys
 from support.faultfs import (
     COMMITTED_SUFFIX,
     JOURNAL_SUFFIX,
@@ -104,7 +104,7 @@ def journal_file(lay: Layout) -> Path:
     return Path(lay.journal_dir) / names[0]
 
 
-def repoint(j: journal.Journal, old: Path, new: Path) -> journal.Journal:
+def repoint(j: _journal.Journal, old: Path, new: Path) -> _journal.Journal:
     """The record moved from the tree ``old`` to its copy ``new``: paths and inode numbers."""
     inos: dict[int, int] = {}
     for rel, (ino, _b) in tree(old).items():
@@ -121,7 +121,7 @@ def repoint(j: journal.Journal, old: Path, new: Path) -> journal.Journal:
     return dataclasses.replace(j, outputs=outputs, sources=sources)
 
 
-def copy_case(template: Layout, root: Path) -> tuple[Layout, Path, journal.Journal]:
+def copy_case(template: Layout, root: Path) -> tuple[Layout, Path, _journal.Journal]:
     """A copy of the crashed tree and its re-pointed journal (not yet written)."""
     shutil.copytree(template.root, root, symlinks=True)
     lay = Layout(SPECS[SPEC], root)
@@ -130,7 +130,7 @@ def copy_case(template: Layout, root: Path) -> tuple[Layout, Path, journal.Journ
             text = (root / rel).read_bytes()
             (root / rel).write_bytes(text.replace(os.fsencode(template.root), os.fsencode(root)))
     jt = journal_file(template)
-    j = repoint(journal.decode(jt.read_bytes()), template.root, root)
+    j = repoint(_journal.decode(jt.read_bytes()), template.root, root)
     return lay, root / os.path.relpath(jt, template.root), j
 
 
@@ -168,14 +168,14 @@ def test_every_flip_and_truncation_of_a_mid_move_journal(tmp_path: Path) -> None
     assert short, "the crash point is not mid-move: no source is short"
     assert lost_bytes(template, snap) == {}
     probe, _jp, pj = copy_case(template, tmp_path / "case")
-    size = len(journal.encode(pj))  # the re-pointed record: every copy has this length
+    size = len(_journal.encode(pj))  # the re-pointed record: every copy has this length
     shutil.rmtree(probe.root)
     outcomes: dict[str, Counter[str]] = {"flip": Counter(), "cut": Counter()}
     failures: list[str] = []
     for kind in ("flip", "cut"):
         for i in range(size):
             lay, jpath, j = copy_case(template, tmp_path / "case")
-            data = journal.encode(j)
+            data = _journal.encode(j)
             assert len(data) == size
             if kind == "flip":
                 damaged = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
@@ -277,7 +277,7 @@ def junk_files(d: Path) -> dict[str, Callable[[Path], Any]]:
         token_name("model.pte", TOKENS[1], ".filecord-committed"):
             lambda p: p.write_bytes(b"not a record\n" * 40),
         token_name("w.bin", TOKENS[2], ".filecord-rollback"):
-            lambda p: p.write_bytes(journal.MAGIC + b'{"body": {}, "sha256": "00"}\n' * 2),
+            lambda p: p.write_bytes(_journal.MAGIC + b'{"body": {}, "sha256": "00"}\n' * 2),
         token_name("link.pte", TOKENS[3], ".filecord-journal"):
             lambda p: p.symlink_to(d / "model.pte"),
     }
@@ -331,7 +331,7 @@ def _symlink(p: str, root: Path, outside: Path) -> str:
 TRANSFORMS = {"../": _dotdot, "absolute outside": _absolute, "through a symlink": _symlink}
 
 
-def victims(outside: Path, j: journal.Journal) -> None:
+def victims(outside: Path, j: _journal.Journal) -> None:
     """Files outside with every name the crafted journal can derive: victims and decoys."""
     outside.mkdir(exist_ok=True)
     names = {os.path.basename(o.final) for o in j.outputs}
@@ -342,9 +342,9 @@ def victims(outside: Path, j: journal.Journal) -> None:
             (outside / token_name(n, j.token, suffix)).write_bytes(b"decoy\n")
 
 
-def crafted_cases(j: journal.Journal, root: Path, outside: Path,
-                  ) -> list[tuple[str, journal.Journal]]:
-    cases: list[tuple[str, journal.Journal]] = []
+def crafted_cases(j: _journal.Journal, root: Path, outside: Path,
+                  ) -> list[tuple[str, _journal.Journal]]:
+    cases: list[tuple[str, _journal.Journal]] = []
     for label, fn in TRANSFORMS.items():
         for o in range(len(j.outputs)):
             outs = list(j.outputs)
@@ -397,7 +397,7 @@ def test_crafted_journals_reach_nothing_outside(tmp_path: Path, stage: str) -> N
         lay, jpath, j = copy_case(template, tmp_path / "case")
         (lay.root / "link").symlink_to(outside, target_is_directory=True)
         crafted = crafted_cases(j, lay.root, outside)[n][1]
-        jpath.write_bytes(journal.encode(crafted))
+        jpath.write_bytes(_journal.encode(crafted))
         before = tree(outside)
         results = []
         for target in (jpath, *{Path(d) for d in lay.dirs()}):

@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 
 import filecord
-from filecord import _sys, transfer
+from filecord import _sys, _transfer
 from support.faultfs import (
     PENDING_SUFFIX,
     RECOVER_OPS,
@@ -164,22 +164,22 @@ def test_power_cut_at_every_destructive_call(tmp_path: Path, spec_name: str, mod
 @contextmanager
 def fsync_skipped_before_truncates(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The mutation: a move's fsyncs of its temps do nothing (the seed PR's original bug F3:
-    truncate the source before the copy is durable).  ``transfer.Counters.fsync`` is a no-op
-    while ``transfer.move_source`` runs."""
-    real_move = transfer.move_source
-    real_fsync = transfer.Counters.fsync
+    truncate the source before the copy is durable).  ``_transfer.Counters.fsync`` is a no-op
+    while ``_transfer.move_source`` runs."""
+    real_move = _transfer.move_source
+    real_fsync = _transfer.Counters.fsync
 
-    def no_fsync(self: transfer.Counters, fd: int) -> None:
+    def no_fsync(self: _transfer.Counters, fd: int) -> None:
         return None
 
     def move_without_fsync(*args: Any, **kwargs: Any) -> Any:
-        monkeypatch.setattr(transfer.Counters, "fsync", no_fsync)
+        monkeypatch.setattr(_transfer.Counters, "fsync", no_fsync)
         try:
             return real_move(*args, **kwargs)
         finally:
-            monkeypatch.setattr(transfer.Counters, "fsync", real_fsync)
+            monkeypatch.setattr(_transfer.Counters, "fsync", real_fsync)
 
-    monkeypatch.setattr(transfer, "move_source", move_without_fsync)
+    monkeypatch.setattr(_transfer, "move_source", move_without_fsync)
     yield
 
 

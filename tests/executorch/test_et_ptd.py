@@ -10,7 +10,7 @@ import pytest
 from et_helpers import write_cord
 
 from filecord import _sys
-from filecord.data import FileBackedData
+from filecord._data import FileBackedData
 from filecord.executorch import (
     InvalidTagError,
     NamedDataConflictError,

@@ -9,7 +9,7 @@ import pytest
 from et_helpers import BIAS, DELEGATE_BLOB, WEIGHT, sample_program, write_cord
 
 from filecord import _sys
-from filecord.data import FileBackedData
+from filecord._data import FileBackedData
 from filecord.executorch import (
     Aligned,
     NamedDataStore,

@@ -16,7 +16,7 @@ import numpy as np
 
 import filecord
 from filecord import _sys
-from filecord.data import FileBackedData
+from filecord._data import FileBackedData
 from filecord.gguf import GGMLType, GGUFWriter
 from support.faultfs import FaultFS, Tracer
 

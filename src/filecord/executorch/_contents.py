@@ -14,8 +14,8 @@ import math
 import os
 from dataclasses import dataclass
 
-from filecord.cord import Cord
-from filecord.data import FileBackedData
+from filecord._cord import Cord
+from filecord._data import FileBackedData
 from filecord.executorch import _fbread
 from filecord.executorch._delegates import XNNPACK_ID, xnnpack_keys
 from filecord.executorch._fbschema import Table

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from filecord.cord import Cord, Piece
-from filecord.data import FileBackedData
+from filecord._cord import Cord, Piece
+from filecord._data import FileBackedData
 from filecord.executorch import _fbread
 from filecord.executorch._layout import PTD_HEADER_LENGTH
 from filecord.executorch._ptecheck import check_named_data, check_segments

@@ -18,8 +18,8 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from filecord.cord import Cord, PieceLike
-from filecord.data import FileBackedData
+from filecord._cord import Cord, PieceLike
+from filecord._data import FileBackedData
 
 PTE_HEADER_MAGIC = b"eh00"
 PTE_HEADER_LENGTH = 32  # magic, length, program_size, segment_base_offset, segment_data_size

@@ -35,11 +35,11 @@ import os
 from typing import Any
 
 from filecord import _sys
-from filecord.cord import Cord
-from filecord.data import FileBackedData
+from filecord._cord import Cord
+from filecord._data import FileBackedData
+from filecord._report import SaveReport
 from filecord.errors import DataChangedError, add_note
 from filecord.executorch.program import Program
-from filecord.report import SaveReport
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from filecord.data import FileBackedData
+from filecord._data import FileBackedData
 from filecord.executorch._layout import positive_int
 from filecord.executorch.errors import InvalidTagError, NamedDataConflictError
 from filecord.executorch.values import PtdEntry, TensorLayout

@@ -26,7 +26,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from filecord.cord import Cord, Writable
+from filecord._cord import Cord, Writable
+from filecord._plan import DEFAULT_WINDOW
+from filecord._preflight import CordLike, Target
+from filecord._report import SaveReport
+from filecord._save import ProgressCallback, plan, save_many
 from filecord.errors import add_note
 from filecord.executorch._cordptd import cord_entries
 from filecord.executorch._layout import positive_int
@@ -34,10 +38,6 @@ from filecord.executorch.errors import NamedDataConflictError
 from filecord.executorch.named_data import NamedDataStore, validate_tag
 from filecord.executorch.ptd import build_ptd
 from filecord.executorch.values import TensorLayout
-from filecord.plan import DEFAULT_WINDOW
-from filecord.preflight import CordLike, Target
-from filecord.report import SaveReport
-from filecord.save import ProgressCallback, plan, save_many
 
 log = logging.getLogger(__name__)
 

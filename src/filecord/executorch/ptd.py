@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from filecord import _sys
-from filecord.cord import Cord
-from filecord.data import FileBackedData
+from filecord._cord import Cord
+from filecord._data import FileBackedData
 from filecord.executorch import _fbread, _fbwrite
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import (

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from filecord import _sys
-from filecord.cord import Cord, PieceLike
-from filecord.data import FileBackedData
+from filecord._cord import Cord, PieceLike
+from filecord._data import FileBackedData
 from filecord.executorch import _fbread, _fbwrite
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import (

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from filecord.cord import Cord
-from filecord.data import FileBackedData
+from filecord._cord import Cord
+from filecord._data import FileBackedData
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import Aligned, piece_length, plan_segments, round_up
 from filecord.executorch.named_data import NamedDataStore

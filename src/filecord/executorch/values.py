@@ -6,8 +6,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from filecord.cord import Cord
-from filecord.data import FileBackedData
+from filecord._cord import Cord
+from filecord._data import FileBackedData
 from filecord.executorch._fbschema import Table
 from filecord.executorch.schema import flat_tensor_table
 

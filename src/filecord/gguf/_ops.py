@@ -20,14 +20,14 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
+from filecord._plan import DEFAULT_WINDOW
+from filecord._preflight import CordLike, Target
+from filecord._report import SaveReport
+from filecord._save import plan, save_many
 from filecord.gguf._build import build_gguf, build_split
 from filecord.gguf._read import GGUFModel, read_gguf
 from filecord.gguf._types import ARCH_KEY, DENSE, GGUFTensor, KeyValue, ValueType
 from filecord.gguf.errors import DuplicateTensorError, UnrepresentableError
-from filecord.plan import DEFAULT_WINDOW
-from filecord.preflight import CordLike, Target
-from filecord.report import SaveReport
-from filecord.save import plan, save_many
 from filecord.tensors import DType
 
 ProgressCallback = Callable[[int, int], None]

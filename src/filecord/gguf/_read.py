@@ -2,7 +2,7 @@
 
 The only I/O here is at the entry points: the header is read through ``filecord._sys`` in
 growing prefixes (1 MiB, then at least doubling, never past the file), so memory stays within
-twice the header; every tensor becomes a :class:`~filecord.data.FileBackedData` range of one
+twice the header; every tensor becomes a :class:`~filecord.FileBackedData` range of one
 whole-file piece, so all tensors of a file share one owner when read with ``owned=True``.
 """
 
@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from filecord import _sys
-from filecord.data import FileBackedData
+from filecord._data import FileBackedData
 from filecord.errors import DataChangedError
 from filecord.gguf._parse import Header, NeedMore, parse_header
 from filecord.gguf._types import (

@@ -7,7 +7,7 @@ steps, ``close``) and the bytes are the same.  The differences are the point:
 * nothing is written under the final name until ``close``: then every file (all the shards of
   a split set) is saved by one ``save_many`` transaction (temp beside the target, fsync,
   rename, directory fsync); a failure leaves the old files and no partial one;
-* ``add_tensor`` also takes torch tensors, file ranges (:class:`~filecord.data.FileBackedData`,
+* ``add_tensor`` also takes torch tensors, file ranges (:class:`~filecord.FileBackedData`,
   moved with ``consume=True``) and callables that produce a tensor when its turn comes, so a
   script streams: each produced tensor is written at once to an owned scratch file beside the
   output and dropped (host memory: the tensor being produced), and the save moves those bytes
@@ -30,7 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from filecord import _sys
-from filecord.data import FileBackedData
+from filecord._data import FileBackedData
+from filecord._plan import DEFAULT_WINDOW
+from filecord._preflight import CordLike, Target
+from filecord._report import SaveReport
+from filecord._save import plan, save_many
 from filecord.gguf._build import build_split
 from filecord.gguf._pieces import to_tensor
 from filecord.gguf._types import (
@@ -42,10 +46,6 @@ from filecord.gguf._types import (
     ValueType,
 )
 from filecord.gguf.errors import DuplicateTensorError
-from filecord.plan import DEFAULT_WINDOW
-from filecord.preflight import CordLike, Target
-from filecord.report import SaveReport
-from filecord.save import plan, save_many
 
 log = logging.getLogger(__name__)
 ProgressCallback = Callable[[int, int], None]
@@ -108,7 +108,7 @@ class _Spilled:
 
 class GGUFWriter:
     """gguf-py's ``GGUFWriter`` calls; see the module notes.  ``close()`` saves and returns
-    the :class:`~filecord.report.SaveReport` (also kept as ``.report``)."""
+    the :class:`~filecord.SaveReport` (also kept as ``.report``)."""
 
     def __init__(self, path: str | os.PathLike[str], arch: str, use_temp_file: bool = False,  # noqa: FBT001, FBT002
                  *, split_max_tensors: int = 0, split_max_size: int = 0,

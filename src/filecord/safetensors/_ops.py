@@ -20,10 +20,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from filecord.data import FileBackedData
-from filecord.plan import DEFAULT_WINDOW
-from filecord.preflight import CordLike, Target
-from filecord.report import SaveReport
+from filecord._data import FileBackedData
+from filecord._plan import DEFAULT_WINDOW
+from filecord._preflight import CordLike, Target
+from filecord._report import SaveReport
+from filecord._save import plan, save, save_many
 from filecord.safetensors._ptdtypes import safetensors_dtype_of, scalar_type_of
 from filecord.safetensors._read import SafetensorsFile, SafetensorsIndex, read_safetensors
 from filecord.safetensors._write import (
@@ -34,7 +35,6 @@ from filecord.safetensors._write import (
     stale_files,
 )
 from filecord.safetensors.errors import DuplicateTensorError, UnrepresentableError
-from filecord.save import plan, save, save_many
 from filecord.tensors import NamedTensor
 
 ProgressCallback = Callable[[int, int], None]

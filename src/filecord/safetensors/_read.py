@@ -2,7 +2,7 @@
 
 The only I/O here is at the entry points: the first 8 bytes and the header are read through
 ``filecord._sys`` (at most ``min(N, file size)`` bytes, N capped by the format), then every
-tensor becomes a :class:`~filecord.data.FileBackedData` range of one whole-file piece, so all
+tensor becomes a :class:`~filecord.FileBackedData` range of one whole-file piece, so all
 tensors of a file share one owner when the file is read with ``owned=True``.
 """
 
@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 
 from filecord import _sys
-from filecord.data import FileBackedData
+from filecord._data import FileBackedData
 from filecord.errors import DataChangedError
 from filecord.safetensors._format import Header, decode_json, header_size, parse_header
 from filecord.safetensors.errors import InvalidIndexError

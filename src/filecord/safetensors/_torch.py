@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from filecord.plan import DEFAULT_WINDOW
-from filecord.report import SaveReport
+from filecord._plan import DEFAULT_WINDOW
+from filecord._report import SaveReport
+from filecord._save import save, save_many
 from filecord.safetensors._write import (
     build_file,
     index_name,
@@ -36,7 +37,6 @@ from filecord.safetensors._write import (
     stale_files,
 )
 from filecord.safetensors.errors import SharedTensorsError
-from filecord.save import save, save_many
 from filecord.tensors import DType, NamedTensor
 
 ProgressCallback = Callable[[int, int], None]

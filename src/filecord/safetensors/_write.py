@@ -25,9 +25,9 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Literal
 
 from filecord import _sys
-from filecord.cord import Cord
-from filecord.data import FileBackedData
-from filecord.preflight import CordLike, Target
+from filecord._cord import Cord
+from filecord._data import FileBackedData
+from filecord._preflight import CordLike, Target
 from filecord.safetensors._format import (
     canonical_order,
     encode_header,

@@ -9,7 +9,7 @@ is created, changed or deleted, whatever a journal says.
 
 * **A file argument** must be named like a journal (``.NAME.TOKEN.filecord-journal``,
   ``-rollback`` or ``-committed``), be a regular file, and hold a record whose checksum holds
-  (one of its two copies) and whose paths ``journal.confine`` accepts.  Anything else is refused
+  (one of its two copies) and whose paths ``_journal.confine`` accepts.  Anything else is refused
   with :class:`RecoverError` before a byte is changed.
 * **A directory** is scanned and its token-named files grouped by token.  Per save:
 
@@ -44,7 +44,7 @@ import stat as stat_mod
 from dataclasses import dataclass, field
 from typing import Literal
 
-from filecord import _lockfile, _names, _sys, _undo, journal, transfer
+from filecord import _journal, _lockfile, _names, _sys, _transfer, _undo
 from filecord._stage import Stage, of_journal_suffix
 from filecord.errors import DataChangedError, RecoverError, add_note
 
@@ -120,7 +120,7 @@ def _refuse(where: str, why: str, notes: list[str] | None = None) -> Recovered:
 def _recover_file(path: str, st: os.stat_result) -> Recovered:
     parsed = _names.parse(os.path.basename(path))
     if parsed is None or parsed[1] not in _names.JOURNALS:
-        raise journal.NotAJournalError(
+        raise _journal.NotAJournalError(
             f"{path} is not a filecord journal (journals are named "
             ".NAME.TOKEN.filecord-journal, -rollback or -committed); nothing was touched"
         )
@@ -232,7 +232,7 @@ def _read(path: str) -> bytes:
     try:
         size = _sys.fstat(fd).st_size
         if size > JOURNAL_LIMIT:
-            raise journal.NotAJournalError(f"{path} is {size} bytes: not a filecord journal")
+            raise _journal.NotAJournalError(f"{path} is {size} bytes: not a filecord journal")
         return _sys.read_all(fd, 0, size)
     finally:
         _sys.close(fd)
@@ -247,7 +247,7 @@ class _ForeignLockError(Exception):
 
 
 def _lock_all(
-    j: journal.Journal, held: dict[str, tuple[str, int]], pointer: str
+    j: _journal.Journal, held: dict[str, tuple[str, int]], pointer: str
 ) -> dict[str, tuple[str, int]]:
     """Take the lock file of every directory of the save.
 
@@ -287,8 +287,8 @@ def _recover_journal(
     locks = dict(held)
     try:
         try:
-            j = journal.decode(_read(path))
-            journal.confine(j, path)
+            j = _journal.decode(_read(path))
+            _journal.confine(j, path)
         except (RecoverError, OSError) as exc:  # OSError: e.g. ELOOP, the name is a symlink
             return _refuse(path, f"{exc}; nothing was touched")
         if j.token != token:
@@ -320,7 +320,7 @@ def _recover_journal(
     return result
 
 
-def _act(path: str, j: journal.Journal, stage: Stage) -> Recovered:
+def _act(path: str, j: _journal.Journal, stage: Stage) -> Recovered:
     outputs = tuple(o.final for o in j.outputs)
     sources = tuple(s.path for s in j.sources)
     if stage is Stage.HELD:
@@ -346,7 +346,7 @@ def _act(path: str, j: journal.Journal, stage: Stage) -> Recovered:
             path = rollback
         temps = _undo.open_temps(j)
         try:
-            _undo.roll_back(j, temps, transfer.Counters())
+            _undo.roll_back(j, temps, _transfer.Counters())
         finally:
             _undo.close_all(temps)
         _undo.remove_temps(j)

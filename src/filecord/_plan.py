@@ -1,6 +1,6 @@
 """Pure planning: outputs + options + facts about files -> what a save will do, and why.
 
-Nothing here touches the disk.  ``facts.py`` gathers the stat results and file-system
+Nothing here touches the disk.  ``_facts.py`` gathers the stat results and file-system
 capabilities at the edge; this module turns them into a :class:`SavePlan` that lists, for every
 file-backed piece, whether it will be cloned, moved or copied (with the reason for every copy
 made under ``consume=True``) and the predicted peak disk per file system.  Because every

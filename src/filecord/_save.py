@@ -5,7 +5,7 @@ Theory of operation
 Every file the save creates or renames carries its random token (``_names``); the stage is
 held in ``Txn.stage`` and moves only along ``_stage``'s table.
 
-1. Preflight (``preflight.py``): sources hold their bytes, no output is a source, directories
+1. Preflight (``_preflight.py``): sources hold their bytes, no output is a source, directories
    exist and are writable, the predicted peak fits.  Nothing exists yet.
 2. CREATED: a lock file ``.NAME.TOKEN.filecord-lock`` is created and ``flock``ed in every
    directory that will hold a temp (``_lockfile``), then temps ``.NAME.TOKEN.partial``
@@ -20,7 +20,7 @@ held in ``Txn.stage`` and moves only along ``_stage``'s table.
    leaves no journal name, which proves nothing destructive happened.
 5. MOVING: every source the save will shorten or delete is renamed to
    ``.NAME.TOKEN.filecord-src`` (its directory fsynced), so nothing but this save's token names
-   it while it is incomplete; then adoption renames and moves (``transfer.move_source``: per
+   it while it is incomplete; then adoption renames and moves (``_transfer.move_source``: per
    window copy, fsync the temps, check the source is still the size the move left it, truncate).
 6. COMMITTED: temps fsynced, the journal renamed to ``.filecord-committed`` and its directory
    fsynced (the commit point; without a journal, the single rename is).  RENAMED: each temp
@@ -40,17 +40,17 @@ import os
 import time
 from collections.abc import Mapping
 
-from filecord import _fill, _journaling, _lockfile, _names, _sys, _undo, journal, transfer
+from filecord import _fill, _journal, _journaling, _lockfile, _names, _sys, _transfer, _undo
+from filecord._cord import Cord
 from filecord._failure import close_descriptors, close_descriptors_quietly
 from filecord._failure import fail as _fail
+from filecord._plan import DEFAULT_WINDOW, MoveSource, PieceAction
+from filecord._preflight import CordLike, Prepared, Target, check_space, normalize, prepare
+from filecord._report import SaveReport
 from filecord._stage import Stage
 from filecord._txn import ProgressCallback as ProgressCallback
 from filecord._txn import Txn
-from filecord.cord import Cord
 from filecord.errors import DataChangedError, FilecordError, SaveError, add_note
-from filecord.plan import DEFAULT_WINDOW, MoveSource, PieceAction
-from filecord.preflight import CordLike, Prepared, Target, check_space, normalize, prepare
-from filecord.report import SaveReport
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ def _move(txn: Txn, m: MoveSource) -> None:
                                    reason="another process changed it before it was moved")
         temps = [fd_ if fd_ is not None else -1 for fd_ in txn.fds]
         txn.moving = m.key
-        transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance,
+        _transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance,
                              seen=st)
         txn.moving = None
     except BaseException:
@@ -244,7 +244,7 @@ def _move(txn: Txn, m: MoveSource) -> None:
         txn.dirty.discard(txn.fds[ref.output] or -1)
 
 
-def _adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
+def _adopt(txn: Txn, m: MoveSource, src: _journal.JournalSource) -> None:
     """Rename the whole source onto its output's temp: the move of a file that is an output.
 
     The empty temp claimed the name (O_EXCL) and the journal names both paths, so a crash on

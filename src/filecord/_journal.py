@@ -9,7 +9,7 @@ name never holds a torn record after a crash: whatever fails to parse there was 
 
 The stage of the transaction is not in the content at all but in the file's *name* (see
 ``_stage``): renames are atomic, and damage to the bytes cannot turn "roll back" into
-"finish".  ``save.py`` writes the file; ``recover.py`` reads it; ``_undo.py`` acts on it.
+"finish".  ``_save.py`` writes the file; ``_recover.py`` reads it; ``_undo.py`` acts on it.
 
 Temp and renamed-source paths are not stored: they are derived from the final and source paths
 and the token (``_names``), so a crafted record cannot point recovery at other files.
@@ -25,8 +25,8 @@ import os
 from dataclasses import dataclass
 
 from filecord import _names
+from filecord._plan import MoveSource, PieceRef
 from filecord.errors import RecoverError
-from filecord.plan import MoveSource, PieceRef
 
 VERSION = 2
 MAGIC = b"filecord-journal 2\n"

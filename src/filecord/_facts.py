@@ -17,7 +17,7 @@ import secrets
 import stat as stat_mod
 
 from filecord import _sys
-from filecord.plan import BLOCK, CLONING_FILESYSTEMS, NO_HOLE_FILESYSTEMS, FsFacts
+from filecord._plan import BLOCK, CLONING_FILESYSTEMS, NO_HOLE_FILESYSTEMS, FsFacts
 
 _clone_cache: dict[int, bool] = {}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from filecord.plan import FsPeak, PieceAction
+from filecord._plan import FsPeak, PieceAction
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from filecord import _sys
-from filecord.cord import Cord, PieceLike
-from filecord.data import FileBackedData
-from filecord.errors import InsufficientSpaceError, SaveError, SourceIsOutputError
-from filecord.facts import fs_facts, kernel_path, mount_id, mount_table, resolve_target
-from filecord.plan import (
+from filecord._cord import Cord, PieceLike
+from filecord._data import FileBackedData
+from filecord._facts import fs_facts, kernel_path, mount_id, mount_table, resolve_target
+from filecord._plan import (
     BLOCK,
     FsFacts,
     OutputFacts,
@@ -27,6 +26,7 @@ from filecord.plan import (
     SourceFacts,
     make_plan,
 )
+from filecord.errors import InsufficientSpaceError, SaveError, SourceIsOutputError
 
 Target = str | os.PathLike[str]
 CordLike = Cord | PieceLike | list[PieceLike] | tuple[PieceLike, ...]

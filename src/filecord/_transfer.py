@@ -35,8 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from filecord import _sys
+from filecord._plan import MoveSource, PieceRef, cover
 from filecord.errors import DataChangedError
-from filecord.plan import MoveSource, PieceRef, cover
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ import weakref
 from dataclasses import dataclass
 
 from filecord import _names, _sys
+from filecord._facts import kernel_path
 from filecord.errors import DataChangedError
-from filecord.facts import kernel_path
 
 CHUNK = 8 << 20  # one reusable read buffer; bounds host memory of every streamed read
 
