@@ -1,7 +1,13 @@
-"""What the CLI modules share: argument types and the usage error.
+"""What the CLI modules share: exit codes, the usage error, the common options, argument types
+and human units.
 
-Kept apart from ``cli.py`` so that ``python -m filecord.cli`` (where ``cli`` runs as
-``__main__``) and the command modules see one and the same :class:`UsageError`.
+A leaf: it imports no other CLI module, so every command module (and ``cli.py``, which only
+assembles them) can import it without a cycle.  Kept apart from ``cli.py`` also so that
+``python -m filecord.cli`` (where ``cli`` runs as ``__main__``) and the command modules see one
+and the same :class:`UsageError`.
+
+Every command module has the same entry point, ``register(subparsers)``, which adds its
+sub-commands and sets each one's ``func``; a ``func`` returns the exit status.
 """
 
 from __future__ import annotations
@@ -13,9 +19,14 @@ import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
-from typing import Any
+from typing import Any, TypeAlias
 
 from filecord._plan import BLOCK
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+# What ``ArgumentParser.add_subparsers()`` returns: the one argument of every ``register``.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 class UsageError(Exception):
@@ -42,6 +53,22 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    """The options every saving command takes: ``-q``, ``--json``, ``-v``."""
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or chatter")
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
+
+
+def human(n: float) -> str:
+    """``1536`` -> ``"1.50 KiB"``: binary units, whole bytes below one KiB."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"  # pragma: no cover - loop always returns
 
 
 _UNITS = {

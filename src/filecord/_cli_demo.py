@@ -13,19 +13,20 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from filecord import _cli_demo_model, _sys
 from filecord._cli_common import (
+    Subparsers,
     UsageError,
+    add_common,
+    human,
     parse_size,
     parse_window,
     positive_int,
@@ -113,7 +114,7 @@ def run_once(
     got = read_ptd(out).entries
     verified = all(_sha(got[f"engine{i}"].data) == d for i, (_p, d) in enumerate(made))
     if consume:
-        verified = verified and not any(os.path.exists(p) for p, _d in made)
+        verified = verified and not any(_sys.exists(p) for p, _d in made)
     del got
     _sys.unlink(out)
     for p, _d in made:
@@ -121,7 +122,7 @@ def run_once(
     return RunResult(mode, seconds, sampler.peak, rss, report, verified)
 
 
-def _table(results: list[RunResult], total: int, human: Callable[[float], str]) -> str:
+def _table(results: list[RunResult], total: int) -> str:
     rows = [("mode", "time", "peak disk / data", "peak RSS +", "pieces", "verified")]
     for r in results:
         acts = r.report.bytes_by_action()
@@ -175,7 +176,7 @@ def _workdir(parent: str, *, keep: bool) -> Iterator[str]:
     made: list[str] = []
     try:
         try:
-            made.append(tempfile.mkdtemp(prefix="filecord-demo-", dir=parent))
+            made.append(_sys.mkdtemp("filecord-demo-", parent))
         finally:
             if main:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP)  # a pending one raises here
@@ -184,7 +185,7 @@ def _workdir(parent: str, *, keep: bool) -> Iterator[str]:
         saved = {s: signal.signal(s, signal.SIG_IGN) for s in _STOP} if main else {}
         try:
             if made and not keep:
-                shutil.rmtree(made[0], ignore_errors=True)
+                _sys.rmtree(made[0], ignore_errors=True)
         finally:
             for s, h in saved.items():
                 signal.signal(s, h)
@@ -192,10 +193,10 @@ def _workdir(parent: str, *, keep: bool) -> Iterator[str]:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 
-def _work_parent(args: argparse.Namespace, human: Callable[[float], str]) -> str:
+def _work_parent(args: argparse.Namespace) -> str:
     """Where the demo may work: an existing directory with room for the copy's peak."""
-    parent: str = args.dir or tempfile.gettempdir()
-    if not os.path.isdir(parent):
+    parent: str = args.dir or _sys.gettempdir()
+    if not _sys.isdir(parent):
         raise UsageError(f"--dir {parent}: no such directory")
     vfs = _sys.statvfs(parent)
     free = vfs.f_bavail * vfs.f_frsize
@@ -208,13 +209,11 @@ def _work_parent(args: argparse.Namespace, human: Callable[[float], str]) -> str
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from filecord.cli import human
-
     total: int = args.size
     if total < args.pieces:
         raise UsageError(f"--size ({total} bytes) must be at least one byte per piece "
                          f"(--pieces {args.pieces})")
-    parent = _work_parent(args, human)
+    parent = _work_parent(args)
     results: list[RunResult] = []
     quiet = args.quiet or args.json
     model: ModelResult | None = None
@@ -242,7 +241,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "model": _model_json(model),
         }, indent=2))
         return 0 if ok else 1
-    print(_table(results, total, human))
+    print(_table(results, total))
     for r in results:
         reasons = r.report.copy_reasons()
         if reasons:
@@ -261,8 +260,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = sub.add_parser(
+def register(subparsers: Subparsers) -> None:
+    p = subparsers.add_parser(
         "demo",
         help="save synthetic engine files by copy and by move, verify, compare",
         description="Generate synthetic engine files (1 GiB by default), pack them as named "

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from filecord import _sys
 from filecord._report import SaveReport
 
 
@@ -61,21 +62,21 @@ def _silenced() -> Iterator[None]:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    devnull = os.open(os.devnull, os.O_WRONLY)
+    saved = [_sys.dup(1), _sys.dup(2)]
+    devnull = _sys.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
+        _sys.dup2(devnull, 1)
+        _sys.dup2(devnull, 2)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
+        _sys.dup2(saved[0], 1)
+        _sys.dup2(saved[1], 2)
         for fd in (*saved, devnull):
-            os.close(fd)
+            _sys.close(fd)
 
 
 def _run(directory: str, torch: Any, export: Any, save: Any, save_state_dict: Any) -> ModelResult:
@@ -106,5 +107,5 @@ def _run(directory: str, torch: Any, export: Any, save: Any, save_state_dict: An
     err = float((got - expected).abs().max())
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     for p in (pte, ptd):
-        os.unlink(p)
+        _sys.unlink(p)
     return ModelResult(seconds, weights, err, report, err <= 1e-5)

@@ -17,12 +17,13 @@ import sys
 from typing import Any
 
 from filecord import _cli_safetensors, _sys
+from filecord._cli_common import Subparsers
 from filecord.errors import FormatError
 from filecord.executorch import PtdFile, PteFile, TensorLayout, read_ptd, read_pte
 from filecord.executorch._contents import contents
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "inspect",
         help="what an ExecuTorch .pte/.ptd holds and needs, or the layout of a safetensors "
@@ -446,7 +447,7 @@ def run_verify(args: argparse.Namespace) -> int:
     from filecord.executorch.verify import verify
 
     odd = [(p, why) for p in (args.pte, *args.data)
-           if os.path.lexists(p) and (why := _not_regular(p)) is not None]
+           if _sys.lexists(p) and (why := _not_regular(p)) is not None]
     for p, why in odd:
         print(f"filecord verify: {p}: {why}", file=sys.stderr)
     if odd:

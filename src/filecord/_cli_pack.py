@@ -11,11 +11,10 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
 from typing import Any, TextIO
 
 from filecord import _sys
-from filecord._cli_common import UsageError, parse_window
+from filecord._cli_common import Subparsers, UsageError, add_common, human, parse_window
 from filecord._cli_progress import Bar
 from filecord._data import FileBackedData
 from filecord._plan import DEFAULT_WINDOW
@@ -39,7 +38,7 @@ def parse_specs(specs: list[str]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     seen: dict[str, str] = {}
     for spec in specs:
-        if "=" in spec and not os.path.exists(spec):
+        if "=" in spec and not _sys.exists(spec):
             key, path = spec.split("=", 1)
             if not key:
                 raise UsageError(f"empty key in {spec!r}")
@@ -50,8 +49,8 @@ def parse_specs(specs: list[str]) -> list[tuple[str, str]]:
             if key and not _is_text(key):
                 raise UsageError(f"the name of {spec!r} is not valid UTF-8 and a .ptd key is "
                                  f"text: give it a key, KEY={spec}")
-        if not os.path.isfile(path):
-            what = "not a regular file" if os.path.exists(path) else "no such file"
+        if not _sys.isfile(path):
+            what = "not a regular file" if _sys.exists(path) else "no such file"
             raise UsageError(f"{path}: {what}")
         if key in seen:
             raise UsageError(f"key {key!r} given twice ({seen[key]} and {path})")
@@ -75,9 +74,7 @@ def _cord(args: argparse.Namespace) -> tuple[Any, list[FileBackedData]]:
     return build_ptd(entries, segment_alignment=max(128, args.align)), [d for _k, d in datas]
 
 
-def _render(
-    report: SaveReport, args: argparse.Namespace, human: Callable[[float], str], out: TextIO
-) -> None:
+def _render(report: SaveReport, args: argparse.Namespace, out: TextIO) -> None:
     if args.json:
         print(json.dumps(report.to_dict(), indent=2), file=out)
         return
@@ -105,7 +102,6 @@ def _is_stdout(path: str) -> bool:
 
 def cmd_pack(args: argparse.Namespace) -> int:
     from filecord._save import plan, save
-    from filecord.cli import human
 
     cord, datas = _cord(args)  # a UsageError is rendered by main (exit 2)
     # The report goes to stderr when the artifact itself goes to stdout, never into the stream.
@@ -122,16 +118,16 @@ def cmd_pack(args: argparse.Namespace) -> int:
         # already removed them): after a dry run or a failure they must stay where they are.
         for d in datas:
             d.detach_cleanup()
-    _render(report, args, human, report_to)
+    _render(report, args, report_to)
     return 0 if all(p.fits for p in report.peaks) or not report.dry_run else 1
 
 
-def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
+def register(subparsers: Subparsers) -> None:
     for name, help_ in (
         ("pack", "pack files as named entries into an ExecuTorch .ptd, atomically"),
         ("plan", "show what `pack` would do (move, clone or copy, and why) without writing"),
     ):
-        p = sub.add_parser(name, help=help_, description=help_ + ". Keys default to the "
+        p = subparsers.add_parser(name, help=help_, description=help_ + ". Keys default to the "
                            "files' names; with --consume the files are moved in and deleted.")
         p.add_argument("out", metavar="OUT.ptd", help="the data file to write")
         p.add_argument("files", nargs="+", metavar="[KEY=]FILE", help="entries to pack")

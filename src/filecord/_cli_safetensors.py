@@ -17,9 +17,10 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
+from filecord import _sys
+from filecord._cli_common import EXIT_USAGE, Subparsers, add_common, parse_size
 from filecord._cli_pack import _render
 from filecord._cli_progress import Bar
 from filecord._cord import Cord
@@ -27,13 +28,9 @@ from filecord._data import FileBackedData
 from filecord._plan import DEFAULT_WINDOW
 from filecord._report import SaveReport
 
-EXIT_USAGE = 2
-
 
 def _finish(report: SaveReport, args: argparse.Namespace) -> int:
-    from filecord.cli import human
-
-    _render(report, args, human, sys.stdout)
+    _render(report, args, sys.stdout)
     return 0 if not report.dry_run or all(p.fits for p in report.peaks) else 1
 
 
@@ -44,7 +41,7 @@ def _usage(args: argparse.Namespace, message: str) -> int:
 
 def _check_inputs(paths: list[str]) -> str | None:
     for p in paths:
-        if not os.path.isfile(p):
+        if not _sys.isfile(p):
             return f"{p}: no such file"
     return None
 
@@ -119,7 +116,7 @@ def cmd_reshard(args: argparse.Namespace) -> int:
     bad = _check_inputs(args.inputs)
     if bad:
         return _usage(args, bad)
-    if not os.path.isdir(args.outdir):
+    if not _sys.isdir(args.outdir):
         return _usage(args, f"{args.outdir}: not a directory")
     if args.pattern is not None and "{suffix}" not in args.pattern:
         return _usage(args, f"--pattern must contain {{suffix}}: {args.pattern!r}")
@@ -210,9 +207,7 @@ def is_safetensors(path: str, head: bytes) -> bool:
     return len(head) >= 9 and head[8:9] == b"{"
 
 
-def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
-    from filecord.cli import parse_size
-
+def register(subparsers: Subparsers) -> None:
     def common(p: argparse.ArgumentParser, align_help: str) -> None:
         p.add_argument("--consume", action="store_true",
                        help="move the inputs' bytes into the output(s); the inputs are deleted")
@@ -224,7 +219,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
                        help=f"consume sync window [{DEFAULT_WINDOW >> 20}MiB]")
         add_common(p)
 
-    m = sub.add_parser(
+    m = subparsers.add_parser(
         "merge", help="merge safetensors files/indexes into one .safetensors, or .ptd files "
         "into one .ptd, or a GGUF split set into one .gguf",
         description="Merge checkpoints without loading them. OUT.gguf: IN is the first shard "
@@ -238,7 +233,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
            "segment alignment [128]; .gguf: general.alignment [the input's]")
     m.set_defaults(func=cmd_merge)
 
-    r = sub.add_parser(
+    r = subparsers.add_parser(
         "reshard", help="split or reshard safetensors (shards and an index) or GGUF (gguf-split "
         "shards)",
         description="Write IN... (files or *.index.json) as shards of at most "
@@ -259,7 +254,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     common(r, "data-start alignment of each shard [8]")
     r.set_defaults(func=cmd_reshard)
 
-    c = sub.add_parser(
+    c = subparsers.add_parser(
         "convert", help="convert .safetensors (or an index) to ExecuTorch .ptd or GGUF, and .ptd "
         "back to safetensors",
         description="Convert between safetensors and ExecuTorch .ptd, keeping every tensor's "

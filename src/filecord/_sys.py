@@ -23,7 +23,10 @@ import errno
 import fcntl
 import mmap
 import os
+import shutil
+import stat as _stat_mod
 import sys
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -151,13 +154,30 @@ class Backend:
     def access(self, path: str, mode: int) -> bool:
         return os.access(path, mode)
 
+    def realpath(self, path: str) -> str:
+        return os.path.realpath(path)
+
+    def getcwd(self) -> str:
+        return os.getcwd()
+
+    # --- the CLI's own: descriptors it redirects, the demo's work directory ---------------
+    def dup(self, fd: int) -> int:
+        return os.dup(fd)
+
+    def dup2(self, fd: int, fd2: int) -> int:
+        return os.dup2(fd, fd2)
+
+    def gettempdir(self) -> str:
+        return tempfile.gettempdir()
+
+    def mkdtemp(self, prefix: str, parent: str) -> str:
+        return tempfile.mkdtemp(prefix=prefix, dir=parent)
+
+    def rmtree(self, path: str, ignore_errors: bool) -> None:  # noqa: FBT001 - as shutil's
+        shutil.rmtree(path, ignore_errors=ignore_errors)
+
 
 _active: Backend = Backend()
-
-
-def active() -> Backend:
-    """The backend in use (tests read counters from it)."""
-    return _active
 
 
 @contextlib.contextmanager
@@ -312,6 +332,46 @@ def access(path: str, mode: int) -> bool:
     return _active.access(path, mode)
 
 
+def realpath(path: str) -> str:
+    """The path with every symlink, ``.`` and ``..`` resolved (as ``os.path.realpath``)."""
+    _active.hook("realpath", (path,))
+    return _active.realpath(path)
+
+
+def getcwd() -> str:
+    _active.hook("getcwd", ())
+    return _active.getcwd()
+
+
+def dup(fd: int) -> int:
+    _active.hook("dup", (fd,))
+    return _active.dup(fd)
+
+
+def dup2(fd: int, fd2: int) -> int:
+    _active.hook("dup2", (fd, fd2))
+    return _active.dup2(fd, fd2)
+
+
+def gettempdir() -> str:
+    """The system temp directory (``tempfile`` may create and remove a probe file to pick it)."""
+    _active.hook("gettempdir", ())
+    return _active.gettempdir()
+
+
+def mkdtemp(prefix: str, parent: str) -> str:
+    """A new directory ``parent/prefix<random>``, mode 0700; returns its path."""
+    _active.hook("mkdtemp", (prefix, parent))
+    return _active.mkdtemp(prefix, parent)
+
+
+def rmtree(path: str, *, ignore_errors: bool = False) -> None:
+    """Remove the directory ``path`` and everything under it (with ``ignore_errors``, as much
+    of it as can be removed, silently)."""
+    _active.hook("rmtree", (path,))
+    _active.rmtree(path, ignore_errors)
+
+
 # --- small helpers built only on the calls above --------------------------------------------
 
 
@@ -402,6 +462,46 @@ def unlink_if_same(
         return False
     unlink_missing_ok(path)
     return True
+
+
+def exists(path: str) -> bool:
+    """Whether ``path`` names something (symlinks followed), as ``os.path.exists``."""
+    try:
+        stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def lexists(path: str) -> bool:
+    """Whether ``path`` names something, a dangling symlink included (``os.path.lexists``)."""
+    try:
+        lstat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def isfile(path: str) -> bool:
+    """Whether ``path`` names a regular file (symlinks followed), as ``os.path.isfile``."""
+    try:
+        return _stat_mod.S_ISREG(stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def isdir(path: str) -> bool:
+    """Whether ``path`` names a directory (symlinks followed), as ``os.path.isdir``."""
+    try:
+        return _stat_mod.S_ISDIR(stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def abspath(path: str) -> str:
+    """``path`` made absolute against the working directory and normalised, as
+    ``os.path.abspath`` (only a relative path asks for the working directory)."""
+    return os.path.normpath(path if os.path.isabs(path) else os.path.join(getcwd(), path))
 
 
 def _parent(path: str) -> str:

@@ -10,74 +10,31 @@ traceback is shown only with ``-vv``).
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
 import logging
 import os
 import sys
 import traceback
 from collections.abc import Sequence
 
-from filecord import __version__
+from filecord import (
+    __version__,
+    _cli_demo,
+    _cli_executorch,
+    _cli_pack,
+    _cli_recover,
+    _cli_safetensors,
+    _sys,
+)
+from filecord._cli_common import EXIT_FAIL as EXIT_FAIL
+from filecord._cli_common import EXIT_OK as EXIT_OK
+from filecord._cli_common import EXIT_USAGE as EXIT_USAGE
 from filecord._cli_common import Terminated, UsageError, sigterm_raises
+from filecord._cli_common import human as human  # part of this module's API
 from filecord._cli_common import parse_size as parse_size  # part of this module's API
 from filecord.errors import FilecordError
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"  # pragma: no cover - loop always returns
-
-
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or chatter")
-    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
-
-
-_RECOVER_WORDS = {
-    "finished": "completed the save: outputs in place, consumed sources removed",
-    "restored": "rolled back: sources restored byte-exact, temps removed",
-    "discarded": "removed the temps of a save that died before its journal",
-    "skipped": "skipped",
-    "refused": "refused",
-}
-
-
-def _cmd_recover(args: argparse.Namespace) -> int:
-    from filecord._journal import NotAJournalError
-    from filecord._recover import Recovered, recover
-    from filecord.errors import RecoverError
-
-    error: RecoverError | None = None
-    try:
-        done: list[Recovered] = recover(args.path)
-    except NotAJournalError as exc:
-        # A typo (`recover model.pte`): the file was not touched; say so as a usage error.
-        raise UsageError(f"{exc}; give a journal or the directory of the save") from exc
-    except RecoverError as exc:
-        error, done = exc, list(getattr(exc, "results", []))
-    if args.json:
-        print(json.dumps([
-            {"journal": r.journal, "action": r.action, "outputs": list(r.outputs),
-             "sources": list(r.sources), "detail": r.detail, "notes": list(r.notes)}
-            for r in done
-        ], indent=2))
-    elif not done and error is None:
-        print(f"nothing to recover in {args.path}")
-    else:
-        for r in done:
-            detail = f" ({r.detail})" if r.detail and r.action != "refused" else ""
-            if r.action != "refused":
-                print(f"{r.journal}: {_RECOVER_WORDS[r.action]}{detail}")
-    if error is not None:
-        raise error
-    return EXIT_OK
+# In the order ``filecord --help`` lists their commands.
+COMMANDS = (_cli_demo, _cli_pack, _cli_safetensors, _cli_recover, _cli_executorch)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,31 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"filecord {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    from filecord import _cli_demo, _cli_pack, _cli_safetensors
-
-    _cli_demo.register(sub, _add_common)
-    _cli_pack.register(sub, _add_common)
-    _cli_safetensors.register(sub, _add_common)
-
-    rec = sub.add_parser(
-        "recover",
-        help="finish or undo an interrupted save from its journal",
-        description="Finish (if it had committed) or roll back (if not) every interrupted save "
-        "whose journal is at PATH or whose files are in the directory PATH. A save still "
-        "running (its lock held) is skipped; a file that is not a journal, or a journal that "
-        "cannot be proven, is refused and nothing is touched (exit 1). Safe to run again.",
-    )
-    rec.add_argument("path", nargs="?", default=".", help="a journal file or a directory [.]")
-    _add_common(rec)
-    rec.set_defaults(func=_cmd_recover)
-
-    try:
-        formats_cli = importlib.import_module("filecord._cli_executorch")
-    except ModuleNotFoundError:  # pragma: no cover - present once the formats package is
-        pass
-    else:
-        formats_cli.register(sub)
+    for module in COMMANDS:
+        module.register(sub)
     return parser
 
 
@@ -127,9 +61,9 @@ def _safe_streams() -> None:
 def _drop_stdout() -> None:
     """Point stdout at /dev/null so that the interpreter's last flush cannot fail again."""
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        devnull = _sys.open(os.devnull, os.O_WRONLY)
+        _sys.dup2(devnull, sys.stdout.fileno())
+        _sys.close(devnull)
     except (OSError, ValueError):  # no real stdout to replace: nothing will be flushed to it
         pass
 

@@ -1,0 +1,66 @@
+"""``filecord recover [PATH]``: finish or undo interrupted saves; rendering only, the work is in
+:func:`filecord.recover`.
+
+Exit 0 when every journal found was handled (or there was none), 1 when one was refused or
+could not be handled, 2 when PATH is a file that is not a journal (nothing was touched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from filecord._cli_common import EXIT_OK, Subparsers, UsageError, add_common
+
+_WORDS = {
+    "finished": "completed the save: outputs in place, consumed sources removed",
+    "restored": "rolled back: sources restored byte-exact, temps removed",
+    "discarded": "removed the temps of a save that died before its journal",
+    "skipped": "skipped",
+    "refused": "refused",
+}
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    from filecord._journal import NotAJournalError
+    from filecord._recover import Recovered, recover
+    from filecord.errors import RecoverError
+
+    error: RecoverError | None = None
+    try:
+        done: list[Recovered] = recover(args.path)
+    except NotAJournalError as exc:
+        # A typo (`recover model.pte`): the file was not touched; say so as a usage error.
+        raise UsageError(f"{exc}; give a journal or the directory of the save") from exc
+    except RecoverError as exc:
+        error, done = exc, list(getattr(exc, "results", []))
+    if args.json:
+        print(json.dumps([
+            {"journal": r.journal, "action": r.action, "outputs": list(r.outputs),
+             "sources": list(r.sources), "detail": r.detail, "notes": list(r.notes)}
+            for r in done
+        ], indent=2))
+    elif not done and error is None:
+        print(f"nothing to recover in {args.path}")
+    else:
+        for r in done:
+            detail = f" ({r.detail})" if r.detail and r.action != "refused" else ""
+            if r.action != "refused":
+                print(f"{r.journal}: {_WORDS[r.action]}{detail}")
+    if error is not None:
+        raise error  # main prints it and its notes, exit 1
+    return EXIT_OK
+
+
+def register(subparsers: Subparsers) -> None:
+    rec = subparsers.add_parser(
+        "recover",
+        help="finish or undo an interrupted save from its journal",
+        description="Finish (if it had committed) or roll back (if not) every interrupted save "
+        "whose journal is at PATH or whose files are in the directory PATH. A save still "
+        "running (its lock held) is skipped; a file that is not a journal, or a journal that "
+        "cannot be proven, is refused and nothing is touched (exit 1). Safe to run again.",
+    )
+    rec.add_argument("path", nargs="?", default=".", help="a journal file or a directory [.]")
+    add_common(rec)
+    rec.set_defaults(func=cmd_recover)
