@@ -24,7 +24,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from filecord import _names
+from filecord import _names, _sys
 from filecord._plan import MoveSource, PieceRef
 from filecord.errors import RecoverError
 
@@ -232,7 +232,7 @@ def confine(j: Journal, journal_path: str) -> None:
             if d.out_offset + d.length > j.outputs[d.output].length:
                 raise JournalDamagedError(f"{journal_path}: {s.path}: range past the output")
     dirs = j.directories()
-    here = os.path.realpath(os.path.dirname(os.path.abspath(journal_path)))
+    here = _sys.realpath(os.path.dirname(_sys.abspath(journal_path)))
     if not dirs or dirs[0] != here:
         raise JournalDamagedError(
             f"{journal_path}: the journal is not in its first output's directory"

@@ -1,7 +1,8 @@
 """Measurement helpers for the demo and the benchmarks: peak RSS and peak allocated disk.
 
-They read ``/proc`` and ``st_blocks`` with ``os`` directly on purpose: these are observations
-of the save, not the save's own I/O, so they must not pass through (or count in) ``_sys``.
+They read ``/proc`` and ``st_blocks`` through a plain :class:`_sys.Backend` of their own, never
+through the active one, on purpose: these are observations of the save, not the save's own I/O,
+so they must not pass through its hooks (or count in them, or recurse into a sampler's hook).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import resource
 from typing import Any
 
 from filecord import _sys
+
+_REAL = _sys.Backend()  # the real calls, without the active backend's hook
 
 SAMPLE_OPS = frozenset({"fsync", "ftruncate", "rename", "unlink", "copy_file_range", "pwrite"})
 
@@ -27,8 +30,7 @@ class DiskSampler(_sys.Backend):
     def allocated(self) -> int:
         total = 0
         for directory in self.directories:
-            with os.scandir(directory) as entries:
-                total += sum(_blocks(e) for e in entries)
+            total += sum(_blocks(os.path.join(directory, n)) for n in _REAL.listdir(directory))
         return total
 
     def sample(self) -> int:
@@ -42,31 +44,47 @@ class DiskSampler(_sys.Backend):
             self.sample()
 
 
-def _blocks(entry: os.DirEntry[str]) -> int:
+def _blocks(path: str) -> int:
     try:
-        return entry.stat(follow_symlinks=False).st_blocks * 512
+        return _REAL.lstat(path).st_blocks * 512
     except FileNotFoundError:  # removed between the listing and the stat
         return 0
 
 
+def _read_proc(path: str) -> str:
+    fd = _REAL.open(path, os.O_RDONLY, 0)
+    try:
+        parts: list[bytes] = []
+        while chunk := _REAL.pread(fd, 65536, sum(map(len, parts))):
+            parts.append(chunk)
+        return b"".join(parts).decode("utf-8", "replace")
+    finally:
+        _REAL.close(fd)
+
+
 def _status(field: str) -> int | None:
     try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field):
-                    return int(line.split()[1]) * 1024
+        text = _read_proc("/proc/self/status")
     except OSError:
         return None
+    for line in text.splitlines():
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
     return None
 
 
 def rss_reset() -> None:
     """Reset the kernel's peak-RSS mark (Linux), so ``rss_peak`` measures from now."""
     try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
+        fd = _REAL.open("/proc/self/clear_refs", os.O_WRONLY, 0)
     except OSError:
         return
+    try:
+        _REAL.write(fd, b"5")
+    except OSError:
+        return
+    finally:
+        _REAL.close(fd)
 
 
 def rss_now() -> int:

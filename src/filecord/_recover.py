@@ -82,7 +82,7 @@ def recover(path: str | os.PathLike[str]) -> list[Recovered]:
     target = os.fspath(path)
     st = _sys.stat(target)  # a directory reached through a symlink is that directory
     if stat_mod.S_ISDIR(st.st_mode):
-        real = os.path.realpath(target)
+        real = _sys.realpath(target)
         results = [_recover_token(real, token, names)
                    for token, names in sorted(_scan(real).items())]
     else:
@@ -149,7 +149,7 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
         return _refuse(os.path.join(directory, others[0]),
                        "files of an interrupted save without its lock file: cannot prove the "
                        "save is over or that no journal needs them; nothing was touched")
-    lock = os.path.abspath(os.path.join(directory, locks[0]))
+    lock = _sys.abspath(os.path.join(directory, locks[0]))
     try:
         fd = _lockfile.acquire(lock)
     except _lockfile.LockBusyError:
@@ -209,7 +209,7 @@ def _read_pointer(fd: int, token: str) -> tuple[str | None, bool]:
 
 
 def _real_dir(path: str) -> str:
-    return os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    return _sys.realpath(os.path.dirname(_sys.abspath(path)))
 
 
 def _exists(path: str) -> bool:

@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
+from filecord import _sys
 from filecord._plan import DEFAULT_WINDOW
 from filecord._preflight import CordLike, Target
 from filecord._report import SaveReport
@@ -125,11 +126,11 @@ def reshard(
         out = os.fspath(output)
         stem = os.path.basename(out).removesuffix(".gguf")
         protect = [] if consume else [f.path for f in sources]
-        stale = stale_files(os.path.dirname(os.path.abspath(out)), stem + "{suffix}.gguf",
+        stale = stale_files(os.path.dirname(_sys.abspath(out)), stem + "{suffix}.gguf",
                             list(outs), protect)
         report = save_many(dict(outs.items()), consume=consume, window=window,
                            progress=progress)
-        remove_files([p for p in stale if os.path.lexists(p)])
+        remove_files([p for p in stale if _sys.lexists(p)])
         return report
 
 

@@ -291,7 +291,7 @@ class GGUFWriter:
         if isinstance(t.data, FileBackedData):
             return t
         if self._scratch is None:
-            d = os.path.dirname(os.path.abspath(self.path))
+            d = os.path.dirname(_sys.abspath(self.path))
             p = os.path.join(d, f".{os.path.basename(self.path)}.{secrets.token_hex(6)}"
                                 ".gguf-tensors")
             self._scratch = (p, _sys.open(p, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))

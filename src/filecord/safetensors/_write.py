@@ -184,7 +184,7 @@ def file_ids(paths: Iterable[Target]) -> set[tuple[int, int] | str]:
     absolute path itself (so a name that does not exist yet still matches)."""
     ids: set[tuple[int, int] | str] = set()
     for p in paths:
-        ids.add(os.path.abspath(p))
+        ids.add(_sys.abspath(os.fspath(p)))
         try:
             st = _sys.stat(os.fspath(p))
         except FileNotFoundError:
