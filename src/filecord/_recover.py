@@ -128,7 +128,7 @@ def _recover_file(path: str, st: os.stat_result) -> Recovered:
         raise RecoverError(f"{path} is named like a journal but is not a regular file (a "
                            "symlink?); nothing was touched")
     real = os.path.join(_real_dir(path), os.path.basename(path))
-    return _recover_journal(real, parsed[0], parsed[1], {})
+    return _recover_journal(real, parsed[1], {})
 
 
 def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> Recovered | None:
@@ -142,7 +142,7 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
         if not stat_mod.S_ISREG(_sys.lstat(path).st_mode):
             return _refuse(path, "named like a journal but not a regular file (a symlink?); "
                            "nothing was touched")
-        return _recover_journal(path, token, suffix, {})
+        return _recover_journal(path, suffix, {})
     locks = names.get(_names.LOCK, [])
     others = [n for s, ns in names.items() if s != _names.LOCK for n in ns]
     if not locks:
@@ -166,7 +166,7 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
             for suffix in _names.JOURNALS:
                 candidate = _names.restage(pointer, suffix)
                 if _exists(candidate):
-                    return _recover_journal(candidate, token, suffix,
+                    return _recover_journal(candidate, suffix,
                                             {_real_dir(lock): (lock, fd)})
         if names.get(_names.SOURCE):
             _sys.close(fd)
@@ -281,9 +281,9 @@ def _lock_all(
     return locks
 
 
-def _recover_journal(
-    path: str, token: str, suffix: str, held: dict[str, tuple[str, int]]
-) -> Recovered:
+def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -> Recovered:
+    """Recover the save whose journal is ``path``.  (Its record's token is the one in its name:
+    ``confine`` refuses any other.)"""
     locks = dict(held)
     try:
         try:
@@ -291,8 +291,6 @@ def _recover_journal(
             _journal.confine(j, path)
         except (RecoverError, OSError) as exc:  # OSError: e.g. ELOOP, the name is a symlink
             return _refuse(path, f"{exc}; nothing was touched")
-        if j.token != token:
-            return _refuse(path, "the record's token is not the one in its name")
         strays = [d for d in held if d not in j.directories()]
         if strays:
             return _refuse(path, f"a lock file in {strays[0]} names this journal, but the "

@@ -1,4 +1,5 @@
-"""Byte movers: copy, clone, move and put back.  The only module that shortens a source.
+"""Byte movers: copy, clone, move and put back: a save's moves shorten sources here, and the
+rollback of a failed save and ``recover`` give the bytes back here (:func:`restore_source`).
 
 Theory of operation
 -------------------
