@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from filecord import _cli_demo_model, _sys
 from filecord._cli_common import (
@@ -45,9 +45,13 @@ from filecord.executorch.values import PtdEntry
 SEGMENT = 4096  # a clone-friendly layout: btrfs and XFS can share the engines' extents
 
 
-@dataclass(frozen=True)
+# The two runs of the demo: a plain save (copies) and one with consume=True (moves).
+Mode = Literal["copy", "consume"]
+
+
+@dataclass(frozen=True, slots=True)
 class RunResult:
-    mode: str
+    mode: Mode
     seconds: float
     peak_disk: int
     peak_rss_delta: int
@@ -91,7 +95,7 @@ def run_once(
     directory: str, total: int, count: int, *, consume: bool, window: int, quiet: bool
 ) -> RunResult:
     """Pack the engines as named data into a ``.ptd`` by copy or by move, and verify it."""
-    mode = "consume" if consume else "copy"
+    mode: Mode = "consume" if consume else "copy"
     made = make_engines(directory, total, count, mode)
     entries = {
         f"engine{i}": PtdEntry(f"engine{i}", FileBackedData(p, owned=consume), None, SEGMENT)

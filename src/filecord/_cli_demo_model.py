@@ -20,7 +20,7 @@ from filecord import _sys
 from filecord._report import SaveReport
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ModelResult:
     seconds: float
     weight_bytes: int

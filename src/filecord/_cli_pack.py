@@ -74,7 +74,9 @@ def _cord(args: argparse.Namespace) -> tuple[Any, list[FileBackedData]]:
     return build_ptd(entries, segment_alignment=max(128, args.align)), [d for _k, d in datas]
 
 
-def _render(report: SaveReport, args: argparse.Namespace, out: TextIO) -> None:
+def render_report(report: SaveReport, args: argparse.Namespace, out: TextIO) -> None:
+    """A save's or a plan's report as every saving command prints it (``--json``: the report's
+    dictionary; ``-q``: nothing after a real save)."""
     if args.json:
         print(json.dumps(report.to_dict(), indent=2), file=out)
         return
@@ -118,7 +120,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
         # already removed them): after a dry run or a failure they must stay where they are.
         for d in datas:
             d.detach_cleanup()
-    _render(report, args, report_to)
+    render_report(report, args, report_to)
     return 0 if all(p.fits for p in report.peaks) or not report.dry_run else 1
 
 

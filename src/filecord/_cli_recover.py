@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from filecord._cli_common import EXIT_OK, Subparsers, UsageError, add_common
 
-_WORDS = {
+if TYPE_CHECKING:  # the library is imported when the command runs, not to build the parser
+    from filecord._recover import Action
+
+_WORDS: dict[Action, str] = {
     "finished": "completed the save: outputs in place, consumed sources removed",
     "restored": "rolled back: sources restored byte-exact, temps removed",
     "discarded": "removed the temps of a save that died before its journal",

@@ -21,7 +21,7 @@ from typing import Any
 
 from filecord import _sys
 from filecord._cli_common import EXIT_USAGE, Subparsers, add_common, parse_size
-from filecord._cli_pack import _render
+from filecord._cli_pack import render_report
 from filecord._cli_progress import Bar
 from filecord._cord import Cord
 from filecord._data import FileBackedData
@@ -30,7 +30,7 @@ from filecord._report import SaveReport
 
 
 def _finish(report: SaveReport, args: argparse.Namespace) -> int:
-    _render(report, args, sys.stdout)
+    render_report(report, args, sys.stdout)
     return 0 if not report.dry_run or all(p.fits for p in report.peaks) else 1
 
 
@@ -172,10 +172,11 @@ def describe(path: str) -> dict[str, Any]:
     files = [got] if isinstance(got, SafetensorsFile) else list(got.shards)
     info: dict[str, Any] = {"format": "safetensors", "path": got.path}
     if not isinstance(got, SafetensorsFile):
-        info.update(format="safetensors-index", metadata=got.metadata)
+        info.update(format="safetensors-index", metadata=dict(got.metadata))
     info["files"] = [{
         "path": f.path, "file_size": f.file_size, "header_size": f.header.size,
-        "data_start": f.data_start, "metadata": f.metadata,
+        "data_start": f.data_start,
+        "metadata": None if f.metadata is None else dict(f.metadata),
         "tensors": [{
             "name": t.name, "dtype": t.dtype.value, "shape": list(t.shape),
             "offset": t.data.offset if isinstance(t.data, FileBackedData) else None,

@@ -35,7 +35,7 @@ from filecord.errors import DataChangedError
 CHUNK = 8 << 20  # one reusable read buffer; bounds host memory of every streamed read
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileIdentity:
     """What a file looked like when a piece was made: the facts every read re-checks."""
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from filecord._plan import FsPeak, PieceAction
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SaveReport:
     """Every piece with its action, totals, peaks, and for a real save the time and fsyncs.
 

@@ -1,4 +1,5 @@
-"""The ``filecord`` command: argument parsing and rendering only; the work is in the library.
+"""The ``filecord`` command: builds the parser from the command modules (each adds its commands
+with ``register(subparsers)``) and dispatches; they render, the work is in the library.
 
 Every file name or key on the command line may be any bytes the OS allows (Python hands names
 that are not UTF-8 over as surrogate escapes).  Nothing the user typed can end in a traceback:

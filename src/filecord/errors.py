@@ -49,7 +49,7 @@ class DataChangedError(FilecordError, OSError):
         self.reason = reason
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SourceState:
     """Where the bytes of one consumed source are after a failed save."""
 

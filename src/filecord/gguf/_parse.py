@@ -26,7 +26,9 @@ from __future__ import annotations
 import array
 import struct
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from filecord.gguf._types import (
@@ -88,16 +90,19 @@ class TensorInfo:
     at: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Header:
-    """A validated header of a ``file_size``-byte file."""
+    """A validated header of a ``file_size``-byte file (``kvs`` read-only, in file order)."""
 
     version: int
-    kvs: dict[str, KeyValue]
+    kvs: Mapping[str, KeyValue]
     infos: tuple[TensorInfo, ...]
     alignment: int
     info_end: int  # where the tensor records end
     data_start: int  # info_end padded to the alignment
+
+    def __post_init__(self) -> None:  # a read-only copy, whatever mapping the caller gave
+        object.__setattr__(self, "kvs", MappingProxyType(dict(self.kvs)))
 
 
 class _Cursor:

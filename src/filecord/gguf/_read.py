@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from filecord import _sys
 from filecord._data import FileBackedData
@@ -30,18 +32,21 @@ FIRST_READ = 1 << 20
 _SPLIT_RE = re.compile(r"(.*)-(\d{5})-of-(\d{5})\.gguf")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GGUFFile:
-    """One ``.gguf`` file: its validated header and its tensors in data order."""
+    """One ``.gguf`` file: its validated header and its tensors in data order (read-only)."""
 
     path: str
     file_size: int
     header: Header
-    tensors: dict[str, GGUFTensor] = field(repr=False)
+    tensors: Mapping[str, GGUFTensor] = field(repr=False)
     whole: FileBackedData = field(repr=False)
 
+    def __post_init__(self) -> None:  # a read-only copy, whatever mapping the caller gave
+        object.__setattr__(self, "tensors", MappingProxyType(dict(self.tensors)))
+
     @property
-    def kvs(self) -> dict[str, KeyValue]:
+    def kvs(self) -> Mapping[str, KeyValue]:
         return self.header.kvs
 
     @property
@@ -67,7 +72,7 @@ class GGUFFile:
         return out[0], out[1], out[2]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GGUFModel:
     """A model: one file, or a split set opened from its first shard.
 
@@ -77,8 +82,12 @@ class GGUFModel:
 
     path: str
     shards: tuple[GGUFFile, ...]
-    kvs: dict[str, KeyValue]
-    tensors: dict[str, GGUFTensor] = field(repr=False)
+    kvs: Mapping[str, KeyValue]
+    tensors: Mapping[str, GGUFTensor] = field(repr=False)
+
+    def __post_init__(self) -> None:  # a read-only copy, whatever mapping the caller gave
+        object.__setattr__(self, "kvs", MappingProxyType(dict(self.kvs)))
+        object.__setattr__(self, "tensors", MappingProxyType(dict(self.tensors)))
 
     @property
     def wholes(self) -> list[FileBackedData]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, NoReturn
 
 from filecord.safetensors.errors import (
@@ -63,13 +64,18 @@ class HeaderEntry:
     end: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Header:
-    """A validated header: ``size`` is N, ``entries`` are in data order."""
+    """A validated header: ``size`` is N, ``entries`` are in data order; ``metadata`` is
+    read-only."""
 
     size: int
-    metadata: dict[str, str] | None
+    metadata: Mapping[str, str] | None
     entries: tuple[HeaderEntry, ...]
+
+    def __post_init__(self) -> None:  # a read-only copy, whatever mapping the caller gave
+        if self.metadata is not None:
+            object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
 
     @property
     def data_start(self) -> int:

@@ -41,14 +41,14 @@ ProgressCallback = Callable[[int, int], None]
 Paths = Sequence[str | os.PathLike[str]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Loaded:
     """Inputs of one operation: tensors in input order, file metadata, files and indexes."""
 
-    tensors: list[NamedTensor]
-    metadata: dict[str, str] | None
-    files: list[SafetensorsFile]
-    indexes: list[str]
+    tensors: tuple[NamedTensor, ...]
+    metadata: Mapping[str, str] | None
+    files: tuple[SafetensorsFile, ...]
+    indexes: tuple[str, ...]
 
     @property
     def wholes(self) -> list[FileBackedData]:
@@ -83,7 +83,7 @@ def load(paths: Paths, *, owned: bool) -> Loaded:
         for f in files:
             f.whole.detach_cleanup()
         raise
-    return Loaded(list(tensors.values()), metadata, files, indexes)
+    return Loaded(tuple(tensors.values()), metadata, tuple(files), tuple(indexes))
 
 
 @contextmanager
@@ -162,7 +162,7 @@ def reshard(
         ))
         if dry_run:
             return plan(outputs, consume=consume, window=window)
-        protect = [] if consume else [f.path for f in loaded.files] + loaded.indexes
+        protect = [] if consume else [f.path for f in loaded.files] + list(loaded.indexes)
         stale = stale_files(d, filename_pattern, outputs, protect)
         report = _run(outputs, loaded, consume=consume, dry_run=False, window=window,
                       progress=progress)

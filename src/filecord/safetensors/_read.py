@@ -9,7 +9,9 @@ tensors of a file share one owner when the file is read with ``owned=True``.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from filecord import _sys
 from filecord._data import FileBackedData
@@ -21,18 +23,22 @@ from filecord.tensors import NamedTensor
 MAX_INDEX = 1 << 30  # an index is JSON text; refuse absurd ones before reading them
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SafetensorsFile:
-    """One ``.safetensors`` file: its validated header and its tensors in data order."""
+    """One ``.safetensors`` file: its validated header and its tensors in data order
+    (read-only)."""
 
     path: str
     file_size: int
     header: Header
-    tensors: dict[str, NamedTensor] = field(repr=False)
+    tensors: Mapping[str, NamedTensor] = field(repr=False)
     whole: FileBackedData = field(repr=False)
 
+    def __post_init__(self) -> None:  # a read-only copy, whatever mapping the caller gave
+        object.__setattr__(self, "tensors", MappingProxyType(dict(self.tensors)))
+
     @property
-    def metadata(self) -> dict[str, str] | None:
+    def metadata(self) -> Mapping[str, str] | None:
         return self.header.metadata
 
     @property
@@ -40,7 +46,7 @@ class SafetensorsFile:
         return self.header.data_start
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SafetensorsIndex:
     """A sharded checkpoint: its ``*.index.json`` and the shards it names, all validated.
 
@@ -49,10 +55,14 @@ class SafetensorsIndex:
     """
 
     path: str
-    metadata: dict[str, object]
-    weight_map: dict[str, str]
+    metadata: Mapping[str, object]
+    weight_map: Mapping[str, str]
     shards: tuple[SafetensorsFile, ...]
-    tensors: dict[str, NamedTensor] = field(repr=False)
+    tensors: Mapping[str, NamedTensor] = field(repr=False)
+
+    def __post_init__(self) -> None:  # a read-only copy, whatever mapping the caller gave
+        for name in ("metadata", "weight_map", "tensors"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
 
 
 def _read_prefix(path: str) -> tuple[int, bytes, bytes]:
