@@ -65,7 +65,7 @@ CLEAN = {
             from pkg import d  # d imports a: excluded, it never runs
 
         def name(p: os.PathLike[str]) -> str:
-            fd = _sys.open(os.fspath(p), os.O_RDONLY | os.O_CLOEXEC)
+            fd = _sys.open(os.fspath(p), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             return os.path.join(os.path.dirname(str(fd)), os.path.basename(os.fsdecode(b"x")))
         """,
     "b.py": "import io\nBUF = io.BytesIO()\n",
@@ -99,6 +99,14 @@ def test_a_three_module_cycle_through_relative_imports(tmp_path: Path) -> None:
         "import cycle among pkg.a, pkg.b, pkg.sub.c: pkg.a -> pkg.b -> pkg.sub.c -> pkg.a"]
 
 
+def test_an_import_by_name_counts(tmp_path: Path) -> None:
+    src = write(tmp_path, {
+        "a.py": "import importlib\ndef f():\n    return importlib.import_module('pkg.b')\n",
+        "b.py": "from pkg import a\n",
+    })
+    assert problems(src) == ["import cycle among pkg.a, pkg.b: pkg.a -> pkg.b -> pkg.a"]
+
+
 def test_a_package_init_that_imports_back_is_a_cycle(tmp_path: Path) -> None:
     src = write(tmp_path, {
         "__init__.py": "from pkg.a import f\n",
@@ -121,6 +129,7 @@ def test_a_package_init_that_imports_back_is_a_cycle(tmp_path: Path) -> None:
     ("import io\nio.open('x')\n", "io.open"),
     ("def f():\n    with open('x') as fh:\n        return fh.read()\n", "open"),
     ("import os\nfn = os.listdir\n", "os.listdir"),
+    ("import os\ngetattr(os, 'unlink')('x')\n", "os.unlink"),
 ])
 def test_a_system_call_outside_the_seam_is_found(tmp_path: Path, text: str, what: str) -> None:
     src = write(tmp_path, {"a.py": text})

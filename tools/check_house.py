@@ -9,7 +9,8 @@ Import cycles
     be understood (or tested) apart.  Imports under ``if TYPE_CHECKING:`` are excluded, because
     they never run and exist precisely to name a type without depending on its module.
     ``from pkg import name`` is an edge to the submodule ``pkg.name`` when that module exists,
-    else to ``pkg`` itself (its ``__init__``).  Importing ``a.b.c`` is not counted as an edge
+    else to ``pkg`` itself (its ``__init__``); ``importlib.import_module("pkg.mod")`` with a
+    literal name is an edge too.  Importing ``a.b.c`` is not counted as an edge
     to the packages ``a`` and ``a.b``: Python initialises them first, but a package's
     ``__init__`` re-exporting its submodules is not a cycle between those submodules.
 
@@ -19,7 +20,8 @@ System calls
     use of ``shutil`` and ``tempfile``, ``io.open``/``io.FileIO``, the builtin ``open`` and
     every attribute of ``os``/``os.path`` that is not in :data:`OS_PURE`/:data:`OS_PATH_PURE`
     (names that compute without asking the kernel: constants, types, string functions).  A
-    name imported with ``from os import x`` is judged the same way.
+    name imported with ``from os import x``, or fetched with ``getattr(os, "x")``, is judged
+    the same way.
 """
 
 from __future__ import annotations
@@ -142,8 +144,20 @@ def imports(mod: Module, tree: ast.AST, known: dict[str, Module]) -> set[str]:
                     out.add(sub)
                 elif base in known:
                     out.add(base)
+        elif (name := _imported_by_name(node)) is not None and name in known:
+            out.add(name)
     out.discard(mod.name)
     return out
+
+
+def _imported_by_name(node: ast.AST) -> str | None:
+    """``importlib.import_module("pkg.mod")`` (or ``import_module(...)``) with a literal name."""
+    if not (isinstance(node, ast.Call) and node.args
+            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        return None
+    f = node.func
+    called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+    return node.args[0].value if called == "import_module" else None
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -259,6 +273,13 @@ def bypasses(tree: ast.AST) -> list[tuple[int, str]]:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             if node.func.id == "open" and "open" not in shadowed:
                 found.append((node.lineno, "open"))
+            args = node.args
+            if (node.func.id == "getattr" and len(args) >= 2 and isinstance(args[0], ast.Name)
+                    and args[0].id in aliases and isinstance(args[1], ast.Constant)
+                    and isinstance(args[1].value, str)):  # getattr(os, "unlink")
+                meant = [*aliases[args[0].id], args[1].value]
+                if _judge(meant):
+                    found.append((node.lineno, ".".join(meant)))
             continue
         if not isinstance(node, ast.Attribute):
             continue
