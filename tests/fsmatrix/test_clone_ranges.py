@@ -119,3 +119,73 @@ def test_a_range_ending_mid_source_clones_its_body_and_copies_its_tail(mount, ki
         tail = f.read()
     assert tail == fskit.pattern(31, 2 * MiB + B, size - 2 * MiB - B)
     assert not src.exists()
+
+
+@pytest.mark.parametrize("kind", ["xfs", "btrfs"])
+def test_pack_align_4096_consume_clones_files_of_any_length(mount, kind):
+    """The issue's case: ``pack --align 4096 --consume`` used to clone only a file whose length
+    is a multiple of 4096 or that ended the output, and move the rest."""
+    import json
+    import subprocess
+    import sys
+
+    from filecord.executorch import read_ptd
+
+    fs = mount(kind, 512 * MiB)
+    sizes = {"a": 1 * MiB + 123, "b": 4096 * 3, "c": 77_777}
+    for i, (key, n) in enumerate(sizes.items()):
+        fskit.write_pattern(fs / f"{key}.bin", n, seed=40 + i)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "filecord.cli", "pack", str(fs / "w.ptd"),
+         *(f"{k}={fs / k}.bin" for k in sizes), "--align", "4096", "--consume", "--json"],
+        capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert [(p["action"], p["tail"]) for p in report["pieces"] if p["source"]] == [
+        ("cloned", 0)] * 3
+    assert report["transfer"]["copied"] == 0
+    assert report["transfer"]["moved"] == 0
+    ptd = read_ptd(fs / "w.ptd")
+    for i, (seg, n) in enumerate(zip(ptd.segments, sizes.values(), strict=True)):
+        assert seg.file_offset % B == 0
+        assert fskit.mismatch(fs / "w.ptd", seg.file_offset, n, 40 + i) is None
+    assert not any((fs / f"{k}.bin").exists() for k in sizes)
+
+
+@pytest.mark.parametrize("kind", ["xfs", "btrfs"])
+def test_safetensors_clone_ready_order_clones_every_whole_block_tensor(mount, kind):
+    """Within the format (contiguous data): whole-block tensors first, each on 4 KiB."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from filecord.safetensors import build_file, read_safetensors
+    from filecord.tensors import DType, NamedTensor
+
+    fs = mount(kind, 512 * MiB)
+    shapes = {"w1": (1024, 64), "b1": (1024,), "w2": (256, 1024), "b2": (256,), "norm": (10,)}
+    arrays = {}
+    tensors = []
+    for i, (name, shape) in enumerate(shapes.items()):
+        arrays[name] = np.random.default_rng(i).standard_normal(shape).astype(np.float32)
+        path = fs / f"{name}.bin"
+        path.write_bytes(arrays[name].tobytes())
+        tensors.append(NamedTensor(name, DType.F32, shape, FileBackedData(path, owned=True)))
+    report = filecord.save(fs / "m.safetensors", build_file(tensors, order="clone_ready"),
+                           consume=True)
+
+    acts = {os.path.basename(a.source or ""): (a.action, a.tail)
+            for a in report.file_actions()}
+    # b1, w1, w2 fill whole blocks; b2 is the first of the rest (aligned start, ends its
+    # source: cloned whole); norm starts mid-block: no clone possible, so it is moved.
+    assert acts == {"b1.bin": ("cloned", 0), "w1.bin": ("cloned", 0), "w2.bin": ("cloned", 0),
+                    "b2.bin": ("cloned", 0), "norm.bin": ("moved", 0)}
+    assert report.bytes_copied == 0
+    assert report.bytes_moved == 40
+    f = read_safetensors(fs / "m.safetensors")
+    assert f.data_start % B == 0  # type: ignore[union-attr]
+    loaded = load_file(str(fs / "m.safetensors"))
+    assert set(loaded) == set(arrays)
+    for name, arr in arrays.items():
+        assert np.array_equal(loaded[name], arr), name
+    assert not any((fs / f"{n}.bin").exists() for n in shapes)
