@@ -253,3 +253,27 @@ def test_merge_data_consume(
     # One tag: the merged file is that tag's data file, byte for byte, under the program's name.
     assert (tmp_path / "m.ptd").read_bytes() == expected[f"{TAG}.ptd"]
     assert _close(run_program(tmp_path / "m.pte", lowered.x, tmp_path / "m.ptd"), lowered.expected)
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_clone_ready_puts_every_segment_on_4096_and_runs(
+    exported: dict[str, Exported], name: str, tmp_path: Path
+) -> None:
+    """``save(clone_ready=True)``: each segment of the .pte and of the .ptd on a 4 KiB file
+    offset, the segments' bytes unchanged, and the runtime loads and runs it."""
+    e = exported[name]
+    program = from_manager(e.manager)
+    merge = len(e.ptds) > 1  # the Python runtime takes one data file per program
+    program.save(tmp_path / e.pte.name, clone_ready=True, merge_data=merge)
+    before, after = read_pte(e.pte), read_pte(tmp_path / e.pte.name)
+    assert [s.size for s in after.segments] == [s.size for s in before.segments]
+    assert all(s.file_offset % 4096 == 0 for s in after.segments)
+    assert [s.data.to_bytes() for s in after.segments] == [
+        s.data.to_bytes() for s in before.segments]
+    data = None
+    ptds = sorted(p for p in tmp_path.iterdir() if p.suffix == ".ptd")
+    for p in ptds:
+        assert all(s.file_offset % 4096 == 0 for s in read_ptd(p).segments)
+    if ptds:
+        (data,) = ptds
+    assert _close(run_program(tmp_path / e.pte.name, e.x, data), e.expected)
