@@ -189,3 +189,33 @@ def test_safetensors_clone_ready_order_clones_every_whole_block_tensor(mount, ki
     for name, arr in arrays.items():
         assert np.array_equal(loaded[name], arr), name
     assert not any((fs / f"{n}.bin").exists() for n in shapes)
+
+
+@pytest.mark.parametrize("kind", ["xfs", "btrfs"])
+def test_a_presized_temp_copies_the_partial_block_instead_of_failing(mount, kind, monkeypatch):
+    """Should a temp ever be presized before the fill, the kernel would refuse the partial EOF
+    block mid-file (EINVAL); the fill sees the temp's size first, clones the body and copies
+    the tail, and says why."""
+    from filecord import _fill
+
+    fs = mount(kind, 512 * MiB)
+    n = 1 * MiB + 555
+    src = fs / "a.bin"
+    fskit.write_pattern(src, n, seed=50)
+    real = _fill.create_outputs
+
+    def presized(txn):  # type: ignore[no-untyped-def]
+        real(txn)
+        for fd, out in zip(txn.fds, txn.prep.plan.outputs, strict=True):
+            os.ftruncate(fd, out.length)
+
+    monkeypatch.setattr(_fill, "create_outputs", presized)
+    cord = Cord([bytes(B), FileBackedData(src, owned=True), _pad(n), b"trailer"])
+    report = filecord.save(fs / "out.bin", cord, consume=True)
+    (a,) = report.file_actions()
+    assert (a.action, a.tail, a.tail_reason) == ("cloned", 555, _plan.PAST_TAIL)
+    assert report.bytes_copied == 555
+    assert fskit.mismatch(fs / "out.bin", B, n, 50) is None
+    with open(fs / "out.bin", "rb") as f:
+        f.seek(B + n)
+        assert f.read() == _pad(n) + b"trailer"
