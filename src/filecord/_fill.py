@@ -157,7 +157,8 @@ def _clone_or_copy(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -
         tail, why = n % block, PAST_TAIL
     body = n - tail
     try:
-        _transfer.clone(src, piece.offset, body, fd, act.out_offset, txn.counters)
+        if body:  # never a length of 0: FICLONERANGE reads it as "to the source's end"
+            _transfer.clone(src, piece.offset, body, fd, act.out_offset, txn.counters)
     except OSError as exc:
         if not is_clone_refusal(exc):
             raise
@@ -171,4 +172,6 @@ def _clone_or_copy(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -
         # Under one block, from a source that is never shortened: the copy needs no journal.
         _transfer.copy_range(src, fd, piece.offset + body, act.out_offset + body, tail,
                             txn.counters, txn.advance)
+    if not body:
+        return replace(act, action="copied", reason=why if txn.prep.plan.consume else None)
     return replace(act, tail=tail, tail_reason=why)

@@ -166,6 +166,8 @@ def clone(src: int, src_off: int, n: int, dst: int, dst_off: int, c: Counters) -
 
     A range that ends unaligned must end at the source's end and reach the destination's end
     (the kernel refuses a partial EOF block cloned into the middle of a file, EINVAL)."""
+    if n <= 0:  # FICLONERANGE takes a length of 0 as "to the source's end": never ask that
+        return
     _sys.clone_range(src, src_off, n, dst, dst_off)
     c.cloned += n
 

@@ -210,12 +210,17 @@ def test_a_presized_temp_copies_the_partial_block_instead_of_failing(mount, kind
             os.ftruncate(fd, out.length)
 
     monkeypatch.setattr(_fill, "create_outputs", presized)
-    cord = Cord([bytes(B), FileBackedData(src, owned=True), _pad(n), b"trailer"])
+    small = fskit.pattern(51, 0, 700)  # shorter than a block: nothing but its partial block
+    (fs / "b.bin").write_bytes(small)
+    cord = Cord([bytes(B), FileBackedData(src, owned=True), _pad(n),
+                 FileBackedData(fs / "b.bin", owned=True), _pad(700), b"trailer"])
     report = filecord.save(fs / "out.bin", cord, consume=True)
-    (a,) = report.file_actions()
+    a, b = report.file_actions()
     assert (a.action, a.tail, a.tail_reason) == ("cloned", 555, _plan.PAST_TAIL)
-    assert report.bytes_copied == 555
+    assert (b.action, b.reason) == ("copied", _plan.PAST_TAIL)
+    assert report.bytes_copied == 555 + 700
     assert fskit.mismatch(fs / "out.bin", B, n, 50) is None
     with open(fs / "out.bin", "rb") as f:
         f.seek(B + n)
-        assert f.read() == _pad(n) + b"trailer"
+        assert f.read() == _pad(n) + small + _pad(700) + b"trailer"
+    assert not src.exists()
