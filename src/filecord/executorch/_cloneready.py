@@ -18,10 +18,12 @@ vectors keep their alignment); every segment keeps its pieces by reference.  A s
 at least the power-of-two alignment its old offset had, so no key's alignment is lost.  A
 ``.ptd`` is rebuilt from its entries with ``build_ptd(segment_alignment=4096)``.
 
-What stays unaligned: tensors *inside* the constant segment (``constant_segment.offsets``) are
-packed at the constant-tensor alignment (16) within one segment; only the segment itself
-moves to a 4 KiB boundary.  Programs whose weights are delegate blobs or named data (XNNPACK)
-or external (``.ptd``) have one segment per blob, so each of those clones.
+The constant segment holds every constant tensor of a non-delegated program, packed at the
+constant-tensor alignment (16) with ``constant_segment.offsets`` saying where each starts.
+Those offsets are free numbers too, so each non-empty tensor is moved to a 4 KiB offset within
+the segment (which itself starts on 4 KiB); the bytes between are zeros.  Mutable-data
+segments are left packed: the runtime fills them from the program at load, they are no file's
+bytes worth cloning.
 """
 
 from __future__ import annotations
@@ -64,6 +66,26 @@ def _kept_alignment(offset: int) -> int:
     return min(offset & -offset, _KEEP_ALIGNMENT_UP_TO)
 
 
+def _spread_constants(
+    segment: Cord, offsets: tuple[int, ...], alignment: int
+) -> tuple[Cord, tuple[int, ...]]:
+    """The constant segment with each non-empty tensor at a multiple of ``alignment``.
+
+    Tensor ``i`` spans ``[offsets[i], offsets[i+1])`` (the last: to the segment's end), its
+    padding to the constant alignment included (zeros, kept as they are).
+    """
+    ends = (*offsets[1:], len(segment))
+    out, new = Cord(), []
+    for start, end in zip(offsets, ends, strict=True):
+        n = max(0, end - start)
+        if n:
+            out.append(bytes(-len(out) % alignment))
+        new.append(len(out))
+        if n:
+            out.append(_sub_cord(segment, start, n))
+    return out, tuple(new)
+
+
 def clone_ready_pte(cord: Cord, alignment: int = CLONE_ALIGNMENT) -> Cord:
     """The same program with every segment at a multiple of ``alignment`` in the file.
 
@@ -79,9 +101,15 @@ def clone_ready_pte(cord: Cord, alignment: int = CLONE_ALIGNMENT) -> Cord:
     padded = infer_padded_length(region, length)
     program = _fbread.decode(strip_header(region, padded), PROGRAM_SCHEMA)
     old = [(s["offset"], s["size"]) for s in program["segments"] or ()]
+    parts = [_sub_cord(cord, base + off, n) for off, n in old]
+    constant = program["constant_segment"]
+    if constant is not None and constant["offsets"] and constant["segment_index"] < len(parts):
+        k = constant["segment_index"]
+        parts[k], offsets = _spread_constants(parts[k], tuple(constant["offsets"]), alignment)
+        program = program.replace(constant_segment=constant.replace(offsets=offsets))
     items = [
-        Aligned(_sub_cord(cord, base + off, n), math.lcm(alignment, _kept_alignment(off)))
-        for off, n in old
+        Aligned(part, math.lcm(alignment, _kept_alignment(off)))
+        for part, (off, _n) in zip(parts, old, strict=True)
     ]
     layout = plan_segments(((len(s.data), s.alignment) for s in items), alignment)
     program = program.replace(

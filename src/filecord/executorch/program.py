@@ -137,7 +137,7 @@ class Program:
         ``alignment`` (4096: a btrfs/XFS block) in its file, so a save can clone file-backed
         segments instead of copying them.  Segments stay the same pieces (nothing is read but
         the program and the data files' headers); the runtime loads the result as before.
-        Tensors packed inside the constant segment stay 16-aligned relative to it."""
+        Each tensor of the constant segment moves to a 4 KiB offset too (zeros between)."""
         positive_int(alignment, "alignment")
         seg = math.lcm(alignment, self.segment_alignment)
         data = {
