@@ -148,6 +148,59 @@ def test_clone_needs_alignment_or_a_shared_end() -> None:
     assert p.actions[1].action == "copied"
 
 
+def test_a_piece_reaching_its_source_end_clones_whole_anywhere_in_the_output() -> None:
+    # The kernel takes a partial EOF block where the clone reaches the temp's end, and the fill
+    # writes in output order: so the piece need not end the output (the 100 bytes after it).
+    cl = fs(can_clone=True, fs_type="xfs")
+    refs = [PieceRef(0, 0, 0, 4096), PieceRef(0, 1, 4096, 10_000, KEY, 0),
+            PieceRef(0, 2, 14_096, 100)]
+    p = decide(src(owned=False), o=out(14_196), f=cl, refs=refs, consume=False)
+    a = p.actions[1]
+    assert (a.action, a.tail, a.tail_reason) == ("cloned", 0, None)
+
+
+def test_unaligned_end_mid_source_clones_the_body_and_copies_the_tail() -> None:
+    cl = fs(can_clone=True, fs_type="btrfs")
+    # Two ranges of one 20 000-byte owned file, both starting on a block: the first ends
+    # mid-source (its 10 000 - 8192 = 1808 last bytes are copied), the second ends the file.
+    refs = [PieceRef(0, 0, 0, 10_000, KEY, 0), PieceRef(0, 1, 12_288, 7_712, KEY, 12_288),
+            PieceRef(0, 2, 10_000, 2_288)]
+    refs.sort(key=lambda r: r.out_offset)
+    p = decide(src(size=20_000), o=out(20_000), f=cl, refs=refs)
+    by_off = {a.out_offset: a for a in p.actions}
+    assert (by_off[0].action, by_off[0].tail, by_off[0].tail_reason) == (
+        "cloned", 1808, P.MID_TAIL)
+    assert (by_off[12_288].action, by_off[12_288].tail) == ("cloned", 0)
+    # Cloned and copied, never moved: the source is not shortened, only deleted at commit.
+    assert p.moves == ()
+    assert p.consumed == (KEY,)
+
+
+def test_a_short_piece_mid_source_is_copied_and_keeps_its_file_off_the_move_path() -> None:
+    cl = fs(can_clone=True, fs_type="xfs")
+    refs = [PieceRef(0, 0, 0, 100, KEY, 0), PieceRef(0, 1, 4096, 5_904, KEY, 4096)]
+    p = decide(src(), o=out(10_000), f=cl, refs=refs)
+    assert [(a.action, a.reason) for a in p.actions] == [("copied", P.MID_TAIL),
+                                                          ("cloned", None)]
+    assert p.moves == ()
+    # An unaligned start anywhere sends the whole file down the move path instead.
+    refs = [PieceRef(0, 0, 0, 100, KEY, 50), PieceRef(0, 1, 4096, 5_904, KEY, 4096)]
+    p = decide(src(), o=out(10_000), f=cl, refs=refs)
+    assert "cloned" not in {a.action for a in p.actions}
+
+
+def test_report_counts_a_copied_tail_as_copied() -> None:
+    from filecord._report import SaveReport
+    cl = fs(can_clone=True, fs_type="btrfs")
+    refs = [PieceRef(0, 0, 0, 10_000, KEY, 0), PieceRef(0, 1, 10_000, 100)]
+    p = decide(src(size=20_000), o=out(10_100), f=cl, refs=refs)
+    r = SaveReport(("/d/o",), (10_100,), p.actions, p.peaks, True, 4096, True)
+    assert r.bytes_by_action() == {"cloned": 8192, "copied": 1808, "written": 100}
+    assert r.copy_reasons() == {P.MID_TAIL: 1808}
+    piece = r.to_dict()["pieces"][0]  # type: ignore[index]
+    assert (piece["tail"], piece["tail_reason"]) == (1808, P.MID_TAIL)
+
+
 def test_owned_file_that_fully_clones_is_cloned_not_moved() -> None:
     cl = fs(can_clone=True, fs_type="btrfs")
     refs = [PieceRef(0, 0, 0, 4096), PieceRef(0, 1, 4096, 10_000, KEY, 0)]

@@ -3,6 +3,11 @@
 ``pack OUT.ptd [KEY=]FILE... [--consume] [--align N]`` writes the data file in one atomic save;
 ``plan`` takes the same arguments and prints what ``pack`` would do (moved, cloned, copied and
 why, and whether it fits) without writing anything.
+
+Clone-ready: ``--align 4096`` is all it takes (no separate flag).  It sets the segment base and
+every entry on a 4 KiB file offset, and each entry is a whole file, so it reaches its source's
+end: on btrfs/XFS every entry is cloned whole, whatever its length (its partial last block
+too), and ``--consume`` deletes the files at commit without copying or moving a byte.
 """
 
 from __future__ import annotations
@@ -85,6 +90,8 @@ def render_report(report: SaveReport, args: argparse.Namespace, out: TextIO) -> 
     print(report.summary(), file=out)
     for a in report.file_actions():
         why = f" ({a.reason})" if a.reason else ""
+        if a.tail:
+            why += f" (last {a.tail} bytes copied: {a.tail_reason})"
         print(f"  {a.action:7} {human(a.length):>12}  {a.source}{why}", file=out)
     for peak in report.peaks:
         verdict = "fits" if peak.fits else "DOES NOT FIT"
@@ -135,7 +142,9 @@ def register(subparsers: Subparsers) -> None:
         p.add_argument("files", nargs="+", metavar="[KEY=]FILE", help="entries to pack")
         p.add_argument("--consume", action="store_true",
                        help="move the files into the output (they are deleted)")
-        p.add_argument("--align", type=int, default=128, help="entry alignment [128]")
+        p.add_argument("--align", type=int, default=128,
+                       help="entry alignment [128]; 4096 is clone-ready: on btrfs/XFS every "
+                       "file is then cloned, not copied or moved")
         p.add_argument("--window", type=parse_window, default=DEFAULT_WINDOW,
                        help=f"consume sync window [{DEFAULT_WINDOW >> 20}MiB]")
         if name == "pack":

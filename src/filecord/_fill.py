@@ -5,11 +5,14 @@ Theory of operation
 Each temp ``.NAME.TOKEN.partial`` is created ``O_CREAT|O_EXCL`` with the replaced file's
 permission bits (narrowed by the umask), so it is never readable beyond the old file from the
 first instant.  In-memory pieces are written and file-backed ones cloned or copied at their
-final offsets; after each file-backed piece the source's size, mtime and ctime are compared
-with what they were when it was opened, so a source rewritten during the copy is a
-``DataChangedError``, never a silent mix.  Only then do the temps get the replaced file's owner,
-group and exact mode (set-id bits last, on complete content).  A crash here leaves temps that
-``recover`` removes once the save's lock is free: nothing destructive has happened.
+final offsets, in output order (the kernel clones a source's partial EOF block only at the
+temp's end, so temps are not presized before the fill).  Clones and copies never shorten a
+source, so rolling them back is deleting the temp.  After each file-backed piece the source's
+size, mtime and ctime are compared with what they were when it was opened, so a source
+rewritten during the copy is a ``DataChangedError``, never a silent mix.  Only then do the
+temps get the replaced file's owner, group and exact mode (set-id bits last, on complete
+content).  A crash here leaves temps that ``recover`` removes once the save's lock is free:
+nothing destructive has happened.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import replace
 from filecord import _names, _sys, _transfer, _undo
 from filecord._data import FileBackedData
 from filecord._facts import is_clone_refusal
-from filecord._plan import CLONE_REFUSED, PieceAction
+from filecord._plan import BLOCK, CLONE_REFUSED, PAST_TAIL, PieceAction
 from filecord._txn import Txn
 from filecord.errors import DataChangedError, SaveError
 
@@ -136,16 +139,39 @@ def _copy_piece(
 
 
 def _clone_or_copy(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -> PieceAction:
+    """Clone the piece's aligned body (and its partial EOF block, where the plan said so),
+    then copy the tail the plan left to copy; copy all of it if the file system refuses.
+
+    The plan clones a partial last block only for a piece that reaches its source's end, and
+    the kernel takes it only where the cloned range reaches the temp's end (EINVAL in the
+    middle of a file).  Temps are filled in output order, so the temp is no longer than the
+    piece's offset here; should it be (a temp presized by someone), the partial block is
+    copied instead, with the reason, rather than refused.
+    """
     src = _source_fd(txn, piece)
+    n = len(piece)
+    tail, why = act.tail, act.tail_reason
+    block = next((p.block for p in txn.prep.plan.peaks if p.dev == piece.identity.dev), 0)
+    block = block if block > 0 else BLOCK
+    if tail == 0 and n % block and _sys.fstat(fd).st_size > act.out_offset + n:
+        tail, why = n % block, PAST_TAIL
+    body = n - tail
     try:
-        _transfer.clone(src, piece.offset, len(piece), fd, act.out_offset, txn.counters)
+        if body:  # never a length of 0: FICLONERANGE reads it as "to the source's end"
+            _transfer.clone(src, piece.offset, body, fd, act.out_offset, txn.counters)
     except OSError as exc:
         if not is_clone_refusal(exc):
             raise
         log.info("clone of %s refused (%s); copying", piece.path, exc)
-        _transfer.copy_range(src, fd, piece.offset, act.out_offset, len(piece), txn.counters,
+        _transfer.copy_range(src, fd, piece.offset, act.out_offset, n, txn.counters,
                             txn.advance)
-        return replace(act, action="copied",
+        return replace(act, action="copied", tail=0, tail_reason=None,
                        reason=CLONE_REFUSED if txn.prep.plan.consume else None)
-    txn.advance(len(piece))
-    return act
+    txn.advance(body)
+    if tail:
+        # Under one block, from a source that is never shortened: the copy needs no journal.
+        _transfer.copy_range(src, fd, piece.offset + body, act.out_offset + body, tail,
+                            txn.counters, txn.advance)
+    if not body:
+        return replace(act, action="copied", reason=why if txn.prep.plan.consume else None)
+    return replace(act, tail=tail, tail_reason=why)

@@ -8,10 +8,16 @@ decision is a function of plain values, each rule is unit-testable without a dis
 
 Decision rules (``consume=True``; without it, pieces are only cloned or copied):
 
-* clone: source and output on one file system that can clone, the output offset and the source
-  offset block-aligned, and the length block-aligned or ending at both the source's and the
-  output's end.  An owned file that could be moved is cloned only if *all* its pieces can be,
-  so that one file is never half cloned, half moved.
+* clone: source and output on one file system that can clone, and the output offset and the
+  source offset block-aligned.  The piece's block-aligned body is cloned; so is a partial last
+  block when the piece reaches its source's end (the kernel clones a source's partial EOF
+  block only where the cloned range reaches the destination's end, which holds because temps
+  are filled in output order and never presized before the fill).  Otherwise the unaligned
+  tail (under one block) is copied, and the action says so (``tail``, ``tail_reason``).  A
+  piece shorter than a block that does not reach its source's end is copied.  An owned file
+  that could be moved is cloned only if *all* its pieces start block-aligned on both sides, so
+  that one file is never half cloned, half moved: clones and copies never shorten a source,
+  so such a file needs no journal entry to be rolled back (only the deletion at commit).
 * move: the file is owned (by every object naming it), regular, not reached through a symlink,
   has one hard link, is writable, lives on the output's file system, that file system keeps
   holes, the output is a temp file we create, and the pieces' ranges, merged, reach the end of
@@ -50,6 +56,9 @@ NOT_OUR_FILE = "the output is not a regular file we created"
 NO_HOLES = "the file system keeps no holes"
 WINDOWS = "Windows"
 CLONE_REFUSED = "the file system refused the clone"
+# Why the last partial block of a cloned piece is copied rather than cloned.
+MID_TAIL = "its last block is partial and not its source's last"
+PAST_TAIL = "the output already reaches past it, so its partial last block cannot be cloned"
 
 CLONING_FILESYSTEMS = frozenset({"btrfs", "xfs", "bcachefs", "ocfs2"})
 NO_HOLE_FILESYSTEMS = frozenset({"vfat", "msdos", "exfat", "hfs", "hfsplus", "fuseblk"})
@@ -116,6 +125,10 @@ class PieceAction:
     source: str | None = None
     src_offset: int = 0
     reason: str | None = None
+    # For "cloned": the bytes at the piece's end that are copied, not cloned (under one block),
+    # and why (``MID_TAIL``, ``PAST_TAIL``); 0 and None when every byte is cloned.
+    tail: int = 0
+    tail_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -169,14 +182,29 @@ class SavePlan:
         return sum(o.length for o in self.outputs)
 
 
-def _clone_ok(ref: PieceRef, src: SourceFacts, out: OutputFacts, fs: FsFacts | None) -> bool:
+def clone_tail(
+    ref: PieceRef, src: SourceFacts, out: OutputFacts, fs: FsFacts | None
+) -> int | None:
+    """Bytes at the end of ``ref`` to copy after cloning the rest; None: no clone at all.
+
+    Both offsets must be multiples of the file system's block.  A piece reaching its source's
+    end clones whole (the kernel takes a partial EOF block where the cloned range reaches the
+    destination's end, and the fill writes each temp in output order); otherwise the part of
+    its last block that is partial is copied.  The caller copies a piece whose tail is all of it.
+    """
     if out.direct or fs is None or not fs.can_clone or src.key[0] != out.dev or ref.length == 0:
-        return False
-    if ref.out_offset % BLOCK or ref.src_offset % BLOCK:
-        return False
-    if ref.length % BLOCK == 0:
-        return True
-    return ref.src_offset + ref.length == src.size and ref.out_offset + ref.length == out.length
+        return None
+    block = fs.block if fs.block > 0 else BLOCK
+    if ref.out_offset % block or ref.src_offset % block:
+        return None
+    if ref.src_offset + ref.length == src.size:
+        return 0
+    return ref.length % block
+
+
+def _clone_ok(ref: PieceRef, src: SourceFacts, out: OutputFacts, fs: FsFacts | None) -> bool:
+    """Whether every byte of ``ref`` is cloned (no tail copied)."""
+    return clone_tail(ref, src, out, fs) == 0
 
 
 def _move_refusal(
@@ -298,20 +326,29 @@ def make_plan(
             nonempty[r.output] = nonempty.get(r.output, 0) + 1
 
     decision: dict[PieceRef, tuple[str, str | None]] = {}
+    tails: dict[PieceRef, int] = {}
     moves: list[MoveSource] = []
     for key, placements in by_source.items():
         src = sources[key]
         outs = {outputs[r.output] for r in placements}
         clonable = [
-            _clone_ok(r, src, outputs[r.output], filesystems.get(outputs[r.output].dev))
+            clone_tail(r, src, outputs[r.output], filesystems.get(outputs[r.output].dev))
             for r in placements
         ]
         refusal = _move_refusal(src, outs, filesystems) if consume else None
-        # A file whose every piece clones need not be shortened at all: clone it, don't move.
-        all_clone = all(c for r, c in zip(placements, clonable, strict=True) if r.length)
+        # A file whose every piece clones (at least its aligned body) need not be shortened
+        # at all: clone it and copy the tails, never move a part of it.
+        all_clone = all(c is not None for r, c in zip(placements, clonable, strict=True)
+                        if r.length)
         if not consume or refusal is not None or all_clone:
             for r, c in zip(placements, clonable, strict=True):
-                decision[r] = ("cloned", None) if c else ("copied", refusal)
+                if c is None:
+                    decision[r] = ("copied", refusal)
+                elif c == r.length:  # shorter than a block, mid-source: nothing to clone
+                    decision[r] = ("copied", MID_TAIL if consume else refusal)
+                else:
+                    decision[r] = ("cloned", None)
+                    tails[r] = c
             continue
         runs = merged_runs((r.src_offset, r.src_offset + r.length) for r in placements)
         top = runs[-1] if runs else None
@@ -337,10 +374,12 @@ def make_plan(
         act, why = decision[r]
         if act == "copied" and r.length == 0:
             why = None
+        tail = tails.get(r, 0)
         actions.append(
             PieceAction(
                 out.path, r.index, r.out_offset, r.length, act,
                 sources[r.source].path, r.src_offset, why,
+                tail, MID_TAIL if tail else None,
             )
         )
 
@@ -408,6 +447,8 @@ def _peaks(
     dev_of = {o.path: o.dev for o in outputs}
     for a in actions:
         if a.action == "cloned":
+            # Whole blocks only: a partial last block is copied (a tail), or cloned and then
+            # unshared by the kernel as soon as the output grows past it.
             dev = dev_of[a.output]
             needed[dev] -= a.length // block_of(dev) * block_of(dev)
     extra: dict[int, int] = {}

@@ -13,7 +13,14 @@ class SaveReport:
 
     ``dry_run`` is True for :func:`filecord.plan`.  ``actions`` lists in-memory pieces as
     ``written`` and file-backed ones as ``copied``, ``cloned`` or ``moved``; a copy made under
-    ``consume=True`` carries its ``reason``.
+    ``consume=True`` carries its ``reason``; a cloned piece whose last partial block was copied
+    says how many bytes (``tail``) and why (``tail_reason``).
+
+    ``bytes_copied``, ``bytes_cloned``, ``bytes_written`` and ``bytes_moved`` are what a real save
+    asked of the kernel (the transfer counters; 0 in a dry run): ``bytes_copied == 0`` proves no
+    file-backed byte was copied by filecord.  A cloned piece that ends mid-block and does not
+    end its output shares its last block only until the output grows past it; the file system
+    then gives the output its own copy of that one block (its copy, not filecord's).
     """
 
     outputs: tuple[str, ...]
@@ -26,6 +33,10 @@ class SaveReport:
     elapsed_s: float = 0.0
     fsyncs: int = 0
     journal: bool = False
+    bytes_copied: int = 0
+    bytes_cloned: int = 0
+    bytes_written: int = 0
+    bytes_moved: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -44,9 +55,12 @@ class SaveReport:
         )
 
     def bytes_by_action(self) -> dict[str, int]:
+        """Bytes per action; a cloned piece's copied tail counts as ``copied``."""
         totals: dict[str, int] = {}
         for a in self.actions:
-            totals[a.action] = totals.get(a.action, 0) + a.length
+            totals[a.action] = totals.get(a.action, 0) + a.length - a.tail
+            if a.tail:
+                totals["copied"] = totals.get("copied", 0) + a.tail
         return totals
 
     def copy_reasons(self) -> dict[str, int]:
@@ -55,6 +69,8 @@ class SaveReport:
         for a in self.actions:
             if a.reason is not None:
                 out[a.reason] = out.get(a.reason, 0) + a.length
+            if self.consume and a.tail_reason is not None:
+                out[a.tail_reason] = out.get(a.tail_reason, 0) + a.tail
         return out
 
     def file_actions(self) -> tuple[PieceAction, ...]:
@@ -80,6 +96,8 @@ class SaveReport:
                     "source": a.source,
                     "source_offset": a.src_offset if a.source is not None else None,
                     "reason": a.reason,
+                    "tail": a.tail,
+                    "tail_reason": a.tail_reason,
                 }
                 for a in self.actions
             ],
@@ -90,6 +108,12 @@ class SaveReport:
             "elapsed_s": self.elapsed_s,
             "fsyncs": self.fsyncs,
             "journal": self.journal,
+            "transfer": {
+                "copied": self.bytes_copied,
+                "cloned": self.bytes_cloned,
+                "written": self.bytes_written,
+                "moved": self.bytes_moved,
+            },
         }
 
     def summary(self) -> str:
@@ -99,6 +123,9 @@ class SaveReport:
             f"{verb} {len(self.outputs)} file(s), {self.total_bytes} bytes"
             + ("" if self.dry_run else f" in {self.elapsed_s:.3f} s, {self.fsyncs} fsyncs")
         ]
+        if not self.dry_run:
+            lines.append(f"  transfer: {self.bytes_copied} copied, {self.bytes_cloned} cloned, "
+                         f"{self.bytes_moved} moved, {self.bytes_written} written")
         for action, n in sorted(self.bytes_by_action().items()):
             lines.append(f"  {action:8} {n} bytes")
         for reason, n in sorted(self.copy_reasons().items()):

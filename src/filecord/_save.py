@@ -114,6 +114,7 @@ def plan(
 def _report(
     prep: Prepared, actions: tuple[PieceAction, ...] | list[PieceAction], *, dry_run: bool,
     elapsed: float = 0.0, fsyncs: int = 0, used_journal: bool = False,
+    counters: _transfer.Counters | None = None,
 ) -> SaveReport:
     p = prep.plan
     return SaveReport(
@@ -127,6 +128,10 @@ def _report(
         elapsed_s=elapsed,
         fsyncs=fsyncs,
         journal=used_journal,
+        bytes_copied=counters.copied if counters else 0,
+        bytes_cloned=counters.cloned if counters else 0,
+        bytes_written=counters.written if counters else 0,
+        bytes_moved=counters.moved if counters else 0,
     )
 
 
@@ -179,6 +184,7 @@ def _run(
     return _report(
         prep, txn.actions, dry_run=False, elapsed=time.perf_counter() - start,
         fsyncs=txn.counters.fsyncs, used_journal=txn.record is not None,
+        counters=txn.counters,
     )
 
 

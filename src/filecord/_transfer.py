@@ -34,6 +34,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from filecord import _sys
 from filecord._plan import MoveSource, PieceRef, cover
@@ -49,14 +50,29 @@ _CFR_FALLBACK = frozenset(
 )
 
 Progress = Callable[[int], None]
+Tally = Literal["copied", "moved", "restored"]
 
 
 @dataclass
 class Counters:
-    """Per-save mutable state: the fsync tally and the one reused copy buffer."""
+    """Per-save mutable state: the fsync and byte tallies, and the one reused copy buffer.
+
+    The byte tallies count what filecord asked of the kernel: ``copied`` file-backed bytes
+    copied into outputs (``copy_file_range`` or read/write), ``cloned`` bytes whose extents
+    were shared, ``written`` in-memory bytes, ``moved`` bytes copied window by window and then
+    cut from their source, ``restored`` bytes a rollback put back.
+    """
 
     fsyncs: int = 0
+    copied: int = 0
+    cloned: int = 0
+    written: int = 0
+    moved: int = 0
+    restored: int = 0
     _buf: memoryview | None = field(default=None, repr=False)
+
+    def tally(self, kind: Tally, n: int) -> None:
+        setattr(self, kind, getattr(self, kind) + n)
 
     def buffer(self) -> memoryview:
         if self._buf is None:
@@ -89,9 +105,12 @@ def _buffered_copy(
 
 def copy_range(
     src: int, dst: int, src_off: int, dst_off: int, n: int, c: Counters,
-    progress: Progress = _nop,
+    progress: Progress = _nop, *, kind: Tally = "copied",
 ) -> None:
-    """Copy ``n`` bytes between two regular files at the given offsets, completely."""
+    """Copy ``n`` bytes between two regular files at the given offsets, completely.
+
+    ``kind`` names the tally the bytes count in (a move's and a rollback's copies are not
+    copies of the save)."""
     done = 0
     while done < n:
         try:
@@ -109,6 +128,7 @@ def copy_range(
             break
         done += got
         progress(got)
+    c.tally(kind, n)  # counted once complete: a failed copy raises and the save is undone
 
 
 def copy_to_stream(
@@ -128,12 +148,14 @@ def copy_to_stream(
             break
         done += got
         progress(got)
+    c.copied += n
 
 
 def write_bytes(
     dst: int, data: memoryview, dst_off: int | None, c: Counters, progress: Progress = _nop
 ) -> None:
     """Write an in-memory piece in bounded slices (so progress moves and no slice is huge)."""
+    c.written += len(data)
     for start in range(0, len(data), BUFFER):
         part = data[start : start + BUFFER]
         _sys.write_all(dst, part, None if dst_off is None else dst_off + start)
@@ -141,8 +163,14 @@ def write_bytes(
 
 
 def clone(src: int, src_off: int, n: int, dst: int, dst_off: int, c: Counters) -> None:
-    """Share ``n`` bytes' extents (raises OSError when the file system refuses)."""
+    """Share ``n`` bytes' extents (raises OSError when the file system refuses).
+
+    A range that ends unaligned must end at the source's end and reach the destination's end
+    (the kernel refuses a partial EOF block cloned into the middle of a file, EINVAL)."""
+    if n <= 0:  # FICLONERANGE takes a length of 0 as "to the source's end": never ask that
+        return
     _sys.clone_range(src, src_off, n, dst, dst_off)
+    c.cloned += n
 
 
 def move_source(
@@ -173,7 +201,7 @@ def move_source(
                 a, b = max(d.src_offset, lo), min(d.src_offset + d.length, pos)
                 if a < b:
                     copy_range(src, temps[d.output], a, d.out_offset + (a - d.src_offset),
-                               b - a, c)
+                               b - a, c, kind="moved")
                     touched.add(temps[d.output])
         except OSError as exc:
             _check_unchanged(src, m, pos, seen, exc)
@@ -280,7 +308,8 @@ def restore_source(
             tfd = temps[d.output]
             if tfd is None:  # pragma: no cover - checked above
                 continue
-            copy_range(tfd, src, d.out_offset + (a - d.src_offset), a, b - a, c)
+            copy_range(tfd, src, d.out_offset + (a - d.src_offset), a, b - a, c,
+                       kind="restored")
         c.fsync(src)  # the bytes are durable in the source before any temp lets go of them
         if punch:
             for a, b, d in segs:

@@ -213,3 +213,37 @@ def test_from_manager_refuses_other_objects() -> None:
 
     with pytest.raises(TypeError, match="ExecutorchProgramManager"):
         from_manager(object())
+
+
+def test_clone_ready_lays_segments_and_constants_on_4096_by_reference(tmp_path: Path) -> None:
+    """No executorch needed: a hand-built program with file-backed constants and a delegate;
+    the runtime side is tested in test_et_program_interop and tests/fsmatrix."""
+    from et_helpers import DELEGATE_BLOB, sample_program
+
+    from filecord.executorch import NamedDataStore, read_pte, serialize_program
+
+    weight = owned(tmp_path, "w.bin", pattern(5000, "w"))
+    bias = owned(tmp_path, "b.bin", pattern(12, "b"))
+    program = sample_program(constants=(b"", weight, bias))
+    store = NamedDataStore()
+    store.add_named_data("ext", owned(tmp_path, "e.bin", pattern(777, "e")),
+                         external_tag="weights", tensor_layout=LAYOUT)
+    out = serialize_program(program, store)
+    prog = Program(out.pte, out.data_files).clone_ready()
+    # Pieces by reference: the sources are still the objects the save will clone from.
+    backed = {d.path for c in (prog.pte, *prog.data.values()) for d in c.file_backed_buffers()}
+    assert backed == {weight.path, bias.path, str(tmp_path / "e.bin")}
+    prog.save(tmp_path / "m.pte")
+    pte = read_pte(tmp_path / "m.pte")
+    assert all(s.file_offset % 4096 == 0 for s in pte.segments)
+    assert pte.constant_segment is not None
+    k, offsets = pte.constant_segment
+    seg = pte.segments[k]
+    for off, want in zip(offsets[1:], (pattern(5000, "w"), pattern(12, "b")), strict=True):
+        assert (seg.file_offset + off) % 4096 == 0
+        assert seg.data.read_range(off, len(want)) == want
+    blobs = [d.data for d in pte.delegates]
+    assert [b if isinstance(b, bytes) else b.to_bytes() for b in blobs] == [DELEGATE_BLOB]
+    data = read_ptd(tmp_path / "weights.ptd")
+    assert all(s.file_offset % 4096 == 0 for s in data.segments)
+    assert data.segments[0].data.to_bytes() == pattern(777, "e")

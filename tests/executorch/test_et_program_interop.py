@@ -253,3 +253,38 @@ def test_merge_data_consume(
     # One tag: the merged file is that tag's data file, byte for byte, under the program's name.
     assert (tmp_path / "m.ptd").read_bytes() == expected[f"{TAG}.ptd"]
     assert _close(run_program(tmp_path / "m.pte", lowered.x, tmp_path / "m.ptd"), lowered.expected)
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_clone_ready_puts_every_segment_on_4096_and_runs(
+    exported: dict[str, Exported], name: str, tmp_path: Path
+) -> None:
+    """``save(clone_ready=True)``: each segment of the .pte and of the .ptd on a 4 KiB file
+    offset, the segments' bytes unchanged, and the runtime loads and runs it."""
+    e = exported[name]
+    program = from_manager(e.manager)
+    merge = len(e.ptds) > 1  # the Python runtime takes one data file per program
+    program.save(tmp_path / e.pte.name, clone_ready=True, merge_data=merge)
+    before, after = read_pte(e.pte), read_pte(tmp_path / e.pte.name)
+    assert all(s.file_offset % 4096 == 0 for s in after.segments)
+    constant = after.constant_segment
+    k = None if constant is None else constant[0]
+    # Every segment but the constant one keeps its bytes; in that one each tensor moves to a
+    # 4 KiB offset of the file, its bytes (and its padding to 16) unchanged.
+    assert [s.data.to_bytes() for s in after.segments if s.index != k] == [
+        s.data.to_bytes() for s in before.segments if s.index != k]
+    if constant is not None and before.constant_segment is not None:
+        old_seg, new_seg = before.segments[constant[0]], after.segments[constant[0]]
+        old_offs, new_offs = before.constant_segment[1], constant[1]
+        for i, (a, b) in enumerate(zip(old_offs, new_offs, strict=True)):
+            n = (old_offs[i + 1] if i + 1 < len(old_offs) else old_seg.size) - a
+            if n:
+                assert (new_seg.file_offset + b) % 4096 == 0
+                assert new_seg.data.read_range(b, n) == old_seg.data.read_range(a, n)
+    data = None
+    ptds = sorted(p for p in tmp_path.iterdir() if p.suffix == ".ptd")
+    for p in ptds:
+        assert all(s.file_offset % 4096 == 0 for s in read_ptd(p).segments)
+    if ptds:
+        (data,) = ptds
+    assert _close(run_program(tmp_path / e.pte.name, e.x, data), e.expected)

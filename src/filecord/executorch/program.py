@@ -16,11 +16,16 @@ unchanged, only the name differs); several are merged into a new data file built
 :func:`~filecord.executorch.build_ptd`: equal blobs are stored once, a key present under two
 tags with different bytes or layouts raises :class:`NamedDataConflictError`, and every segment
 is aligned to ``lcm(segment_alignment, the key's alignment)`` where ``data_alignment`` knows it.
+
+``clone_ready=True`` (``save``, ``plan``) first re-lays the program and every data file so each
+segment starts on a 4 KiB file offset (:meth:`Program.clone_ready`, ``_cloneready``): the one
+exception to "never re-serializes", and it changes only offsets, never a segment's bytes.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,6 +37,7 @@ from filecord._preflight import CordLike, Target
 from filecord._report import SaveReport
 from filecord._save import ProgressCallback, plan, save_many
 from filecord.errors import add_note
+from filecord.executorch._cloneready import CLONE_ALIGNMENT, clone_ready_pte
 from filecord.executorch._cordptd import cord_entries
 from filecord.executorch._layout import positive_int
 from filecord.executorch.errors import NamedDataConflictError
@@ -126,6 +132,22 @@ class Program:
         object.__setattr__(self, "data", MappingProxyType(dict(self.data)))
         object.__setattr__(self, "data_alignment", MappingProxyType(dict(self.data_alignment)))
 
+    def clone_ready(self, alignment: int = CLONE_ALIGNMENT) -> Program:
+        """This program with every segment of the ``.pte`` and of each ``.ptd`` on a multiple of
+        ``alignment`` (4096: a btrfs/XFS block) in its file, so a save can clone file-backed
+        segments instead of copying them.  Segments stay the same pieces (nothing is read but
+        the program and the data files' headers); the runtime loads the result as before.
+        Each tensor of the constant segment moves to a 4 KiB offset too (zeros between)."""
+        positive_int(alignment, "alignment")
+        seg = math.lcm(alignment, self.segment_alignment)
+        data = {
+            tag: merge_data_files({tag: cord}, segment_alignment=seg,
+                                  data_alignment=self.data_alignment)
+            for tag, cord in self.data.items()
+        }
+        return Program(clone_ready_pte(self.pte, seg), data, segment_alignment=seg,
+                       data_alignment=self.data_alignment)
+
     # --- what would be written ---------------------------------------------------------------
     def data_files(self, *, merge_data: bool = False, name: str = "program.pte") -> dict[str, Cord]:
         """File name -> Cord of every data file, as :meth:`save` would write them beside a
@@ -173,6 +195,7 @@ class Program:
         merge_data: bool = False,
         window: int = DEFAULT_WINDOW,
         progress: ProgressCallback | None = None,
+        clone_ready: bool = False,
     ) -> SaveReport:
         """Write the ``.pte`` at ``path`` (which must end in ``.pte``, as ExecuTorch requires)
         and every ``.ptd`` in ``data_dir`` (default: beside the ``.pte``) in one atomic, durable
@@ -181,9 +204,13 @@ class Program:
         ``consume=True`` moves owned file-backed pieces into the outputs (their files are gone
         afterwards); a second save of the same Program then raises ``DataChangedError`` before
         any file is opened.  ``merge_data=True`` writes one ``<pte stem>.ptd``.
+        ``clone_ready=True`` writes the layout of :meth:`clone_ready` (every segment on a 4 KiB
+        file offset): on btrfs/XFS each file-backed segment that starts a block in its source
+        is then cloned, and under ``consume=True`` its file is cloned, not moved.
         """
         _check_pte_name(path)
-        outputs = self.outputs(path, data_dir=data_dir, merge_data=merge_data)
+        prog = self.clone_ready() if clone_ready else self
+        outputs = prog.outputs(path, data_dir=data_dir, merge_data=merge_data)
         log.info("saving program %s with %d data file(s)", os.fspath(path), len(outputs) - 1)
         return _annotated(outputs, consume=consume, window=window, progress=progress)
 
@@ -195,10 +222,12 @@ class Program:
         consume: bool = False,
         merge_data: bool = False,
         window: int = DEFAULT_WINDOW,
+        clone_ready: bool = False,
     ) -> SaveReport:
         """What :meth:`save` with these arguments would do, piece by piece; writes nothing."""
         _check_pte_name(path)
-        outputs = self.outputs(path, data_dir=data_dir, merge_data=merge_data)
+        prog = self.clone_ready() if clone_ready else self
+        outputs = prog.outputs(path, data_dir=data_dir, merge_data=merge_data)
         targets: dict[Target, CordLike] = dict(outputs.items())
         return plan(targets, consume=consume, window=window)
 

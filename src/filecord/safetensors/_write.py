@@ -39,8 +39,9 @@ from filecord.tensors import NamedTensor
 
 log = logging.getLogger(__name__)
 
-Order = Literal["canonical", "given"]
+Order = Literal["canonical", "given", "clone_ready"]
 ProgressCallback = Callable[[int, int], None]
+CLONE_BLOCK = 4096  # the block of btrfs and XFS: a clone needs both offsets on a multiple of it
 
 
 def _items(tensors: Iterable[NamedTensor] | Mapping[str, NamedTensor]) -> list[NamedTensor]:
@@ -85,11 +86,23 @@ def build_file(
     and metadata; ``"given"`` keeps the iteration order.  ``alignment=4096`` pads the header so
     the data starts on a 4 KiB boundary (valid per the format; lets later saves clone).
     ``wholes``: whole-file pieces whose ranges may be joined when adjacent.
+
+    ``order="clone_ready"`` (implies ``alignment=4096``) is as clone-friendly as the format
+    allows.  Its data is contiguous (no gap may separate two tensors), so a tensor starts on a
+    4 KiB boundary only if every tensor before it fills whole blocks: tensors whose byte length
+    is a multiple of 4096 come first (canonical order among them), then the rest (canonical
+    order), so every whole-block tensor and the first of the others start on a 4 KiB file
+    offset.  Big weights are usually whole blocks (a dimension of 1024 in 4-byte floats is);
+    the rest are biases and norms.  Readers take any order: offsets are in the header.
     """
     items = _items(tensors)
-    if order == "canonical":
+    if order in ("canonical", "clone_ready"):
         by_name = {t.name: t for t in items}
         items = [by_name[n] for n in canonical_order((t.name, t.dtype) for t in items)]
+    if order == "clone_ready":
+        alignment = max(alignment, CLONE_BLOCK)
+        items = ([t for t in items if t.nbytes % CLONE_BLOCK == 0]
+                 + [t for t in items if t.nbytes % CLONE_BLOCK])
     header = encode_header([(t.name, t.dtype, t.shape, t.nbytes) for t in items], metadata,
                            alignment=alignment)
     cord = Cord([header])
