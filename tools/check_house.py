@@ -63,7 +63,8 @@ IO_SYSTEM = frozenset({"open", "open_code", "FileIO"})
 KNOWN_PENDING_CYCLES: frozenset[frozenset[str]] = frozenset({
     # named_data -> torch -> executorch (the package) -> its submodules -> named_data
     frozenset({
-        "filecord.executorch", "filecord.executorch._contents", "filecord.executorch._cordptd",
+        "filecord.executorch", "filecord.executorch._cloneready", "filecord.executorch._contents",
+        "filecord.executorch._cordptd",
         "filecord.executorch.adapter", "filecord.executorch.named_data",
         "filecord.executorch.program", "filecord.executorch.ptd",
         "filecord.executorch.serialize", "filecord.torch",
