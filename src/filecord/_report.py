@@ -13,7 +13,8 @@ class SaveReport:
 
     ``dry_run`` is True for :func:`filecord.plan`.  ``actions`` lists in-memory pieces as
     ``written`` and file-backed ones as ``copied``, ``cloned`` or ``moved``; a copy made under
-    ``consume=True`` carries its ``reason``.
+    ``consume=True`` carries its ``reason``.  ``window`` is the sync window the moves use (the
+    default may have shrunk to fit the free space: ``window_note`` then says so).
     """
 
     outputs: tuple[str, ...]
@@ -26,6 +27,9 @@ class SaveReport:
     elapsed_s: float = 0.0
     fsyncs: int = 0
     journal: bool = False
+    # Why ``window`` is smaller than the default ("shrunk from 64 MiB to 16 MiB: 20.6 MiB free
+    # on ext4"); None when the window is the one asked for or the default unchanged.
+    window_note: str | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -65,6 +69,7 @@ class SaveReport:
             "dry_run": self.dry_run,
             "consume": self.consume,
             "window": self.window,
+            "window_note": self.window_note,
             "outputs": [
                 {"path": p, "bytes": n} for p, n in zip(self.outputs, self.sizes, strict=True)
             ],
@@ -103,4 +108,6 @@ class SaveReport:
             lines.append(f"  {action:8} {n} bytes")
         for reason, n in sorted(self.copy_reasons().items()):
             lines.append(f"  copied because {reason}: {n} bytes")
+        if self.window_note is not None:
+            lines.append(f"  window   {self.window} bytes ({self.window_note})")
         return "\n".join(lines)
