@@ -421,3 +421,13 @@ def fsync_parents(paths: list[str]) -> int:
     for d in dirs:
         fsync_dir(d)
     return len(dirs)
+
+
+# --- path resolution ------------------------------------------------------------------------
+
+
+def realpath(path: str) -> str:
+    """``os.path.realpath`` through the seam: it stats and reads links, so a fault injected
+    here is one the preflight meets (the preflight resolves names with it)."""
+    _active.hook("realpath", (path,))
+    return os.path.realpath(path)
