@@ -48,7 +48,7 @@ from filecord._cord import Cord
 from filecord._failure import close_descriptors, close_descriptors_quietly
 from filecord._failure import fail as _fail
 from filecord._plan import DEFAULT_WINDOW, MoveSource, PieceAction, SavePlan, check_space, make_plan
-from filecord._preflight import CordLike, Facts, Target, gather, normalize
+from filecord._preflight import CordLike, Target, gather, normalize
 from filecord._report import SaveReport
 from filecord._stage import Stage
 from filecord._txn import Prepared, Txn
@@ -94,6 +94,13 @@ def save_many(
     readers still see the old file or the whole new one while the machine stays up, but after
     a power loss a new file may be lost or empty.  For iterating on exports, never for the only
     copy of anything; a consuming save is always durable (it refuses ``durable=False``).
+
+    ``window``: the sync window of a move (bytes copied, fsynced and cut from a source at a
+    time; a move's peak disk holds one window twice).  Left at :data:`DEFAULT_WINDOW`, it
+    shrinks, halving from 64 MiB down to 4 MiB, to the largest that fits the free space, and
+    ``report.window_note`` says so; the save is refused only when even 4 MiB does not fit.  A
+    window passed explicitly is used as is (a save that does not fit with it is refused, and
+    the message says whether the default would have fit).
     """
     return _run(normalize(outputs, None), consume=consume, window=window, progress=progress,
                 durable=durable)
@@ -112,14 +119,9 @@ def plan(
     ``report.window`` is the sync window the save would use and ``report.window_note`` why it
     is smaller than the default, when it is.
     """
-    facts = gather(normalize(target, cord))
-    p = _decide(facts, consume=consume, window=window)
+    f = gather(normalize(target, cord))
+    p = make_plan(f.outputs, f.refs, f.sources, f.filesystems, consume=consume, window=window)
     return _report(p, p.actions, dry_run=True)
-
-
-def _decide(facts: Facts, *, consume: bool, window: int) -> SavePlan:
-    return make_plan(facts.outputs, facts.refs, facts.sources, facts.filesystems,
-                     consume=consume, window=window)
 
 
 def _report(
@@ -160,8 +162,9 @@ def _run(
                          "sources, so its outputs must be on disk first")
     start = time.perf_counter()
     try:
-        facts = gather(items)
-        plan = _decide(facts, consume=consume, window=window)
+        facts = gather(items)  # facts only: what is there, whatever the arguments
+        plan = make_plan(facts.outputs, facts.refs, facts.sources, facts.filesystems,
+                         consume=consume, window=window)  # every decision, made once
         check_space(plan)
     except OSError as exc:
         if isinstance(exc, FilecordError):

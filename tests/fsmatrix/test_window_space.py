@@ -200,3 +200,34 @@ def test_space_eaten_mid_save_ends_with_every_byte_accounted_for(mount, lets_go)
     assert {a.action for a in report.file_actions()} == {"moved"}
     assert not src.exists()
     assert report.window == 8 * MiB
+
+
+def test_cli_plan_json_and_summary_say_the_window_and_why(mount):
+    import json
+    import subprocess
+    import sys
+
+    fs = mount("ext4", 400 * MiB)
+    size = sum(SIZES)
+    _leave_free(fs, int(1.06 * size) + 64 * 1024)
+    fskit.write_pattern(fs / "blob.bin", size, seed=5)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "filecord.cli", *args], capture_output=True,
+                              text=True, env=env, cwd=fs, timeout=120, check=False)
+
+    r = cli("plan", "out.ptd", "blob.bin", "--consume", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["window"] == 8 * MiB
+    assert doc["window_note"].startswith("shrunk from 64 MiB to 8 MiB: ")
+    r = cli("plan", "out.ptd", "blob.bin", "--consume")
+    assert r.returncode == 0, r.stderr
+    assert f"window   {8 * MiB} bytes (shrunk from 64 MiB to 8 MiB: " in r.stdout
+    # An explicit window is the caller's: no shrinking, and no note.
+    r = cli("plan", "out.ptd", "blob.bin", "--consume", "--json", "--window", "4MiB")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["window"], doc["window_note"]) == (4 * MiB, None)
+    assert _names(fs) == ["blob.bin", "filler", "lost+found"]
