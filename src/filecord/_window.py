@@ -19,10 +19,12 @@ it, costs at most twice the fsyncs of the exact fit, and keeps every window bloc
 file system whose block is at most 4 MiB.
 
 Why a 4 MiB floor (bench/consume_window.py, docs/benchmarks.md: 4 GiB on ext4, 8 MiB window
-517 fsyncs and 4.80 s, 64 MiB window 69 fsyncs and 3.57 s, copy 5.59 s; about 2.7 ms per extra
-window there): 4 MiB is 256 windows per GiB, so at most 256 fsyncs and about 256 extents per
-GiB, an extrapolated ~1.1x the time of a plain copy; below it the fsyncs grow past the copy's
-cost (1 MiB: ~2.6x).  It also keeps the extent metadata inside the space check's margin, which
+517 fsyncs and 4.80 s, 64 MiB window 69 fsyncs and 3.57 s, copy 5.59 s; and at 1 GiB on a
+busy 2-core machine, 2 rounds: 4 MiB 263 fsyncs, 119 extents, 1.52x a copy's time, 8 MiB
+1.46x, 64 MiB 1.20x, peak 1.004x the data): 4 MiB is 256 windows per GiB, so at most 256
+fsyncs and 256 extents per GiB, at most about 1.5x the time of a copy that needs the data's
+space twice; each halving below it doubles the fsyncs again for half a window of disk.
+It also keeps the extent metadata inside the space check's margin, which
 allows one block per started 128 MiB of data (8 blocks, 32 KiB, per GiB): 256 ext4 extents
 (12 bytes each) fit one 4 KiB block, 256 XFS extent records (16 bytes) one or two, btrfs file
 extent items (~70 bytes with their keys) about 18 KiB.  The journal does not grow with the
