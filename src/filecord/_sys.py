@@ -421,3 +421,19 @@ def fsync_parents(paths: list[str]) -> int:
     for d in dirs:
         fsync_dir(d)
     return len(dirs)
+
+
+def abspath(path: str) -> str:
+    """``os.path.abspath``: it asks the kernel for the working directory, so it is a system
+    call the fault hook sees (as ``getcwd``)."""
+    _active.hook("getcwd", (path,))
+    return os.path.abspath(path)
+
+
+def gettempdir() -> str:
+    """``tempfile.gettempdir()``: it may stat and even create candidate directories on first
+    use, so it is a system call the fault hook sees."""
+    import tempfile
+
+    _active.hook("gettempdir", ())
+    return tempfile.gettempdir()

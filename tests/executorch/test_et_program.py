@@ -111,7 +111,7 @@ def test_merge_conflicts_name_both_tags() -> None:
         Cord([PTE]), {"a": ptd({"k": pattern(24, "1")}), "b": ptd({"k": pattern(24, "2")})}
     )
     with pytest.raises(
-        NamedDataConflictError, match="'k' holds different bytes under tag 'a' and under tag 'b'"
+        NamedDataConflictError, match="'k' holds different bytes in tag 'a' and in tag 'b'"
     ):
         prog.data_files(merge_data=True)
     other = TensorLayout.contiguous(ScalarType.FLOAT, (3, 2))

@@ -44,6 +44,27 @@ def test_tied_weights_are_stored_once(tmp_path: Path) -> None:
     assert ptd.entries["head.weight"].data.to_bytes() == w.numpy().tobytes()
 
 
+def test_no_placeholder_file_is_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layout needs no file: the only file created beside the output is the scratch the
+    save publishes (and the save's own temp and journal files)."""
+    from filecord import _sys
+
+    created: list[str] = []
+    real = _sys.open
+
+    def spy(path: str, flags: int, mode: int = 0o666) -> int:
+        if flags & os.O_CREAT:
+            created.append(os.path.basename(path))
+        return real(path, flags, mode)
+
+    monkeypatch.setattr(_sys, "open", spy)
+    save_state_dict({"w": torch.ones(4), "b": torch.zeros(2)}, tmp_path / "t.ptd", consume=True)
+    scratch = [n for n in created if n.endswith(".tensors")]
+    assert len(scratch) == 1
+    assert scratch[0].startswith(".t.ptd.")
+    assert not any("layout" in n for n in created)
+
+
 def test_bad_dtype_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no ExecuTorch scalar type"):
         save_state_dict({"c": torch.ones(2, dtype=torch.complex64)}, tmp_path / "c.ptd")

@@ -13,6 +13,7 @@ flatc.
 from filecord.executorch._contents import external_tensors
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import Aligned, plan_segments
+from filecord.executorch._merge import merge_ptd
 from filecord.executorch.adapter import from_manager, save
 from filecord.executorch.errors import (
     BadHeaderError,
@@ -33,16 +34,14 @@ from filecord.executorch.errors import (
 from filecord.executorch.named_data import DataEntry, NamedDataStore, validate_tag
 from filecord.executorch.program import (
     Program,
-    merge_data_files,
     merged_file_name,
     ptd_file_name,
 )
-from filecord.executorch.ptd import PtdFile, PtdHeader, PtdSegment, build_ptd, merge_ptd, read_ptd
+from filecord.executorch.ptd import PtdFile, PtdHeader, build_ptd, read_ptd
 from filecord.executorch.pte import (
     PteDelegate,
     PteFile,
     PteHeader,
-    PteSegment,
     assemble_pte,
     encode_program,
     max_force_align,
@@ -55,7 +54,7 @@ from filecord.executorch.schema import (
     program_table,
 )
 from filecord.executorch.serialize import SerializedProgram, serialize_program
-from filecord.executorch.values import PtdEntry, ScalarType, TensorLayout
+from filecord.executorch.values import PtdEntry, ScalarType, Segment, TensorLayout
 
 __all__ = [
     # programs
@@ -64,18 +63,16 @@ __all__ = [
     "save",
     "ptd_file_name",
     "merged_file_name",
-    "merge_data_files",
     "external_tensors",
     # reading
     "read_pte",
     "read_ptd",
     "PteFile",
     "PteHeader",
-    "PteSegment",
+    "Segment",
     "PteDelegate",
     "PtdFile",
     "PtdHeader",
-    "PtdSegment",
     "PtdEntry",
     # writing
     "assemble_pte",

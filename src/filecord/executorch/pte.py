@@ -37,7 +37,7 @@ from filecord.executorch._layout import (
     segment_cord,
     zero_fill,
 )
-from filecord.executorch._ptecheck import ProgramFacts, check_program
+from filecord.executorch._ptecheck import DataLocation, ProgramFacts, check_program
 from filecord.executorch.errors import (
     BadHeaderError,
     BadMagicError,
@@ -51,9 +51,10 @@ from filecord.executorch.schema import (
     PROGRAM_SCHEMA,
     TENSOR_ALIGNMENT,
 )
+from filecord.executorch.values import Blob, Segment
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PteHeader:
     """The ``eh00`` extended header.  ``padded_length`` is the bytes inserted at offset 8
     (``length`` rounded up to the program's largest force_align), inferred from where the
@@ -66,18 +67,7 @@ class PteHeader:
     padded_length: int
 
 
-@dataclass(frozen=True)
-class PteSegment:
-    """One entry of ``Program.segments``; ``offset`` is relative to the segment base."""
-
-    index: int
-    offset: int
-    size: int
-    file_offset: int
-    data: FileBackedData = field(repr=False)
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PteFile:
     """What :func:`read_pte` found.  ``program`` is the decoded Program table, ``region`` the
     program region of the file (header included), ``flatbuffer`` (read on use) the plain
@@ -88,7 +78,7 @@ class PteFile:
     header: PteHeader | None
     program: Table
     region: FileBackedData = field(repr=False)
-    segments: tuple[PteSegment, ...]
+    segments: tuple[Segment, ...]
     facts: ProgramFacts
 
     @property
@@ -113,14 +103,14 @@ class PteFile:
     def delegates(self) -> tuple[PteDelegate, ...]:
         out = []
         for d in self.facts.delegates:
-            data: bytes | FileBackedData = d.inline_data
+            data: Blob = d.inline_data
             if d.location == "SEGMENT":
                 data = self.segments[d.index].data
             out.append(PteDelegate(d.plan, d.position, d.id, d.location, d.index, len(data), data))
         return tuple(out)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PteDelegate:
     """A delegate's processed blob: INLINE (``index`` into ``backend_delegate_data``, ``data``
     is in-memory bytes from the program) or SEGMENT (``index`` into segments, file-backed)."""
@@ -128,10 +118,10 @@ class PteDelegate:
     plan: int
     position: int
     id: str
-    location: str
+    location: DataLocation
     index: int
     size: int
-    data: bytes | FileBackedData = field(repr=False)
+    data: Blob = field(repr=False)
 
 
 def parse_pte_header(head: bytes, file_size: int) -> tuple[int, int, int, int] | None:
@@ -240,7 +230,7 @@ def read_pte(path: str | os.PathLike[str]) -> PteFile:
     )
     base = header.segment_base_offset if header else 0
     segments = tuple(
-        PteSegment(i, off, size, base + off, FileBackedData(p, offset=base + off, length=size))
+        Segment(i, off, size, base + off, FileBackedData(p, offset=base + off, length=size))
         for i, (off, size) in enumerate(facts.segments)
     )
     whole = FileBackedData(p, offset=0, length=region_size)
