@@ -35,8 +35,7 @@ import filecord
 import filecord.executorch as fe
 from filecord import InsufficientSpaceError
 from filecord._cli_executorch import summarize_pte
-from filecord.executorch import build_ptd, external_tensors, read_ptd, read_pte
-from filecord.executorch.verify import verify
+from filecord.executorch import build_ptd, external_tensors, read_ptd, read_pte, verify
 
 torch = pytest.importorskip("torch", reason="interop tests need torch")
 pytest.importorskip("executorch", reason="interop tests need executorch")

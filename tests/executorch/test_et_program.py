@@ -11,7 +11,6 @@ import pytest
 from filecord import DataChangedError, FileBackedData, SourceIsOutputError
 from filecord._cord import Cord
 from filecord.executorch import (
-    InvalidTagError,
     NamedDataConflictError,
     Program,
     PtdEntry,
@@ -19,10 +18,10 @@ from filecord.executorch import (
     TensorLayout,
     build_ptd,
     merge_ptd,
-    merged_file_name,
-    ptd_file_name,
     read_ptd,
 )
+from filecord.executorch.errors import InvalidTagError
+from filecord.executorch.program import merged_file_name, ptd_file_name
 from filecord_testing import leftovers, pattern
 
 PTE = b"ET12-not-parsed-by-save" + bytes(100)

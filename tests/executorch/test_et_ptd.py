@@ -12,7 +12,6 @@ from et_helpers import write_cord
 from filecord import _sys
 from filecord._data import FileBackedData
 from filecord.executorch import (
-    InvalidTagError,
     NamedDataConflictError,
     NamedDataStore,
     PtdEntry,
@@ -22,6 +21,7 @@ from filecord.executorch import (
     merge_ptd,
     read_ptd,
 )
+from filecord.executorch.errors import InvalidTagError
 
 W = TensorLayout.contiguous(ScalarType.FLOAT, (3, 4))
 B = TensorLayout.contiguous(ScalarType.FLOAT, (3,))

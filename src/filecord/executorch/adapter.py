@@ -37,7 +37,9 @@ from typing import Any
 from filecord import _sys
 from filecord._cord import Cord
 from filecord._data import FileBackedData
+from filecord._plan import DEFAULT_WINDOW
 from filecord._report import SaveReport
+from filecord._save import ProgressCallback
 from filecord.errors import DataChangedError, add_note
 from filecord.executorch.program import Program
 
@@ -245,7 +247,19 @@ def _data_alignment(manager: Any) -> dict[str, int]:
     return out
 
 
-def save(manager: Any, path: str | os.PathLike[str], **options: Any) -> SaveReport:
-    """``from_manager(manager).save(path, **options)``: the program and its data files in one
-    atomic transaction (options: ``data_dir``, ``consume``, ``merge_data``, ``window``, ...)."""
-    return from_manager(manager).save(path, **options)
+def save(
+    manager: Any,
+    path: str | os.PathLike[str],
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+    consume: bool = False,
+    merge_data: bool = False,
+    window: int = DEFAULT_WINDOW,
+    progress: ProgressCallback | None = None,
+) -> SaveReport:
+    """``from_manager(manager).save(path, ...)``: the program and its data files in one atomic
+    transaction; the options are :meth:`Program.save`'s."""
+    return from_manager(manager).save(
+        path, data_dir=data_dir, consume=consume, merge_data=merge_data, window=window,
+        progress=progress,
+    )

@@ -1,4 +1,4 @@
-"""The ``.pte`` program file: read it, assemble one.
+"""The ``.pte`` program file: read it, build one.
 
 Byte map: the program flatbuffer (identifier ``ET12``), with an optional ``eh00`` extended header
 inserted at offset 8; then zeros up to ``segment_base_offset``; then the segments, each at its
@@ -6,7 +6,7 @@ planned offset relative to the base, with no padding after the last one.  A file
 bytes has no header and is just the flatbuffer.
 
 ``read_pte`` reads only the program region into memory; every segment comes back as a
-:class:`~filecord.FileBackedData` range of the file.  ``assemble_pte`` takes program bytes and
+:class:`~filecord.FileBackedData` range of the file.  ``build_pte`` takes program bytes and
 segment pieces and returns a :class:`~filecord.Cord` holding the very pieces it was given.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from filecord import _sys
 from filecord._cord import Cord, PieceLike
 from filecord._data import FileBackedData
-from filecord.executorch import _fbread, _fbwrite
+from filecord.executorch import _fbread
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import (
     PTE_HEADER_LENGTH,
@@ -45,12 +45,7 @@ from filecord.executorch.errors import (
     SegmentTableMismatchError,
     TruncatedError,
 )
-from filecord.executorch.schema import (
-    DEFAULT_FORCE_ALIGN,
-    DELEGATE_ALIGNMENT,
-    PROGRAM_SCHEMA,
-    TENSOR_ALIGNMENT,
-)
+from filecord.executorch.schema import DEFAULT_FORCE_ALIGN, PROGRAM_SCHEMA
 from filecord.executorch.values import Blob, Segment
 
 
@@ -237,26 +232,7 @@ def read_pte(path: str | os.PathLike[str]) -> PteFile:
     return PteFile(p, file_size, header, program, whole, segments, facts)
 
 
-def max_force_align(*, constant_tensor_alignment: int = 16, delegate_alignment: int = 16) -> int:
-    """The largest force_align of the schema a program was encoded with."""
-    return max(DEFAULT_FORCE_ALIGN, constant_tensor_alignment, delegate_alignment)
-
-
-def encode_program(
-    program: Table, *, constant_tensor_alignment: int = 16, delegate_alignment: int = 16
-) -> bytes:
-    """The plain Program flatbuffer, byte-identical to ExecuTorch's encoder for the same values."""
-    return _fbwrite.encode(
-        program,
-        PROGRAM_SCHEMA,
-        alignments={
-            TENSOR_ALIGNMENT: constant_tensor_alignment,
-            DELEGATE_ALIGNMENT: delegate_alignment,
-        },
-    )
-
-
-def assemble_pte(
+def build_pte(
     program: bytes,
     segments: Sequence[PieceLike | Aligned],
     *,
@@ -265,12 +241,13 @@ def assemble_pte(
 ) -> Cord:
     """A ``.pte`` as a Cord: header (when there are segment bytes), program, padding, segments.
 
-    ``program`` is the plain Program flatbuffer (see :func:`encode_program`); its ``segments``
-    table must already list the offsets this layout gives (``plan_segments``), which is
-    checked.  ``segments`` are bytes, ``FileBackedData`` or Cords, optionally wrapped in
-    :class:`Aligned` to ask for more than ``segment_alignment``.  ``max_force_align`` is the
-    largest force_align the program was encoded with (16 unless a tensor or delegate alignment
-    was raised): the inserted header is padded to it.  File-backed pieces end up in the Cord
+    ``program`` is the plain Program flatbuffer (``filecord.executorch.schema.encode_program``);
+    its ``segments`` table must already list the offsets this layout gives (``plan_segments``,
+    importable from this module), which is checked.  ``segments`` are bytes,
+    ``FileBackedData`` or Cords, optionally wrapped in :class:`Aligned` (also from this module)
+    to ask for more than ``segment_alignment``.  ``max_force_align`` is the largest force_align
+    the program was encoded with (16 unless a tensor or delegate alignment was raised): the
+    inserted header is padded to it.  File-backed pieces end up in the Cord
     by reference; padding pieces are small in-memory bytes.
     """
     decoded = _fbread.decode(bytes(program), PROGRAM_SCHEMA)
