@@ -14,6 +14,9 @@ One verb per act:
 * **verify**: ``verify`` (``Verification``), and ``external_tensors`` (what a program loads
   from data files).
 
+Every writer takes the destination first, as ``filecord.save(path, cord)`` does:
+``save(path, manager)``, ``save_state_dict(path, state_dict)``, ``save_external_data(path,
+module, program)``; a call in the old order fails with a ``TypeError`` naming the new one.
 Schema tools (field tables, the flatbuffer encoder) are in :mod:`filecord.executorch.schema`,
 the error classes in :mod:`filecord.executorch.errors`.  Only the ``flatbuffers``
 runtime is needed: no generated code, no flatc.

@@ -18,8 +18,11 @@ Argument order
 --------------
 filecord's own verbs take the destination first, as :func:`filecord.save` does
 (``save(path, cord)``): ``save_state_dict(path, state_dict)``, ``save_external_data(path,
-module, program)``.  A call in the order of releases before 0.2 (``save_state_dict(state_dict,
-path)``) is refused with a ``TypeError`` that names the new order, never silently misread.
+module, program)``, ``filecord.executorch.save(path, manager)``.  A call in the old order
+(``save_state_dict(state_dict, path)``) is refused with a ``TypeError`` that names the new
+order, never silently misread.  Why the destination: it is the one argument every writer
+has, so it can be first everywhere; what comes after it differs (a Cord, a state dict, a
+module and its program).
 Drop-ins for another library's function keep that library's order
 (:func:`filecord.safetensors.save_file` mirrors ``safetensors.torch.save_file(tensors,
 filename)``).
@@ -64,14 +67,14 @@ def _destination_first(function: str, path: object, value: object, what: str) ->
         raise TypeError(
             f"{function} takes the destination first: {function}(path, {what}, ...), as "
             f"filecord.save(path, cord) does; it was called with a {type(path).__name__} "
-            f"first and the path {os.fspath(value)!r} second (the order before filecord 0.2)"
+            f"first and the path {os.fspath(value)!r} second (the old order)"
         )
     raise TypeError(f"{function}: path must be a str or os.PathLike, not {type(path).__name__}")
 
 
 def save_state_dict(
-    state_dict: Mapping[str, torch.Tensor],
     path: str | os.PathLike[str],
+    state_dict: Mapping[str, torch.Tensor],
     *,
     consume: bool = False,
     alignment: int = 16,
@@ -140,9 +143,9 @@ def module_tensors(
 
 
 def save_external_data(
+    path: str | os.PathLike[str],
     module: torch.nn.Module,
     program: str | os.PathLike[str] | PteFile | Program,
-    path: str | os.PathLike[str],
     *,
     consume: bool = False,
     alignment: int = 16,
@@ -159,13 +162,13 @@ def save_external_data(
     program's layout (``ValueError`` otherwise), so a module that differs from the exported one
     is refused before anything is written.  Weights a delegate transformed (XNNPACK packs and
     keys them by a hash) are not the module's tensors: they come only from the export itself
-    (``filecord.executorch.save(manager, ...)``).
+    (``filecord.executorch.save(path, manager)``).
     """
     if isinstance(path, torch.nn.Module):
         raise TypeError(
             "save_external_data takes the destination first: save_external_data(path, module, "
             "program, ...), as filecord.save(path, cord) does; it was called with the module "
-            "first (the order before filecord 0.2)"
+            "first (the old order)"
         )
     target = _destination_first("save_external_data", path, None, "module")
     layouts = external_tensors(program)
@@ -179,7 +182,7 @@ def save_external_data(
                 f"{want.scalar_type.name}{list(want.sizes)} dim_order {list(want.dim_order)}"
             )
     return save_state_dict(
-        tensors, target, consume=consume, alignment=alignment,
+        target, tensors, consume=consume, alignment=alignment,
         segment_alignment=segment_alignment, window=window, progress=progress,
     )
 

@@ -23,8 +23,8 @@ truncated file behind; the manager's ``save``, ``write_to_file`` and
 ``write_tensor_data_to_file`` are therefore wrapped (on that one manager object) to check every
 taken-over file first and raise ``DataChangedError`` before ExecuTorch opens anything.
 
-``from_manager`` also takes ExecuTorch's ``ExportSession`` (the ``executorch.export`` recipe
-API): its ``get_executorch_program_manager()`` is used.
+``from_manager`` (and ``save(path, manager)``) also take ExecuTorch's ``ExportSession`` (the
+``executorch.export`` recipe API): its ``get_executorch_program_manager()`` is used.
 """
 
 from __future__ import annotations
@@ -248,8 +248,8 @@ def _data_alignment(manager: Any) -> dict[str, int]:
 
 
 def save(
-    manager: Any,
     path: str | os.PathLike[str],
+    manager: Any,
     *,
     data_dir: str | os.PathLike[str] | None = None,
     consume: bool = False,
@@ -258,7 +258,21 @@ def save(
     progress: ProgressCallback | None = None,
 ) -> SaveReport:
     """``from_manager(manager).save(path, ...)``: the program and its data files in one atomic
-    transaction; the options are :meth:`Program.save`'s."""
+    transaction; the options are :meth:`Program.save`'s.
+
+    The destination comes first, as in ``filecord.save(path, cord)``; the old order
+    ``save(manager, path)`` raises ``TypeError`` naming this one.
+    """
+    given: object = path  # typed as a path, but a call in the old order passes the manager here
+    if not isinstance(given, (str, os.PathLike)):
+        if isinstance(manager, (str, os.PathLike)):
+            raise TypeError(
+                "filecord.executorch.save takes the destination first: save(path, manager, "
+                "...), as filecord.save(path, cord) does; it was called with a "
+                f"{type(given).__name__} first and the path {os.fspath(manager)!r} second "
+                "(the old order)"
+            )
+        raise TypeError(f"save: path must be a str or os.PathLike, not {type(given).__name__}")
     return from_manager(manager).save(
         path, data_dir=data_dir, consume=consume, merge_data=merge_data, window=window,
         progress=progress,

@@ -15,6 +15,10 @@ differential tests against the installed packages.  Deliberate differences: ``sa
 writes ``__metadata__`` from a hash map, so with two or more metadata keys its key order varies
 from run to run (we keep the order given); it writes the memory of a lazily conjugated or
 negated view, not its value (we write the value).
+
+Argument order: these two are drop-ins, so they keep the order of the functions they mirror
+(``save_file(tensors, filename)``, ``save_sharded(state_dict, save_directory)``), unlike
+filecord's own writers, which take the destination first (``filecord.save(path, cord)``).
 """
 
 from __future__ import annotations
