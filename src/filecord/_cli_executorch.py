@@ -213,7 +213,7 @@ def summarize_pte(f: PteFile) -> dict[str, Any]:
             for m in found.methods
         ],
         "operators": sorted({op for m in found.methods for op in m.operators}),
-        "delegates": found.delegates_by_backend,
+        "delegates": dict(found.delegates_by_backend),
         "delegate_payload_bytes": sum(d.size for d in f.delegates),
         "constant_tensors": sum(
             1 for t in found.tensors

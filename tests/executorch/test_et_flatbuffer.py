@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filecord.executorch._fbread import decode
-from filecord.executorch._fbschema import Field, Kind, Schema
+from filecord.executorch._fbschema import F64, Field, Kind, Schema
 from filecord.executorch._fbwrite import encode
 from filecord.executorch.schema import (
     FLAT_TENSOR_SCHEMA,
@@ -35,7 +35,7 @@ def _scalar(f: Field) -> st.SearchStrategy[Any]:
     assert f.scalar is not None
     if f.scalar.is_bool:
         return st.booleans()
-    if f.scalar.is_float:
+    if f.scalar is F64:
         return st.floats(allow_nan=False, width=64)
     lo, hi = _LIMITS[f.scalar.name]
     return st.integers(lo, hi)

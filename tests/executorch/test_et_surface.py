@@ -59,3 +59,25 @@ def test_importing_the_formats_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", lazy], capture_output=True, text=True,
                          env=env, check=True)
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_value_types_are_frozen_slotted_and_pickle() -> None:
+    import dataclasses
+    import pickle
+
+    from filecord.executorch import _contents, _verify, ptd, pte, values
+
+    classes = [values.TensorLayout, values.PtdEntry, values.Segment, ptd.PtdFile, ptd.PtdHeader,
+               ptd.PtdLayout, pte.PteFile, pte.PteHeader, pte.PteDelegate, fe.Program,
+               fe.SerializedProgram, fe.Verification, _verify.RuntimeCheck, _verify.Problem,
+               _contents.Contents, _contents.TensorInfo, _contents.NeededKey]
+    for cls in classes:
+        assert dataclasses.is_dataclass(cls)
+        assert cls.__dataclass_params__.frozen, cls  # type: ignore[attr-defined]
+        assert "__slots__" in cls.__dict__, cls
+    layout = fe.TensorLayout(fe.ScalarType.FLOAT, (2, 3), (1, 0))
+    entry = fe.PtdEntry("k", b"abc", layout, 4)
+    check = fe.Verification("a.pte", (), (_verify.Problem("w", "m"),), 0, 0,
+                            _verify.RuntimeCheck("skipped"))
+    for value in (layout, entry, check):
+        assert pickle.loads(pickle.dumps(value)) == value  # noqa: S301 - our own bytes

@@ -27,7 +27,6 @@ PTE_HEADER_MIN_LENGTH = 24  # the runtime reads segment_data_size only from 32 o
 PTD_HEADER_MAGIC = b"FH01"
 PTD_HEADER_LENGTH = 40
 PTD_HEADER_ALIGNMENT = 16
-HEAD_PROBE = 64  # both runtimes read this many bytes to find a header
 
 _ZEROS = bytes(4096)
 
@@ -42,7 +41,7 @@ def positive_int(value: object, what: str) -> int:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Aligned:
     """A segment's data together with the alignment it asks for (relative to the segment base)."""
 
