@@ -82,6 +82,14 @@ def _not_regular(path: str) -> str | None:
     return None
 
 
+def _lexists(path: str) -> bool:
+    try:
+        _sys.lstat(path)
+    except OSError:
+        return False
+    return True
+
+
 def _identifier(path: str) -> bytes:
     fd = _sys.open(path, os.O_RDONLY)
     try:
@@ -444,7 +452,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     odd = [(p, why) for p in (args.pte, *args.data)
-           if os.path.lexists(p) and (why := _not_regular(p)) is not None]
+           if _lexists(p) and (why := _not_regular(p)) is not None]
     for p, why in odd:
         print(f"filecord verify: {p}: {why}", file=sys.stderr)
     if odd:

@@ -144,7 +144,7 @@ def test_ptd_reader_agrees_with_executorch(exported: dict[str, Exported], name: 
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
-def test_decode_reencode_assemble_is_byte_identical(
+def test_decode_reencode_build_is_byte_identical(
     exported: dict[str, Exported], name: str
 ) -> None:
     e = exported[name]

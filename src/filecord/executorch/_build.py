@@ -12,7 +12,7 @@ same bytes:
    (equal blobs share one); empty blobs stay inline, renumbered.
 4. The store's program keys become segments in insertion order, one per distinct buffer,
    aligned to that buffer's alignment; ``named_data`` records the keys.
-5. Offsets are planned, written into ``segments``, the program encoded and assembled.
+5. Offsets are planned, written into ``segments``, the program encoded and built (``build_pte``).
 
 Constant tensor storage may be ``FileBackedData``: it goes into the constant segment by
 reference and is never read.  External tensors the emitter produced (``ExtraTensorInfo`` with

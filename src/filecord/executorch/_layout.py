@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from filecord._cord import Cord, PieceLike
 from filecord._data import FileBackedData
+from filecord.executorch.errors import OverlapError, TruncatedError
 
 PTE_HEADER_MAGIC = b"eh00"
 PTE_HEADER_LENGTH = 32  # magic, length, program_size, segment_base_offset, segment_data_size
@@ -145,8 +146,6 @@ def check_regions(
     """The header-declared layout of a ``.pte``/``.ptd`` fits its file: the flatbuffer region
     ends inside the file, the segments start after it, and the segments end inside the file.
     Each field is ``(name, header offset)`` for the error."""
-    from filecord.executorch.errors import OverlapError, TruncatedError
-
     if region_end > file_size:
         raise TruncatedError(
             f"{prefix} ends at {region_end}, past the end of the {file_size}-byte file",
