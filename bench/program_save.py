@@ -12,7 +12,7 @@ run in turn and rotated each round after one warm-up round that is not counted:
   ExecuTorch 1.5.1 does it (buffered writes, no fsync, in place);
 * ``executorch save + fsync``: the same, then an fsync of both outputs, so the data is as
   durable as filecord leaves it (the fair comparison for time);
-* ``filecord copy``: ``filecord.executorch.save(manager, pte)``: both files in one atomic
+* ``filecord copy``: ``filecord.executorch.save(pte, manager)``: both files in one atomic
   transaction (temps, fsync, rename, directory fsync), sources untouched;
 * ``filecord consume``: the same with ``consume=True`` from owned sources (fresh each run, made
   with ExecuTorch's ``FileBackedData.move_from``, not timed): the data is moved.
@@ -124,7 +124,7 @@ def run(variant: str, work: Path, edge: Any, static: dict[str, Any], size: int) 
         sampler.sample()
     else:
         with _sys.use(sampler):
-            report = fe.save(manager, pte, consume=variant.endswith("consume"))
+            report = fe.save(pte, manager, consume=variant.endswith("consume"))
         elapsed = time.perf_counter() - t0
         sampler.sample()
         want = "moved" if variant.endswith("consume") else "copied"

@@ -42,7 +42,7 @@ base = rss_now()
 t0 = time.perf_counter()
 if case == "filecord":
     from filecord.torch import save_state_dict
-    save_state_dict(sd, out, consume=True)
+    save_state_dict(out, sd, consume=True)
 elif case == "safetensors":
     from safetensors.torch import save_file
     save_file(sd, out)

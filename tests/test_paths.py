@@ -212,7 +212,7 @@ def test_state_dict_scratch_is_made_beside_the_real_output(
 
     monkeypatch.setattr(_sys, "open", spy)
     w = torch.arange(10, dtype=torch.float32)
-    report = save_state_dict({"w": w}, "ldir/../x.ptd", consume=True)
+    report = save_state_dict("ldir/../x.ptd", {"w": w}, consume=True)
     assert [a.action for a in report.actions] == ["moved"]  # the scratch adopted by rename
     got = read_ptd(tree / "elsewhere" / "x.ptd").entries["w"].data
     assert isinstance(got, FileBackedData)

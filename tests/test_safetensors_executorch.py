@@ -125,7 +125,7 @@ def test_transformers_checkpoint_merged_converted_and_run(tmp_path: Path) -> Non
     weights = model.state_dict()
     buffers = {k: v for k, v in model.named_buffers() if k not in weights}
     assert buffers  # rotary frequencies: not in a checkpoint, but constants of the program
-    save_state_dict(buffers, tmp_path / "buffers.ptd", consume=True)
+    save_state_dict(tmp_path / "buffers.ptd", buffers, consume=True)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     r = subprocess.run([sys.executable, "-m", "filecord.cli", "merge", tmp_path / "model.ptd",
                         tmp_path / "weights.ptd", tmp_path / "buffers.ptd", "--consume", "-q"],

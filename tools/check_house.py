@@ -56,28 +56,6 @@ WHOLLY_SYSTEM = frozenset({"shutil", "tempfile"})
 # ``io`` is mostly pure (BytesIO, StringIO); these open files.
 IO_SYSTEM = frozenset({"open", "open_code", "FileIO"})
 
-# Known and owned elsewhere: the ExecuTorch <-> torch work (issue 15, helper "house-et") and
-# the preflight/plan work (helper "window") remove these.  The integrator deletes both sets
-# (and the lines that use them) once those branches are merged; a problem not listed here, a
-# listed cycle that grows or shrinks, and an entry that no longer occurs all fail.
-KNOWN_PENDING_CYCLES: frozenset[frozenset[str]] = frozenset({
-    # named_data -> torch -> executorch (the package) -> its submodules -> named_data
-    frozenset({
-        "filecord.executorch", "filecord.executorch._cloneready", "filecord.executorch._contents",
-        "filecord.executorch._cordptd",
-        "filecord.executorch.adapter", "filecord.executorch.named_data",
-        "filecord.executorch.program", "filecord.executorch.ptd",
-        "filecord.executorch.serialize", "filecord.torch",
-    }),
-})
-KNOWN_PENDING_BYPASSES: frozenset[tuple[str, str]] = frozenset({
-    # (module, the call as written): house-et's files
-    ("filecord.executorch.named_data", "tempfile.gettempdir"),
-    ("filecord.executorch.verify", "os.path.abspath"),
-    ("filecord.safetensors._torch", "os.path.abspath"),
-})
-
-
 # --- the checker ----------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -324,8 +302,7 @@ def check(src: Path, package: str = "filecord", seam: str = "_sys", *,
 
 def main(argv: list[str]) -> int:
     src = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent / "src"
-    problems = check(src, known_cycles=KNOWN_PENDING_CYCLES,
-                     known_bypasses=KNOWN_PENDING_BYPASSES)
+    problems = check(src)
     sys.stdout.writelines(p + "\n" for p in problems)
     return 1 if problems else 0
 

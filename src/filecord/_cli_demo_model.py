@@ -100,7 +100,7 @@ def _run(directory: str, torch: Any, export: Any, save: Any, save_state_dict: An
     start = time.perf_counter()
     # The program itself is small (its weights are external); taken over without re-serializing.
     save(pte, from_manager(manager).pte)
-    report = save_state_dict(model.state_dict(), ptd, consume=True)
+    report = save_state_dict(ptd, model.state_dict(), consume=True)
     seconds = time.perf_counter() - start
     program = Runtime.get().load_program(pte, data_path=ptd)
     got = program.load_method("forward").execute([x])[0]

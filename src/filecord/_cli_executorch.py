@@ -3,7 +3,7 @@
 ``filecord verify PROGRAM.pte [--data FILE.ptd] [--json]``: check a program and its data.
 
 Rendering only; the facts come from :func:`read_pte` / :func:`read_ptd` and
-:func:`filecord.executorch.verify.verify`.  The format is chosen
+:func:`filecord.executorch.verify`.  The format is chosen
 by the flatbuffer identifier at bytes 4..8 (``ET12`` or ``FT01``), not by the file name.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 from filecord import _cli_safetensors, _sys
 from filecord._cli_common import Subparsers
 from filecord.errors import FormatError
-from filecord.executorch import PtdFile, PteFile, TensorLayout, read_ptd, read_pte
+from filecord.executorch import PtdFile, PteFile, TensorLayout, read_ptd, read_pte, verify
 from filecord.executorch._contents import contents
 
 
@@ -214,7 +214,7 @@ def summarize_pte(f: PteFile) -> dict[str, Any]:
             for m in found.methods
         ],
         "operators": sorted({op for m in found.methods for op in m.operators}),
-        "delegates": found.delegates_by_backend,
+        "delegates": dict(found.delegates_by_backend),
         "delegate_payload_bytes": sum(d.size for d in f.delegates),
         "constant_tensors": sum(
             1 for t in found.tensors
@@ -444,8 +444,6 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from filecord.executorch.verify import verify
-
     odd = [(p, why) for p in (args.pte, *args.data)
            if _sys.lexists(p) and (why := _not_regular(p)) is not None]
     for p, why in odd:

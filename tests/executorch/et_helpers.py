@@ -122,7 +122,7 @@ DELEGATE_BLOB = b"delegate-blob-" * 10
 
 def sample_program(*, delegate: bool = True, constants: tuple[bytes, ...] = (b"", WEIGHT, BIAS)):
     """A small Program in emitter form: constants inline, one inline delegate blob."""
-    from filecord.executorch import program_table as t
+    from filecord.executorch.schema import program_table as t
 
     tensor = t(
         "Tensor",

@@ -15,9 +15,9 @@ from filecord.executorch import (
     PtdEntry,
     ScalarType,
     TensorLayout,
+    build_program,
     build_ptd,
     read_pte,
-    serialize_program,
 )
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -37,7 +37,7 @@ def _inspect(*args: str) -> subprocess.CompletedProcess[str]:
 def test_inspect_pte_json_and_text(tmp_path: Path) -> None:
     store = NamedDataStore()
     store.add_named_data("nd", b"N" * 20, alignment=256)
-    path = write_cord(serialize_program(sample_program(), store).pte, tmp_path / "m.pte")
+    path = write_cord(build_program(sample_program(), store).pte, tmp_path / "m.pte")
     f = read_pte(path)
     assert f.header is not None
     base = f.header.segment_base_offset

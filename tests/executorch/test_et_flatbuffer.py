@@ -9,11 +9,16 @@ from et_helpers import DELEGATE_BLOB, sample_program
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filecord.executorch import FLAT_TENSOR_SCHEMA, PROGRAM_SCHEMA, Table, program_table
 from filecord.executorch._fbread import decode
-from filecord.executorch._fbschema import Field, Kind, Schema
+from filecord.executorch._fbschema import F64, Field, Kind, Schema
 from filecord.executorch._fbwrite import encode
-from filecord.executorch.pte import encode_program
+from filecord.executorch.schema import (
+    FLAT_TENSOR_SCHEMA,
+    PROGRAM_SCHEMA,
+    Table,
+    encode_program,
+    program_table,
+)
 
 _LIMITS = {
     "bool": None,
@@ -30,7 +35,7 @@ def _scalar(f: Field) -> st.SearchStrategy[Any]:
     assert f.scalar is not None
     if f.scalar.is_bool:
         return st.booleans()
-    if f.scalar.is_float:
+    if f.scalar is F64:
         return st.floats(allow_nan=False, width=64)
     lo, hi = _LIMITS[f.scalar.name]
     return st.integers(lo, hi)
@@ -106,7 +111,7 @@ def _vtable(data: bytes) -> tuple[int, ...]:
 
 def test_default_scalars_are_omitted() -> None:
     # DataSegment is (offset u64, size u64): a default offset leaves its vtable slot at 0.
-    from filecord.executorch import flat_tensor_table
+    from filecord.executorch.schema import flat_tensor_table
 
     seg = flat_tensor_table("DataSegment", offset=0, size=5)
     data = encode(

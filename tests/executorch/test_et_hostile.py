@@ -27,34 +27,35 @@ from hypothesis import strategies as st
 
 from filecord.errors import FormatError
 from filecord.executorch import (
-    BadHeaderError,
-    BadMagicError,
-    DuplicateKeyError,
     ExecutorchFormatError,
-    MalformedFlatbufferError,
     NamedDataStore,
-    OutOfRangeError,
-    OverlapError,
     PtdEntry,
     ScalarType,
     TensorLayout,
-    TooManyObjectsError,
-    TruncatedError,
+    build_program,
     build_ptd,
-    encode_program,
-    program_table,
     read_ptd,
     read_pte,
-    serialize_program,
+    verify,
 )
-from filecord.executorch.verify import verify
+from filecord.executorch.errors import (
+    BadHeaderError,
+    BadMagicError,
+    DuplicateKeyError,
+    MalformedFlatbufferError,
+    OutOfRangeError,
+    OverlapError,
+    TooManyObjectsError,
+    TruncatedError,
+)
+from filecord.executorch.schema import encode_program, program_table
 
 
 @pytest.fixture(scope="module")
 def small_pte() -> bytes:
     store = NamedDataStore()
     store.add_named_data("nd", b"N" * 20, alignment=32)
-    return bytes(serialize_program(sample_program(), store, mutable_data=[b"", b"abc"]).pte)
+    return bytes(build_program(sample_program(), store, mutable_data=[b"", b"abc"]).pte)
 
 
 @pytest.fixture(scope="module")
@@ -353,7 +354,7 @@ def _verify_program(graph_id: bytes = b"XN01") -> tuple[bytes, bytes]:
     )
     store = NamedDataStore()
     store.add_named_data("in_program", b"P" * 20)
-    pte = bytes(serialize_program(program, store).pte)
+    pte = bytes(build_program(program, store).pte)
     layout = TensorLayout.contiguous(ScalarType.FLOAT, (3, 4))
     ptd = bytes(build_ptd([PtdEntry("lin.weight", bytes(48), layout),
                            PtdEntry("in_data", b"D" * 16, None)]))
@@ -629,7 +630,7 @@ def test_a_sparse_1_1_gb_file_is_not_read_whole(case: str, tmp_path: Path) -> No
     script = (
         "import resource, sys, time\n"
         "from filecord.cli import main\n"
-        "import filecord.executorch.verify\n"
+        "import filecord.executorch\n"
         "rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "before, t = rss(), time.perf_counter()\n"
         "codes = [main(['inspect', sys.argv[1]]), main(['verify', '--no-runtime', sys.argv[1]])]\n"

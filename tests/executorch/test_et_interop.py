@@ -17,19 +17,22 @@ from filecord.executorch import (
     NamedDataStore,
     PteFile,
     ScalarType,
-    Table,
     TensorLayout,
-    assemble_pte,
+    build_program,
     build_ptd,
-    encode_program,
-    max_force_align,
+    build_pte,
     merge_ptd,
-    program_table,
     read_ptd,
     read_pte,
-    serialize_program,
 )
-from filecord.executorch.schema import DATA_LOCATION_INLINE, DATA_LOCATION_SEGMENT
+from filecord.executorch.schema import (
+    DATA_LOCATION_INLINE,
+    DATA_LOCATION_SEGMENT,
+    Table,
+    encode_program,
+    max_force_align,
+    program_table,
+)
 
 pytestmark = pytest.mark.interop
 
@@ -141,14 +144,14 @@ def test_ptd_reader_agrees_with_executorch(exported: dict[str, Exported], name: 
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
-def test_decode_reencode_assemble_is_byte_identical(
+def test_decode_reencode_build_is_byte_identical(
     exported: dict[str, Exported], name: str
 ) -> None:
     e = exported[name]
     pte = read_pte(e.pte)
     encoded = encode_program(pte.program, constant_tensor_alignment=_tensor_alignment(e))
     assert encoded == pte.flatbuffer
-    cord = assemble_pte(
+    cord = build_pte(
         encoded,
         [s.data for s in pte.segments],
         segment_alignment=_segment_alignment(e),
@@ -203,7 +206,7 @@ def emitter_form(pte: PteFile) -> tuple[Table, NamedDataStore]:
 def test_serialize_program_reproduces_executorch(exported: dict[str, Exported], name: str) -> None:
     e = exported[name]
     program, store = emitter_form(read_pte(e.pte))
-    out = serialize_program(
+    out = build_program(
         program,
         store,
         segment_alignment=_segment_alignment(e),
@@ -226,7 +229,7 @@ def test_relaid_out_program_runs(exported: dict[str, Exported], name: str, tmp_p
     """A new layout (segments on 256, tensors on 32) that ExecuTorch never wrote still runs."""
     e = exported[name]
     program, store = emitter_form(read_pte(e.pte))
-    out = serialize_program(
+    out = build_program(
         program,
         store,
         segment_alignment=256,
@@ -300,7 +303,7 @@ def test_mutable_segment_restored_by_executorch(exported: dict[str, Exported]) -
 
     program, store = emitter_form(read_pte(exported["mutable"].pte))
     blobs = [b"", b"\x01\x02\x03\x04\x05", b"abcdefg"]
-    out = serialize_program(program, store, mutable_data=blobs)
+    out = build_program(program, store, mutable_data=blobs)
     assert out.program["mutable_data_segments"][0]["offsets"] == (0, 0, 5)
     restored = deserialize_pte_binary(bytes(out.pte))
     assert [bytes(b.storage) for b in restored.mutable_data] == blobs

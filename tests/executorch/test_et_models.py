@@ -35,8 +35,7 @@ import filecord
 import filecord.executorch as fe
 from filecord import InsufficientSpaceError
 from filecord._cli_executorch import summarize_pte
-from filecord.executorch import build_ptd, external_tensors, read_ptd, read_pte
-from filecord.executorch.verify import verify
+from filecord.executorch import build_ptd, external_tensors, read_ptd, read_pte, verify
 
 torch = pytest.importorskip("torch", reason="interop tests need torch")
 pytest.importorskip("executorch", reason="interop tests need executorch")
@@ -314,14 +313,14 @@ def test_recipe_writes_the_data_file_a_llama_program_needs(
     assert not_in_state == ["m.model.rotary_emb.inv_freq", "m.model.rotary_emb.original_inv_freq"]
 
     from_state = tmp_path / "state.ptd"
-    save_state_dict(state, from_state)
+    save_state_dict(from_state, state)
     result = verify(c.pte, [str(from_state)], runtime=False)
     assert sorted(n.key for n in result.missing) == not_in_state
     with pytest.raises(RuntimeError):
         run_program(c.pte, c.x, from_state)
 
     recipe = tmp_path / "model.ptd"
-    report = save_external_data(c.module, c.pte, recipe, consume=True)
+    report = save_external_data(recipe, c.module, c.pte, consume=True)
     assert [a.action for a in report.file_actions()] == ["moved"]  # its own scratch, adopted
     assert verify(c.pte, [str(recipe)], runtime=False).ok
     assert _close(run_program(c.pte, c.x, recipe), c.expected)
@@ -337,7 +336,7 @@ def test_recipe_writes_the_data_file_a_llama_program_needs(
     program = fe.from_manager(c.manager)
     assert list(external_tensors(program)) == list(keys)
     filecord.save(tmp_path / "model.pte", program.pte)
-    save_external_data(c.module, program, tmp_path / "readme.ptd", consume=True)
+    save_external_data(tmp_path / "readme.ptd", c.module, program, consume=True)
     assert (tmp_path / "readme.ptd").read_bytes() == recipe.read_bytes()
     assert _close(run_program(tmp_path / "model.pte", c.x, tmp_path / "readme.ptd"), c.expected)
 
@@ -350,11 +349,11 @@ def test_recipe_refuses_a_module_that_is_not_the_exported_one(
     c = cases[("convbn", "external")]
     other, _x = _attention()
     with pytest.raises(KeyError, match=r"not parameters or buffers of the module: 'conv\.weight'"):
-        save_external_data(other, c.pte, tmp_path / "x.ptd")
+        save_external_data(tmp_path / "x.ptd", other, c.pte)
     wider, _ = _conv_bn()
     wider.head = torch.nn.Linear(8, 5)
     with pytest.raises(ValueError, match=r"'head.weight': the module's tensor is FLOAT\[5, 8\]"):
-        save_external_data(wider, c.pte, tmp_path / "x.ptd")
+        save_external_data(tmp_path / "x.ptd", wider, c.pte)
     assert not (tmp_path / "x.ptd").exists()
 
 
@@ -365,13 +364,13 @@ def test_export_session_is_accepted(tmp_path: Path) -> None:
 
     module, x = _conv_bn()
     session = et_export(module, [(x,)], ExportRecipe.get_recipe(XNNPackRecipeType.FP32))
-    report = fe.save(session, tmp_path / "s.pte")
+    report = fe.save(tmp_path / "s.pte", session)
     expected = session.get_executorch_program_manager().buffer
     assert (tmp_path / "s.pte").read_bytes() == expected
     assert report.sizes == (len(expected),)
     assert _close(run_program(tmp_path / "s.pte", x), module(x))
     with pytest.raises(ValueError, match=r"a program is saved to a \.pte path"):
-        fe.save(session, tmp_path / "s.bin")
+        fe.save(tmp_path / "s.bin", session)
     assert not (tmp_path / "s.bin").exists()
 
 
@@ -409,7 +408,7 @@ def test_space_check_accepts_a_program_that_fits_a_14_mib_tmpfs(tmp_path: Path) 
     with fskit.mounted("tmpfs", 14 * 1024 * 1024, base=tmp_path) as small:
         free = os.statvfs(small).f_bavail * os.statvfs(small).f_frsize
         assert free == 14 * 1024 * 1024
-        report = fe.save(fits, small / "m.pte")
+        report = fe.save(small / "m.pte", fits)
         assert (small / "m.pte").read_bytes() == fits.buffer
         assert report.peaks[0].needed <= free
         os.unlink(small / "m.pte")
@@ -417,6 +416,6 @@ def test_space_check_accepts_a_program_that_fits_a_14_mib_tmpfs(tmp_path: Path) 
         too_big = program(1920, 1920)
         assert len(too_big.buffer) > free
         with pytest.raises(InsufficientSpaceError, match=r"are free$") as info:
-            fe.save(too_big, small / "m.pte")
+            fe.save(small / "m.pte", too_big)
         assert "consume" not in str(info.value)  # every piece is in memory: nothing to move
         assert os.listdir(small) == []

@@ -11,7 +11,6 @@ import pytest
 from filecord import DataChangedError, FileBackedData, SourceIsOutputError
 from filecord._cord import Cord
 from filecord.executorch import (
-    InvalidTagError,
     NamedDataConflictError,
     Program,
     PtdEntry,
@@ -19,10 +18,10 @@ from filecord.executorch import (
     TensorLayout,
     build_ptd,
     merge_ptd,
-    merged_file_name,
-    ptd_file_name,
     read_ptd,
 )
+from filecord.executorch.errors import InvalidTagError
+from filecord.executorch.program import merged_file_name, ptd_file_name
 from filecord_testing import leftovers, pattern
 
 PTE = b"ET12-not-parsed-by-save" + bytes(100)
@@ -111,7 +110,7 @@ def test_merge_conflicts_name_both_tags() -> None:
         Cord([PTE]), {"a": ptd({"k": pattern(24, "1")}), "b": ptd({"k": pattern(24, "2")})}
     )
     with pytest.raises(
-        NamedDataConflictError, match="'k' holds different bytes under tag 'a' and under tag 'b'"
+        NamedDataConflictError, match="'k' holds different bytes in tag 'a' and in tag 'b'"
     ):
         prog.data_files(merge_data=True)
     other = TensorLayout.contiguous(ScalarType.FLOAT, (3, 2))
@@ -220,7 +219,7 @@ def test_clone_ready_lays_segments_and_constants_on_4096_by_reference(tmp_path: 
     the runtime side is tested in test_et_program_interop and tests/fsmatrix."""
     from et_helpers import DELEGATE_BLOB, sample_program
 
-    from filecord.executorch import NamedDataStore, read_pte, serialize_program
+    from filecord.executorch import NamedDataStore, build_program, read_pte
 
     weight = owned(tmp_path, "w.bin", pattern(5000, "w"))
     bias = owned(tmp_path, "b.bin", pattern(12, "b"))
@@ -228,7 +227,7 @@ def test_clone_ready_lays_segments_and_constants_on_4096_by_reference(tmp_path: 
     store = NamedDataStore()
     store.add_named_data("ext", owned(tmp_path, "e.bin", pattern(777, "e")),
                          external_tag="weights", tensor_layout=LAYOUT)
-    out = serialize_program(program, store)
+    out = build_program(program, store)
     prog = Program(out.pte, out.data_files).clone_ready()
     # Pieces by reference: the sources are still the objects the save will clone from.
     backed = {d.path for c in (prog.pte, *prog.data.values()) for d in c.file_backed_buffers()}

@@ -118,7 +118,7 @@ def test_consume_moves_owned_data_and_runs(
     expected = _serialized(manager)
     out = tmp_path / "out"
     out.mkdir()
-    report = fe.save(manager, out / "m.pte", consume=True)
+    report = fe.save(out / "m.pte", manager, consume=True)
 
     assert not any(p.exists() for p in sources)
     assert report.bytes_by_action()["moved"] == sum(len(b) for b in lowered.blobs)
@@ -137,7 +137,7 @@ def test_consume_moves_owned_data_and_runs(
     (tmp_path / "again").mkdir()
     for target in (out / "m.pte", tmp_path / "again" / "m.pte"):
         with pytest.raises(DataChangedError):
-            fe.save(manager, target, consume=True)
+            fe.save(target, manager, consume=True)
     assert os.listdir(tmp_path / "again") == []
     assert {n: os.stat(out / n).st_mtime_ns for n in os.listdir(out)} == stamps
     assert {n: (out / n).read_bytes() for n in os.listdir(out)} == expected
@@ -161,7 +161,7 @@ def test_copy_matches_managers_own_save_and_runs(
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     ours.mkdir()
     theirs.mkdir()
-    report = fe.save(manager, ours / "m.pte")
+    report = fe.save(ours / "m.pte", manager)
     assert set(report.bytes_by_action()) == {"written", "copied"}
     assert all(p.exists() for p in sources)
     # The manager still works after the hand-over (now reading through filecord's checks).
@@ -231,7 +231,7 @@ def test_two_tags_merged_into_one_data_file_runs(
     exported: dict[str, Exported], tmp_path: Path
 ) -> None:
     e = exported["two_tags"]
-    fe.save(e.manager, tmp_path / "two.pte", merge_data=True)
+    fe.save(tmp_path / "two.pte", e.manager, merge_data=True)
     assert sorted(os.listdir(tmp_path)) == ["two.ptd", "two.pte"]
     assert (tmp_path / "two.pte").read_bytes() == e.pte.read_bytes()
     merged = tmp_path / "two.ptd"
@@ -248,7 +248,7 @@ def test_merge_data_consume(
 ) -> None:
     manager, sources = fresh()
     expected = _serialized(manager)
-    fe.save(manager, tmp_path / "m.pte", consume=True, merge_data=True)
+    fe.save(tmp_path / "m.pte", manager, consume=True, merge_data=True)
     assert not any(p.exists() for p in sources)
     # One tag: the merged file is that tag's data file, byte for byte, under the program's name.
     assert (tmp_path / "m.ptd").read_bytes() == expected[f"{TAG}.ptd"]

@@ -17,11 +17,11 @@ from filecord.executorch import (
     PtdEntry,
     ScalarType,
     TensorLayout,
+    _verify,
     build_ptd,
     merge_ptd,
     read_ptd,
     read_pte,
-    verify,
 )
 
 pytestmark = pytest.mark.interop
@@ -170,7 +170,7 @@ def test_several_data_files(
     assert rc == 0
     assert "one data file per program" in out
     merged = write_cord(merge_ptd(list(e.ptds.values())), tmp_path / "merged.ptd")
-    assert verify.verify(e.pte, [merged]).runtime.status == "loaded"
+    assert _verify.verify(e.pte, [merged]).runtime.status == "loaded"
     # The same key in two data files is a problem.
     rc, _out, err = run(capsys, str(e.pte), *data_args(e), "--data", str(merged), "--no-runtime")
     assert rc == 1
@@ -182,7 +182,7 @@ def test_without_executorch_the_runtime_is_skipped(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setattr(verify, "runtime_available", lambda: False)
+    monkeypatch.setattr(_verify, "runtime_available", lambda: False)
     rc, out, _err = run(capsys, str(exported["linear"].pte))
     assert rc == 0
     assert "note: executorch is not installed" in out

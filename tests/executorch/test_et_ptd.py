@@ -12,7 +12,6 @@ from et_helpers import write_cord
 from filecord import _sys
 from filecord._data import FileBackedData
 from filecord.executorch import (
-    InvalidTagError,
     NamedDataConflictError,
     NamedDataStore,
     PtdEntry,
@@ -22,6 +21,7 @@ from filecord.executorch import (
     merge_ptd,
     read_ptd,
 )
+from filecord.executorch.errors import InvalidTagError
 
 W = TensorLayout.contiguous(ScalarType.FLOAT, (3, 4))
 B = TensorLayout.contiguous(ScalarType.FLOAT, (3,))
@@ -52,6 +52,37 @@ def test_build_ptd_exact_layout(tmp_path: Path) -> None:
     assert f.entries["w"].layout == W
     assert f.entries["b"].layout == B
     assert f.entries["b"].data.to_bytes() == b  # type: ignore[union-attr]
+
+
+def test_ptd_layout_is_the_file_before_its_data() -> None:
+    """The layout is a pure function of keys, lengths, alignments and tensor layouts: its head
+    is the built file's first bytes and its offsets are where the data lands."""
+    from filecord.executorch.ptd import ptd_layout
+
+    w, b = bytes(range(48)), bytes(range(12))
+    data = bytes(build_ptd([PtdEntry("w", w, W), PtdEntry("b", b, B, alignment=256),
+                            PtdEntry("w2", w, W)]))
+    plan = ptd_layout([("w", 0, W), ("b", 1, B), ("w2", 0, W)], [(48, 1), (12, 256)])
+    assert data[: plan.segment_base_offset] == plan.head
+    assert plan.segments == ((0, 48), (256, 12))
+    assert plan.size == len(data)
+    base = plan.segment_base_offset
+    assert data[base : base + 48] == w
+    assert data[base + 256 :] == b
+
+
+def test_one_parse_serves_files_and_cords(tmp_path: Path) -> None:
+    """``read_ptd`` (a file) and the Cord reader give the same keys, segments and layouts."""
+    from filecord.executorch._cordptd import cord_entries
+
+    shared = b"s" * 20
+    cord = build_ptd([PtdEntry("a", shared, W), PtdEntry("b", shared, None),
+                      PtdEntry("c", b"c" * 3, B, alignment=64)])
+    from_file = read_ptd(write_cord(cord, tmp_path / "d.ptd")).entries
+    from_cord = cord_entries(cord, "d")
+    assert [(e.key, e.layout, e.segment_index, e.data.to_bytes()) for e in from_file.values()] \
+        == [(e.key, e.layout, e.segment_index, bytes(e.data)) for e in from_cord]  # type: ignore[union-attr]
+    assert from_cord[0].data is from_cord[1].data is shared  # the Cord's own piece
 
 
 def test_empty_ptd_still_has_header_and_padding(tmp_path: Path) -> None:

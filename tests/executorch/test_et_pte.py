@@ -10,17 +10,10 @@ from et_helpers import BIAS, DELEGATE_BLOB, WEIGHT, sample_program, write_cord
 
 from filecord import _sys
 from filecord._data import FileBackedData
-from filecord.executorch import (
-    Aligned,
-    NamedDataStore,
-    SegmentTableMismatchError,
-    assemble_pte,
-    encode_program,
-    plan_segments,
-    program_table,
-    read_pte,
-    serialize_program,
-)
+from filecord.executorch import NamedDataStore, build_program, build_pte, read_pte
+from filecord.executorch.errors import SegmentTableMismatchError
+from filecord.executorch.pte import Aligned, plan_segments
+from filecord.executorch.schema import encode_program, program_table
 
 
 def _round_up(n: int, a: int) -> int:
@@ -28,7 +21,7 @@ def _round_up(n: int, a: int) -> int:
 
 
 def test_constant_segment_layout_exact_bytes(tmp_path: Path) -> None:
-    out = serialize_program(sample_program(delegate=False))
+    out = build_program(sample_program(delegate=False))
     data = bytes(out.pte)
     flatbuffer = encode_program(out.program)
     program_size = 32 + len(flatbuffer)
@@ -55,7 +48,7 @@ def test_constant_segment_layout_exact_bytes(tmp_path: Path) -> None:
 
 def test_tensor_padding_between_constants_only() -> None:
     odd = b"\x07" * 5
-    out = serialize_program(
+    out = build_program(
         sample_program(delegate=False, constants=(b"", odd, odd, odd)), constant_tensor_alignment=32
     )
     data = bytes(out.pte)
@@ -65,7 +58,7 @@ def test_tensor_padding_between_constants_only() -> None:
 
 
 def test_no_header_without_segment_bytes() -> None:
-    out = serialize_program(sample_program(delegate=False, constants=(b"",)))
+    out = build_program(sample_program(delegate=False, constants=(b"",)))
     data = bytes(out.pte)
     assert data == encode_program(out.program)
     assert data[8:12] != b"eh00"
@@ -76,7 +69,7 @@ def test_segment_alignment_is_relative_to_the_base(tmp_path: Path) -> None:
     store = NamedDataStore()
     store.add_named_data("big", b"B" * 300, alignment=256)
     store.add_named_data("small", b"s" * 7, alignment=1)
-    out = serialize_program(sample_program(), store, segment_alignment=128)
+    out = build_program(sample_program(), store, segment_alignment=128)
     f = read_pte(write_cord(out.pte, tmp_path / "m.pte"))
     layout = [(s.offset, s.size) for s in f.segments]
     # constant (60), delegate (140) at 128, "big" at lcm(128, 256) = 256 above 268 -> 512,
@@ -92,7 +85,7 @@ def test_segment_alignment_is_relative_to_the_base(tmp_path: Path) -> None:
 
 
 def test_header_padded_to_largest_force_align(tmp_path: Path) -> None:
-    out = serialize_program(sample_program(delegate=False), constant_tensor_alignment=64)
+    out = build_program(sample_program(delegate=False), constant_tensor_alignment=64)
     data = bytes(out.pte)
     flatbuffer = encode_program(out.program, constant_tensor_alignment=64)
     assert struct.unpack_from("<I", data, 0)[0] == struct.unpack_from("<I", flatbuffer, 0)[0] + 64
@@ -107,9 +100,9 @@ def test_header_padded_to_largest_force_align(tmp_path: Path) -> None:
 def test_assemble_rejects_a_segment_table_that_does_not_match() -> None:
     program = program_table("Program", segments=(program_table("DataSegment", offset=0, size=10),))
     with pytest.raises(SegmentTableMismatchError):
-        assemble_pte(encode_program(program), [b"x" * 11])
+        build_pte(encode_program(program), [b"x" * 11])
     with pytest.raises(SegmentTableMismatchError):
-        assemble_pte(encode_program(program), [b"x" * 10, b"y"])
+        build_pte(encode_program(program), [b"x" * 10, b"y"])
 
 
 class _Counting(_sys.Backend):
@@ -132,7 +125,7 @@ def test_assemble_keeps_file_backed_pieces_by_reference(tmp_path: Path) -> None:
         segments=tuple(program_table("DataSegment", offset=o, size=s) for o, s in layout),
     )
     with _sys.use(_Counting()) as counting:
-        cord = assemble_pte(encode_program(program), [b"hello", Aligned(piece, 512)])
+        cord = build_pte(encode_program(program), [b"hello", Aligned(piece, 512)])
     assert counting.reads == 0
     assert cord.file_backed_buffers() == [piece]
     assert cord.file_backed_buffers()[0] is piece
@@ -145,7 +138,7 @@ def test_assemble_keeps_file_backed_pieces_by_reference(tmp_path: Path) -> None:
 
 
 def test_mutable_segment_has_no_padding(tmp_path: Path) -> None:
-    out = serialize_program(sample_program(delegate=False), mutable_data=[b"", b"abcde", b"xyz"])
+    out = build_program(sample_program(delegate=False), mutable_data=[b"", b"abcde", b"xyz"])
     f = read_pte(write_cord(out.pte, tmp_path / "m.pte"))
     assert f.mutable_data_segments == ((1, (0, 0, 5)),)
     assert f.segments[1].data.to_bytes() == b"abcdexyz"

@@ -1,116 +1,86 @@
 """Clean-room ExecuTorch formats: ``.pte`` programs and ``.ptd`` data files.
 
-Read them (``read_pte``, ``read_ptd``: every segment a file-backed range, never loaded), build
-them (``assemble_pte``, ``build_ptd``, ``merge_ptd``, ``serialize_program``: Cords holding the
-pieces you gave by reference), and keep named data (``NamedDataStore``).  Save whole programs
-with ``Program`` (a ``.pte`` plus its ``.ptd`` files in one transaction), also straight from
-ExecuTorch's ``ExecutorchProgramManager`` or ``ExportSession`` (``from_manager``, ``save``).
-Ask what a program loads from data files (``external_tensors``; ``filecord.executorch.verify``
-checks every key it needs).  Only the ``flatbuffers`` runtime is needed: no generated code, no
-flatc.
+One verb per act:
+
+* **read**: ``read_pte``, ``read_ptd`` (every segment a file-backed range, never loaded);
+* **build**: ``build_pte`` (program bytes and segments), ``build_ptd`` (named entries),
+  ``build_program`` (an emitted Program table and a ``NamedDataStore``: the ``.pte`` and one
+  ``.ptd`` per tag, as ExecuTorch's exporter lays them out); each returns Cords holding the
+  pieces you gave by reference;
+* **merge**: ``merge_ptd`` (data files, on disk or as Cords, into one);
+* **save**: ``Program`` (a ``.pte`` plus its ``.ptd`` files in one transaction), also straight
+  from ExecuTorch's ``ExecutorchProgramManager`` or ``ExportSession`` (``from_manager``,
+  ``save``); from torch, ``save_state_dict`` and ``save_external_data`` (torch imported on use);
+* **verify**: ``verify`` (``Verification``), and ``external_tensors`` (what a program loads
+  from data files).
+
+Every writer takes the destination first, as ``filecord.save(path, cord)`` does:
+``save(path, manager)``, ``save_state_dict(path, state_dict)``, ``save_external_data(path,
+module, program)``; a call in the old order fails with a ``TypeError`` naming the new one.
+Schema tools (field tables, the flatbuffer encoder) are in :mod:`filecord.executorch.schema`,
+the error classes in :mod:`filecord.executorch.errors`.  Only the ``flatbuffers``
+runtime is needed: no generated code, no flatc.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from filecord.executorch._build import SerializedProgram, build_program
 from filecord.executorch._contents import external_tensors
-from filecord.executorch._fbschema import Table
-from filecord.executorch._layout import Aligned, plan_segments
+from filecord.executorch._merge import merge_ptd
+from filecord.executorch._verify import Verification, verify
 from filecord.executorch.adapter import from_manager, save
-from filecord.executorch.errors import (
-    BadHeaderError,
-    BadMagicError,
-    BadValueError,
-    DuplicateKeyError,
-    ExecutorchFormatError,
-    InvalidTagError,
-    MalformedFlatbufferError,
-    MissingFieldError,
-    NamedDataConflictError,
-    OutOfRangeError,
-    OverlapError,
-    SegmentTableMismatchError,
-    TooManyObjectsError,
-    TruncatedError,
-)
-from filecord.executorch.named_data import DataEntry, NamedDataStore, validate_tag
-from filecord.executorch.program import (
-    Program,
-    merge_data_files,
-    merged_file_name,
-    ptd_file_name,
-)
-from filecord.executorch.ptd import PtdFile, PtdHeader, PtdSegment, build_ptd, merge_ptd, read_ptd
-from filecord.executorch.pte import (
-    PteDelegate,
-    PteFile,
-    PteHeader,
-    PteSegment,
-    assemble_pte,
-    encode_program,
-    max_force_align,
-    read_pte,
-)
-from filecord.executorch.schema import (
-    FLAT_TENSOR_SCHEMA,
-    PROGRAM_SCHEMA,
-    flat_tensor_table,
-    program_table,
-)
-from filecord.executorch.serialize import SerializedProgram, serialize_program
+from filecord.executorch.errors import ExecutorchFormatError, NamedDataConflictError
+from filecord.executorch.named_data import NamedDataStore
+from filecord.executorch.program import Program
+from filecord.executorch.ptd import PtdFile, build_ptd, read_ptd
+from filecord.executorch.pte import PteFile, build_pte, read_pte
 from filecord.executorch.values import PtdEntry, ScalarType, TensorLayout
 
+if TYPE_CHECKING:
+    from filecord.executorch._tensors import save_external_data, save_state_dict
+
+_TORCH = ("save_state_dict", "save_external_data")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH:  # torch is imported only when these are used
+        from filecord.executorch import _tensors
+
+        return getattr(_tensors, name)
+    raise AttributeError(f"module 'filecord.executorch' has no attribute {name!r}")
+
+
 __all__ = [
-    # programs
-    "Program",
-    "from_manager",
-    "save",
-    "ptd_file_name",
-    "merged_file_name",
-    "merge_data_files",
-    "external_tensors",
-    # reading
+    # read
     "read_pte",
     "read_ptd",
     "PteFile",
-    "PteHeader",
-    "PteSegment",
-    "PteDelegate",
     "PtdFile",
-    "PtdHeader",
-    "PtdSegment",
-    "PtdEntry",
-    # writing
-    "assemble_pte",
-    "encode_program",
-    "max_force_align",
-    "plan_segments",
-    "Aligned",
+    # build
+    "build_pte",
     "build_ptd",
-    "merge_ptd",
-    "serialize_program",
+    "build_program",
     "SerializedProgram",
+    # merge
+    "merge_ptd",
+    # save
+    "Program",
+    "from_manager",
+    "save",
+    "save_state_dict",
+    "save_external_data",
+    # verify
+    "verify",
+    "Verification",
+    "external_tensors",
     # values
     "NamedDataStore",
-    "DataEntry",
-    "validate_tag",
+    "PtdEntry",
     "TensorLayout",
     "ScalarType",
-    "Table",
-    "program_table",
-    "flat_tensor_table",
-    "PROGRAM_SCHEMA",
-    "FLAT_TENSOR_SCHEMA",
-    # errors
+    # errors (every class: filecord.executorch.errors)
     "ExecutorchFormatError",
-    "TruncatedError",
-    "BadMagicError",
-    "BadValueError",
-    "BadHeaderError",
-    "OutOfRangeError",
-    "OverlapError",
-    "MalformedFlatbufferError",
-    "MissingFieldError",
-    "TooManyObjectsError",
-    "DuplicateKeyError",
     "NamedDataConflictError",
-    "InvalidTagError",
-    "SegmentTableMismatchError",
 ]

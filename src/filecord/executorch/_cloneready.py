@@ -16,7 +16,7 @@ size and the ``segments`` table's offsets.  The program table is decoded, its ``
 replaced, and encoded again (the inserted header keeps the padding it had, so force-aligned
 vectors keep their alignment); every segment keeps its pieces by reference.  A segment keeps
 at least the power-of-two alignment its old offset had, so no key's alignment is lost.  A
-``.ptd`` is rebuilt from its entries with ``build_ptd(segment_alignment=4096)``.
+``.ptd`` is rebuilt from its entries with ``merge_ptd(segment_alignment=4096)``.
 
 The constant segment holds every constant tensor of a non-delegated program, packed at the
 constant-tensor alignment (16) with ``constant_segment.offsets`` saying where each starts.
@@ -36,13 +36,17 @@ from filecord.executorch import _fbread
 from filecord.executorch._cordptd import _spans, read_range
 from filecord.executorch._layout import PTE_HEADER_LENGTH, Aligned, plan_segments
 from filecord.executorch.pte import (
-    assemble_pte,
-    encode_program,
+    build_pte,
     infer_padded_length,
     parse_pte_header,
     strip_header,
 )
-from filecord.executorch.schema import DEFAULT_FORCE_ALIGN, PROGRAM_SCHEMA, program_table
+from filecord.executorch.schema import (
+    DEFAULT_FORCE_ALIGN,
+    PROGRAM_SCHEMA,
+    encode_program,
+    program_table,
+)
 
 CLONE_ALIGNMENT = 4096  # the block of btrfs and XFS as made by default on x86-64 and arm64
 _KEEP_ALIGNMENT_UP_TO = 1 << 20  # a larger power of two dividing an old offset is chance
@@ -119,4 +123,4 @@ def clone_ready_pte(cord: Cord, alignment: int = CLONE_ALIGNMENT) -> Cord:
     # encoding with that alignment keeps every force-aligned vector where the runtime wants it.
     force = max(DEFAULT_FORCE_ALIGN, padded if padded > PTE_HEADER_LENGTH else DEFAULT_FORCE_ALIGN)
     encoded = encode_program(program, constant_tensor_alignment=force, delegate_alignment=force)
-    return assemble_pte(encoded, items, segment_alignment=alignment, max_force_align=force)
+    return build_pte(encoded, items, segment_alignment=alignment, max_force_align=force)

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
 
 from filecord._cord import Cord
 from filecord._data import FileBackedData
@@ -27,7 +30,8 @@ from filecord.executorch.schema import PROGRAM_SCHEMA, TENSOR_DATA_LOCATION_EXTE
 from filecord.executorch.values import ScalarType, TensorLayout
 
 MAX_DIMS = 16  # ExecuTorch's runtime limit on a tensor's rank
-_DYNAMISM = {0: "static", 1: "dynamic (bounded)", 2: "dynamic (unbounded)"}
+Dynamism = Literal["static", "dynamic (bounded)", "dynamic (unbounded)"]
+_DYNAMISM: dict[int, Dynamism] = {0: "static", 1: "dynamic (bounded)", 2: "dynamic (unbounded)"}
 _LOCATIONS = (0, TENSOR_DATA_LOCATION_EXTERNAL)
 ELEMENT_SIZE = {
     ScalarType.BYTE: 1, ScalarType.CHAR: 1, ScalarType.SHORT: 2, ScalarType.INT: 4,
@@ -39,20 +43,20 @@ ELEMENT_SIZE = {
 }  # sub-byte packed types (QUINT4X2, QUINT2X4) are left out: their byte size is not checked
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorInfo:
     """A validated program Tensor: ``nbytes`` is ``None`` for a dynamic shape or packed type."""
 
     where: str
     layout: TensorLayout
-    dynamism: str
+    dynamism: Dynamism
     nbytes: int | None
     external_key: str | None  # set for a tensor whose data comes from a data file
     constant_index: int  # data_buffer_idx (0: no constant data)
     planned: bool  # has allocation_info (memory-planned)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NeededKey:
     """A named-data key the program needs at load time.
 
@@ -68,7 +72,7 @@ class NeededKey:
     needed_by: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MethodInfo:
     name: str
     inputs: tuple[str, ...]
@@ -78,12 +82,12 @@ class MethodInfo:
     delegate_calls: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Contents:
     methods: tuple[MethodInfo, ...]
     tensors: tuple[TensorInfo, ...]
     needs: tuple[NeededKey, ...]  # first need per key, in program order
-    delegates_by_backend: dict[str, int]
+    delegates_by_backend: Mapping[str, int]
     unparsed_delegates: tuple[str, ...]  # backend ids whose payload needs are not known
 
 
@@ -238,8 +242,8 @@ def contents(pte: PteFile) -> Contents:
         for k in keys:
             if k.key not in needs:
                 needs[k.key] = NeededKey(k.key, k.size, None, d.id)
-    return Contents(tuple(methods), tuple(tensors), tuple(needs.values()), by_backend,
-                    tuple(unparsed))
+    return Contents(tuple(methods), tuple(tensors), tuple(needs.values()),
+                    MappingProxyType(by_backend), tuple(unparsed))
 
 
 def external_layouts(program: Table) -> dict[str, TensorLayout]:

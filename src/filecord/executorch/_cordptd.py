@@ -10,30 +10,14 @@ file, or joined bytes when in-memory pieces had to be stitched together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from filecord._cord import Cord, Piece
 from filecord._data import FileBackedData
 from filecord.executorch import _fbread
+from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import PTD_HEADER_LENGTH
-from filecord.executorch._ptecheck import check_named_data, check_segments
-from filecord.executorch.errors import MissingFieldError, OutOfRangeError
-from filecord.executorch.ptd import parse_ptd_header
+from filecord.executorch.ptd import parse_ptd
 from filecord.executorch.schema import FLAT_TENSOR_SCHEMA
-from filecord.executorch.values import TensorLayout
-
-Blob = bytes | FileBackedData
-
-
-@dataclass(frozen=True)
-class CordEntry:
-    """One key of a data file held in a Cord: its bytes (one piece, never copied when file-backed)
-    and its tensor layout."""
-
-    key: str
-    data: Blob
-    layout: TensorLayout | None
-    segment_index: int
+from filecord.executorch.values import Blob, PtdEntry
 
 
 def _spans(cord: Cord, start: int, length: int) -> list[tuple[Piece, int, int]]:
@@ -83,31 +67,22 @@ def blob_at(cord: Cord, start: int, length: int) -> Blob:
     return read_range(cord, start, length)
 
 
-def cord_entries(cord: Cord, name: str) -> list[CordEntry]:
-    """Every key of the data file ``cord`` (``name`` is used in error messages only)."""
+def cord_entries(cord: Cord, name: str) -> list[PtdEntry]:
+    """Every key of the data file ``cord`` (``name`` is used in error messages only); keys that
+    share a segment share one data object."""
     size = len(cord)
-    head = read_range(cord, 0, min(size, 8 + PTD_HEADER_LENGTH))
-    header = parse_ptd_header(head, size)
-    region = read_range(cord, 0, header.flatbuffer_offset + header.flatbuffer_size)
-    flat = _fbread.decode(region, FLAT_TENSOR_SCHEMA)
-    for field in ("segments", "named_data"):
-        if flat[field] is None:
-            raise MissingFieldError(f"{name}: required", field=f"FlatTensor.{field}", offset=None)
-    base = header.segment_base_offset
-    layout = check_segments(flat["segments"], base, header.segment_data_size, "FlatTensor.segments")
-    names = check_named_data(flat["named_data"], len(layout), "FlatTensor.named_data")
+
+    def decode(n: int) -> Table:
+        return _fbread.decode(read_range(cord, 0, n), FLAT_TENSOR_SCHEMA)
+
+    parsed = parse_ptd(read_range(cord, 0, min(size, 8 + PTD_HEADER_LENGTH)), size, decode,
+                       name=name)
+    base = parsed.header.segment_base_offset
     blobs: dict[int, Blob] = {}
     out = []
-    for i, ((key, index), raw) in enumerate(zip(names, flat["named_data"], strict=True)):
+    for key, index, layout in parsed.keys:
         if index not in blobs:
-            off, n = layout[index]
+            off, n = parsed.segments[index]
             blobs[index] = blob_at(cord, base + off, n)
-        tl = raw["tensor_layout"]
-        try:
-            tensor_layout = None if tl is None else TensorLayout.from_table(tl)
-        except ValueError as exc:
-            raise OutOfRangeError(
-                f"{name}: {exc}", field=f"FlatTensor.named_data[{i}].tensor_layout", offset=None
-            ) from None
-        out.append(CordEntry(key, blobs[index], tensor_layout, index))
+        out.append(PtdEntry(key, blobs[index], layout, 1, index))
     return out

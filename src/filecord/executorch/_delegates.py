@@ -31,6 +31,7 @@ from filecord.executorch.errors import (
     ExecutorchFormatError,
     TruncatedError,
 )
+from filecord.executorch.values import Blob
 
 XNNPACK_ID = "XnnpackBackend"
 _XNN_HEADER_MAGIC = b"XH00"
@@ -65,7 +66,7 @@ XNN_SCHEMA = Schema(
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DelegateKey:
     """A named-data key a delegate's payload refers to, and the bytes it needs there."""
 
@@ -73,14 +74,14 @@ class DelegateKey:
     size: int
 
 
-def _read(data: bytes | FileBackedData, offset: int, length: int) -> bytes:
+def _read(data: Blob, offset: int, length: int) -> bytes:
     if isinstance(data, FileBackedData):
         return data.slice(offset, length).to_bytes()
     return bytes(data[offset : offset + length])
 
 
 def xnnpack_keys(
-    data: bytes | FileBackedData, *, where: str
+    data: Blob, *, where: str
 ) -> tuple[DelegateKey, ...] | None:
     """The named keys of an XNNPACK payload (first use of each key, in table order), or
     ``None`` for a graph of a schema version other than ``XN00``/``XN01`` (not read).

@@ -15,10 +15,11 @@ import mmap
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Scalar:
     """A scalar type: its struct code, width, and the ``flatbuffers.Builder`` method suffix."""
 
@@ -26,7 +27,6 @@ class Scalar:
     code: str
     size: int
     builder: str
-    is_float: bool = False
     is_bool: bool = False
 
     def unpack(self, buf: bytes | mmap.mmap, pos: int) -> int | float | bool:
@@ -41,7 +41,7 @@ I32 = Scalar("i32", "i", 4, "Int32")
 U32 = Scalar("u32", "I", 4, "Uint32")
 I64 = Scalar("i64", "q", 8, "Int64")
 U64 = Scalar("u64", "Q", 8, "Uint64")
-F64 = Scalar("f64", "d", 8, "Float64", is_float=True)
+F64 = Scalar("f64", "d", 8, "Float64")
 
 
 class Kind(enum.Enum):
@@ -54,7 +54,7 @@ class Kind(enum.Enum):
     BYTES = "[ubyte] force_align"  # a force-aligned byte vector, decoded as ``bytes``
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Field:
     """One declared field.  ``target`` names the table (or tables, by union tag) it points to."""
 
@@ -95,7 +95,7 @@ def aligned_bytes(name: str, align_key: str) -> Field:
     return Field(name, Kind.BYTES, scalar=U8, align_key=align_key)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TableSpec:
     name: str
     fields: tuple[Field, ...]
@@ -108,7 +108,7 @@ class TableSpec:
             slots.append(nxt)
             nxt += 2 if f.kind is Kind.UNION else 1
         object.__setattr__(self, "slots", tuple(slots))
-        object.__setattr__(self, "by_name", {f.name: f for f in self.fields})
+        object.__setattr__(self, "by_name", MappingProxyType({f.name: f for f in self.fields}))
 
     @property
     def num_slots(self) -> int:
@@ -119,11 +119,14 @@ class TableSpec:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Schema:
     root: str
     identifier: bytes
     tables: Mapping[str, TableSpec]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tables", MappingProxyType(dict(self.tables)))
 
     def spec(self, name: str) -> TableSpec:
         return self.tables[name]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from filecord._cord import Cord, PieceLike
 from filecord._data import FileBackedData
+from filecord.executorch.errors import OverlapError, TruncatedError
 
 PTE_HEADER_MAGIC = b"eh00"
 PTE_HEADER_LENGTH = 32  # magic, length, program_size, segment_base_offset, segment_data_size
@@ -27,7 +28,6 @@ PTE_HEADER_MIN_LENGTH = 24  # the runtime reads segment_data_size only from 32 o
 PTD_HEADER_MAGIC = b"FH01"
 PTD_HEADER_LENGTH = 40
 PTD_HEADER_ALIGNMENT = 16
-HEAD_PROBE = 64  # both runtimes read this many bytes to find a header
 
 _ZEROS = bytes(4096)
 
@@ -42,7 +42,7 @@ def positive_int(value: object, what: str) -> int:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Aligned:
     """A segment's data together with the alignment it asks for (relative to the segment base)."""
 
@@ -146,8 +146,6 @@ def check_regions(
     """The header-declared layout of a ``.pte``/``.ptd`` fits its file: the flatbuffer region
     ends inside the file, the segments start after it, and the segments end inside the file.
     Each field is ``(name, header offset)`` for the error."""
-    from filecord.executorch.errors import OverlapError, TruncatedError
-
     if region_end > file_size:
         raise TruncatedError(
             f"{prefix} ends at {region_end}, past the end of the {file_size}-byte file",

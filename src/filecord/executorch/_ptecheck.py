@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from filecord.executorch._fbschema import Table
 from filecord.executorch.errors import (
@@ -20,20 +21,25 @@ from filecord.executorch.errors import (
 )
 from filecord.executorch.schema import DATA_LOCATION_INLINE, DATA_LOCATION_SEGMENT
 
-_LOCATIONS = {DATA_LOCATION_INLINE: "INLINE", DATA_LOCATION_SEGMENT: "SEGMENT"}
+DataLocation = Literal["INLINE", "SEGMENT"]
+"""Where a delegate's processed blob is: in the program flatbuffer, or in a segment."""
+
+_LOCATIONS: dict[int, DataLocation] = {
+    DATA_LOCATION_INLINE: "INLINE", DATA_LOCATION_SEGMENT: "SEGMENT"
+}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DelegateFact:
     plan: int
     position: int
     id: str
-    location: str  # "INLINE" or "SEGMENT"
+    location: DataLocation
     index: int
     inline_data: bytes  # the blob for INLINE, empty for SEGMENT
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ProgramFacts:
     segments: tuple[tuple[int, int], ...]  # (offset relative to the base, size)
     constant_segment: tuple[int, tuple[int, ...]] | None

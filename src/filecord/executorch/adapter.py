@@ -23,8 +23,8 @@ truncated file behind; the manager's ``save``, ``write_to_file`` and
 ``write_tensor_data_to_file`` are therefore wrapped (on that one manager object) to check every
 taken-over file first and raise ``DataChangedError`` before ExecuTorch opens anything.
 
-``from_manager`` also takes ExecuTorch's ``ExportSession`` (the ``executorch.export`` recipe
-API): its ``get_executorch_program_manager()`` is used.
+``from_manager`` (and ``save(path, manager)``) also take ExecuTorch's ``ExportSession`` (the
+``executorch.export`` recipe API): its ``get_executorch_program_manager()`` is used.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ from typing import Any
 from filecord import _sys
 from filecord._cord import Cord
 from filecord._data import FileBackedData
+from filecord._plan import DEFAULT_WINDOW
 from filecord._report import SaveReport
+from filecord._save import ProgressCallback
 from filecord.errors import DataChangedError, add_note
 from filecord.executorch.program import Program
 
@@ -245,7 +247,33 @@ def _data_alignment(manager: Any) -> dict[str, int]:
     return out
 
 
-def save(manager: Any, path: str | os.PathLike[str], **options: Any) -> SaveReport:
-    """``from_manager(manager).save(path, **options)``: the program and its data files in one
-    atomic transaction (options: ``data_dir``, ``consume``, ``merge_data``, ``window``, ...)."""
-    return from_manager(manager).save(path, **options)
+def save(
+    path: str | os.PathLike[str],
+    manager: Any,
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+    consume: bool = False,
+    merge_data: bool = False,
+    window: int = DEFAULT_WINDOW,
+    progress: ProgressCallback | None = None,
+) -> SaveReport:
+    """``from_manager(manager).save(path, ...)``: the program and its data files in one atomic
+    transaction; the options are :meth:`Program.save`'s.
+
+    The destination comes first, as in ``filecord.save(path, cord)``; the old order
+    ``save(manager, path)`` raises ``TypeError`` naming this one.
+    """
+    given: object = path  # typed as a path, but a call in the old order passes the manager here
+    if not isinstance(given, (str, os.PathLike)):
+        if isinstance(manager, (str, os.PathLike)):
+            raise TypeError(
+                "filecord.executorch.save takes the destination first: save(path, manager, "
+                "...), as filecord.save(path, cord) does; it was called with a "
+                f"{type(given).__name__} first and the path {os.fspath(manager)!r} second "
+                "(the old order)"
+            )
+        raise TypeError(f"save: path must be a str or os.PathLike, not {type(given).__name__}")
+    return from_manager(manager).save(
+        path, data_dir=data_dir, consume=consume, merge_data=merge_data, window=window,
+        progress=progress,
+    )

@@ -72,7 +72,7 @@ class InvalidTagError(FilecordError, ValueError):
 
 
 class SegmentTableMismatchError(FilecordError, ValueError):
-    """The program's segment table does not describe the segments handed to the assembler."""
+    """The program's segment table does not describe the segments handed to ``build_pte``."""
 
 
 class BadValueError(ExecutorchFormatError):

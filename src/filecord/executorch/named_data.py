@@ -17,21 +17,19 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from filecord import _sys
 from filecord._data import FileBackedData
 from filecord.executorch._layout import positive_int
 from filecord.executorch.errors import InvalidTagError, NamedDataConflictError
-from filecord.executorch.values import PtdEntry, TensorLayout
-
-Blob = bytes | FileBackedData
+from filecord.executorch.values import Blob, PtdEntry, TensorLayout
 
 _PREFIX = 32
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DataEntry:
     """Where a key's bytes are: ``buffer_index`` into the store's buffers, with the alignment
     and layout it was added with."""
@@ -169,13 +167,12 @@ class NamedDataStore:
         move it) one chunk at a time, hashed while written, so deduplication reads nothing.
         The layout (scalar type, sizes, dim order: contiguous or channels-last) is inferred.
         """
-        from filecord.torch import layout_of, write_tensors  # torch is imported only there
+        from filecord.executorch._torch_layout import tensor_blob  # torch is imported only there
 
-        where = tempfile.gettempdir() if directory is None else os.fspath(directory)
-        blob = write_tensors({key: tensor}, where, stem="named-data")[key]
+        where = _sys.gettempdir() if directory is None else os.fspath(directory)
+        data, layout = tensor_blob(key, tensor, where)
         self.add_named_data(
-            key, blob.data, alignment=alignment, external_tag=external_tag,
-            tensor_layout=layout_of(blob),
+            key, data, alignment=alignment, external_tag=external_tag, tensor_layout=layout
         )
 
     def merge(self, other: NamedDataStore) -> None:

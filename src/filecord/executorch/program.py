@@ -13,7 +13,7 @@ ExecuTorch does).  With ``merge_data=True`` all external data goes into one file
 the program, ``<pte stem>.ptd`` (``model.pte`` -> ``model.ptd``), because ExecuTorch's Python
 runtime loads a single data file per program.  One tag is written as it is (its bytes
 unchanged, only the name differs); several are merged into a new data file built with
-:func:`~filecord.executorch.build_ptd`: equal blobs are stored once, a key present under two
+:func:`~filecord.executorch.merge_ptd`: equal blobs are stored once, a key present under two
 tags with different bytes or layouts raises :class:`NamedDataConflictError`, and every segment
 is aligned to ``lcm(segment_alignment, the key's alignment)`` where ``data_alignment`` knows it.
 
@@ -38,12 +38,9 @@ from filecord._report import SaveReport
 from filecord._save import ProgressCallback, plan, save_many
 from filecord.errors import add_note
 from filecord.executorch._cloneready import CLONE_ALIGNMENT, clone_ready_pte
-from filecord.executorch._cordptd import cord_entries
 from filecord.executorch._layout import positive_int
-from filecord.executorch.errors import NamedDataConflictError
-from filecord.executorch.named_data import NamedDataStore, validate_tag
-from filecord.executorch.ptd import build_ptd
-from filecord.executorch.values import TensorLayout
+from filecord.executorch._merge import merge_ptd
+from filecord.executorch.named_data import validate_tag
 
 log = logging.getLogger(__name__)
 
@@ -65,42 +62,7 @@ def merged_file_name(pte_path: str | os.PathLike[str]) -> str:
     return stem + PTD_SUFFIX
 
 
-def merge_data_files(
-    data: Mapping[str, Cord],
-    *,
-    segment_alignment: int = 128,
-    data_alignment: Mapping[str, int] | None = None,
-) -> Cord:
-    """One data file holding every key of the data files ``data`` (tag -> Cord), data by
-    reference.  See the module docstring for the rules; keys keep tag order, then file order."""
-    store = NamedDataStore()
-    first: dict[str, tuple[str, TensorLayout | None]] = {}
-    alignments = data_alignment or {}
-    for tag, cord in data.items():
-        for entry in cord_entries(cord, ptd_file_name(tag)):
-            seen = first.get(entry.key)
-            if seen is not None and seen[1] != entry.layout:
-                raise NamedDataConflictError(
-                    f"merge_data: key {entry.key!r} has layout {seen[1]} under tag {seen[0]!r} "
-                    f"and {entry.layout} under tag {tag!r}"
-                )
-            try:
-                store.add_named_data(
-                    entry.key,
-                    entry.data,
-                    alignment=alignments.get(entry.key, 1),
-                    tensor_layout=entry.layout,
-                )
-            except NamedDataConflictError as exc:
-                raise NamedDataConflictError(
-                    f"merge_data: key {entry.key!r} holds different bytes under tag "
-                    f"{first[entry.key][0]!r} and under tag {tag!r}; they cannot share one file"
-                ) from exc
-            first.setdefault(entry.key, (tag, entry.layout))
-    return build_ptd(store.entries(), segment_alignment=segment_alignment)
-
-
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class Program:
     """A serialized ExecuTorch program: ``pte`` (the program file) and ``data`` (tag -> data
     file).  Nothing is read until it is written; file-backed pieces stay where they are.
@@ -141,8 +103,8 @@ class Program:
         positive_int(alignment, "alignment")
         seg = math.lcm(alignment, self.segment_alignment)
         data = {
-            tag: merge_data_files({tag: cord}, segment_alignment=seg,
-                                  data_alignment=self.data_alignment)
+            tag: merge_ptd({tag: cord}, segment_alignment=seg,
+                           data_alignment=self.data_alignment)
             for tag, cord in self.data.items()
         }
         return Program(clone_ready_pte(self.pte, seg), data, segment_alignment=seg,
@@ -157,7 +119,7 @@ class Program:
         if merge_data:
             if len(self.data) == 1:
                 return {merged_file_name(name): next(iter(self.data.values()))}
-            merged = merge_data_files(
+            merged = merge_ptd(
                 self.data,
                 segment_alignment=self.segment_alignment,
                 data_alignment=self.data_alignment,

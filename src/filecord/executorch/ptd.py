@@ -1,4 +1,4 @@
-"""The ``.ptd`` data file (FlatTensor): read, build, merge.
+"""The ``.ptd`` data file (FlatTensor): read, lay out, build.
 
 Byte map: the FlatTensor flatbuffer (identifier ``FT01``) with a 40-byte ``FH01`` header
 inserted at offset 8 and padded to 48; zeros up to ``segment_base_offset``; the segments.  The
@@ -8,6 +8,10 @@ flatbuffer_size)``.
 
 We encode the FlatTensor with our own builder; ExecuTorch runs flatc on JSON, so its flatbuffer
 bytes are ordered differently, but header, sizes and segments come out the same.
+
+The layout (:func:`ptd_layout`) depends on the keys, the segment lengths and alignments and the
+tensor layouts, never on a data byte: a streaming writer plans the whole file first and then
+writes each tensor at its offset.  Merging data files is ``_merge``'s work.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from __future__ import annotations
 import math
 import os
 import struct
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
 
 from filecord import _sys
 from filecord._cord import Cord
@@ -35,7 +40,6 @@ from filecord.executorch._layout import (
     ptd_header,
     round_up,
     segment_cord,
-    zero_fill,
 )
 from filecord.executorch._ptecheck import check_named_data, check_segments
 from filecord.executorch.errors import (
@@ -47,10 +51,10 @@ from filecord.executorch.errors import (
     TruncatedError,
 )
 from filecord.executorch.schema import FLAT_TENSOR_SCHEMA, flat_tensor_table
-from filecord.executorch.values import NamedBytes, PtdEntry, TensorLayout
+from filecord.executorch.values import Blob, PtdEntry, Segment, TensorLayout
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PtdHeader:
     length: int
     flatbuffer_offset: int
@@ -59,23 +63,16 @@ class PtdHeader:
     segment_data_size: int
 
 
-@dataclass(frozen=True)
-class PtdSegment:
-    index: int
-    offset: int  # relative to segment_base_offset
-    size: int
-    file_offset: int
-    data: FileBackedData = field(repr=False)
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PtdFile:
+    """What :func:`read_ptd` found; ``entries`` is read-only (key -> entry, in file order)."""
+
     path: str
     file_size: int
     header: PtdHeader
     flat_tensor: Table
-    segments: tuple[PtdSegment, ...]
-    entries: dict[str, PtdEntry]
+    segments: tuple[Segment, ...]
+    entries: Mapping[str, PtdEntry]
 
     @property
     def version(self) -> int:
@@ -125,16 +122,54 @@ def parse_ptd_header(head: bytes, file_size: int) -> PtdHeader:
     return PtdHeader(length, fb_offset, fb_size, base, data_size)
 
 
-def _layout(entry: Table, i: int) -> TensorLayout | None:
-    t = entry["tensor_layout"]
-    if t is None:
-        return None
-    try:
-        return TensorLayout.from_table(t)
-    except ValueError as exc:
-        raise OutOfRangeError(
-            str(exc), field=f"FlatTensor.named_data[{i}].tensor_layout", offset=None
-        ) from None
+@dataclass(frozen=True, slots=True)
+class ParsedPtd:
+    """A data file's structure, checked, from its first bytes alone: every segment as
+    ``(offset relative to the base, size)`` and every key as ``(key, segment index, layout)``.
+    The one parse behind :func:`read_ptd` (a file) and ``cord_entries`` (a Cord)."""
+
+    header: PtdHeader
+    flat_tensor: Table
+    segments: tuple[tuple[int, int], ...]
+    keys: tuple[tuple[str, int, TensorLayout | None], ...]
+
+
+def parse_ptd(
+    head: bytes, size: int, decode: Callable[[int], Table], *, name: str = ""
+) -> ParsedPtd:
+    """Parse a data file of ``size`` bytes: ``head`` is its first ``8 + PTD_HEADER_LENGTH``
+    bytes (fewer if it is shorter), ``decode(n)`` the FlatTensor decoded from its first ``n``
+    bytes.  ``name`` prefixes the messages of errors found after the header."""
+    if len(head) >= 8 and head[4:8] != FLAT_TENSOR_SCHEMA.identifier:
+        raise BadMagicError(
+            f"file identifier is {bytes(head[4:8])!r}, expected {FLAT_TENSOR_SCHEMA.identifier!r}",
+            field="file identifier",
+            offset=4,
+        )
+    header = parse_ptd_header(head, size)
+    flat = decode(header.flatbuffer_offset + header.flatbuffer_size)
+    prefix = f"{name}: " if name else ""
+    for part in ("segments", "named_data"):
+        if flat[part] is None:
+            raise MissingFieldError(
+                f"{prefix}required by the runtime", field=f"FlatTensor.{part}", offset=None
+            )
+    base = header.segment_base_offset
+    segments = check_segments(
+        flat["segments"], base, header.segment_data_size, "FlatTensor.segments"
+    )
+    names = check_named_data(flat["named_data"], len(segments), "FlatTensor.named_data")
+    keys = []
+    for i, ((key, index), raw) in enumerate(zip(names, flat["named_data"], strict=True)):
+        t = raw["tensor_layout"]
+        try:
+            layout = None if t is None else TensorLayout.from_table(t)
+        except ValueError as exc:
+            raise OutOfRangeError(
+                f"{prefix}{exc}", field=f"FlatTensor.named_data[{i}].tensor_layout", offset=None
+            ) from None
+        keys.append((key, index, layout))
+    return ParsedPtd(header, flat, tuple(segments), tuple(keys))
 
 
 def read_ptd(path: str | os.PathLike[str]) -> PtdFile:
@@ -145,40 +180,83 @@ def read_ptd(path: str | os.PathLike[str]) -> PtdFile:
     """
     p = os.fspath(path)
     fd = _sys.open(p, os.O_RDONLY)
+
+    def decode(n: int) -> Table:
+        # A map, not a read: only the pages the decoder visits are read (see _fbread).
+        with _sys.map_read(fd, n) as region:
+            return _fbread.decode(region, FLAT_TENSOR_SCHEMA)
+
     try:
         file_size = _sys.fstat(fd).st_size
         head = _sys.read_all(fd, 0, min(file_size, 8 + PTD_HEADER_LENGTH))
-        if len(head) >= 8 and head[4:8] != FLAT_TENSOR_SCHEMA.identifier:
-            raise BadMagicError(
-                f"file identifier is {bytes(head[4:8])!r}, expected "
-                f"{FLAT_TENSOR_SCHEMA.identifier!r}",
-                field="file identifier",
-                offset=4,
-            )
-        header = parse_ptd_header(head, file_size)
-        # A map, not a read: only the pages the decoder visits are read (see _fbread).
-        region = _sys.map_read(fd, header.flatbuffer_offset + header.flatbuffer_size)
+        parsed = parse_ptd(head, file_size, decode)
     finally:
         _sys.close(fd)
-    with region:
-        flat = _fbread.decode(region, FLAT_TENSOR_SCHEMA)
-    for name in ("segments", "named_data"):
-        if flat[name] is None:
-            raise MissingFieldError(
-                "required by the runtime", field=f"FlatTensor.{name}", offset=None
-            )
-    base = header.segment_base_offset
-    layout = check_segments(flat["segments"], base, header.segment_data_size, "FlatTensor.segments")
+    base = parsed.header.segment_base_offset
     segments = tuple(
-        PtdSegment(i, off, size, base + off, FileBackedData(p, offset=base + off, length=size))
-        for i, (off, size) in enumerate(layout)
+        Segment(i, off, size, base + off, FileBackedData(p, offset=base + off, length=size))
+        for i, (off, size) in enumerate(parsed.segments)
     )
-    names = check_named_data(flat["named_data"], len(segments), "FlatTensor.named_data")
     entries = {
-        key: PtdEntry(key, segments[index].data, _layout(raw, i), 1, index)
-        for i, ((key, index), raw) in enumerate(zip(names, flat["named_data"], strict=True))
+        key: PtdEntry(key, segments[index].data, layout, 1, index)
+        for key, index, layout in parsed.keys
     }
-    return PtdFile(p, file_size, header, flat, segments, entries)
+    return PtdFile(
+        p, file_size, parsed.header, parsed.flat_tensor, segments, MappingProxyType(entries)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PtdLayout:
+    """Where every byte of a ``.ptd`` goes, worked out from lengths alone: ``head`` is the
+    file's first ``segment_base_offset`` bytes (header, flatbuffer, zero padding) and
+    ``segments`` each segment's ``(offset relative to the base, size)``."""
+
+    head: bytes
+    segments: tuple[tuple[int, int], ...]
+
+    @property
+    def segment_base_offset(self) -> int:
+        return len(self.head)
+
+    @property
+    def size(self) -> int:
+        """The file's length: nothing follows the last segment."""
+        offset, size = self.segments[-1] if self.segments else (0, 0)
+        return len(self.head) + offset + size
+
+
+def ptd_layout(
+    keys: Sequence[tuple[str, int, TensorLayout | None]],
+    segments: Sequence[tuple[int, int]],
+    *,
+    segment_alignment: int = 128,
+) -> PtdLayout:
+    """The layout of a ``.ptd`` holding ``keys`` (``(key, segment index, layout)``, in file
+    order) over ``segments`` (``(size, alignment)``, in file order).  A pure function: it
+    never sees a data byte, so a writer can plan the file before the data exists."""
+    layout = plan_segments(segments, segment_alignment)
+    root = flat_tensor_table(
+        "FlatTensor",
+        version=0,
+        segments=tuple(flat_tensor_table("DataSegment", offset=o, size=s) for o, s in layout),
+        named_data=tuple(
+            flat_tensor_table(
+                "NamedData",
+                key=key,
+                segment_index=index,
+                tensor_layout=None if tl is None else tl.to_table(),
+            )
+            for key, index, tl in keys
+        ),
+    )
+    flatbuffer = _fbwrite.encode(root, FLAT_TENSOR_SCHEMA)
+    region = round_up(PTD_HEADER_LENGTH, PTD_HEADER_ALIGNMENT) + len(flatbuffer)
+    base = round_up(region, segment_alignment)
+    data_size = layout[-1][0] + layout[-1][1] if layout else 0
+    pieces = insert_header(flatbuffer, ptd_header(len(flatbuffer), base, data_size))
+    head = b"".join(pieces) + bytes(base - region)
+    return PtdLayout(head, tuple(layout))
 
 
 def build_ptd(
@@ -192,9 +270,9 @@ def build_ptd(
     """
     items = list(entries.values()) if isinstance(entries, Mapping) else list(entries)
     slot_of: dict[int, int] = {}
-    datas: list[NamedBytes] = []
+    datas: list[Blob] = []
     aligns: list[int] = []
-    named = []
+    keys = []
     for e in items:
         slot = slot_of.get(id(e.data))
         if slot is None:
@@ -203,46 +281,13 @@ def build_ptd(
             aligns.append(e.alignment)
         else:
             aligns[slot] = math.lcm(aligns[slot], e.alignment)
-        named.append(
-            flat_tensor_table(
-                "NamedData",
-                key=e.key,
-                segment_index=slot,
-                tensor_layout=None if e.layout is None else e.layout.to_table(),
-            )
-        )
-    segs = [Aligned(d, a) for d, a in zip(datas, aligns, strict=True)]
-    layout = plan_segments(((piece_length(s.data), s.alignment) for s in segs), segment_alignment)
-    root = flat_tensor_table(
-        "FlatTensor",
-        version=0,
-        segments=tuple(flat_tensor_table("DataSegment", offset=o, size=s) for o, s in layout),
-        named_data=tuple(named),
+        keys.append((e.key, slot, e.layout))
+    layout = ptd_layout(
+        keys,
+        [(piece_length(d), a) for d, a in zip(datas, aligns, strict=True)],
+        segment_alignment=segment_alignment,
     )
-    flatbuffer = _fbwrite.encode(root, FLAT_TENSOR_SCHEMA)
-    padded = round_up(PTD_HEADER_LENGTH, PTD_HEADER_ALIGNMENT)
-    region = padded + len(flatbuffer)
-    base = round_up(region, segment_alignment)
-    data_size = layout[-1][0] + layout[-1][1] if layout else 0
-    cord = Cord(insert_header(flatbuffer, ptd_header(len(flatbuffer), base, data_size)))
-    zero_fill(cord, base - region)
-    cord.append(segment_cord(segs, layout))
+    cord = Cord([layout.head])
+    cord.append(segment_cord([Aligned(d, a) for d, a in zip(datas, aligns, strict=True)],
+                             layout.segments))
     return cord
-
-
-def merge_ptd(paths: Sequence[str | os.PathLike[str]], *, segment_alignment: int = 128) -> Cord:
-    """One data file holding every key of ``paths`` (the Python runtime takes only one).
-
-    Equal contents are stored once; a key present in two inputs with different bytes raises
-    :class:`~filecord.executorch.errors.NamedDataConflictError`.  Data stays file-backed.
-    """
-    from filecord.executorch.named_data import NamedDataStore  # the store builds on this module
-
-    store = NamedDataStore()
-    for path in paths:
-        for key, entry in read_ptd(path).entries.items():
-            data = entry.data
-            if not isinstance(data, FileBackedData):  # pragma: no cover - read_ptd makes ranges
-                raise TypeError(f"{key}: expected file-backed data from read_ptd")
-            store.add_named_data(key, data, tensor_layout=entry.layout)
-    return build_ptd(store.entries(), segment_alignment=segment_alignment)

@@ -1,4 +1,4 @@
-"""The ``.pte`` program file: read it, assemble one.
+"""The ``.pte`` program file: read it, build one.
 
 Byte map: the program flatbuffer (identifier ``ET12``), with an optional ``eh00`` extended header
 inserted at offset 8; then zeros up to ``segment_base_offset``; then the segments, each at its
@@ -6,7 +6,7 @@ planned offset relative to the base, with no padding after the last one.  A file
 bytes has no header and is just the flatbuffer.
 
 ``read_pte`` reads only the program region into memory; every segment comes back as a
-:class:`~filecord.FileBackedData` range of the file.  ``assemble_pte`` takes program bytes and
+:class:`~filecord.FileBackedData` range of the file.  ``build_pte`` takes program bytes and
 segment pieces and returns a :class:`~filecord.Cord` holding the very pieces it was given.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from filecord import _sys
 from filecord._cord import Cord, PieceLike
 from filecord._data import FileBackedData
-from filecord.executorch import _fbread, _fbwrite
+from filecord.executorch import _fbread
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import (
     PTE_HEADER_LENGTH,
@@ -37,7 +37,7 @@ from filecord.executorch._layout import (
     segment_cord,
     zero_fill,
 )
-from filecord.executorch._ptecheck import ProgramFacts, check_program
+from filecord.executorch._ptecheck import DataLocation, ProgramFacts, check_program
 from filecord.executorch.errors import (
     BadHeaderError,
     BadMagicError,
@@ -45,15 +45,11 @@ from filecord.executorch.errors import (
     SegmentTableMismatchError,
     TruncatedError,
 )
-from filecord.executorch.schema import (
-    DEFAULT_FORCE_ALIGN,
-    DELEGATE_ALIGNMENT,
-    PROGRAM_SCHEMA,
-    TENSOR_ALIGNMENT,
-)
+from filecord.executorch.schema import DEFAULT_FORCE_ALIGN, PROGRAM_SCHEMA
+from filecord.executorch.values import Blob, Segment
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PteHeader:
     """The ``eh00`` extended header.  ``padded_length`` is the bytes inserted at offset 8
     (``length`` rounded up to the program's largest force_align), inferred from where the
@@ -66,18 +62,7 @@ class PteHeader:
     padded_length: int
 
 
-@dataclass(frozen=True)
-class PteSegment:
-    """One entry of ``Program.segments``; ``offset`` is relative to the segment base."""
-
-    index: int
-    offset: int
-    size: int
-    file_offset: int
-    data: FileBackedData = field(repr=False)
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PteFile:
     """What :func:`read_pte` found.  ``program`` is the decoded Program table, ``region`` the
     program region of the file (header included), ``flatbuffer`` (read on use) the plain
@@ -88,7 +73,7 @@ class PteFile:
     header: PteHeader | None
     program: Table
     region: FileBackedData = field(repr=False)
-    segments: tuple[PteSegment, ...]
+    segments: tuple[Segment, ...]
     facts: ProgramFacts
 
     @property
@@ -113,14 +98,14 @@ class PteFile:
     def delegates(self) -> tuple[PteDelegate, ...]:
         out = []
         for d in self.facts.delegates:
-            data: bytes | FileBackedData = d.inline_data
+            data: Blob = d.inline_data
             if d.location == "SEGMENT":
                 data = self.segments[d.index].data
             out.append(PteDelegate(d.plan, d.position, d.id, d.location, d.index, len(data), data))
         return tuple(out)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PteDelegate:
     """A delegate's processed blob: INLINE (``index`` into ``backend_delegate_data``, ``data``
     is in-memory bytes from the program) or SEGMENT (``index`` into segments, file-backed)."""
@@ -128,10 +113,10 @@ class PteDelegate:
     plan: int
     position: int
     id: str
-    location: str
+    location: DataLocation
     index: int
     size: int
-    data: bytes | FileBackedData = field(repr=False)
+    data: Blob = field(repr=False)
 
 
 def parse_pte_header(head: bytes, file_size: int) -> tuple[int, int, int, int] | None:
@@ -240,33 +225,14 @@ def read_pte(path: str | os.PathLike[str]) -> PteFile:
     )
     base = header.segment_base_offset if header else 0
     segments = tuple(
-        PteSegment(i, off, size, base + off, FileBackedData(p, offset=base + off, length=size))
+        Segment(i, off, size, base + off, FileBackedData(p, offset=base + off, length=size))
         for i, (off, size) in enumerate(facts.segments)
     )
     whole = FileBackedData(p, offset=0, length=region_size)
     return PteFile(p, file_size, header, program, whole, segments, facts)
 
 
-def max_force_align(*, constant_tensor_alignment: int = 16, delegate_alignment: int = 16) -> int:
-    """The largest force_align of the schema a program was encoded with."""
-    return max(DEFAULT_FORCE_ALIGN, constant_tensor_alignment, delegate_alignment)
-
-
-def encode_program(
-    program: Table, *, constant_tensor_alignment: int = 16, delegate_alignment: int = 16
-) -> bytes:
-    """The plain Program flatbuffer, byte-identical to ExecuTorch's encoder for the same values."""
-    return _fbwrite.encode(
-        program,
-        PROGRAM_SCHEMA,
-        alignments={
-            TENSOR_ALIGNMENT: constant_tensor_alignment,
-            DELEGATE_ALIGNMENT: delegate_alignment,
-        },
-    )
-
-
-def assemble_pte(
+def build_pte(
     program: bytes,
     segments: Sequence[PieceLike | Aligned],
     *,
@@ -275,12 +241,13 @@ def assemble_pte(
 ) -> Cord:
     """A ``.pte`` as a Cord: header (when there are segment bytes), program, padding, segments.
 
-    ``program`` is the plain Program flatbuffer (see :func:`encode_program`); its ``segments``
-    table must already list the offsets this layout gives (``plan_segments``), which is
-    checked.  ``segments`` are bytes, ``FileBackedData`` or Cords, optionally wrapped in
-    :class:`Aligned` to ask for more than ``segment_alignment``.  ``max_force_align`` is the
-    largest force_align the program was encoded with (16 unless a tensor or delegate alignment
-    was raised): the inserted header is padded to it.  File-backed pieces end up in the Cord
+    ``program`` is the plain Program flatbuffer (``filecord.executorch.schema.encode_program``);
+    its ``segments`` table must already list the offsets this layout gives (``plan_segments``,
+    importable from this module), which is checked.  ``segments`` are bytes,
+    ``FileBackedData`` or Cords, optionally wrapped in :class:`Aligned` (also from this module)
+    to ask for more than ``segment_alignment``.  ``max_force_align`` is the largest force_align
+    the program was encoded with (16 unless a tensor or delegate alignment was raised): the
+    inserted header is padded to it.  File-backed pieces end up in the Cord
     by reference; padding pieces are small in-memory bytes.
     """
     decoded = _fbread.decode(bytes(program), PROGRAM_SCHEMA)

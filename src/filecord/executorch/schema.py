@@ -1,5 +1,6 @@
-"""Our own field tables for ExecuTorch's two schemas: the program (``ET12``) and the data file
-(``FT01``).
+"""Schema tools: our own field tables for ExecuTorch's two schemas, the program (``ET12``) and
+the data file (``FT01``), the tables built from them (``program_table``, ``flat_tensor_table``,
+:class:`Table`) and the Program flatbuffer encoder (``encode_program``).
 
 Fields are listed in declaration order, which fixes both their slot ids and the order in which
 the encoder builds them (see ``_fbwrite``).  The two force-aligned byte vectors carry an
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from filecord.executorch import _fbwrite
 from filecord.executorch._fbschema import (
     BOOL,
     F64,
@@ -216,3 +218,40 @@ def program_table(name: str, /, **values: Any) -> Table:
 def flat_tensor_table(name: str, /, **values: Any) -> Table:
     """A table of the data-file schema."""
     return Table(FLAT_TENSOR_SCHEMA.spec(name), values)
+
+
+def max_force_align(*, constant_tensor_alignment: int = 16, delegate_alignment: int = 16) -> int:
+    """The largest force_align of the schema a program was encoded with."""
+    return max(DEFAULT_FORCE_ALIGN, constant_tensor_alignment, delegate_alignment)
+
+
+def encode_program(
+    program: Table, *, constant_tensor_alignment: int = 16, delegate_alignment: int = 16
+) -> bytes:
+    """The plain Program flatbuffer, byte-identical to ExecuTorch's encoder for the same values."""
+    return _fbwrite.encode(
+        program,
+        PROGRAM_SCHEMA,
+        alignments={
+            TENSOR_ALIGNMENT: constant_tensor_alignment,
+            DELEGATE_ALIGNMENT: delegate_alignment,
+        },
+    )
+
+
+__all__ = [
+    "PROGRAM_SCHEMA",
+    "FLAT_TENSOR_SCHEMA",
+    "Table",
+    "program_table",
+    "flat_tensor_table",
+    "encode_program",
+    "max_force_align",
+    "DEFAULT_FORCE_ALIGN",
+    "TENSOR_ALIGNMENT",
+    "DELEGATE_ALIGNMENT",
+    "DATA_LOCATION_INLINE",
+    "DATA_LOCATION_SEGMENT",
+    "TENSOR_DATA_LOCATION_SEGMENT",
+    "TENSOR_DATA_LOCATION_EXTERNAL",
+]

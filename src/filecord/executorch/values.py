@@ -1,12 +1,11 @@
-"""Value types shared by the data file, the store and the program: scalar types, tensor layouts
-and named entries."""
+"""Value types shared by the data file, the store and the program: scalar types, tensor layouts,
+segments and named entries."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
 
-from filecord._cord import Cord
 from filecord._data import FileBackedData
 from filecord.executorch._fbschema import Table
 from filecord.executorch.schema import flat_tensor_table
@@ -40,7 +39,7 @@ class ScalarType(enum.IntEnum):
     UINT64 = 29
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorLayout:
     """Scalar type, sizes and dim order of a tensor stored as named data.
 
@@ -80,10 +79,23 @@ class TensorLayout:
         return cls(ScalarType(t["scalar_type"]), t["sizes"] or (), t["dim_order"] or ())
 
 
-NamedBytes = bytes | FileBackedData | Cord
+Blob = bytes | FileBackedData
+"""The bytes of one segment or key: in memory, or a range of a file (never loaded)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One segment of a ``.pte`` or ``.ptd`` as read: ``offset`` is relative to the segment
+    base, ``file_offset`` to the file, ``data`` the file-backed range that holds it."""
+
+    index: int
+    offset: int
+    size: int
+    file_offset: int
+    data: FileBackedData = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class PtdEntry:
     """One key of a data file.
 
@@ -93,7 +105,7 @@ class PtdEntry:
     """
 
     key: str
-    data: NamedBytes = field(repr=False)
+    data: Blob = field(repr=False)
     layout: TensorLayout | None = None
     alignment: int = 1
     segment_index: int | None = None

@@ -5,7 +5,7 @@ Theory of operation
 A CPU tensor's bytes enter the Cord as a view of its own memory (no copy); the save writes it
 into a temp file beside the target, fsyncs, renames and fsyncs the directory, so host memory
 beyond the tensors stays at one chunk.  A tensor on another device is first streamed through
-one pinned chunk into an owned scratch file beside the target (``filecord.torch``), which the
+one pinned chunk into an owned scratch file beside the target (``_torch_stream``), which the
 save then moves into the output.  The temp gets the mode a new file would get from ``open()``
 (or the replaced file's mode), not 0600.
 
@@ -15,6 +15,10 @@ differential tests against the installed packages.  Deliberate differences: ``sa
 writes ``__metadata__`` from a hash map, so with two or more metadata keys its key order varies
 from run to run (we keep the order given); it writes the memory of a lazily conjugated or
 negated view, not its value (we write the value).
+
+Argument order: these two are drop-ins, so they keep the order of the functions they mirror
+(``save_file(tensors, filename)``, ``save_sharded(state_dict, save_directory)``), unlike
+filecord's own writers, which take the destination first (``filecord.save(path, cord)``).
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ from typing import Any
 
 import torch
 
+from filecord import _sys
 from filecord._plan import DEFAULT_WINDOW
 from filecord._report import SaveReport
 from filecord._save import save, save_many
+from filecord._torch_stream import host_view, write_tensors
 from filecord.safetensors._write import (
     build_file,
     index_name,
@@ -114,8 +120,6 @@ def _on_host(t: torch.Tensor) -> bool:
 
 
 def _named(items: Sequence[tuple[str, torch.Tensor]], directory: str) -> list[NamedTensor]:
-    from filecord.torch import _host_view, write_tensors
-
     out: list[NamedTensor] = []
     off_host = [(n, t) for n, t in items if not _on_host(t)]
     blobs = write_tensors(off_host, directory, per_file=False, stem="safetensors") if off_host \
@@ -130,7 +134,7 @@ def _named(items: Sequence[tuple[str, torch.Tensor]], directory: str) -> list[Na
             out.append(NamedTensor(name, code, shape, blob.data))
             continue
         flat = t.detach().reshape(-1).view(torch.uint8)
-        out.append(NamedTensor(name, code, shape, _host_view(flat) if flat.numel() else b""))
+        out.append(NamedTensor(name, code, shape, host_view(flat) if flat.numel() else b""))
     return out
 
 
@@ -154,7 +158,7 @@ def save_file(
     file (if any) in place.
     """
     target = os.fspath(filename)
-    directory = os.path.dirname(os.path.abspath(target))
+    directory = os.path.dirname(_sys.abspath(target))
     named = _named(_checked(tensors), directory)
     cord = build_file(named, metadata, alignment=alignment)
     return save(target, cord, consume=True, window=window, progress=progress)
@@ -238,7 +242,7 @@ def save_sharded(
         kept = {n: t.contiguous() for n, t in kept.items()}
     if not kept:
         return SaveReport((), (), (), (), consume=False, window=window, dry_run=False)
-    named = _named(_checked(kept), os.path.abspath(directory))
+    named = _named(_checked(kept), _sys.abspath(directory))
     user = dict(metadata or {})
     empties = {n: (t.device, t.untyped_storage().data_ptr()) for n, t in kept.items()
                if t.untyped_storage().nbytes() == 0}

@@ -1,4 +1,5 @@
-"""From an emitted Program and a NamedDataStore to the ``.pte`` Cord and one ``.ptd`` Cord per tag.
+"""``build_program``: from an emitted Program and a NamedDataStore to the ``.pte`` Cord and one
+``.ptd`` Cord per tag.
 
 This is the layout ExecuTorch's exporter produces, step for step, so the same inputs give the
 same bytes:
@@ -11,7 +12,7 @@ same bytes:
    (equal blobs share one); empty blobs stay inline, renumbered.
 4. The store's program keys become segments in insertion order, one per distinct buffer,
    aligned to that buffer's alignment; ``named_data`` records the keys.
-5. Offsets are planned, written into ``segments``, the program encoded and assembled.
+5. Offsets are planned, written into ``segments``, the program encoded and built (``build_pte``).
 
 Constant tensor storage may be ``FileBackedData``: it goes into the constant segment by
 reference and is never read.  External tensors the emitter produced (``ExtraTensorInfo`` with
@@ -20,36 +21,37 @@ EXTERNAL location) must already be in the store under their tag, with their Tens
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from filecord._cord import Cord
-from filecord._data import FileBackedData
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import Aligned, piece_length, plan_segments, round_up
 from filecord.executorch.named_data import NamedDataStore
 from filecord.executorch.ptd import build_ptd
-from filecord.executorch.pte import assemble_pte, encode_program, max_force_align
+from filecord.executorch.pte import build_pte
 from filecord.executorch.schema import (
     DATA_LOCATION_INLINE,
     DATA_LOCATION_SEGMENT,
+    encode_program,
+    max_force_align,
     program_table,
 )
+from filecord.executorch.values import Blob
 
-Storage = bytes | FileBackedData
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SerializedProgram:
     """``pte`` is the program file, ``data_files`` one Cord per tag (write it as ``<tag>.ptd``),
     ``program`` the Program table as encoded (segments filled in)."""
 
     pte: Cord
-    data_files: dict[str, Cord]
+    data_files: Mapping[str, Cord]
     program: Table
 
 
-def _packed(blobs: Sequence[Storage], alignment: int) -> tuple[Cord, tuple[int, ...]]:
+def _packed(blobs: Sequence[Blob], alignment: int) -> tuple[Cord, tuple[int, ...]]:
     """Blobs back to back, each but the last padded to ``alignment``; and their offsets."""
     cord, offsets = Cord(), []
     for i, blob in enumerate(blobs):
@@ -86,11 +88,11 @@ def _extract_delegates(program: Table, segments: list[Aligned]) -> Table:
     return program.replace(execution_plan=tuple(plans), backend_delegate_data=tuple(kept))
 
 
-def serialize_program(
+def build_program(
     program: Table,
     store: NamedDataStore | None = None,
     *,
-    mutable_data: Sequence[Storage] | None = None,
+    mutable_data: Sequence[Blob] | None = None,
     segment_alignment: int = 128,
     constant_tensor_alignment: int = 16,
     delegate_alignment: int = 16,
@@ -139,7 +141,7 @@ def serialize_program(
         constant_tensor_alignment=constant_tensor_alignment,
         delegate_alignment=delegate_alignment,
     )
-    pte = assemble_pte(
+    pte = build_pte(
         encoded,
         segments,
         segment_alignment=segment_alignment,
@@ -152,4 +154,4 @@ def serialize_program(
     if store is not None:
         for tag in store.tags:
             data_files[tag] = build_ptd(store.entries(tag), segment_alignment=segment_alignment)
-    return SerializedProgram(pte, data_files, program)
+    return SerializedProgram(pte, MappingProxyType(data_files), program)

@@ -25,6 +25,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from filecord.errors import FormatError
 from filecord.executorch._contents import NeededKey, TensorInfo, contents
@@ -36,8 +37,10 @@ DEFAULT_TAG = "_default_external_constant"  # ExecuTorch's tag for external_cons
 
 RUNTIME_TIMEOUT_S = 900
 
+RuntimeStatus = Literal["loaded", "failed", "skipped"]
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True)
 class Problem:
     """One thing wrong: ``where`` names the file and field, ``message`` says what."""
 
@@ -45,16 +48,16 @@ class Problem:
     message: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RuntimeCheck:
     """``status``: ``loaded`` (every method loaded), ``failed``, or ``skipped`` (see ``note``)."""
 
-    status: str
+    status: RuntimeStatus
     methods: tuple[str, ...] = ()
     note: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Verification:
     pte: str
     data: tuple[str, ...]
@@ -217,7 +220,7 @@ def runtime_available() -> bool:
 
 def runtime_load(pte_path: str, data_path: str | None) -> RuntimeCheck:
     """Load the program and every method in ExecuTorch's runtime, in a child process."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_runtime_load.py")
+    script = os.path.join(os.path.dirname(__file__), "_runtime_load.py")  # __file__ is absolute
     cmd = [sys.executable, script, pte_path] + ([data_path] if data_path else [])
     try:
         done = subprocess.run(
