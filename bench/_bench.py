@@ -7,16 +7,21 @@ of the real-file-system tests (``tests/fsmatrix/fskit.py``).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests" / "fsmatrix")]
+FSKIT = str(ROOT / "tests" / "fsmatrix")
+sys.path[:0] = [str(ROOT / "src"), FSKIT]
 
 import fskit  # noqa: E402
 
@@ -83,3 +88,129 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([line(headers), sep, *(line(r) for r in cells)])
+
+
+# --- shared by the scripts that run each case in a child process ------------------------------
+
+
+class Timeline:
+    """Samples ``measure()`` in a thread every ``every`` seconds while the block runs; keeps
+    ``(seconds since the start, value)``.  One more sample after a short settle on exit."""
+
+    def __init__(self, measure: Callable[[], int], every: float = 0.005,
+                 settle: float = 0.1) -> None:
+        self.measure, self.every, self.settle = measure, every, settle
+        self.points: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._t0 = 0.0
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.points.append((time.perf_counter() - self._t0, self.measure()))
+            time.sleep(self.every)
+
+    def __enter__(self) -> Timeline:
+        self._t0 = time.perf_counter()
+        self.points.append((0.0, self.measure()))
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(self.settle)  # catch the state after the work settles
+        self._stop.set()
+        self._thread.join()
+        self.points.append((time.perf_counter() - self._t0, self.measure()))
+
+    @property
+    def peak(self) -> int:
+        return max(v for _t, v in self.points)
+
+
+def fsync_written(*paths: str | os.PathLike[str]) -> float:
+    """Make what a tool wrote as durable as filecord leaves its outputs: fsync each file (every
+    file under a directory), then each directory holding them.  Returns the seconds it took."""
+    t0 = time.perf_counter()
+    files: list[str] = []
+    dirs: set[str] = set()
+    for p in map(os.fspath, paths):
+        if os.path.isdir(p):
+            for root, _d, names in os.walk(p):
+                files += [os.path.join(root, n) for n in names]
+                dirs.add(root)
+        else:
+            files.append(p)
+        dirs.add(os.path.dirname(os.path.abspath(p)))
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for d in sorted(dirs):
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return time.perf_counter() - t0
+
+
+def child(code: str, *args: object, timeout: float | None = None) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter (``src/``, ``bench/`` and fskit importable); the last JSON
+    line it prints, or ``{"error": its last stderr line, "rc": status}``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "bench"), FSKIT,
+                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], env=env,
+                              capture_output=True, text=True, check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s", "rc": None}
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    if proc.returncode == 0 and lines:
+        out: dict[str, Any] = json.loads(lines[-1])
+        return out
+    tail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+    return {"error": tail[0], "rc": proc.returncode}
+
+
+def rotations(names: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
+    """``(round, name)`` for every round, the order rotated by one each round (so no case
+    always runs first, on a cold cache, or right after the heaviest one)."""
+    for r in range(rounds):
+        k = r % len(names)
+        for name in [*names[k:], *names[:k]]:
+            yield r, name
+
+
+def durability_table(cases: Sequence[str], results: dict[str, list[dict[str, Any]]],
+                     reference: dict[str, str], data: int) -> str:
+    """One row per case over its rounds: time as the tool leaves the data (page cache), time
+    durable (the tool then an fsync of what it wrote; filecord's own saves are durable when
+    they return), the durable median against the ``reference`` case's, peak RSS and disk.
+
+    Each result holds ``seconds``, ``durable`` (seconds until durable), ``rss`` and optionally
+    ``disk`` (peak allocated bytes); a round that failed holds ``error``."""
+    rows = []
+    durable = {c: med([x["durable"] for x in results[c] if "durable" in x])
+               for c in cases if any("durable" in x for x in results[c])}
+    for c in cases:
+        ok = [x for x in results[c] if "error" not in x]
+        if len(ok) < len(results[c]):
+            err = next(x["error"] for x in results[c] if "error" in x)
+            rows.append([c, len(results[c]), f"failed: {err}", "", "", "", ""])
+            continue
+        ref = reference.get(c)
+        vs = f"{durable[c] / durable[ref]:.2f}x" if ref in durable else "-"
+        written = [x["seconds"] for x in ok]
+        synced = [x["durable"] for x in ok]
+        same = all(x["durable"] == x["seconds"] for x in ok)
+        disk = [x["disk"] for x in ok if "disk" in x]
+        rows.append([c, len(ok), spread(written), "(same: fsynced)" if same else spread(synced),
+                     f"{vs} {ref}" if ref and ref != c else vs,
+                     f"{max(x['rss'] for x in ok) / MiB:.0f}",
+                     f"{max(disk) / data:.3f}" if disk else "-"])
+    return table(["case", "n", "as written: median s (min-max)",
+                  "durable (+ fsync): median s (min-max)", "durable vs", "peak RSS added, MiB",
+                  "peak disk / data"], rows)
