@@ -25,6 +25,8 @@ sys.path[:0] = [str(ROOT / "src"), FSKIT]
 
 import fskit  # noqa: E402
 
+from filecord import _sys  # noqa: E402
+
 MiB = fskit.MiB
 GiB = 1 << 30
 
@@ -127,9 +129,10 @@ class Timeline:
         return max(v for _t, v in self.points)
 
 
-def fsync_written(*paths: str | os.PathLike[str]) -> float:
+def fsync_written(*paths: str | os.PathLike[str]) -> tuple[float, int]:
     """Make what a tool wrote as durable as filecord leaves its outputs: fsync each file (every
-    file under a directory), then each directory holding them.  Returns the seconds it took."""
+    file under a directory), then each directory holding them.  Returns the seconds it took
+    and how many fsyncs."""
     t0 = time.perf_counter()
     files: list[str] = []
     dirs: set[str] = set()
@@ -153,12 +156,35 @@ def fsync_written(*paths: str | os.PathLike[str]) -> float:
             os.fsync(fd)
         finally:
             os.close(fd)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, len(files) + len(dirs)
+
+
+class FsyncCounter(_sys.Backend):
+    """A pass-through ``_sys`` backend that counts filecord's fsyncs (files and directories)."""
+
+    def __init__(self) -> None:
+        self.fsyncs = 0
+
+    def hook(self, op: str, args: tuple[Any, ...]) -> None:
+        if op in ("fsync", "fsync_dir"):
+            self.fsyncs += 1
+
+
+def error_line(stderr: str, rc: int | None = None) -> str:
+    """The line that says what failed: a traceback's exception line (notes after it left
+    out), else the last line."""
+    lines = stderr.strip().splitlines()
+    starts = [i for i, x in enumerate(lines) if x.startswith("Traceback")]
+    if starts:
+        tail = [x for x in lines[starts[-1] + 1:] if x and not x[0].isspace()]
+        if tail:
+            return tail[0]
+    return lines[-1] if lines else f"exit status {rc}"
 
 
 def child(code: str, *args: object, timeout: float | None = None) -> dict[str, Any]:
-    """Run ``code`` in a fresh interpreter (``src/``, ``bench/`` and fskit importable); the last JSON
-    line it prints, or ``{"error": its last stderr line, "rc": status}``."""
+    """Run ``code`` in a fresh interpreter (``src/``, ``bench/`` and fskit importable): the
+    last JSON line it prints, or ``{"error": its last stderr line, "rc": status}``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "bench"), FSKIT,
                                          env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -171,8 +197,7 @@ def child(code: str, *args: object, timeout: float | None = None) -> dict[str, A
     if proc.returncode == 0 and lines:
         out: dict[str, Any] = json.loads(lines[-1])
         return out
-    tail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-    return {"error": tail[0], "rc": proc.returncode}
+    return {"error": error_line(proc.stderr, proc.returncode), "rc": proc.returncode}
 
 
 def rotations(names: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
@@ -190,8 +215,9 @@ def durability_table(cases: Sequence[str], results: dict[str, list[dict[str, Any
     durable (the tool then an fsync of what it wrote; filecord's own saves are durable when
     they return), the durable median against the ``reference`` case's, peak RSS and disk.
 
-    Each result holds ``seconds``, ``durable`` (seconds until durable), ``rss`` and optionally
-    ``disk`` (peak allocated bytes); a round that failed holds ``error``."""
+    Each result holds ``seconds``, ``durable`` (seconds until durable), ``rss``, and optionally
+    ``fsyncs`` (how many the case made, its own or the added ones) and ``disk`` (peak allocated
+    bytes); a round that failed holds ``error``."""
     rows = []
     durable = {c: med([x["durable"] for x in results[c] if "durable" in x])
                for c in cases if any("durable" in x for x in results[c])}
@@ -199,7 +225,7 @@ def durability_table(cases: Sequence[str], results: dict[str, list[dict[str, Any
         ok = [x for x in results[c] if "error" not in x]
         if len(ok) < len(results[c]):
             err = next(x["error"] for x in results[c] if "error" in x)
-            rows.append([c, len(results[c]), f"failed: {err}", "", "", "", ""])
+            rows.append([c, len(results[c]), f"failed: {err}", "", "", "", "", ""])
             continue
         ref = reference.get(c)
         vs = f"{durable[c] / durable[ref]:.2f}x" if ref in durable else "-"
@@ -208,9 +234,25 @@ def durability_table(cases: Sequence[str], results: dict[str, list[dict[str, Any
         same = all(x["durable"] == x["seconds"] for x in ok)
         disk = [x["disk"] for x in ok if "disk" in x]
         rows.append([c, len(ok), spread(written), "(same: fsynced)" if same else spread(synced),
-                     f"{vs} {ref}" if ref and ref != c else vs,
+                     f"{vs} of {ref}" if ref and ref != c else vs,
+                     str(ok[0].get("fsyncs", "-")),
                      f"{max(x['rss'] for x in ok) / MiB:.0f}",
                      f"{max(disk) / data:.3f}" if disk else "-"])
     return table(["case", "n", "as written: median s (min-max)",
-                  "durable (+ fsync): median s (min-max)", "durable vs", "peak RSS added, MiB",
+                  "durable (+ fsync): median s (min-max)", "durable vs", "fsyncs",
+                  "peak RSS added, MiB",
                   "peak disk / data"], rows)
+
+
+def slower_at_equal_durability(results: dict[str, list[dict[str, Any]]],
+                               reference: dict[str, str], why: dict[str, str]) -> list[str]:
+    """A line for each case whose durable median is above its reference's: by how much, and
+    ``why[case]`` (the cause and what would close the gap)."""
+    lines = []
+    for case, ref in reference.items():
+        mine = [x["durable"] for x in results.get(case, []) if "durable" in x]
+        theirs = [x["durable"] for x in results.get(ref, []) if "durable" in x]
+        if mine and theirs and med(mine) > med(theirs):
+            lines.append(f"- {case} is {med(mine) / med(theirs):.2f}x {ref} at equal durability"
+                         f": {why.get(case, 'see the text')}.")
+    return lines
