@@ -228,7 +228,9 @@ def durability_table(cases: Sequence[str], results: dict[str, list[dict[str, Any
             rows.append([c, len(results[c]), f"failed: {err}", "", "", "", "", ""])
             continue
         ref = reference.get(c)
-        vs = f"{durable[c] / durable[ref]:.2f}x" if ref in durable else "-"
+        refs = set(reference.values())
+        vs = ("reference" if c in refs else
+              f"{durable[c] / durable[ref]:.2f}x" if ref in durable else "-")
         written = [x["seconds"] for x in ok]
         synced = [x["durable"] for x in ok]
         same = all(x["durable"] == x["seconds"] for x in ok)
@@ -250,6 +252,8 @@ def slower_at_equal_durability(results: dict[str, list[dict[str, Any]]],
     ``why[case]`` (the cause and what would close the gap)."""
     lines = []
     for case, ref in reference.items():
+        if "filecord" not in case:
+            continue
         mine = [x["durable"] for x in results.get(case, []) if "durable" in x]
         theirs = [x["durable"] for x in results.get(ref, []) if "durable" in x]
         if mine and theirs and med(mine) > med(theirs):

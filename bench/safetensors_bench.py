@@ -111,17 +111,22 @@ CASES = [
 REFERENCE = {"save_file filecord": "save_file safetensors",
              "merge filecord copy": "merge packages", "merge filecord consume": "merge packages",
              "reshard filecord consume": "reshard packages"}
+MOVE_WHY = (
+    "on ext4 (no reflink) a move copies one sync window, fsyncs it, then cuts it off the "
+    "source, window by window (see the fsyncs column; the package + fsync row "
+    "fsyncs once), so that the data is on disk once plus one window at every moment; a larger "
+    "window where the disk has room (`window=`) "
+    "trades that peak for fewer fsyncs, a reflink file system clones instead (0 bytes "
+    "copied), and with space to spare the copying path is the fast one")
 # Why a filecord row can be slower than its reference at equal durability, and what closes it.
 WHY = {
-    "save_file filecord": "it writes the same bytes and fsyncs once, as the package + fsync "
-    "does; the remaining gap is the scratch file's rename and the directory fsync",
-    "merge filecord consume": "on ext4 a move is a copy of one sync window, an fsync, then a "
-    "hole punched in the source, per 64 MiB window (one fsync per window where the package "
-    "fsyncs once); a larger window when the disk has room (issue 13 item 5 sizes it to the "
-    "free space) or a reflink file system (clones, 0 bytes copied) closes it; with space to "
-    "spare the copying merge is the fast path",
-    "reshard filecord consume": "the same window-by-window move as the consumed merge",
-    "merge filecord copy": "copy_file_range and one fsync per output, as the package + fsync",
+    "save_file filecord": "the data is written and fsynced once, as by the package + fsync; "
+    "filecord adds its lock file's fsync and writes through a temp file renamed into place "
+    "(atomic: a crash never leaves a partial file under the final name)",
+    "merge filecord copy": "copy_file_range into a temp, one data fsync per output, plus the "
+    "lock and the rename; the package + fsync row writes from memory it has already loaded",
+    "merge filecord consume": MOVE_WHY,
+    "reshard filecord consume": MOVE_WHY,
 }
 
 
