@@ -85,7 +85,7 @@ WHY = {
     "filecord convert consume": "on ext4 (no reflink) a move copies one sync window, fsyncs "
     "it, then cuts it off the source, window by window (see the fsyncs column), "
     "so the data is on disk once plus one window; a larger window where the disk has room "
-    "(issue 13 item 5) trades that peak for fewer fsyncs, a reflink file system clones "
+    "(`--window`) trades that peak for fewer fsyncs, a reflink file system clones "
     "instead, and with space to spare the copying convert is the fast path",
 }
 

@@ -23,10 +23,11 @@ DOC = ROOT / "docs" / "benchmarks.md"
 BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
     ("core_copy.py", ["--rounds", "5"], ["--size", "256M", "--rounds", "2"],
      "Issue 2: copying a file-backed cord",
-     "A cord of one 2 GiB `FileBackedData` saved with `consume=False` against `cp` + `fsync` "
-     "of the same file and `shutil.copyfileobj` at 8 MiB (ExecuTorch's path), each in a fresh "
-     "process whose peak RSS is reset right before the copy. Target: RSS under baseline + "
-     "64 MiB."),
+     "A cord of one 2 GiB `FileBackedData` saved with `consume=False` against `cp` of the "
+     "same file and `shutil.copyfileobj` at 8 MiB (ExecuTorch's path), each in a fresh "
+     "process whose peak RSS is reset right before the copy; the peers are timed as they "
+     "return and until an fsync of the copy and its directory returns (the durable column, "
+     "where filecord's time always ends). Target: RSS under baseline + 64 MiB."),
     ("consume_window.py", ["--rounds", "3"], ["--size", "512M", "--rounds", "1"],
      "Issue 3: consume against copy, per sync window",
      "4 GiB behind a 4 KiB header on a loop-mounted ext4 image. Copy: `save(consume=False)` "
@@ -41,14 +42,16 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
     ("disk_timeline.py", [], ["--size", "256M"],
      "Allocated disk over time: copy, consume, clone",
      "One 1 GiB piece saved into a fresh file system; used space (`statvfs`) sampled every "
-     "5 ms. Copy on ext4 is followed by deleting the source, as exporters do. See the plot "
-     "below."),
-    ("torch_rss.py", [], ["--size", "256MiB"],
+     "5 ms. Copy on ext4 is followed by deleting the source, as exporters do. No peer here: "
+     "every row is filecord. See the plot below; the fits scenario has its own plot."),
+    ("torch_rss.py", ["--rounds", "3"], ["--size", "256MiB", "--rounds", "1"],
      "Issue 6: host memory while writing a state dict",
      "A 2 GiB state dict of float32 tensors, one process per writer: peak RSS above the "
      "tensors' own memory. Target for filecord: under 64 MiB. filecord writes the whole "
      "`.ptd` once into a scratch file, fsyncs it and adopts it by rename; safetensors writes "
-     "once and never fsyncs; ExecuTorch's store materializes every tensor with `tobytes()`."),
+     "once and never fsyncs; ExecuTorch's store materializes every tensor with `tobytes()`. "
+     "The peers are also timed until an fsync of their output and its directory returns "
+     "(the durable column)."),
     ("program_save.py", [], ["--size", "256M"],
      "Issue 5: saving an ExecuTorch program with file-backed data",
      "A program whose named data is 2 GiB of file-backed blobs: filecord copy against the "
