@@ -80,7 +80,10 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "directory sampled every 5 ms, over the data; peak RSS is above the tensors (save_file) or "
      "the start (merge, reshard). The packages never fsync: each of their rows is also timed "
      "until an fsync of every file it wrote and of their directories returns (the durable "
-     "column), which is what filecord's time always includes."),
+     "column), which is what filecord's time always includes. The small-scale version of the "
+     "fits scenario is a test (`tests/fsmatrix/test_safetensors_space.py`: a merge on a "
+     "200 MiB ext4 holding a 120 MiB checkpoint fails with the packages and succeeds with "
+     "`consume=True`)."),
     ("gguf_bench.py", ["--size", "2GiB", "--rounds", "3"], ["--size", "128MiB", "--rounds", "1"],
      "Issue 16: converting to GGUF against gguf-py",
      "A 2 GiB safetensors checkpoint of float32 tensors (32 tensors) converted to GGUF, one "
@@ -91,7 +94,10 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "Peak disk is the allocated size (`st_blocks`) of the work directory sampled every 5 ms, "
      "over the data. gguf-py's temp file is an `O_TMPFILE` (no name), which a directory walk "
      "cannot see: its real peak is the checkpoint, the temp and the output, about 3x; its "
-     "2.000 undercounts it."),
+     "2.000 undercounts it. On a size-limited ext4 with 1.05x a 120 MiB checkpoint free both "
+     "gguf-py modes run out of space and `filecord convert --consume` succeeds "
+     "(`tests/fsmatrix/test_gguf_space.py`); llama.cpp loads and evaluates a GGUF written by "
+     "filecord (`tests/test_gguf_llamacpp.py`)."),
     ("scale.py", [], ["--sizes", "64M,256M", "--torch-size", "256M"],
      "Issue 13: memory at scale, 1 to 16 GiB",
      "A cord of a 4 KiB header and one file-backed source of 1, 4 and 16 GiB, saved by copy "
