@@ -26,6 +26,7 @@ sys.path[:0] = [str(ROOT / "src"), FSKIT]
 import fskit  # noqa: E402
 
 from filecord import _sys  # noqa: E402
+from filecord._measure import rss_now, rss_peak, rss_reset  # noqa: E402
 
 MiB = fskit.MiB
 GiB = 1 << 30
@@ -170,6 +171,28 @@ class FsyncCounter(_sys.Backend):
             self.fsyncs += 1
 
 
+def measured(job: Callable[[], object], *, durable: bool, written: Sequence[str] = (),
+             disk_of: str | None = None) -> dict[str, Any]:
+    """Run ``job`` once, measured: ``seconds``, ``rss`` (peak above the start), ``fsyncs`` and
+    ``durable`` (seconds until the output is durable: a filecord job, ``durable=True``, is
+    when it returns; a peer's is followed by :func:`fsync_written` of ``written``), and with
+    ``disk_of`` the peak ``disk`` allocated under that directory (sampled every 5 ms)."""
+    counter = FsyncCounter()
+    disk = Timeline(lambda: fskit.allocated(disk_of)) if disk_of else None
+    with disk or contextlib.nullcontext(), _sys.use(counter):
+        rss_reset()
+        base = rss_now()
+        t0 = time.perf_counter()
+        job()
+        seconds = time.perf_counter() - t0
+        rss = rss_peak() - base
+        sync, fsyncs = (0.0, counter.fsyncs) if durable else fsync_written(*written)
+    out = {"seconds": seconds, "durable": seconds + sync, "rss": rss, "fsyncs": fsyncs}
+    if disk is not None:
+        out["disk"] = disk.peak
+    return out
+
+
 def error_line(stderr: str, rc: int | None = None) -> str:
     """The line that says what failed: a traceback's exception line (notes after it left
     out), else the last line."""
@@ -198,6 +221,10 @@ def child(code: str, *args: object, timeout: float | None = None) -> dict[str, A
         out: dict[str, Any] = json.loads(lines[-1])
         return out
     return {"error": error_line(proc.stderr, proc.returncode), "rc": proc.returncode}
+
+
+def rounds(n: int) -> str:
+    return f"{n} rotated round{'s' if n != 1 else ''}"
 
 
 def rotations(names: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
@@ -245,6 +272,21 @@ def durability_table(cases: Sequence[str], results: dict[str, list[dict[str, Any
                   "durable (+ fsync): median s (min-max)", "durable vs", "fsyncs",
                   "peak RSS added, MiB",
                   "peak disk / data"], rows)
+
+
+def print_rounds(header: str, cases: Sequence[str], results: dict[str, list[dict[str, Any]]],
+                 reference: dict[str, str], why: dict[str, str], data: int,
+                 json_out: str | None = None) -> None:
+    """The header line, the rounds table, the notes where filecord is slower at equal
+    durability; the raw results to ``json_out`` if given."""
+    print(header + "\n")
+    print(durability_table(cases, results, reference, data))
+    notes = slower_at_equal_durability(results, reference, why)
+    if notes:
+        print("\n" + "\n".join(notes))
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(results, f, indent=2)
 
 
 def slower_at_equal_durability(results: dict[str, list[dict[str, Any]]],

@@ -36,6 +36,7 @@ from _bench import (
     med,
     parse_size,
     rotations,
+    rounds,
     slower_at_equal_durability,
     workdir,
 )
@@ -43,28 +44,18 @@ from _bench import (
 RSS_LIMIT = 64 * MiB
 
 CHILD = r"""
-import json, os, shutil, sys, time
+import json, shutil, sys
 import filecord
-from _bench import FsyncCounter, fsync_written
-from filecord import _sys
-from filecord._measure import rss_now, rss_peak, rss_reset
+from _bench import measured
 method, src, dst = sys.argv[1:4]
 cord = filecord.Cord([filecord.FileBackedData(src)])
-counter = FsyncCounter()
-rss_reset()
-base = rss_now()
-t = time.perf_counter()
-if method == "filecord":
-    with _sys.use(counter):
+def job():
+    if method == "filecord":
         filecord.save(dst, cord)
-    written, sync, fsyncs = time.perf_counter() - t, 0.0, counter.fsyncs
-else:
-    with open(src, "rb") as a, open(dst, "wb") as b:
-        shutil.copyfileobj(a, b, 8 << 20)
-    written = time.perf_counter() - t
-    sync, fsyncs = fsync_written(dst)
-print(json.dumps({"seconds": written, "durable": written + sync, "fsyncs": fsyncs,
-                  "rss": rss_peak() - base}))
+    else:
+        with open(src, "rb") as a, open(dst, "wb") as b:
+            shutil.copyfileobj(a, b, 8 << 20)
+print(json.dumps(measured(job, durable=method == "filecord", written=[dst])))
 """
 
 
@@ -118,7 +109,7 @@ def main() -> None:
         src.unlink()
 
     print(f"\nCopy of a {args.size / GiB:g} GiB file-backed cord; {machine()}; {where}; "
-          f"warm page cache; {args.rounds} rotated rounds, median (min-max); cp's RSS is not "
+          f"warm page cache; {rounds(args.rounds)}, median (min-max); cp's RSS is not "
           "measured (another program)\n")
     print(durability_table(names, results, REFERENCE, args.size))
     peak = max(x["rss"] for x in results["filecord.save (copy)"])

@@ -16,52 +16,35 @@ Usage: python bench/gguf_bench.py [--size 1GiB] [--rounds 3] [--dir DIR] [--json
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
 import tempfile
 from typing import Any
 
-from _bench import (
-    child,
-    durability_table,
-    machine,
-    parse_size,
-    rotations,
-    slower_at_equal_durability,
-)
+from _bench import child, machine, parse_size, print_rounds, rotations, rounds
 
 CHILD = r"""
-import json, os, sys, time
-import fskit
-from _bench import FsyncCounter, Timeline, fsync_written
-from filecord import _sys
-from filecord._measure import rss_now, rss_peak, rss_reset
+import json, os, sys
+from _bench import measured
 case, work = sys.argv[1], sys.argv[2]
 src, out = os.path.join(work, "model.safetensors"), os.path.join(work, "model.gguf")
-data = os.path.getsize(src)
-counter = FsyncCounter()
-with Timeline(lambda: fskit.allocated(work)) as disk, _sys.use(counter):
-    rss_reset(); base = rss_now(); t0 = time.perf_counter()
+def job():
     if case.startswith("filecord"):
         from filecord.gguf import convert
         convert(src, out, arch="llama", consume=case.endswith("consume"))
-    else:
-        os.environ["TMPDIR"] = work
-        import gguf
-        from safetensors import safe_open
-        w = gguf.GGUFWriter(out, "llama", use_temp_file=case.endswith("temp file"))
-        with safe_open(src, "np") as f:
-            for name in sorted(f.keys()):
-                w.add_tensor(name, f.get_tensor(name))
-        w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    seconds = time.perf_counter() - t0
-    rss = rss_peak() - base
-    # gguf-py leaves its output in the page cache: also time it until it is durable.
-    sync, fsyncs = (0.0, counter.fsyncs) if case.startswith("filecord") else fsync_written(out)
-print(json.dumps({"case": case, "seconds": seconds, "durable": seconds + sync, "rss": rss,
-                  "fsyncs": fsyncs, "disk": disk.peak, "data": data}))
+        return
+    os.environ["TMPDIR"] = work
+    import gguf
+    from safetensors import safe_open
+    w = gguf.GGUFWriter(out, "llama", use_temp_file=case.endswith("temp file"))
+    with safe_open(src, "np") as f:
+        for name in sorted(f.keys()):
+            w.add_tensor(name, f.get_tensor(name))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+data = os.path.getsize(src)
+res = measured(job, durable=case.startswith("filecord"), written=[out], disk_of=work)
+print(json.dumps({"case": case, "data": data, **res}))
 """
 
 SETUP = r"""
@@ -108,16 +91,9 @@ def main() -> int:
         results[case].append(res)
         print(f"round {r + 1} {case}: {res.get('seconds', res.get('error'))}", file=sys.stderr)
     data = next((x["data"] for rs in results.values() for x in rs if "data" in x), args.size)
-    print(f"data: {data / 2**30:.2f} GiB safetensors checkpoint (float32); {machine()}; one "
-          f"process per case on a fresh copy; {args.rounds} rotated rounds, median (min-max)\n")
-    print(durability_table(CASES, results, REFERENCE, data))
-    notes = slower_at_equal_durability(results, REFERENCE, WHY)
-    if notes:
-        print()
-        print("\n".join(notes))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    print_rounds(f"data: {data / 2**30:.2f} GiB safetensors checkpoint (float32); {machine()}; "
+                 f"one process per case on a fresh copy; {rounds(args.rounds)}, median "
+                 "(min-max)", CASES, results, REFERENCE, WHY, data, args.json)
     return 0
 
 

@@ -19,7 +19,6 @@ Usage: python bench/safetensors_bench.py [--size 1GiB] [--rounds 3] [--dir DIR] 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -27,23 +26,12 @@ import sys
 import tempfile
 from typing import Any
 
-from _bench import (
-    ROOT,
-    child,
-    durability_table,
-    machine,
-    parse_size,
-    rotations,
-    slower_at_equal_durability,
-)
+from _bench import ROOT, child, machine, parse_size, print_rounds, rotations, rounds
 
 CHILD = r"""
-import json, os, sys, time
+import json, os, sys
 import torch
-import fskit
-from _bench import FsyncCounter, Timeline, fsync_written
-from filecord import _sys
-from filecord._measure import rss_now, rss_peak, rss_reset
+from _bench import measured
 case, size, work = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 n = max(4, size // (64 << 20))
 per = size // n // 4
@@ -54,10 +42,8 @@ out = os.path.join(work, "out.safetensors")
 shards = sorted(os.path.join(work, "in", f) for f in os.listdir(os.path.join(work, "in"))
                 if f.endswith(".safetensors")) if os.path.isdir(os.path.join(work, "in")) else []
 index = os.path.join(work, "in", "model.safetensors.index.json")
-written = [out]
-counter = FsyncCounter()
-with Timeline(lambda: fskit.allocated(work)) as disk, _sys.use(counter):
-    rss_reset(); base = rss_now(); t0 = time.perf_counter()
+o = os.path.join(work, "o")
+def job():
     if case == "save_file filecord":
         from filecord.safetensors import save_file; save_file(sd, out)
     elif case == "save_file safetensors":
@@ -68,24 +54,19 @@ with Timeline(lambda: fskit.allocated(work)) as disk, _sys.use(counter):
         from filecord.safetensors import merge; merge([index], out, consume=True)
     elif case == "merge packages":
         from safetensors.torch import load_file, save_file
-        sd = {}
-        for s in shards: sd.update(load_file(s))
-        save_file(sd, out)
+        loaded = {}
+        for s in shards: loaded.update(load_file(s))
+        save_file(loaded, out)
     elif case == "reshard filecord consume":
         from filecord.safetensors import reshard
-        os.mkdir(os.path.join(work, "o")); reshard([shards[0]], os.path.join(work, "o"),
-                                                   max_shard_size=size // 4, consume=True)
+        os.mkdir(o); reshard([shards[0]], o, max_shard_size=size // 4, consume=True)
     elif case == "reshard packages":
         from safetensors.torch import load_file
         from huggingface_hub import save_torch_state_dict
-        os.mkdir(os.path.join(work, "o")); written = [os.path.join(work, "o")]
-        save_torch_state_dict(load_file(shards[0]), written[0], max_shard_size=size // 4)
-    seconds = time.perf_counter() - t0
-    rss = rss_peak() - base
-    # The packages leave their output in the page cache: also time it until it is durable.
-    sync, fsyncs = (0.0, counter.fsyncs) if "filecord" in case else fsync_written(*written)
-print(json.dumps({"case": case, "seconds": seconds, "durable": seconds + sync, "rss": rss,
-                  "fsyncs": fsyncs, "disk": disk.peak, "data": n * per * 4}))
+        os.mkdir(o); save_torch_state_dict(load_file(shards[0]), o, max_shard_size=size // 4)
+res = measured(job, durable="filecord" in case, written=[o if "reshard" in case else out],
+               disk_of=work)
+print(json.dumps({"case": case, "data": n * per * 4, **res}))
 """
 
 SETUP = r"""
@@ -153,16 +134,9 @@ def main() -> int:
         results[case].append(res)
         print(f"round {r + 1} {case}: {res.get('seconds', res.get('error'))}", file=sys.stderr)
     data = next((x["data"] for rs in results.values() for x in rs if "data" in x), args.size)
-    print(f"data: {data / 2**30:.2f} GiB of float32 tensors; {machine()}; one process per case "
-          f"on a fresh copy of its inputs; {args.rounds} rotated rounds, median (min-max)\n")
-    print(durability_table(names, results, REFERENCE, data))
-    notes = slower_at_equal_durability(results, REFERENCE, WHY)
-    if notes:
-        print()
-        print("\n".join(notes))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    print_rounds(f"data: {data / 2**30:.2f} GiB of float32 tensors; {machine()}; one process "
+                 f"per case on a fresh copy of its inputs; {rounds(args.rounds)}, median "
+                 "(min-max)", names, results, REFERENCE, WHY, data, args.json)
     return 0
 
 

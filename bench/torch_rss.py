@@ -17,7 +17,6 @@ Usage: python bench/torch_rss.py [--size 2GiB] [--rounds 3] [--dir DIR] [--json 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -25,21 +24,12 @@ import tempfile
 import time
 from typing import Any
 
-from _bench import (
-    child,
-    durability_table,
-    machine,
-    parse_size,
-    rotations,
-    slower_at_equal_durability,
-)
+from _bench import child, machine, parse_size, print_rounds, rotations, rounds
 
 CHILD = r"""
-import json, os, sys, time
+import json, os, sys
 import torch
-from _bench import FsyncCounter, fsync_written
-from filecord import _sys
-from filecord._measure import rss_now, rss_peak, rss_reset
+from _bench import measured
 case, size, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 n = max(1, size // (64 << 20))
 sd = {f"layer{i}.weight": torch.full((16 << 20,), float(i)) for i in range(n)}
@@ -47,11 +37,7 @@ if case == "executorch":
     from executorch.exir._serialize._named_data_store import NamedDataStore
     from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
     from executorch.exir._serialize.data_serializer import DataPayload
-counter = FsyncCounter()
-rss_reset()
-base = rss_now()
-t0 = time.perf_counter()
-with _sys.use(counter):
+def job():
     if case == "filecord":
         from filecord.torch import save_state_dict
         save_state_dict(sd, out, consume=True)
@@ -66,12 +52,8 @@ with _sys.use(counter):
         cord = FlatTensorSerializer().serialize(DataPayload(o.buffers, o.external_data["w"]))
         with open(out, "wb") as f:
             cord.write_to_file(f)
-seconds = time.perf_counter() - t0
-rss = rss_peak() - base
-# The peers leave their output in the page cache: also time them until it is durable.
-sync, fsyncs = (0.0, counter.fsyncs) if case == "filecord" else fsync_written(out)
-print(json.dumps({"case": case, "rss": rss, "seconds": seconds, "durable": seconds + sync,
-                  "fsyncs": fsyncs, "bytes": os.path.getsize(out), "data": n * (64 << 20)}))
+res = measured(job, durable=case == "filecord", written=[out])
+print(json.dumps({"case": case, "bytes": os.path.getsize(out), "data": n * (64 << 20), **res}))
 """
 
 CASES = ["filecord", "safetensors", "executorch"]
@@ -109,21 +91,13 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     data = next((x["data"] for rs in results.values() for x in rs if "data" in x), args.size)
-    print(f"state dict: {data / 2**30:.2f} GiB of float32 tensors; {machine()}; one process "
-          f"per writer; {args.rounds} rotated rounds, median (min-max); peak RSS above the "
-          "tensors' own memory\n")
-    print(durability_table(CASES, results, REFERENCE, data))
     mine = [x["rss"] for x in results["filecord"] if "rss" in x]
-    if mine:
-        verdict = "met" if max(mine) <= RSS_TARGET else "MISSED"
-        print(f"\nfilecord: +{max(mine) / 2**20:.1f} MiB above the tensors at most "
-              f"(target <= 64 MiB: {verdict})")
-    notes = slower_at_equal_durability(results, REFERENCE, WHY)
-    if notes:
-        print("\n".join(notes))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    verdict = "met" if mine and max(mine) <= RSS_TARGET else "MISSED"
+    print_rounds(f"state dict: {data / 2**30:.2f} GiB of float32 tensors; {machine()}; one "
+                 f"process per writer; {rounds(args.rounds)}, median (min-max); peak RSS "
+                 f"above the tensors' own memory; filecord: +{max(mine or [0]) / 2**20:.1f} MiB "
+                 f"at most (target <= 64 MiB: {verdict})", CASES, results, REFERENCE, WHY, data,
+                 args.json)
     return 0
 
 
