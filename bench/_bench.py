@@ -207,7 +207,7 @@ def error_line(stderr: str, rc: int | None = None) -> str:
 
 def child(code: str, *args: object, timeout: float | None = None) -> dict[str, Any]:
     """Run ``code`` in a fresh interpreter (``src/``, ``bench/`` and fskit importable): the
-    last JSON line it prints, or ``{"error": its last stderr line, "rc": status}``."""
+    last JSON line it prints, or ``{"error": what failed (:func:`error_line`), "rc": status}``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "bench"), FSKIT,
                                          env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -227,10 +227,10 @@ def rounds(n: int) -> str:
     return f"{n} rotated round{'s' if n != 1 else ''}"
 
 
-def rotations(names: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
-    """``(round, name)`` for every round, the order rotated by one each round (so no case
-    always runs first, on a cold cache, or right after the heaviest one)."""
-    for r in range(rounds):
+def rotations(names: Sequence[str], n: int) -> Iterator[tuple[int, str]]:
+    """``(round, name)`` for each of ``n`` rounds, the order rotated by one each round (so no
+    case always runs first, on a cold cache, or right after the heaviest one)."""
+    for r in range(n):
         k = r % len(names)
         for name in [*names[k:], *names[:k]]:
             yield r, name
