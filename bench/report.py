@@ -115,7 +115,11 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "process on an input the bench prepared (never one left by an earlier row); used space "
      "(`statvfs`) sampled every 20 ms. The table says whether it succeeded, with what error, "
      "and what was left on the file system; the plot below shows used space over time per "
-     "tool, with the file system's size as a line."),
+     "tool, with the file system's size as a line. filecord runs with its default 64 MiB "
+     "window: at 2 GiB, 5% of the input (102 MiB) holds one window and the margin; below "
+     "about 1.4 GiB the save is refused until the window adapts to the free space (issue 13 "
+     "item 5). The filecord program row hands its sources over with ExecuTorch's "
+     "`FileBackedData.move_from` (renamed to a temp name it owns and deletes when released)."),
 ]
 
 
