@@ -274,6 +274,18 @@ def durability_table(cases: Sequence[str], results: dict[str, list[dict[str, Any
                   "peak disk / data"], rows)
 
 
+def record(results: dict[str, list[dict[str, Any]]], r: int, case: str,
+           res: dict[str, Any]) -> None:
+    """Keep one round's result and say it on stderr (progress; stdout is the doc's)."""
+    results[case].append(res)
+    print(f"round {r + 1} {case}: {res.get('seconds', res.get('error'))}", file=sys.stderr)
+
+
+def data_size(results: dict[str, list[dict[str, Any]]], default: int) -> int:
+    """The data size a child reported (every child of one script reports the same)."""
+    return next((x["data"] for rs in results.values() for x in rs if "data" in x), default)
+
+
 def print_rounds(header: str, cases: Sequence[str], results: dict[str, list[dict[str, Any]]],
                  reference: dict[str, str], why: dict[str, str], data: int,
                  json_out: str | None = None) -> None:

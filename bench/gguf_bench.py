@@ -22,7 +22,7 @@ import sys
 import tempfile
 from typing import Any
 
-from _bench import child, machine, parse_size, print_rounds, rotations, rounds
+from _bench import child, data_size, machine, parse_size, print_rounds, record, rotations, rounds
 
 CHILD = r"""
 import json, os, sys
@@ -88,9 +88,8 @@ def main() -> int:
             res = child(CHILD, case, work)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        results[case].append(res)
-        print(f"round {r + 1} {case}: {res.get('seconds', res.get('error'))}", file=sys.stderr)
-    data = next((x["data"] for rs in results.values() for x in rs if "data" in x), args.size)
+        record(results, r, case, res)
+    data = data_size(results, args.size)
     print_rounds(f"data: {data / 2**30:.2f} GiB safetensors checkpoint (float32); {machine()}; "
                  f"one process per case on a fresh copy; {rounds(args.rounds)}, median "
                  "(min-max)", CASES, results, REFERENCE, WHY, data, args.json)

@@ -24,7 +24,7 @@ import tempfile
 import time
 from typing import Any
 
-from _bench import child, machine, parse_size, print_rounds, rotations, rounds
+from _bench import child, data_size, machine, parse_size, print_rounds, record, rotations, rounds
 
 CHILD = r"""
 import json, os, sys
@@ -82,15 +82,13 @@ def main() -> int:
         for r, case in rotations(CASES, args.rounds):
             out = os.path.join(work, f"{case}.out")
             res = child(CHILD, case, args.size, out)
-            results[case].append(res)
+            record(results, r, case, res)
             if os.path.exists(out):
                 os.unlink(out)
-            print(f"round {r + 1} {case}: {res.get('seconds', res.get('error'))}",
-                  file=sys.stderr)
             time.sleep(1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    data = next((x["data"] for rs in results.values() for x in rs if "data" in x), args.size)
+    data = data_size(results, args.size)
     mine = [x["rss"] for x in results["filecord"] if "rss" in x]
     verdict = "met" if mine and max(mine) <= RSS_TARGET else "MISSED"
     print_rounds(f"state dict: {data / 2**30:.2f} GiB of float32 tensors; {machine()}; one "
