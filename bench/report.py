@@ -14,6 +14,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,6 +220,8 @@ def main() -> int:
         if not (ROOT / "bench" / script).exists():
             continue
         argv = quick if args.quick else full
+        if args.quick and script in FIGURES:  # a smoke run leaves docs/img alone too
+            argv = [*argv, "--png", os.path.join(tempfile.gettempdir(), f"quick-{script}.png")]
         out = run(script, argv)
         command = " ".join(["python", f"bench/{script}", *argv])
         figure = f"\n{FIGURES[script]}\n" if script in FIGURES else ""
