@@ -8,7 +8,7 @@ and copies the same file with ``cp`` (+ fsync of the result, which ``save`` also
 rotated each round, on one file system, each into a new file that is deleted afterwards; the
 page cache is warm (the source was just written).  Every Python method runs in a fresh
 subprocess that resets its peak RSS (``echo 5 > /proc/self/clear_refs``) right before the copy
-and reports ``VmHWM - VmRSS`` after it: memory the copy added, whatever the interpreter had.
+and reports the peak minus the RSS then: memory the copy added, whatever the interpreter had.
 
 Without ``--dir`` the files live on a loop-mounted ext4 image (preallocated) under
 ``--image-base``, unmounted and deleted at the end (root needed).
@@ -17,83 +17,68 @@ Without ``--dir`` the files live on a loop-mounted ext4 image (preallocated) und
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from _bench import (
-    ROOT,
     GiB,
     MiB,
+    child,
     describe,
+    durability_table,
     fskit,
+    fsync_written,
     machine,
     med,
     parse_size,
-    spread,
-    table,
+    rotations,
+    rounds,
+    slower_at_equal_durability,
     workdir,
 )
 
 RSS_LIMIT = 64 * MiB
 
 CHILD = r"""
-import json, os, shutil, sys, time
-sys.path.insert(0, sys.argv[1])
+import json, shutil, sys
 import filecord
-method, src, dst = sys.argv[2:5]
-
-def status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-
+from _bench import measured
+method, src, dst = sys.argv[1:4]
 cord = filecord.Cord([filecord.FileBackedData(src)])
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-base = status("VmRSS")
-t = time.perf_counter()
-if method == "filecord":
-    filecord.save(dst, cord)
-else:
-    with open(src, "rb") as a, open(dst, "wb") as b:
-        shutil.copyfileobj(a, b, 8 << 20)
-        b.flush()
-        os.fsync(b.fileno())
-elapsed = time.perf_counter() - t
-print(json.dumps({"elapsed": elapsed, "added": status("VmHWM") - base}))
+def job():
+    if method == "filecord":
+        filecord.save(dst, cord)
+    else:
+        with open(src, "rb") as a, open(dst, "wb") as b:
+            shutil.copyfileobj(a, b, 8 << 20)
+print(json.dumps(measured(job, durable=method == "filecord", written=[dst])))
 """
 
 
-def run_python(method: str, src: Path, dst: Path) -> tuple[float, int]:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(ROOT / "src"), method, str(src), str(dst)],
-        capture_output=True, text=True, check=True,
-    )
-    res = json.loads(out.stdout)
-    return res["elapsed"], res["added"]
+def run_python(method: str, src: Path, dst: Path) -> dict[str, Any]:
+    return child(CHILD, method, src, dst)
 
 
-def run_cp(src: Path, dst: Path) -> tuple[float, int | None]:
+def run_cp(src: Path, dst: Path) -> dict[str, Any]:
     t = time.perf_counter()
     subprocess.run(["cp", str(src), str(dst)], check=True)
-    fd = os.open(dst, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return time.perf_counter() - t, None
+    written = time.perf_counter() - t
+    sync, fsyncs = fsync_written(dst)
+    return {"seconds": written, "durable": written + sync, "fsyncs": fsyncs, "rss": None}
 
 
 METHODS = {
     "filecord.save (copy)": lambda s, d: run_python("filecord", s, d),
-    "cp + fsync": run_cp,
-    "shutil.copyfileobj 8 MiB + fsync": lambda s, d: run_python("copyfileobj", s, d),
+    "cp": run_cp,
+    "shutil.copyfileobj 8 MiB": lambda s, d: run_python("copyfileobj", s, d),
 }
+REFERENCE = {"filecord.save (copy)": "cp", "shutil.copyfileobj 8 MiB": "cp"}
+WHY = {"filecord.save (copy)": "it copies with copy_file_range into a temp file and fsyncs "
+       "it, as cp + fsync does, then takes a lock and renames the temp into place"}
 
 
 def main() -> None:
@@ -107,43 +92,36 @@ def main() -> None:
     with workdir(args.dir, 2 * args.size + GiB, args.image_base) as work:
         src = work / "blob.bin"
         fskit.write_pattern(src, args.size, seed=1)
-        times: dict[str, list[float]] = {m: [] for m in METHODS}
-        rss: dict[str, list[int]] = {m: [] for m in METHODS}
+        results: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS}
         names = list(METHODS)
-        for r in range(args.rounds):
-            for name in names[r % len(names):] + names[: r % len(names)]:
-                dst = work / "copy.bin"
-                os.sync()
-                elapsed, added = METHODS[name](src, dst)
-                if fskit.mismatch(dst, 0, args.size, seed=1) is not None:
-                    raise SystemExit(f"{name}: the copy differs from the source")
-                dst.unlink()
-                times[name].append(elapsed)
-                if added is not None:
-                    rss[name].append(added)
-                print(f"round {r + 1} {name}: {elapsed:.2f} s", file=sys.stderr)
+        for r, name in rotations(names, args.rounds):
+            dst = work / "copy.bin"
+            os.sync()
+            res = METHODS[name](src, dst)
+            if "error" in res:
+                raise SystemExit(f"{name}: {res['error']}")
+            if fskit.mismatch(dst, 0, args.size, seed=1) is not None:
+                raise SystemExit(f"{name}: the copy differs from the source")
+            dst.unlink()
+            results[name].append(res)
+            print(f"round {r + 1} {name}: {res['seconds']:.2f} s", file=sys.stderr)
         where = describe(work, args.dir is None)
         src.unlink()
 
-    base = med(times["cp + fsync"])
-    rows = []
-    for name in names:
-        ts = times[name]
-        rows.append([
-            name, len(ts), spread(ts), f"{med(ts) / base:.2f}x",
-            f"{args.size / GiB / med(ts):.2f}",
-            f"{max(rss[name]) / MiB:.1f}" if rss[name] else "-",
-        ])
     print(f"\nCopy of a {args.size / GiB:g} GiB file-backed cord; {machine()}; {where}; "
-          f"warm page cache; {args.rounds} rotated rounds\n")
-    print(table(["method", "n", "median s (range)", "time vs cp", "GiB/s",
-                 "max RSS added, MiB"], rows))
-    peak = max(rss["filecord.save (copy)"])
+          f"warm page cache; {rounds(args.rounds)}, median (min-max); cp's RSS is not "
+          "measured (another program)\n")
+    print(durability_table(names, results, REFERENCE, args.size))
+    peak = max(x["rss"] for x in results["filecord.save (copy)"])
     verdict = "within" if peak <= RSS_LIMIT else "OVER"
+    mine = med([x["durable"] for x in results["filecord.save (copy)"]])
+    theirs = med([x["durable"] for x in results["cp"]])
     print(f"\nfilecord.save peak RSS: baseline + {peak / MiB:.1f} MiB ({verdict} the "
-          f"{RSS_LIMIT // MiB} MiB bound); time {med(times['filecord.save (copy)']) / base:.2f}x "
-          "of cp")
-
+          f"{RSS_LIMIT // MiB} MiB bound); time {mine / theirs:.2f}x of cp + fsync "
+          f"({mine / args.size * GiB:.2f} s per GiB)")
+    notes = slower_at_equal_durability(results, REFERENCE, WHY)
+    if notes:
+        print("\n".join(notes))
 
 if __name__ == "__main__":
     main()

@@ -13,42 +13,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import threading
-import time
 from pathlib import Path
 
-from _bench import GiB, MiB, fskit, parse_size, table
+from _bench import GiB, MiB, Timeline, fskit, parse_size, table
 
 import filecord
 from filecord import Cord, FileBackedData
 
 HEADER = b"H" * 4096  # a clone-friendly layout: the piece starts 4 KiB into the output
-
-
-class Timeline:
-    """Samples ``fs_used(point)`` in a thread until stopped; times relative to the start."""
-
-    def __init__(self, point: Path, every: float = 0.005) -> None:
-        self.point, self.every = point, every
-        self.points: list[tuple[float, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._t0 = 0.0
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.points.append((time.perf_counter() - self._t0, fskit.fs_used(self.point)))
-            time.sleep(self.every)
-
-    def __enter__(self) -> Timeline:
-        self._t0 = time.perf_counter()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        time.sleep(0.1)  # catch the state after the save settles
-        self._stop.set()
-        self._thread.join()
 
 
 def one_case(kind: str, mode: str, size: int, window: int, base: str) -> dict[str, object]:
@@ -58,7 +30,7 @@ def one_case(kind: str, mode: str, size: int, window: int, base: str) -> dict[st
         fskit.write_pattern(src, size, seed=7)
         os.sync()
         data = FileBackedData(src, owned=mode != "copy")
-        with Timeline(point) as tl:
+        with Timeline(lambda: fskit.fs_used(point)) as tl:
             report = filecord.save(point / "model.bin", Cord([HEADER, data]),
                                    consume=mode != "copy", window=window)
             if mode == "copy":
@@ -110,7 +82,8 @@ def main() -> None:
         results.append(one_case(kind, mode, args.size, args.window, args.image_base))
     rows = [[r["mode"], r["kind"], ", ".join(r["actions"]), f"{r['peak']:.3f}x",  # type: ignore[arg-type]
              f"{r['seconds']:.2f}"] for r in results]
-    print(f"one piece of {args.size / GiB:.2f} GiB, sync window {args.window // MiB} MiB")
+    print(f"one piece of {args.size / GiB:.2f} GiB, sync window {args.window // MiB} MiB; "
+          "one run per case (the peaks are deterministic; the times are indicative)")
     print(table(["mode", "file system", "action", "peak allocated / data", "save s"], rows))
     if results:
         plot(results, Path(args.png))

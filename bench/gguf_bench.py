@@ -7,47 +7,33 @@
 
 Time, peak RSS above the start, peak allocated disk in the work directory (``st_blocks``,
 sampled every 5 ms) as a multiple of the data.  Each case runs in its own process on a fresh
-copy of the checkpoint.  gguf-py never fsyncs: its times are page-cache times.
-Usage: python bench/gguf_bench.py [--size 1GiB] [--dir DIR] [--json OUT]
+copy of the checkpoint, ``--rounds`` times, rotated.  gguf-py never fsyncs: each of its runs
+is timed as it returns and again once an fsync of its output and directory has returned (the
+durable column; filecord's conversions are durable when they return).
+Usage: python bench/gguf_bench.py [--size 1GiB] [--rounds 3] [--dir DIR] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
-from _bench import parse_size  # one size parser for every bench script
+from _bench import child, data_size, machine, parse_size, print_rounds, record, rotations, rounds
 
 CHILD = r"""
-import json, os, sys, threading, time
-sys.path.insert(0, os.path.join(sys.argv[3], "src"))
-from filecord._measure import rss_now, rss_peak, rss_reset
+import json, os, sys
+from _bench import measured
 case, work = sys.argv[1], sys.argv[2]
 src, out = os.path.join(work, "model.safetensors"), os.path.join(work, "model.gguf")
-data = os.path.getsize(src)
-def alloc():
-    t = 0
-    for root, _d, files in os.walk(work):
-        for f in files:
-            try: t += os.lstat(os.path.join(root, f)).st_blocks * 512
-            except FileNotFoundError: pass
-    return t
-peak_disk = [alloc()]
-stop = threading.Event()
-def watch():
-    while not stop.is_set():
-        peak_disk[0] = max(peak_disk[0], alloc()); time.sleep(0.005)
-th = threading.Thread(target=watch, daemon=True); th.start()
-rss_reset(); base = rss_now(); t0 = time.perf_counter()
-if case.startswith("filecord"):
-    from filecord.gguf import convert
-    convert(src, out, arch="llama", consume=case.endswith("consume"))
-else:
+def job():
+    if case.startswith("filecord"):
+        from filecord.gguf import convert
+        convert(src, out, arch="llama", consume=case.endswith("consume"))
+        return
     os.environ["TMPDIR"] = work
     import gguf
     from safetensors import safe_open
@@ -56,10 +42,9 @@ else:
         for name in sorted(f.keys()):
             w.add_tensor(name, f.get_tensor(name))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-seconds = time.perf_counter() - t0
-stop.set(); th.join()
-print(json.dumps({"case": case, "seconds": seconds, "rss": rss_peak() - base,
-                  "disk": peak_disk[0], "data": data}))
+data = os.path.getsize(src)
+res = measured(job, durable=case.startswith("filecord"), written=[out], disk_of=work)
+print(json.dumps({"case": case, "data": data, **res}))
 """
 
 SETUP = r"""
@@ -74,43 +59,40 @@ save_file({f"blk.{i}.weight": torch.full((per // 64, 64), float(i)) for i in ran
 
 CASES = ["filecord convert copy", "filecord convert consume", "gguf-py default",
          "gguf-py temp file"]
+REFERENCE = {"filecord convert copy": "gguf-py default",
+             "filecord convert consume": "gguf-py default",
+             "gguf-py temp file": "gguf-py default"}
+WHY = {
+    "filecord convert copy": "copy_file_range of every tensor into a temp, one data fsync, "
+    "plus the lock and the rename (atomic); gguf-py + fsync writes from memory it has loaded",
+    "filecord convert consume": "on ext4 (no reflink) a move copies one sync window, fsyncs "
+    "it, then cuts it off the source, window by window (see the fsyncs column), "
+    "so the data is on disk once plus one window; a larger window where the disk has room "
+    "(`--window`) trades that peak for fewer fsyncs, a reflink file system clones "
+    "instead, and with space to spare the copying convert is the fast path",
+}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=parse_size, default=1 << 30)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    results = []
-    for case in CASES:
+    results: dict[str, list[dict[str, Any]]] = {c: [] for c in CASES}
+    for r, case in rotations(CASES, args.rounds):
         work = tempfile.mkdtemp(prefix="filecord-bench-gguf-", dir=args.dir)
         try:
             subprocess.run([sys.executable, "-c", SETUP, str(args.size), work], check=True)
-            proc = subprocess.run([sys.executable, "-c", CHILD, case, work, root],
-                                  capture_output=True, text=True, check=False)
-            line = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-            results.append(json.loads(line[-1]) if proc.returncode == 0 and line else
-                           {"case": case, "error": proc.stderr.strip().splitlines()[-1:]})
+            res = child(CHILD, case, work)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    data = next((r["data"] for r in results if "data" in r), args.size)
-    print(f"data: {data / 2**30:.2f} GiB safetensors checkpoint (float32); one process per "
-          f"case\n")
-    print("| case | time | vs gguf-py default | peak RSS | peak disk / data |")
-    print("|---|---|---|---|---|")
-    base = next((r for r in results if r["case"] == "gguf-py default" and "seconds" in r), {})
-    for r in results:
-        if "error" in r:
-            print(f"| {r['case']} | failed: {r['error']} | | | |")
-            continue
-        vs = f"{r['seconds'] / base['seconds']:.2f}x" if "seconds" in base else "-"
-        print(f"| {r['case']} | {r['seconds']:.2f} s | {vs} | {r['rss'] / 2**20:.0f} MiB | "
-              f"{r['disk'] / data:.3f} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        record(results, r, case, res)
+    data = data_size(results, args.size)
+    print_rounds(f"data: {data / 2**30:.2f} GiB safetensors checkpoint (float32); {machine()}; "
+                 f"one process per case on a fresh copy; {rounds(args.rounds)}, median "
+                 "(min-max)", CASES, results, REFERENCE, WHY, data, args.json)
     return 0
 
 

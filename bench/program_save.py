@@ -33,7 +33,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _bench import GiB, MiB, describe, fskit, machine, med, parse_size, spread, table, workdir
+from _bench import (
+    GiB,
+    MiB,
+    describe,
+    fskit,
+    fsync_written,
+    machine,
+    med,
+    parse_size,
+    spread,
+    table,
+    workdir,
+)
 
 from filecord import _sys
 
@@ -76,15 +88,6 @@ def manager_with(edge: Any, blobs: dict[str, Any]) -> Any:
     return edge.to_executorch()
 
 
-def fsync_files(paths: list[Path]) -> None:
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def digest(directory: Path) -> dict[str, str]:
     out = {}
     for name in sorted(os.listdir(directory)):
@@ -119,7 +122,7 @@ def run(variant: str, work: Path, edge: Any, static: dict[str, Any], size: int) 
         manager.save(str(pte))
         manager.write_tensor_data_to_file(str(out))
         if variant.endswith("fsync"):
-            fsync_files([pte, out / f"{TAG}.ptd"])
+            fsync_written(pte, out / f"{TAG}.ptd")
         elapsed = time.perf_counter() - t0
         sampler.sample()
     else:

@@ -14,6 +14,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,10 +24,11 @@ DOC = ROOT / "docs" / "benchmarks.md"
 BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
     ("core_copy.py", ["--rounds", "5"], ["--size", "256M", "--rounds", "2"],
      "Issue 2: copying a file-backed cord",
-     "A cord of one 2 GiB `FileBackedData` saved with `consume=False` against `cp` + `fsync` "
-     "of the same file and `shutil.copyfileobj` at 8 MiB (ExecuTorch's path), each in a fresh "
-     "process whose peak RSS is reset right before the copy. Target: RSS under baseline + "
-     "64 MiB."),
+     "A cord of one 2 GiB `FileBackedData` saved with `consume=False` against `cp` of the "
+     "same file and `shutil.copyfileobj` at 8 MiB (ExecuTorch's path), each in a fresh "
+     "process whose peak RSS is reset right before the copy; the peers are timed as they "
+     "return and until an fsync of the copy and its directory returns (the durable column, "
+     "where filecord's time always ends). Target: RSS under baseline + 64 MiB."),
     ("consume_window.py", ["--rounds", "3"], ["--size", "512M", "--rounds", "1"],
      "Issue 3: consume against copy, per sync window",
      "4 GiB behind a 4 KiB header on a loop-mounted ext4 image. Copy: `save(consume=False)` "
@@ -41,14 +43,16 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
     ("disk_timeline.py", [], ["--size", "256M"],
      "Allocated disk over time: copy, consume, clone",
      "One 1 GiB piece saved into a fresh file system; used space (`statvfs`) sampled every "
-     "5 ms. Copy on ext4 is followed by deleting the source, as exporters do. See the plot "
-     "below."),
-    ("torch_rss.py", [], ["--size", "256MiB"],
+     "5 ms. Copy on ext4 is followed by deleting the source, as exporters do. No peer here: "
+     "every row is filecord. See the plot below; the fits scenario has its own plot."),
+    ("torch_rss.py", ["--rounds", "3"], ["--size", "256MiB", "--rounds", "1"],
      "Issue 6: host memory while writing a state dict",
      "A 2 GiB state dict of float32 tensors, one process per writer: peak RSS above the "
      "tensors' own memory. Target for filecord: under 64 MiB. filecord writes the whole "
      "`.ptd` once into a scratch file, fsyncs it and adopts it by rename; safetensors writes "
-     "once and never fsyncs; ExecuTorch's store materializes every tensor with `tobytes()`."),
+     "once and never fsyncs; ExecuTorch's store materializes every tensor with `tobytes()`. "
+     "The peers are also timed until an fsync of their output and its directory returns "
+     "(the durable column)."),
     ("program_save.py", [], ["--size", "256M"],
      "Issue 5: saving an ExecuTorch program with file-backed data",
      "A program whose named data is 2 GiB of file-backed blobs: filecord copy against the "
@@ -66,7 +70,66 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "Target: seconds (before issue 10 planning was quadratic: 10,000 slices took 6.8 s, "
      "100,000 did not finish in two minutes). `tests/test_scale.py` checks the growth by "
      "counting executed lines, not by a clock."),
+    ("safetensors_bench.py", ["--size", "2GiB", "--rounds", "3"],
+     ["--size", "128MiB", "--rounds", "1"],
+     "Issue 11: safetensors against the packages",
+     "2 GiB of float32 tensors (32 tensors), one process per case, each on a fresh copy of its "
+     "inputs: `save_file`; a merge of a sharded checkpoint into one file (filecord copy and "
+     "`consume=True`, against `load_file` of every shard + `save_file`); a reshard of one file "
+     "into shards (filecord consume against `load_file` + `huggingface_hub."
+     "save_torch_state_dict`). Peak disk is the allocated size (`st_blocks`) of the work "
+     "directory sampled every 5 ms, over the data; peak RSS is above the tensors (save_file) or "
+     "the start (merge, reshard). The packages never fsync: each of their rows is also timed "
+     "until an fsync of every file it wrote and of their directories returns (the durable "
+     "column), which is what filecord's time always includes. The small-scale version of the "
+     "fits scenario is a test (`tests/fsmatrix/test_safetensors_space.py`: a merge on a "
+     "200 MiB ext4 holding a 120 MiB checkpoint fails with the packages and succeeds with "
+     "`consume=True`)."),
+    ("gguf_bench.py", ["--size", "2GiB", "--rounds", "3"], ["--size", "128MiB", "--rounds", "1"],
+     "Issue 16: converting to GGUF against gguf-py",
+     "A 2 GiB safetensors checkpoint of float32 tensors (32 tensors) converted to GGUF, one "
+     "process per case on a fresh copy. gguf-py is fed the same tensors in the same order the "
+     "way a conversion script holds them (`safe_open(..., \"np\").get_tensor`, every tensor "
+     "kept until the write), in its default mode and with `use_temp_file=True` (`$TMPDIR` in "
+     "the work directory); its durable column adds an fsync of the output and its directory. "
+     "Peak disk is the allocated size (`st_blocks`) of the work directory sampled every 5 ms, "
+     "over the data. gguf-py's temp file is an `O_TMPFILE` (no name), which a directory walk "
+     "cannot see: its real peak is the checkpoint, the temp and the output, about 3x; its "
+     "2.000 undercounts it. On a size-limited ext4 with 1.05x a 120 MiB checkpoint free both "
+     "gguf-py modes run out of space and `filecord convert --consume` succeeds "
+     "(`tests/fsmatrix/test_gguf_space.py`); llama.cpp loads and evaluates a GGUF written by "
+     "filecord (`tests/test_gguf_llamacpp.py`)."),
+    ("scale.py", [], ["--sizes", "64M,256M", "--torch-size", "256M"],
+     "Issue 13: memory at scale, 1 to 16 GiB",
+     "A cord of a 4 KiB header and one file-backed source of 1, 4 and 16 GiB, saved by copy "
+     "and by consume (moved window by window on ext4, the source deleted), each in a fresh "
+     "process whose peak-RSS mark is reset right before the save; then a state dict through "
+     "the torch path (`save_state_dict`, consume) at the largest size the memory allows "
+     "(the tensors must be in memory). Peak allocated disk: `st_blocks` of the run's "
+     "directory at every fsync, truncate, rename and unlink. Every cord output is checked byte "
+     "for byte. Target: RSS growth from 1 to 16 GiB <= 16 MiB."),
+    ("fits.py", [], ["--size", "128M"],
+     "Issue 13: fits where nothing else fits",
+     "A fresh size-limited file system per row (a loop-mounted ext4 image, and a tmpfs) whose "
+     "free space before the input is written is 1.05x the input: once the input is there, 5% "
+     "of it is free. The same job done by each tool a user would reach for, each in its own "
+     "process on an input the bench prepared (never one left by an earlier row); used space "
+     "(`statvfs`) sampled every 20 ms. The table says whether it succeeded, with what error, "
+     "and what was left on the file system; the plot below shows used space over time per "
+     "tool, with the file system's size as a line. filecord runs with its default 64 MiB "
+     "window: at 2 GiB, 5% of the input (102 MiB) holds one window and the margin; below "
+     "about 1.4 GiB the save is refused until the window adapts to the free space (issue 13 "
+     "item 5). The filecord program row hands its sources over with ExecuTorch's "
+     "`FileBackedData.move_from` (renamed to a temp name it owns and deletes when released)."),
 ]
+
+
+# Figures a script draws, shown at the end of its section.
+FIGURES = {
+    "disk_timeline.py": "![allocated disk over time](img/disk_timeline.png)",
+    "fits.py": "![used space over time on a file system with 1.05x the input free]"
+               "(img/fits_timeline.png)",
+}
 
 
 def machine() -> list[str]:
@@ -105,17 +168,34 @@ def run(script: str, args: list[str]) -> str:
     return out
 
 
+def _section_bounds(doc: str, heading: str) -> tuple[int, int] | None:
+    start = doc.find(heading)
+    if start < 0:
+        return None
+    end = doc.find("\n## ", start + 1)
+    return start, (end + 1 if end >= 0 else len(doc))
+
+
 def _replace_sections(sections: list[str]) -> None:
     """Put freshly run sections in place of the same ones in the existing doc (the header's
-    date is the full run's; each section keeps its own command and output)."""
+    date is the full run's; each section keeps its own command and output); a section the
+    doc lacks goes at the end."""
     doc = DOC.read_text()
+    legacy = "\n" + FIGURES["disk_timeline.py"] + "\n"
+    where = _section_bounds(doc, "## Allocated disk over time")
+    if legacy in doc and where and legacy not in doc[where[0]:where[1]]:
+        # An older doc kept this figure after the last section: move it into its own.
+        doc = doc.replace(legacy, "\n", 1)
+        where = _section_bounds(doc, "## Allocated disk over time")
+        assert where is not None
+        doc = doc[:where[1]].rstrip("\n") + "\n" + legacy + "\n" + doc[where[1]:]
     for section in sections:
-        heading = section.splitlines()[0]
-        start = doc.index(heading)
-        ends = [i for i in (doc.find("\n## ", start + 1), doc.find("\n![", start + 1)) if i >= 0]
-        end = min(ends) + 1 if ends else len(doc)
-        doc = doc[:start] + section + "\n" + doc[end:]
-    DOC.write_text(doc)
+        bounds = _section_bounds(doc, section.splitlines()[0])
+        if bounds is None:
+            doc = doc.rstrip("\n") + "\n\n" + section
+        else:
+            doc = doc[:bounds[0]] + section + "\n" + doc[bounds[1]:]
+    DOC.write_text(doc.rstrip("\n") + "\n")
     print(f"updated {len(sections)} section(s) of {DOC.relative_to(ROOT)}")
 
 
@@ -123,9 +203,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes; do not rewrite the docs")
     ap.add_argument("--only", default=None,
-                    help="comma-separated script names to run (prints; does not rewrite docs)")
+                    help="comma-separated script names to run; their sections of the docs are "
+                         "replaced (added if missing), the rest kept")
+    ap.add_argument("--shared", action="store_true",
+                    help="say in every section that the machine was shared with other jobs")
     args = ap.parse_args()
-    chosen = set(args.only.split(",")) if args.only else None
+    chosen = ({n if n.endswith(".py") else f"{n}.py" for n in args.only.split(",")}
+              if args.only else None)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = (f"Measured {when} on a machine shared with other jobs: times are indicative, "
+             "compare within a table." if args.shared else f"Measured {when}.")
     sections = []
     for script, full, quick, title, what in BENCHES:
         if chosen and script not in chosen:
@@ -133,10 +220,15 @@ def main() -> int:
         if not (ROOT / "bench" / script).exists():
             continue
         argv = quick if args.quick else full
+        if args.quick and script in FIGURES:  # a smoke run leaves docs/img alone too
+            argv = [*argv, "--png", os.path.join(tempfile.gettempdir(), f"quick-{script}.png")]
         out = run(script, argv)
         command = " ".join(["python", f"bench/{script}", *argv])
+        figure = f"\n{FIGURES[script]}\n" if script in FIGURES else ""
         sections.append(
-            f"## {title} (`bench/{script}`)\n\n{what}\n\n```\n{command}\n```\n\n{out}\n"
+            f"## {title} (`bench/{script}`)\n\n{what}\n\n```\n{command}\n```\n\n{stamp}\n\n"
+            f"{out}\n"
+            f"{figure}"
         )
     if args.quick:
         return 0  # a smoke run never rewrites the docs
@@ -155,8 +247,6 @@ def main() -> int:
         *machine(),
         "",
         *sections,
-        "![allocated disk over time](img/disk_timeline.png)",
-        "",
     ]
     DOC.write_text("\n".join(doc))
     print(f"wrote {DOC.relative_to(ROOT)}")
