@@ -62,8 +62,9 @@ def register(subparsers: Subparsers) -> None:
         help="finish or undo an interrupted save from its journal",
         description="Finish (if it had committed) or roll back (if not) every interrupted save "
         "whose journal is at PATH or whose files are in the directory PATH. A save still "
-        "running (its lock held) is skipped; a file that is not a journal, or a journal that "
-        "cannot be proven, is refused and nothing is touched (exit 1). Safe to run again.",
+        "running (its lock held) is skipped; a journal that cannot be proven is refused and "
+        "nothing is touched (exit 1); a PATH that is not a journal is refused (exit 2). Safe to "
+        "run again.",
     )
     rec.add_argument("path", nargs="?", default=".", help="a journal file or a directory [.]")
     add_common(rec)

@@ -190,7 +190,6 @@ def _run(
         _execute(txn)
     except BaseException as exc:
         _fail(txn, exc)
-        raise  # _fail raises; this keeps the original traceback if it ever returns
     if plan.consume and any(a.reason for a in txn.actions):
         reasons = {a.reason for a in txn.actions if a.reason}
         log.warning(
@@ -265,7 +264,9 @@ def _move(txn: Txn, m: MoveSource) -> None:
         raise
     _sys.close(fd)
     for ref in m.dests:
-        txn.dirty.discard(txn.fds[ref.output] or -1)
+        out_fd = txn.fds[ref.output]
+        if out_fd is not None:  # descriptor 0 is a descriptor too
+            txn.dirty.discard(out_fd)
 
 
 def _adopt(txn: Txn, m: MoveSource, src: _journal.JournalSource) -> None:
