@@ -188,7 +188,7 @@ def _run(
     txn = Txn(prep, _names.new_token(), progress, durable=durable)
     try:
         _execute(txn)
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
         _fail(txn, exc)
     if plan.consume and any(a.reason for a in txn.actions):
         reasons = {a.reason for a in txn.actions if a.reason}
