@@ -46,10 +46,10 @@ CHECKPOINT_JOB = {
     "safetensors save_file": "st",
     "huggingface_hub save_torch_state_dict": "hf",
     "filecord convert --consume": ["filecord", "convert", "ckpt/model.safetensors.index.json",
-                                   "model.ptd", "--consume", "-q"],
+                                   "model.ptd", "--consume", "--json"],
     "filecord merge --consume": ["filecord", "merge", "model.safetensors",
                                  "ckpt/model-00001-of-00002.safetensors",
-                                 "ckpt/model-00002-of-00002.safetensors", "--consume", "-q"],
+                                 "ckpt/model-00002-of-00002.safetensors", "--consume", "--json"],
 }
 PROGRAM_JOB = {"executorch save": "et", "filecord.executorch.save consume": "fc-et"}
 
@@ -82,7 +82,9 @@ else:
     else:
         import filecord.executorch as fe
         manager = manager_with(edge, {k: FileBackedData.move_from(p) for k, p in paths.items()})
-        fe.save("model.pte", manager, consume=True)
+        r = fe.save("model.pte", manager, consume=True)
+        print(json.dumps({"ok": True, "window": r.window, "window_note": r.window_note}))
+        sys.exit(0)
 print(json.dumps({"ok": True}))
 """
 
@@ -196,7 +198,10 @@ def run_tool(point: Path, job: Any) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     proc = subprocess.run(cmd, cwd=point, env=env, capture_output=True, text=True, check=False)
     if proc.returncode == 0:
-        return {"ok": True}
+        if job[0] != "filecord":
+            return {"ok": True}
+        report = json.loads(proc.stdout)  # --json: the save's report (its window and why)
+        return {"ok": True, "window": report["window"], "window_note": report["window_note"]}
     return {"error": error_line(proc.stderr or proc.stdout, proc.returncode),
             "rc": proc.returncode}
 
@@ -223,7 +228,14 @@ def one_row(kind: str, tool: str, job: Any, size: int, base: str) -> dict[str, A
     print(f"{kind} {tool}: {'ok' if error is None else error}", file=sys.stderr)
     return {"kind": kind, "tool": tool, "error": error, "input": state, "outputs": outputs,
             "seconds": seconds, "curve": curve, "capacity": capacity / data, "data": data,
-            "free_after_input": left_after_input / data, "peak": max(v for _t, v in curve)}
+            "free_after_input": left_after_input / data, "peak": max(v for _t, v in curve),
+            "window": res.get("window"), "window_note": res.get("window_note")}
+
+
+def window_text(r: dict[str, Any]) -> str:
+    if r.get("window") is None:
+        return ""
+    return r["window_note"] or f"{r['window'] / MiB:g} MiB (the default)"
 
 
 def plot(results: list[dict[str, Any]], png: Path) -> None:
@@ -280,10 +292,11 @@ def main() -> None:
           f"{max(r['free_after_input'] for r in results):.3f}x; a fresh file system per row; "
           "one run per row\n")
     print(table(["file system", "tool", "result", "input afterwards", "other files left",
-                 "peak used / fs size", "s"],
+                 "peak used / fs size", "s", "filecord's sync window"],
                 [[r["kind"], r["tool"], "succeeded" if r["error"] is None else
                   f"failed: {r['error'][:160]}", r["input"], r["outputs"],
-                  f"{r['peak'] / r['capacity']:.3f}", f"{r['seconds']:.1f}"] for r in results]))
+                  f"{r['peak'] / r['capacity']:.3f}", f"{r['seconds']:.1f}", window_text(r)]
+                 for r in results]))
     wins = [r for r in results if r["error"] is None]
     print("\nsucceeded: " + (", ".join(f"{r['tool']} on {r['kind']}" for r in wins) or "none"))
     with contextlib.suppress(ImportError):
