@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filecord import _plan as P
-from filecord import _preflight
+from filecord import _window
 from filecord._plan import FsFacts, OutputFacts, PieceRef, SourceFacts, make_plan
 
 DEV = 7
@@ -239,7 +239,7 @@ def test_blocks_follow_the_file_system_and_the_margin_grows_with_the_data() -> N
 
 
 def test_consume_hint_only_when_consume_was_worked_out_and_needs_less() -> None:
-    pre = _preflight
+    pre = P
     big, o = src(size=P.MiB), out(P.MiB + 100)
     copy = decide(big, o, fs(free=8 * 4096), big_refs(), consume=False)
     (peak,) = copy.peaks
@@ -308,3 +308,117 @@ def test_cover_agrees_with_a_byte_by_byte_reference(
         assert d.src_offset <= a < b <= d.src_offset + d.length  # held by its ref
         # the ref reaching furthest from ``a``, so there are as few segments as possible
         assert d.src_offset + d.length == max(h.src_offset + h.length for h in holders[a])
+
+
+# --- the sync window: the default adapts to the free space, an explicit one is honoured -----
+
+MiB = P.MiB
+BIG = 40 * MiB  # one owned source, moved behind a 4096-byte header
+
+
+def big_plan(free: int, window: int = P.DEFAULT_WINDOW, size: int = BIG) -> P.SavePlan:
+    s = src(size=size)
+    refs = [PieceRef(0, 0, 0, 4096), PieceRef(0, 1, 4096, size, KEY, 0)]
+    return make_plan([out(4096 + size)], refs, {KEY: s}, {DEV: fs(free=free)}, consume=True,
+                     window=window)
+
+
+def needed_at(window: int, size: int = BIG) -> int:
+    return big_plan(1 << 40, window=window, size=size).peaks[0].needed
+
+
+def test_the_default_window_is_a_marked_int_and_a_number_is_explicit() -> None:
+    assert 64 * MiB == P.DEFAULT_WINDOW
+    assert _window.is_default(P.DEFAULT_WINDOW)
+    assert not _window.is_default(64 * MiB)  # the same number, passed: honoured as given
+    assert _window.ladder(P.DEFAULT_WINDOW) == (64 * MiB, 32 * MiB, 16 * MiB, 8 * MiB, 4 * MiB)
+    assert _window.ladder(10_000) == (10_000,)
+    assert 4 * MiB == _window.FLOOR
+
+
+def test_default_window_fits_unchanged_when_there_is_room() -> None:
+    p = big_plan(1 << 40)
+    assert p.window == 64 * MiB
+    assert type(p.window) is int
+    assert p.window_choice.why == "default"
+    assert p.window_choice.note() is None
+
+
+@pytest.mark.parametrize("want", [32 * MiB, 16 * MiB, 8 * MiB, 4 * MiB])
+def test_default_window_shrinks_to_the_largest_that_fits(want: int) -> None:
+    # Free space exactly what ``want`` needs: the next larger window needs more, so not it.
+    free = needed_at(want)
+    assert needed_at(2 * want) > free
+    p = big_plan(free)
+    assert p.window == want
+    assert p.peaks[0].fits
+    assert p.peaks[0].needed == free
+    assert p.window_choice.why == "shrunk"
+    assert p.window_choice.note() == (
+        f"shrunk from 64 MiB to {want // MiB} MiB: {_window.size_text(free)} free on ext4")
+    P.check_space(p)  # fits: no refusal
+
+
+def test_peak_grows_by_exactly_the_window_held_twice() -> None:
+    # The rest of the peak (the header's block, the margin) does not depend on the window.
+    base = needed_at(4 * MiB) - 4 * MiB
+    for w in (8 * MiB, 16 * MiB, 32 * MiB):
+        assert needed_at(w) - w == base
+    assert needed_at(64 * MiB) - BIG == base  # a window larger than the run holds the run
+
+
+def test_even_the_floor_does_not_fit_refuses_and_says_what_the_floor_needs() -> None:
+    floor_needs = needed_at(4 * MiB)
+    p = big_plan(floor_needs - 1)
+    assert p.window == 4 * MiB
+    assert not p.peaks[0].fits
+    with pytest.raises(OSError, match=(
+        rf"the save needs {floor_needs} bytes at its peak with the smallest sync window, "
+        rf"4 MiB, \(its data in 4096-byte blocks.* and {floor_needs - 1} are free$")):
+        P.check_space(p)
+
+
+def test_explicit_window_is_honoured_and_the_refusal_hints_at_the_default() -> None:
+    free = needed_at(8 * MiB)
+    p = big_plan(free, window=64 * MiB)  # a plain int: the caller chose it
+    assert p.window == 64 * MiB
+    assert not p.peaks[0].fits
+    assert p.window_choice.why == "asked"
+    assert p.window_choice.default_fits == 8 * MiB
+    with pytest.raises(OSError, match=(
+        r"are free; window=67108864 was given: the default window would shrink to 8 MiB "
+        r"and fit$")):
+        P.check_space(p)
+    # Nothing would fit even shrunk: no hint.
+    hopeless = big_plan(needed_at(4 * MiB) - 1, window=8 * MiB)
+    assert hopeless.window_choice.default_fits is None
+    with pytest.raises(OSError, match=r"are free$"):
+        P.check_space(hopeless)
+    # An explicit small window that fits is used as is, never grown.
+    assert big_plan(1 << 40, window=5 * MiB).window == 5 * MiB
+
+
+def test_a_run_smaller_than_the_floor_never_says_it_shrank() -> None:
+    # 10 000 bytes: every window holds the whole run, so shrinking changes nothing.
+    p = big_plan(4096, size=10_000)
+    assert not p.peaks[0].fits
+    assert p.window == 64 * MiB
+    assert p.window_choice.note() is None
+    with pytest.raises(OSError, match=r"needs \d+ bytes at its peak \(its data"):
+        P.check_space(p)
+
+
+def test_copy_saves_keep_the_window_and_the_consume_hint_uses_the_adapted_one() -> None:
+    s = src(size=BIG)
+    refs = [PieceRef(0, 0, 0, 4096), PieceRef(0, 1, 4096, BIG, KEY, 0)]
+    free = needed_at(16 * MiB)
+    copy = make_plan([out(4096 + BIG)], refs, {KEY: s}, {DEV: fs(free=free)}, consume=False,
+                     window=P.DEFAULT_WINDOW)
+    assert copy.window == 64 * MiB
+    assert copy.window_choice.why == "default"
+    assert copy.peaks[0].consume_needed == free  # what consume=True would need, shrunk to fit
+
+
+def test_unaligned_explicit_window_counts_the_block_it_straddles() -> None:
+    # 5000 bytes: two blocks of it, and one more where it crosses the block grid.
+    assert needed_at(5000) - needed_at(4096) == 2 * 4096

@@ -75,8 +75,6 @@ KNOWN_PENDING_BYPASSES: frozenset[tuple[str, str]] = frozenset({
     ("filecord.executorch.named_data", "tempfile.gettempdir"),
     ("filecord.executorch.verify", "os.path.abspath"),
     ("filecord.safetensors._torch", "os.path.abspath"),
-    # window's files
-    ("filecord._facts", "os.path.realpath"),
 })
 
 

@@ -30,7 +30,7 @@ def fs_type(path: str) -> str:
     except OSError:
         return "unknown"
     want = f"{os.major(dev)}:{os.minor(dev)}"
-    real = os.path.realpath(path)
+    real = _sys.realpath(path)
     best, best_len = "unknown", -1
     for line in text.splitlines():
         left, sep, right = line.partition(" - ")
@@ -71,7 +71,7 @@ def mount_id(path: str, table: list[tuple[str, int]]) -> int:
     Two mounts of one file system (a bind mount) share ``st_dev``, but a rename between them
     fails with EXDEV; the mount id tells them apart.
     """
-    real = os.path.realpath(path) + "/"
+    real = _sys.realpath(path) + "/"
     return next((mid for point, mid in table if real.startswith(point)), 0)
 
 
@@ -147,7 +147,7 @@ def kernel_path(path: str) -> str:
     found = _sys.stat(directory)  # raises as open() would
     if not stat_mod.S_ISDIR(found.st_mode):
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), directory)
-    real = os.path.realpath(directory)
+    real = _sys.realpath(directory)
     named = _sys.stat(real)
     if (named.st_dev, named.st_ino) != (found.st_dev, found.st_ino):  # pragma: no cover - a race
         raise OSError(errno.EAGAIN, f"{directory} changed while it was being resolved")
@@ -166,9 +166,9 @@ def resolve_target(path: str) -> tuple[str, os.stat_result | None]:
     try:
         st = _sys.stat(named)
     except FileNotFoundError:
-        return os.path.realpath(named), None  # absent, or a dangling link: create its target
+        return _sys.realpath(named), None  # absent, or a dangling link: create its target
     if stat_mod.S_ISREG(st.st_mode):
-        return os.path.realpath(named), st
+        return _sys.realpath(named), st
     return named, st
 
 

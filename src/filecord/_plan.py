@@ -30,12 +30,17 @@ Decision rules (``consume=True``; without it, pieces are only cloned or copied):
 
 from __future__ import annotations
 
+import errno
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
+
+from filecord._window import DEFAULT_WINDOW as DEFAULT_WINDOW
+from filecord._window import WindowChoice, choose, size_text
+from filecord.errors import InsufficientSpaceError
 
 MiB = 1 << 20
-DEFAULT_WINDOW = 64 * MiB  # picked by bench/consume_window.py; see docs/benchmarks.md
 BLOCK = 4096
 # The space check's margin, in blocks of the file system: per output file, its inode's overflow
 # (extent tree or indirect blocks: one per started 128 MiB of data) and its directory entry's
@@ -44,27 +49,43 @@ MARGIN_BLOCKS_PER_FILE = 2
 MARGIN_DATA_PER_BLOCK = 128 * MiB
 MARGIN_JOURNAL_BLOCKS = 2
 
-# Reasons a piece was copied although consume=True asked to move it.
-NOT_OWNED = "not owned"
-SYMLINK = "a symlink"
-HARDLINK = "another hard link"
-READ_ONLY = "read-only"
-OTHER_FS = "another file system"
-GAP = "a gap below the moved range"
-GAP_TO_END = "bytes after the range are not part of the save"
-NOT_OUR_FILE = "the output is not a regular file we created"
-NO_HOLES = "the file system keeps no holes"
-WINDOWS = "Windows"
-CLONE_REFUSED = "the file system refused the clone"
 # Why the last partial block of a cloned piece is copied rather than cloned.
-MID_TAIL = "its last block is partial and not its source's last"
-PAST_TAIL = "the output already reaches past it, so its partial last block cannot be cloned"
+TailReason = Literal[
+    "its last block is partial and not its source's last",
+    "the output already reaches past it, so its partial last block cannot be cloned",
+]
+# Reasons a piece was copied although consume=True asked to move it (a piece shorter than a
+# block, mid-source, is copied for its tail's reason).
+Reason = Literal[
+    TailReason,
+    "not owned", "a symlink", "another hard link", "read-only", "another file system",
+    "a gap below the moved range", "bytes after the range are not part of the save",
+    "the output is not a regular file we created", "the file system keeps no holes", "Windows",
+    "the file system refused the clone",
+]
+# What happens to a piece: in-memory bytes are "written"; file-backed ones one of the others.
+Action = Literal["written", "copied", "cloned", "moved"]
+NOT_OWNED: Reason = "not owned"
+SYMLINK: Reason = "a symlink"
+HARDLINK: Reason = "another hard link"
+READ_ONLY: Reason = "read-only"
+OTHER_FS: Reason = "another file system"
+GAP: Reason = "a gap below the moved range"
+GAP_TO_END: Reason = "bytes after the range are not part of the save"
+NOT_OUR_FILE: Reason = "the output is not a regular file we created"
+NO_HOLES: Reason = "the file system keeps no holes"
+WINDOWS: Reason = "Windows"
+CLONE_REFUSED: Reason = "the file system refused the clone"
+MID_TAIL: TailReason = "its last block is partial and not its source's last"
+PAST_TAIL: TailReason = (
+    "the output already reaches past it, so its partial last block cannot be cloned"
+)
 
 CLONING_FILESYSTEMS = frozenset({"btrfs", "xfs", "bcachefs", "ocfs2"})
 NO_HOLE_FILESYSTEMS = frozenset({"vfat", "msdos", "exfat", "hfs", "hfsplus", "fuseblk"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SourceFacts:
     """One distinct source file, as stat saw it during the preflight."""
 
@@ -81,7 +102,7 @@ class SourceFacts:
     mount: int = 0  # mount id (two mounts of one file system share st_dev but not renames)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FsFacts:
     dev: int
     fs_type: str
@@ -91,7 +112,7 @@ class FsFacts:
     block: int = BLOCK  # the unit the file system allocates in (statvfs f_frsize)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PieceRef:
     """One placement of a piece in an output (``source`` is None for in-memory bytes)."""
 
@@ -103,7 +124,7 @@ class PieceRef:
     src_offset: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OutputFacts:
     path: str  # the name the caller gave
     target: str  # the file actually replaced (a symlink at ``path`` is followed)
@@ -113,7 +134,7 @@ class OutputFacts:
     mount: int = 0  # mount id of its directory (see SourceFacts.mount)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PieceAction:
     """What happens to one piece; ``reason`` explains every copy under ``consume=True``."""
 
@@ -121,17 +142,17 @@ class PieceAction:
     index: int
     out_offset: int
     length: int
-    action: str  # "written" (in memory), "copied", "cloned" or "moved"
+    action: Action
     source: str | None = None
     src_offset: int = 0
-    reason: str | None = None
+    reason: Reason | None = None
     # For "cloned": the bytes at the piece's end that are copied, not cloned (under one block),
     # and why (``MID_TAIL``, ``PAST_TAIL``); 0 and None when every byte is cloned.
     tail: int = 0
-    tail_reason: str | None = None
+    tail_reason: TailReason | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MoveSource:
     """A source shortened from its end down to ``run_start``; ``dests`` are its placements.
 
@@ -147,7 +168,7 @@ class MoveSource:
     adopt: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FsPeak:
     """``needed``: bytes the file system must have free at the save's worst instant: the data it
     allocates, rounded up to ``block``-byte blocks, plus ``margin`` (see :func:`space_margin`).
@@ -166,7 +187,7 @@ class FsPeak:
         return self.needed <= self.free
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SavePlan:
     outputs: tuple[OutputFacts, ...]
     actions: tuple[PieceAction, ...]
@@ -175,7 +196,8 @@ class SavePlan:
     consumed: tuple[tuple[int, int], ...]
     peaks: tuple[FsPeak, ...]
     consume: bool
-    window: int
+    window: int  # the window the moves use: the one asked for, or the default shrunk to fit
+    window_choice: WindowChoice
 
     @property
     def total_bytes(self) -> int:
@@ -208,8 +230,8 @@ def _clone_ok(ref: PieceRef, src: SourceFacts, out: OutputFacts, fs: FsFacts | N
 
 
 def _move_refusal(
-    src: SourceFacts, outs: Iterable[OutputFacts], fs_of: dict[int, FsFacts]
-) -> str | None:
+    src: SourceFacts, outs: Iterable[OutputFacts], fs_of: Mapping[int, FsFacts]
+) -> Reason | None:
     if sys.platform == "win32":  # pragma: no cover - no sparse files by default there
         return WINDOWS
     if not src.owned:
@@ -308,13 +330,17 @@ def cover(
 def make_plan(
     outputs: Sequence[OutputFacts],
     refs: Sequence[PieceRef],
-    sources: dict[tuple[int, int], SourceFacts],
-    filesystems: dict[int, FsFacts],
+    sources: Mapping[tuple[int, int], SourceFacts],
+    filesystems: Mapping[int, FsFacts],
     *,
     consume: bool,
     window: int,
 ) -> SavePlan:
-    """Decide every piece's action and the peak disk per file system (pure)."""
+    """Decide every piece's action, the sync window and the peak disk per file system (pure).
+
+    ``window`` left at :data:`DEFAULT_WINDOW` may shrink to the largest that fits the free
+    space (``_window.choose``); any other value is used as is.
+    """
     if window < BLOCK:
         raise ValueError(f"the sync window must be at least {BLOCK} bytes, got {window}")
     by_source: dict[tuple[int, int], list[PieceRef]] = {}
@@ -325,7 +351,7 @@ def make_plan(
         if r.length:
             nonempty[r.output] = nonempty.get(r.output, 0) + 1
 
-    decision: dict[PieceRef, tuple[str, str | None]] = {}
+    decision: dict[PieceRef, tuple[Action, Reason | None]] = {}
     tails: dict[PieceRef, int] = {}
     moves: list[MoveSource] = []
     for key, placements in by_source.items():
@@ -387,7 +413,11 @@ def make_plan(
         k for k, s in sources.items()
         if consume and k in by_source and _deletable(s, (outputs[r.output] for r in by_source[k]))
     )
-    peaks = _peaks(outputs, actions, moves, sources, filesystems, window)
+    choice, chosen = choose(
+        lambda w: _peaks(outputs, actions, moves, sources, filesystems, w), window,
+        moves=bool(moves),
+    )
+    peaks = tuple(chosen)
     if not consume and any(s.owned for s in sources.values()) and not all(p.fits for p in peaks):
         # Say what consume=True would need only where it was worked out, never as a guess.
         alt = {
@@ -404,7 +434,8 @@ def make_plan(
         consumed=consumed,
         peaks=peaks,
         consume=consume,
-        window=window,
+        window=choice.used,
+        window_choice=choice,
     )
 
 
@@ -419,8 +450,8 @@ def _peaks(
     outputs: Sequence[OutputFacts],
     actions: Sequence[PieceAction],
     moves: Sequence[MoveSource],
-    sources: dict[tuple[int, int], SourceFacts],
-    filesystems: dict[int, FsFacts],
+    sources: Mapping[tuple[int, int], SourceFacts],
+    filesystems: Mapping[int, FsFacts],
     window: int,
 ) -> tuple[FsPeak, ...]:
     """Bytes each file system must find free at the worst instant of the save.
@@ -466,7 +497,10 @@ def _peaks(
         alloc = sources[m.key].allocated
         freed = run if alloc < 0 else min(run, alloc)
         needed[dev] = needed.get(dev, 0) - freed // b * b
-        extra[dev] = max(extra.get(dev, 0), min(window, run))
+        # One window held twice, in whole blocks; a window off the block grid straddles one
+        # block more.
+        held = -(-min(window, run) // b) * b + (b if window % b else 0)
+        extra[dev] = max(extra.get(dev, 0), held)
     peaks = []
     for dev, n in sorted(needed.items()):
         fs = filesystems.get(dev)
@@ -484,3 +518,28 @@ def _peaks(
             )
         )
     return tuple(peaks)
+
+
+def check_space(plan: SavePlan) -> None:
+    """Refuse, before anything is created, a save that cannot fit at its peak."""
+    choice = plan.window_choice
+    for peak in plan.peaks:
+        if peak.fits:
+            continue
+        where = ", ".join(o.path for o in plan.outputs if o.dev == peak.dev)
+        window = ""
+        if choice.why == "shrunk":
+            window = f" with the smallest sync window, {size_text(choice.used)},"
+        hint = ""
+        if peak.consume_needed is not None and peak.consume_needed < peak.needed:
+            hint = f"; consume=True would need {peak.consume_needed}"
+        if choice.default_fits is not None:
+            hint += (f"; window={choice.asked} was given: the default window would shrink to "
+                     f"{size_text(choice.default_fits)} and fit")
+        raise InsufficientSpaceError(
+            f"not enough free space on the {peak.fs_type} file system holding {where}: "
+            f"the save needs {peak.needed} bytes at its peak{window} (its data in "
+            f"{peak.block}-byte blocks, plus a margin of {peak.margin} bytes for file-system "
+            f"metadata and the journal) and {peak.free} are free{hint}",
+            errno=errno.ENOSPC,
+        )

@@ -1,8 +1,11 @@
-"""The preflight: normalize the arguments, stat everything, refuse early, and plan.
+"""The preflight: normalize the arguments, stat everything, refuse early; facts only.
 
-Nothing is created or changed here (the clone probe in ``facts`` aside); every refusal happens
-before the first output is opened: a changed source, an output that is a source, a missing or
-read-only directory, two outputs naming one file, or too little free space.
+Nothing is created or changed here (the clone probe in ``_facts`` aside) and nothing is
+decided: :func:`gather` returns plain values (stat results, free space, capabilities, mount
+ids) for ``_plan.make_plan`` to decide on, whatever ``consume`` and ``window`` are.  Every
+refusal that needs no decision happens here, before the first output is opened: a changed
+source, an output that is a source, a missing or read-only directory, two outputs naming one
+file.  The space refusal is the plan's (``_plan.check_space``).
 """
 
 from __future__ import annotations
@@ -12,34 +15,31 @@ import os
 import stat as stat_mod
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from filecord import _sys
 from filecord._cord import Cord, PieceLike
 from filecord._data import FileBackedData
 from filecord._facts import fs_facts, kernel_path, mount_id, mount_table, resolve_target
-from filecord._plan import (
-    BLOCK,
-    FsFacts,
-    OutputFacts,
-    PieceRef,
-    SavePlan,
-    SourceFacts,
-    make_plan,
-)
-from filecord.errors import InsufficientSpaceError, SaveError, SourceIsOutputError
+from filecord._plan import BLOCK, FsFacts, OutputFacts, PieceRef, SourceFacts
+from filecord.errors import SaveError, SourceIsOutputError
 
 Target = str | os.PathLike[str]
 CordLike = Cord | PieceLike | list[PieceLike] | tuple[PieceLike, ...]
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """The normalized save: cords per output, the objects per source file, and the plan."""
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the preflight saw: the cords per output, the objects per source file, and the
+    plain values the plan decides on (``outputs``, ``refs``, ``sources``, ``filesystems``)."""
 
     cords: tuple[Cord, ...]
     datas: Mapping[tuple[int, int], tuple[FileBackedData, ...]]
     target_stats: tuple[os.stat_result | None, ...]
-    plan: SavePlan
+    outputs: tuple[OutputFacts, ...]
+    refs: tuple[PieceRef, ...]
+    sources: Mapping[tuple[int, int], SourceFacts]
+    filesystems: Mapping[int, FsFacts]
 
 
 def as_cord(value: CordLike) -> Cord:
@@ -98,14 +98,13 @@ def _dir_facts(path: str, target: str) -> str:
     return directory
 
 
-def prepare(
-    items: list[tuple[str, Cord]], *, consume: bool, window: int
-) -> Prepared:
+def gather(items: list[tuple[str, Cord]]) -> Facts:
+    """Stat every output, source and file system of the save (see the module's docstring)."""
     outputs: list[OutputFacts] = []
     target_stats: list[os.stat_result | None] = []
     seen_targets: dict[str, str] = {}
     out_dirs: list[str] = []
-    mounts = mount_table() if consume else []  # read once: adoption must not cross mounts
+    mounts = mount_table()  # read once: adoption by rename must not cross mounts
     for path, cord in items:
         if path.endswith(os.sep) or os.path.basename(path) in ("", ".", ".."):
             # open() refuses a name that can only be a directory: so does a save.
@@ -125,7 +124,7 @@ def prepare(
             directory = _dir_facts(path, target)
             dev = _sys.stat(directory).st_dev
         out_dirs.append(directory)
-        mount = 0 if direct or not consume else mount_id(directory, mounts)
+        mount = 0 if direct else mount_id(directory, mounts)
         outputs.append(OutputFacts(path, target, dev, len(cord), direct, mount))
         target_stats.append(st)
 
@@ -165,12 +164,14 @@ def prepare(
             key[0] == out.dev and sources[key].size >= BLOCK for key in sources
         )
         filesystems[out.dev] = fs_facts(directory, want_clone=want_clone)
-    plan = make_plan(outputs, refs, sources, filesystems, consume=consume, window=window)
-    return Prepared(
+    return Facts(
         cords=tuple(c for _p, c in items),
-        datas={k: tuple(v) for k, v in datas.items()},
+        datas=MappingProxyType({k: tuple(v) for k, v in datas.items()}),
         target_stats=tuple(target_stats),
-        plan=plan,
+        outputs=tuple(outputs),
+        refs=tuple(refs),
+        sources=MappingProxyType(sources),
+        filesystems=MappingProxyType(filesystems),
     )
 
 
@@ -202,20 +203,3 @@ def _read_only_mount(directory: str) -> bool:
     # access() already says no on most read-only mounts, but not for every caller (root on
     # some file systems): the mount flag is the fact.
     return bool(_sys.statvfs(directory).f_flag & os.ST_RDONLY)
-
-
-def check_space(plan: SavePlan) -> None:
-    """Refuse, before anything is created, a save that cannot fit at its peak."""
-    for peak in plan.peaks:
-        if not peak.fits:
-            where = ", ".join(o.path for o in plan.outputs if o.dev == peak.dev)
-            hint = ""
-            if peak.consume_needed is not None and peak.consume_needed < peak.needed:
-                hint = f"; consume=True would need {peak.consume_needed}"
-            raise InsufficientSpaceError(
-                f"not enough free space on the {peak.fs_type} file system holding {where}: "
-                f"the save needs {peak.needed} bytes at its peak (its data in "
-                f"{peak.block}-byte blocks, plus a margin of {peak.margin} bytes for file-system "
-                f"metadata and the journal) and {peak.free} are free{hint}",
-                errno=errno.ENOSPC,
-            )

@@ -21,6 +21,8 @@ class SaveReport:
     file-backed byte was copied by filecord.  A cloned piece that ends mid-block and does not
     end its output shares its last block only until the output grows past it; the file system
     then gives the output its own copy of that one block (its copy, not filecord's).
+    ``window`` is the sync window the moves use (the
+    default may have shrunk to fit the free space: ``window_note`` then says so).
     """
 
     outputs: tuple[str, ...]
@@ -37,6 +39,9 @@ class SaveReport:
     bytes_cloned: int = 0
     bytes_written: int = 0
     bytes_moved: int = 0
+    # Why ``window`` is smaller than the default ("shrunk from 64 MiB to 16 MiB: 20.6 MiB free
+    # on ext4"); None when the window is the one asked for or the default unchanged.
+    window_note: str | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -81,6 +86,7 @@ class SaveReport:
             "dry_run": self.dry_run,
             "consume": self.consume,
             "window": self.window,
+            "window_note": self.window_note,
             "outputs": [
                 {"path": p, "bytes": n} for p, n in zip(self.outputs, self.sizes, strict=True)
             ],
@@ -130,4 +136,6 @@ class SaveReport:
             lines.append(f"  {action:8} {n} bytes")
         for reason, n in sorted(self.copy_reasons().items()):
             lines.append(f"  copied because {reason}: {n} bytes")
+        if self.window_note is not None:
+            lines.append(f"  window   {self.window} bytes ({self.window_note})")
         return "\n".join(lines)

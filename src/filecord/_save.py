@@ -5,8 +5,11 @@ Theory of operation
 Every file the save creates or renames carries its random token (``_names``); the stage is
 held in ``Txn.stage`` and moves only along ``_stage``'s table.
 
-1. Preflight (``_preflight.py``): sources hold their bytes, no output is a source, directories
-   exist and are writable, the predicted peak fits.  Nothing exists yet.
+1. Preflight (``_preflight.py``) gathers the facts: sources hold their bytes, no output is a
+   source, directories exist and are writable; stat, statvfs and capabilities as plain values.
+   The plan (``_plan.make_plan``) decides from them every piece's action, the sync window (the
+   default shrinks to fit the free space) and the peak, which must fit.  Nothing exists yet;
+   from here on the plan is the one source of truth for ``consume`` and the window.
 2. CREATED: a lock file ``.NAME.TOKEN.filecord-lock`` is created and ``flock``ed in every
    directory that will hold a temp (``_lockfile``), then temps ``.NAME.TOKEN.partial``
    ``O_CREAT|O_EXCL`` with the replaced file's permission bits from the first instant (never
@@ -44,12 +47,12 @@ from filecord import _fill, _journal, _journaling, _lockfile, _names, _sys, _tra
 from filecord._cord import Cord
 from filecord._failure import close_descriptors, close_descriptors_quietly
 from filecord._failure import fail as _fail
-from filecord._plan import DEFAULT_WINDOW, MoveSource, PieceAction
-from filecord._preflight import CordLike, Prepared, Target, check_space, normalize, prepare
+from filecord._plan import DEFAULT_WINDOW, MoveSource, PieceAction, SavePlan, check_space, make_plan
+from filecord._preflight import CordLike, Target, gather, normalize
 from filecord._report import SaveReport
 from filecord._stage import Stage
+from filecord._txn import Prepared, Txn
 from filecord._txn import ProgressCallback as ProgressCallback
-from filecord._txn import Txn
 from filecord.errors import DataChangedError, FilecordError, SaveError, add_note
 
 log = logging.getLogger(__name__)
@@ -91,6 +94,13 @@ def save_many(
     readers still see the old file or the whole new one while the machine stays up, but after
     a power loss a new file may be lost or empty.  For iterating on exports, never for the only
     copy of anything; a consuming save is always durable (it refuses ``durable=False``).
+
+    ``window``: the sync window of a move (bytes copied, fsynced and cut from a source at a
+    time; a move's peak disk holds one window twice).  Left at :data:`DEFAULT_WINDOW`, it
+    shrinks, halving from 64 MiB down to 4 MiB, to the largest that fits the free space, and
+    ``report.window_note`` says so; the save is refused only when even 4 MiB does not fit.  A
+    window passed explicitly is used as is (a save that does not fit with it is refused, and
+    the message says whether the default would have fit).
     """
     return _run(normalize(outputs, None), consume=consume, window=window, progress=progress,
                 durable=durable)
@@ -105,18 +115,20 @@ def plan(
 ) -> SaveReport:
     """A dry run: what ``save``/``save_many`` with these arguments would do to each piece, and why.
 
-    Nothing is written.  ``report.peaks`` says per file system whether the save would fit.
+    Nothing is written.  ``report.peaks`` says per file system whether the save would fit;
+    ``report.window`` is the sync window the save would use and ``report.window_note`` why it
+    is smaller than the default, when it is.
     """
-    prep = prepare(normalize(target, cord), consume=consume, window=window)
-    return _report(prep, prep.plan.actions, dry_run=True)
+    f = gather(normalize(target, cord))
+    p = make_plan(f.outputs, f.refs, f.sources, f.filesystems, consume=consume, window=window)
+    return _report(p, p.actions, dry_run=True)
 
 
 def _report(
-    prep: Prepared, actions: tuple[PieceAction, ...] | list[PieceAction], *, dry_run: bool,
+    p: SavePlan, actions: tuple[PieceAction, ...] | list[PieceAction], *, dry_run: bool,
     elapsed: float = 0.0, fsyncs: int = 0, used_journal: bool = False,
     counters: _transfer.Counters | None = None,
 ) -> SaveReport:
-    p = prep.plan
     return SaveReport(
         outputs=tuple(o.path for o in p.outputs),
         sizes=tuple(o.length for o in p.outputs),
@@ -132,6 +144,7 @@ def _report(
         bytes_cloned=counters.cloned if counters else 0,
         bytes_written=counters.written if counters else 0,
         bytes_moved=counters.moved if counters else 0,
+        window_note=p.window_choice.note(),
     )
 
 
@@ -154,8 +167,10 @@ def _run(
                          "sources, so its outputs must be on disk first")
     start = time.perf_counter()
     try:
-        prep = prepare(items, consume=consume, window=window)
-        check_space(prep.plan)
+        facts = gather(items)  # facts only: what is there, whatever the arguments
+        plan = make_plan(facts.outputs, facts.refs, facts.sources, facts.filesystems,
+                         consume=consume, window=window)  # every decision, made once
+        check_space(plan)
     except OSError as exc:
         if isinstance(exc, FilecordError):
             raise
@@ -165,6 +180,7 @@ def _run(
         err = SaveError(f"saving {names} failed: {exc.strerror or exc}", errno=exc.errno)
         add_note(err, "nothing was created or changed: the save can be retried")
         raise err from exc
+    prep = Prepared(facts, plan)  # from here on, consume and the window are the plan's
     # A save that is given a scratch file owns its fate from now on: never a finalizer.
     for group in prep.datas.values():
         for d in group:
@@ -175,14 +191,16 @@ def _run(
     except BaseException as exc:
         _fail(txn, exc)
         raise  # _fail raises; this keeps the original traceback if it ever returns
-    if consume and any(a.reason for a in txn.actions):
+    if plan.consume and any(a.reason for a in txn.actions):
         reasons = {a.reason for a in txn.actions if a.reason}
         log.warning(
             "consume=True copied %d file-backed piece(s) instead of moving them: %s",
             sum(1 for a in txn.actions if a.reason), "; ".join(sorted(reasons)),
         )
+    if plan.window_choice.why == "shrunk":
+        log.info("consume=True: sync window %s", plan.window_choice.note())
     return _report(
-        prep, txn.actions, dry_run=False, elapsed=time.perf_counter() - start,
+        plan, txn.actions, dry_run=False, elapsed=time.perf_counter() - start,
         fsyncs=txn.counters.fsyncs, used_journal=txn.record is not None,
         counters=txn.counters,
     )

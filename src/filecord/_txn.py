@@ -1,22 +1,45 @@
-"""The mutable state of one running save, shared by the modules that run its stages.
+"""The state of one running save, shared by the modules that run its stages.
 
 No I/O here: ``save`` drives the stages, ``_fill`` and ``_journaling`` run them, ``_failure``
 undoes them; each reads and changes this one object, and the stage moves only along
-``_stage``'s table.
+``_stage``'s table.  What the save does comes from ``prep.plan`` alone (consume, window, every
+piece's action): nothing below the plan takes those as arguments again.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from filecord import _journal, _transfer
-from filecord._plan import PieceAction
-from filecord._preflight import Prepared
+from filecord._cord import Cord
+from filecord._data import FileBackedData
+from filecord._plan import PieceAction, SavePlan
+from filecord._preflight import Facts
 from filecord._stage import Stage, advance
 
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A save ready to run: what the preflight saw and the plan made from it."""
+
+    facts: Facts
+    plan: SavePlan
+
+    @property
+    def cords(self) -> tuple[Cord, ...]:
+        return self.facts.cords
+
+    @property
+    def datas(self) -> Mapping[tuple[int, int], tuple[FileBackedData, ...]]:
+        return self.facts.datas
+
+    @property
+    def target_stats(self) -> tuple[os.stat_result | None, ...]:
+        return self.facts.target_stats
 
 
 @dataclass

@@ -1,0 +1,152 @@
+"""The sync window of a consuming save: the one asked for, or the largest that fits (pure).
+
+A move holds one window of bytes twice (in the temps, fsynced, and still in the source) before
+it truncates the source, so the window is the one part of a consuming save's peak disk the save
+may choose.  Bigger windows mean fewer fsyncs and extents; smaller ones need less free space.
+
+* ``window=`` left at its default (:data:`DEFAULT_WINDOW`, an ``int`` marked as the default):
+  the plan takes the largest window of the ladder 64, 32, 16, 8, 4 MiB with which every file
+  system's predicted peak fits its free space.  Only when even :data:`FLOOR` does not fit is
+  the save refused, and the message says what the floor needs.
+* ``window=`` passed explicitly (any ``int`` that is not the marked default, even one equal
+  to it): used as is; a save that does not fit is refused, and the message says whether the
+  default would have shrunk to a window that fits.
+
+Why halving, not the exact largest block multiple that fits: free space is measured once, in
+the preflight; a window of at most the free space minus everything else would leave no slack
+at all for anything else writing meanwhile, while a power of two leaves up to half a window of
+it, costs at most twice the fsyncs of the exact fit, and keeps every window block-aligned on any
+file system whose block is at most 4 MiB.
+
+Why a 4 MiB floor (bench/consume_window.py, docs/benchmarks.md: 4 GiB on ext4, 8 MiB window
+517 fsyncs and 4.80 s, 64 MiB window 69 fsyncs and 3.57 s, copy 5.59 s; and at 1 GiB on a
+busy 2-core machine, 2 rounds: 4 MiB 263 fsyncs, 119 extents, 1.52x a copy's time, 8 MiB
+1.46x, 64 MiB 1.20x, peak 1.004x the data): 4 MiB is 256 windows per GiB, so at most 256
+fsyncs and 256 extents per GiB, at most about 1.5x the time of a copy that needs the data's
+space twice; each halving below it doubles the fsyncs again for half a window of disk.
+It also keeps the extent metadata inside the space check's margin, which
+allows one block per started 128 MiB of data (8 blocks, 32 KiB, per GiB): 256 ext4 extents
+(12 bytes each) fit one 4 KiB block, 256 XFS extent records (16 bytes) one or two, btrfs file
+extent items (~70 bytes with their keys) about 18 KiB.  The journal does not grow with the
+number of windows (it records the window size once); the crash and fault points grow with it
+linearly, as they do for an explicit small window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, TypeVar
+
+MiB = 1 << 20
+FLOOR = 4 * MiB
+
+
+class _DefaultWindow(int):
+    """The default window's value, marked: a save left at it may shrink it to fit."""
+
+    __slots__ = ()
+
+
+# picked by bench/consume_window.py (docs/benchmarks.md); a save left at it adapts (above)
+DEFAULT_WINDOW: int = _DefaultWindow(64 * MiB)
+
+WindowWhy = Literal["asked", "default", "shrunk"]
+
+
+def is_default(window: int) -> bool:
+    """Whether ``window`` is the default left in place (not a number the caller chose)."""
+    return isinstance(window, _DefaultWindow)
+
+
+def ladder(window: int) -> tuple[int, ...]:
+    """The windows a save may use, largest first: halvings of the default down to the floor,
+    or only ``window`` itself when it was asked for."""
+    if not is_default(window):
+        return (int(window),)
+    steps = [int(window)]
+    while steps[-1] // 2 >= FLOOR:
+        steps.append(steps[-1] // 2)
+    return tuple(steps)
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes in MiB for people: whole MiB exactly, else one decimal."""
+    return f"{n // MiB} MiB" if n % MiB == 0 else f"{n / MiB:.1f} MiB"
+
+
+@dataclass(frozen=True, slots=True)
+class WindowChoice:
+    """The window a plan uses and why.
+
+    ``free`` and ``fs_type``: the file system whose free space made it shrink (``why`` is
+    "shrunk").  ``default_fits``: for an explicit window that does not fit, the window the
+    default would have shrunk to and that fits (None when none would, or when it fits).
+    """
+
+    used: int
+    asked: int
+    why: WindowWhy
+    free: int | None = None
+    fs_type: str | None = None
+    default_fits: int | None = None
+
+    def note(self) -> str | None:
+        """"shrunk from 64 MiB to 16 MiB: 20.6 MiB free on ext4", or None when not shrunk."""
+        if self.why != "shrunk":
+            return None
+        where = f" on {self.fs_type}" if self.fs_type else ""
+        free = "" if self.free is None else f": {size_text(self.free)} free{where}"
+        return f"shrunk from {size_text(self.asked)} to {size_text(self.used)}{free}"
+
+
+class PeakLike(Protocol):
+    @property
+    def fits(self) -> bool: ...
+    @property
+    def free(self) -> int: ...
+    @property
+    def fs_type(self) -> str: ...
+    @property
+    def needed(self) -> int: ...
+
+
+P = TypeVar("P", bound=PeakLike)
+
+
+def choose(
+    peaks_for: Callable[[int], Sequence[P]], window: int, *, moves: bool
+) -> tuple[WindowChoice, Sequence[P]]:
+    """The largest window of :func:`ladder` whose peaks all fit, and those peaks.
+
+    Without moves the window allocates nothing: it is kept as asked.  When no window fits, the
+    smallest is used (the plan is refused with its peaks), unless it needs no less than the
+    first (a run shorter than the floor): then nothing shrank and nothing is said.
+    """
+    asked = int(window)
+    why: WindowWhy = "default" if is_default(window) else "asked"
+    first = peaks_for(asked)
+    if not moves or all(p.fits for p in first):
+        return WindowChoice(asked, asked, why), first
+    steps = ladder(window)
+    last, tight = first, _tightest(first)
+    for w in steps[1:]:
+        peaks = peaks_for(w)
+        if all(p.fits for p in peaks):
+            return WindowChoice(w, asked, "shrunk", tight.free, tight.fs_type), peaks
+        last, tight = peaks, _tightest(peaks)
+    if why == "asked":
+        hint = None
+        for w in ladder(DEFAULT_WINDOW):
+            if all(p.fits for p in peaks_for(w)):
+                hint = w
+                break
+        return WindowChoice(asked, asked, why, default_fits=hint), first
+    if [p.needed for p in last] == [p.needed for p in first]:
+        return WindowChoice(asked, asked, why), first
+    return WindowChoice(steps[-1], asked, "shrunk", tight.free, tight.fs_type), last
+
+
+def _tightest(peaks: Sequence[P]) -> P:
+    """The file system that does not fit, by the most bytes."""
+    return max((p for p in peaks if not p.fits), key=lambda p: p.needed - p.free)
