@@ -21,7 +21,7 @@ from filecord.errors import DataChangedError
 from filecord_testing import leftovers, pattern
 
 sys.path.insert(0, str(Path(__file__).parent / "fsmatrix"))
-import fskit  # noqa: E402
+import fskit
 
 W = 4096
 SECOND = b"SECOND-PARTY-BYTES"
@@ -177,3 +177,130 @@ def test_r3_1_control_a_change_before_the_copy_is_reported(tmp_path: Path) -> No
         assert leftovers(tmp_path) == []
     finally:
         os.close(writer)
+
+
+# --- R3-2: a whole-window write into a fully moved source is "restored" into a silent mix ---
+#
+# README 3: "A source another process changes during the save is a DataChangedError, never a
+# silent mix"; guarantees.md, "What a failure leaves": a source changed by another process
+# during a move is left "as the other process left it", journal and temps kept.  The rollback's
+# only proof (_undo.check_strict / legal_size) is the source's *size*: a second party that
+# writes exactly one window into a source whose move has finished (size 0, a legal size) makes
+# the rollback copy the rest back behind the stranger's bytes, reset the mtime to the
+# original, and say "put back ... byte-exact".  In process the save knows the times its last
+# truncate left (move_source's ``seen``) and could compare them; recover could at least refuse a
+# source whose mtime/ctime are newer than the journal's rename.
+
+BUG_2 = ("rollback proves a moved source unchanged by its size alone: a one-window write after "
+         "its move is merged with the restored bytes and reported byte-exact")
+
+
+def _two_moved(tmp_path: Path) -> tuple[Path, bytes, Path, bytes]:
+    a = tmp_path / "a.bin"
+    a_bytes = pattern(2 * W, "a")
+    a.write_bytes(a_bytes)
+    c = tmp_path / "c.bin"
+    c_bytes = pattern(3 * W, "c")
+    c.write_bytes(c_bytes)
+    return a, a_bytes, c, c_bytes
+
+
+class _WriteThenFail(_sys.Backend):
+    """At the 4th ftruncate (a fully moved, c's first window copied and fsynced): a second
+    party writes one window at offset 0 of a, then the save fails (EIO) or dies (SIGKILL)."""
+
+    def __init__(self, writer: int, *, kill: bool) -> None:
+        self.writer, self.kill, self.n = writer, kill, 0
+
+    def hook(self, op: str, args: tuple[object, ...]) -> None:
+        if op == "ftruncate":
+            self.n += 1
+            if self.n == 4:
+                assert os.fstat(self.writer).st_size == 0
+                os.pwrite(self.writer, b"N" * W, 0)
+                if self.kill:
+                    os.kill(os.getpid(), 9)
+                raise OSError(5, "injected EIO")
+
+
+@pytest.mark.xfail(strict=True, reason=BUG_2)
+def test_r3_2a_rollback_over_a_window_written_after_the_move_is_not_a_silent_mix(
+    tmp_path: Path,
+) -> None:
+    a, a_bytes, c, _c_bytes = _two_moved(tmp_path)
+    writer = os.open(a, os.O_RDWR)
+    try:
+        with _sys.use(_WriteThenFail(writer, kill=False)), \
+                pytest.raises(OSError, match=r"\S") as info:
+            save(tmp_path / "out", Cord([FileBackedData(a, owned=True),
+                                         FileBackedData(c, owned=True)]),
+                 consume=True, window=W)
+    finally:
+        os.close(writer)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    got = a.read_bytes() if a.exists() else b""
+    assert got != b"N" * W + a_bytes[W:] or "byte-exact" not in notes, (
+        "a holds the stranger's window followed by restored bytes, and the notes say: " + notes)
+    # What the promise asks: a DataChangedError, and nothing put back over the change.
+    assert isinstance(info.value, DataChangedError), info.value
+
+
+@pytest.mark.xfail(strict=True, reason=BUG_2)
+def test_r3_2b_recover_over_a_window_written_after_the_move_is_not_a_silent_mix(
+    tmp_path: Path,
+) -> None:
+    from filecord import recover
+    from filecord.errors import RecoverError
+
+    a, a_bytes, c, _c_bytes = _two_moved(tmp_path)
+    writer = os.open(a, os.O_RDWR)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the saving process, SIGKILLed mid-save
+            try:
+                with _sys.use(_WriteThenFail(writer, kill=True)):
+                    save(tmp_path / "out", Cord([FileBackedData(a, owned=True),
+                                                 FileBackedData(c, owned=True)]),
+                         consume=True, window=W)
+            finally:
+                os._exit(3)
+        _pid, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == -9
+    finally:
+        os.close(writer)
+    try:
+        results = recover(tmp_path)
+    except RecoverError:
+        results = None  # refused: what the promise asks of a changed source
+    got = a.read_bytes() if a.exists() else None
+    assert results is None or got != b"N" * W + a_bytes[W:], (
+        f"recover 'restored' a mix: {results}")
+
+
+# --- R3-3: `filecord recover FILE-THAT-IS-NOT-A-JOURNAL` exits 2, not 1 -----------------------
+#
+# guarantees.md, Recover: "A file that is not a journal (wrong name, no magic, a .pte given by
+# mistake) is refused with exit status 1; nothing is touched."  The CLI maps NotAJournalError
+# to a UsageError (exit 2; _cli_recover.cmd_recover), as docs/reliability.md says instead.
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    env = {**os.environ, "PYTHONPATH": src}
+    return subprocess.run([sys.executable, "-c", "import sys; from filecord.cli import main; "
+                           "sys.exit(main())", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, check=False, timeout=60)
+
+
+@pytest.mark.xfail(strict=True, reason="`filecord recover model.pte` exits 2 (usage error); "
+                   "guarantees.md promises exit status 1")
+def test_r3_3_recover_of_a_pte_given_by_mistake_exits_1_and_touches_nothing(
+    tmp_path: Path,
+) -> None:
+    pte = tmp_path / "model.pte"
+    pte.write_bytes(b"\x00\x00\x00\x00ET12" + bytes(100))
+    proc = _cli("recover", "model.pte", cwd=tmp_path)
+    assert pte.read_bytes() == b"\x00\x00\x00\x00ET12" + bytes(100)
+    assert sorted(os.listdir(tmp_path)) == ["model.pte"]
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
