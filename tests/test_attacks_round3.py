@@ -41,16 +41,16 @@ class AtCall(_sys.Backend):
 
 
 @contextlib.contextmanager
-def xfs(tmp_path: Path) -> Iterator[Path]:
-    """A fresh XFS (reflink=1) mount, or a clean skip."""
-    reason = fskit.unavailable("xfs")
+def xfs(tmp_path: Path, kind: str = "xfs") -> Iterator[Path]:
+    """A fresh XFS (reflink=1) mount (or ``kind``), or a clean skip."""
+    reason = fskit.unavailable(kind)
     if reason is not None:
-        pytest.skip(f"xfs: {reason}")
+        pytest.skip(f"{kind}: {reason}")
     try:
-        with fskit.mounted("xfs", 320 << 20, base=tmp_path) as fs:
+        with fskit.mounted(kind, 320 << 20, base=tmp_path) as fs:
             yield fs
     except fskit.MountError as exc:
-        pytest.skip(f"cannot mount xfs: {exc}")
+        pytest.skip(f"cannot mount {kind}: {exc}")
 
 
 def _second_party_kept(writer: int, want_size: int) -> tuple[int, int]:
@@ -306,14 +306,14 @@ def test_r3_3_recover_of_a_pte_given_by_mistake_exits_1_and_touches_nothing(
     assert proc.returncode == 1, (proc.returncode, proc.stderr)
 
 
-# --- R3-4: XFS, a preallocated source: a failed move cannot be rolled back, recover refuses ----
+# --- R3-4: XFS/btrfs, a preallocated source: a failed move cannot be rolled back ---
 #
 # guarantees.md, "What a failure leaves": before the commit point the sources are "byte-exact
 # under their own names"; a crash: "recover restores".  A source whose tail is preallocated
-# but never written (posix_fallocate, then the data written: unwritten extents) counts as
+# but never written (posix_fallocate, then the head written: unwritten extents) counts as
 # dense (st_blocks covers st_size), so the rollback's proof (_transfer._check_holds_data)
 # insists the temp hold *data* there.  On XFS a move's copy_file_range reflinks aligned
-# windows, unwritten extents included, and SEEK_HOLE reports unwritten extents as holes: the
+# windows, unwritten extents included (btrfs too), and SEEK_HOLE reports them as holes: the
 # rollback concludes "they were never moved, so the source was shortened by someone else",
 # stops half way, and every later recover refuses the same way.  The user's file stays split
 # between .s.bin.TOKEN.filecord-src and the temp, blamed on a second party that never existed.
@@ -322,13 +322,17 @@ def test_r3_3_recover_of_a_pte_given_by_mistake_exits_1_and_touches_nothing(
 # time).
 
 @pytest.mark.root
-@pytest.mark.xfail(strict=True, reason="XFS: a move of a source with preallocated (unwritten) "
-                   "blocks cannot be rolled back; rollback and recover blame a second party")
-def test_r3_4_a_failed_move_of_a_preallocated_source_on_xfs_rolls_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["xfs", "btrfs"])
+@pytest.mark.xfail(strict=True, reason="XFS/btrfs: a move of a source with preallocated "
+                   "(unwritten) blocks cannot be rolled back; rollback and recover blame a "
+                   "second party")
+def test_r3_4_a_failed_move_of_a_preallocated_source_rolls_back(
+    tmp_path: Path, kind: str
+) -> None:
     from filecord import recover
     from filecord.errors import RecoverError
 
-    with xfs(tmp_path) as fs:
+    with xfs(tmp_path, kind) as fs:
         src = fs / "s.bin"
         fd = os.open(src, os.O_RDWR | os.O_CREAT, 0o644)
         try:
