@@ -413,3 +413,69 @@ def test_r3_5_clone_ready_keeps_every_constant_tensor(
     k2, offs2 = out.constant_segment
     got = [out.segments[k2].data.read_range(o, 16) for o in offs2[1:]]
     assert got == want, (offsets, offs2)
+
+
+# --- Held: attacks the code withstood (cheap) --------------------------------------------------
+
+def test_held_a_stream_output_never_consumes_its_owned_source(tmp_path: Path) -> None:
+    a = tmp_path / "a.bin"
+    a.write_bytes(pattern(3 * W, "a"))
+    b = tmp_path / "b.bin"
+    b.write_bytes(pattern(3 * W, "b"))
+    from filecord import save_many
+
+    report = save_many({"/dev/null": Cord([FileBackedData(a, owned=True)]),
+                        tmp_path / "out": Cord([b"h", FileBackedData(a, owned=True),
+                                                FileBackedData(b, owned=True)])},
+                       consume=True, window=W)
+    assert a.read_bytes() == pattern(3 * W, "a")  # streamed somewhere: kept
+    assert not b.exists()  # the other owned source is consumed as usual
+    assert (tmp_path / "out").read_bytes() == b"h" + pattern(3 * W, "a") + pattern(3 * W, "b")
+    assert report.consume
+
+
+@pytest.mark.root
+def test_held_a_fault_in_the_tail_copy_after_a_clone_rolls_back_exactly(tmp_path: Path) -> None:
+    """XFS: a piece ending mid-block inside its source clones its body and copies its tail;
+    EIO at every copy call of that tail (and of the whole-clone pieces after it) leaves the
+    sources byte-exact and nothing filecord-named; the same save then succeeds."""
+    import errno
+
+    with xfs(tmp_path) as fs:
+        a_bytes, b_bytes = pattern(4 * W + 100, "a"), pattern(6000, "b")
+
+        def build() -> Cord:
+            (fs / "a.bin").write_bytes(a_bytes)
+            (fs / "b.bin").write_bytes(b_bytes)
+            fa = FileBackedData(fs / "a.bin", owned=True)
+            return Cord([b"H" * W, fa.slice(0, 5000), bytes(2 * W - 5000 + W),
+                         fa.slice(3 * W, W + 100), bytes(-(W + 100) % W),
+                         FileBackedData(fs / "b.bin", owned=True)])
+
+        for at in range(1, 6):
+            for op in ("copy_file_range", "clone_range"):
+                cord = build()
+                with _sys.use(AtCall(op, at, lambda: (_ for _ in ()).throw(
+                        OSError(errno.EIO, "injected")))):
+                    failed: OSError | None = None
+                    try:
+                        save(fs / "out", cord, consume=True)
+                    except OSError as exc:
+                        failed = exc
+                if failed is None:  # fewer calls of op than ``at``: it completed
+                    assert (fs / "out").exists()
+                    os.unlink(fs / "out")
+                    continue
+                assert "injected" in str(failed)
+                assert (fs / "a.bin").read_bytes() == a_bytes, (op, at)
+                assert (fs / "b.bin").read_bytes() == b_bytes, (op, at)
+                assert leftovers(fs) == [], (op, at)
+        cord = build()
+        report = save(fs / "out", cord, consume=True)
+        assert [(x.action, x.tail) for x in report.file_actions()] == [
+            ("cloned", 904), ("cloned", 0), ("cloned", 0)]
+        assert report.bytes_copied == 904
+        want = (b"H" * W + a_bytes[:5000] + bytes(2 * W - 5000 + W) + a_bytes[3 * W:]
+                + bytes(-(W + 100) % W) + b_bytes)
+        assert (fs / "out").read_bytes() == want
+        assert sorted(n for n in os.listdir(fs) if n != "lost+found") == ["out"]
