@@ -415,6 +415,44 @@ def test_r3_5_clone_ready_keeps_every_constant_tensor(
     assert got == want, (offsets, offs2)
 
 
+
+# --- R3-6: an append-only or immutable owned source fails every consuming save ---------------
+#
+# guarantees.md, Owned files: a consuming save never deletes "one it could not delete
+# (read-only directory or mount: known in the preflight, so the save copies it and keeps it)";
+# README 5: a piece is copied instead of moved only for a stated reason.  An owned file with
+# chattr +a or +i passes the preflight (access(W_OK) and the directory are fine), so the plan
+# moves it; the save then fails with EPERM after its journal (open O_RDWR / rename refused)
+# and says "the save can be retried", which fails the same way every time.  Cleanly rolled
+# back (no byte lost), but a consume save of such a file can never succeed.  Fix: the
+# preflight reads FS_IOC_GETFLAGS (or tries the open O_RDWR it will need) and treats
+# FS_APPEND_FL/FS_IMMUTABLE_FL as read-only: copy and keep, with the reason.
+
+@pytest.mark.root
+@pytest.mark.parametrize("attr", ["a", "i"])
+@pytest.mark.xfail(strict=True, reason="lesser: a chattr +a/+i owned source passes the "
+                   "preflight, the consume save fails with EPERM instead of copying and keeping it")
+def test_r3_6_an_append_only_owned_source_is_copied_and_kept(tmp_path: Path, attr: str) -> None:
+    import shutil
+
+    if shutil.which("chattr") is None:
+        pytest.skip("no chattr")
+    a = tmp_path / "a.bin"
+    a.write_bytes(pattern(3 * W, "a"))
+    if subprocess.run(["chattr", f"+{attr}", str(a)], check=False).returncode != 0:
+        pytest.skip(f"chattr +{attr} not supported here")
+    try:
+        try:
+            report = save(tmp_path / "out", Cord([b"h", FileBackedData(a, owned=True)]),
+                          consume=True, window=W)
+        finally:
+            assert a.read_bytes() == pattern(3 * W, "a")  # held: never a byte lost
+            assert leftovers(tmp_path) == []
+        assert (tmp_path / "out").read_bytes() == b"h" + pattern(3 * W, "a")
+        assert [x.action for x in report.file_actions()] == ["copied"]
+    finally:
+        subprocess.run(["chattr", f"-{attr}", str(a)], check=False)
+
 # --- Held: attacks the code withstood (cheap) --------------------------------------------------
 
 def test_held_a_stream_output_never_consumes_its_owned_source(tmp_path: Path) -> None:
