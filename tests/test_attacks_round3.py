@@ -393,8 +393,8 @@ def test_r3_5_clone_ready_keeps_every_constant_tensor(
 ) -> None:
     pytest.importorskip("flatbuffers")
     from filecord.executorch import read_pte
-    from filecord.executorch.schema import program_table
     from filecord.executorch.program import Program
+    from filecord.executorch.schema import program_table
 
     if offsets != (0, 16, 32):
         request.applymarker(pytest.mark.xfail(strict=True, reason=(
