@@ -4,8 +4,10 @@ Theory of operation
 -------------------
 1. Before any temp, a lock file per directory (``_lockfile.create``: ``O_EXCL``, ``flock``,
    content = the journal's path, ``fsync``): a temp's name then implies its lock and pointer.
-2. The record goes to ``.filecord-pending``, is fsynced, every directory of the save is
-   fsynced (temps and lock files are durable), then it is renamed to ``.filecord-journal`` and
+2. Each source's record says whether it is dense (FIEMAP, else ``SEEK_HOLE``, on a read-only
+   descriptor closed again: reads only, so a crash here leaves what step 1 left).  The record
+   goes to ``.filecord-pending``, is fsynced, every directory of the save is fsynced (temps and
+   lock files are durable), then it is renamed to ``.filecord-journal`` and
    its directory fsynced: a journal name never holds a torn record.  Each lock file then gets
    a durable "journaled" mark, so a journal that later goes missing is known to be removed,
    not never made.
@@ -16,6 +18,7 @@ Theory of operation
 
 from __future__ import annotations
 
+import errno
 import os
 
 from filecord import _journal, _lockfile, _names, _sys, _undo
@@ -57,6 +60,43 @@ def _umask() -> int:
     return 0o022
 
 
+def _dense(path: str, st: os.stat_result) -> bool:
+    """Whether every byte of the source is written data: no hole, no preallocated block.
+
+    The block count alone is not enough: a preallocated file (``fallocate``) counts its
+    never-written blocks, XFS and btrfs do not copy those into the temps (the temp has a hole
+    there), and a source journaled as dense would then make every rollback refuse ("the temp
+    holds no data") for good.  ``SEEK_HOLE`` is not enough either: XFS reports unwritten blocks
+    whose zeros are in the page cache as data.  So FIEMAP decides (holes and unwritten extents
+    are not dense); where it is missing (tmpfs), ``SEEK_HOLE``; where both are, dense.
+    """
+    if st.st_blocks * 512 < st.st_size:
+        return False
+    fd = _sys.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        now = _sys.fstat(fd)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            return False  # replaced meanwhile: the weaker claim, the checks at rollback decide
+        try:
+            pos = 0
+            for lo, n, flags in sorted(_sys.extents(fd, 0, st.st_size)):
+                if lo > pos or flags & _sys.FIEMAP_EXTENT_UNWRITTEN:
+                    return False
+                pos = max(pos, lo + n)
+            return pos >= st.st_size
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL):
+                raise
+        try:
+            return _sys.lseek(fd, 0, getattr(os, "SEEK_HOLE", 4)) >= st.st_size
+        except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.ENXIO, errno.EOPNOTSUPP):
+                return True
+            raise
+    finally:
+        _sys.close(fd)
+
+
 def _record(txn: Txn) -> _journal.Journal:
     p = txn.prep.plan
     moves = {m.key: m for m in p.moves}
@@ -71,7 +111,7 @@ def _record(txn: Txn) -> _journal.Journal:
             size=st.st_size, run_start=m.run_start if m else st.st_size,
             atime_ns=st.st_atime_ns, mtime_ns=st.st_mtime_ns, mode=st.st_mode,
             dests=m.dests if m else (), adopt=bool(m and m.adopt),
-            dense=st.st_blocks * 512 >= st.st_size,
+            dense=_dense(data.path, st),
         ))
     outputs = []
     for o, (out, fd, tst) in enumerate(

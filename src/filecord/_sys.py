@@ -32,6 +32,11 @@ from typing import Any
 
 # FICLONERANGE = _IOW(0x94, 13, struct file_clone_range); Python 3.11 has no constant for it.
 _FICLONERANGE = 0x4020940D
+# FS_IOC_FIEMAP = _IOWR('f', 11, struct fiemap); the header is 32 bytes, each extent 56.
+_FS_IOC_FIEMAP = 0xC020660B
+_FIEMAP_EXTENTS = 64
+_FIEMAP_EXTENT_LAST = 0x1
+FIEMAP_EXTENT_UNWRITTEN = 0x800
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
 
@@ -118,6 +123,32 @@ class Backend:
             + dst_off.to_bytes(8, "little")
         )
         fcntl.ioctl(dst, _FICLONERANGE, arg)
+
+    def extents(self, fd: int, offset: int, length: int) -> list[tuple[int, int, int]]:
+        """``(logical offset, length, FIEMAP_EXTENT_* flags)`` of every extent the file has
+        in the range (FIEMAP); a hole has none."""
+        found: list[tuple[int, int, int]] = []
+        pos, end = offset, offset + length
+        while pos < end:
+            head = (pos.to_bytes(8, "little") + (end - pos).to_bytes(8, "little")
+                    + (0).to_bytes(4, "little") + (0).to_bytes(4, "little")
+                    + _FIEMAP_EXTENTS.to_bytes(4, "little") + (0).to_bytes(4, "little"))
+            buf = bytearray(head + bytes(56 * _FIEMAP_EXTENTS))
+            fcntl.ioctl(fd, _FS_IOC_FIEMAP, buf)
+            mapped = int.from_bytes(buf[20:24], "little")
+            if mapped == 0:
+                break
+            last = False
+            for i in range(mapped):
+                e = buf[32 + 56 * i : 32 + 56 * (i + 1)]
+                logical, n = int.from_bytes(e[0:8], "little"), int.from_bytes(e[16:24], "little")
+                flags = int.from_bytes(e[40:44], "little")
+                found.append((logical, n, flags))
+                pos = max(pos, logical + n)
+                last = last or bool(flags & _FIEMAP_EXTENT_LAST)
+            if last:
+                break
+        return found
 
     def punch_hole(self, fd: int, offset: int, length: int) -> None:
         _fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length)
@@ -280,6 +311,11 @@ def sendfile(dst: int, src: int, src_off: int, count: int) -> int:
 def clone_range(src: int, src_off: int, length: int, dst: int, dst_off: int) -> None:
     _active.hook("clone_range", (src, src_off, length, dst, dst_off))
     _active.clone_range(src, src_off, length, dst, dst_off)
+
+
+def extents(fd: int, offset: int, length: int) -> list[tuple[int, int, int]]:
+    _active.hook("extents", (fd, offset, length))
+    return _active.extents(fd, offset, length)
 
 
 def punch_hole(fd: int, offset: int, length: int) -> None:

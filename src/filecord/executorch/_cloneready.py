@@ -75,19 +75,23 @@ def _spread_constants(
 ) -> tuple[Cord, tuple[int, ...]]:
     """The constant segment with each non-empty tensor at a multiple of ``alignment``.
 
-    Tensor ``i`` spans ``[offsets[i], offsets[i+1])`` (the last: to the segment's end), its
-    padding to the constant alignment included (zeros, kept as they are).
+    The offsets are free numbers: nothing makes them ascend, and two tensors may share one.
+    So the layout is by the distinct start offsets, sorted: each spans up to the next distinct
+    start (the last: to the segment's end), its padding to the constant alignment included
+    (zeros, kept as they are); every tensor then maps through its start, so aliases stay
+    aliases and an order that does not ascend keeps each tensor's bytes.
     """
-    ends = (*offsets[1:], len(segment))
-    out, new = Cord(), []
-    for start, end in zip(offsets, ends, strict=True):
-        n = max(0, end - start)
+    size = len(segment)
+    starts = sorted(set(offsets))
+    out, moved = Cord(), {}
+    for start, end in zip(starts, (*starts[1:], max(size, starts[-1])), strict=True):
+        n = max(0, min(end, size) - start)
         if n:
             out.append(bytes(-len(out) % alignment))
-        new.append(len(out))
+        moved[start] = len(out)
         if n:
             out.append(_sub_cord(segment, start, n))
-    return out, tuple(new)
+    return out, tuple(moved[o] for o in offsets)
 
 
 def clone_ready_pte(cord: Cord, alignment: int = CLONE_ALIGNMENT) -> Cord:
