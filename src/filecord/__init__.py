@@ -34,16 +34,19 @@ from filecord.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    # saving
     "Cord",
     "FileBackedData",
     "save",
     "save_many",
     "plan",
     "recover",
+    # results and defaults
     "SaveReport",
     "PieceAction",
     "Recovered",
     "DEFAULT_WINDOW",
+    # errors
     "DataChangedError",
     "FilecordError",
     "FormatError",
@@ -52,5 +55,6 @@ __all__ = [
     "SaveError",
     "SourceIsOutputError",
     "SourceState",
+    # version
     "__version__",
 ]
