@@ -64,7 +64,7 @@ def test_value_types_are_frozen_slotted_and_pickle() -> None:
     classes = [values.TensorLayout, values.PtdEntry, values.Segment, ptd.PtdFile, ptd.PtdHeader,
                ptd.PtdLayout, pte.PteFile, pte.PteHeader, pte.PteDelegate, fe.Program,
                fe.SerializedProgram, fe.Verification, _verify.RuntimeCheck, _verify.Problem,
-               _contents.Contents, _contents.TensorInfo, _contents.NeededKey]
+               _contents.Contents, _contents.TensorInfo, _contents.NeededKey, _verify.Structure]
     for cls in classes:
         assert dataclasses.is_dataclass(cls)
         assert cls.__dataclass_params__.frozen, cls  # type: ignore[attr-defined]
