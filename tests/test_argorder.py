@@ -120,3 +120,21 @@ def test_keywords_still_name_the_arguments(work: Path) -> None:
     fg.merge(inputs=[work / "model.gguf"], output=work / "again.gguf")
     assert (work / "back.safetensors").stat().st_size > 0
     assert (work / "again.gguf").read_bytes() == (work / "model.gguf").read_bytes()
+
+
+def test_an_existing_directory_may_have_any_name(work: Path) -> None:
+    d = work / "shards.json"
+    d.mkdir()
+    fst.reshard(d, [work / "model.safetensors"], max_shard_size=300)
+    assert (d / "model.safetensors.index.json").exists()
+
+
+def test_cli_gguf_pattern_of_another_suffix_still_names_the_shards(work: Path) -> None:
+    from filecord.cli import main
+
+    out = work / "out"
+    out.mkdir()
+    assert main(["reshard", str(work / "model.gguf"), str(out), "--pattern", "x{suffix}.bin",
+                 "--max-tensors", "2", "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["x.bin-00001-of-00002.gguf",
+                                                     "x.bin-00002-of-00002.gguf"]

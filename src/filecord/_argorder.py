@@ -68,8 +68,11 @@ def require_suffix(function: str, usage: str, output: str, suffixes: tuple[str, 
 
 
 def require_directory(function: str, usage: str, directory: str) -> None:
-    """A directory output must not look like, or be, a checkpoint file."""
-    if directory.endswith((".safetensors", ".json", ".gguf", ".ptd")) or _sys.isfile(directory):
+    """A directory output must not be a file, nor, when it does not exist yet, be named like one
+    (an existing directory may have any name)."""
+    if _sys.isdir(directory):
+        return
+    if _sys.lexists(directory) or directory.endswith((".safetensors", ".json", ".gguf", ".ptd")):
         raise ValueError(
             f"{function} writes shards into a directory, not into the file {directory!r}: "
             f"arguments go output first: {usage}")

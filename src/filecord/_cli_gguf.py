@@ -35,6 +35,10 @@ def output_base(args: argparse.Namespace) -> str:
     else:
         stem = os.path.basename(str(args.inputs[0])).removesuffix(".gguf")
         name = _SHARD.sub("", stem) + ".gguf"
+    # The shards are named <stem>-0000i-of-0000N.gguf whatever the pattern ends in; the library
+    # takes the set's base name with its .gguf (a pattern "x{suffix}.bin" gives x.bin-...).
+    if not name.endswith(".gguf"):
+        name += ".gguf"
     return os.path.join(str(args.outdir), name)
 
 

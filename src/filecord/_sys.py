@@ -50,7 +50,7 @@ def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-# --- the backend: real calls, and the hook tests override -----------------------------------
+# --- the backend: real calls, and the hook that tests override ------------------------------
 
 class Backend:
     """The real system.  Subclass it in tests; override :meth:`hook` to inject faults."""
