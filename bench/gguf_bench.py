@@ -32,7 +32,7 @@ src, out = os.path.join(work, "model.safetensors"), os.path.join(work, "model.gg
 def job():
     if case.startswith("filecord"):
         from filecord.gguf import convert
-        convert(src, out, arch="llama", consume=case.endswith("consume"))
+        convert(out, src, arch="llama", consume=case.endswith("consume"))
         return
     os.environ["TMPDIR"] = work
     import gguf

@@ -59,9 +59,9 @@ def job():
     elif case == "save_file safetensors":
         from safetensors.torch import save_file; save_file(sd, out)
     elif case == "merge filecord copy":
-        from filecord.safetensors import merge; merge([index], out)
+        from filecord.safetensors import merge; merge(out, [index])
     elif case == "merge filecord consume":
-        from filecord.safetensors import merge; merge([index], out, consume=True)
+        from filecord.safetensors import merge; merge(out, [index], consume=True)
     elif case == "merge packages":
         from safetensors.torch import load_file, save_file
         loaded = {}
@@ -69,7 +69,7 @@ def job():
         save_file(loaded, out)
     elif case == "reshard filecord consume":
         from filecord.safetensors import reshard
-        os.mkdir(o); reshard([shards[0]], o, max_shard_size=size // 4, consume=True)
+        os.mkdir(o); reshard(o, [shards[0]], max_shard_size=size // 4, consume=True)
     elif case == "reshard packages":
         from safetensors.torch import load_file
         from huggingface_hub import save_torch_state_dict

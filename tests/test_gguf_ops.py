@@ -50,7 +50,7 @@ def test_merge_equals_gguf_py_single_file(tmp_path: Path, consume: bool,
     shards = sorted(os.listdir(src))
     assert len(shards) > 2
     out = tmp_path / "merged.gguf"
-    report = fg.merge([src / shards[0]], out, consume=consume)
+    report = fg.merge(out, [src / shards[0]], consume=consume)
     assert out.read_bytes() == (tmp_path / "one" / "m.gguf").read_bytes()
     assert sorted(os.listdir(src)) == ([] if consume else shards)
     if consume:
@@ -67,7 +67,7 @@ def test_reshard_equals_gguf_py_split(tmp_path: Path, consume: bool,
     src = _dir(tmp_path, "src")
     gguf_py(src / "in.gguf")
     out = _dir(tmp_path, "out")
-    fg.reshard([src / "in.gguf"], out / "m.gguf", consume=consume, **split)
+    fg.reshard(out / "m.gguf", [src / "in.gguf"], consume=consume, **split)
     assert sorted(os.listdir(out)) == sorted(os.listdir(ref))
     for name in os.listdir(ref):
         assert (out / name).read_bytes() == (ref / name).read_bytes(), name
@@ -79,8 +79,8 @@ def test_dry_runs_write_nothing(tmp_path: Path) -> None:
     gguf_py(src / "m.gguf", split_max_tensors=3)
     before = {p: (src / p).read_bytes() for p in os.listdir(src)}
     first = src / sorted(before)[0]
-    r1 = fg.merge([first], tmp_path / "o.gguf", consume=True, dry_run=True)
-    r2 = fg.reshard([first], tmp_path / "r.gguf", max_tensors=1, consume=True, dry_run=True)
+    r1 = fg.merge(tmp_path / "o.gguf", [first], consume=True, dry_run=True)
+    r2 = fg.reshard(tmp_path / "r.gguf", [first], max_tensors=1, consume=True, dry_run=True)
     assert r1.dry_run
     assert r2.dry_run
     assert len(r2.outputs) == 7
@@ -90,11 +90,11 @@ def test_dry_runs_write_nothing(tmp_path: Path) -> None:
 
 def test_alignment_4096_pages_and_roundtrip(tmp_path: Path) -> None:
     gguf_py(tmp_path / "m.gguf")
-    fg.merge([tmp_path / "m.gguf"], tmp_path / "a.gguf", alignment=4096)
+    fg.merge(tmp_path / "a.gguf", [tmp_path / "m.gguf"], alignment=4096)
     f = fg.read_gguf_file(tmp_path / "a.gguf")
     assert f.alignment == 4096
     assert all(t.data.offset % 4096 == 0 for t in f.tensors.values())  # type: ignore[union-attr]
-    fg.merge([tmp_path / "a.gguf"], tmp_path / "b.gguf", alignment=32)
+    fg.merge(tmp_path / "b.gguf", [tmp_path / "a.gguf"], alignment=32)
     # general.alignment stays in its slot (now 32): same as gguf-py with add_custom_alignment
     w = gguf.GGUFWriter(str(tmp_path / "ref.gguf"), "llama")
     w.add_string("general.name", "tiny")
@@ -119,7 +119,7 @@ def test_merge_refuses_duplicate_tensor(tmp_path: Path) -> None:
     gguf_py(tmp_path / "a.gguf")
     gguf_py(tmp_path / "b.gguf")
     with pytest.raises(fg.DuplicateTensorError, match=r"blk\.0\.w"):
-        fg.merge([tmp_path / "a.gguf", tmp_path / "b.gguf"], tmp_path / "o.gguf")
+        fg.merge(tmp_path / "o.gguf", [tmp_path / "a.gguf", tmp_path / "b.gguf"])
     assert not (tmp_path / "o.gguf").exists()
 
 
@@ -141,7 +141,7 @@ def test_convert_safetensors_equals_gguf_py(tmp_path: Path, consume: bool) -> No
     src = tmp_path / "model.safetensors"
     _safetensors(src, {**ts, "b.weight": bf}, {"format": "pt"})
     out = tmp_path / "out.gguf"
-    fg.convert(src, out, arch="llama", consume=consume)
+    fg.convert(out, src, arch="llama", consume=consume)
     assert src.exists() is not consume
     w = gguf.GGUFWriter(str(tmp_path / "ref.gguf"), "llama")
     w.add_string("safetensors.format", "pt")
@@ -166,7 +166,7 @@ def test_convert_refuses_tensors_needing_transformation(tmp_path: Path) -> None:
                        "mask": torch.zeros(2, dtype=torch.bool),
                        "x" * 70: torch.zeros(2)}, None)
     with pytest.raises(fg.UnrepresentableError) as info:
-        fg.convert(src, tmp_path / "o.gguf", consume=True)
+        fg.convert(tmp_path / "o.gguf", src, consume=True)
     msg = str(info.value)
     assert "3 tensor(s)" in msg
     for part in ("ids (I64: needs a cast", "mask (BOOL: needs a cast, GGUF has no such type",
@@ -184,10 +184,10 @@ def test_convert_sharded_index_consumed(tmp_path: Path) -> None:
     ts = {f"l{i}.weight": rng.standard_normal((16, 8)).astype(np.float32) for i in range(5)}
     _safetensors(src, ts, None)
     shards = _dir(tmp_path, "sh")
-    st_reshard([src], shards, max_shard_size=1000)
+    st_reshard(shards, [src], max_shard_size=1000)
     assert len(os.listdir(shards)) == 6  # 5 shards of one 512-byte tensor, and the index
     out = tmp_path / "o.gguf"
-    fg.convert(shards / "model.safetensors.index.json", out, consume=True)
+    fg.convert(out, shards / "model.safetensors.index.json", consume=True)
     assert os.listdir(shards) == []
     f = fg.read_gguf_file(out)
     assert sorted(f.tensors) == sorted(ts)
@@ -203,12 +203,12 @@ def test_reshard_removes_stale_shards_but_not_inputs(tmp_path: Path) -> None:
     old = sorted(os.listdir(tmp_path))
     assert len(old) == 5
     first = tmp_path / "m-00001-of-00004.gguf"
-    fg.reshard([first], tmp_path / "m.gguf", max_tensors=3)
+    fg.reshard(tmp_path / "m.gguf", [first], max_tensors=3)
     # the new set (3 shards) replaced the old one; the unconsumed inputs are kept
     assert sorted(os.listdir(tmp_path)) == sorted(
         {*old, "m-00001-of-00003.gguf", "m-00002-of-00003.gguf", "m-00003-of-00003.gguf"}
         - {"m.gguf"})
-    fg.reshard([tmp_path / "m-00001-of-00003.gguf"], tmp_path / "m.gguf", max_tensors=7,
+    fg.reshard(tmp_path / "m.gguf", [tmp_path / "m-00001-of-00003.gguf"], max_tensors=7,
                consume=True)
     assert sorted(os.listdir(tmp_path)) == ["m.gguf"]
     assert fg.read_gguf(tmp_path / "m.gguf").tensors.keys() == {n for n, _ in ARRAYS} | {"q"}
@@ -223,7 +223,7 @@ def test_consumed_merge_moves_everything_to_an_equal_or_larger_alignment(tmp_pat
     src = _dir(tmp_path, "src")
     gguf_py(src / "m.gguf", split_max_tensors=3)
     out = tmp_path / "m.gguf"
-    report = fg.merge([src / "m-00001-of-00003.gguf"], out, consume=True, alignment=align)
+    report = fg.merge(out, [src / "m-00001-of-00003.gguf"], consume=True, alignment=align)
     assert {a.action for a in report.file_actions()} == {"moved"}
     assert os.listdir(src) == []
     f = fg.read_gguf_file(out)

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filecord import _plan as P
+from filecord import _space as S
 from filecord import _window
 from filecord._plan import FsFacts, OutputFacts, PieceRef, SourceFacts, make_plan
 
@@ -134,7 +135,7 @@ def test_shared_range_is_moved_to_every_destination() -> None:
     assert len(p.moves[0].dests) == 2
     # The second copy of the bytes is new data on disk; the first is moved (in whole blocks:
     # 20 000 bytes take 5 blocks, the moved 10 000 free 2), and one window is held twice.
-    assert p.peaks[0].margin == P.space_margin(1, 20_000, 4096, journal=True) == 5 * 4096
+    assert p.peaks[0].margin == S.space_margin(1, 20_000, 4096, journal=True) == 5 * 4096
     assert p.peaks[0].needed == (5 - 2) * 4096 + 4096 + 5 * 4096
 
 
@@ -209,7 +210,7 @@ def test_owned_file_that_fully_clones_is_cloned_not_moved() -> None:
     assert p.moves == ()
     assert p.consumed == (KEY,)  # still deleted at commit
     # 14 096 bytes take 4 blocks; the clone shares 2 whole ones (its tail block is new).
-    assert p.peaks[0].needed == 2 * 4096 + P.space_margin(1, 14_096, 4096, journal=False)
+    assert p.peaks[0].needed == 2 * 4096 + S.space_margin(1, 14_096, 4096, journal=False)
 
 
 def test_peak_copy_is_output_size_and_move_is_window() -> None:
@@ -235,11 +236,11 @@ def big_refs() -> list[PieceRef]:
 def test_blocks_follow_the_file_system_and_the_margin_grows_with_the_data() -> None:
     big = decide(src(owned=False), f=fs(block=65536))
     assert big.peaks[0].needed == 65536 + 3 * 65536
-    assert P.space_margin(1, 10 * P.MiB << 10, 4096, journal=False) == (2 + 80) * 4096
+    assert S.space_margin(1, 10 * P.MiB << 10, 4096, journal=False) == (2 + 80) * 4096
 
 
 def test_consume_hint_only_when_consume_was_worked_out_and_needs_less() -> None:
-    pre = P
+
     big, o = src(size=P.MiB), out(P.MiB + 100)
     copy = decide(big, o, fs(free=8 * 4096), big_refs(), consume=False)
     (peak,) = copy.peaks
@@ -247,7 +248,7 @@ def test_consume_hint_only_when_consume_was_worked_out_and_needs_less() -> None:
     moved = decide(big, o, fs(free=8 * 4096), big_refs()).peaks[0].needed
     assert peak.consume_needed == moved == 4096 + 4096 + 5 * 4096
     with pytest.raises(OSError, match=f"; consume=True would need {moved}$") as info:
-        pre.check_space(copy)
+        S.check_space(copy)
     assert f"needs {peak.needed} bytes at its peak (its data in 4096-byte blocks, plus a " \
         f"margin of {3 * 4096} bytes for file-system metadata and the journal) and " \
         f"{8 * 4096} are free" in str(info.value)
@@ -256,7 +257,7 @@ def test_consume_hint_only_when_consume_was_worked_out_and_needs_less() -> None:
     assert small.peaks[0].consume_needed is not None
     assert small.peaks[0].consume_needed > small.peaks[0].needed
     with pytest.raises(OSError, match=r"are free$") as refused:
-        pre.check_space(small)
+        S.check_space(small)
     assert "consume" not in str(refused.value)
     unowned = decide(src(owned=False), f=fs(free=4096), consume=False)
     assert unowned.peaks[0].consume_needed is None  # nothing to move: no promise
@@ -356,7 +357,7 @@ def test_default_window_shrinks_to_the_largest_that_fits(want: int) -> None:
     assert p.window_choice.why == "shrunk"
     assert p.window_choice.note() == (
         f"shrunk from 64 MiB to {want // MiB} MiB: {_window.size_text(free)} free on ext4")
-    P.check_space(p)  # fits: no refusal
+    S.check_space(p)  # fits: no refusal
 
 
 def test_peak_grows_by_exactly_the_window_held_twice() -> None:
@@ -375,7 +376,7 @@ def test_even_the_floor_does_not_fit_refuses_and_says_what_the_floor_needs() -> 
     with pytest.raises(OSError, match=(
         rf"the save needs {floor_needs} bytes at its peak with the smallest sync window, "
         rf"4 MiB, \(its data in 4096-byte blocks.* and {floor_needs - 1} are free$")):
-        P.check_space(p)
+        S.check_space(p)
 
 
 def test_explicit_window_is_honoured_and_the_refusal_hints_at_the_default() -> None:
@@ -388,12 +389,12 @@ def test_explicit_window_is_honoured_and_the_refusal_hints_at_the_default() -> N
     with pytest.raises(OSError, match=(
         r"are free; window=67108864 was given: the default window would shrink to 8 MiB "
         r"and fit$")):
-        P.check_space(p)
+        S.check_space(p)
     # Nothing would fit even shrunk: no hint.
     hopeless = big_plan(needed_at(4 * MiB) - 1, window=8 * MiB)
     assert hopeless.window_choice.default_fits is None
     with pytest.raises(OSError, match=r"are free$"):
-        P.check_space(hopeless)
+        S.check_space(hopeless)
     # An explicit small window that fits is used as is, never grown.
     assert big_plan(1 << 40, window=5 * MiB).window == 5 * MiB
 
@@ -405,7 +406,7 @@ def test_a_run_smaller_than_the_floor_never_says_it_shrank() -> None:
     assert p.window == 64 * MiB
     assert p.window_choice.note() is None
     with pytest.raises(OSError, match=r"needs \d+ bytes at its peak \(its data"):
-        P.check_space(p)
+        S.check_space(p)
 
 
 def test_copy_saves_keep_the_window_and_the_consume_hint_uses_the_adapted_one() -> None:

@@ -68,10 +68,10 @@ def test_sharded_merged_converted_checkpoint_runs_in_executorch(tmp_path: Path) 
     assert len(shards) >= 3
 
     merged = tmp_path / "model.safetensors"
-    merge([ckpt / "model.safetensors.index.json"], merged, consume=True)
+    merge(merged, [ckpt / "model.safetensors.index.json"], consume=True)
     assert list(ckpt.iterdir()) == []  # shards and index consumed
     ptd = tmp_path / "block.ptd"
-    report = convert(merged, ptd, consume=True)
+    report = convert(ptd, merged, consume=True)
     assert not merged.exists()
     assert report.bytes_by_action().get("moved", 0) == sum(
         t.numel() * t.element_size() for t in state.values())
@@ -116,11 +116,11 @@ def test_transformers_checkpoint_merged_converted_and_run(tmp_path: Path) -> Non
     model.save_pretrained(ckpt, max_shard_size="20KB")
     shards = [p for p in ckpt.iterdir() if p.suffix == ".safetensors"]
     assert len(shards) >= 3
-    report = merge([ckpt / "model.safetensors.index.json"], tmp_path / "model.safetensors",
+    report = merge(tmp_path / "model.safetensors", [ckpt / "model.safetensors.index.json"],
                    consume=True)
     assert {a.action for a in report.file_actions()} == {"moved"}
     assert not any(p.exists() for p in shards)
-    convert(tmp_path / "model.safetensors", tmp_path / "weights.ptd", consume=True)
+    convert(tmp_path / "weights.ptd", tmp_path / "model.safetensors", consume=True)
 
     weights = model.state_dict()
     buffers = {k: v for k, v in model.named_buffers() if k not in weights}

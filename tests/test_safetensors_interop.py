@@ -363,7 +363,7 @@ def test_merge_equals_load_then_save_file_and_reshard_equals_the_hub(tmp_path):
     (tmp_path / "in").mkdir()
     hub.save_torch_state_dict(dict(sd), tmp_path / "in", max_shard_size=300)
     index = tmp_path / "in" / "model.safetensors.index.json"
-    merge([index], tmp_path / "ours.safetensors")
+    merge(tmp_path / "ours.safetensors", [index])
     loaded: dict[str, Any] = {}
     for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
         loaded |= st_torch.load_file(os.fspath(tmp_path / "in" / shard))
@@ -378,7 +378,7 @@ def test_merge_equals_load_then_save_file_and_reshard_equals_the_hub(tmp_path):
         o, t = tmp_path / f"o{size}", tmp_path / f"t{size}"
         o.mkdir()
         t.mkdir()
-        reshard([index], o, max_shard_size=size)
+        reshard(o, [index], max_shard_size=size)
         hub.save_torch_state_dict(dict(ordered), t, max_shard_size=size)
         assert_same_checkpoint(o, t, metadata_keys=1)
 

@@ -67,7 +67,7 @@ def test_merge_split_merge_round_trips_byte_exact(tmp_path, three_files, consume
     want = expected_merge(tmp_path)
     before = snapshot(tmp_path)
     out = tmp_path / "merged.safetensors"
-    report = merge(three_files, out, consume=consume)
+    report = merge(out, three_files, consume=consume)
     assert out.read_bytes() == want
     if consume:
         assert not any(p.exists() for p in three_files)
@@ -79,7 +79,7 @@ def test_merge_split_merge_round_trips_byte_exact(tmp_path, three_files, consume
 
     shards = tmp_path / "shards"
     shards.mkdir()
-    reshard([out], shards, max_shard_size=150, consume=consume)
+    reshard(shards, [out], max_shard_size=150, consume=consume)
     index = shards / "model.safetensors.index.json"
     names = sorted(p.name for p in shards.iterdir())
     assert len(names) > 3
@@ -89,7 +89,7 @@ def test_merge_split_merge_round_trips_byte_exact(tmp_path, three_files, consume
     assert len(weight_map) == 36
 
     again = tmp_path / "again.safetensors"
-    merge([index], again, consume=consume)
+    merge(again, [index], consume=consume)
     assert again.read_bytes() == want
     assert sorted(p.name for p in shards.iterdir()) == ([] if consume else names)
 
@@ -97,21 +97,21 @@ def test_merge_split_merge_round_trips_byte_exact(tmp_path, three_files, consume
 def test_dry_runs_change_nothing_and_say_what_would_move(tmp_path, three_files):
     before = snapshot(tmp_path)
     for consume in (False, True):
-        report = merge(three_files, tmp_path / "m.safetensors", consume=consume, dry_run=True)
+        report = merge(tmp_path / "m.safetensors", three_files, consume=consume, dry_run=True)
         assert report.dry_run
         acts = {a.action for a in report.file_actions()}
         assert acts == ({"moved"} if consume else {"copied"})
         assert {a.source for a in report.file_actions()} == {os.fspath(p) for p in three_files}
-        d = reshard(three_files, tmp_path, max_shard_size=100, consume=consume, dry_run=True)
+        d = reshard(tmp_path, three_files, max_shard_size=100, consume=consume, dry_run=True)
         assert len(d.outputs) > 3
-        c = convert(three_files[0], tmp_path / "x.ptd", consume=consume, dry_run=True)
+        c = convert(tmp_path / "x.ptd", three_files[0], consume=consume, dry_run=True)
         assert c.outputs == (os.fspath(tmp_path / "x.ptd"),)
     gc.collect()  # owned pieces were dropped: the files must survive their collection
     assert snapshot(tmp_path) == before
 
 
 def test_adjacent_tensors_move_as_one_run_per_input(tmp_path, three_files):
-    report = merge(three_files, tmp_path / "m.safetensors", consume=True, dry_run=True)
+    report = merge(tmp_path / "m.safetensors", three_files, consume=True, dry_run=True)
     per_source: dict[str, int] = {}
     for a in report.file_actions():
         per_source[a.source or ""] = per_source.get(a.source or "", 0) + 1
@@ -123,7 +123,7 @@ def test_adjacent_tensors_move_as_one_run_per_input(tmp_path, three_files):
 def test_duplicate_names_are_refused_and_inputs_kept(tmp_path, three_files):
     before = snapshot(tmp_path)
     with pytest.raises(DuplicateTensorError, match="part0"):
-        merge([three_files[0], three_files[0]], tmp_path / "m.safetensors", consume=True)
+        merge(tmp_path / "m.safetensors", [three_files[0], three_files[0]], consume=True)
     gc.collect()
     assert snapshot(tmp_path) == before
 
@@ -133,8 +133,8 @@ def test_reshard_keeps_unconsumed_inputs_in_the_output_directory(tmp_path):
     save(src, build_file(tensors(0), {"format": "pt"}))
     blob = src.read_bytes()
     with pytest.raises(OSError):  # noqa: PT011 - the output would be the input itself
-        reshard([src], tmp_path, max_shard_size=10**9)
-    reshard([src], tmp_path, max_shard_size=100)
+        reshard(tmp_path, [src], max_shard_size=10**9)
+    reshard(tmp_path, [src], max_shard_size=100)
     assert src.read_bytes() == blob  # not removed as a "stale" file: it is an input
     assert (tmp_path / "model.safetensors.index.json").exists()
 
@@ -145,7 +145,7 @@ def test_convert_to_ptd_and_back_is_byte_exact(tmp_path, three_files):
     f = read_safetensors(src)
     assert isinstance(f, SafetensorsFile)
     ptd = tmp_path / "w.ptd"
-    convert(src, ptd, consume=True)
+    convert(ptd, src, consume=True)
     assert not src.exists()
     got = read_ptd(ptd)
     assert list(got.entries) == list(f.tensors)  # canonical order
@@ -157,7 +157,7 @@ def test_convert_to_ptd_and_back_is_byte_exact(tmp_path, three_files):
         assert len(e.data) == t.nbytes
     assert got.entries[next(iter(f.tensors))].layout.scalar_type in set(ScalarType)  # type: ignore[union-attr]
     back = tmp_path / "back.safetensors"
-    convert(ptd, back, consume=True)
+    convert(back, ptd, consume=True)
     # metadata does not survive a .ptd; everything else does
     f2 = read_safetensors(back)
     assert isinstance(f2, SafetensorsFile)
@@ -177,7 +177,7 @@ def test_convert_refuses_what_a_ptd_cannot_hold_naming_the_tensor(tmp_path, dtyp
                         NamedTensor("bad.one", dtype, shape, b"\0" * (n * dtype.bits // 8))],
                        None))
     with pytest.raises(UnrepresentableError, match=r"bad\.one"):
-        convert(p, tmp_path / "x.ptd")
+        convert(tmp_path / "x.ptd", p)
     assert not (tmp_path / "x.ptd").exists()
 
 
@@ -190,24 +190,24 @@ def test_convert_refuses_ptd_entries_without_a_contiguous_layout(tmp_path):
         p = tmp_path / f"{name}.ptd"
         save(p, build_ptd([PtdEntry(name, b"\0" * 4, layout, 1)]))
         with pytest.raises(UnrepresentableError, match=name):
-            convert(p, tmp_path / "o.safetensors")
+            convert(tmp_path / "o.safetensors", p)
     assert not (tmp_path / "o.safetensors").exists()
 
 
 def test_reshard_in_place_with_consume_replaces_the_checkpoint(tmp_path, three_files):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    reshard(three_files, ckpt, max_shard_size=100, consume=True)
+    reshard(ckpt, three_files, max_shard_size=100, consume=True)
     index = ckpt / "model.safetensors.index.json"
     old = sorted(p.name for p in ckpt.iterdir())
     want = expected_merge(tmp_path)
-    reshard([index], ckpt, max_shard_size=400, consume=True)  # fewer shards, same directory
+    reshard(ckpt, [index], max_shard_size=400, consume=True)  # fewer shards, same directory
     new = sorted(p.name for p in ckpt.iterdir())
     assert len(new) < len(old)
     assert index.name in new
     assert all(json.loads(index.read_text())["weight_map"][k] in new
                for k in json.loads(index.read_text())["weight_map"])
-    merge([index], tmp_path / "m.safetensors")
+    merge(tmp_path / "m.safetensors", [index])
     assert (tmp_path / "m.safetensors").read_bytes() == want
 
 
@@ -219,7 +219,7 @@ def test_a_failed_owned_read_never_deletes_the_inputs(tmp_path, three_files):
     before = snapshot(tmp_path)
     for args in ([index], three_files):
         with pytest.raises(ValueError):  # noqa: PT011 - a FormatError or an index error
-            merge(args, tmp_path / "out.safetensors", consume=True)
+            merge(tmp_path / "out.safetensors", args, consume=True)
         gc.collect()
         assert snapshot(tmp_path) == before
     f = read_safetensors(three_files[0], owned=True)
@@ -255,7 +255,7 @@ def test_a_consuming_merge_that_fails_anywhere_leaves_the_inputs_byte_exact(tmp_
         calls = 0
         try:
             with _sys.use(FailNth(n)):
-                merge(three_files, tmp_path / "m.safetensors", consume=True, window=4096)
+                merge(tmp_path / "m.safetensors", three_files, consume=True, window=4096)
         except OSError:
             failures += 1
             gc.collect()

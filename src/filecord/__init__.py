@@ -3,6 +3,15 @@
 ``save``/``save_many`` write through a temp file, fsync, rename and a directory fsync; with
 ``consume=True`` owned file-backed pieces are moved (or cloned) instead of copied.  ``plan`` is
 the dry run and ``recover`` finishes or undoes an interrupted save from its journal.
+
+Argument order: every filecord writer takes its destination first (``save(path, cord)``,
+``executorch.save(path, manager)``, ``save_state_dict(path, state_dict)``,
+``save_external_data(path, module, program)``, ``safetensors.merge(output, inputs)``,
+``reshard(directory, inputs)``, ``convert(output, source)``, ``gguf.merge(output, inputs)``,
+``reshard(output, inputs)``, ``convert(output, source)``), because the destination is the one
+argument every writer has; calls in the old source-first order are refused before anything is
+written.  Drop-ins for another library keep its order (``safetensors.save_file(tensors,
+filename)``, ``save_sharded(state_dict, directory)``).
 """
 
 from filecord._cord import Cord
@@ -25,16 +34,19 @@ from filecord.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    # saving
     "Cord",
     "FileBackedData",
     "save",
     "save_many",
     "plan",
     "recover",
+    # results and defaults
     "SaveReport",
     "PieceAction",
     "Recovered",
     "DEFAULT_WINDOW",
+    # errors
     "DataChangedError",
     "FilecordError",
     "FormatError",
@@ -43,5 +55,6 @@ __all__ = [
     "SaveError",
     "SourceIsOutputError",
     "SourceState",
+    # version
     "__version__",
 ]

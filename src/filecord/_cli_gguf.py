@@ -23,7 +23,7 @@ def merge(args: argparse.Namespace) -> SaveReport:
     from filecord.gguf import merge as gguf_merge
 
     with Bar(f"merge {os.path.basename(args.out)}", quiet=args.quiet or args.json) as bar:
-        return gguf_merge(args.inputs, args.out, consume=args.consume, dry_run=args.dry_run,
+        return gguf_merge(args.out, args.inputs, consume=args.consume, dry_run=args.dry_run,
                           alignment=args.align, window=args.window, progress=bar.callback)
 
 
@@ -35,6 +35,10 @@ def output_base(args: argparse.Namespace) -> str:
     else:
         stem = os.path.basename(str(args.inputs[0])).removesuffix(".gguf")
         name = _SHARD.sub("", stem) + ".gguf"
+    # The shards are named <stem>-0000i-of-0000N.gguf whatever the pattern ends in; the library
+    # takes the set's base name with its .gguf (a pattern "x{suffix}.bin" gives x.bin-...).
+    if not name.endswith(".gguf"):
+        name += ".gguf"
     return os.path.join(str(args.outdir), name)
 
 
@@ -44,7 +48,7 @@ def reshard(args: argparse.Namespace) -> SaveReport:
     size = args.max_shard_size or 0
     tensors = args.max_tensors or (0 if size else GGUF_TENSORS_DEFAULT)
     with Bar("reshard", quiet=args.quiet or args.json) as bar:
-        return gguf_reshard(args.inputs, output_base(args), max_tensors=tensors, max_size=size,
+        return gguf_reshard(output_base(args), args.inputs, max_tensors=tensors, max_size=size,
                             consume=args.consume, dry_run=args.dry_run, alignment=args.align,
                             window=args.window, progress=bar.callback)
 
@@ -53,7 +57,7 @@ def convert(args: argparse.Namespace) -> SaveReport:
     from filecord.gguf import convert as gguf_convert
 
     with Bar(f"convert {os.path.basename(args.output)}", quiet=args.quiet or args.json) as bar:
-        return gguf_convert(args.input, args.output, arch=args.arch, consume=args.consume,
+        return gguf_convert(args.output, args.input, arch=args.arch, consume=args.consume,
                             max_tensors=args.max_tensors, max_size=args.max_shard_size,
                             dry_run=args.dry_run, alignment=args.align, window=args.window,
                             progress=bar.callback)

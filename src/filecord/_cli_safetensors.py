@@ -90,7 +90,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         if out.endswith(".safetensors"):
             from filecord.safetensors import merge
 
-            report = merge(args.inputs, out, consume=args.consume, dry_run=args.dry_run,
+            report = merge(out, args.inputs, consume=args.consume, dry_run=args.dry_run,
                            alignment=args.align or 8, window=args.window,
                            progress=bar.callback)
         elif out.endswith(".ptd"):
@@ -127,7 +127,7 @@ def cmd_reshard(args: argparse.Namespace) -> int:
     if args.max_tensors is not None:
         return _usage(args, "--max-tensors applies to GGUF inputs only")
     with Bar("reshard", quiet=args.quiet or args.json) as bar:
-        report = reshard(args.inputs, args.outdir,
+        report = reshard(args.outdir, args.inputs,
                          max_shard_size=args.max_shard_size or 5 * 10**9,
                          filename_pattern=args.pattern or "model{suffix}.safetensors",
                          consume=args.consume,
@@ -157,7 +157,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
                       ".safetensors")
     align = args.align or (16 if to_ptd else 8)
     with Bar(f"convert {os.path.basename(args.output)}", quiet=args.quiet or args.json) as bar:
-        report = convert(args.input, args.output, consume=args.consume, dry_run=args.dry_run,
+        report = convert(args.output, args.input, consume=args.consume, dry_run=args.dry_run,
                          alignment=align, window=args.window, progress=bar.callback)
     return _finish(report, args)
 

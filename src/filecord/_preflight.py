@@ -5,7 +5,7 @@ decided: :func:`gather` returns plain values (stat results, free space, capabili
 ids) for ``_plan.make_plan`` to decide on, whatever ``consume`` and ``window`` are.  Every
 refusal that needs no decision happens here, before the first output is opened: a changed
 source, an output that is a source, a missing or read-only directory, two outputs naming one
-file.  The space refusal is the plan's (``_plan.check_space``).
+file.  The space refusal is the plan's (``_space.check_space``).
 """
 
 from __future__ import annotations

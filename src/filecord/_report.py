@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from filecord._plan import FsPeak, PieceAction
+from filecord._plan import PieceAction
+from filecord._space import FsPeak
 
 
 @dataclass(frozen=True, slots=True)

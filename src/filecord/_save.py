@@ -47,9 +47,10 @@ from filecord import _fill, _journal, _journaling, _lockfile, _names, _sys, _tra
 from filecord._cord import Cord
 from filecord._failure import close_descriptors, close_descriptors_quietly
 from filecord._failure import fail as _fail
-from filecord._plan import DEFAULT_WINDOW, MoveSource, PieceAction, SavePlan, check_space, make_plan
+from filecord._plan import DEFAULT_WINDOW, MoveSource, PieceAction, SavePlan, make_plan
 from filecord._preflight import CordLike, Target, gather, normalize
 from filecord._report import SaveReport
+from filecord._space import check_space
 from filecord._stage import Stage
 from filecord._txn import Prepared, Txn
 from filecord._txn import ProgressCallback as ProgressCallback

@@ -30,6 +30,8 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
+# --- constants the os module lacks, and fallocate through libc ------------------------------
+
 # FICLONERANGE = _IOW(0x94, 13, struct file_clone_range); Python 3.11 has no constant for it.
 _FICLONERANGE = 0x4020940D
 # FS_IOC_FIEMAP = _IOWR('f', 11, struct fiemap); the header is 32 bytes, each extent 56.
@@ -52,6 +54,8 @@ def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
+
+# --- the backend: real calls, and the hook that tests override ------------------------------
 
 class Backend:
     """The real system.  Subclass it in tests; override :meth:`hook` to inject faults."""
@@ -222,6 +226,8 @@ def use(backend: Backend) -> Iterator[Backend]:
         _active = previous
 
 
+# --- descriptors: open, map, read, write, sync, size, locks ---------------------------------
+
 def open(path: str, flags: int, mode: int = 0o666) -> int:
     _active.hook("open", (path, flags, mode))
     return _active.open(path, flags, mode)
@@ -298,6 +304,8 @@ def futimens(fd: int, atime_ns: int, mtime_ns: int) -> None:
     _active.futimens(fd, atime_ns, mtime_ns)
 
 
+# --- moving bytes between descriptors: copy, clone, punch -----------------------------------
+
 def copy_file_range(src: int, dst: int, count: int, src_off: int, dst_off: int) -> int:
     _active.hook("copy_file_range", (src, dst, count, src_off, dst_off))
     return _active.copy_file_range(src, dst, count, src_off, dst_off)
@@ -322,6 +330,8 @@ def punch_hole(fd: int, offset: int, length: int) -> None:
     _active.hook("punch_hole", (fd, offset, length))
     _active.punch_hole(fd, offset, length)
 
+
+# --- names: directories, renames, links, stat -----------------------------------------------
 
 def fsync_dir(path: str) -> None:
     _active.hook("fsync_dir", (path,))
@@ -378,6 +388,8 @@ def getcwd() -> str:
     _active.hook("getcwd", ())
     return _active.getcwd()
 
+
+# --- the process: descriptor numbers, temp directories --------------------------------------
 
 def dup(fd: int) -> int:
     _active.hook("dup", (fd,))
@@ -499,6 +511,8 @@ def unlink_if_same(
     unlink_missing_ok(path)
     return True
 
+
+# --- path queries built on stat -------------------------------------------------------------
 
 def exists(path: str) -> bool:
     """Whether ``path`` names something (symlinks followed), as ``os.path.exists``."""

@@ -32,10 +32,12 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    # tensors into owned files
     "write_tensors",
     "TensorBlob",
     "dense_dim_order",
     "DeviceCopy",
+    # ExecuTorch data files (loaded from filecord.executorch on first use)
     "save_state_dict",
     "save_external_data",
 ]

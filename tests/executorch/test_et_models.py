@@ -34,7 +34,7 @@ from et_helpers import run_program, write_cord
 import filecord
 import filecord.executorch as fe
 from filecord import InsufficientSpaceError
-from filecord._cli_executorch import summarize_pte
+from filecord._cli_et_render import summarize_pte
 from filecord.executorch import build_ptd, external_tensors, read_ptd, read_pte, verify
 
 torch = pytest.importorskip("torch", reason="interop tests need torch")

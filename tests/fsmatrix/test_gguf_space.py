@@ -97,7 +97,7 @@ def test_convert_fits_only_by_moving(mount, tmp_path):
     sampler = fskit.Sampler(lambda: fskit.allocated(fs))
     base = fskit.allocated(fs) - src.stat().st_blocks * 512
     with _sys.use(sampler):
-        report = convert(src, fs / "model.gguf", arch="llama", consume=True, window=window)
+        report = convert(fs / "model.gguf", src, arch="llama", consume=True, window=window)
     sampler.sample()
     assert {a.action for a in report.file_actions()} == {"moved"}
     assert not src.exists()
@@ -127,14 +127,14 @@ def test_page_aligned_gguf_reshards_and_merges_by_cloning_on_xfs(mount):
         w.close()
     out = fs / "out"
     out.mkdir()
-    report = reshard([fs / "aligned.gguf"], out / "m.gguf", max_size=6 * MiB)
+    report = reshard(out / "m.gguf", [fs / "aligned.gguf"], max_size=6 * MiB)
     assert {a.action for a in report.file_actions()} == {"cloned"}, report.to_dict()["pieces"]
     assert len(os.listdir(out)) == 3
     again = fs / "again.gguf"
-    report = merge([out / "m-00001-of-00003.gguf"], again)
+    report = merge(again, [out / "m-00001-of-00003.gguf"])
     assert {a.action for a in report.file_actions()} == {"cloned"}
     assert again.read_bytes() == (fs / "aligned.gguf").read_bytes()
-    p = reshard([fs / "plain.gguf"], fs / "p.gguf", max_size=6 * MiB, dry_run=True)
+    p = reshard(fs / "p.gguf", [fs / "plain.gguf"], max_size=6 * MiB, dry_run=True)
     assert "copied" in {a.action for a in p.file_actions()}
 
 

@@ -68,7 +68,7 @@ def test_merge_that_fits_only_by_moving(mount):
     sampler = fskit.Sampler(lambda: fskit.allocated(fs))
     base = fskit.allocated(fs) - sum(p.stat().st_blocks * 512 for p in shards)
     with _sys.use(sampler):
-        report = merge(shards, fs / "model.safetensors", consume=True, window=window)
+        report = merge(fs / "model.safetensors", shards, consume=True, window=window)
     sampler.sample()
     out = fs / "model.safetensors"
     assert hashlib.sha256(out.read_bytes()).digest() == want
@@ -89,14 +89,14 @@ def test_aligned_checkpoint_reshards_by_cloning_on_xfs(mount):
     assert f.data_start % 4096 == 0  # type: ignore[union-attr]
     out = fs / "out"
     out.mkdir()
-    report = reshard([src], out, max_shard_size=6 * MiB, alignment=4096)
+    report = reshard(out, [src], max_shard_size=6 * MiB, alignment=4096)
     acts = {a.action for a in report.file_actions()}
     assert acts == {"cloned"}, report.to_dict()["pieces"]
     again = fs / "again.safetensors"
-    merge([out / "model.safetensors.index.json"], again, alignment=4096)
+    merge(again, [out / "model.safetensors.index.json"], alignment=4096)
     assert again.read_bytes() == src.read_bytes()
     # the default 8-byte layout cannot clone: the plan says so
     plain = fs / "plain.safetensors"
     save(plain, build_file([_tensor("t0", 4 * MiB, 0), _tensor("t1", 4 * MiB, 1)], None))
-    p = reshard([plain], fs / "out", max_shard_size=5 * MiB, dry_run=True)
+    p = reshard(fs / "out", [plain], max_shard_size=5 * MiB, dry_run=True)
     assert "copied" in {a.action for a in p.file_actions()}

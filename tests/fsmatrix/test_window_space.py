@@ -101,11 +101,11 @@ def test_default_window_shrinks_where_it_would_not_fit_and_the_peak_holds(mount)
     # before anything is created, with a hint that the default would adapt.
     with pytest.raises(InsufficientSpaceError, match=r"the default window would shrink to "
                        r"8 MiB and fit$"):
-        convert(src, out, consume=True, window=64 * MiB)
+        convert(out, src, consume=True, window=64 * MiB)
     assert _names(fs) == before
     assert _free(fs) == free
 
-    predicted = convert(src, out, consume=True, dry_run=True)
+    predicted = convert(out, src, consume=True, dry_run=True)
     assert predicted.window == 8 * MiB
     assert predicted.window_note is not None
     assert predicted.window_note.startswith("shrunk from 64 MiB to 8 MiB: ")
@@ -119,7 +119,7 @@ def test_default_window_shrinks_where_it_would_not_fit_and_the_peak_holds(mount)
     used = fskit.fs_used(fs)
     sampler = fskit.Sampler(lambda: fskit.fs_used(fs))
     with _sys.use(sampler):
-        report = convert(src, out, consume=True)
+        report = convert(out, src, consume=True)
     sampler.sample()
 
     assert report.window == 8 * MiB
@@ -142,7 +142,7 @@ def test_even_the_floor_does_not_fit_refused_before_anything_is_created(mount):
     before = _names(fs)
     free = _free(fs)
     with pytest.raises(InsufficientSpaceError, match=r"with the smallest sync window, 4 MiB,"):
-        convert(src, out, consume=True)
+        convert(out, src, consume=True)
     assert _names(fs) == before
     assert _free(fs) == free
     assert _digest(src) == digest
@@ -179,7 +179,7 @@ def test_space_eaten_mid_save_ends_with_every_byte_accounted_for(mount, lets_go)
     before = _names(fs)
     hog = _Hog(fs, at=3, lets_go=lets_go)  # in the third window: two already moved
     with _sys.use(hog), pytest.raises(OSError, match="No space left") as info:
-        convert(src, out, consume=True)
+        convert(out, src, consume=True)
     assert hog.fired
     assert info.value.errno == 28
     message = str(info.value) + "\n".join(getattr(info.value, "__notes__", []))
@@ -198,7 +198,7 @@ def test_space_eaten_mid_save_ends_with_every_byte_accounted_for(mount, lets_go)
         assert _names(fs) == before, _names(fs)
     assert _digest(src) == digest
     # And with the space back, the same save succeeds.
-    report = convert(src, out, consume=True)
+    report = convert(out, src, consume=True)
     assert {a.action for a in report.file_actions()} == {"moved"}
     assert not src.exists()
     assert report.window == 8 * MiB

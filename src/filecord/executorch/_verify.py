@@ -152,9 +152,9 @@ def _read_data(path: str, problems: list[Problem]) -> PtdFile | None:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Structure:
-    problems: list[Problem]
+    problems: tuple[Problem, ...]
     pte: PteFile | None
     external_tensors: int
     constant_tensors: int
@@ -173,7 +173,7 @@ def check_structure(pte_path: str, data_paths: Sequence[str]) -> Structure:
         pte = None
     ptds = [f for f in (_read_data(path, problems) for path in data_paths) if f is not None]
     if pte is None:
-        return Structure(problems, None, 0, 0, (), (), ())
+        return Structure(tuple(problems), None, 0, 0, (), (), ())
     by_key: dict[str, list[tuple[str, PtdEntry]]] = {}
     for f in ptds:
         for key, entry in f.entries.items():
@@ -187,7 +187,7 @@ def check_structure(pte_path: str, data_paths: Sequence[str]) -> Structure:
         found = contents(pte)
     except FormatError as exc:
         problems.append(Problem(pte.path, str(exc)))
-        return Structure(problems, pte, 0, 0, (), (), ())
+        return Structure(tuple(problems), pte, 0, 0, (), (), ())
     external = sum(1 for t in found.tensors if t.external_key is not None)
     constant = 0
     for t in found.tensors:
@@ -210,7 +210,7 @@ def check_structure(pte_path: str, data_paths: Sequence[str]) -> Structure:
             missing.append(need)
     if missing:
         problems.append(Problem(f"{pte.path}: data", missing_message(missing, data_paths)))
-    return Structure(problems, pte, external, constant, found.needs, tuple(missing),
+    return Structure(tuple(problems), pte, external, constant, found.needs, tuple(missing),
                      found.unparsed_delegates)
 
 
@@ -270,6 +270,6 @@ def verify(
     else:
         check = runtime_load(pte, data[0] if data else None)
     return Verification(
-        pte, data, tuple(problems), found.external_tensors, found.constant_tensors, check,
+        pte, data, problems, found.external_tensors, found.constant_tensors, check,
         found.needs, found.missing, found.unparsed_delegates,
     )

@@ -21,6 +21,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from filecord import _sys
+from filecord._argorder import (
+    input_paths,
+    not_an_input,
+    output_path,
+    require_suffix,
+    source_path,
+)
 from filecord._plan import DEFAULT_WINDOW
 from filecord._preflight import CordLike, Target
 from filecord._report import SaveReport
@@ -34,6 +41,9 @@ from filecord.tensors import DType
 ProgressCallback = Callable[[int, int], None]
 Paths = Sequence[str | os.PathLike[str]]
 PASSTHROUGH = (DType.F32, DType.F16, DType.BF16)
+MERGE = "filecord.gguf.merge(output, inputs)"
+RESHARD = "filecord.gguf.reshard(output, inputs)"
+CONVERT = "filecord.gguf.convert(output, source)"
 
 
 @contextmanager
@@ -69,8 +79,8 @@ def _run(outputs: Mapping[Target, CordLike], *, consume: bool, dry_run: bool, wi
 
 
 def merge(
-    inputs: Paths,
     output: str | os.PathLike[str],
+    inputs: Paths,
     *,
     consume: bool = False,
     alignment: int | None = None,
@@ -83,19 +93,24 @@ def merge(
     Key-values are the first input's (without ``split.*``, byte for byte); tensors are every
     input's in order (a name in two inputs raises :class:`DuplicateTensorError`).
     ``alignment`` sets ``general.alignment`` (4096: every tensor on a page, so later saves
-    clone); ``dry_run`` returns the plan and writes nothing.
+    clone); ``dry_run`` returns the plan and writes nothing.  The output comes first and must
+    end in ``.gguf``; a call in the old order (inputs first) is refused before anything is read.
     """
-    with _models(inputs, consume=consume) as models:
+    out = output_path("merge", MERGE, output)
+    paths = input_paths("merge", MERGE, inputs)
+    require_suffix("merge", MERGE, out, (".gguf",))
+    not_an_input("merge", out, paths)
+    with _models(paths, consume=consume) as models:
         tensors = _union(models)
         sources = [f for m in models for f in m.shards]
         cord = build_gguf(models[0].kvs, tensors, alignment=alignment, sources=sources)
-        return _run({os.fspath(output): cord}, consume=consume, dry_run=dry_run,
+        return _run({out: cord}, consume=consume, dry_run=dry_run,
                     window=window, progress=progress)
 
 
 def reshard(
-    inputs: Paths,
     output: str | os.PathLike[str],
+    inputs: Paths,
     *,
     max_tensors: int = 0,
     max_size: int = 0,
@@ -110,20 +125,23 @@ def reshard(
     ``<output stem>-00001-of-0000N.gguf`` of at most ``max_tensors`` tensors and ``max_size``
     tensor bytes (0: no limit; soft, a tensor larger than the limit gets its own shard), all
     in one transaction.  Files of the same stem that the new set does not use (``<stem>.gguf``,
-    shards of another count) are removed after the commit, inputs only when consumed."""
+    shards of another count) are removed after the commit, inputs only when consumed.  The
+    output (``*.gguf``) comes first; the old order is refused before anything is read."""
     from filecord.safetensors._write import remove_files, stale_files
 
+    out = output_path("reshard", RESHARD, output)
+    paths = input_paths("reshard", RESHARD, inputs)
+    require_suffix("reshard", RESHARD, out, (".gguf",))
     if max_tensors < 0 or max_size < 0:
         raise ValueError("max_tensors and max_size must not be negative")
-    with _models(inputs, consume=consume) as models:
+    with _models(paths, consume=consume) as models:
         tensors = _union(models)
         sources = [f for m in models for f in m.shards]
-        outs = build_split(models[0].kvs, tensors, output, max_tensors=max_tensors,
+        outs = build_split(models[0].kvs, tensors, out, max_tensors=max_tensors,
                            max_size=max_size, small_first_shard=small_first_shard,
                            alignment=alignment, sources=sources)
         if dry_run:
             return plan(dict(outs.items()), consume=consume, window=window)
-        out = os.fspath(output)
         stem = os.path.basename(out).removesuffix(".gguf")
         protect = [] if consume else [f.path for f in sources]
         stale = stale_files(os.path.dirname(_sys.abspath(out)), stem + "{suffix}.gguf",
@@ -153,8 +171,8 @@ def _refusals(tensors: Sequence[object]) -> list[str]:
 
 
 def convert(
-    source: str | os.PathLike[str],
     output: str | os.PathLike[str],
+    source: str | os.PathLike[str],
     *,
     arch: str | None = None,
     consume: bool = False,
@@ -174,12 +192,20 @@ def convert(
     Order: shard files sorted, names sorted within each, as ``convert_hf_to_gguf.py`` reads
     them.  Key-values: ``general.architecture`` when ``arch`` is given, then each safetensors
     ``__metadata__`` entry as a string under ``safetensors.<key>``.  With ``consume=True`` the
-    tensors' bytes are moved and the inputs (and the index) removed at the commit.
+    tensors' bytes are moved and the inputs (and the index) removed at the commit.  The
+    output (``*.gguf``) comes first; the old order is refused before anything is read, and so
+    is an output that is the source (an index JSON is no tensor source of the save).
     """
     from filecord.safetensors._read import SafetensorsIndex, read_safetensors
     from filecord.safetensors._write import remove_files
 
-    src = os.fspath(source)
+    out = output_path("convert", CONVERT, output)
+    src = source_path("convert", CONVERT, source)
+    require_suffix("convert", CONVERT, out, (".gguf",))
+    if not src.endswith((".safetensors", ".json")):
+        raise ValueError(f"convert to .gguf takes a .safetensors file or an index .json, not "
+                         f"{src!r}: arguments go output first: {CONVERT}")
+    not_an_input("convert", out, [src])
     got = read_safetensors(src, owned=consume)
     files = list(got.shards) if isinstance(got, SafetensorsIndex) else [got]
     try:
@@ -195,7 +221,7 @@ def convert(
         for f in files:
             for k, v in (f.metadata or {}).items():
                 kvs.append(KeyValue(f"safetensors.{k}", ValueType.STRING, v))
-        outs = build_split(kvs, tensors, output, max_tensors=max_tensors, max_size=max_size,
+        outs = build_split(kvs, tensors, out, max_tensors=max_tensors, max_size=max_size,
                            alignment=alignment)
         report = _run(dict(outs.items()), consume=consume, dry_run=dry_run, window=window,
                       progress=progress)

@@ -15,11 +15,21 @@ gone); a crash just before leaves only that index behind.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from filecord import _sys
+from filecord._argorder import (
+    input_paths,
+    not_an_input,
+    output_path,
+    require_directory,
+    require_suffix,
+    source_path,
+)
 from filecord._data import FileBackedData
 from filecord._plan import DEFAULT_WINDOW
 from filecord._preflight import CordLike, Target
@@ -107,9 +117,14 @@ def _run(outputs: Mapping[Target, CordLike], loaded: Loaded, *, consume: bool, d
     return report
 
 
+MERGE = "filecord.safetensors.merge(output, inputs)"
+RESHARD = "filecord.safetensors.reshard(directory, inputs)"
+CONVERT = "filecord.safetensors.convert(output, source)"
+
+
 def merge(
-    inputs: Paths,
     output: str | os.PathLike[str],
+    inputs: Paths,
     *,
     consume: bool = False,
     metadata: Mapping[str, str] | None = None,
@@ -124,19 +139,25 @@ def merge(
     merging is byte-identical to loading and saving with the packages.  ``metadata`` defaults
     to the union of the inputs' ``__metadata__`` (a later input's value wins).  A name in two
     inputs raises :class:`DuplicateTensorError`.  ``dry_run=True`` returns the plan (per
-    piece: moved, cloned or copied, and why) and writes nothing.
+    piece: moved, cloned or copied, and why) and writes nothing.  The output comes first and
+    must end in ``.safetensors``; a call in the old order (inputs first) is refused before
+    anything is read.
     """
-    with _inputs(inputs, consume=consume) as loaded:
+    out = output_path("merge", MERGE, output)
+    paths = input_paths("merge", MERGE, inputs)
+    require_suffix("merge", MERGE, out, (".safetensors",))
+    not_an_input("merge", out, paths)
+    with _inputs(paths, consume=consume) as loaded:
         meta = loaded.metadata if metadata is None else dict(metadata)
         cord = build_file(loaded.tensors, meta, alignment=alignment, wholes=loaded.wholes)
-        outs: dict[Target, CordLike] = {os.fspath(output): cord}
+        outs: dict[Target, CordLike] = {out: cord}
         return _run(outs, loaded, consume=consume, dry_run=dry_run,
                     window=window, progress=progress)
 
 
 def reshard(
-    inputs: Paths,
     directory: str | os.PathLike[str],
+    inputs: Paths,
     *,
     max_shard_size: int = 5 * 10**9,
     filename_pattern: str = "model{suffix}.safetensors",
@@ -150,10 +171,14 @@ def reshard(
     reshard a checkpoint), identical to ``huggingface_hub.save_torch_state_dict`` of the same
     tensors in the same order (an index's ``weight_map`` order, else each file's data order)
     with the inputs' metadata.  Shards and index are one transaction; pattern files the new
-    checkpoint does not use are removed after it (inputs only when consumed).
+    checkpoint does not use are removed after it (inputs only when consumed).  The directory
+    comes first; one that names a file (or ends in a checkpoint suffix) is refused as the
+    old order before anything is read.
     """
-    d = os.fspath(directory)
-    with _inputs(inputs, consume=consume) as loaded:
+    d = output_path("reshard", RESHARD, directory)
+    paths = input_paths("reshard", RESHARD, inputs)
+    require_directory("reshard", RESHARD, d)
+    with _inputs(paths, consume=consume) as loaded:
         user = {k: v for k, v in (loaded.metadata or {}).items() if k != "format"}
         outputs = (plan_shards(
             loaded.tensors, d, max_shard_size=max_shard_size, filename_pattern=filename_pattern,
@@ -187,8 +212,8 @@ def to_ptd_entries(tensors: Sequence[NamedTensor], alignment: int) -> list[objec
 
 
 def convert(
-    source: str | os.PathLike[str],
     output: str | os.PathLike[str],
+    source: str | os.PathLike[str],
     *,
     consume: bool = False,
     alignment: int = 16,
@@ -204,8 +229,26 @@ def convert(
     32 bits are refused with the tensor's name.  To ``.safetensors``: every entry needs a
     layout with a contiguous dim order and a scalar type safetensors has.  ``alignment`` is the
     ``.ptd`` entry alignment, or the safetensors data-start alignment (8 unless given).
+
+    The output comes first.  A call in the old order is refused before anything is written
+    when the suffixes tell (``convert(x.ptd, y.ptd)``, an output that is the source) or the
+    source does not exist; ``convert(a.safetensors, b.ptd)`` with both files present is a
+    valid ``.ptd`` -> ``.safetensors`` conversion either way, so code that may meet both
+    should name the arguments (``convert(output=..., source=...)``).
     """
-    src, out = os.fspath(source), os.fspath(output)
+    out = output_path("convert", CONVERT, output)
+    src = source_path("convert", CONVERT, source)
+    require_suffix("convert", CONVERT, out, (".ptd", ".safetensors"))
+    if out.endswith(".ptd") and not src.endswith((".safetensors", ".json")):
+        raise ValueError(f"convert to .ptd takes a .safetensors file or an index .json, not "
+                         f"{src!r}: arguments go output first: {CONVERT}")
+    if out.endswith(".safetensors") and not src.endswith(".ptd"):
+        raise ValueError(f"convert to .safetensors takes a .ptd, not {src!r}: arguments go "
+                         f"output first: {CONVERT}")
+    not_an_input("convert", out, [src])
+    if not _sys.exists(src):
+        raise FileNotFoundError(errno.ENOENT, f"convert: no source {src!r} (arguments go "
+                                f"output first: {CONVERT})", src)
     if out.endswith(".ptd"):
         from filecord.executorch.ptd import build_ptd
 
@@ -215,12 +258,9 @@ def convert(
             outs: dict[Target, CordLike] = {out: cord}
             return _run(outs, loaded, consume=consume, dry_run=dry_run, window=window,
                         progress=progress)
-    if src.endswith(".ptd") and out.endswith(".safetensors"):
-        return _ptd_to_safetensors(src, out, consume=consume,
-                                   alignment=8 if alignment == 16 else alignment,
-                                   dry_run=dry_run, window=window, progress=progress)
-    raise ValueError(f"cannot convert {src} to {out}: give .safetensors/.json -> .ptd or "
-                     f".ptd -> .safetensors")
+    return _ptd_to_safetensors(src, out, consume=consume,
+                               alignment=8 if alignment == 16 else alignment,
+                               dry_run=dry_run, window=window, progress=progress)
 
 
 def _ptd_to_safetensors(src: str, out: str, *, consume: bool, alignment: int, dry_run: bool,
