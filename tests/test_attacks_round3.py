@@ -425,8 +425,6 @@ def test_r3_5_clone_ready_keeps_every_constant_tensor(
 
 @pytest.mark.root
 @pytest.mark.parametrize("attr", ["a", "i"])
-@pytest.mark.xfail(strict=True, reason="lesser: a chattr +a/+i owned source passes the "
-                   "preflight, the consume save fails with EPERM instead of copying and keeping it")
 def test_r3_6_an_append_only_owned_source_is_copied_and_kept(tmp_path: Path, attr: str) -> None:
     import shutil
 

@@ -86,3 +86,25 @@ def test_failed_consuming_pack_keeps_the_files(tmp_path: Path) -> None:
     assert "does not exist" in r.stderr
     assert (tmp_path / "a.bin").read_bytes() == a
     assert leftovers(tmp_path) == []
+
+
+def test_an_input_given_as_out_is_refused_and_nothing_is_touched(tmp_path: Path) -> None:
+    """``pack a.bin b.bin --consume`` (OUT forgotten): a.bin is not a .ptd, so it is not
+    replaced and b.bin is not taken over."""
+    a, b = files(tmp_path)
+    r = run("pack", "a.bin", "b.bin", "--consume", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "a.bin exists and is not a .ptd: refusing to replace it" in r.stderr
+    assert (tmp_path / "a.bin").read_bytes() == a
+    assert (tmp_path / "b.bin").read_bytes() == b
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]
+
+
+def test_an_existing_ptd_is_replaced_as_a_save_replaces_it(tmp_path: Path) -> None:
+    _a, b = files(tmp_path)
+    assert run("pack", "out.ptd", "a.bin", cwd=tmp_path).returncode == 0
+    r = run("pack", "out.ptd", "b.bin", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    entries = read_ptd(tmp_path / "out.ptd").entries
+    assert list(entries) == ["b.bin"]
+    assert entries["b.bin"].data.to_bytes() == b

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat as stat_mod
 import sys
 from typing import Any, TextIO
 
@@ -109,9 +110,31 @@ def _is_stdout(path: str) -> bool:
     return (named.st_dev, named.st_ino) == (ours.st_dev, ours.st_ino)
 
 
+def _refuse_replacing_other_files(out: str) -> None:
+    """OUT may be new, a ``.ptd`` (replaced, as a save does), or not a regular file (a FIFO,
+    ``/dev/stdout``).  Anything else at OUT is most likely an input given first by mistake
+    (``pack weights.bin engine.bin`` would put engine.bin into a .ptd named weights.bin and
+    delete weights.bin's bytes): refused, nothing touched."""
+    try:
+        st = _sys.stat(out)
+    except OSError:
+        return
+    if not stat_mod.S_ISREG(st.st_mode) or st.st_size == 0:
+        return
+    fd = _sys.open(out, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        head = _sys.pread(fd, 8, 0)
+    finally:
+        _sys.close(fd)
+    if head[4:8] != b"FT01":
+        raise UsageError(f"{out} exists and is not a .ptd: refusing to replace it (OUT comes "
+                         "first: pack OUT.ptd [KEY=]FILE...); remove it or choose another name")
+
+
 def cmd_pack(args: argparse.Namespace) -> int:
     from filecord._save import plan, save
 
+    _refuse_replacing_other_files(args.out)  # before any input is taken over
     cord, datas = _cord(args)  # a UsageError is rendered by main (exit 2)
     # The report goes to stderr when the artifact itself goes to stdout, never into the stream.
     report_to = sys.stderr if _is_stdout(args.out) else sys.stdout

@@ -183,12 +183,17 @@ def _source_facts(
     st = _sys.stat(path)
     directory = os.path.dirname(kernel_path(path))
     dir_ok = _sys.access(directory, os.W_OK | os.X_OK) and not _read_only_mount(directory)
+    owned = all(d.owned for d in group)
     writable = dir_ok and _sys.access(path, os.W_OK)
+    if owned and stat_mod.S_ISREG(st.st_mode) and _append_only_or_immutable(path, st):
+        # chattr +a / +i: no truncate, rename or unlink, even as root; copied and kept, as a
+        # read-only file, instead of a save that fails at parking whenever it is retried.
+        writable = dir_ok = False
     return SourceFacts(
         key=key,
         path=path,
         size=st.st_size,
-        owned=all(d.owned for d in group),
+        owned=owned,
         symlink=stat_mod.S_ISLNK(lst.st_mode),
         nlink=st.st_nlink,
         regular=stat_mod.S_ISREG(st.st_mode),
@@ -197,6 +202,22 @@ def _source_facts(
         mount=mount_id(directory, mounts),
         allocated=getattr(st, "st_blocks", -1) * 512 if hasattr(st, "st_blocks") else -1,
     )
+
+
+def _append_only_or_immutable(path: str, st: os.stat_result) -> bool:
+    fd = _sys.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if (_sys.fstat(fd).st_ino, st.st_dev) != (st.st_ino, st.st_dev):
+            return False  # replaced since the stat: the save's own checks will see it
+        try:
+            flags = _sys.inode_flags(fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                return False  # a file system without attributes has none of these
+            raise
+    finally:
+        _sys.close(fd)
+    return bool(flags & (_sys.FS_APPEND_FL | _sys.FS_IMMUTABLE_FL))
 
 
 def _read_only_mount(directory: str) -> bool:

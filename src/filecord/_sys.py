@@ -39,6 +39,8 @@ _FS_IOC_FIEMAP = 0xC020660B
 _FIEMAP_EXTENTS = 64
 _FIEMAP_EXTENT_LAST = 0x1
 FIEMAP_EXTENT_UNWRITTEN = 0x800
+FS_IMMUTABLE_FL = 0x10
+FS_APPEND_FL = 0x20
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
 
@@ -127,6 +129,12 @@ class Backend:
             + dst_off.to_bytes(8, "little")
         )
         fcntl.ioctl(dst, _FICLONERANGE, arg)
+
+    def inode_flags(self, fd: int) -> int:
+        # FS_IOC_GETFLAGS = _IOR('f', 1, long); the kernel reads and writes an int there.
+        buf = bytearray(8)
+        fcntl.ioctl(fd, 0x80086601, buf)
+        return int.from_bytes(buf[:4], "little")
 
     def extents(self, fd: int, offset: int, length: int) -> list[tuple[int, int, int]]:
         """``(logical offset, length, FIEMAP_EXTENT_* flags)`` of every extent the file has
@@ -319,6 +327,12 @@ def sendfile(dst: int, src: int, src_off: int, count: int) -> int:
 def clone_range(src: int, src_off: int, length: int, dst: int, dst_off: int) -> None:
     _active.hook("clone_range", (src, src_off, length, dst, dst_off))
     _active.clone_range(src, src_off, length, dst, dst_off)
+
+
+def inode_flags(fd: int) -> int:
+    """The inode's ``FS_*_FL`` attributes (``chattr``), FS_IOC_GETFLAGS."""
+    _active.hook("inode_flags", (fd,))
+    return _active.inode_flags(fd)
 
 
 def extents(fd: int, offset: int, length: int) -> list[tuple[int, int, int]]:
