@@ -72,7 +72,6 @@ BUG_1 = ("commit unlinks a consumed source another process wrote to after its la
          "(size/mtime never re-checked): the writer's bytes are deleted, save succeeds")
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_1)
 def test_r3_1a_append_to_a_copied_consumed_source_before_commit_is_not_deleted(
     tmp_path: Path,
 ) -> None:
@@ -101,7 +100,6 @@ def test_r3_1a_append_to_a_copied_consumed_source_before_commit_is_not_deleted(
         os.close(writer)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_1)
 def test_r3_1b_append_to_a_moved_source_while_another_moves_is_not_deleted(
     tmp_path: Path,
 ) -> None:
@@ -131,7 +129,6 @@ def test_r3_1b_append_to_a_moved_source_while_another_moves_is_not_deleted(
 
 
 @pytest.mark.root
-@pytest.mark.xfail(strict=True, reason=BUG_1)
 def test_r3_1c_rewrite_of_a_cloned_source_after_its_clone_is_not_deleted(
     tmp_path: Path,
 ) -> None:
@@ -225,7 +222,6 @@ class _WriteThenFail(_sys.Backend):
                 raise OSError(5, "injected EIO")
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_2)
 def test_r3_2a_rollback_over_a_window_written_after_the_move_is_not_a_silent_mix(
     tmp_path: Path,
 ) -> None:
@@ -247,7 +243,6 @@ def test_r3_2a_rollback_over_a_window_written_after_the_move_is_not_a_silent_mix
     assert isinstance(info.value, DataChangedError), info.value
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_2)
 def test_r3_2b_recover_over_a_window_written_after_the_move_is_not_a_silent_mix(
     tmp_path: Path,
 ) -> None:
@@ -470,8 +465,6 @@ def test_r3_6_an_append_only_owned_source_is_copied_and_kept(tmp_path: Path, att
 # way, those before it are at run_start and those after it at full size.  Fix: check that
 # order invariant in check_strict (it also catches R3-2).
 
-@pytest.mark.xfail(strict=True, reason="a sparse source truncated to a window boundary before "
-                   "its move is re-extended with zeros by the rollback, reported byte-exact")
 def test_r3_7_a_sparse_source_cut_before_its_move_is_not_restored_with_zeros(
     tmp_path: Path,
 ) -> None:

@@ -30,6 +30,7 @@ import os
 from filecord import _sys
 
 JOURNALED = b"journaled"  # appended once the save's journal is durable under its name
+MOVED = b"moved"  # "moved N": the first N moved sources (journal order) are done, durably
 
 
 class LockBusyError(OSError):
@@ -102,6 +103,28 @@ def mark_journaled(fd: int) -> None:
     this lock means someone removed it, never that the save died before making it."""
     _sys.write_all(fd, JOURNALED + b"\n", _sys.fstat(fd).st_size)
     _sys.fsync(fd)
+
+
+def mark_moved(fd: int, done: int) -> None:
+    """Record, durably, that the first ``done`` moved sources (in journal order) have finished
+    their moves: recover then knows each of them must be at its kept prefix, whatever its size
+    alone would allow."""
+    _sys.write_all(fd, MOVED + b" %d\n" % done, _sys.fstat(fd).st_size)
+    _sys.fsync(fd)
+
+
+def moved_marks(raw: bytes) -> int:
+    """The largest "moved N" mark after the "journaled" line of a lock file's content (0 if
+    none): a path may hold newlines, so only what follows the journaled mark counts."""
+    at = raw.rfind(b"\n" + JOURNALED + b"\n")
+    if at < 0:
+        return 0
+    done = 0
+    for line in raw[at + len(JOURNALED) + 2 :].split(b"\n"):
+        word, _sp, n = line.partition(b" ")
+        if word == MOVED and n.isdigit():
+            done = max(done, int(n))
+    return done
 
 
 def release(path: str, fd: int) -> None:

@@ -305,7 +305,7 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
         except _MissingLockError as exc:
             return _refuse(path, f"its lock file {exc} is missing, so nothing proves the save "
                            "is over; nothing was touched")
-        result = _act(path, j, of_journal_suffix(suffix))
+        result = _act(path, j, of_journal_suffix(suffix), _moves_done(j, locks))
     except BaseException:
         for _p, fd in locks.values():
             _close_quietly(fd)
@@ -318,7 +318,17 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
     return result
 
 
-def _act(path: str, j: _journal.Journal, stage: Stage) -> Recovered:
+def _moves_done(j: _journal.Journal, locks: dict[str, tuple[str, int]]) -> int:
+    """How many moves the save marked finished in the lock file beside its journal."""
+    held = locks.get(j.directories()[0])
+    if held is None:  # pragma: no cover - _lock_all took every directory's lock
+        return 0
+    fd = held[1]
+    size = _sys.fstat(fd).st_size
+    return _lockfile.moved_marks(_sys.read_all(fd, 0, size)) if 0 < size <= 1 << 16 else 0
+
+
+def _act(path: str, j: _journal.Journal, stage: Stage, done: int = 0) -> Recovered:
     outputs = tuple(o.final for o in j.outputs)
     sources = tuple(s.path for s in j.sources)
     if stage is Stage.HELD:
@@ -332,7 +342,7 @@ def _act(path: str, j: _journal.Journal, stage: Stage) -> Recovered:
             _sys.unlink(path)
             return Recovered(path, "finished", outputs, sources)
         if stage is Stage.MOVING:
-            _undo.check_strict(j)
+            _undo.check_strict(j, done)
             temps = _undo.open_temps(j)
             try:
                 _undo.check_temps_hold(j, temps)

@@ -43,7 +43,17 @@ import os
 import time
 from collections.abc import Mapping
 
-from filecord import _fill, _journal, _journaling, _lockfile, _names, _sys, _transfer, _undo
+from filecord import (
+    _fill,
+    _journal,
+    _journaling,
+    _lockfile,
+    _looks,
+    _names,
+    _sys,
+    _transfer,
+    _undo,
+)
 from filecord._cord import Cord
 from filecord._failure import close_descriptors, close_descriptors_quietly
 from filecord._failure import fail as _fail
@@ -215,6 +225,7 @@ def _execute(txn: Txn) -> None:
     if _needs_journal(txn.prep):
         _journaling.write_journal(txn)
         _journaling.park_sources(txn)
+        _looks.take(txn)
     _presize_for_moves(txn)
     for m in p.moves:
         _move(txn, m)
@@ -256,9 +267,15 @@ def _move(txn: Txn, m: MoveSource) -> None:
                                    reason="another process changed it before it was moved")
         temps = [fd_ if fd_ is not None else -1 for fd_ in txn.fds]
         txn.moving = m.key
+        txn.looks[m.key] = (st, None)
         _transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance,
-                             seen=st)
+                             seen=st, looks=txn.looks)
         txn.moving = None
+        # Durable: this move is over, so recover may insist the source is at its kept prefix
+        # (a write into it after this is a change, whatever size it leaves).
+        txn.moves_done += 1
+        if txn.locks:
+            _lockfile.mark_moved(txn.locks[0][1], txn.moves_done)
     except BaseException:
         close_descriptors_quietly([fd])  # never let a close error hide why the move stopped
         raise
@@ -326,6 +343,7 @@ def _commit(txn: Txn) -> None:
         raise errors[0]
     record = txn.record
     if record is not None and txn.journal_path is not None:
+        _looks.check(txn)  # the last look, just before the commit point
         committed = _journaling.journal_name(txn, _names.COMMITTED)
         _sys.rename(txn.journal_path, committed)
         txn.journal_path = committed
@@ -347,12 +365,9 @@ def _commit(txn: Txn) -> None:
     txn.to(Stage.RENAMED)
     if txn.durable:
         txn.counters.fsyncs += _sys.fsync_parents(finals)
+    kept: list[tuple[str, str]] = []
     if record is not None and txn.journal_path is not None:
-        parked = [record.parked(s) for s in record.sources if not s.adopt]
-        for s, path in zip((s for s in record.sources if not s.adopt), parked, strict=True):
-            if _undo.same_file(path, s.dev, s.ino) is not None:
-                _sys.unlink(path)
-        txn.counters.fsyncs += _sys.fsync_parents(parked)
+        kept = _looks.unlink_consumed(txn, record)
         _sys.unlink(txn.journal_path)
     txn.to(Stage.DONE)
     while txn.locks:
@@ -362,3 +377,5 @@ def _commit(txn: Txn) -> None:
         except OSError as exc:  # the save is complete; a stale lock file is recover's garbage
             log.warning("the save is complete, but its lock file %s stays (%s): "
                         "`filecord recover %s` removes it", path, exc, os.path.dirname(path))
+    if kept:  # the outputs are complete; a source written after the last look is kept
+        _looks.raise_kept(kept)

@@ -42,7 +42,7 @@ import stat as stat_mod
 from filecord import _sys, _transfer
 from filecord._journal import Journal, JournalOutput, JournalSource
 from filecord._plan import cover
-from filecord.errors import DataChangedError, RecoverError
+from filecord.errors import DataChangedError, RecoverError, add_note
 
 
 def same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
@@ -80,8 +80,12 @@ def legal_size(s: JournalSource, size: int, window: int) -> bool:
     ) % window == 0
 
 
-def check_strict(j: Journal) -> None:
-    """Refuse (``DataChangedError``) if a source is not as this save can have left it."""
+def check_strict(j: Journal, done: int = 0) -> None:
+    """Refuse (``DataChangedError``) if a source is not as this save can have left it.
+
+    ``done``: how many moved sources (in journal order) are known to have finished their
+    moves (the lock file's durable "moved N" mark, or the save's own count)."""
+    check_order(j, done)
     for s in j.sources:
         if s.adopt:
             continue
@@ -100,6 +104,57 @@ def check_strict(j: Journal) -> None:
                 reason="its size is not one a move of this save leaves: another process "
                 "changed it",
             )
+
+
+def check_order(j: Journal, done: int = 0) -> None:
+    """The move-order invariant: moves run one at a time in journal order, so every moved source
+    before the one in progress is at its kept prefix, every one after it at its full size, and
+    the first ``done`` are finished.  The one in progress is the first not at its kept prefix
+    (none when all are).  Any other combination of sizes means someone else changed a file:
+    ``DataChangedError``, nothing touched.  Older journals (not ``ordered``) are not checked."""
+    if not j.ordered:
+        return
+    moved = [s for s in j.sources if not s.adopt and s.run_start < s.size]
+    in_progress: JournalSource | None = None
+    for i, s in enumerate(moved):
+        found = locate(j, s)
+        if found is None:
+            continue  # check_strict and the rollback say where it is not
+        name, st = found
+        if i < done and st.st_size != s.run_start:
+            why = "its move had finished (the lock file says so), so it must be at its kept prefix"
+        elif in_progress is not None and st.st_size != s.size:
+            why = (f"its move never began ({in_progress.path} was being moved), so it must be "
+                   "at its full size")
+        else:
+            if in_progress is None and st.st_size != s.run_start:
+                in_progress = s
+            continue
+        raise DataChangedError(
+            name, expected_size=s.run_start if i < done else s.size, found_size=st.st_size,
+            reason=f"{why}: another process changed it",
+        )
+
+
+def as_seen(st: os.stat_result, look: os.stat_result, pending: int | None = None) -> bool:
+    """Whether ``st`` is the file as the save last looked at it: same size, modification and
+    change times; or, with ``pending``, the size a truncate of the save in flight leaves."""
+    if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) == (
+        look.st_size, look.st_mtime_ns, look.st_ctime_ns
+    ):
+        return True
+    return pending is not None and st.st_size == pending
+
+
+def keep_changed(parked: str, original: str) -> str:
+    """A consumed source changed after the save's last look is never deleted: give it back
+    its own name if that is free (a link, never over another file), else leave it parked.
+    Returns where it is, for the error's notes."""
+    try:
+        _name_back(parked, original)
+    except RecoverError:
+        return f"{original} is now another file, so the changed source is kept at {parked}"
+    return f"the changed source is kept under its own name {original}"
 
 
 def check_temps_hold(j: Journal, temps: list[int | None]) -> None:
@@ -272,11 +327,30 @@ def finish(j: Journal, journal_path: str) -> None:
             )
         finals.append(out.final)
     _sys.fsync_parents(finals)
+    # The commit rename set the journal's change time: a parked source changed since (its
+    # ctime later, or a size the finished move does not leave) was written by someone else
+    # after the commit point and is kept, never deleted.
+    committed_at = _sys.lstat(journal_path).st_ctime_ns
     parked = [j.parked(s) for s in j.sources if not s.adopt]
+    kept: list[tuple[JournalSource, os.stat_result, str]] = []
     for s, p in zip((s for s in j.sources if not s.adopt), parked, strict=True):
-        if same_file(p, s.dev, s.ino) is not None:
-            _sys.unlink(p)
+        st = same_file(p, s.dev, s.ino)
+        if st is None:
+            continue
+        if st.st_size != s.run_start or st.st_ctime_ns > committed_at:
+            kept.append((s, st, keep_changed(p, s.path)))
+            continue
+        _sys.unlink(p)
     _sys.fsync_parents(parked)
+    if kept:
+        s, st, _where = kept[0]
+        err = DataChangedError(s.path, expected_size=s.run_start, found_size=st.st_size,
+                               reason="another process changed this consumed source after the "
+                               "commit point, so it was not deleted")
+        add_note(err, "the outputs are complete under their final names")
+        for _s, _st, where in kept:
+            add_note(err, where)
+        raise err
 
 
 def _check_replaceable(out: JournalOutput, journal_path: str) -> None:
