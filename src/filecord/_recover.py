@@ -27,7 +27,8 @@ is created, changed or deleted, whatever a journal says.
 
 * **Stages** come from the journal's name (``_stage``).  ``-journal``: every source must be
   where and as long as this save's moves can have left it (``_undo.check_strict``; a source
-  another process changed is refused, never "restored" with zeros), then the journal is
+  another process changed is refused, never "restored" with zeros; the move order and the
+  lock file's "moved N" marks are checked too), then the journal is
   renamed ``-rollback`` (fsynced) and the rollback runs.  ``-rollback``: the rollback runs
   (it resumes from the files).  ``-committed``: ``_undo.finish``.  Then temps, the journal and
   the lock files are removed, in that order.

@@ -25,10 +25,15 @@ held in ``Txn.stage`` and moves only along ``_stage``'s table.
    ``.NAME.TOKEN.filecord-src`` (its directory fsynced), so nothing but this save's token names
    it while it is incomplete; then adoption renames and moves (``_transfer.move_source``: per
    window copy, fsync the temps, check the source is still the size the move left it, truncate).
-6. COMMITTED: temps fsynced, the journal renamed to ``.filecord-committed`` and its directory
+   The look at each parked source (``_looks.take``) and each truncate's ``fstat`` are kept in
+   ``Txn.looks``; a finished move is marked durably in the journal directory's lock file
+   (``moved N``), so recover knows that source must be at its kept prefix.
+6. COMMITTED: temps fsynced, every parked source compared with its last look (size, mtime,
+   ctime: ``_looks.check``; a change is a DataChangedError and the journal is held), the journal renamed to ``.filecord-committed`` and its directory
    fsynced (the commit point; without a journal, the single rename is).  RENAMED: each temp
-   renamed onto its final name, directories fsynced; then the parked sources are unlinked, the
-   journal, then the lock files.
+   renamed onto its final name, directories fsynced; then the parked sources are unlinked, each
+   compared with its look once more right before (a changed one is kept, under its own name if
+   free, and reported once the rest is done), the journal, then the lock files.
 7. A failure before the commit point is undone by ``_undo.roll_back`` on the live files, after
    the journal is renamed to ``.filecord-rollback`` (a crash then continues the rollback); a
    source another process changed mid-move is never rolled back over: the journal and temps

@@ -24,12 +24,24 @@ its kept prefix and its full size, and the bytes above that size still in the te
 *Strict* mode (a journal found at the ``.filecord-journal`` stage) first checks every source
 is where and how long a move of this save can have left it: at a window boundary of its run.
 Any other size means someone else changed the file; nothing is done and the caller refuses.
+It also checks the move order (``check_order``, journals marked ``ordered``): moves run one at a
+time in journal order, so the sources before the one in progress (the first not at its kept
+prefix) are at their kept prefixes, those after it at full size, and the first N, when the lock
+file says "moved N", at their kept prefixes.  A write into a finished source, or a cut of one
+whose move never began, is refused even at a size a move could leave.
 
 *Finish* (after the commit point): each temp still holding the journaled inode is given its
 recorded mode and owner and renamed onto its final name; a final name already holding that
 inode is done; anything else is a lost output and stops recovery.  The directories are fsynced,
 then the parked sources (their names carry the token, so an inode number reused by a new file
 at the old path can never be mistaken for them) are unlinked and their directories fsynced.
+Recover has no in-memory look, and the journal is written before the moves, so it cannot hold
+their last stat; the strongest proof left is time: the commit rename set the committed
+journal's ctime after the save's last look at every source, so a parked source whose ctime is
+later than that (or whose size is not its kept prefix) was written after the commit point and
+is kept (named back if its name is free), never unlinked, and a ``DataChangedError`` says so
+after everything else is finished.  A write in the same timestamp tick as the commit rename
+is not seen (a stated limit).
 """
 
 from __future__ import annotations
