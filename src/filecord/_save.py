@@ -278,9 +278,12 @@ def _move(txn: Txn, m: MoveSource) -> None:
                              seen=st, looks=txn.looks)
         txn.moving = None
         # Durable: this move is over, so recover may insist the source is at its kept prefix
-        # (a write into it after this is a change, whatever size it leaves).
+        # (a write into it after this is a change, whatever size it leaves).  The source's
+        # last truncate is made durable first: on a file system whose fsync persists only its
+        # own inode (btrfs), the mark must never outlive the cut it speaks of.
         txn.moves_done += 1
         if txn.locks:
+            txn.counters.fsync(fd)
             _lockfile.mark_moved(txn.locks[0][1], txn.moves_done)
     except BaseException:
         close_descriptors_quietly([fd])  # never let a close error hide why the move stopped
