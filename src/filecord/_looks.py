@@ -17,14 +17,15 @@ size, mtime and ctime.
    journal is renamed ``-committed``): every parked source is re-stated by its parked name
    (``lstat``, no symlink followed, device and inode checked) and compared with its look.  A
    difference is a ``DataChangedError``; the failure path holds the journal (as for a source
-   changed mid-move) and puts nothing back over the change.  A crash here leaves the journal
-   at ``-journal``: recover's strict checks run as before.
+   changed mid-move) and puts nothing back over the change.  The looks are then appended to
+   the journal directory's lock file ("looked DEV INO SIZE MTIME", fsynced) for recover's
+   finish.  A crash here leaves the journal at ``-journal``: recover rolls back (strict checks).
 3. At the unlink (``unlink_consumed``, after the commit point and the renames, so the outputs
    are final): each source is compared once more immediately before its unlink.  A changed one
    is not deleted: it gets its own name back (``link``, never over another file) or stays
    under its parked name, and the save raises ``DataChangedError`` once the rest of the commit
    is done, saying where it is.  A crash here leaves the ``-committed`` journal; recover's
-   ``_undo.finish`` keeps a parked source whose ctime is later than the commit rename.
+   ``_undo.finish`` keeps a parked source whose size or mtime differs from its "looked" line.
 4. On a failure before the commit point (``changed_since_look``), the rollback first proves
    each source is as last seen by size and times, not by size alone.
 
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from filecord import _sys, _undo
+from filecord import _lockfile, _sys, _undo
 from filecord._journal import Journal
 from filecord._txn import Txn
 from filecord.errors import DataChangedError, add_note
@@ -69,6 +70,7 @@ def check(txn: Txn) -> None:
     record = txn.record
     if record is None:
         return
+    seen: list[tuple[int, int, int, int]] = []
     for s in record.sources:
         key = (s.dev, s.ino)
         if s.adopt or key not in txn.looks:
@@ -80,6 +82,10 @@ def check(txn: Txn) -> None:
             raise DataChangedError(record.parked(s), expected_size=look.st_size,
                                    found_size=st.st_size, reason="another process changed it "
                                    "after the save's last look, before the commit")
+        if st is not None:
+            seen.append((s.dev, s.ino, st.st_size, st.st_mtime_ns))
+    if seen and txn.locks:  # for recover's finish, which has no look of its own
+        _lockfile.mark_looked(txn.locks[0][1], seen)
 
 
 def unlink_consumed(txn: Txn, record: Journal) -> list[tuple[str, str]]:

@@ -306,7 +306,7 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
         except _MissingLockError as exc:
             return _refuse(path, f"its lock file {exc} is missing, so nothing proves the save "
                            "is over; nothing was touched")
-        result = _act(path, j, of_journal_suffix(suffix), _moves_done(j, locks))
+        result = _act(path, j, of_journal_suffix(suffix), _marks(j, locks))
     except BaseException:
         for _p, fd in locks.values():
             _close_quietly(fd)
@@ -319,17 +319,20 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
     return result
 
 
-def _moves_done(j: _journal.Journal, locks: dict[str, tuple[str, int]]) -> int:
-    """How many moves the save marked finished in the lock file beside its journal."""
+def _marks(j: _journal.Journal, locks: dict[str, tuple[str, int]]) -> _lockfile.Marks:
+    """What the save recorded in the lock file beside its journal (moves done, last looks)."""
     held = locks.get(j.directories()[0])
     if held is None:  # pragma: no cover - _lock_all took every directory's lock
-        return 0
+        return _lockfile.Marks()
     fd = held[1]
     size = _sys.fstat(fd).st_size
-    return _lockfile.moved_marks(_sys.read_all(fd, 0, size)) if 0 < size <= 1 << 16 else 0
+    return (_lockfile.read_marks(_sys.read_all(fd, 0, size)) if 0 < size <= 1 << 24
+            else _lockfile.Marks())
 
 
-def _act(path: str, j: _journal.Journal, stage: Stage, done: int = 0) -> Recovered:
+def _act(path: str, j: _journal.Journal, stage: Stage,
+         marks: _lockfile.Marks | None = None) -> Recovered:
+    marks = marks or _lockfile.Marks()
     outputs = tuple(o.final for o in j.outputs)
     sources = tuple(s.path for s in j.sources)
     if stage is Stage.HELD:
@@ -339,11 +342,11 @@ def _act(path: str, j: _journal.Journal, stage: Stage, done: int = 0) -> Recover
     try:
         if stage is Stage.COMMITTED:
             _undo.check_committed(j)
-            _undo.finish(j, path)
+            _undo.finish(j, path, marks.looked)
             _sys.unlink(path)
             return Recovered(path, "finished", outputs, sources)
         if stage is Stage.MOVING:
-            _undo.check_strict(j, done)
+            _undo.check_strict(j, marks.moved)
             temps = _undo.open_temps(j)
             try:
                 _undo.check_temps_hold(j, temps)

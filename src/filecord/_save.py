@@ -29,9 +29,10 @@ held in ``Txn.stage`` and moves only along ``_stage``'s table.
    ``Txn.looks``; a finished move is marked durably in the journal directory's lock file
    (``moved N``), so recover knows that source must be at its kept prefix.
 6. COMMITTED: temps fsynced, every parked source compared with its last look (size, mtime,
-   ctime: ``_looks.check``; a change is a DataChangedError and the journal is held), the
-   journal renamed to ``.filecord-committed`` and its directory fsynced (the commit point;
-   without a journal, the single rename is).  RENAMED: each temp
+   ctime: ``_looks.check``; a change is a DataChangedError and the journal is held; the looks
+   are appended, fsynced, to the lock file for recover), the journal renamed to
+   ``.filecord-committed`` and its directory fsynced (the commit point; without a journal, the
+   single rename is).  RENAMED: each temp
    renamed onto its final name, directories fsynced; then the parked sources are unlinked, each
    compared with its look once more right before (a changed one is kept, under its own name if
    free, and reported once the rest is done), the journal, then the lock files.

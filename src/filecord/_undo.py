@@ -36,12 +36,13 @@ inode is done; anything else is a lost output and stops recovery.  The directori
 then the parked sources (their names carry the token, so an inode number reused by a new file
 at the old path can never be mistaken for them) are unlinked and their directories fsynced.
 Recover has no in-memory look, and the journal is written before the moves, so it cannot hold
-their last stat; the strongest proof left is time: the commit rename set the committed
-journal's ctime after the save's last look at every source, so a parked source whose ctime is
-later than that (or whose size is not its kept prefix) was written after the commit point and
-is kept (named back if its name is free), never unlinked, and a ``DataChangedError`` says so
-after everything else is finished.  A write in the same timestamp tick as the commit rename
-is not seen (a stated limit).
+their last stat: the save appends it, just before its commit point, to the journal
+directory's lock file ("looked DEV INO SIZE MTIME", fsynced; ``_lockfile.read_marks``).  A
+parked source whose size is not its kept prefix, or whose size and mtime are not the recorded
+ones, was written after the save's last look and is kept (named back if its name is free),
+never unlinked, and a ``DataChangedError`` says so after everything else is finished.  Not
+ctime: a restore or copy of a crashed tree changes every ctime, mtime survives it.  A rewrite
+that keeps size and mtime (``utime``, or within one timestamp tick) is not seen by recover.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ import contextlib
 import errno
 import os
 import stat as stat_mod
+from collections.abc import Mapping
 
 from filecord import _sys, _transfer
 from filecord._journal import Journal, JournalOutput, JournalSource
@@ -321,7 +323,8 @@ def remove_temps(j: Journal) -> None:
     _sys.fsync_parents(temps)
 
 
-def finish(j: Journal, journal_path: str) -> None:
+def finish(j: Journal, journal_path: str,
+           looked: Mapping[tuple[int, int], tuple[int, int]] | None = None) -> None:
     finals: list[str] = []
     for o, out in enumerate(j.outputs):
         if out.direct:
@@ -339,17 +342,18 @@ def finish(j: Journal, journal_path: str) -> None:
             )
         finals.append(out.final)
     _sys.fsync_parents(finals)
-    # The commit rename set the journal's change time: a parked source changed since (its
-    # ctime later, or a size the finished move does not leave) was written by someone else
-    # after the commit point and is kept, never deleted.
-    committed_at = _sys.lstat(journal_path).st_ctime_ns
+    # A parked source not at the size its finished move leaves, or not at the size and mtime
+    # the save's last look recorded (the lock file's "looked" lines, written just before the
+    # commit point), was written by someone else and is kept, never deleted.
+    looked = looked or {}
     parked = [j.parked(s) for s in j.sources if not s.adopt]
     kept: list[tuple[JournalSource, os.stat_result, str]] = []
     for s, p in zip((s for s in j.sources if not s.adopt), parked, strict=True):
         st = same_file(p, s.dev, s.ino)
         if st is None:
             continue
-        if st.st_size != s.run_start or st.st_ctime_ns > committed_at:
+        was = looked.get((s.dev, s.ino), (s.run_start, st.st_mtime_ns))
+        if st.st_size != s.run_start or (st.st_size, st.st_mtime_ns) != was:
             kept.append((s, st, keep_changed(p, s.path)))
             continue
         _sys.unlink(p)
