@@ -566,3 +566,47 @@ def test_held_a_fault_in_the_tail_copy_after_a_clone_rolls_back_exactly(tmp_path
                 + bytes(-(W + 100) % W) + b_bytes)
         assert (fs / "out").read_bytes() == want
         assert sorted(n for n in os.listdir(fs) if n != "lost+found") == ["out"]
+
+
+# --- R3-1, recover's side: a parked source written to after a crash past the commit point ---
+
+def test_r3_1d_recover_keeps_a_parked_source_written_after_the_commit(tmp_path: Path) -> None:
+    """SIGKILL at the first unlink after the commit point; a second party then appends to a
+    parked (fully moved) source.  recover finishes the outputs but never deletes that file:
+    it gets its name back and the refusal says so; a second recover removes the journal."""
+    from filecord import recover
+    from filecord.errors import RecoverError
+
+    a = tmp_path / "a.bin"
+    a_bytes = pattern(2 * W, "a")
+    a.write_bytes(a_bytes)
+    b = tmp_path / "b.bin"
+    b_bytes = pattern(3 * W, "b")
+    b.write_bytes(b_bytes)
+    writer = os.open(a, os.O_RDWR)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                with _sys.use(AtCall("unlink", 1, lambda: os.kill(os.getpid(), 9))):
+                    save(tmp_path / "out", Cord([FileBackedData(a, owned=True),
+                                                 FileBackedData(b, owned=True)]),
+                         consume=True, window=W)
+            finally:
+                os._exit(3)
+        _pid, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == -9
+        assert os.fstat(writer).st_size == 0  # moved: the kept prefix is empty
+        os.pwrite(writer, SECOND, 0)
+    finally:
+        os.close(writer)
+    with pytest.raises(RecoverError) as info:
+        recover(tmp_path)
+    assert (tmp_path / "out").read_bytes() == a_bytes + b_bytes
+    assert a.read_bytes() == SECOND, str(info.value)  # kept, under its own name
+    assert not b.exists()  # unchanged: consumed as usual
+    recover(tmp_path)  # the kept file is no longer parked: the journal goes
+    assert leftovers(tmp_path) == []
+    assert a.read_bytes() == SECOND

@@ -341,7 +341,7 @@ def _act(path: str, j: _journal.Journal, stage: Stage,
                        "every byte is)", _undo.whereabouts(j))
     try:
         if stage is Stage.COMMITTED:
-            _undo.check_committed(j)
+            _undo.check_committed(j, marks.looked)
             _undo.finish(j, path, marks.looked)
             _sys.unlink(path)
             return Recovered(path, "finished", outputs, sources)

@@ -185,12 +185,15 @@ def check_temps_hold(j: Journal, temps: list[int | None]) -> None:
                                  dense=s.dense)
 
 
-def check_committed(j: Journal) -> None:
+def check_committed(j: Journal,
+                    looked: Mapping[tuple[int, int], tuple[int, int]] | None = None) -> None:
     """Refuse to finish unless every move had completed: a committed save shortened each moved
     source to its kept prefix and put each adopted one at its temp (or final name) first.
 
     A journal renamed to "committed" by someone else mid-move fails here instead of deleting
-    sources that still hold bytes no temp has.
+    sources that still hold bytes no temp has.  A source the save's last look (``looked``,
+    recorded after every move had finished) saw at its kept prefix did finish: a size changed
+    since is someone else's write after the commit, which ``finish`` keeps.
     """
     for s in j.sources:
         if s.adopt:
@@ -202,7 +205,9 @@ def check_committed(j: Journal) -> None:
         # Only the parked name: the original path may hold a new file that reused the freed
         # inode number after the commit, and that file is none of this save's business.
         st = same_file(j.parked(s), s.dev, s.ino)
-        if st is not None and st.st_size != s.run_start:
+        seen = (looked or {}).get((s.dev, s.ino))
+        if st is not None and st.st_size != s.run_start and (seen is None
+                                                            or seen[0] != s.run_start):
             raise RecoverError(
                 f"{j.parked(s)}: the journal says committed, but the source is {st.st_size} "
                 f"bytes where a finished move leaves {s.run_start}: the commit never happened"
