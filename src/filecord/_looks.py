@@ -112,6 +112,7 @@ def raise_kept(kept: list[tuple[str, str]]) -> NoReturn:
     err = DataChangedError(kept[0][0], expected_size=-1, found_size=None,
                            reason="another process changed a consumed source after the commit "
                            "point, so it was not deleted")
+    err.committed = True
     add_note(err, "the outputs are complete under their final names")
     for _path, where in kept:
         add_note(err, where)

@@ -368,6 +368,7 @@ def finish(j: Journal, journal_path: str,
         err = DataChangedError(s.path, expected_size=s.run_start, found_size=st.st_size,
                                reason="another process changed this consumed source after the "
                                "commit point, so it was not deleted")
+        err.committed = True
         add_note(err, "the outputs are complete under their final names")
         for _s, _st, where in kept:
             add_note(err, where)
