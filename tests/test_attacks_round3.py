@@ -72,7 +72,6 @@ BUG_1 = ("commit unlinks a consumed source another process wrote to after its la
          "(size/mtime never re-checked): the writer's bytes are deleted, save succeeds")
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_1)
 def test_r3_1a_append_to_a_copied_consumed_source_before_commit_is_not_deleted(
     tmp_path: Path,
 ) -> None:
@@ -101,7 +100,6 @@ def test_r3_1a_append_to_a_copied_consumed_source_before_commit_is_not_deleted(
         os.close(writer)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_1)
 def test_r3_1b_append_to_a_moved_source_while_another_moves_is_not_deleted(
     tmp_path: Path,
 ) -> None:
@@ -131,7 +129,6 @@ def test_r3_1b_append_to_a_moved_source_while_another_moves_is_not_deleted(
 
 
 @pytest.mark.root
-@pytest.mark.xfail(strict=True, reason=BUG_1)
 def test_r3_1c_rewrite_of_a_cloned_source_after_its_clone_is_not_deleted(
     tmp_path: Path,
 ) -> None:
@@ -225,7 +222,6 @@ class _WriteThenFail(_sys.Backend):
                 raise OSError(5, "injected EIO")
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_2)
 def test_r3_2a_rollback_over_a_window_written_after_the_move_is_not_a_silent_mix(
     tmp_path: Path,
 ) -> None:
@@ -247,7 +243,6 @@ def test_r3_2a_rollback_over_a_window_written_after_the_move_is_not_a_silent_mix
     assert isinstance(info.value, DataChangedError), info.value
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_2)
 def test_r3_2b_recover_over_a_window_written_after_the_move_is_not_a_silent_mix(
     tmp_path: Path,
 ) -> None:
@@ -460,8 +455,6 @@ def test_r3_6_an_append_only_owned_source_is_copied_and_kept(tmp_path: Path, att
 # way, those before it are at run_start and those after it at full size.  Fix: check that
 # order invariant in check_strict (it also catches R3-2).
 
-@pytest.mark.xfail(strict=True, reason="a sparse source truncated to a window boundary before "
-                   "its move is re-extended with zeros by the rollback, reported byte-exact")
 def test_r3_7_a_sparse_source_cut_before_its_move_is_not_restored_with_zeros(
     tmp_path: Path,
 ) -> None:
@@ -563,3 +556,47 @@ def test_held_a_fault_in_the_tail_copy_after_a_clone_rolls_back_exactly(tmp_path
                 + bytes(-(W + 100) % W) + b_bytes)
         assert (fs / "out").read_bytes() == want
         assert sorted(n for n in os.listdir(fs) if n != "lost+found") == ["out"]
+
+
+# --- R3-1, recover's side: a parked source written to after a crash past the commit point ---
+
+def test_r3_1d_recover_keeps_a_parked_source_written_after_the_commit(tmp_path: Path) -> None:
+    """SIGKILL at the first unlink after the commit point; a second party then appends to a
+    parked (fully moved) source.  recover finishes the outputs but never deletes that file:
+    it gets its name back and the refusal says so; a second recover removes the journal."""
+    from filecord import recover
+    from filecord.errors import RecoverError
+
+    a = tmp_path / "a.bin"
+    a_bytes = pattern(2 * W, "a")
+    a.write_bytes(a_bytes)
+    b = tmp_path / "b.bin"
+    b_bytes = pattern(3 * W, "b")
+    b.write_bytes(b_bytes)
+    writer = os.open(a, os.O_RDWR)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                with _sys.use(AtCall("unlink", 1, lambda: os.kill(os.getpid(), 9))):
+                    save(tmp_path / "out", Cord([FileBackedData(a, owned=True),
+                                                 FileBackedData(b, owned=True)]),
+                         consume=True, window=W)
+            finally:
+                os._exit(3)
+        _pid, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == -9
+        assert os.fstat(writer).st_size == 0  # moved: the kept prefix is empty
+        os.pwrite(writer, SECOND, 0)
+    finally:
+        os.close(writer)
+    with pytest.raises(RecoverError) as info:
+        recover(tmp_path)
+    assert (tmp_path / "out").read_bytes() == a_bytes + b_bytes
+    assert a.read_bytes() == SECOND, str(info.value)  # kept, under its own name
+    assert not b.exists()  # unchanged: consumed as usual
+    recover(tmp_path)  # the kept file is no longer parked: the journal goes
+    assert leftovers(tmp_path) == []
+    assert a.read_bytes() == SECOND

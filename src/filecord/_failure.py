@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
-from filecord import _lockfile, _names, _sys, _undo
+from filecord import _lockfile, _looks, _names, _sys, _undo
 from filecord._stage import Stage
 from filecord._txn import Txn
 from filecord.errors import DataChangedError, FilecordError, SaveError, SourceState, add_note
@@ -129,8 +129,9 @@ def _keep_all(txn: Txn, exc: BaseException, names: str, notes: list[str], why: s
     _drop_locks(txn, remove=False)
     states: tuple[SourceState, ...] = ()
     left_at = {}
-    if isinstance(exc, DataChangedError) and txn.moving is not None:
-        left_at = {txn.moving: exc.expected_size}
+    changed = txn.moving if txn.moving is not None else txn.changed
+    if isinstance(exc, DataChangedError) and changed is not None:
+        left_at = {changed: exc.expected_size}
     try:
         if txn.record is not None:
             notes.extend(_undo.whereabouts(txn.record, left_at))
@@ -169,7 +170,7 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
 
     restored = 0
     if txn.record is not None and txn.journal_path is not None:
-        if isinstance(exc, DataChangedError) and txn.moving is not None:
+        if isinstance(exc, DataChangedError) and (txn.moving or txn.changed) is not None:
             # Bytes were being moved out of the changed file.  A new hard link changes no
             # byte: recover may put the bytes back into the shared inode.  A write, append or
             # truncate did: hold the journal.
@@ -179,8 +180,20 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
                       ("" if linked else " (held: recover will not undo over the change)"),
                       hold=not linked)
         try:
-            # The same proof recover asks for: every source is as this save's moves left it.
-            _undo.check_strict(txn.record)
+            found = _looks.changed_since_look(txn)
+        except OSError as cexc:
+            notes.append(f"could not check the sources: {cexc}")
+            _keep_all(txn, exc, names, notes, "the journal and temps are kept")
+        if found is not None:
+            notes.append(f"the save had failed first: {exc}")
+            found.__context__ = exc
+            _keep_all(txn, found, names, notes, "a source was changed by another process, so "
+                      "nothing was put back over it: the journal (held) and temps are kept",
+                      hold=True)
+        try:
+            # The same proof recover asks for: every source is as this save's moves left it,
+            # in the order they ran.
+            _undo.check_strict(txn.record, txn.moves_done)
         except DataChangedError as cexc:
             notes.append(f"{cexc}")
             _keep_all(txn, exc, names, notes, "a source was changed by another process, so "

@@ -84,6 +84,10 @@ class Journal:
     window: int
     outputs: tuple[JournalOutput, ...]
     sources: tuple[JournalSource, ...]
+    # Sources listed in the order their moves run (moves first, then the copied/cloned ones):
+    # recover's move-order check (``_undo.check_order``) relies on it.  Older records are sorted
+    # by inode and carry no such promise.
+    ordered: bool = False
 
     def temp(self, o: int) -> str:
         """Output ``o``'s temp path (derived, never stored)."""
@@ -105,6 +109,7 @@ def _body(j: Journal) -> dict[str, object]:
         "version": VERSION,
         "token": j.token,
         "window": j.window,
+        **({"ordered": True} if j.ordered else {}),
         "outputs": [
             [o.final, o.dev, o.ino, o.length, o.mode, o.uid, o.gid, o.direct, o.old_dev,
              o.old_ino] for o in j.outputs
@@ -195,7 +200,8 @@ def _parse(line: bytes) -> Journal:
     token = _str(body["token"])
     if not _names.is_token(token):
         raise ValueError(f"token {token!r} is malformed")
-    return Journal(token, _int(body["window"]), outputs, tuple(sources))
+    return Journal(token, _int(body["window"]), outputs, tuple(sources),
+                   ordered=body.get("ordered") is True)
 
 
 def _clean(path: str) -> bool:

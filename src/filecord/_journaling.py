@@ -102,7 +102,10 @@ def _record(txn: Txn) -> _journal.Journal:
     moves = {m.key: m for m in p.moves}
     adopted_out = {m.dests[0].output: m.key for m in p.moves if m.adopt}
     sources = []
-    for key in sorted(set(moves) | set(p.consumed)):
+    # In the order the moves run, then the sources only deleted at commit: the rollback and
+    # recover check that order (every source before the one in progress is done, every one
+    # after it untouched).
+    for key in [*moves, *sorted(set(p.consumed) - set(moves))]:
         data = txn.prep.datas[key][0]
         st = _sys.stat(data.path)
         m = moves.get(key)
@@ -128,7 +131,7 @@ def _record(txn: Txn) -> _journal.Journal:
         old = (0, 0) if tst is None else (tst.st_dev, tst.st_ino)
         outputs.append(_journal.JournalOutput(out.target, dev, ino, out.length, mode, uid, gid,
                                              old_dev=old[0], old_ino=old[1]))
-    return _journal.Journal(txn.token, p.window, tuple(outputs), tuple(sources))
+    return _journal.Journal(txn.token, p.window, tuple(outputs), tuple(sources), ordered=True)
 
 
 def write_journal(txn: Txn) -> None:

@@ -26,10 +26,14 @@ import contextlib
 import errno
 import fcntl
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from filecord import _sys
 
 JOURNALED = b"journaled"  # appended once the save's journal is durable under its name
+MOVED = b"moved"  # "moved N": the first N moved sources (journal order) are done, durably
+LOOKED = b"looked"  # "looked DEV INO SIZE MTIME_NS": a source at the save's last look, durably
 
 
 class LockBusyError(OSError):
@@ -102,6 +106,52 @@ def mark_journaled(fd: int) -> None:
     this lock means someone removed it, never that the save died before making it."""
     _sys.write_all(fd, JOURNALED + b"\n", _sys.fstat(fd).st_size)
     _sys.fsync(fd)
+
+
+def mark_moved(fd: int, done: int) -> None:
+    """Record, durably, that the first ``done`` moved sources (in journal order) have finished
+    their moves: recover then knows each of them must be at its kept prefix, whatever its size
+    alone would allow."""
+    _sys.write_all(fd, MOVED + b" %d\n" % done, _sys.fstat(fd).st_size)
+    _sys.fsync(fd)
+
+
+def mark_looked(fd: int, looks: list[tuple[int, int, int, int]]) -> None:
+    """Record, durably, each consumed source's (dev, ino, size, mtime) as the save last saw it
+    just before its commit point: what recover's finish compares a parked source with before
+    it deletes it (it has no look of its own)."""
+    lines = b"".join(LOOKED + b" %d %d %d %d\n" % look for look in looks)
+    _sys.write_all(fd, lines, _sys.fstat(fd).st_size)
+    _sys.fsync(fd)
+
+
+@dataclass(frozen=True, slots=True)
+class Marks:
+    """What a save recorded in its lock file after the journal: moves done, last looks."""
+
+    moved: int = 0
+    looked: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+
+
+def read_marks(raw: bytes) -> Marks:
+    """The marks after the "journaled" line of a lock file's content (a path may hold
+    newlines, so only what follows that mark counts).  Only whole lines (newline-terminated,
+    every field a number) count: a torn append is as if it never reached the disk."""
+    at = raw.rfind(b"\n" + JOURNALED + b"\n")
+    if at < 0:
+        return Marks()
+    moved = 0
+    looked: dict[tuple[int, int], tuple[int, int]] = {}
+    for line in raw[at + len(JOURNALED) + 2 :].split(b"\n")[:-1]:
+        word, *nums = line.split(b" ")
+        if not nums or not all(n.isdigit() for n in nums):
+            continue
+        if word == MOVED and len(nums) == 1:
+            moved = max(moved, int(nums[0]))
+        elif word == LOOKED and len(nums) == 4:
+            dev, ino, size, mtime = (int(n) for n in nums)
+            looked[(dev, ino)] = (size, mtime)
+    return Marks(moved, looked)
 
 
 def release(path: str, fd: int) -> None:

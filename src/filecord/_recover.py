@@ -27,7 +27,8 @@ is created, changed or deleted, whatever a journal says.
 
 * **Stages** come from the journal's name (``_stage``).  ``-journal``: every source must be
   where and as long as this save's moves can have left it (``_undo.check_strict``; a source
-  another process changed is refused, never "restored" with zeros), then the journal is
+  another process changed is refused, never "restored" with zeros; the move order and the
+  lock file's "moved N" marks are checked too), then the journal is
   renamed ``-rollback`` (fsynced) and the rollback runs.  ``-rollback``: the rollback runs
   (it resumes from the files).  ``-committed``: ``_undo.finish``.  Then temps, the journal and
   the lock files are removed, in that order.
@@ -305,7 +306,7 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
         except _MissingLockError as exc:
             return _refuse(path, f"its lock file {exc} is missing, so nothing proves the save "
                            "is over; nothing was touched")
-        result = _act(path, j, of_journal_suffix(suffix))
+        result = _act(path, j, of_journal_suffix(suffix), _marks(j, locks))
     except BaseException:
         for _p, fd in locks.values():
             _close_quietly(fd)
@@ -318,7 +319,20 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
     return result
 
 
-def _act(path: str, j: _journal.Journal, stage: Stage) -> Recovered:
+def _marks(j: _journal.Journal, locks: dict[str, tuple[str, int]]) -> _lockfile.Marks:
+    """What the save recorded in the lock file beside its journal (moves done, last looks)."""
+    held = locks.get(j.directories()[0])
+    if held is None:  # pragma: no cover - _lock_all took every directory's lock
+        return _lockfile.Marks()
+    fd = held[1]
+    size = _sys.fstat(fd).st_size
+    return (_lockfile.read_marks(_sys.read_all(fd, 0, size)) if 0 < size <= 1 << 24
+            else _lockfile.Marks())
+
+
+def _act(path: str, j: _journal.Journal, stage: Stage,
+         marks: _lockfile.Marks | None = None) -> Recovered:
+    marks = marks or _lockfile.Marks()
     outputs = tuple(o.final for o in j.outputs)
     sources = tuple(s.path for s in j.sources)
     if stage is Stage.HELD:
@@ -327,12 +341,12 @@ def _act(path: str, j: _journal.Journal, stage: Stage) -> Recovered:
                        "every byte is)", _undo.whereabouts(j))
     try:
         if stage is Stage.COMMITTED:
-            _undo.check_committed(j)
-            _undo.finish(j, path)
+            _undo.check_committed(j, marks.looked)
+            _undo.finish(j, path, marks.looked)
             _sys.unlink(path)
             return Recovered(path, "finished", outputs, sources)
         if stage is Stage.MOVING:
-            _undo.check_strict(j)
+            _undo.check_strict(j, marks.moved)
             temps = _undo.open_temps(j)
             try:
                 _undo.check_temps_hold(j, temps)

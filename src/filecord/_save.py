@@ -25,10 +25,17 @@ held in ``Txn.stage`` and moves only along ``_stage``'s table.
    ``.NAME.TOKEN.filecord-src`` (its directory fsynced), so nothing but this save's token names
    it while it is incomplete; then adoption renames and moves (``_transfer.move_source``: per
    window copy, fsync the temps, check the source is still the size the move left it, truncate).
-6. COMMITTED: temps fsynced, the journal renamed to ``.filecord-committed`` and its directory
-   fsynced (the commit point; without a journal, the single rename is).  RENAMED: each temp
-   renamed onto its final name, directories fsynced; then the parked sources are unlinked, the
-   journal, then the lock files.
+   The look at each parked source (``_looks.take``) and each truncate's ``fstat`` are kept in
+   ``Txn.looks``; a finished move is marked durably in the journal directory's lock file
+   (``moved N``), so recover knows that source must be at its kept prefix.
+6. COMMITTED: temps fsynced, every parked source compared with its last look (size, mtime,
+   ctime: ``_looks.check``; a change is a DataChangedError and the journal is held; the looks
+   are appended, fsynced, to the lock file for recover), the journal renamed to
+   ``.filecord-committed`` and its directory fsynced (the commit point; without a journal, the
+   single rename is).  RENAMED: each temp
+   renamed onto its final name, directories fsynced; then the parked sources are unlinked, each
+   compared with its look once more right before (a changed one is kept, under its own name if
+   free, and reported once the rest is done), the journal, then the lock files.
 7. A failure before the commit point is undone by ``_undo.roll_back`` on the live files, after
    the journal is renamed to ``.filecord-rollback`` (a crash then continues the rollback); a
    source another process changed mid-move is never rolled back over: the journal and temps
@@ -43,7 +50,17 @@ import os
 import time
 from collections.abc import Mapping
 
-from filecord import _fill, _journal, _journaling, _lockfile, _names, _sys, _transfer, _undo
+from filecord import (
+    _fill,
+    _journal,
+    _journaling,
+    _lockfile,
+    _looks,
+    _names,
+    _sys,
+    _transfer,
+    _undo,
+)
 from filecord._cord import Cord
 from filecord._failure import close_descriptors, close_descriptors_quietly
 from filecord._failure import fail as _fail
@@ -216,6 +233,7 @@ def _execute(txn: Txn) -> None:
     if _needs_journal(txn.prep):
         _journaling.write_journal(txn)
         _journaling.park_sources(txn)
+        _looks.take(txn)
     _presize_for_moves(txn)
     for m in p.moves:
         _move(txn, m)
@@ -257,9 +275,18 @@ def _move(txn: Txn, m: MoveSource) -> None:
                                    reason="another process changed it before it was moved")
         temps = [fd_ if fd_ is not None else -1 for fd_ in txn.fds]
         txn.moving = m.key
+        txn.looks[m.key] = (st, None)
         _transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance,
-                             seen=st)
+                             seen=st, looks=txn.looks)
         txn.moving = None
+        # Durable: this move is over, so recover may insist the source is at its kept prefix
+        # (a write into it after this is a change, whatever size it leaves).  The source's
+        # last truncate is made durable first: on a file system whose fsync persists only its
+        # own inode (btrfs), the mark must never outlive the cut it speaks of.
+        txn.moves_done += 1
+        if txn.locks:
+            txn.counters.fsync(fd)
+            _lockfile.mark_moved(txn.locks[0][1], txn.moves_done)
     except BaseException:
         close_descriptors_quietly([fd])  # never let a close error hide why the move stopped
         raise
@@ -327,6 +354,7 @@ def _commit(txn: Txn) -> None:
         raise errors[0]
     record = txn.record
     if record is not None and txn.journal_path is not None:
+        _looks.check(txn)  # the last look, just before the commit point
         committed = _journaling.journal_name(txn, _names.COMMITTED)
         _sys.rename(txn.journal_path, committed)
         txn.journal_path = committed
@@ -348,12 +376,9 @@ def _commit(txn: Txn) -> None:
     txn.to(Stage.RENAMED)
     if txn.durable:
         txn.counters.fsyncs += _sys.fsync_parents(finals)
+    kept: list[tuple[str, str]] = []
     if record is not None and txn.journal_path is not None:
-        parked = [record.parked(s) for s in record.sources if not s.adopt]
-        for s, path in zip((s for s in record.sources if not s.adopt), parked, strict=True):
-            if _undo.same_file(path, s.dev, s.ino) is not None:
-                _sys.unlink(path)
-        txn.counters.fsyncs += _sys.fsync_parents(parked)
+        kept = _looks.unlink_consumed(txn, record)
         _sys.unlink(txn.journal_path)
     txn.to(Stage.DONE)
     while txn.locks:
@@ -363,3 +388,5 @@ def _commit(txn: Txn) -> None:
         except OSError as exc:  # the save is complete; a stale lock file is recover's garbage
             log.warning("the save is complete, but its lock file %s stays (%s): "
                         "`filecord recover %s` removes it", path, exc, os.path.dirname(path))
+    if kept:  # the outputs are complete; a source written after the last look is kept
+        _looks.raise_kept(kept)

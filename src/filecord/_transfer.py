@@ -182,8 +182,13 @@ def move_source(
     progress: Progress = _nop,
     *,
     seen: os.stat_result | None = None,
+    looks: dict[tuple[int, int], tuple[os.stat_result, int | None]] | None = None,
 ) -> None:
     """Move ``m``'s run into the temps, shortening the source one window at a time.
+
+    ``looks[m.key]`` is kept as the last look at the source and the size a truncate in
+    flight leaves, so whoever cleans up after a failure can tell the save's cut from anyone
+    else's change.
 
     ``temps[i]`` is the open temp file of output ``i``.  ``seen`` is the caller's checked look
     at the source (its size ``m.size`` and its captured times): every later look is compared
@@ -209,8 +214,12 @@ def move_source(
         for fd in sorted(touched):
             c.fsync(fd)  # raises on failure: the truncate below never runs after a bad fsync
         _check_unchanged(src, m, pos, seen, None)
+        if looks is not None:
+            looks[m.key] = (seen, lo)
         _sys.ftruncate(src, lo)
         seen = _sys.fstat(src)
+        if looks is not None:
+            looks[m.key] = (seen, None)
         if seen.st_nlink != 1:
             # Linked between the check and the truncate: the other name now holds only the
             # kept prefix.  Stop before the commit deletes the rest; the journal and temps

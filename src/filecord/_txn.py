@@ -58,6 +58,12 @@ class Txn:
     record: _journal.Journal | None = None
     journal_path: str | None = None  # the journal's current name, once it has one
     moving: tuple[int, int] | None = None  # the source being moved right now
+    # Per consumed source, the save's last look at it (after parking, after each truncate) and
+    # the size a truncate in flight leaves (None when none is): the commit deletes, and the
+    # rollback puts back into, only a file still as last seen.
+    looks: dict[tuple[int, int], tuple[os.stat_result, int | None]] = field(default_factory=dict)
+    changed: tuple[int, int] | None = None  # a source found changed since that look
+    moves_done: int = 0  # moved sources (journal order) whose moves finished, marked durably
     durable: bool = True  # False: no fsync of the outputs and their directories (copy only)
     done: int = 0
     counters: _transfer.Counters = field(default_factory=_transfer.Counters)

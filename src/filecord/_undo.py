@@ -24,12 +24,25 @@ its kept prefix and its full size, and the bytes above that size still in the te
 *Strict* mode (a journal found at the ``.filecord-journal`` stage) first checks every source
 is where and how long a move of this save can have left it: at a window boundary of its run.
 Any other size means someone else changed the file; nothing is done and the caller refuses.
+It also checks the move order (``check_order``, journals marked ``ordered``): moves run one at a
+time in journal order, so the sources before the one in progress (the first not at its kept
+prefix) are at their kept prefixes, those after it at full size, and the first N, when the lock
+file says "moved N", at their kept prefixes.  A write into a finished source, or a cut of one
+whose move never began, is refused even at a size a move could leave.
 
 *Finish* (after the commit point): each temp still holding the journaled inode is given its
 recorded mode and owner and renamed onto its final name; a final name already holding that
 inode is done; anything else is a lost output and stops recovery.  The directories are fsynced,
 then the parked sources (their names carry the token, so an inode number reused by a new file
 at the old path can never be mistaken for them) are unlinked and their directories fsynced.
+Recover has no in-memory look, and the journal is written before the moves, so it cannot hold
+their last stat: the save appends it, just before its commit point, to the journal
+directory's lock file ("looked DEV INO SIZE MTIME", fsynced; ``_lockfile.read_marks``).  A
+parked source whose size is not its kept prefix, or whose size and mtime are not the recorded
+ones, was written after the save's last look and is kept (named back if its name is free),
+never unlinked, and a ``DataChangedError`` says so after everything else is finished.  Not
+ctime: a restore or copy of a crashed tree changes every ctime, mtime survives it.  A rewrite
+that keeps size and mtime (``utime``, or within one timestamp tick) is not seen by recover.
 """
 
 from __future__ import annotations
@@ -38,11 +51,12 @@ import contextlib
 import errno
 import os
 import stat as stat_mod
+from collections.abc import Mapping
 
 from filecord import _sys, _transfer
 from filecord._journal import Journal, JournalOutput, JournalSource
 from filecord._plan import cover
-from filecord.errors import DataChangedError, RecoverError
+from filecord.errors import DataChangedError, RecoverError, add_note
 
 
 def same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
@@ -80,8 +94,12 @@ def legal_size(s: JournalSource, size: int, window: int) -> bool:
     ) % window == 0
 
 
-def check_strict(j: Journal) -> None:
-    """Refuse (``DataChangedError``) if a source is not as this save can have left it."""
+def check_strict(j: Journal, done: int = 0) -> None:
+    """Refuse (``DataChangedError``) if a source is not as this save can have left it.
+
+    ``done``: how many moved sources (in journal order) are known to have finished their
+    moves (the lock file's durable "moved N" mark, or the save's own count)."""
+    check_order(j, done)
     for s in j.sources:
         if s.adopt:
             continue
@@ -102,6 +120,57 @@ def check_strict(j: Journal) -> None:
             )
 
 
+def check_order(j: Journal, done: int = 0) -> None:
+    """The move-order invariant: moves run one at a time in journal order, so every moved source
+    before the one in progress is at its kept prefix, every one after it at its full size, and
+    the first ``done`` are finished.  The one in progress is the first not at its kept prefix
+    (none when all are).  Any other combination of sizes means someone else changed a file:
+    ``DataChangedError``, nothing touched.  Older journals (not ``ordered``) are not checked."""
+    if not j.ordered:
+        return
+    moved = [s for s in j.sources if not s.adopt and s.run_start < s.size]
+    in_progress: JournalSource | None = None
+    for i, s in enumerate(moved):
+        found = locate(j, s)
+        if found is None:
+            continue  # check_strict and the rollback say where it is not
+        name, st = found
+        if i < done and st.st_size != s.run_start:
+            why = "its move had finished (the lock file says so), so it must be at its kept prefix"
+        elif in_progress is not None and st.st_size != s.size:
+            why = (f"its move never began ({in_progress.path} was being moved), so it must be "
+                   "at its full size")
+        else:
+            if in_progress is None and st.st_size != s.run_start:
+                in_progress = s
+            continue
+        raise DataChangedError(
+            name, expected_size=s.run_start if i < done else s.size, found_size=st.st_size,
+            reason=f"{why}: another process changed it",
+        )
+
+
+def as_seen(st: os.stat_result, look: os.stat_result, pending: int | None = None) -> bool:
+    """Whether ``st`` is the file as the save last looked at it: same size, modification and
+    change times; or, with ``pending``, the size a truncate of the save in flight leaves."""
+    if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) == (
+        look.st_size, look.st_mtime_ns, look.st_ctime_ns
+    ):
+        return True
+    return pending is not None and st.st_size == pending
+
+
+def keep_changed(parked: str, original: str) -> str:
+    """A consumed source changed after the save's last look is never deleted: give it back
+    its own name if that is free (a link, never over another file), else leave it parked.
+    Returns where it is, for the error's notes."""
+    try:
+        _name_back(parked, original)
+    except RecoverError:
+        return f"{original} is now another file, so the changed source is kept at {parked}"
+    return f"the changed source is kept under its own name {original}"
+
+
 def check_temps_hold(j: Journal, temps: list[int | None]) -> None:
     """Refuse (``DataChangedError``) if a parked source's missing bytes are not all in the
     temps (beyond a temp's end, or, for a source without holes, in a hole): they were never
@@ -116,12 +185,15 @@ def check_temps_hold(j: Journal, temps: list[int | None]) -> None:
                                  dense=s.dense)
 
 
-def check_committed(j: Journal) -> None:
+def check_committed(j: Journal,
+                    looked: Mapping[tuple[int, int], tuple[int, int]] | None = None) -> None:
     """Refuse to finish unless every move had completed: a committed save shortened each moved
     source to its kept prefix and put each adopted one at its temp (or final name) first.
 
     A journal renamed to "committed" by someone else mid-move fails here instead of deleting
-    sources that still hold bytes no temp has.
+    sources that still hold bytes no temp has.  A source the save's last look (``looked``,
+    recorded after every move had finished) saw at its kept prefix did finish: a size changed
+    since is someone else's write after the commit, which ``finish`` keeps.
     """
     for s in j.sources:
         if s.adopt:
@@ -133,7 +205,9 @@ def check_committed(j: Journal) -> None:
         # Only the parked name: the original path may hold a new file that reused the freed
         # inode number after the commit, and that file is none of this save's business.
         st = same_file(j.parked(s), s.dev, s.ino)
-        if st is not None and st.st_size != s.run_start:
+        seen = (looked or {}).get((s.dev, s.ino))
+        if st is not None and st.st_size != s.run_start and (seen is None
+                                                            or seen[0] != s.run_start):
             raise RecoverError(
                 f"{j.parked(s)}: the journal says committed, but the source is {st.st_size} "
                 f"bytes where a finished move leaves {s.run_start}: the commit never happened"
@@ -254,7 +328,8 @@ def remove_temps(j: Journal) -> None:
     _sys.fsync_parents(temps)
 
 
-def finish(j: Journal, journal_path: str) -> None:
+def finish(j: Journal, journal_path: str,
+           looked: Mapping[tuple[int, int], tuple[int, int]] | None = None) -> None:
     finals: list[str] = []
     for o, out in enumerate(j.outputs):
         if out.direct:
@@ -272,11 +347,32 @@ def finish(j: Journal, journal_path: str) -> None:
             )
         finals.append(out.final)
     _sys.fsync_parents(finals)
+    # A parked source not at the size its finished move leaves, or not at the size and mtime
+    # the save's last look recorded (the lock file's "looked" lines, written just before the
+    # commit point), was written by someone else and is kept, never deleted.
+    looked = looked or {}
     parked = [j.parked(s) for s in j.sources if not s.adopt]
+    kept: list[tuple[JournalSource, os.stat_result, str]] = []
     for s, p in zip((s for s in j.sources if not s.adopt), parked, strict=True):
-        if same_file(p, s.dev, s.ino) is not None:
-            _sys.unlink(p)
+        st = same_file(p, s.dev, s.ino)
+        if st is None:
+            continue
+        was = looked.get((s.dev, s.ino), (s.run_start, st.st_mtime_ns))
+        if st.st_size != s.run_start or (st.st_size, st.st_mtime_ns) != was:
+            kept.append((s, st, keep_changed(p, s.path)))
+            continue
+        _sys.unlink(p)
     _sys.fsync_parents(parked)
+    if kept:
+        s, st, _where = kept[0]
+        err = DataChangedError(s.path, expected_size=s.run_start, found_size=st.st_size,
+                               reason="another process changed this consumed source after the "
+                               "commit point, so it was not deleted")
+        err.committed = True
+        add_note(err, "the outputs are complete under their final names")
+        for _s, _st, where in kept:
+            add_note(err, where)
+        raise err
 
 
 def _check_replaceable(out: JournalOutput, journal_path: str) -> None:

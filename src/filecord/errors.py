@@ -32,8 +32,13 @@ class DataChangedError(FilecordError, OSError):
     """A file-backed piece no longer holds the bytes it was made with.
 
     ``path`` is the file, ``expected_size``/``found_size`` its size when the piece was made and
-    now (``None`` when the file is gone), and ``reason`` says what differed.
+    now (``None`` when the file is gone), and ``reason`` says what differed.  ``committed`` is
+    True when the save (or recover) had passed its commit point: the outputs are complete
+    under their final names, and only a consumed source changed after the save's last look was
+    kept instead of deleted (the notes say where).
     """
+
+    committed: bool = False
 
     def __init__(
         self, path: str, *, expected_size: int, found_size: int | None, reason: str

@@ -178,6 +178,11 @@ def run_point(
     change = party.change
     if change is None:
         return None, []
+    kept = ""
+    if isinstance(err, DataChangedError) and err.committed:
+        # The commit finished; the consumed source the second party changed after the save's
+        # last look was kept, not deleted, and reported: judged as a completed save.
+        err, kept = None, " (the changed consumed source kept and reported)"
     problems: list[str] = []
     snap = lay.snapshot()
     strict = not race
@@ -190,13 +195,13 @@ def run_point(
         elif got not in (lay.spec.old.get(rel), None) or (got is None and rel in lay.spec.old):
             problems.append(f"failed before its commit point, but {rel} changed")
     if err is None:
-        outcome = "completed"
+        outcome = "completed" + kept
         if during and strict:
             problems.append("completed although the source changed while it was being read "
                             "or shortened")
         if lay.leftovers():
             problems.append(f"completed and left {lay.leftovers()}")
-        if change.written and consumed:
+        if change.written and consumed and not kept:
             outcome = "completed (the consumed source, with the second party's bytes, deleted)"
         problems += judge_files(lay, key, change, strict=strict, consumed_ok=consumed,
                                 completed=True)

@@ -1,0 +1,139 @@
+"""The save's last look at each consumed source: what the commit deletes and the rollback puts
+back into only while it still holds.
+
+Theory of operation
+-------------------
+A consumed source is deleted at commit and a moved one is given its bytes back on failure, so
+each must still be the file the save last looked at; the inode alone proves nothing about a
+write by a process that had it open.  Per source the save keeps (``Txn.looks``) its last look:
+size, mtime and ctime.
+
+1. After parking (``take``): the rename changed every parked source's ctime, so the look is
+   taken then; size and mtime must still be those the copies re-checked (or the preflight
+   captured).  A move replaces its source's look with the ``fstat`` after each truncate
+   (``_transfer.move_source``), and before each truncate records the size that truncate
+   leaves, so a failure between the truncate and its ``fstat`` is not taken for a change.
+2. Before the commit point (``check``, after the temps are fsynced and closed, just before the
+   journal is renamed ``-committed``): every parked source is re-stated by its parked name
+   (``lstat``, no symlink followed, device and inode checked) and compared with its look.  A
+   difference is a ``DataChangedError``; the failure path holds the journal (as for a source
+   changed mid-move) and puts nothing back over the change.  The looks are then appended to
+   the journal directory's lock file ("looked DEV INO SIZE MTIME", fsynced) for recover's
+   finish.  A crash here leaves the journal at ``-journal``: recover rolls back (strict checks).
+3. At the unlink (``unlink_consumed``, after the commit point and the renames, so the outputs
+   are final): each source is compared once more immediately before its unlink.  A changed one
+   is not deleted: it gets its own name back (``link``, never over another file) or stays
+   under its parked name, and the save raises ``DataChangedError`` once the rest of the commit
+   is done, saying where it is.  A crash here leaves the ``-committed`` journal; recover's
+   ``_undo.finish`` keeps a parked source whose size or mtime differs from its "looked" line.
+4. On a failure before the commit point (``changed_since_look``), the rollback first proves
+   each source is as last seen by size and times, not by size alone.
+
+A write by a process that keeps its descriptor open after the unlink is lost by any tool that
+deletes a file (guarantees.md, "What cannot be seen").
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+from filecord import _lockfile, _sys, _undo
+from filecord._journal import Journal
+from filecord._txn import Txn
+from filecord.errors import DataChangedError, add_note
+
+
+def take(txn: Txn) -> None:
+    """The first look at each parked source (step 1)."""
+    record = txn.record
+    if record is None:  # pragma: no cover - parking needs a journal
+        return
+    for s in record.sources:
+        if s.adopt:
+            continue
+        key = (s.dev, s.ino)
+        st = _undo.same_file(record.parked(s), *key)
+        opened = txn.src_fds.get(key)
+        ident = txn.prep.datas[key][0].identity
+        size, mtime = ((opened[1].st_size, opened[1].st_mtime_ns) if opened
+                       else (ident.size, ident.mtime_ns))
+        if st is None or (st.st_size, st.st_mtime_ns) != (size, mtime):
+            txn.changed = key
+            raise DataChangedError(record.parked(s), expected_size=size,
+                                   found_size=None if st is None else st.st_size,
+                                   reason="another process changed it as it was parked")
+        txn.looks[key] = (st, None)
+
+
+def check(txn: Txn) -> None:
+    """Every parked source as last seen, just before the commit point (step 2)."""
+    record = txn.record
+    if record is None:
+        return
+    seen: list[tuple[int, int, int, int]] = []
+    for s in record.sources:
+        key = (s.dev, s.ino)
+        if s.adopt or key not in txn.looks:
+            continue
+        st = _undo.same_file(record.parked(s), *key)
+        look = txn.looks[key][0]
+        if st is not None and not _undo.as_seen(st, look):
+            txn.changed = key
+            raise DataChangedError(record.parked(s), expected_size=look.st_size,
+                                   found_size=st.st_size, reason="another process changed it "
+                                   "after the save's last look, before the commit")
+        if st is not None:
+            seen.append((s.dev, s.ino, st.st_size, st.st_mtime_ns))
+    if seen and txn.locks:  # for recover's finish, which has no look of its own
+        _lockfile.mark_looked(txn.locks[0][1], seen)
+
+
+def unlink_consumed(txn: Txn, record: Journal) -> list[tuple[str, str]]:
+    """Delete the parked sources still as last seen (step 3); returns (path, where) per kept
+    one."""
+    kept: list[tuple[str, str]] = []
+    parked = [record.parked(s) for s in record.sources if not s.adopt]
+    for s, path in zip((s for s in record.sources if not s.adopt), parked, strict=True):
+        st = _undo.same_file(path, s.dev, s.ino)
+        if st is None:
+            continue
+        look = txn.looks.get((s.dev, s.ino))
+        if look is not None and not _undo.as_seen(st, look[0]):
+            kept.append((s.path, f"{s.path}: {st.st_size} bytes (the save last saw "
+                         f"{look[0].st_size}); " + _undo.keep_changed(path, s.path)))
+            continue
+        _sys.unlink(path)
+    txn.counters.fsyncs += _sys.fsync_parents(parked)
+    return kept
+
+
+def raise_kept(kept: list[tuple[str, str]]) -> NoReturn:
+    """The commit finished, but sources changed after the last look were kept (step 3)."""
+    err = DataChangedError(kept[0][0], expected_size=-1, found_size=None,
+                           reason="another process changed a consumed source after the commit "
+                           "point, so it was not deleted")
+    err.committed = True
+    add_note(err, "the outputs are complete under their final names")
+    for _path, where in kept:
+        add_note(err, where)
+    raise err
+
+
+def changed_since_look(txn: Txn) -> DataChangedError | None:
+    """A source not as the save last saw it (size, mtime, ctime; or the size of its own
+    truncate in flight), found before a rollback would put bytes back into it (step 4)."""
+    record = txn.record
+    if record is None:
+        return None
+    for s in record.sources:
+        key = (s.dev, s.ino)
+        if s.adopt or key not in txn.looks:
+            continue
+        found = _undo.locate(record, s)
+        look, pending = txn.looks[key]
+        if found is not None and not _undo.as_seen(found[1], look, pending):
+            txn.changed = key
+            return DataChangedError(found[0], expected_size=look.st_size,
+                                    found_size=found[1].st_size, reason="another process "
+                                    "changed it after the save's last look")
+    return None
