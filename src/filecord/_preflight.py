@@ -185,7 +185,10 @@ def _source_facts(
     dir_ok = _sys.access(directory, os.W_OK | os.X_OK) and not _read_only_mount(directory)
     owned = all(d.owned for d in group)
     writable = dir_ok and _sys.access(path, os.W_OK)
-    if owned and stat_mod.S_ISREG(st.st_mode) and _append_only_or_immutable(path, st):
+    symlink = stat_mod.S_ISLNK(lst.st_mode)  # never moved or deleted: nothing to ask it
+    if owned and not symlink and stat_mod.S_ISREG(st.st_mode) and _append_only_or_immutable(
+        path, st
+    ):
         # chattr +a / +i: no truncate, rename or unlink, even as root; copied and kept, as a
         # read-only file, instead of a save that fails at parking whenever it is retried.
         writable = dir_ok = False
@@ -194,7 +197,7 @@ def _source_facts(
         path=path,
         size=st.st_size,
         owned=owned,
-        symlink=stat_mod.S_ISLNK(lst.st_mode),
+        symlink=symlink,
         nlink=st.st_nlink,
         regular=stat_mod.S_ISREG(st.st_mode),
         writable=writable,
