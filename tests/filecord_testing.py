@@ -6,7 +6,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from filecord import _names
+from filecord import _names, _sys
 from filecord._data import FileBackedData
 
 
@@ -59,3 +59,16 @@ def one(directory: Path, suffix: str) -> Path:
     found = [p for p in directory.iterdir() if p.name.endswith(suffix)]
     assert len(found) == 1, (suffix, sorted(p.name for p in directory.iterdir()))
     return found[0]
+
+
+class AtCall(_sys.Backend):
+    """Run ``action`` right before the ``at``-th call of ``op`` (a second party's instant)."""
+
+    def __init__(self, op: str, at: int, action: object) -> None:
+        self.op, self.at, self.action, self.n = op, at, action, 0
+
+    def hook(self, op: str, args: tuple[object, ...]) -> None:
+        if op == self.op:
+            self.n += 1
+            if self.n == self.at:
+                self.action()  # type: ignore[operator]

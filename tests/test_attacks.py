@@ -17,7 +17,7 @@ import pytest
 
 from filecord import Cord, FileBackedData, _names, _sys, recover, save, save_many
 from filecord.errors import DataChangedError, SaveError
-from filecord_testing import close_leaked, files, leftovers, one, pattern
+from filecord_testing import AtCall, close_leaked, files, leftovers, one, pattern
 from filecord_testing import owned_file as owned
 
 W = 4096
@@ -26,17 +26,6 @@ W = 4096
 
 
 
-class AtCall(_sys.Backend):
-    """Run ``action`` before the ``at``-th call of ``op`` (the second party's instant)."""
-
-    def __init__(self, op: str, at: int, action: object) -> None:
-        self.op, self.at, self.action, self.n = op, at, action, 0
-
-    def hook(self, op: str, args: tuple[object, ...]) -> None:
-        if op == self.op:
-            self.n += 1
-            if self.n == self.at:
-                self.action()  # type: ignore[operator]
 
 
 # --- 22: a same-size rewrite during a move -----------------------------------------------

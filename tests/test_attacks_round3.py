@@ -18,7 +18,7 @@ import pytest
 
 from filecord import Cord, FileBackedData, _sys, save
 from filecord.errors import DataChangedError
-from filecord_testing import leftovers, pattern
+from filecord_testing import AtCall, leftovers, pattern
 
 sys.path.insert(0, str(Path(__file__).parent / "fsmatrix"))
 import fskit
@@ -27,17 +27,6 @@ W = 4096
 SECOND = b"SECOND-PARTY-BYTES"
 
 
-class AtCall(_sys.Backend):
-    """Run ``action`` right before the ``at``-th call of ``op``."""
-
-    def __init__(self, op: str, at: int, action: object) -> None:
-        self.op, self.at, self.action, self.n = op, at, action, 0
-
-    def hook(self, op: str, args: tuple[object, ...]) -> None:
-        if op == self.op:
-            self.n += 1
-            if self.n == self.at:
-                self.action()  # type: ignore[operator]
 
 
 @contextlib.contextmanager
