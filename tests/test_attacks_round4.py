@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from filecord import Cord, FileBackedData, _sys, recover, save
-from filecord.errors import RecoverError, SaveError
+from filecord.errors import DataChangedError, RecoverError, SaveError
 from filecord_testing import pattern
 
 W = 4096
@@ -140,3 +140,131 @@ def test_r4_3_recover_completes_when_the_kept_sources_name_is_taken(tmp_path: Pa
     assert parked_a.read_bytes() == SECOND  # the bytes are safe ...
     # ... but the save is never completed: the journal stays and recover refuses forever.
     assert not any(n.endswith(".filecord-committed") for n in _names(tmp_path))
+
+
+# --- R4-4: a crafted "looked" line defeats check_committed's mid-move guard -----------------
+#
+# guarantees.md, "Recover": "What it may touch ... Nothing else is created, changed or deleted,
+# whatever a journal says"; _undo.check_committed: "A journal renamed to 'committed' by someone
+# else mid-move fails here instead of ...".  That guard is skipped for any source whose
+# "looked" line in the lock file (plain text, no checksum) gives its kept prefix as size: with
+# such lines appended, a journal renamed -committed mid-move is "finished": the incomplete temp
+# (holes where the unmoved bytes belong) replaces the old output, whose bytes are lost.
+
+BUG_4 = ("check_committed trusts an unchecksummed 'looked DEV INO RUN_START MTIME' lock-file "
+         "line over the source's size: a journal renamed -committed mid-move is finished and "
+         "the incomplete temp replaces the old output")
+
+
+def _killed_mid_move(d: Path, at_truncate: int) -> tuple[bytes, bytes]:
+    """SIGKILL a consuming save of a.bin + b.bin into d/out.bin right before its
+    ``at_truncate``-th ftruncate (in a forked child)."""
+    from support.killjob import fork_run
+
+    a, b = pattern(3 * W, "a"), pattern(2 * W, "b")
+    (d / "a.bin").write_bytes(a)
+    (d / "b.bin").write_bytes(b)
+    (d / "out.bin").write_bytes(b"OLD")
+
+    class Kill(_sys.Backend):
+        n = 0
+
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "ftruncate":
+                self.n += 1
+                if self.n == at_truncate:
+                    os.kill(os.getpid(), 9)
+
+    def job() -> None:
+        with _sys.use(Kill()):
+            save(d / "out.bin", Cord([FileBackedData(d / "a.bin", owned=True),
+                                      FileBackedData(d / "b.bin", owned=True)]),
+                 consume=True, window=W)
+
+    assert fork_run(job) == -9
+    return a, b
+
+
+@pytest.mark.xfail(strict=True, reason=BUG_4)
+def test_r4_4_crafted_looked_lines_do_not_finish_a_save_killed_mid_move(tmp_path: Path) -> None:
+    a, b = _killed_mid_move(tmp_path, 3)
+    names = _names(tmp_path)
+    journal = next(tmp_path / n for n in names if n.endswith(".filecord-journal"))
+    lock = next(tmp_path / n for n in names if n.endswith(".filecord-lock"))
+    committed = Path(str(journal).removesuffix("-journal") + "-committed")
+    journal.rename(committed)  # the documented attack check_committed exists for
+    with lock.open("ab") as f:  # plus one plausible line per parked source
+        for n in names:
+            if n.endswith(".filecord-src"):
+                st = os.stat(tmp_path / n)
+                f.write(b"looked %d %d 0 %d\n" % (st.st_dev, st.st_ino, st.st_mtime_ns))
+    with pytest.raises(RecoverError):  # finish keeps the "changed" sources, and says so
+        recover(tmp_path)
+    got = (tmp_path / "out.bin").read_bytes()
+    assert got in (b"OLD", a + b), f"out.bin is {len(got)} bytes, neither old nor new"
+
+
+def test_r4_4_control_without_crafted_lines_a_mid_move_committed_journal_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Held: the same renamed journal without the lock-file lines is refused, untouched."""
+    a, b = _killed_mid_move(tmp_path, 3)
+    journal = next(tmp_path / n for n in _names(tmp_path) if n.endswith(".filecord-journal"))
+    journal.rename(Path(str(journal).removesuffix("-journal") + "-committed"))
+    before = {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)}
+    with pytest.raises(RecoverError, match="the commit never happened"):
+        recover(tmp_path)
+    assert {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)} == before
+
+
+def test_r4_5_crafted_moved_line_only_makes_recover_refuse(tmp_path: Path) -> None:
+    """Held: a "moved 99" line appended to the lock file of a save killed mid-move can only
+    make recover refuse (nothing touched); without it the same state rolls back byte-exact."""
+    a, b = _killed_mid_move(tmp_path, 3)
+    lock = next(tmp_path / n for n in _names(tmp_path) if n.endswith(".filecord-lock"))
+    with lock.open("ab") as f:
+        f.write(b"moved 99\n")
+    before = {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)}
+    with pytest.raises(RecoverError, match="its move had finished"):
+        recover(tmp_path)
+    assert {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)} == before
+    # Damage to a lock line (a torn or garbled append) is ignored, not trusted.
+    raw = lock.read_bytes().replace(b"moved 99\n", b"moved 9x\nmoved 1")
+    lock.write_bytes(raw)
+    recover(tmp_path)
+    assert (tmp_path / "a.bin").read_bytes() == a
+    assert (tmp_path / "b.bin").read_bytes() == b
+    assert (tmp_path / "out.bin").read_bytes() == b"OLD"
+    assert _names(tmp_path) == ["a.bin", "b.bin", "out.bin"]
+
+
+def test_r4_6_in_process_kept_source_under_a_taken_name_stays_whole(tmp_path: Path) -> None:
+    """Held: a consumed source appended to after the commit point while a new file took its
+    name is kept under its parked name, byte-exact, and the save says so (committed=True)."""
+    a, b = pattern(2 * W, "a"), pattern(3 * W, "b")
+    (tmp_path / "a.bin").write_bytes(a)
+    (tmp_path / "b.bin").write_bytes(b)
+    out = tmp_path / "out.bin"
+
+    class Late(_sys.Backend):
+        done = False
+
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "rename" and str(args[1]) == str(out) and not self.done:
+                self.done = True  # after the commit point, before the unlinks
+                parked = next(tmp_path / n for n in os.listdir(tmp_path)
+                              if n.startswith(".a.bin.") and n.endswith(".filecord-src"))
+                with parked.open("ab") as f:
+                    f.write(SECOND)
+                (tmp_path / "a.bin").write_bytes(b"NEW a.bin")
+
+    with _sys.use(Late()), pytest.raises(DataChangedError) as info:
+        save(out, Cord([FileBackedData(tmp_path / "a.bin", owned=True),
+                        FileBackedData(tmp_path / "b.bin", owned=True)]),
+             consume=True, window=W)
+    assert info.value.committed
+    assert out.read_bytes() == a + b
+    assert (tmp_path / "a.bin").read_bytes() == b"NEW a.bin"
+    kept = [n for n in _names(tmp_path) if n.endswith(".filecord-src")]
+    assert len(kept) == 1 and (tmp_path / kept[0]).read_bytes() == SECOND
+    assert any(kept[0] in note for note in info.value.__notes__)
