@@ -428,7 +428,7 @@ def test_r4_9_a_metadata_only_change_is_undone_by_recover(tmp_path: Path, how: s
                     subprocess.run(["chattr", "+a", str(parked("a"))], check=True)
 
     try:
-        with _sys.use(Sweep()), pytest.raises(OSError) as info:
+        with _sys.use(Sweep()), pytest.raises(DataChangedError, match="changed") as info:
             save(tmp_path / "out.bin", Cord([FileBackedData(tmp_path / "a.bin", owned=True),
                                              FileBackedData(tmp_path / "b.bin", owned=True)]),
                  consume=True, window=W)
