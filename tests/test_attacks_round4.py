@@ -7,6 +7,7 @@ Judged only by docs/guarantees.md (and the README's "What is promised").
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from pathlib import Path
@@ -443,3 +444,63 @@ def test_r4_9_a_metadata_only_change_is_undone_by_recover(tmp_path: Path, how: s
     assert (tmp_path / "a.bin").read_bytes() == a
     assert (tmp_path / "b.bin").read_bytes() == b
     assert _names(tmp_path) == ["a.bin", "b.bin"]
+
+
+def test_r4_10_recover_killed_anywhere_while_keeping_a_changed_source_then_rerun(
+    tmp_path: Path,
+) -> None:
+    """Held: recover finishing a committed save whose parked a.bin was appended to after the
+    commit point, SIGKILLed before each of its destructive calls and rerun twice, always ends
+    with the output complete and the changed a.bin kept, byte-exact, under its own name."""
+    from support.faultfs import RECOVER_OPS, KillFS
+    from support.killjob import fork_run
+
+    a, b = pattern(2 * W, "a"), pattern(3 * W, "b")
+    for at in range(1, 9):  # the finish makes 8 destructive calls here
+        d = tmp_path / f"k{at}"
+        d.mkdir()
+        out = _committed_then_stopped(d, {"a.bin": a, "b.bin": b})
+        parked_a = next(d / n for n in _names(d)
+                        if n.startswith(".a.bin.") and n.endswith(".filecord-src"))
+        with parked_a.open("ab") as f:
+            f.write(SECOND)
+
+        def job(d: Path = d, at: int = at) -> None:
+            with _sys.use(KillFS(at, RECOVER_OPS)):
+                recover(d)
+
+        fork_run(job)
+        for _ in range(2):
+            with contextlib.suppress(RecoverError):
+                recover(d)
+        assert out.read_bytes() == a + b, at
+        assert (d / "a.bin").read_bytes() == SECOND, at
+        assert _names(d) == ["a.bin", "out.bin"], at
+
+
+def test_r4_11_an_immutable_or_append_only_owned_source_is_copied_and_kept(
+    tmp_path: Path,
+) -> None:
+    """Held: chattr +i / +a owned sources are copied (reason "read-only") and kept whole."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("chattr needs root and e2fsprogs")
+    a, b, c = pattern(2 * W, "a"), pattern(W + 7, "b"), pattern(3 * W, "c")
+    for name, data in (("a.bin", a), ("b.bin", b), ("c.bin", c)):
+        (tmp_path / name).write_bytes(data)
+    flags = {"a.bin": "+i", "b.bin": "+a"}
+    try:
+        for name, flag in flags.items():
+            subprocess.run(["chattr", flag, str(tmp_path / name)], check=True)
+        save(tmp_path / "out.bin", Cord([FileBackedData(tmp_path / n, owned=True)
+                                         for n in ("a.bin", "b.bin", "c.bin")]),
+             consume=True, window=W)
+    finally:
+        for name, flag in flags.items():
+            subprocess.run(["chattr", "-" + flag[1], str(tmp_path / name)], check=False)
+    assert (tmp_path / "out.bin").read_bytes() == a + b + c
+    assert (tmp_path / "a.bin").read_bytes() == a
+    assert (tmp_path / "b.bin").read_bytes() == b
+    assert _names(tmp_path) == ["a.bin", "b.bin", "out.bin"]  # c was consumed
