@@ -68,7 +68,6 @@ BUG_1 = ("a save consuming ~1300 sources writes >64 KiB of 'looked' lines to its
          "refuses the committed save forever ('belongs to another journal')")
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_1)
 def test_r4_1_recover_finishes_a_committed_save_of_1300_consumed_sources(
     tmp_path: Path,
 ) -> None:

@@ -190,14 +190,21 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
     return Recovered(lock, "discarded", detail=f"removed {len(garbage)} temp file(s)")
 
 
+_POINTER_HEAD = 1 << 16  # bytes of a lock file read for its pointer: far more than PATH_MAX
+
+
 def _read_pointer(fd: int, token: str) -> tuple[str | None, bool]:
     """The journal path a lock file names (None when it is empty or not one), and whether the
     save marked that its journal had been made durable."""
     size = _sys.fstat(fd).st_size
-    if not 0 < size <= 1 << 16:
+    if size <= 0:
         return None, False
-    raw = _sys.read_all(fd, 0, size)
-    # PATH\n[journaled\n]: a path may hold newlines itself, but it ends with the journal suffix.
+    # Only the head: the pointer comes first and an absolute path that can be opened is short
+    # (PATH_MAX), while the marks after it grow with the save (one "looked" line per consumed
+    # source), so the file's size says nothing about whether it names a journal.
+    raw = _sys.read_all(fd, 0, min(size, _POINTER_HEAD))
+    # PATH\n[journaled\n]...: a path may hold newlines itself, but it ends with the journal
+    # suffix, and no mark line holds that suffix, so its last occurrence in the head ends it.
     end = raw.rfind(os.fsencode(_names.JOURNAL) + b"\n")
     if end < 0:
         return None, False
