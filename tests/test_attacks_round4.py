@@ -318,7 +318,6 @@ BUG_8 = ("read_marks looks for '\\njournaled\\n' anywhere in the lock file, the 
          "included: a directory name holding it makes recover refuse a clean crash forever")
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_8)
 def test_r4_8_a_directory_name_is_not_read_as_a_moved_mark(tmp_path: Path) -> None:
     from support.killjob import fork_run
 

@@ -29,10 +29,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from filecord import _sys
+from filecord import _names, _sys
 
 JOURNALED = b"journaled"  # appended once the save's journal is durable under its name
 MOVED = b"moved"  # "moved N": the first N moved sources (journal order) are done, durably
+# The pointer's end: every journal name ends so, and no mark line holds it.
+JOURNAL_SUFFIX = os.fsencode(_names.JOURNAL)
 LOOKED = b"looked"  # "looked DEV INO SIZE MTIME_NS": a source at the save's last look, durably
 
 
@@ -134,15 +136,22 @@ class Marks:
 
 
 def read_marks(raw: bytes) -> Marks:
-    """The marks after the "journaled" line of a lock file's content (a path may hold
-    newlines, so only what follows that mark counts).  Only whole lines (newline-terminated,
-    every field a number) count: a torn append is as if it never reached the disk."""
-    at = raw.rfind(b"\n" + JOURNALED + b"\n")
-    if at < 0:
+    """The marks of a lock file's content: only the lines after its pointer (the journal path,
+    ended by the journal suffix and a newline), and only when the first of them is the
+    "journaled" mark.  The path may hold newlines and mark-like lines of its own (a directory
+    named "m\njournaled\nmoved 5\nv2"), so nothing before the pointer's end counts; no mark line
+    holds the journal suffix, so its last occurrence is that end.  Only whole lines
+    (newline-terminated, every field a number) count: a torn append is as if it never reached
+    the disk."""
+    end = raw.rfind(JOURNAL_SUFFIX + b"\n")
+    if end < 0:
+        return Marks()
+    body = raw[end + len(JOURNAL_SUFFIX) + 1 :]
+    if not body.startswith(JOURNALED + b"\n"):
         return Marks()
     moved = 0
     looked: dict[tuple[int, int], tuple[int, int]] = {}
-    for line in raw[at + len(JOURNALED) + 2 :].split(b"\n")[:-1]:
+    for line in body[len(JOURNALED) + 1 :].split(b"\n")[:-1]:
         word, *nums = line.split(b" ")
         if not nums or not all(n.isdigit() for n in nums):
             continue
