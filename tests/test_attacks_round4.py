@@ -185,7 +185,6 @@ def _killed_mid_move(d: Path, at_truncate: int) -> tuple[bytes, bytes]:
     return a, b
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_4)
 def test_r4_4_crafted_looked_lines_do_not_finish_a_save_killed_mid_move(tmp_path: Path) -> None:
     a, b = _killed_mid_move(tmp_path, 3)
     names = _names(tmp_path)

@@ -40,7 +40,10 @@ their last stat: the save appends it, just before its commit point, to the journ
 directory's lock file ("looked DEV INO SIZE MTIME", fsynced; ``_lockfile.read_marks``).  A
 parked source whose size is not its kept prefix, or whose size and mtime are not the recorded
 ones, was written after the save's last look and is kept (named back if its name is free),
-never unlinked, and a ``DataChangedError`` says so after everything else is finished.  Not
+never unlinked, and a ``DataChangedError`` says so after everything else is finished.  The
+lock file's lines carry no checksum, so a "looked" line never proves a move finished
+(``check_committed``): only the files do (a later move at its kept prefix, or the outputs
+holding every moved byte); without that proof a committed journal is refused.  Not
 ctime: a restore or copy of a crashed tree changes every ctime, mtime survives it.  A rewrite
 that keeps size and mtime (``utime``, or within one timestamp tick) is not seen by recover.
 """
@@ -191,10 +194,16 @@ def check_committed(j: Journal,
     source to its kept prefix and put each adopted one at its temp (or final name) first.
 
     A journal renamed to "committed" by someone else mid-move fails here instead of deleting
-    sources that still hold bytes no temp has.  A source the save's last look (``looked``,
-    recorded after every move had finished) saw at its kept prefix did finish: a size changed
-    since is someone else's write after the commit, which ``finish`` keeps.
+    sources that still hold bytes no temp has.  The proof is the files' own sizes, never the
+    lock file alone: its lines carry no checksum, so a crafted "looked" line must not make a
+    half-moved source look finished.  A parked source not at its kept prefix is let through
+    (for ``finish`` to keep, never delete) only when both hold: the save's last look
+    (``looked``, recorded after every move had finished) saw it at its kept prefix, and a
+    move at or after it in the journal's move order is proven finished by the files
+    (``_vouched``).  Then the size it has now is someone else's write after the commit.
     """
+    looked = looked or {}
+    vouched = _vouched(j)
     for s in j.sources:
         if s.adopt:
             if same_file(s.path, s.dev, s.ino) is not None:
@@ -204,14 +213,66 @@ def check_committed(j: Journal,
             continue  # at its temp or final name, or lost (``finish`` says which)
         # Only the parked name: the original path may hold a new file that reused the freed
         # inode number after the commit, and that file is none of this save's business.
-        st = same_file(j.parked(s), s.dev, s.ino)
-        seen = (looked or {}).get((s.dev, s.ino))
-        if st is not None and st.st_size != s.run_start and (seen is None
-                                                            or seen[0] != s.run_start):
-            raise RecoverError(
-                f"{j.parked(s)}: the journal says committed, but the source is {st.st_size} "
-                f"bytes where a finished move leaves {s.run_start}: the commit never happened"
-            )
+        key = (s.dev, s.ino)
+        st = same_file(j.parked(s), *key)
+        if st is None or st.st_size == s.run_start:
+            continue
+        seen = looked.get(key)
+        if seen is not None and seen[0] == s.run_start and key in vouched:
+            continue  # changed after the commit: ``finish`` keeps it and says so
+        raise RecoverError(
+            f"{j.parked(s)}: the journal says committed, but the source is {st.st_size} "
+            f"bytes where a finished move leaves {s.run_start}: the commit never happened"
+        )
+
+
+def _vouched(j: Journal) -> set[tuple[int, int]]:
+    """The sources whose finished move the files themselves prove, in an ``ordered`` journal's
+    move order: a moved source is finished when it is at its parked name at exactly its kept
+    prefix, or when the outputs (temps, or final names once renamed) hold data for every byte
+    it moves (``_transfer.check_moved``: the output is whole without it); moves run one at a
+    time in that order, so every one before a finished one is finished too.  The never-moved
+    ones are added: their bytes stayed whole, so their size proves nothing either way (a move
+    not proven still refuses).  Older journals: none."""
+    if not j.ordered:
+        return set()
+    moved = [s for s in j.sources if not s.adopt and s.run_start < s.size]
+    last = -1
+    outs: list[int | None] | None = None
+    try:
+        for i in reversed(range(len(moved))):
+            s = moved[i]
+            st = same_file(j.parked(s), s.dev, s.ino)
+            if st is None:
+                continue
+            if st.st_size != s.run_start:
+                outs = _open_outputs(j) if outs is None else outs
+                try:
+                    _transfer.check_moved(s.as_move(), outs, s.run_start, dense=s.dense)
+                except (OSError, DataChangedError):
+                    continue
+            last = i
+            break
+    finally:
+        if outs is not None:
+            close_all(outs)
+    keys = {(s.dev, s.ino) for s in moved[: last + 1]}
+    return keys | {(s.dev, s.ino) for s in j.sources if not s.adopt and s.run_start >= s.size}
+
+
+def _open_outputs(j: Journal) -> list[int | None]:
+    """Read-only descriptors of this save's outputs, at their temps or final names (None where
+    neither holds the journaled inode)."""
+    fds: list[int | None] = []
+    try:
+        for o, out in enumerate(j.outputs):
+            names = (out.final,) if out.direct else (j.temp(o), out.final)
+            at = next((n for n in names if same_file(n, out.dev, out.ino) is not None), None)
+            fds.append(None if at is None else open_same(at, out.dev, out.ino, os.O_RDONLY))
+    except BaseException:
+        close_all(fds)
+        raise
+    return fds
 
 
 def open_temps(j: Journal) -> list[int | None]:
