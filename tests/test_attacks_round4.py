@@ -285,7 +285,6 @@ BUG_7 = ("check_strict compares only sizes: a never-moved source rewritten (same
          "mtime) after the crash is 'restored' and futimens resets its mtime, hiding the change")
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_7)
 def test_r4_7_recover_does_not_hide_a_rewrite_of_a_never_moved_source(tmp_path: Path) -> None:
     _killed_mid_move(tmp_path, 3)  # a is being moved; b is parked, untouched
     parked_b = next(tmp_path / n for n in _names(tmp_path)

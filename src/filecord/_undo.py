@@ -111,13 +111,29 @@ def check_strict(j: Journal, done: int = 0) -> None:
                     s.path, expected_size=s.size, found_size=st.st_size,
                     reason="changed by another process before the save moved it",
                 )
+            if st is not None:
+                _check_untouched(s, s.path, st)
             continue
+        if st.st_size == s.size:
+            _check_untouched(s, j.parked(s), st)
         if not legal_size(s, st.st_size, j.window):
             raise DataChangedError(
                 j.parked(s), expected_size=s.size, found_size=st.st_size,
                 reason="its size is not one a move of this save leaves: another process "
                 "changed it",
             )
+
+
+def _check_untouched(s: JournalSource, name: str, st: os.stat_result) -> None:
+    """A source at its full size was never shortened by this save (or a rollback finished and
+    put its journaled mtime back), so its mtime must be the journaled one: a same-size rewrite
+    by another process is refused here, never "restored" and its mtime reset over the change."""
+    if st.st_mtime_ns != s.mtime_ns:
+        raise DataChangedError(
+            name, expected_size=s.size, found_size=st.st_size,
+            reason=f"its modification time is {st.st_mtime_ns} ns where the journal recorded "
+            f"{s.mtime_ns} ns and this save never shortened it: another process rewrote it",
+        )
 
 
 def check_order(j: Journal, done: int = 0) -> None:
@@ -286,7 +302,11 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: _transfe
         if size < s.size:
             _transfer.restore_source(fd, s.as_move(), temps, j.window, c, punch=True,
                                     dense=s.dense)
-        _sys.futimens(fd, s.atime_ns, s.mtime_ns)
+            _sys.futimens(fd, s.atime_ns, s.mtime_ns)
+        # Already whole: its times are left as they are.  With another mtime it was either
+        # rewritten by someone else (strict mode refused that before any file was touched) or
+        # restored by a rollback that stopped before its futimens; resetting the mtime would
+        # hide the first, so the second keeps the restore's mtime (the bytes are exact).
         c.fsync(fd)
     finally:
         _sys.close(fd)
