@@ -392,6 +392,11 @@ def finish(j: Journal, journal_path: str,
         add_note(err, "the outputs are complete under their final names")
         for _s, _st, where in kept:
             add_note(err, where)
+        # Where each kept file is now (its own name, or its parked one when that was taken).
+        err.kept = tuple(  # type: ignore[attr-defined]
+            p if same_file(p, s.dev, s.ino) is not None else s.path
+            for s, _st, _w in kept for p in (j.parked(s),)
+        )
         raise err
 
 
