@@ -302,11 +302,11 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: _transfe
         if size < s.size:
             _transfer.restore_source(fd, s.as_move(), temps, j.window, c, punch=True,
                                     dense=s.dense)
-            _sys.futimens(fd, s.atime_ns, s.mtime_ns)
-        # Already whole: its times are left as they are.  With another mtime it was either
-        # rewritten by someone else (strict mode refused that before any file was touched) or
-        # restored by a rollback that stopped before its futimens; resetting the mtime would
-        # hide the first, so the second keeps the restore's mtime (the bytes are exact).
+        # Whole with another mtime: in a rollback (the ``-rollback`` stage) that is this undo's
+        # own restore, stopped before this futimens.  A rewrite of a source the save never
+        # shortened is refused by ``check_strict`` before the journal becomes ``-rollback``,
+        # so no one else's rewrite reaches here to be hidden.
+        _sys.futimens(fd, s.atime_ns, s.mtime_ns)
         c.fsync(fd)
     finally:
         _sys.close(fd)
