@@ -404,7 +404,6 @@ BUG_9 = ("a ctime-only change of a parked source (chmod/chattr, no byte changed)
          "never acts on -held, so every source stays under its token name")
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_9)
 @pytest.mark.parametrize("how", ["chmod", "chattr"])
 def test_r4_9_a_metadata_only_change_is_undone_by_recover(tmp_path: Path, how: str) -> None:
     import shutil

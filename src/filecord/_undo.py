@@ -176,6 +176,14 @@ def as_seen(st: os.stat_result, look: os.stat_result, pending: int | None = None
     return pending is not None and st.st_size == pending
 
 
+def change_reason(st: os.stat_result, look: os.stat_result, changed: str) -> str:
+    """``changed``, or ``_transfer.METADATA_ONLY`` when only the ctime differs from the look
+    (same size and mtime): a chmod/chattr, which holds no journal."""
+    if (st.st_size, st.st_mtime_ns) == (look.st_size, look.st_mtime_ns):
+        return _transfer.METADATA_ONLY
+    return changed
+
+
 def keep_changed(parked: str, original: str) -> str:
     """A consumed source changed after the save's last look is never deleted: give it back
     its own name if that is free (a link, never over another file), else leave it parked.
