@@ -2,7 +2,8 @@
 :func:`filecord.recover`.
 
 Exit 0 when every journal found was handled (or there was none), 1 when one was refused or
-could not be handled, 2 when PATH is a file that is not a journal (nothing was touched).
+could not be handled, or was finished but kept a consumed source another process changed after
+the commit point (look at it), 2 when PATH is a file that is not a journal (nothing was touched).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([
             {"journal": r.journal, "action": r.action, "outputs": list(r.outputs),
-             "sources": list(r.sources), "detail": r.detail, "notes": list(r.notes)}
+             "sources": list(r.sources), "detail": r.detail, "notes": list(r.notes),
+             "kept": list(r.kept)}
             for r in done
         ], indent=2))
     elif not done and error is None:
@@ -49,7 +51,11 @@ def cmd_recover(args: argparse.Namespace) -> int:
     else:
         for r in done:
             detail = f" ({r.detail})" if r.detail and r.action != "refused" else ""
-            if r.action != "refused":
+            if r.kept:
+                print(f"{r.journal}: completed the save: outputs in place; kept "
+                      f"{', '.join(r.kept)}, changed by another process after the commit "
+                      "point, so not deleted")
+            elif r.action != "refused":
                 print(f"{r.journal}: {_WORDS[r.action]}{detail}")
     if error is not None:
         raise error  # main prints it and its notes, exit 1

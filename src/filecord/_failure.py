@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
-from filecord import _lockfile, _looks, _names, _sys, _undo
+from filecord import _lockfile, _looks, _names, _sys, _transfer, _undo
 from filecord._stage import Stage
 from filecord._txn import Txn
 from filecord.errors import DataChangedError, FilecordError, SaveError, SourceState, add_note
@@ -174,7 +174,11 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
             # Bytes were being moved out of the changed file.  A new hard link changes no
             # byte: recover may put the bytes back into the shared inode.  A write, append or
             # truncate did: hold the journal.
-            linked = "linked" in exc.reason
+            # A change of ctime alone (chmod, chattr) changed no byte either.
+            linked = "linked" in exc.reason or exc.reason == _transfer.METADATA_ONLY
+            if exc.reason == _transfer.METADATA_ONLY:
+                log.warning("%s: %s; the save stops, recover may roll it back", exc.path,
+                            exc.reason)
             _keep_all(txn, exc, names, notes, "a source changed under the move, so nothing was "
                       "put back over it: the journal and temps are kept" +
                       ("" if linked else " (held: recover will not undo over the change)"),
@@ -184,12 +188,20 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
         except OSError as cexc:
             notes.append(f"could not check the sources: {cexc}")
             _keep_all(txn, exc, names, notes, "the journal and temps are kept")
-        if found is not None:
+        if found is not None and found.reason != _transfer.METADATA_ONLY:
             notes.append(f"the save had failed first: {exc}")
             found.__context__ = exc
             _keep_all(txn, found, names, notes, "a source was changed by another process, so "
                       "nothing was put back over it: the journal (held) and temps are kept",
                       hold=True)
+        if found is not None:
+            # ctime alone (chmod, chattr +a that then failed the truncate): no byte changed, but
+            # the change may block the undo too; kept, not held, so recover rolls it back.
+            notes.append(f"the save had failed first: {exc}")
+            found.__context__ = exc
+            log.warning("%s: %s", found.path, found.reason)
+            _keep_all(txn, found, names, notes, "a source's metadata was changed by another "
+                      "process: the journal and temps are kept (not held)")
         try:
             # The same proof recover asks for: every source is as this save's moves left it,
             # in the order they ran.

@@ -80,8 +80,9 @@ def check(txn: Txn) -> None:
         if st is not None and not _undo.as_seen(st, look):
             txn.changed = key
             raise DataChangedError(record.parked(s), expected_size=look.st_size,
-                                   found_size=st.st_size, reason="another process changed it "
-                                   "after the save's last look, before the commit")
+                                   found_size=st.st_size, reason=_undo.change_reason(
+                                       st, look, "another process changed it after the save's "
+                                       "last look, before the commit"))
         if st is not None:
             seen.append((s.dev, s.ino, st.st_size, st.st_mtime_ns))
     if seen and txn.locks:  # for recover's finish, which has no look of its own
@@ -134,6 +135,7 @@ def changed_since_look(txn: Txn) -> DataChangedError | None:
         if found is not None and not _undo.as_seen(found[1], look, pending):
             txn.changed = key
             return DataChangedError(found[0], expected_size=look.st_size,
-                                    found_size=found[1].st_size, reason="another process "
-                                    "changed it after the save's last look")
+                                    found_size=found[1].st_size, reason=_undo.change_reason(
+                                        found[1], look, "another process changed it after the "
+                                        "save's last look"))
     return None

@@ -62,7 +62,9 @@ class Recovered:
     ``action``: "finished" (completed after its commit point), "restored" (rolled back: the
     sources are whole again), "discarded" (it died before its journal: its temps removed),
     "skipped" (it is still running: its lock is held) or "refused" (``detail`` says why; no
-    file was touched).
+    file was touched).  ``kept``: for a finished save, the consumed sources another process
+    changed after the commit point, kept (never deleted) under their own names or, when those
+    were taken, their parked names; ``detail`` and ``notes`` say where.
     """
 
     journal: str
@@ -71,6 +73,7 @@ class Recovered:
     sources: tuple[str, ...] = ()
     detail: str = ""
     notes: tuple[str, ...] = field(default=(), repr=False)
+    kept: tuple[str, ...] = ()
 
 
 def recover(path: str | os.PathLike[str]) -> list[Recovered]:
@@ -78,7 +81,8 @@ def recover(path: str | os.PathLike[str]) -> list[Recovered]:
 
     Returns what was done per save (an empty list when there is nothing to do).  Raises
     :class:`RecoverError` when ``path`` is a file that is not a journal, and, after handling
-    everything else, when anything was refused; its ``results`` attribute holds the list.
+    everything else, when anything was refused or a finished save kept a changed source; its
+    ``results`` attribute holds the list.
     """
     target = os.fspath(path)
     st = _sys.stat(target)  # a directory reached through a symlink is that directory
@@ -90,12 +94,18 @@ def recover(path: str | os.PathLike[str]) -> list[Recovered]:
         results = [_recover_file(target, _sys.lstat(target))]
     done = [r for r in results if r is not None]
     refused = [r for r in done if r.action == "refused"]
-    if refused:
-        err = RecoverError(
-            f"recover refused {len(refused)} save(s) in {target}: "
-            + "; ".join(f"{r.journal}: {r.detail}" for r in refused)
-        )
-        for r in refused:
+    kept = [r for r in done if r.kept]
+    if refused or kept:
+        parts = []
+        if refused:
+            parts.append(f"recover refused {len(refused)} save(s) in {target}: "
+                         + "; ".join(f"{r.journal}: {r.detail}" for r in refused))
+        if kept:
+            parts.append(f"recover finished {len(kept)} save(s) in {target} but kept "
+                         "consumed sources changed after the commit point: "
+                         + "; ".join(f"{r.journal}: {r.detail}" for r in kept))
+        err = RecoverError("; ".join(parts))
+        for r in refused + kept:
             for note in r.notes:
                 add_note(err, note)
         err.results = done  # type: ignore[attr-defined]
@@ -349,7 +359,18 @@ def _act(path: str, j: _journal.Journal, stage: Stage,
     try:
         if stage is Stage.COMMITTED:
             _undo.check_committed(j, marks.looked)
-            _undo.finish(j, path, marks.looked)
+            try:
+                _undo.finish(j, path, marks.looked)
+            except DataChangedError as exc:
+                if not exc.committed:
+                    raise
+                # Everything else is finished and the changed source is kept where the notes
+                # say (a name the journal does not need): the save is over, not refused.
+                _sys.unlink(path)
+                where = tuple(getattr(exc, "__notes__", ()))
+                log.warning("recover finished %s but kept a changed source: %s", path, exc)
+                return Recovered(path, "finished", outputs, sources, detail=str(exc),
+                                 notes=where, kept=tuple(getattr(exc, "kept", ())))
             _sys.unlink(path)
             return Recovered(path, "finished", outputs, sources)
         if stage is Stage.MOVING:
@@ -374,3 +395,4 @@ def _act(path: str, j: _journal.Journal, stage: Stage,
     except (RecoverError, DataChangedError, OSError) as exc:
         notes = _undo.whereabouts(j)
         return _refuse(path, f"{exc}; the journal and temps are kept", notes)
+

@@ -245,6 +245,13 @@ def _by_window(m: MoveSource, window: int) -> dict[int, list[PieceRef]]:
     return buckets
 
 
+# The reason of a DataChangedError for a change of ctime alone (chmod, chown, chattr): no byte
+# changed as far as a stat can tell, so the save stops but its journal is not held, and
+# ``recover`` may roll it back (a rewrite that keeps size and mtime is not seen either way).
+METADATA_ONLY = ("only its change time moved (a chmod, chown or chattr?): no byte changed as "
+                 "far as size and modification time tell")
+
+
 def _check_unchanged(
     src: int, m: MoveSource, pos: int, seen: os.stat_result, cause: OSError | None
 ) -> None:
@@ -261,8 +268,10 @@ def _check_unchanged(
         why = "another process changed its size while it was being moved"
     elif now.st_nlink != 1:
         why = "another name was linked to it while it was being moved"
-    elif (now.st_mtime_ns, now.st_ctime_ns) != (seen.st_mtime_ns, seen.st_ctime_ns):
+    elif now.st_mtime_ns != seen.st_mtime_ns:
         why = "another process wrote to it while it was being moved"
+    elif now.st_ctime_ns != seen.st_ctime_ns:
+        why = METADATA_ONLY
     if why is not None:
         raise DataChangedError(m.path, expected_size=pos, found_size=now.st_size,
                                reason=why) from cause

@@ -114,13 +114,29 @@ def check_strict(j: Journal, done: int = 0) -> None:
                     s.path, expected_size=s.size, found_size=st.st_size,
                     reason="changed by another process before the save moved it",
                 )
+            if st is not None:
+                _check_untouched(s, s.path, st)
             continue
+        if st.st_size == s.size:
+            _check_untouched(s, j.parked(s), st)
         if not legal_size(s, st.st_size, j.window):
             raise DataChangedError(
                 j.parked(s), expected_size=s.size, found_size=st.st_size,
                 reason="its size is not one a move of this save leaves: another process "
                 "changed it",
             )
+
+
+def _check_untouched(s: JournalSource, name: str, st: os.stat_result) -> None:
+    """A source at its full size was never shortened by this save (or a rollback finished and
+    put its journaled mtime back), so its mtime must be the journaled one: a same-size rewrite
+    by another process is refused here, never "restored" and its mtime reset over the change."""
+    if st.st_mtime_ns != s.mtime_ns:
+        raise DataChangedError(
+            name, expected_size=s.size, found_size=st.st_size,
+            reason=f"its modification time is {st.st_mtime_ns} ns where the journal recorded "
+            f"{s.mtime_ns} ns and this save never shortened it: another process rewrote it",
+        )
 
 
 def check_order(j: Journal, done: int = 0) -> None:
@@ -161,6 +177,14 @@ def as_seen(st: os.stat_result, look: os.stat_result, pending: int | None = None
     ):
         return True
     return pending is not None and st.st_size == pending
+
+
+def change_reason(st: os.stat_result, look: os.stat_result, changed: str) -> str:
+    """``changed``, or ``_transfer.METADATA_ONLY`` when only the ctime differs from the look
+    (same size and mtime): a chmod/chattr, which holds no journal."""
+    if (st.st_size, st.st_mtime_ns) == (look.st_size, look.st_mtime_ns):
+        return _transfer.METADATA_ONLY
+    return changed
 
 
 def keep_changed(parked: str, original: str) -> str:
@@ -347,6 +371,10 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: _transfe
         if size < s.size:
             _transfer.restore_source(fd, s.as_move(), temps, j.window, c, punch=True,
                                     dense=s.dense)
+        # Whole with another mtime: in a rollback (the ``-rollback`` stage) that is this undo's
+        # own restore, stopped before this futimens.  A rewrite of a source the save never
+        # shortened is refused by ``check_strict`` before the journal becomes ``-rollback``,
+        # so no one else's rewrite reaches here to be hidden.
         _sys.futimens(fd, s.atime_ns, s.mtime_ns)
         c.fsync(fd)
     finally:
@@ -433,6 +461,11 @@ def finish(j: Journal, journal_path: str,
         add_note(err, "the outputs are complete under their final names")
         for _s, _st, where in kept:
             add_note(err, where)
+        # Where each kept file is now (its own name, or its parked one when that was taken).
+        err.kept = tuple(  # type: ignore[attr-defined]
+            p if same_file(p, s.dev, s.ino) is not None else s.path
+            for s, _st, _w in kept for p in (j.parked(s),)
+        )
         raise err
 
 
