@@ -321,31 +321,39 @@ BUG_8 = ("read_marks looks for '\\njournaled\\n' anywhere in the lock file, the 
          "included: a directory name holding it makes recover refuse a clean crash forever")
 
 
-def test_r4_8_a_directory_name_is_not_read_as_a_moved_mark(tmp_path: Path) -> None:
+class _KillBeforeJournaledMark(_sys.Backend):
+    armed = False
+
+    def hook(self, op: str, args: tuple[object, ...]) -> None:
+        if op == "rename" and str(args[1]).endswith(".filecord-journal"):
+            self.armed = True
+        elif op == "fsync_dir" and self.armed:
+            os.kill(os.getpid(), 9)  # the journal is renamed; its mark not yet written
+
+
+def _crash_before_the_journaled_mark(d: Path) -> tuple[bytes, bytes]:
+    """Two owned sources in ``d`` saved with consume, SIGKILLed after the journal's rename and
+    before its "journaled" mark; returns their original bytes."""
     from support.killjob import fork_run
 
-    d = tmp_path / "models\njournaled\nmoved 5\nv2"
-    d.mkdir()
     a, b = pattern(2 * W, "a"), pattern(2 * W, "b")
     (d / "a.bin").write_bytes(a)
     (d / "b.bin").write_bytes(b)
 
-    class KillBeforeJournaledMark(_sys.Backend):
-        armed = False
-
-        def hook(self, op: str, args: tuple[object, ...]) -> None:
-            if op == "rename" and str(args[1]).endswith(".filecord-journal"):
-                self.armed = True
-            elif op == "fsync_dir" and self.armed:
-                os.kill(os.getpid(), 9)  # the journal is renamed; its mark not yet written
-
     def job() -> None:
-        with _sys.use(KillBeforeJournaledMark()):
+        with _sys.use(_KillBeforeJournaledMark()):
             save(d / "out.bin", Cord([FileBackedData(d / "a.bin", owned=True),
                                       FileBackedData(d / "b.bin", owned=True)]),
                  consume=True, window=W)
 
     assert fork_run(job) == -9
+    return a, b
+
+
+def test_r4_8_a_directory_name_is_not_read_as_a_moved_mark(tmp_path: Path) -> None:
+    d = tmp_path / "models\njournaled\nmoved 5\nv2"
+    d.mkdir()
+    a, b = _crash_before_the_journaled_mark(d)
     assert any(n.endswith(".filecord-journal") for n in os.listdir(d))
     try:
         recover(d)
@@ -358,29 +366,8 @@ def test_r4_8_a_directory_name_is_not_read_as_a_moved_mark(tmp_path: Path) -> No
 
 def test_r4_8_control_the_same_crash_in_a_plain_directory_rolls_back(tmp_path: Path) -> None:
     """Held: the same kill point in a directory without such a name rolls back byte-exact."""
-    from support.killjob import fork_run
-
     d = tmp_path
-    a, b = pattern(2 * W, "a"), pattern(2 * W, "b")
-    (d / "a.bin").write_bytes(a)
-    (d / "b.bin").write_bytes(b)
-
-    class KillBeforeJournaledMark(_sys.Backend):
-        armed = False
-
-        def hook(self, op: str, args: tuple[object, ...]) -> None:
-            if op == "rename" and str(args[1]).endswith(".filecord-journal"):
-                self.armed = True
-            elif op == "fsync_dir" and self.armed:
-                os.kill(os.getpid(), 9)
-
-    def job() -> None:
-        with _sys.use(KillBeforeJournaledMark()):
-            save(d / "out.bin", Cord([FileBackedData(d / "a.bin", owned=True),
-                                      FileBackedData(d / "b.bin", owned=True)]),
-                 consume=True, window=W)
-
-    assert fork_run(job) == -9
+    a, b = _crash_before_the_journaled_mark(d)
     recover(d)
     assert (d / "a.bin").read_bytes() == a
     assert (d / "b.bin").read_bytes() == b
