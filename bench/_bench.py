@@ -25,8 +25,8 @@ sys.path[:0] = [str(ROOT / "src"), FSKIT]
 
 import fskit  # noqa: E402
 
-from filecord import _sys  # noqa: E402
-from filecord._measure import rss_now, rss_peak, rss_reset  # noqa: E402
+from filecord._io import syscalls as _sys  # noqa: E402
+from filecord._io.measure import rss_now, rss_peak, rss_reset  # noqa: E402
 
 MiB = fskit.MiB
 GiB = 1 << 30

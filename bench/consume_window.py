@@ -43,7 +43,8 @@ from _bench import (
 )
 
 import filecord
-from filecord import Cord, FileBackedData, _sys
+from filecord import Cord, FileBackedData
+from filecord._io import syscalls as _sys
 
 TIME_TARGET, DISK_TARGET = 1.10, 1.03
 

@@ -47,7 +47,7 @@ from _bench import (
     workdir,
 )
 
-from filecord import _sys
+from filecord._io import syscalls as _sys
 
 TIME_TARGET, DISK_TARGET = 1.05, 1.10
 TAG = "weights"

@@ -38,7 +38,7 @@ import json, os, sys, time
 import fskit
 import filecord
 from filecord import _sys
-from filecord._measure import rss_now, rss_peak, rss_reset
+from filecord._io.measure import rss_now, rss_peak, rss_reset
 mode, src, dst, work = sys.argv[1:5]
 cord = filecord.Cord([b"H" * 4096, filecord.FileBackedData(src, owned=mode == "consume")])
 sampler = fskit.Sampler(lambda: fskit.allocated(work))
@@ -57,7 +57,7 @@ import json, os, sys, time
 import torch
 import fskit
 from filecord import _sys
-from filecord._measure import rss_now, rss_peak, rss_reset
+from filecord._io.measure import rss_now, rss_peak, rss_reset
 from filecord.torch import save_state_dict
 size, dst, work = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 per = 256 << 20

@@ -6,8 +6,9 @@ import hashlib
 import os
 from pathlib import Path
 
-from filecord import _names, _sys
-from filecord._data import FileBackedData
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
+from filecord._pieces.data import FileBackedData
 
 
 def pattern(n: int, seed: str = "x") -> bytes:

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from filecord import Cord, FileBackedData, _names, _sys, recover, save, save_many
+from filecord import Cord, FileBackedData, recover, save, save_many
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
 from filecord.errors import DataChangedError, SaveError
 from filecord_testing import AtCall, close_leaked, files, leftovers, one, pattern
 from filecord_testing import owned_file as owned

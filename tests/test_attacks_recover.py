@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from filecord import Cord, _names, _sys, recover, save, save_many
+from filecord import Cord, recover, save, save_many
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
 from filecord.errors import RecoverError, SaveError
 from filecord_testing import close_leaked, files, leftovers, one, pattern
 from filecord_testing import owned_file as owned

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from filecord import Cord, FileBackedData, _sys, save
+from filecord import Cord, FileBackedData, save
+from filecord._io import syscalls as _sys
 from filecord.errors import DataChangedError
 from filecord_testing import AtCall, leftovers, pattern
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from filecord import Cord, FileBackedData, _sys, recover, save
+from filecord import Cord, FileBackedData, recover, save
+from filecord._io import syscalls as _sys
 from filecord.errors import DataChangedError, RecoverError, SaveError
 from filecord_testing import pattern
 

@@ -27,7 +27,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 gguf = pytest.importorskip("gguf")
 
 import filecord.gguf as fg  # noqa: E402
-from filecord._data import FileBackedData  # noqa: E402
+from filecord._pieces.data import FileBackedData  # noqa: E402
 
 EMBD, HEADS, KV_HEADS, FF, LAYERS, CTX = 64, 4, 2, 128, 2, 512
 HEAD_DIM = EMBD // HEADS

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import filecord.gguf as fg
-from filecord._data import FileBackedData
+from filecord._pieces.data import FileBackedData
 from filecord.gguf import errors as E
 
 

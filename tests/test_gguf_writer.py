@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf import GGUFValueType as T  # noqa: E402
 
 import filecord.gguf as fg  # noqa: E402
-from filecord._data import FileBackedData  # noqa: E402
+from filecord._pieces.data import FileBackedData  # noqa: E402
 
 Script = Callable[[Any], None]
 rng = np.random.default_rng(7)

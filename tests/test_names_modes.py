@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from filecord import Cord, FileBackedData, _names, _sys, save
+from filecord import Cord, FileBackedData, save
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
 from filecord_testing import leftovers, pattern
 
 W = 8192

@@ -16,17 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filecord import (
-    Cord,
-    FileBackedData,
-    SaveError,
-    SourceIsOutputError,
-    _sys,
-    plan,
-    save,
-    save_many,
-)
-from filecord._facts import kernel_path, resolve_target
+from filecord import Cord, FileBackedData, SaveError, SourceIsOutputError, plan, save, save_many
+from filecord._io import syscalls as _sys
+from filecord._io.paths import kernel_path, resolve_target
 from filecord_testing import leftovers, pattern
 
 DECOY = b"decoy: must never change"

@@ -8,10 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filecord import _plan as P
-from filecord import _space as S
-from filecord import _window
-from filecord._plan import FsFacts, OutputFacts, PieceRef, SourceFacts, make_plan
+from filecord._plan import plan as P
+from filecord._plan import space as S
+from filecord._plan import types as T
+from filecord._plan import window as _window
+from filecord._plan.plan import make_plan
+from filecord._plan.types import FsFacts, OutputFacts, PieceRef, SourceFacts
 
 DEV = 7
 KEY = (DEV, 100)
@@ -58,7 +60,7 @@ def decide(
     f: FsFacts | None = None,
     refs: list[PieceRef] | None = None,
     consume: bool = True,
-) -> P.SavePlan:
+) -> T.SavePlan:
     return make_plan(
         [o or out()], refs or whole(), {s.key: s}, {DEV: f or fs()}, consume=consume, window=4096
     )
@@ -74,10 +76,10 @@ def test_owned_regular_file_is_moved() -> None:
 @pytest.mark.parametrize(
     ("facts", "reason"),
     [
-        ({"owned": False}, P.NOT_OWNED),
-        ({"symlink": True}, P.SYMLINK),
-        ({"nlink": 2}, P.HARDLINK),
-        ({"writable": False}, P.READ_ONLY),
+        ({"owned": False}, T.NOT_OWNED),
+        ({"symlink": True}, T.SYMLINK),
+        ({"nlink": 2}, T.HARDLINK),
+        ({"writable": False}, T.READ_ONLY),
     ],
 )
 def test_refusals_copy_with_reason(facts: dict[str, object], reason: str) -> None:
@@ -89,9 +91,9 @@ def test_refusals_copy_with_reason(facts: dict[str, object], reason: str) -> Non
 
 def test_other_file_system_and_no_holes_and_direct_output() -> None:
     other = decide(src(key=(8, 1)), refs=[PieceRef(0, 0, 0, 10_000, (8, 1), 0)])
-    assert other.actions[0].reason == P.OTHER_FS
-    assert decide(src(), f=fs(keeps_holes=False)).actions[1].reason == P.NO_HOLES
-    assert decide(src(), o=out(direct=True)).actions[1].reason == P.NOT_OUR_FILE
+    assert other.actions[0].reason == T.OTHER_FS
+    assert decide(src(), f=fs(keeps_holes=False)).actions[1].reason == T.NO_HOLES
+    assert decide(src(), o=out(direct=True)).actions[1].reason == T.NOT_OUR_FILE
 
 
 def test_owned_source_written_to_a_direct_output_is_kept() -> None:
@@ -117,14 +119,14 @@ def test_without_consume_nothing_has_a_reason() -> None:
 def test_gap_below_the_moved_run_is_copied() -> None:
     refs = [PieceRef(0, 0, 0, 1000, KEY, 0), PieceRef(0, 1, 1000, 5000, KEY, 5000)]
     p = decide(src(), o=out(6000), refs=refs)
-    assert [(a.action, a.reason) for a in p.actions] == [("copied", P.GAP), ("moved", None)]
+    assert [(a.action, a.reason) for a in p.actions] == [("copied", T.GAP), ("moved", None)]
     assert p.moves[0].run_start == 5000
 
 
 def test_range_that_misses_the_end_is_not_moved() -> None:
     refs = [PieceRef(0, 0, 0, 9000, KEY, 0)]
     p = decide(src(), o=out(9000), refs=refs)
-    assert p.actions[0].reason == P.GAP_TO_END
+    assert p.actions[0].reason == T.GAP_TO_END
     assert p.moves == ()
 
 
@@ -170,7 +172,7 @@ def test_unaligned_end_mid_source_clones_the_body_and_copies_the_tail() -> None:
     p = decide(src(size=20_000), o=out(20_000), f=cl, refs=refs)
     by_off = {a.out_offset: a for a in p.actions}
     assert (by_off[0].action, by_off[0].tail, by_off[0].tail_reason) == (
-        "cloned", 1808, P.MID_TAIL)
+        "cloned", 1808, T.MID_TAIL)
     assert (by_off[12_288].action, by_off[12_288].tail) == ("cloned", 0)
     # Cloned and copied, never moved: the source is not shortened, only deleted at commit.
     assert p.moves == ()
@@ -181,7 +183,7 @@ def test_a_short_piece_mid_source_is_copied_and_keeps_its_file_off_the_move_path
     cl = fs(can_clone=True, fs_type="xfs")
     refs = [PieceRef(0, 0, 0, 100, KEY, 0), PieceRef(0, 1, 4096, 5_904, KEY, 4096)]
     p = decide(src(), o=out(10_000), f=cl, refs=refs)
-    assert [(a.action, a.reason) for a in p.actions] == [("copied", P.MID_TAIL),
+    assert [(a.action, a.reason) for a in p.actions] == [("copied", T.MID_TAIL),
                                                           ("cloned", None)]
     assert p.moves == ()
     # An unaligned start anywhere sends the whole file down the move path instead.
@@ -191,15 +193,15 @@ def test_a_short_piece_mid_source_is_copied_and_keeps_its_file_off_the_move_path
 
 
 def test_report_counts_a_copied_tail_as_copied() -> None:
-    from filecord._report import SaveReport
+    from filecord._plan.report import SaveReport
     cl = fs(can_clone=True, fs_type="btrfs")
     refs = [PieceRef(0, 0, 0, 10_000, KEY, 0), PieceRef(0, 1, 10_000, 100)]
     p = decide(src(size=20_000), o=out(10_100), f=cl, refs=refs)
     r = SaveReport(("/d/o",), (10_100,), p.actions, p.peaks, True, 4096, True)
     assert r.bytes_by_action() == {"cloned": 8192, "copied": 1808, "written": 100}
-    assert r.copy_reasons() == {P.MID_TAIL: 1808}
+    assert r.copy_reasons() == {T.MID_TAIL: 1808}
     piece = r.to_dict()["pieces"][0]  # type: ignore[index]
-    assert (piece["tail"], piece["tail_reason"]) == (1808, P.MID_TAIL)
+    assert (piece["tail"], piece["tail_reason"]) == (1808, T.MID_TAIL)
 
 
 def test_owned_file_that_fully_clones_is_cloned_not_moved() -> None:
@@ -230,18 +232,18 @@ def test_peak_copy_is_output_size_and_move_is_window() -> None:
 
 
 def big_refs() -> list[PieceRef]:
-    return [PieceRef(0, 0, 0, 100), PieceRef(0, 1, 100, P.MiB, KEY, 0)]
+    return [PieceRef(0, 0, 0, 100), PieceRef(0, 1, 100, T.MiB, KEY, 0)]
 
 
 def test_blocks_follow_the_file_system_and_the_margin_grows_with_the_data() -> None:
     big = decide(src(owned=False), f=fs(block=65536))
     assert big.peaks[0].needed == 65536 + 3 * 65536
-    assert S.space_margin(1, 10 * P.MiB << 10, 4096, journal=False) == (2 + 80) * 4096
+    assert S.space_margin(1, 10 * T.MiB << 10, 4096, journal=False) == (2 + 80) * 4096
 
 
 def test_consume_hint_only_when_consume_was_worked_out_and_needs_less() -> None:
 
-    big, o = src(size=P.MiB), out(P.MiB + 100)
+    big, o = src(size=T.MiB), out(T.MiB + 100)
     copy = decide(big, o, fs(free=8 * 4096), big_refs(), consume=False)
     (peak,) = copy.peaks
     assert (peak.fits, peak.needed) == (False, 257 * 4096 + 3 * 4096)
@@ -313,11 +315,11 @@ def test_cover_agrees_with_a_byte_by_byte_reference(
 
 # --- the sync window: the default adapts to the free space, an explicit one is honoured -----
 
-MiB = P.MiB
+MiB = T.MiB
 BIG = 40 * MiB  # one owned source, moved behind a 4096-byte header
 
 
-def big_plan(free: int, window: int = P.DEFAULT_WINDOW, size: int = BIG) -> P.SavePlan:
+def big_plan(free: int, window: int = _window.DEFAULT_WINDOW, size: int = BIG) -> T.SavePlan:
     s = src(size=size)
     refs = [PieceRef(0, 0, 0, 4096), PieceRef(0, 1, 4096, size, KEY, 0)]
     return make_plan([out(4096 + size)], refs, {KEY: s}, {DEV: fs(free=free)}, consume=True,
@@ -329,10 +331,11 @@ def needed_at(window: int, size: int = BIG) -> int:
 
 
 def test_the_default_window_is_a_marked_int_and_a_number_is_explicit() -> None:
-    assert 64 * MiB == P.DEFAULT_WINDOW
-    assert _window.is_default(P.DEFAULT_WINDOW)
+    assert 64 * MiB == _window.DEFAULT_WINDOW
+    assert _window.is_default(_window.DEFAULT_WINDOW)
     assert not _window.is_default(64 * MiB)  # the same number, passed: honoured as given
-    assert _window.ladder(P.DEFAULT_WINDOW) == (64 * MiB, 32 * MiB, 16 * MiB, 8 * MiB, 4 * MiB)
+    assert _window.ladder(_window.DEFAULT_WINDOW) == (
+        64 * MiB, 32 * MiB, 16 * MiB, 8 * MiB, 4 * MiB)
     assert _window.ladder(10_000) == (10_000,)
     assert 4 * MiB == _window.FLOOR
 
@@ -356,7 +359,7 @@ def test_default_window_shrinks_to_the_largest_that_fits(want: int) -> None:
     assert p.peaks[0].needed == free
     assert p.window_choice.why == "shrunk"
     assert p.window_choice.note() == (
-        f"shrunk from 64 MiB to {want // MiB} MiB: {_window.size_text(free)} free on ext4")
+        f"shrunk from 64 MiB to {want // MiB} MiB: {T.size_text(free)} free on ext4")
     S.check_space(p)  # fits: no refusal
 
 
@@ -414,7 +417,7 @@ def test_copy_saves_keep_the_window_and_the_consume_hint_uses_the_adapted_one() 
     refs = [PieceRef(0, 0, 0, 4096), PieceRef(0, 1, 4096, BIG, KEY, 0)]
     free = needed_at(16 * MiB)
     copy = make_plan([out(4096 + BIG)], refs, {KEY: s}, {DEV: fs(free=free)}, consume=False,
-                     window=P.DEFAULT_WINDOW)
+                     window=_window.DEFAULT_WINDOW)
     assert copy.window == 64 * MiB
     assert copy.window_choice.why == "default"
     assert copy.peaks[0].consume_needed == free  # what consume=True would need, shrunk to fit

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from filecord import Cord, FileBackedData, _names, _sys, recover, save, save_many
+from filecord import Cord, FileBackedData, recover, save, save_many
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
 from filecord.errors import DataChangedError, RecoverError
 from filecord_testing import close_leaked, leftovers, pattern
 

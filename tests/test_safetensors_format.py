@@ -20,7 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filecord import FileBackedData, _sys, save
+from filecord import FileBackedData, save
+from filecord._io import syscalls as _sys
 from filecord.errors import FormatError
 from filecord.safetensors import (
     DType,

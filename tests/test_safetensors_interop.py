@@ -25,7 +25,7 @@ hub = pytest.importorskip("huggingface_hub", reason="huggingface_hub is not inst
 
 from safetensors import safe_open  # noqa: E402
 
-from filecord import _sys  # noqa: E402
+from filecord._io import syscalls as _sys  # noqa: E402
 from filecord.safetensors import (  # noqa: E402
     SafetensorsFile,
     SharedTensorsError,

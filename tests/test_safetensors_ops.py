@@ -233,7 +233,7 @@ def test_a_consuming_merge_that_fails_anywhere_leaves_the_inputs_byte_exact(tmp_
                                                                             three_files):
     """Fail the Nth fsync or ftruncate (moves included): the inputs are restored byte for
     byte, no output appears, and the same merge then succeeds."""
-    from filecord import _sys
+    from filecord._io import syscalls as _sys
 
     before = {k: v[0] for k, v in snapshot(tmp_path).items()}
     want = expected_merge(tmp_path)

@@ -139,7 +139,7 @@ def test_same_target_twice_is_refused(tmp_path: Path) -> None:
 
 
 def test_failure_leaves_old_content_and_no_temp(tmp_path: Path) -> None:
-    from filecord import _sys
+    from filecord._io import syscalls as _sys
 
     out = tmp_path / "o"
     out.write_bytes(b"old")
@@ -169,7 +169,7 @@ def test_plan_is_a_dry_run(tmp_path: Path, make_file: Callable[..., str]) -> Non
 
 
 def test_durable_false_skips_fsync_but_stays_atomic(tmp_path: Path) -> None:
-    from filecord import _sys
+    from filecord._io import syscalls as _sys
 
     class Count(_sys.Backend):
         def __init__(self) -> None:

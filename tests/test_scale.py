@@ -18,7 +18,8 @@ from typing import Any
 
 import filecord
 from filecord import Cord, FileBackedData, plan, save
-from filecord._plan import PieceRef, cover
+from filecord._plan.plan import cover
+from filecord._plan.types import PieceRef
 from filecord_testing import pattern
 
 ROOT = os.path.dirname(os.path.abspath(filecord.__file__))

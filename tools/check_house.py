@@ -271,7 +271,7 @@ def bypasses(tree: ast.AST) -> list[tuple[int, str]]:
     return sorted(set(found))
 
 
-def check(src: Path, package: str = "filecord", seam: str = "_sys", *,
+def check(src: Path, package: str = "filecord", seam: str = "_io.syscalls", *,
           known_cycles: frozenset[frozenset[str]] = frozenset(),
           known_bypasses: frozenset[tuple[str, str]] = frozenset()) -> list[str]:
     """Every problem in ``src/package``, one line each; empty when the house is in order."""

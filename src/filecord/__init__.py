@@ -14,11 +14,12 @@ written.  Drop-ins for another library keep its order (``safetensors.save_file(t
 filename)``, ``save_sharded(state_dict, directory)``).
 """
 
-from filecord._cord import Cord
-from filecord._data import FileBackedData
-from filecord._plan import DEFAULT_WINDOW, PieceAction
+from filecord._pieces.cord import Cord
+from filecord._pieces.data import FileBackedData
+from filecord._plan.report import SaveReport
+from filecord._plan.types import PieceAction
+from filecord._plan.window import DEFAULT_WINDOW
 from filecord._recover import Recovered, recover
-from filecord._report import SaveReport
 from filecord._save import plan, save, save_many
 from filecord.errors import (
     DataChangedError,

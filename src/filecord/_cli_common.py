@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any, TypeAlias
 
-from filecord._plan import BLOCK
+from filecord._plan.types import BLOCK
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 

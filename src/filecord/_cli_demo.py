@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from filecord import _cli_demo_model, _sys
+from filecord import _cli_demo_model
 from filecord._cli_common import (
     Subparsers,
     UsageError,
@@ -34,10 +34,11 @@ from filecord._cli_common import (
 )
 from filecord._cli_demo_model import ModelResult
 from filecord._cli_progress import Bar
-from filecord._data import FileBackedData
-from filecord._measure import DiskSampler, rss_now, rss_peak, rss_reset
-from filecord._plan import DEFAULT_WINDOW
-from filecord._report import SaveReport
+from filecord._io import syscalls as _sys
+from filecord._io.measure import DiskSampler, rss_now, rss_peak, rss_reset
+from filecord._pieces.data import FileBackedData
+from filecord._plan.report import SaveReport
+from filecord._plan.window import DEFAULT_WINDOW
 from filecord._save import save
 from filecord.executorch.ptd import build_ptd, read_ptd
 from filecord.executorch.values import PtdEntry

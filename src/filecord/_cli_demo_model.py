@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from filecord import _sys
-from filecord._report import SaveReport
+from filecord._io import syscalls as _sys
+from filecord._plan.report import SaveReport
 
 
 @dataclass(frozen=True, slots=True)

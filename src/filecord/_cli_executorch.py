@@ -16,7 +16,7 @@ import os
 import stat as stat_mod
 import sys
 
-from filecord import _cli_safetensors, _sys
+from filecord import _cli_safetensors
 from filecord._cli_common import Subparsers
 from filecord._cli_et_render import (
     describe_ptd,
@@ -25,6 +25,7 @@ from filecord._cli_et_render import (
     render_ptd_summary,
     render_pte_summary,
 )
+from filecord._io import syscalls as _sys
 from filecord.errors import FormatError
 from filecord.executorch import read_ptd, read_pte, verify
 

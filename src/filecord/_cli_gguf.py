@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from filecord._cli_progress import Bar
-from filecord._report import SaveReport
+from filecord._plan.report import SaveReport
 
 GGUF_TENSORS_DEFAULT = 128  # gguf-split's default when no limit is given
 _SHARD = re.compile(r"-\d{5}-of-\d{5}$")
@@ -77,7 +77,7 @@ def _summary(value: object, limit: int = 60) -> object:
 def describe(path: str) -> dict[str, Any]:
     """What ``filecord inspect`` shows for a GGUF file or split set (from its first shard; a
     later shard is shown alone, with its own key-values)."""
-    from filecord._data import FileBackedData
+    from filecord._pieces.data import FileBackedData
     from filecord.gguf import read_gguf, read_gguf_file
 
     one = read_gguf_file(path)

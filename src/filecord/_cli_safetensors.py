@@ -19,14 +19,14 @@ import os
 import sys
 from typing import Any
 
-from filecord import _sys
 from filecord._cli_common import EXIT_USAGE, Subparsers, add_common, parse_size
 from filecord._cli_pack import render_report
 from filecord._cli_progress import Bar
-from filecord._cord import Cord
-from filecord._data import FileBackedData
-from filecord._plan import DEFAULT_WINDOW
-from filecord._report import SaveReport
+from filecord._io import syscalls as _sys
+from filecord._pieces.cord import Cord
+from filecord._pieces.data import FileBackedData
+from filecord._plan.report import SaveReport
+from filecord._plan.window import DEFAULT_WINDOW
 
 
 def _finish(report: SaveReport, args: argparse.Namespace) -> int:

@@ -21,7 +21,9 @@ import logging
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
-from filecord import _lockfile, _looks, _names, _sys, _transfer, _undo
+from filecord import _lockfile, _looks, _transfer, _undo
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
 from filecord._stage import Stage
 from filecord._txn import Txn
 from filecord.errors import DataChangedError, FilecordError, SaveError, SourceState, add_note

@@ -22,10 +22,12 @@ import os
 import stat as stat_mod
 from dataclasses import replace
 
-from filecord import _names, _sys, _transfer, _undo
-from filecord._data import FileBackedData
-from filecord._facts import is_clone_refusal
-from filecord._plan import BLOCK, CLONE_REFUSED, PAST_TAIL, PieceAction
+from filecord import _transfer, _undo
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
+from filecord._pieces.data import FileBackedData
+from filecord._plan.facts import is_clone_refusal
+from filecord._plan.types import BLOCK, CLONE_REFUSED, PAST_TAIL, PieceAction
 from filecord._txn import Txn
 from filecord.errors import DataChangedError, SaveError
 

@@ -24,8 +24,9 @@ import json
 import os
 from dataclasses import dataclass
 
-from filecord import _names, _sys
-from filecord._plan import MoveSource, PieceRef
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
+from filecord._plan.types import MoveSource, PieceRef
 from filecord.errors import RecoverError
 
 VERSION = 2

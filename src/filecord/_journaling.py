@@ -21,8 +21,10 @@ from __future__ import annotations
 import errno
 import os
 
-from filecord import _journal, _lockfile, _names, _sys, _undo
-from filecord._facts import kernel_path
+from filecord import _journal, _lockfile, _undo
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
+from filecord._io.paths import kernel_path
 from filecord._stage import Stage
 from filecord._txn import Txn
 from filecord.errors import SaveError

@@ -29,7 +29,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from filecord import _names, _sys
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
 
 JOURNALED = b"journaled"  # appended once the save's journal is durable under its name
 MOVED = b"moved"  # "moved N": the first N moved sources (journal order) are done, durably

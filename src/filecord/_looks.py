@@ -37,7 +37,8 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from filecord import _lockfile, _sys, _undo
+from filecord import _lockfile, _undo
+from filecord._io import syscalls as _sys
 from filecord._journal import Journal
 from filecord._txn import Txn
 from filecord.errors import DataChangedError, add_note

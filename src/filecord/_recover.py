@@ -45,7 +45,9 @@ import stat as stat_mod
 from dataclasses import dataclass, field
 from typing import Literal
 
-from filecord import _journal, _lockfile, _names, _sys, _transfer, _undo
+from filecord import _journal, _lockfile, _transfer, _undo
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
 from filecord._stage import Stage, of_journal_suffix
 from filecord.errors import DataChangedError, RecoverError, add_note
 

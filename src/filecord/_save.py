@@ -50,24 +50,18 @@ import os
 import time
 from collections.abc import Mapping
 
-from filecord import (
-    _fill,
-    _journal,
-    _journaling,
-    _lockfile,
-    _looks,
-    _names,
-    _sys,
-    _transfer,
-    _undo,
-)
-from filecord._cord import Cord
+from filecord import _fill, _journal, _journaling, _lockfile, _looks, _transfer, _undo
 from filecord._failure import close_descriptors, close_descriptors_quietly
 from filecord._failure import fail as _fail
-from filecord._plan import DEFAULT_WINDOW, MoveSource, PieceAction, SavePlan, make_plan
-from filecord._preflight import CordLike, Target, gather, normalize
-from filecord._report import SaveReport
-from filecord._space import check_space
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
+from filecord._pieces.cord import Cord
+from filecord._plan.plan import make_plan
+from filecord._plan.preflight import CordLike, Target, gather, normalize
+from filecord._plan.report import SaveReport
+from filecord._plan.space import check_space
+from filecord._plan.types import MoveSource, PieceAction, SavePlan
+from filecord._plan.window import DEFAULT_WINDOW
 from filecord._stage import Stage
 from filecord._txn import Prepared, Txn
 from filecord._txn import ProgressCallback as ProgressCallback

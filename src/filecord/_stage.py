@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import enum
 
-from filecord import _names
+from filecord._io import names as _names
 
 
 class Stage(enum.Enum):

@@ -36,8 +36,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from filecord import _sys
-from filecord._plan import MoveSource, PieceRef, cover
+from filecord._io import syscalls as _sys
+from filecord._plan.plan import cover
+from filecord._plan.types import MoveSource, PieceRef
 from filecord.errors import DataChangedError
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from filecord import _journal, _transfer
-from filecord._cord import Cord
-from filecord._data import FileBackedData
-from filecord._plan import PieceAction, SavePlan
-from filecord._preflight import Facts
+from filecord._pieces.cord import Cord
+from filecord._pieces.data import FileBackedData
+from filecord._plan.preflight import Facts
+from filecord._plan.types import PieceAction, SavePlan
 from filecord._stage import Stage, advance
 
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)

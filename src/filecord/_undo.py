@@ -56,9 +56,10 @@ import os
 import stat as stat_mod
 from collections.abc import Mapping
 
-from filecord import _sys, _transfer
+from filecord import _transfer
+from filecord._io import syscalls as _sys
 from filecord._journal import Journal, JournalOutput, JournalSource
-from filecord._plan import cover
+from filecord._plan.plan import cover
 from filecord.errors import DataChangedError, RecoverError, add_note
 
 

@@ -24,7 +24,6 @@ from filecord import (
     _cli_pack,
     _cli_recover,
     _cli_safetensors,
-    _sys,
 )
 from filecord._cli_common import EXIT_FAIL as EXIT_FAIL
 from filecord._cli_common import EXIT_OK as EXIT_OK
@@ -32,6 +31,7 @@ from filecord._cli_common import EXIT_USAGE as EXIT_USAGE
 from filecord._cli_common import Terminated, UsageError, sigterm_raises
 from filecord._cli_common import human as human  # part of this module's API
 from filecord._cli_common import parse_size as parse_size  # part of this module's API
+from filecord._io import syscalls as _sys
 from filecord.errors import FilecordError
 
 # In the order ``filecord --help`` lists their commands.

@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Union
 
-from filecord._data import FileBackedData
+from filecord._pieces.data import FileBackedData
 
 TensorBytes = Union[bytes, memoryview, FileBackedData]  # noqa: UP007 - a runtime alias on 3.10
 

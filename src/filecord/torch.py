@@ -1,4 +1,4 @@
-"""Torch tensors into owned files, streamed (host memory: one chunk); see ``_torch_stream``.
+"""Torch tensors into owned files, streamed (host memory: one chunk); see ``_kit.torch_stream``.
 
 ``write_tensors`` writes tensors into owned scratch files (each tensor a :class:`TensorBlob`:
 a ``FileBackedData`` range, its dtype, sizes, dim order and sha256), ``dense_dim_order`` says
@@ -7,7 +7,7 @@ in which order a tensor's memory is packed.  Nothing here knows a file format.
 ``save_state_dict`` and ``save_external_data`` write ExecuTorch data files; they live in
 :mod:`filecord.executorch` and are reachable here too, loaded on first use (PEP 562), so that
 importing this module imports no ExecuTorch code and no import cycle forms: the ExecuTorch
-package builds on ``_torch_stream``, never on this module.  Both take the destination first,
+package builds on ``_kit.torch_stream``, never on this module.  Both take the destination first,
 as :func:`filecord.save` does: ``save_state_dict(path, state_dict)``.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from filecord._torch_stream import DeviceCopy, TensorBlob, dense_dim_order, write_tensors
+from filecord._kit.torch_stream import DeviceCopy, TensorBlob, dense_dim_order, write_tensors
 
 if TYPE_CHECKING:
     from filecord.executorch._tensors import save_external_data, save_state_dict

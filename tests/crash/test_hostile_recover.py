@@ -39,7 +39,8 @@ from typing import Any
 import pytest
 
 import filecord
-from filecord import RecoverError, _journal, _sys
+from filecord import RecoverError, _journal
+from filecord._io import syscalls as _sys
 from support.faultfs import (
     COMMITTED_SUFFIX,
     JOURNAL_SUFFIX,

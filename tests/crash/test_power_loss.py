@@ -37,7 +37,8 @@ from typing import Any
 import pytest
 
 import filecord
-from filecord import _sys, _transfer
+from filecord import _transfer
+from filecord._io import syscalls as _sys
 from support.faultfs import (
     PENDING_SUFFIX,
     RECOVER_OPS,

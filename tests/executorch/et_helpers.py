@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from filecord._cord import Cord
+from filecord._pieces.cord import Cord
 
 
 def write_cord(cord: Cord, path: Path) -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from filecord import DataChangedError, FileBackedData, SourceIsOutputError
-from filecord._cord import Cord
+from filecord._pieces.cord import Cord
 from filecord.executorch import (
     NamedDataConflictError,
     Program,

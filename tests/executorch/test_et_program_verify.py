@@ -12,7 +12,7 @@ import pytest
 from et_helpers import PROGRAMS, Exported, write_cord
 
 from filecord import cli
-from filecord._cord import Cord
+from filecord._pieces.cord import Cord
 from filecord.executorch import (
     PtdEntry,
     ScalarType,

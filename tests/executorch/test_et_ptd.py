@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from et_helpers import write_cord
 
-from filecord import _sys
-from filecord._data import FileBackedData
+from filecord._io import syscalls as _sys
+from filecord._pieces.data import FileBackedData
 from filecord.executorch import (
     NamedDataConflictError,
     NamedDataStore,

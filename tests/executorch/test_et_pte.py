@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from et_helpers import BIAS, DELEGATE_BLOB, WEIGHT, sample_program, write_cord
 
-from filecord import _sys
-from filecord._data import FileBackedData
+from filecord._io import syscalls as _sys
+from filecord._pieces.data import FileBackedData
 from filecord.executorch import NamedDataStore, build_program, build_pte, read_pte
 from filecord.executorch.errors import SegmentTableMismatchError
 from filecord.executorch.pte import Aligned, plan_segments

@@ -47,7 +47,7 @@ def test_tied_weights_are_stored_once(tmp_path: Path) -> None:
 def test_no_placeholder_file_is_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The layout needs no file: the only file created beside the output is the scratch the
     save publishes (and the save's own temp and journal files)."""
-    from filecord import _sys
+    from filecord._io import syscalls as _sys
 
     created: list[str] = []
     real = _sys.open

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 import filecord
-from filecord import _sys
+from filecord._io import syscalls as _sys
 from filecord.errors import DataChangedError, SaveError
 from support.faultfs import (
     COMMITTED_SUFFIX,

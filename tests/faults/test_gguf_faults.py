@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 import filecord
-from filecord import _sys
-from filecord._data import FileBackedData
+from filecord._io import syscalls as _sys
+from filecord._pieces.data import FileBackedData
 from filecord.gguf import GGMLType, GGUFWriter
 from support.faultfs import FaultFS, Tracer
 

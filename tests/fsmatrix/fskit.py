@@ -12,7 +12,7 @@ Shared by ``tests/fsmatrix`` and ``bench/`` (which puts this directory on ``sys.
 * Data: :func:`write_pattern` / :func:`check_pattern`: position-dependent bytes (a per-seed
   random MiB stamped with the seed and the MiB's index), so a misplaced, missing or repeated
   range is caught exactly, without keeping a copy of gigabytes to compare against.
-* :class:`Sampler`: a ``filecord._sys`` backend whose hook measures the disk right before
+* :class:`Sampler`: a ``filecord._io.syscalls`` backend whose hook measures the disk right before
   chosen system calls (every ``ftruncate`` of a move is the moment a window is held twice).
 """
 
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from filecord import _sys
+from filecord._io import syscalls as _sys
 
 MiB = 1 << 20
 

@@ -20,7 +20,8 @@ import fskit
 import pytest
 
 import filecord
-from filecord import Cord, FileBackedData, _plan
+from filecord import Cord, FileBackedData
+from filecord._plan.types import MID_TAIL, PAST_TAIL
 
 pytestmark = pytest.mark.root
 
@@ -105,11 +106,11 @@ def test_a_range_ending_mid_source_clones_its_body_and_copies_its_tail(mount, ki
     report = filecord.save(fs / "out.bin", cord, consume=True)
 
     a, b = report.file_actions()
-    assert (a.action, a.tail, a.tail_reason) == ("cloned", 1000, _plan.MID_TAIL)
+    assert (a.action, a.tail, a.tail_reason) == ("cloned", 1000, MID_TAIL)
     assert (b.action, b.tail) == ("cloned", 0)
     assert report.bytes_copied == 1000  # the tail, and nothing else
     assert report.bytes_cloned == first - 1000 + size - 2 * MiB - B
-    assert report.copy_reasons() == {_plan.MID_TAIL: 1000}
+    assert report.copy_reasons() == {MID_TAIL: 1000}
     out = fs / "out.bin"
     assert out.read_bytes()[:B] == bytes(B)
     assert fskit.mismatch(out, B, first, 31) is None
@@ -216,8 +217,8 @@ def test_a_presized_temp_copies_the_partial_block_instead_of_failing(mount, kind
                  FileBackedData(fs / "b.bin", owned=True), _pad(700), b"trailer"])
     report = filecord.save(fs / "out.bin", cord, consume=True)
     a, b = report.file_actions()
-    assert (a.action, a.tail, a.tail_reason) == ("cloned", 555, _plan.PAST_TAIL)
-    assert (b.action, b.reason) == ("copied", _plan.PAST_TAIL)
+    assert (a.action, a.tail, a.tail_reason) == ("cloned", 555, PAST_TAIL)
+    assert (b.action, b.reason) == ("copied", PAST_TAIL)
     assert report.bytes_copied == 555 + 700
     assert fskit.mismatch(fs / "out.bin", B, n, 50) is None
     with open(fs / "out.bin", "rb") as f:

@@ -14,7 +14,7 @@ owned files.  ``Program.save(consume=True, clone_ready=True)`` on XFS (reflink) 
 * each segment of both outputs starts on a 4 KiB file offset;
 * the ExecuTorch runtime loads the result and its outputs equal PyTorch's.
 
-And the failure case: a fault (EIO through ``filecord._sys``) after the clones rolls back to
+And the failure case: a fault (EIO through ``filecord._io.syscalls``) after the clones rolls back to
 byte-exact sources and leaves no temp, journal or lock.
 """
 
@@ -30,7 +30,8 @@ from typing import Any
 import fskit
 import pytest
 
-from filecord import Cord, FileBackedData, _sys
+from filecord import Cord, FileBackedData
+from filecord._io import syscalls as _sys
 from filecord.errors import SaveError
 
 pytestmark = pytest.mark.root

@@ -21,7 +21,7 @@ import fskit
 import numpy as np
 import pytest
 
-from filecord import _sys
+from filecord._io import syscalls as _sys
 from filecord.gguf import convert, read_gguf
 
 pytestmark = pytest.mark.root

@@ -18,7 +18,8 @@ import fskit
 import pytest
 
 import filecord
-from filecord import Cord, FileBackedData, _sys
+from filecord import Cord, FileBackedData
+from filecord._io import syscalls as _sys
 
 pytestmark = pytest.mark.root
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import fskit
 import pytest
 
-from filecord import _sys, save
+from filecord import save
+from filecord._io import syscalls as _sys
 from filecord.safetensors import DType, NamedTensor, build_file, merge, read_safetensors, reshard
 
 pytestmark = pytest.mark.root

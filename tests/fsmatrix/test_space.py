@@ -15,7 +15,8 @@ import fskit
 import pytest
 
 import filecord
-from filecord import Cord, FileBackedData, InsufficientSpaceError, _sys
+from filecord import Cord, FileBackedData, InsufficientSpaceError
+from filecord._io import syscalls as _sys
 
 pytestmark = pytest.mark.root
 

@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from filecord import _sys
+from filecord._io import syscalls as _sys
 
 # A short count is only meaningful for calls that transfer bytes and return how many.
 WRITE_OPS = frozenset({"pwrite", "write", "copy_file_range", "sendfile"})
@@ -218,7 +218,7 @@ class CountFS(SimFS):
 
 
 # --- the v2 protocol's names ---------------------------------------------------------------------
-# Every file a save creates is ``.{stem}.{TOKEN}{suffix}`` (filecord._names.token_name).
+# Every file a save creates is ``.{stem}.{TOKEN}{suffix}`` (filecord._io.names.token_name).
 LOCK_SUFFIX = ".filecord-lock"
 TEMP_SUFFIX = ".partial"
 PENDING_SUFFIX = ".filecord-pending"

@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from filecord import _sys
+from filecord._io import syscalls as _sys
 from support.faultfs import RECOVER_OPS, KillFS
 from support.scenarios import SPECS, Layout
 

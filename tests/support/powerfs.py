@@ -38,7 +38,7 @@ import os
 import stat as stat_mod
 from typing import Any
 
-from filecord import _sys
+from filecord._io import syscalls as _sys
 from support.faultfs import DESTRUCTIVE_OPS, is_point
 
 # mode -> (names, data): which name operations survive, and what unsynced data becomes.

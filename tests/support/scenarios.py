@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import filecord
-from filecord import Cord, FileBackedData, _sys
+from filecord import Cord, FileBackedData
+from filecord._io import syscalls as _sys
 from support.faultfs import SRC_SUFFIX, TEMP_SUFFIX, Call, Tracer, is_filecord_name
 
 try:  # the v2 protocol's name builder
-    from filecord._names import token_name
+    from filecord._io.names import token_name
 except ImportError:  # pragma: no cover - before the v2 core lands
 
     def token_name(stem: str, token: str, suffix: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import filecord
-from filecord import _sys
+from filecord._io import syscalls as _sys
 from support.scenarios import SPECS, Layout, Ref, Spec, Src, detach_all
 
 MiB = 1 << 20

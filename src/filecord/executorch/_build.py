@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from filecord._cord import Cord
+from filecord._pieces.cord import Cord
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import Aligned, piece_length, plan_segments, round_up
 from filecord.executorch.named_data import NamedDataStore

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import math
 
-from filecord._cord import Cord
-from filecord._data import FileBackedData
+from filecord._pieces.cord import Cord
+from filecord._pieces.data import FileBackedData
 from filecord.executorch import _fbread
 from filecord.executorch._cordptd import _spans, read_range
 from filecord.executorch._layout import PTE_HEADER_LENGTH, Aligned, plan_segments

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from filecord._cord import Cord
-from filecord._data import FileBackedData
+from filecord._pieces.cord import Cord
+from filecord._pieces.data import FileBackedData
 from filecord.executorch import _fbread
 from filecord.executorch._delegates import XNNPACK_ID, xnnpack_keys
 from filecord.executorch._fbschema import Table

@@ -10,8 +10,8 @@ file, or joined bytes when in-memory pieces had to be stitched together.
 
 from __future__ import annotations
 
-from filecord._cord import Cord, Piece
-from filecord._data import FileBackedData
+from filecord._pieces.cord import Cord, Piece
+from filecord._pieces.data import FileBackedData
 from filecord.executorch import _fbread
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import PTD_HEADER_LENGTH

@@ -22,7 +22,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from filecord._data import FileBackedData
+from filecord._pieces.data import FileBackedData
 from filecord.executorch import _fbread
 from filecord.executorch._fbschema import U32, U64, Schema, TableSpec, scalar, string, tables
 from filecord.executorch.errors import (

@@ -18,8 +18,8 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from filecord._cord import Cord, PieceLike
-from filecord._data import FileBackedData
+from filecord._pieces.cord import Cord, PieceLike
+from filecord._pieces.data import FileBackedData
 from filecord.executorch.errors import OverlapError, TruncatedError
 
 PTE_HEADER_MAGIC = b"eh00"

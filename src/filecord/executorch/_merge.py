@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from filecord._cord import Cord
+from filecord._pieces.cord import Cord
 from filecord.executorch._cordptd import cord_entries
 from filecord.executorch.errors import NamedDataConflictError
 from filecord.executorch.named_data import NamedDataStore

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The ``.ptd`` is planned before any tensor byte exists: its layout (``ptd_layout``) is a pure
 function of each key's name, length, alignment and tensor layout.  The whole file is then
-written into ONE owned scratch file beside the output (``O_CREAT|O_EXCL``, ``_torch_stream``):
+written into ONE owned scratch file beside the output (``O_CREAT|O_EXCL``, ``_kit.torch_stream``):
 the header, flatbuffer and padding at offset 0, each tensor streamed from its own memory to its
 final offset, one chunk at a time (host memory: one chunk).  A save then publishes that file:
 with ``consume=True`` it adopts the scratch by rename (every byte written once); without it
@@ -36,20 +36,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from filecord import _sys
-from filecord._cord import Cord
-from filecord._data import CHUNK, FileBackedData
-from filecord._facts import kernel_path
-from filecord._plan import DEFAULT_WINDOW
+from filecord._io import syscalls as _sys
+from filecord._io.paths import kernel_path
+from filecord._kit.torch_stream import chunks, new_file, tensor_items
+from filecord._pieces.cord import Cord
+from filecord._pieces.data import CHUNK, FileBackedData
+from filecord._plan.window import DEFAULT_WINDOW
 from filecord._save import save
-from filecord._torch_stream import chunks, new_file, tensor_items
 from filecord.executorch._contents import external_tensors
 from filecord.executorch._torch_layout import tensor_layout
 from filecord.executorch.ptd import PtdLayout, ptd_layout
 from filecord.executorch.values import TensorLayout
 
 if TYPE_CHECKING:
-    from filecord._report import SaveReport
+    from filecord._plan.report import SaveReport
     from filecord.executorch.program import Program
     from filecord.executorch.pte import PteFile
 

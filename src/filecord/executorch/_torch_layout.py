@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from filecord._data import FileBackedData
-from filecord._torch_stream import TensorBlob, dense_dim_order, write_tensors
+from filecord._kit.torch_stream import TensorBlob, dense_dim_order, write_tensors
+from filecord._pieces.data import FileBackedData
 from filecord.executorch.values import ScalarType, TensorLayout
 
 _SCALAR_TYPES = {

@@ -34,11 +34,11 @@ import logging
 import os
 from typing import Any
 
-from filecord import _sys
-from filecord._cord import Cord
-from filecord._data import FileBackedData
-from filecord._plan import DEFAULT_WINDOW
-from filecord._report import SaveReport
+from filecord._io import syscalls as _sys
+from filecord._pieces.cord import Cord
+from filecord._pieces.data import FileBackedData
+from filecord._plan.report import SaveReport
+from filecord._plan.window import DEFAULT_WINDOW
 from filecord._save import ProgressCallback
 from filecord.errors import DataChangedError, add_note
 from filecord.executorch.program import Program

@@ -20,8 +20,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from filecord import _sys
-from filecord._data import FileBackedData
+from filecord._io import syscalls as _sys
+from filecord._pieces.data import FileBackedData
 from filecord.executorch._layout import positive_int
 from filecord.executorch.errors import InvalidTagError, NamedDataConflictError
 from filecord.executorch.values import Blob, PtdEntry, TensorLayout

@@ -31,10 +31,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from filecord._cord import Cord, Writable
-from filecord._plan import DEFAULT_WINDOW
-from filecord._preflight import CordLike, Target
-from filecord._report import SaveReport
+from filecord._pieces.cord import Cord, Writable
+from filecord._plan.preflight import CordLike, Target
+from filecord._plan.report import SaveReport
+from filecord._plan.window import DEFAULT_WINDOW
 from filecord._save import ProgressCallback, plan, save_many
 from filecord.errors import add_note
 from filecord.executorch._cloneready import CLONE_ALIGNMENT, clone_ready_pte

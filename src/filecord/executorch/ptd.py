@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from filecord import _sys
-from filecord._cord import Cord
-from filecord._data import FileBackedData
+from filecord._io import syscalls as _sys
+from filecord._pieces.cord import Cord
+from filecord._pieces.data import FileBackedData
 from filecord.executorch import _fbread, _fbwrite
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import (

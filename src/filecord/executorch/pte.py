@@ -17,9 +17,9 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from filecord import _sys
-from filecord._cord import Cord, PieceLike
-from filecord._data import FileBackedData
+from filecord._io import syscalls as _sys
+from filecord._pieces.cord import Cord, PieceLike
+from filecord._pieces.data import FileBackedData
 from filecord.executorch import _fbread
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import (

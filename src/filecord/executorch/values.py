@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from filecord._data import FileBackedData
+from filecord._pieces.data import FileBackedData
 from filecord.executorch._fbschema import Table
 from filecord.executorch.schema import flat_tensor_table
 

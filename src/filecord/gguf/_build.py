@@ -15,8 +15,8 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Union
 
-from filecord._cord import Cord
-from filecord._data import FileBackedData
+from filecord._pieces.cord import Cord
+from filecord._pieces.data import FileBackedData
 from filecord.gguf._encode import (
     alignment_of,
     encode_header,

@@ -20,17 +20,17 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from filecord import _sys
-from filecord._argorder import (
+from filecord._io import syscalls as _sys
+from filecord._kit.argorder import (
     input_paths,
     not_an_input,
     output_path,
     require_suffix,
     source_path,
 )
-from filecord._plan import DEFAULT_WINDOW
-from filecord._preflight import CordLike, Target
-from filecord._report import SaveReport
+from filecord._plan.preflight import CordLike, Target
+from filecord._plan.report import SaveReport
+from filecord._plan.window import DEFAULT_WINDOW
 from filecord._save import plan, save_many
 from filecord.gguf._build import build_gguf, build_split
 from filecord.gguf._read import GGUFModel, read_gguf

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from filecord._data import FileBackedData
+from filecord._pieces.data import FileBackedData
 from filecord.gguf._types import BLOCKS, GGMLType, GGUFTensor
 from filecord.gguf.errors import UnrepresentableError
 from filecord.tensors import TensorBytes

@@ -1,6 +1,6 @@
 """Reading GGUF files and split sets: headers parsed, tensors never loaded.
 
-The only I/O here is at the entry points: the header is read through ``filecord._sys`` in
+The only I/O here is at the entry points: the header is read through ``filecord._io.syscalls`` in
 growing prefixes (1 MiB, then at least doubling, never past the file), so memory stays within
 twice the header; every tensor becomes a :class:`~filecord.FileBackedData` range of one
 whole-file piece, so all tensors of a file share one owner when read with ``owned=True``.
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from filecord import _sys
-from filecord._data import FileBackedData
+from filecord._io import syscalls as _sys
+from filecord._pieces.data import FileBackedData
 from filecord.errors import DataChangedError
 from filecord.gguf._parse import Header, NeedMore, parse_header
 from filecord.gguf._types import (

@@ -29,11 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from filecord import _sys
-from filecord._data import FileBackedData
-from filecord._plan import DEFAULT_WINDOW
-from filecord._preflight import CordLike, Target
-from filecord._report import SaveReport
+from filecord._io import syscalls as _sys
+from filecord._pieces.data import FileBackedData
+from filecord._plan.preflight import CordLike, Target
+from filecord._plan.report import SaveReport
+from filecord._plan.window import DEFAULT_WINDOW
 from filecord._save import plan, save_many
 from filecord.gguf._build import build_split
 from filecord.gguf._pieces import to_tensor

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from filecord import _sys
-from filecord._argorder import (
+from filecord._io import syscalls as _sys
+from filecord._kit.argorder import (
     input_paths,
     not_an_input,
     output_path,
@@ -30,10 +30,10 @@ from filecord._argorder import (
     require_suffix,
     source_path,
 )
-from filecord._data import FileBackedData
-from filecord._plan import DEFAULT_WINDOW
-from filecord._preflight import CordLike, Target
-from filecord._report import SaveReport
+from filecord._pieces.data import FileBackedData
+from filecord._plan.preflight import CordLike, Target
+from filecord._plan.report import SaveReport
+from filecord._plan.window import DEFAULT_WINDOW
 from filecord._save import plan, save, save_many
 from filecord.safetensors._ptdtypes import safetensors_dtype_of, scalar_type_of
 from filecord.safetensors._read import SafetensorsFile, SafetensorsIndex, read_safetensors

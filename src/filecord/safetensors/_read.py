@@ -1,7 +1,7 @@
 """Reading safetensors files and sharded checkpoints: headers parsed, tensors never loaded.
 
 The only I/O here is at the entry points: the first 8 bytes and the header are read through
-``filecord._sys`` (at most ``min(N, file size)`` bytes, N capped by the format), then every
+``filecord._io.syscalls`` (at most ``min(N, file size)`` bytes, N capped by the format), then every
 tensor becomes a :class:`~filecord.FileBackedData` range of one whole-file piece, so all
 tensors of a file share one owner when the file is read with ``owned=True``.
 """
@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from filecord import _sys
-from filecord._data import FileBackedData
+from filecord._io import syscalls as _sys
+from filecord._pieces.data import FileBackedData
 from filecord.errors import DataChangedError
 from filecord.safetensors._format import Header, decode_json, header_size, parse_header
 from filecord.safetensors.errors import InvalidIndexError

@@ -5,7 +5,7 @@ Theory of operation
 A CPU tensor's bytes enter the Cord as a view of its own memory (no copy); the save writes it
 into a temp file beside the target, fsyncs, renames and fsyncs the directory, so host memory
 beyond the tensors stays at one chunk.  A tensor on another device is first streamed through
-one pinned chunk into an owned scratch file beside the target (``_torch_stream``), which the
+one pinned chunk into an owned scratch file beside the target (``_kit.torch_stream``), which the
 save then moves into the output.  The temp gets the mode a new file would get from ``open()``
 (or the replaced file's mode), not 0600.
 
@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
-from filecord import _sys
-from filecord._plan import DEFAULT_WINDOW
-from filecord._report import SaveReport
+from filecord._io import syscalls as _sys
+from filecord._kit.torch_stream import host_view, write_tensors
+from filecord._plan.report import SaveReport
+from filecord._plan.window import DEFAULT_WINDOW
 from filecord._save import save, save_many
-from filecord._torch_stream import host_view, write_tensors
 from filecord.safetensors._write import (
     build_file,
     index_name,

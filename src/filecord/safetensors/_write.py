@@ -24,10 +24,10 @@ import re
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Literal
 
-from filecord import _sys
-from filecord._cord import Cord
-from filecord._data import FileBackedData
-from filecord._preflight import CordLike, Target
+from filecord._io import syscalls as _sys
+from filecord._pieces.cord import Cord
+from filecord._pieces.data import FileBackedData
+from filecord._plan.preflight import CordLike, Target
 from filecord.safetensors._format import (
     canonical_order,
     encode_header,

@@ -1,11 +1,11 @@
 """The preflight: normalize the arguments, stat everything, refuse early; facts only.
 
-Nothing is created or changed here (the clone probe in ``_facts`` aside) and nothing is
+Nothing is created or changed here (the clone probe in ``facts`` aside) and nothing is
 decided: :func:`gather` returns plain values (stat results, free space, capabilities, mount
-ids) for ``_plan.make_plan`` to decide on, whatever ``consume`` and ``window`` are.  Every
+ids) for ``plan.make_plan`` to decide on, whatever ``consume`` and ``window`` are.  Every
 refusal that needs no decision happens here, before the first output is opened: a changed
 source, an output that is a source, a missing or read-only directory, two outputs naming one
-file.  The space refusal is the plan's (``_space.check_space``).
+file.  The space refusal is the plan's (``space.check_space``).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from filecord import _sys
-from filecord._cord import Cord, PieceLike
-from filecord._data import FileBackedData
-from filecord._facts import fs_facts, kernel_path, mount_id, mount_table, resolve_target
-from filecord._plan import BLOCK, FsFacts, OutputFacts, PieceRef, SourceFacts
+from filecord._io import syscalls as _sys
+from filecord._io.paths import kernel_path, resolve_target
+from filecord._pieces.cord import Cord, PieceLike
+from filecord._pieces.data import FileBackedData
+from filecord._plan.facts import fs_facts, mount_id, mount_table
+from filecord._plan.types import BLOCK, FsFacts, OutputFacts, PieceRef, SourceFacts
 from filecord.errors import SaveError, SourceIsOutputError
 
 Target = str | os.PathLike[str]

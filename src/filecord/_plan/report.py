@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from filecord._plan import PieceAction
-from filecord._space import FsPeak
+from filecord._plan.types import FsPeak, PieceAction
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,10 @@
 """Pure planning: outputs + options + facts about files -> what a save will do, and why.
 
-Nothing here touches the disk.  ``_facts.py`` gathers the stat results and file-system
+Nothing here touches the disk.  ``facts.py`` gathers the stat results and file-system
 capabilities at the edge; this module turns them into a :class:`SavePlan` that lists, for every
 file-backed piece, whether it will be cloned, moved or copied (with the reason for every copy
 made under ``consume=True``) and the predicted peak disk per file system (counted by
-``_space``).  Because every decision is a function of plain values, each rule is
+``space``).  Because every decision is a function of plain values, each rule is
 unit-testable without a disk.
 
 Decision rules (``consume=True``; without it, pieces are only cloned or copied):
@@ -33,149 +33,33 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Literal
+from dataclasses import replace
 
-from filecord._space import BLOCK as BLOCK
-from filecord._space import FsPeak, peaks_at
-from filecord._space import MiB as MiB
-from filecord._window import DEFAULT_WINDOW as DEFAULT_WINDOW
-from filecord._window import WindowChoice, choose
-
-# Why the last partial block of a cloned piece is copied rather than cloned.
-TailReason = Literal[
-    "its last block is partial and not its source's last",
-    "the output already reaches past it, so its partial last block cannot be cloned",
-]
-# Reasons a piece was copied although consume=True asked to move it (a piece shorter than a
-# block, mid-source, is copied for its tail's reason).
-Reason = Literal[
-    TailReason,
-    "not owned", "a symlink", "another hard link", "read-only", "another file system",
-    "a gap below the moved range", "bytes after the range are not part of the save",
-    "the output is not a regular file we created", "the file system keeps no holes", "Windows",
-    "the file system refused the clone",
-]
-# What happens to a piece: in-memory bytes are "written"; file-backed ones one of the others.
-Action = Literal["written", "copied", "cloned", "moved"]
-NOT_OWNED: Reason = "not owned"
-SYMLINK: Reason = "a symlink"
-HARDLINK: Reason = "another hard link"
-READ_ONLY: Reason = "read-only"
-OTHER_FS: Reason = "another file system"
-GAP: Reason = "a gap below the moved range"
-GAP_TO_END: Reason = "bytes after the range are not part of the save"
-NOT_OUR_FILE: Reason = "the output is not a regular file we created"
-NO_HOLES: Reason = "the file system keeps no holes"
-WINDOWS: Reason = "Windows"
-CLONE_REFUSED: Reason = "the file system refused the clone"
-MID_TAIL: TailReason = "its last block is partial and not its source's last"
-PAST_TAIL: TailReason = (
-    "the output already reaches past it, so its partial last block cannot be cloned"
+from filecord._plan.space import peaks_at
+from filecord._plan.types import (
+    BLOCK,
+    GAP,
+    GAP_TO_END,
+    HARDLINK,
+    MID_TAIL,
+    NO_HOLES,
+    NOT_OUR_FILE,
+    NOT_OWNED,
+    OTHER_FS,
+    READ_ONLY,
+    SYMLINK,
+    WINDOWS,
+    Action,
+    FsFacts,
+    MoveSource,
+    OutputFacts,
+    PieceAction,
+    PieceRef,
+    Reason,
+    SavePlan,
+    SourceFacts,
 )
-
-CLONING_FILESYSTEMS = frozenset({"btrfs", "xfs", "bcachefs", "ocfs2"})
-NO_HOLE_FILESYSTEMS = frozenset({"vfat", "msdos", "exfat", "hfs", "hfsplus", "fuseblk"})
-
-
-@dataclass(frozen=True, slots=True)
-class SourceFacts:
-    """One distinct source file, as stat saw it during the preflight."""
-
-    key: tuple[int, int]  # (dev, ino)
-    path: str
-    size: int
-    owned: bool  # every FileBackedData naming this file owns it
-    symlink: bool
-    nlink: int
-    regular: bool
-    writable: bool
-    deletable: bool = True  # its directory is writable on a read-write mount
-    allocated: int = -1  # bytes the file system holds for it (st_blocks); -1: unknown
-    mount: int = 0  # mount id (two mounts of one file system share st_dev but not renames)
-
-
-@dataclass(frozen=True, slots=True)
-class FsFacts:
-    dev: int
-    fs_type: str
-    free: int
-    can_clone: bool
-    keeps_holes: bool
-    block: int = BLOCK  # the unit the file system allocates in (statvfs f_frsize)
-
-
-@dataclass(frozen=True, slots=True)
-class PieceRef:
-    """One placement of a piece in an output (``source`` is None for in-memory bytes)."""
-
-    output: int
-    index: int
-    out_offset: int
-    length: int
-    source: tuple[int, int] | None = None
-    src_offset: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class OutputFacts:
-    path: str  # the name the caller gave
-    target: str  # the file actually replaced (a symlink at ``path`` is followed)
-    dev: int
-    length: int
-    direct: bool  # not a regular file (FIFO, device): written in place, streamed
-    mount: int = 0  # mount id of its directory (see SourceFacts.mount)
-
-
-@dataclass(frozen=True, slots=True)
-class PieceAction:
-    """What happens to one piece; ``reason`` explains every copy under ``consume=True``."""
-
-    output: str
-    index: int
-    out_offset: int
-    length: int
-    action: Action
-    source: str | None = None
-    src_offset: int = 0
-    reason: Reason | None = None
-    # For "cloned": the bytes at the piece's end that are copied, not cloned (under one block),
-    # and why (``MID_TAIL``, ``PAST_TAIL``); 0 and None when every byte is cloned.
-    tail: int = 0
-    tail_reason: TailReason | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class MoveSource:
-    """A source shortened from its end down to ``run_start``; ``dests`` are its placements.
-
-    ``adopt``: the source is the whole of one output and nothing else, so it is not copied at
-    all: it is renamed onto that output's temp (no bytes move, no extra disk).
-    """
-
-    key: tuple[int, int]
-    path: str
-    size: int
-    run_start: int
-    dests: tuple[PieceRef, ...]
-    adopt: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class SavePlan:
-    outputs: tuple[OutputFacts, ...]
-    actions: tuple[PieceAction, ...]
-    moves: tuple[MoveSource, ...]
-    # Owned sources deleted at commit (consume=True); never one written to a direct output.
-    consumed: tuple[tuple[int, int], ...]
-    peaks: tuple[FsPeak, ...]
-    consume: bool
-    window: int  # the window the moves use: the one asked for, or the default shrunk to fit
-    window_choice: WindowChoice
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(o.length for o in self.outputs)
+from filecord._plan.window import choose
 
 
 def clone_tail(
@@ -313,7 +197,7 @@ def make_plan(
     """Decide every piece's action, the sync window and the peak disk per file system (pure).
 
     ``window`` left at :data:`DEFAULT_WINDOW` may shrink to the largest that fits the free
-    space (``_window.choose``); any other value is used as is.
+    space (``window.choose``); any other value is used as is.
     """
     if window < BLOCK:
         raise ValueError(f"the sync window must be at least {BLOCK} bytes, got {window}")

@@ -35,10 +35,10 @@ linearly, as they do for an explicit small window.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
-MiB = 1 << 20
+from filecord._plan.types import MiB, WindowChoice, WindowWhy
+
 FLOOR = 4 * MiB
 
 
@@ -50,8 +50,6 @@ class _DefaultWindow(int):
 
 # picked by bench/consume_window.py (docs/benchmarks.md); a save left at it adapts (above)
 DEFAULT_WINDOW: int = _DefaultWindow(64 * MiB)
-
-WindowWhy = Literal["asked", "default", "shrunk"]
 
 
 def is_default(window: int) -> bool:
@@ -68,36 +66,6 @@ def ladder(window: int) -> tuple[int, ...]:
     while steps[-1] // 2 >= FLOOR:
         steps.append(steps[-1] // 2)
     return tuple(steps)
-
-
-def size_text(n: int) -> str:
-    """``n`` bytes in MiB for people: whole MiB exactly, else one decimal."""
-    return f"{n // MiB} MiB" if n % MiB == 0 else f"{n / MiB:.1f} MiB"
-
-
-@dataclass(frozen=True, slots=True)
-class WindowChoice:
-    """The window a plan uses and why.
-
-    ``free`` and ``fs_type``: the file system whose free space made it shrink (``why`` is
-    "shrunk").  ``default_fits``: for an explicit window that does not fit, the window the
-    default would have shrunk to and that fits (None when none would, or when it fits).
-    """
-
-    used: int
-    asked: int
-    why: WindowWhy
-    free: int | None = None
-    fs_type: str | None = None
-    default_fits: int | None = None
-
-    def note(self) -> str | None:
-        """"shrunk from 64 MiB to 16 MiB: 20.6 MiB free on ext4", or None when not shrunk."""
-        if self.why != "shrunk":
-            return None
-        where = f" on {self.fs_type}" if self.fs_type else ""
-        free = "" if self.free is None else f": {size_text(self.free)} free{where}"
-        return f"shrunk from {size_text(self.asked)} to {size_text(self.used)}{free}"
 
 
 class PeakLike(Protocol):

@@ -2,61 +2,39 @@
 instant, and the refusal when it has not.
 
 Nothing here touches the disk: the facts (lengths, block sizes, free bytes, allocated bytes of
-sparse sources) come from ``_facts`` through the plan, and the plan (``_plan.make_plan``)
+sparse sources) come from ``facts`` through the plan, and the plan (``plan.make_plan``)
 decides what is cloned, moved or copied; this module only counts what those decisions
 allocate and free: new bytes are rounded up to whole blocks, only whole blocks count as shared
 by a clone or freed by a truncation, a move holds one sync window twice, and a margin
 (:func:`space_margin`) covers file-system metadata of new files and the journal.
-``_window.choose`` calls :func:`peaks_at` once per candidate window.
+``window.choose`` calls :func:`peaks_at` once per candidate window.
 """
 
 from __future__ import annotations
 
 import errno
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from filecord._window import size_text
+from filecord._plan.types import (
+    BLOCK,
+    FsFacts,
+    FsPeak,
+    MiB,
+    MoveSource,
+    OutputFacts,
+    PieceAction,
+    SavePlan,
+    SourceFacts,
+    size_text,
+)
 from filecord.errors import InsufficientSpaceError
 
-if TYPE_CHECKING:  # the plan's value types, named for the checker only (the plan imports us)
-    from filecord._plan import (
-        FsFacts,
-        MoveSource,
-        OutputFacts,
-        PieceAction,
-        SavePlan,
-        SourceFacts,
-    )
-
-MiB = 1 << 20
-BLOCK = 4096
 # The space check's margin, in blocks of the file system: per output file, its inode's overflow
 # (extent tree or indirect blocks: one per started 128 MiB of data) and its directory entry's
 # share of a directory block; and, when a journal is written, its file and directory entry.
 MARGIN_BLOCKS_PER_FILE = 2
 MARGIN_DATA_PER_BLOCK = 128 * MiB
 MARGIN_JOURNAL_BLOCKS = 2
-
-
-@dataclass(frozen=True, slots=True)
-class FsPeak:
-    """``needed``: bytes the file system must have free at the save's worst instant: the data it
-    allocates, rounded up to ``block``-byte blocks, plus ``margin`` (see :func:`space_margin`).
-    ``consume_needed``: what ``consume=True`` would need instead, when it was asked for."""
-
-    dev: int
-    fs_type: str
-    needed: int
-    free: int
-    margin: int = 0
-    block: int = BLOCK
-    consume_needed: int | None = None
-
-    @property
-    def fits(self) -> bool:
-        return self.needed <= self.free
 
 
 def space_margin(files: int, data: int, block: int, *, journal: bool) -> int:

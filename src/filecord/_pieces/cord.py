@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import Protocol, Union
 
-from filecord._data import CHUNK, FileBackedData
+from filecord._pieces.data import CHUNK, FileBackedData
 
 log = logging.getLogger(__name__)
 

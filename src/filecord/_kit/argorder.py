@@ -16,7 +16,7 @@ import errno
 import os
 from collections.abc import Iterable, Sequence
 
-from filecord import _sys
+from filecord._io import syscalls as _sys
 from filecord.errors import SourceIsOutputError
 
 

@@ -11,7 +11,7 @@ import os
 import resource
 from typing import Any
 
-from filecord import _sys
+from filecord._io import syscalls as _sys
 
 _REAL = _sys.Backend()  # the real calls, without the active backend's hook
 

@@ -28,8 +28,9 @@ import stat as stat_mod
 import weakref
 from dataclasses import dataclass
 
-from filecord import _names, _sys
-from filecord._facts import kernel_path
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
+from filecord._io.paths import kernel_path
 from filecord.errors import DataChangedError
 
 CHUNK = 8 << 20  # one reusable read buffer; bounds host memory of every streamed read

@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from filecord import _sys
-from filecord._data import CHUNK, FileBackedData
+from filecord._io import syscalls as _sys
+from filecord._pieces.data import CHUNK, FileBackedData
 
 DeviceCopy = Callable[[Any, Any], None]  # (device uint8 slice, pinned host uint8 slice)
 

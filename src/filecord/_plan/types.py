@@ -1,0 +1,203 @@
+"""The plan's value types: facts in, decisions out (a leaf: imports nothing of filecord).
+
+The preflight (``facts``, ``preflight``) fills the facts (:class:`SourceFacts`, :class:`FsFacts`,
+:class:`OutputFacts`, :class:`PieceRef`); the plan (``plan``, ``space``, ``window``) turns them
+into a :class:`SavePlan` of :class:`PieceAction`, :class:`MoveSource`, :class:`FsPeak` and a
+:class:`WindowChoice`; the transaction and the report read them.  They live in this leaf, not
+next to the code that computes them, so that every module of the plan can name every type
+without importing another (``plan`` uses ``space`` and ``window``; ``space`` needs the plan's
+types: with the types beside ``plan`` that was a cycle).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MiB = 1 << 20
+BLOCK = 4096
+
+WindowWhy = Literal["asked", "default", "shrunk"]
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes in MiB for people: whole MiB exactly, else one decimal."""
+    return f"{n // MiB} MiB" if n % MiB == 0 else f"{n / MiB:.1f} MiB"
+
+# Why the last partial block of a cloned piece is copied rather than cloned.
+TailReason = Literal[
+    "its last block is partial and not its source's last",
+    "the output already reaches past it, so its partial last block cannot be cloned",
+]
+# Reasons a piece was copied although consume=True asked to move it (a piece shorter than a
+# block, mid-source, is copied for its tail's reason).
+Reason = Literal[
+    TailReason,
+    "not owned", "a symlink", "another hard link", "read-only", "another file system",
+    "a gap below the moved range", "bytes after the range are not part of the save",
+    "the output is not a regular file we created", "the file system keeps no holes", "Windows",
+    "the file system refused the clone",
+]
+# What happens to a piece: in-memory bytes are "written"; file-backed ones one of the others.
+Action = Literal["written", "copied", "cloned", "moved"]
+NOT_OWNED: Reason = "not owned"
+SYMLINK: Reason = "a symlink"
+HARDLINK: Reason = "another hard link"
+READ_ONLY: Reason = "read-only"
+OTHER_FS: Reason = "another file system"
+GAP: Reason = "a gap below the moved range"
+GAP_TO_END: Reason = "bytes after the range are not part of the save"
+NOT_OUR_FILE: Reason = "the output is not a regular file we created"
+NO_HOLES: Reason = "the file system keeps no holes"
+WINDOWS: Reason = "Windows"
+CLONE_REFUSED: Reason = "the file system refused the clone"
+MID_TAIL: TailReason = "its last block is partial and not its source's last"
+PAST_TAIL: TailReason = (
+    "the output already reaches past it, so its partial last block cannot be cloned"
+)
+
+CLONING_FILESYSTEMS = frozenset({"btrfs", "xfs", "bcachefs", "ocfs2"})
+NO_HOLE_FILESYSTEMS = frozenset({"vfat", "msdos", "exfat", "hfs", "hfsplus", "fuseblk"})
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFacts:
+    """One distinct source file, as stat saw it during the preflight."""
+
+    key: tuple[int, int]  # (dev, ino)
+    path: str
+    size: int
+    owned: bool  # every FileBackedData naming this file owns it
+    symlink: bool
+    nlink: int
+    regular: bool
+    writable: bool
+    deletable: bool = True  # its directory is writable on a read-write mount
+    allocated: int = -1  # bytes the file system holds for it (st_blocks); -1: unknown
+    mount: int = 0  # mount id (two mounts of one file system share st_dev but not renames)
+
+
+@dataclass(frozen=True, slots=True)
+class FsFacts:
+    dev: int
+    fs_type: str
+    free: int
+    can_clone: bool
+    keeps_holes: bool
+    block: int = BLOCK  # the unit the file system allocates in (statvfs f_frsize)
+
+
+@dataclass(frozen=True, slots=True)
+class PieceRef:
+    """One placement of a piece in an output (``source`` is None for in-memory bytes)."""
+
+    output: int
+    index: int
+    out_offset: int
+    length: int
+    source: tuple[int, int] | None = None
+    src_offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFacts:
+    path: str  # the name the caller gave
+    target: str  # the file actually replaced (a symlink at ``path`` is followed)
+    dev: int
+    length: int
+    direct: bool  # not a regular file (FIFO, device): written in place, streamed
+    mount: int = 0  # mount id of its directory (see SourceFacts.mount)
+
+
+@dataclass(frozen=True, slots=True)
+class PieceAction:
+    """What happens to one piece; ``reason`` explains every copy under ``consume=True``."""
+
+    output: str
+    index: int
+    out_offset: int
+    length: int
+    action: Action
+    source: str | None = None
+    src_offset: int = 0
+    reason: Reason | None = None
+    # For "cloned": the bytes at the piece's end that are copied, not cloned (under one block),
+    # and why (``MID_TAIL``, ``PAST_TAIL``); 0 and None when every byte is cloned.
+    tail: int = 0
+    tail_reason: TailReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MoveSource:
+    """A source shortened from its end down to ``run_start``; ``dests`` are its placements.
+
+    ``adopt``: the source is the whole of one output and nothing else, so it is not copied at
+    all: it is renamed onto that output's temp (no bytes move, no extra disk).
+    """
+
+    key: tuple[int, int]
+    path: str
+    size: int
+    run_start: int
+    dests: tuple[PieceRef, ...]
+    adopt: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FsPeak:
+    """``needed``: bytes the file system must have free at the save's worst instant: the data it
+    allocates, rounded up to ``block``-byte blocks, plus ``margin`` (see :func:`space_margin`).
+    ``consume_needed``: what ``consume=True`` would need instead, when it was asked for."""
+
+    dev: int
+    fs_type: str
+    needed: int
+    free: int
+    margin: int = 0
+    block: int = BLOCK
+    consume_needed: int | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.needed <= self.free
+
+@dataclass(frozen=True, slots=True)
+class WindowChoice:
+    """The window a plan uses and why.
+
+    ``free`` and ``fs_type``: the file system whose free space made it shrink (``why`` is
+    "shrunk").  ``default_fits``: for an explicit window that does not fit, the window the
+    default would have shrunk to and that fits (None when none would, or when it fits).
+    """
+
+    used: int
+    asked: int
+    why: WindowWhy
+    free: int | None = None
+    fs_type: str | None = None
+    default_fits: int | None = None
+
+    def note(self) -> str | None:
+        """"shrunk from 64 MiB to 16 MiB: 20.6 MiB free on ext4", or None when not shrunk."""
+        if self.why != "shrunk":
+            return None
+        where = f" on {self.fs_type}" if self.fs_type else ""
+        free = "" if self.free is None else f": {size_text(self.free)} free{where}"
+        return f"shrunk from {size_text(self.asked)} to {size_text(self.used)}{free}"
+
+
+@dataclass(frozen=True, slots=True)
+class SavePlan:
+    outputs: tuple[OutputFacts, ...]
+    actions: tuple[PieceAction, ...]
+    moves: tuple[MoveSource, ...]
+    # Owned sources deleted at commit (consume=True); never one written to a direct output.
+    consumed: tuple[tuple[int, int], ...]
+    peaks: tuple[FsPeak, ...]
+    consume: bool
+    window: int  # the window the moves use: the one asked for, or the default shrunk to fit
+    window_choice: WindowChoice
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(o.length for o in self.outputs)
