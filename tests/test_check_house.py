@@ -1,5 +1,6 @@
-"""tools/check_house.py: finds import cycles and system calls around the seam, in a small
-package written for each test, and finds none in filecord itself."""
+"""tools/check_house.py: finds imports that point up a layer, import cycles (type-only ones
+too), system calls around the seam and branches on exception text, in a small package written
+for each test, and finds none in filecord itself."""
 
 from __future__ import annotations
 
@@ -47,8 +48,12 @@ def write(src: Path, files: dict[str, str]) -> Path:
     return src
 
 
-def problems(src: Path) -> list[str]:
-    result: list[str] = house.check(src, "pkg", "_sys")
+def problems(src: Path, **kw: object) -> list[str]:
+    """The checker on ``src/pkg`` with the seam ``pkg._sys``, no layers and no known entries
+    unless ``kw`` gives them."""
+    args: dict[str, object] = {"seam": "_sys", "layers": (), "pending_places": {},
+                               "known_text_branches": frozenset()}
+    result: list[str] = house.check(src, "pkg", **{**args, **kw})
     return result
 
 
@@ -62,7 +67,7 @@ CLEAN = {
         from pkg.sub import c
 
         if TYPE_CHECKING:
-            from pkg import d  # d imports a: excluded, it never runs
+            from pkg import d  # a type-only import: counts like any other (d imports nothing)
 
         def name(p: os.PathLike[str]) -> str:
             fd = _sys.open(os.fspath(p), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -72,7 +77,7 @@ CLEAN = {
     "sub/__init__.py": "",
     "sub/c.py": "from .. import b\nfrom . import e\n",
     "sub/e.py": "import errno, stat\nE = errno.ENOENT\nR = stat.S_ISREG\n",
-    "d.py": "from pkg import a\n",
+    "d.py": "class D: ...\n",
 }
 
 
@@ -147,14 +152,133 @@ def test_known_pending_entries_are_skipped_and_must_still_occur(tmp_path: Path) 
     src = write(tmp_path, {"a.py": "import os\nimport pkg.b\nos.unlink('x')\n",
                            "b.py": "import pkg.a\n"})
     cycle = frozenset({"pkg.a", "pkg.b"})
-    assert house.check(src, "pkg", "_sys", known_cycles=frozenset({cycle}),
-                       known_bypasses=frozenset({("pkg.a", "os.unlink")})) == []
-    stale = house.check(src, "pkg", "_sys", known_cycles=frozenset({cycle, frozenset({"pkg.b", "x"})}),
-                        known_bypasses=frozenset({("pkg.a", "os.unlink"), ("pkg.b", "os.stat")}))
+    assert problems(src, known_cycles=frozenset({cycle}),
+                    known_bypasses=frozenset({("pkg.a", "os.unlink")})) == []
+    stale = problems(src, known_cycles=frozenset({cycle, frozenset({"pkg.b", "x"})}),
+                     known_bypasses=frozenset({("pkg.a", "os.unlink"), ("pkg.b", "os.stat")}))
     assert stale == [
         "known cycle no longer there (remove it from the list): ['pkg.b', 'x']",
         "known bypass no longer there (remove it from the list): pkg.b os.stat",
     ]
+
+
+def test_a_type_only_cycle_is_a_cycle(tmp_path: Path) -> None:
+    src = write(tmp_path, {
+        "plan.py": "from pkg.space import peaks\nclass Plan: ...\n",
+        "space.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                    "    from pkg.plan import Plan\ndef peaks(p: 'Plan') -> int:\n    return 0\n",
+    })
+    assert problems(src) == [
+        "import cycle among pkg.plan, pkg.space: pkg.plan -> pkg.space -> pkg.plan"]
+
+
+def test_value_types_in_a_leaf_end_the_cycle(tmp_path: Path) -> None:
+    src = write(tmp_path, {
+        "types.py": "class Plan: ...\n",
+        "plan.py": "from pkg.space import peaks\nfrom pkg.types import Plan\n",
+        "space.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                    "    from pkg.types import Plan\ndef peaks(p: 'Plan') -> int:\n    return 0\n",
+    })
+    assert problems(src) == []
+
+
+# The layers of a small package: low < mid < top, the package's __init__ on top.
+LAYERS = (("low", ("low", "errors", "_sys")), ("mid", ("mid", "mid_*")), ("top", ("top",)),
+          ("face", ("",)))
+LAYERED = {
+    "errors.py": "class E(Exception): ...\n",
+    "low/__init__.py": "",
+    "low/seam.py": "from pkg.errors import E\n",
+    "mid/__init__.py": "",
+    "mid/plan.py": "from pkg.low import seam\nfrom pkg.low.seam import E\n",
+    "mid_helper.py": "from pkg.mid import plan\n",
+    "top.py": "from pkg.mid.plan import E\nfrom pkg import mid_helper\n",
+    "__init__.py": "from pkg.top import E\n",
+}
+ORDER = "low < mid < top < face"
+
+
+def test_imports_that_point_down_pass(tmp_path: Path) -> None:
+    assert problems(write(tmp_path, LAYERED), layers=LAYERS) == []
+
+
+@pytest.mark.parametrize("text", [
+    "from pkg import top\n",
+    "from pkg.top import E\n",
+    "import pkg.top\n",
+    "def f():\n    from pkg import top\n",
+    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.top import E\n",
+])
+def test_an_import_that_points_up_a_layer_is_found(tmp_path: Path, text: str) -> None:
+    src = write(tmp_path, {**LAYERED, "mid/other.py": text})
+    assert problems(src, layers=LAYERS) == [
+        f"pkg.mid.other (mid) imports pkg.top (top), a layer above: imports point down, {ORDER}"]
+
+
+def test_nothing_may_import_the_package_face_from_below(tmp_path: Path) -> None:
+    src = write(tmp_path, {**LAYERED, "low/ver.py": "from pkg import VERSION\n",
+                           "__init__.py": "VERSION = 1\n"})
+    assert problems(src, layers=LAYERS) == [
+        f"pkg.low.ver (low) imports pkg (face), a layer above: imports point down, {ORDER}"]
+
+
+def test_a_module_in_no_layer_is_found(tmp_path: Path) -> None:
+    src = write(tmp_path, {**LAYERED, "stray.py": "X = 1\n"})
+    assert problems(src, layers=LAYERS) == [
+        f"pkg.stray is in no layer: place it in LAYERS ({ORDER})"]
+
+
+def test_a_pending_place_counts_and_must_still_be_used(tmp_path: Path) -> None:
+    src = write(tmp_path, {**LAYERED, "_old_plan.py": "from pkg.top import E\n"})
+    assert problems(src, layers=LAYERS, pending_places={"_old_*": "top"}) == []
+    assert problems(src, layers=LAYERS, pending_places={"_old_*": "mid"}) == [
+        f"pkg._old_plan (mid) imports pkg.top (top), a layer above: imports point down, {ORDER}"]
+    assert problems(src, layers=LAYERS,
+                    pending_places={"_old_*": "top", "_gone": "mid"}) == [
+        "pending place no longer used (remove it from the list): _gone"]
+
+
+@pytest.mark.parametrize("text", [
+    "'linked' in exc.reason",
+    "exc.reason == METADATA_ONLY",
+    "exc.reason != _transfer.METADATA_ONLY",
+    "str(exc) == 'disk full'",
+    "f'{x} gone' == str(exc)",
+    "'denied' not in exc.args[0]",
+    "exc.args[0] == 'no space'",
+    "exc.reason.startswith('linked')",
+    "0 < 1 and err.reason == 'x'",
+])
+def test_a_branch_on_exception_text_is_found(tmp_path: Path, text: str) -> None:
+    src = write(tmp_path, {"a.py": f"def f(exc, err, x):\n    return {text}\n"})
+    got = problems(src)
+    assert len(got) == 1, got
+    assert f"{Path('pkg', 'a.py')}:2: " in got[0], got
+    assert got[0].endswith(": a branch on an exception's text "
+                           "(give the error a typed kind to branch on)"), got
+
+
+@pytest.mark.parametrize("text", [
+    "exc.kind == Kind.LINKED",
+    "exc.kind is ChangeKind.METADATA_ONLY",
+    "exc.reason is None",
+    "len(exc.args) == 2",
+    "'x' in names",
+    "exc.reason == other.reason",
+    "str(exc)",
+    "exc.errno == errno.ENOSPC",
+])
+def test_branches_on_typed_kinds_pass(tmp_path: Path, text: str) -> None:
+    src = write(tmp_path, {"a.py": f"def f(exc, other, names):\n    return {text}\n"})
+    assert problems(src) == []
+
+
+def test_a_known_text_branch_is_skipped_and_must_still_occur(tmp_path: Path) -> None:
+    src = write(tmp_path, {"a.py": "def f(exc):\n    return 'x' in exc.reason\n"})
+    known = frozenset({("pkg.a", "'x' in exc.reason")})
+    assert problems(src, known_text_branches=known) == []
+    assert problems(src, known_text_branches=known | {("pkg.b", "'y' in e.reason")}) == [
+        "known text branch no longer there (remove it from the list): pkg.b 'y' in e.reason"]
 
 
 def test_filecord_itself_is_in_order() -> None:
