@@ -1,0 +1,1 @@
+"""Unit tests: the pure pieces, folder by folder as in ``src/filecord`` (fast, no save)."""
