@@ -59,11 +59,12 @@ def test_merge_equals_gguf_py_single_file(tmp_path: Path, consume: bool,
 
 
 @pytest.mark.parametrize("consume", [False, True])
-@pytest.mark.parametrize("split", [{"max_tensors": 3}, {"max_tensors": 1}, {"max_size": 100}])
+@pytest.mark.parametrize("split", [{"max_tensors": 3}, {"max_tensors": 1}, {"max_shard_size": 100}])
 def test_reshard_equals_gguf_py_split(tmp_path: Path, consume: bool,
                                       split: dict[str, int]) -> None:
     ref = _dir(tmp_path, "ref")
-    gguf_py(ref / "m.gguf", **{f"split_{k}": v for k, v in split.items()})
+    gguf_py_names = {"max_tensors": "split_max_tensors", "max_shard_size": "split_max_size"}
+    gguf_py(ref / "m.gguf", **{gguf_py_names[k]: v for k, v in split.items()})
     src = _dir(tmp_path, "src")
     gguf_py(src / "in.gguf")
     out = _dir(tmp_path, "out")
@@ -72,6 +73,14 @@ def test_reshard_equals_gguf_py_split(tmp_path: Path, consume: bool,
     for name in os.listdir(ref):
         assert (out / name).read_bytes() == (ref / name).read_bytes(), name
     assert os.listdir(src) == ([] if consume else ["in.gguf"])
+
+
+def test_reshard_names_the_new_keyword_for_the_old_one(tmp_path: Path) -> None:
+    src = _dir(tmp_path, "src")
+    gguf_py(src / "m.gguf")
+    with pytest.raises(TypeError, match=r"max_shard_size=, not max_size="):
+        fg.reshard(tmp_path / "o.gguf", [src / "m.gguf"], max_size=100)  # type: ignore[call-arg]
+    assert not (tmp_path / "o.gguf").exists()
 
 
 def test_dry_runs_write_nothing(tmp_path: Path) -> None:

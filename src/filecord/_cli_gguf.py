@@ -48,7 +48,8 @@ def reshard(args: argparse.Namespace) -> SaveReport:
     size = args.max_shard_size or 0
     tensors = args.max_tensors or (0 if size else GGUF_TENSORS_DEFAULT)
     with Bar("reshard", quiet=args.quiet or args.json) as bar:
-        return gguf_reshard(output_base(args), args.inputs, max_tensors=tensors, max_size=size,
+        return gguf_reshard(output_base(args), args.inputs, max_tensors=tensors,
+                            max_shard_size=size,
                             consume=args.consume, dry_run=args.dry_run, alignment=args.align,
                             window=args.window, progress=bar.callback)
 
@@ -58,7 +59,8 @@ def convert(args: argparse.Namespace) -> SaveReport:
 
     with Bar(f"convert {os.path.basename(args.output)}", quiet=args.quiet or args.json) as bar:
         return gguf_convert(args.output, args.input, arch=args.arch, consume=args.consume,
-                            max_tensors=args.max_tensors, max_size=args.max_shard_size,
+                            max_tensors=args.max_tensors,
+                            max_shard_size=args.max_shard_size,
                             dry_run=args.dry_run, alignment=args.align, window=args.window,
                             progress=bar.callback)
 

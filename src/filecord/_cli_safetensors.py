@@ -23,7 +23,6 @@ from filecord._cli_common import EXIT_USAGE, Subparsers, add_common, parse_size
 from filecord._cli_pack import render_report
 from filecord._cli_progress import Bar
 from filecord._io import syscalls as _sys
-from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
 from filecord._plan.report import SaveReport
 from filecord._plan.window import DEFAULT_WINDOW
@@ -46,38 +45,7 @@ def _check_inputs(paths: list[str]) -> str | None:
     return None
 
 
-def merge_ptd_files(
-    paths: list[str], *, owned: bool, segment_alignment: int
-) -> tuple[Cord, list[FileBackedData]]:
-    """A merged ``.ptd`` Cord whose data are ranges of whole-file pieces (owned when consuming,
-    so a consuming save can move them); returns the Cord and those pieces."""
-    from filecord.executorch import NamedDataStore, build_ptd, read_ptd
-
-    store = NamedDataStore()
-    wholes: list[FileBackedData] = []
-    try:
-        for path in paths:
-            ptd = read_ptd(path)
-            whole = FileBackedData(path, owned=owned)
-            wholes.append(whole)
-            ranges: dict[int, FileBackedData] = {}
-            for key, e in ptd.entries.items():
-                data = e.data
-                if not isinstance(data, FileBackedData):  # pragma: no cover - read_ptd: ranges
-                    raise TypeError(f"{key}: expected file-backed data")
-                piece = ranges.setdefault(id(data), whole.slice(data.offset, len(data)))
-                store.add_named_data(key, piece, alignment=e.alignment,
-                                     tensor_layout=e.layout)
-        return build_ptd(store.entries(), segment_alignment=segment_alignment), wholes
-    except BaseException:
-        for w in wholes:
-            w.detach_cleanup()
-        raise
-
-
 def cmd_merge(args: argparse.Namespace) -> int:
-    from filecord._save import plan, save
-
     bad = _check_inputs(args.inputs)
     if bad:
         return _usage(args, bad)
@@ -94,17 +62,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
                            alignment=args.align or 8, window=args.window,
                            progress=bar.callback)
         elif out.endswith(".ptd"):
-            cord, wholes = merge_ptd_files(args.inputs, owned=args.consume,
-                                           segment_alignment=args.align or 128)
-            try:
-                if args.dry_run:
-                    report = plan(out, cord, consume=args.consume, window=args.window)
-                else:
-                    report = save(out, cord, consume=args.consume, window=args.window,
-                                  progress=bar.callback)
-            finally:
-                for w in wholes:
-                    w.detach_cleanup()
+            from filecord.executorch import merge as merge_ptd
+
+            report = merge_ptd(out, args.inputs, consume=args.consume, dry_run=args.dry_run,
+                               segment_alignment=args.align or 128, window=args.window,
+                               progress=bar.callback)
         else:
             return _usage(args, f"{out}: the output must end in .safetensors, .ptd or .gguf")
     return _finish(report, args)

@@ -104,4 +104,29 @@ class RecoverError(FilecordError, OSError):
 
 
 class FormatError(FilecordError, ValueError):
-    """A file is not a well-formed instance of its format."""
+    """A file is not a well-formed instance of its format.
+
+    ``field`` names what was being read (``"header_size"``, ``"segments[2].size"``,
+    ``"kv[3].key"``), ``offset`` the absolute byte offset in the file (``None`` when the problem
+    is not at one place, or when the error is raised without one).  The message starts with
+    both, so a report on a multi-gigabyte file says where to look.  Every format's error base
+    (``ExecutorchFormatError``, ``SafetensorsFormatError``, ``GGUFFormatError``) derives from
+    this class and adds nothing to it.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None,
+                 offset: int | None = None) -> None:
+        where = field if offset is None or field is None else f"{field} at offset {offset}"
+        super().__init__(message if where is None else f"{where}: {message}")
+        self.message = message
+        self.field = field
+        self.offset = offset
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # keyword-only fields: pickling (multiprocessing, pytest-xdist) must pass them again
+        return (_rebuild_format_error, (type(self), self.message, self.field, self.offset))
+
+
+def _rebuild_format_error(cls: type[FormatError], message: str, field: str | None,
+                          offset: int | None) -> FormatError:
+    return cls(message, field=field, offset=offset)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from filecord.executorch._build import SerializedProgram, build_program
 from filecord.executorch._contents import external_tensors
-from filecord.executorch._merge import merge_ptd
+from filecord.executorch._merge import merge, merge_ptd
 from filecord.executorch._verify import Verification, verify
 from filecord.executorch.adapter import from_manager, save
 from filecord.executorch.errors import ExecutorchFormatError, NamedDataConflictError
@@ -64,6 +64,7 @@ __all__ = [
     "build_program",
     "SerializedProgram",
     # merge
+    "merge",
     "merge_ptd",
     # save
     "Program",

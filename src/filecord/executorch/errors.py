@@ -19,13 +19,6 @@ class ExecutorchFormatError(FormatError):
     offset involved (``None`` when the problem is not at one place).
     """
 
-    def __init__(self, message: str, *, field: str, offset: int | None) -> None:
-        where = f"{field}" if offset is None else f"{field} at offset {offset}"
-        super().__init__(f"{where}: {message}")
-        self.message = message
-        self.field = field
-        self.offset = offset
-
 
 class TruncatedError(ExecutorchFormatError):
     """Something the file declares runs past the end of the bytes that hold it."""

@@ -6,20 +6,22 @@ Theory of operation
 Inputs are read with :func:`read_safetensors` (headers only; tensors are ranges).  With
 ``consume=True`` they are read as *owned*, so the save moves (or clones) the tensors' bytes out
 of them back to front, in sync windows, and deletes them at the commit: a checkpoint that fills
-the disk can still be rewritten.  Without it the inputs are only read.  Whatever happens, the
-inputs' deletion right is given up on the way out (``detach_cleanup``): only a committed
-consuming save removes a user's file, never a dry run, a failure or the garbage collector.
-An input ``*.index.json`` of a consumed checkpoint is removed after the commit (its shards are
-gone); a crash just before leaves only that index behind.
+the disk can still be rewritten.  Every operation runs on the kit's skeleton
+(:func:`filecord._kit.operation.operate`): deletion rights are given up on the way out, and
+after the commit an input ``*.index.json`` is removed only when all of its shards were consumed
+(a symlinked, read-only, immutable, hard-linked or other-file-system shard keeps its index), and
+nothing that could not be removed turns the committed operation into an error: the report's
+``kept`` says what stayed and why.  A crash between the commit and the index's removal leaves
+only that index behind.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from filecord._io import syscalls as _sys
 from filecord._kit.argorder import (
@@ -30,25 +32,25 @@ from filecord._kit.argorder import (
     require_suffix,
     source_path,
 )
+from filecord._kit.operation import (
+    Index,
+    Inputs,
+    Job,
+    OperationReport,
+    Paths,
+    ProgressCallback,
+    operate,
+)
 from filecord._pieces.data import FileBackedData
-from filecord._plan.preflight import CordLike, Target
-from filecord._plan.report import SaveReport
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._save import plan, save, save_many
 from filecord.safetensors._ptdtypes import safetensors_dtype_of, scalar_type_of
 from filecord.safetensors._read import SafetensorsFile, SafetensorsIndex, read_safetensors
-from filecord.safetensors._write import (
-    build_file,
-    file_ids,
-    plan_shards,
-    remove_files,
-    stale_files,
-)
+from filecord.safetensors._write import build_file, plan_shards, stale_files
 from filecord.safetensors.errors import DuplicateTensorError, UnrepresentableError
 from filecord.tensors import NamedTensor
 
-ProgressCallback = Callable[[int, int], None]
-Paths = Sequence[str | os.PathLike[str]]
+if TYPE_CHECKING:
+    from filecord.executorch.ptd import PtdFile
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,7 @@ class Loaded:
     tensors: tuple[NamedTensor, ...]
     metadata: Mapping[str, str] | None
     files: tuple[SafetensorsFile, ...]
-    indexes: tuple[str, ...]
+    indexes: tuple[Index, ...]
 
     @property
     def wholes(self) -> list[FileBackedData]:
@@ -71,12 +73,12 @@ def load(paths: Paths, *, owned: bool) -> Loaded:
     where: dict[str, str] = {}
     metadata: dict[str, str] | None = None
     files: list[SafetensorsFile] = []
-    indexes: list[str] = []
+    indexes: list[Index] = []
     try:
         for path in paths:
             got = read_safetensors(path, owned=owned)
             if isinstance(got, SafetensorsIndex):
-                indexes.append(got.path)
+                indexes.append(Index(got.path, tuple(f.path for f in got.shards)))
                 files.extend(got.shards)
             else:
                 files.append(got)
@@ -96,25 +98,11 @@ def load(paths: Paths, *, owned: bool) -> Loaded:
     return Loaded(tuple(tensors.values()), metadata, tuple(files), tuple(indexes))
 
 
-@contextmanager
-def _inputs(paths: Paths, *, consume: bool) -> Iterator[Loaded]:
-    loaded = load(paths, owned=consume)
-    try:
-        yield loaded
-    finally:
-        for f in loaded.files:
-            f.whole.detach_cleanup()
-
-
-def _run(outputs: Mapping[Target, CordLike], loaded: Loaded, *, consume: bool, dry_run: bool,
-         window: int, progress: ProgressCallback | None) -> SaveReport:
-    if dry_run:
-        return plan(outputs, consume=consume, window=window)
-    report = save_many(outputs, consume=consume, window=window, progress=progress)
-    if consume:
-        written = file_ids(outputs)
-        remove_files([p for p in loaded.indexes if not file_ids([p]) & written])
-    return report
+def _reader(paths: Paths, *, consume: bool) -> Callable[[], Inputs[Loaded]]:
+    def read() -> Inputs[Loaded]:
+        loaded = load(paths, owned=consume)
+        return Inputs(loaded, tuple(loaded.wholes), loaded.indexes)
+    return read
 
 
 MERGE = "filecord.safetensors.merge(output, inputs)"
@@ -132,7 +120,7 @@ def merge(
     dry_run: bool = False,
     window: int = DEFAULT_WINDOW,
     progress: ProgressCallback | None = None,
-) -> SaveReport:
+) -> OperationReport:
     """One ``.safetensors`` holding every tensor of ``inputs`` (files and/or ``*.index.json``).
 
     The output is laid out as ``safetensors.torch.save_file`` would write the same tensors, so
@@ -147,12 +135,14 @@ def merge(
     paths = input_paths("merge", MERGE, inputs)
     require_suffix("merge", MERGE, out, (".safetensors",))
     not_an_input("merge", out, paths)
-    with _inputs(paths, consume=consume) as loaded:
+
+    def build(loaded: Loaded) -> Job:
         meta = loaded.metadata if metadata is None else dict(metadata)
         cord = build_file(loaded.tensors, meta, alignment=alignment, wholes=loaded.wholes)
-        outs: dict[Target, CordLike] = {out: cord}
-        return _run(outs, loaded, consume=consume, dry_run=dry_run,
-                    window=window, progress=progress)
+        return Job({out: cord})
+
+    return operate(_reader(paths, consume=consume), build, consume=consume, dry_run=dry_run,
+                   window=window, progress=progress)
 
 
 def reshard(
@@ -166,7 +156,7 @@ def reshard(
     dry_run: bool = False,
     window: int = DEFAULT_WINDOW,
     progress: ProgressCallback | None = None,
-) -> SaveReport:
+) -> OperationReport:
     """Rewrite ``inputs`` as shards of at most ``max_shard_size`` bytes (split one file, or
     reshard a checkpoint), identical to ``huggingface_hub.save_torch_state_dict`` of the same
     tensors in the same order (an index's ``weight_map`` order, else each file's data order)
@@ -178,21 +168,19 @@ def reshard(
     d = output_path("reshard", RESHARD, directory)
     paths = input_paths("reshard", RESHARD, inputs)
     require_directory("reshard", RESHARD, d)
-    with _inputs(paths, consume=consume) as loaded:
+
+    def build(loaded: Loaded) -> Job:
         user = {k: v for k, v in (loaded.metadata or {}).items() if k != "format"}
         outputs = (plan_shards(
             loaded.tensors, d, max_shard_size=max_shard_size, filename_pattern=filename_pattern,
             shard_metadata={"format": "pt"}, single_metadata={"format": "pt", **user},
             index_metadata=user, alignment=alignment, wholes=loaded.wholes,
         ))
-        if dry_run:
-            return plan(outputs, consume=consume, window=window)
-        protect = [] if consume else [f.path for f in loaded.files] + list(loaded.indexes)
-        stale = stale_files(d, filename_pattern, outputs, protect)
-        report = _run(outputs, loaded, consume=consume, dry_run=False, window=window,
-                      progress=progress)
-        remove_files(stale)
-        return report
+        # Inputs are never obsolete files (the skeleton drops them): the save decides on them.
+        return Job(outputs, tuple(stale_files(d, filename_pattern, outputs)))
+
+    return operate(_reader(paths, consume=consume), build, consume=consume, dry_run=dry_run,
+                   window=window, progress=progress)
 
 
 def to_ptd_entries(tensors: Sequence[NamedTensor], alignment: int) -> list[object]:
@@ -221,7 +209,7 @@ def convert(
     dry_run: bool = False,
     window: int = DEFAULT_WINDOW,
     progress: ProgressCallback | None = None,
-) -> SaveReport:
+) -> OperationReport:
     """``.safetensors`` (or an index) to ``.ptd``, or ``.ptd`` to ``.safetensors``, by suffix.
 
     Each tensor keeps its bytes (moved with ``consume=True``).  To ``.ptd``: every entry gets a
@@ -252,24 +240,29 @@ def convert(
     if out.endswith(".ptd"):
         from filecord.executorch.ptd import build_ptd
 
-        with _inputs([src], consume=consume) as loaded:
+        def build(loaded: Loaded) -> Job:
             entries = to_ptd_entries(loaded.tensors, alignment)
             cord = build_ptd(entries, segment_alignment=segment_alignment)  # type: ignore[arg-type]
-            outs: dict[Target, CordLike] = {out: cord}
-            return _run(outs, loaded, consume=consume, dry_run=dry_run, window=window,
-                        progress=progress)
+            return Job({out: cord})
+
+        return operate(_reader([src], consume=consume), build, consume=consume,
+                       dry_run=dry_run, window=window, progress=progress)
     return _ptd_to_safetensors(src, out, consume=consume,
                                alignment=8 if alignment == 16 else alignment,
                                dry_run=dry_run, window=window, progress=progress)
 
 
 def _ptd_to_safetensors(src: str, out: str, *, consume: bool, alignment: int, dry_run: bool,
-                        window: int, progress: ProgressCallback | None) -> SaveReport:
+                        window: int, progress: ProgressCallback | None) -> OperationReport:
     from filecord.executorch.ptd import read_ptd
 
-    ptd = read_ptd(src)
-    whole = FileBackedData(src, owned=consume)
-    try:
+    def read() -> Inputs[tuple[PtdFile, FileBackedData]]:
+        ptd = read_ptd(src)
+        whole = FileBackedData(src, owned=consume)
+        return Inputs((ptd, whole), (whole,))
+
+    def build(value: tuple[PtdFile, FileBackedData]) -> Job:
+        ptd, whole = value
         tensors = []
         for e in ptd.entries.values():
             if e.layout is None:
@@ -286,9 +279,7 @@ def _ptd_to_safetensors(src: str, out: str, *, consume: bool, alignment: int, dr
                 tensors.append(NamedTensor(e.key, code, e.layout.sizes, piece))
             except ValueError as exc:
                 raise UnrepresentableError(str(exc)) from None
-        cord = build_file(tensors, None, alignment=alignment, wholes=[whole])
-        if dry_run:
-            return plan(out, cord, consume=consume, window=window)
-        return save(out, cord, consume=consume, window=window, progress=progress)
-    finally:
-        whole.detach_cleanup()
+        return Job({out: build_file(tensors, None, alignment=alignment, wholes=[whole])})
+
+    return operate(read, build, consume=consume, dry_run=dry_run, window=window,
+                   progress=progress)

@@ -18,12 +18,6 @@ class SafetensorsFormatError(FormatError):
     ``offset`` the absolute byte offset in the file (``None`` when not at one place).
     """
 
-    def __init__(self, message: str, *, field: str, offset: int | None) -> None:
-        where = field if offset is None else f"{field} at offset {offset}"
-        super().__init__(f"{where}: {message}")
-        self.field = field
-        self.offset = offset
-
 
 class TruncatedFileError(SafetensorsFormatError):
     """The file is shorter than its header or its data say it is."""
