@@ -4,10 +4,14 @@ nothing; refusals name the tensor."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import json
 import os
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -265,3 +269,128 @@ def test_a_consuming_merge_that_fails_anywhere_leaves_the_inputs_byte_exact(tmp_
     assert failures >= 10
     assert (tmp_path / "m.safetensors").read_bytes() == want
     assert not any(p.exists() for p in three_files)
+
+
+# --- inputs a consuming operation must keep: the save copies them, the operation keeps their
+# index, and a committed operation returns (never raises) with each one listed and why --------
+
+def _root_tool(tool: str) -> None:
+    if os.geteuid() != 0 or shutil.which(tool) is None:
+        pytest.skip(f"needs root and {tool}")
+
+
+def _checkpoint(directory: Path, three_files: list[Path]) -> Path:
+    directory.mkdir()
+    reshard(directory, three_files, max_shard_size=300)  # three files -> several shards
+    return directory / "model.safetensors.index.json"
+
+
+def _kept(report: object) -> dict[str, str]:
+    return {os.path.basename(k.path): k.reason.name for k in report.kept}  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def _read_only_bind(source: Path, point: Path) -> Iterator[Path]:
+    """``source`` seen read-only at ``point`` (a bind mount remounted ro), unmounted after."""
+    point.mkdir()
+    subprocess.run(["mount", "--bind", str(source), str(point)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(point)], check=True)
+        yield point
+    finally:
+        subprocess.run(["umount", str(point)], check=False)
+
+
+def test_consuming_merge_of_a_read_only_mount_commits_keeps_all_and_returns(
+        tmp_path, three_files):
+    _root_tool("mount")
+    index = _checkpoint(tmp_path / "ckpt", three_files)
+    want = expected_merge(tmp_path)
+    before = snapshot(tmp_path / "ckpt")
+    with _read_only_bind(tmp_path / "ckpt", tmp_path / "ro") as ro:
+        report = merge(tmp_path / "m.safetensors", [ro / index.name], consume=True)
+        assert snapshot(ro) == before  # every shard and the index still there, byte-exact
+    assert (tmp_path / "m.safetensors").read_bytes() == want
+    assert report.removed == ()
+    kept = _kept(report)
+    assert kept.pop(index.name) == "SHARDS_KEPT"
+    assert kept
+    assert set(kept.values()) == {"READ_ONLY"}
+    assert set(kept) | {index.name} == set(before)
+
+
+def test_consuming_reshard_with_an_immutable_input_commits_and_keeps_it(tmp_path, three_files):
+    _root_tool("chattr")
+    index = _checkpoint(tmp_path / "ckpt", three_files)
+    shards = sorted(p for p in index.parent.iterdir() if p.suffix == ".safetensors")
+    assert len(shards) == 3
+    imm = shards[1]
+    want = expected_merge(tmp_path)
+    before = imm.read_bytes()
+    subprocess.run(["chattr", "+i", str(imm)], check=True)
+    try:
+        # in place, fewer shards: the immutable old shard matches the checkpoint's pattern and
+        # no new file replaces it, yet an input is never swept as obsolete
+        report = reshard(index.parent, [index], max_shard_size=400, consume=True)
+        assert imm.read_bytes() == before
+        assert _kept(report) == {imm.name: "IMMUTABLE"}
+        assert not shards[0].exists()
+        assert not shards[2].exists()
+        names = set(json.loads(index.read_text())["weight_map"].values())
+        assert imm.name not in names  # the new index names only the new shards
+        merge(tmp_path / "m.safetensors", [index])
+        assert (tmp_path / "m.safetensors").read_bytes() == want
+    finally:
+        subprocess.run(["chattr", "-i", str(imm)], check=False)
+
+
+def _hf_cache(tmp_path: Path, three_files: list[Path]) -> Path:
+    """A Hugging Face cache layout: the snapshot's files are symlinks into ``blobs/``."""
+    index = _checkpoint(tmp_path / "plain", three_files)
+    blobs = tmp_path / "hub" / "blobs"
+    snap = tmp_path / "hub" / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in sorted(index.parent.iterdir()):
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        os.replace(f, blobs / digest)
+        (snap / f.name).symlink_to(os.path.relpath(blobs / digest, snap))
+    return snap / index.name
+
+
+@pytest.mark.parametrize("op", ["merge", "convert"])
+def test_consuming_a_hugging_face_cache_snapshot_keeps_it_loadable(tmp_path, three_files, op):
+    index = _hf_cache(tmp_path, three_files)
+    want = expected_merge(tmp_path)
+    links = {p.name: os.readlink(p) for p in index.parent.iterdir()}
+    if op == "merge":
+        report = merge(tmp_path / "m.safetensors", [index], consume=True)
+        assert (tmp_path / "m.safetensors").read_bytes() == want
+    else:
+        report = convert(tmp_path / "m.ptd", index, consume=True)
+        assert len(read_ptd(tmp_path / "m.ptd").entries) == 36
+    assert {p.name: os.readlink(p) for p in index.parent.iterdir()} == links  # every link kept
+    kept = _kept(report)
+    assert kept.pop(index.name) == "SHARDS_KEPT"
+    assert set(kept.values()) == {"SYMLINK"}
+    assert len(kept) == len(links) - 1
+    merge(tmp_path / "again.safetensors", [index])  # still loadable through its index
+    assert (tmp_path / "again.safetensors").read_bytes() == want
+
+
+def test_a_hard_linked_shard_keeps_its_index(tmp_path, three_files):
+    index = _checkpoint(tmp_path / "ckpt", three_files)
+    shards = sorted(p for p in index.parent.iterdir() if p.suffix == ".safetensors")
+    os.link(shards[0], tmp_path / "other-name")
+    report = merge(tmp_path / "m.safetensors", [index], consume=True)
+    assert _kept(report) == {shards[0].name: "HARD_LINKED", index.name: "SHARDS_KEPT"}
+    assert sorted(index.parent.iterdir()) == [shards[0], index]
+    assert report.removed == ()
+
+
+def test_a_fully_consumed_checkpoint_loses_its_index_too(tmp_path, three_files):
+    index = _checkpoint(tmp_path / "ckpt", three_files)
+    report = merge(tmp_path / "m.safetensors", [index], consume=True)
+    assert list(index.parent.iterdir()) == []
+    assert report.removed == (str(index),)
+    assert report.kept == ()

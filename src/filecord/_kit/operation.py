@@ -29,8 +29,10 @@ from typing import Generic, TypeVar
 
 from filecord._io import syscalls as _sys
 from filecord._kit.removal import (
+    KeepReason,
     KeptInput,
     index_verdict,
+    keep_reason,
     observe,
     remove_after_commit,
     why_kept,
@@ -44,6 +46,8 @@ from filecord._txn import ProgressCallback as ProgressCallback
 
 Paths = Sequence[str | os.PathLike[str]]
 T = TypeVar("T")
+# Kept-input reasons under which the save itself would still delete the file at its commit.
+_SAVE_DELETES = (KeepReason.HARD_LINKED, KeepReason.OTHER_FS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,17 +126,30 @@ def operate(
     inputs = read()
     try:
         job = build(inputs.value)
+        out_devs = _devices(job.outputs)
+        if consume:
+            disown_kept(inputs.wholes, out_devs)
         if dry_run:
             return OperationReport.of(plan(job.outputs, consume=consume, window=window))
         input_ids = _ids([*inputs.files, *(i.path for i in inputs.indexes)])
         obsolete = [p for p in job.obsolete if not (_ids([p]) & input_ids)]
-        out_devs = _devices(job.outputs)
         report = save_many(job.outputs, consume=consume, window=window, progress=progress)
     finally:
         for w in inputs.wholes:
             w.detach_cleanup()
     # Committed: the outputs are complete under their final names.  Nothing below raises.
     return settle(report, inputs, obsolete, consume=consume, output_devs=out_devs)
+
+
+def disown_kept(wholes: Sequence[FileBackedData], output_devs: frozenset[int]) -> None:
+    """Give up the deletion right over each input the operation must keep although the save
+    would take it over: one with another hard link (another name still holds the bytes: the
+    user has a second copy in mind) or on another file system than the outputs (nothing moves
+    across file systems; deleting after a copy would be a silent ``mv``).  Symlinks, read-only
+    and immutable files the save keeps by itself, with its own reason for the copy."""
+    for w in wholes:
+        if w.owned and keep_reason(observe(w.path), output_devs=output_devs) in _SAVE_DELETES:
+            w._disown()  # the kit is the one caller of this private right
 
 
 def settle(report: SaveReport, inputs: Inputs[T], obsolete: Sequence[str], *, consume: bool,

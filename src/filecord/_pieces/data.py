@@ -147,7 +147,7 @@ class FileBackedData:
 
     @property
     def owned(self) -> bool:
-        return self._owner is not None
+        return self._owner is not None and not self._owner.disowned
 
     def slice(self, start: int, length: int, *, sha256: str | None = None) -> FileBackedData:
         """A sub-range of this piece, sharing its file and its ownership (no new stat).
@@ -177,7 +177,7 @@ class FileBackedData:
         return self._length
 
     def __repr__(self) -> str:
-        own = ", owned=True" if self._owner is not None else ""
+        own = ", owned=True" if self.owned else ""
         return f"FileBackedData({self._path!r}, offset={self._offset}, length={self._length}{own})"
 
     def __copy__(self) -> FileBackedData:
@@ -191,6 +191,14 @@ class FileBackedData:
         full and could not remove it: nothing but filecord ever held its bytes."""
         if self._owner is not None:
             self._owner.arm()
+
+    def _disown(self) -> None:
+        """Give up the deletion right over the file, for every slice of it at once: a
+        consuming save then copies its bytes and keeps it (the operation skeleton does this for
+        an input it must keep: another hard link, another file system)."""
+        if self._owner is not None:
+            self._owner.detach()
+            self._owner.disowned = True
 
     def detach_cleanup(self) -> None:
         """Never delete the file at collection (a save was given it); ``close()`` still does."""
@@ -304,13 +312,14 @@ class _Owner:
     finalizer that does the same when the last piece holding it is collected.
     """
 
-    __slots__ = ("__weakref__", "_closed", "_finalizer", "_identity", "_path")
+    __slots__ = ("__weakref__", "_closed", "_finalizer", "_identity", "_path", "disowned")
 
     def __init__(self, path: str, identity: FileIdentity) -> None:
         self._path = path
         self._identity = identity
         self._finalizer: weakref.finalize[[str, int, int, int, int], _Owner] | None = None
         self._closed = False
+        self.disowned = False  # the right was given up: nothing deletes the file any more
 
     def arm(self) -> None:
         if self._finalizer is None or not self._finalizer.alive:
@@ -326,7 +335,7 @@ class _Owner:
 
     def close(self) -> None:
         self.detach()
-        if not self._closed:
+        if not self._closed and not self.disowned:
             i = self._identity
             _sys.unlink_if_same(self._path, i.dev, i.ino, i.size, i.mtime_ns)
             self._closed = True
