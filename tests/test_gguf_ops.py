@@ -246,3 +246,54 @@ def _reference(tmp_path: Path, align: int) -> Path:
     p = tmp_path / "ref.gguf"
     gguf_py(p)
     return p
+
+
+def test_a_split_set_with_a_fifo_shard_is_refused_not_waited_on(tmp_path: Path) -> None:
+    import signal
+
+    from filecord.errors import NotRegularFileError
+
+    src = _dir(tmp_path, "src")
+    gguf_py(src / "m.gguf", split_max_tensors=3)
+    shards = sorted(src.iterdir())
+    assert len(shards) == 3
+    shards[2].unlink()
+    os.mkfifo(shards[2])
+
+    def expire(*_: object) -> None:
+        raise TimeoutError("blocked on the FIFO")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(20)
+    try:
+        with pytest.raises(NotRegularFileError, match="FIFO"):
+            fg.merge(tmp_path / "o.gguf", [shards[0]], consume=True)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert sorted(src.iterdir()) == shards
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_consuming_reshard_with_an_immutable_shard_commits_and_keeps_it(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("needs root and chattr")
+    src = _dir(tmp_path, "src")
+    gguf_py(src / "m.gguf", split_max_tensors=3)
+    shards = sorted(src.iterdir())
+    ref = _dir(tmp_path, "ref")
+    gguf_py(ref / "m.gguf")
+    before = shards[1].read_bytes()
+    subprocess.run(["chattr", "+i", str(shards[1])], check=True)
+    try:  # in place, as one file: the immutable old shard is matched by the stem, and kept
+        report = fg.reshard(src / "m.gguf", [shards[0]], max_tensors=0, consume=True)
+        assert shards[1].read_bytes() == before
+        assert [(os.path.basename(k.path), k.reason.name) for k in report.kept] == [
+            (shards[1].name, "IMMUTABLE")]
+        assert sorted(p.name for p in src.iterdir()) == sorted(["m.gguf", shards[1].name])
+        assert (src / "m.gguf").read_bytes() == (ref / "m.gguf").read_bytes()
+    finally:
+        subprocess.run(["chattr", "-i", str(shards[1])], check=False)

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from filecord.executorch import ScalarType, read_ptd
 from filecord.safetensors import (
     DType,
     DuplicateTensorError,
+    InvalidIndexError,
     NamedTensor,
     SafetensorsFile,
     UnrepresentableError,
@@ -394,3 +396,37 @@ def test_a_fully_consumed_checkpoint_loses_its_index_too(tmp_path, three_files):
     assert list(index.parent.iterdir()) == []
     assert report.removed == (str(index),)
     assert report.kept == ()
+
+
+# --- a shard named by an index that is a FIFO or a device is refused, never waited on --------
+
+@contextlib.contextmanager
+def _deadline(seconds: int) -> Iterator[None]:
+    """Fail (instead of hanging the suite) if the body blocks, as an open of a FIFO would."""
+    def expire(*_: object) -> None:
+        raise TimeoutError(f"blocked for {seconds} s")
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_an_index_naming_a_fifo_or_device_is_refused_before_reading(tmp_path, three_files,
+                                                                      kind):
+    index = _checkpoint(tmp_path / "ckpt", three_files)
+    shard = sorted(p for p in index.parent.iterdir() if p.suffix == ".safetensors")[1]
+    shard.unlink()
+    if kind == "fifo":
+        os.mkfifo(shard)
+    else:
+        shard.symlink_to("/dev/zero")
+    before = sorted(p.name for p in index.parent.iterdir())
+    what = "FIFO" if kind == "fifo" else "device"
+    with _deadline(20), pytest.raises(InvalidIndexError, match=f"{shard.name}.* {what}"):
+        merge(tmp_path / "m.safetensors", [index], consume=True)
+    assert sorted(p.name for p in index.parent.iterdir()) == before
+    assert not (tmp_path / "m.safetensors").exists()

@@ -130,3 +130,8 @@ class FormatError(FilecordError, ValueError):
 def _rebuild_format_error(cls: type[FormatError], message: str, field: str | None,
                           offset: int | None) -> FormatError:
     return cls(message, field=field, offset=offset)
+
+
+class NotRegularFileError(FormatError):
+    """An input (a file given, or one an index or a split set names) is a FIFO, a device, a
+    directory or a socket: refused before it is read, since reading a FIFO waits forever."""

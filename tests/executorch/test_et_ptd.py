@@ -222,3 +222,18 @@ def test_tensor_layout_validation() -> None:
         TensorLayout(ScalarType.FLOAT, (2, 3), (0, 0))
     with pytest.raises(ValueError, match=r"not a valid ScalarType|ScalarType"):
         TensorLayout(99, (1,), (0,))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("reader", ["read_ptd", "read_pte"])
+def test_a_fifo_is_refused_before_it_is_opened_for_a_blocking_read(tmp_path: Path,
+                                                                   reader: str) -> None:
+    import os
+
+    import filecord.executorch as fe
+    from filecord.errors import NotRegularFileError
+
+    fifo = tmp_path / "data.ptd"
+    os.mkfifo(fifo)  # no writer: a blocking open would wait forever
+    with pytest.raises(NotRegularFileError, match="FIFO") as info:
+        getattr(fe, reader)(fifo)
+    assert info.value.field == "file type"

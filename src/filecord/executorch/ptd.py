@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from filecord._io import syscalls as _sys
+from filecord._kit.readfile import open_regular
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
 from filecord.executorch import _fbread, _fbwrite
@@ -179,7 +180,7 @@ def read_ptd(path: str | os.PathLike[str]) -> PtdFile:
     an :class:`~filecord.executorch.errors.ExecutorchFormatError` subclass.
     """
     p = os.fspath(path)
-    fd = _sys.open(p, os.O_RDONLY)
+    fd = open_regular(p)
 
     def decode(n: int) -> Table:
         # A map, not a read: only the pages the decoder visits are read (see _fbread).

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from filecord._io import syscalls as _sys
+from filecord._kit.readfile import open_regular
 from filecord._pieces.cord import Cord, PieceLike
 from filecord._pieces.data import FileBackedData
 from filecord.executorch import _fbread
@@ -194,7 +195,7 @@ def read_pte(path: str | os.PathLike[str]) -> PteFile:
     field and offset for any malformed, truncated or inconsistent input.
     """
     p = os.fspath(path)
-    fd = _sys.open(p, os.O_RDONLY)
+    fd = open_regular(p)
     try:
         file_size = _sys.fstat(fd).st_size
         head = _sys.read_all(fd, 0, min(file_size, 8 + PTE_HEADER_LENGTH))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from filecord._io import syscalls as _sys
+from filecord._kit.readfile import open_regular
 from filecord._pieces.data import FileBackedData
 from filecord.errors import DataChangedError
 from filecord.gguf._parse import Header, NeedMore, parse_header
@@ -99,7 +100,7 @@ class GGUFModel:
 
 
 def _read_header(path: str) -> tuple[int, Header]:
-    fd = _sys.open(path, os.O_RDONLY)
+    fd = open_regular(path)
     try:
         size = _sys.fstat(fd).st_size
         buf = _sys.read_all(fd, 0, min(size, FIRST_READ))

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from filecord._io import syscalls as _sys
+from filecord._kit.readfile import open_regular
 from filecord._pieces.data import FileBackedData
-from filecord.errors import DataChangedError
+from filecord.errors import DataChangedError, NotRegularFileError
 from filecord.safetensors._format import Header, decode_json, header_size, parse_header
 from filecord.safetensors.errors import InvalidIndexError
 from filecord.tensors import NamedTensor
@@ -66,7 +67,7 @@ class SafetensorsIndex:
 
 
 def _read_prefix(path: str) -> tuple[int, bytes, bytes]:
-    fd = _sys.open(path, os.O_RDONLY)
+    fd = open_regular(path)
     try:
         size = _sys.fstat(fd).st_size
         first = _sys.read_all(fd, 0, min(8, size))
@@ -113,12 +114,15 @@ def _read_shard(directory: str, name: str, *, owned: bool) -> SafetensorsFile:
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
         raise InvalidIndexError(f"shard {name!r}: {exc.strerror}", field="weight_map",
                                 offset=None) from None
+    except NotRegularFileError as exc:  # a FIFO, a device, a directory: never opened to read
+        raise InvalidIndexError(f"shard {exc.message}", field="weight_map",
+                                offset=None) from None
 
 
 def read_index(path: str | os.PathLike[str], *, owned: bool = False) -> SafetensorsIndex:
     """Read a ``*.index.json`` and every shard it names (file names beside the index only)."""
     p = os.fspath(path)
-    fd = _sys.open(p, os.O_RDONLY)
+    fd = open_regular(p)
     try:
         size = _sys.fstat(fd).st_size
         if size > MAX_INDEX:
