@@ -509,3 +509,46 @@ def test_without_consume_callers_owned_files_stay(tmp_path: Path) -> None:
     m = fg.read_gguf(tmp_path / "m.gguf")
     assert m.tensors["b"].data.to_bytes() == (a * 2).tobytes()  # type: ignore[union-attr]
     assert sorted(os.listdir(tmp_path)) == ["m.gguf", "w.bin"]
+
+
+@pytest.mark.parametrize("owned", [True, False])
+def test_without_consume_a_file_rewritten_after_capture_is_a_data_change(
+        tmp_path: Path, owned: bool) -> None:
+    """An owned (or borrowed) range next to a callable: the writer saves consuming its scratch
+    and only reads the caller's file, and still checks it against what was captured."""
+    from filecord.errors import DataChangedError
+
+    a = _arr("float32", (8, 8))
+    blob = tmp_path / "w.bin"
+    blob.write_bytes(a.tobytes())
+    d = FileBackedData(blob, owned=owned)
+    f = fg.GGUFWriter(tmp_path / "m.gguf", "llama")
+    f.add_tensor("a", d, raw_shape=a.shape, raw_dtype=Q.F32)
+    f.add_tensor("b", lambda: a * 2)
+    new = (a + 1).tobytes()  # same size, other bytes, as another process would rewrite it
+    blob.write_bytes(new)
+    os.utime(blob, ns=(1, 1))
+    with pytest.raises(DataChangedError):
+        f.close()
+    d.detach_cleanup()
+    assert blob.read_bytes() == new
+    assert sorted(os.listdir(tmp_path)) == ["w.bin"]  # no output, no scratch left
+
+
+def test_without_consume_no_copy_warning_for_the_callers_files(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    a = _arr("float32", (8, 8))
+    blob = tmp_path / "w.bin"
+    blob.write_bytes(a.tobytes())
+    f = fg.GGUFWriter(tmp_path / "m.gguf", "llama")
+    f.add_tensor("a", FileBackedData(blob), raw_shape=a.shape, raw_dtype=Q.F32)
+    f.add_tensor("b", lambda: a * 2)
+    with caplog.at_level("INFO", logger="filecord"):
+        report = f.close()
+    assert [x.reason for x in report.file_actions() if x.action == "copied"] == ["not owned"]
+    assert not [r for r in caplog.records if "consume=True copied" in r.getMessage()]
+    with caplog.at_level("INFO", logger="filecord"):  # an asked-for consume still warns
+        g = fg.GGUFWriter(tmp_path / "n.gguf", "llama", consume=True)
+        g.add_tensor("a", FileBackedData(blob), raw_shape=a.shape, raw_dtype=Q.F32)
+        g.close()
+    assert [r for r in caplog.records if "consume=True copied 1" in r.getMessage()]

@@ -60,7 +60,7 @@ from filecord._plan.plan import make_plan
 from filecord._plan.preflight import CordLike, Target, gather, normalize
 from filecord._plan.report import SaveReport
 from filecord._plan.space import check_space
-from filecord._plan.types import MoveSource, PieceAction, SavePlan
+from filecord._plan.types import NOT_OWNED, MoveSource, PieceAction, SavePlan
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord._stage import Stage
 from filecord._txn import Prepared, Txn
@@ -166,6 +166,17 @@ def _needs_journal(prep: Prepared) -> bool:
     return bool(p.moves or p.consumed) or sum(not o.direct for o in p.outputs) > 1
 
 
+def save_many_moving_scratch(
+    outputs: Mapping[Target, CordLike], *, window: int, progress: ProgressCallback | None,
+) -> SaveReport:
+    """``save_many(consume=True)`` for a writer that asked consume only for its own scratch
+    files: the caller's pieces, handed over unowned because the caller did not ask to consume
+    them, are copied as asked, so "not owned" is no reason to warn about a copy (any other
+    reason still is)."""
+    return _run(normalize(outputs, None), consume=True, window=window, progress=progress,
+                quiet_reasons=frozenset({NOT_OWNED}))
+
+
 def _run(
     items: list[tuple[str, Cord]],
     *,
@@ -173,6 +184,7 @@ def _run(
     window: int,
     progress: ProgressCallback | None,
     durable: bool = True,
+    quiet_reasons: frozenset[str] = frozenset(),
 ) -> SaveReport:
     if consume and not durable:
         raise ValueError("durable=False is for copy saves only: a consuming save deletes its "
@@ -202,11 +214,11 @@ def _run(
         _execute(txn)
     except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
         _fail(txn, exc)
-    if plan.consume and any(a.reason for a in txn.actions):
-        reasons = {a.reason for a in txn.actions if a.reason}
+    loud = [a for a in txn.actions if a.reason and a.reason not in quiet_reasons]
+    if plan.consume and loud:
         log.warning(
             "consume=True copied %d file-backed piece(s) instead of moving them: %s",
-            sum(1 for a in txn.actions if a.reason), "; ".join(sorted(reasons)),
+            len(loud), "; ".join(sorted({str(a.reason) for a in loud})),
         )
     if plan.window_choice.why == "shrunk":
         log.info("consume=True: sync window %s", plan.window_choice.note())

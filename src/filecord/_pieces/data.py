@@ -192,6 +192,14 @@ class FileBackedData:
         if self._owner is not None:
             self._owner.arm()
 
+    def _borrowed(self) -> FileBackedData:
+        """The same range of the same captured file (its identity as it was when this piece
+        was made, so a later rewrite is still a ``DataChangedError``), without the deletion
+        right: a save only reads it."""
+        new = self.slice(0, self._length)
+        new._owner = None
+        return new
+
     def _disown(self) -> None:
         """Give up the deletion right over the file, for every slice of it at once: a
         consuming save then copies its bytes and keeps it (the operation skeleton does this for

@@ -34,7 +34,7 @@ from filecord._pieces.data import FileBackedData
 from filecord._plan.preflight import CordLike, Target
 from filecord._plan.report import SaveReport
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._save import plan, save_many
+from filecord._save import plan, save_many, save_many_moving_scratch
 from filecord.gguf._build import build_split
 from filecord.gguf._pieces import to_tensor
 from filecord.gguf._types import (
@@ -341,8 +341,9 @@ class GGUFWriter:
         if (not isinstance(d, FileBackedData) or not d.owned
                 or (scratch is not None and d.identity == scratch.identity)):
             return t
-        return GGUFTensor(t.name, t.type, t.dims,
-                          FileBackedData(d.path, offset=d.offset, length=len(d)))
+        # The captured identity stays: a file rewritten since add_tensor is a DataChangedError
+        # (a fresh FileBackedData here would stat the new file and write its bytes silently).
+        return GGUFTensor(t.name, t.type, t.dims, d._borrowed())
 
     def plan(self) -> SaveReport:
         """What ``close`` would do (pending tensors are produced to learn their sizes)."""
@@ -355,8 +356,12 @@ class GGUFWriter:
             return self.report
         consume, outs = self._consume()
         try:
-            self.report = save_many(outs, consume=consume, window=self.window,
-                                    progress=self.progress)
+            if consume and not self.consume:  # only the writer's own scratch is consumed
+                self.report = save_many_moving_scratch(outs, window=self.window,
+                                                       progress=self.progress)
+            else:
+                self.report = save_many(outs, consume=consume, window=self.window,
+                                        progress=self.progress)
         except BaseException as exc:
             # Rolled back in full (no journal left): the scratch file holds only bytes the
             # writer produced, so it goes.  With a journal, ``filecord recover`` may need it.
