@@ -515,6 +515,11 @@ def _tensor_program(**fields: Any) -> bytes:
         ({"scalar_type": -3}, "<Tensor>", "scalar_type -3 is not an ExecuTorch ScalarType"),
         ({"dim_order": (0, 0)}, "dim_order", "dim_order [0, 0] is not a permutation of 0..1"),
         ({"dim_order": (1, 2)}, "dim_order", "dim_order [1, 2] is not a permutation of 0..1"),
+        # the runtime's "Dim order size mismatch": a 1-D tensor with an empty dim_order
+        ({"sizes": (3,), "dim_order": ()}, "dim_order", "dim_order [] has 0 entries for a "
+         "tensor of 1 dimensions (sizes [3]); the runtime refuses the program"),
+        ({"dim_order": (0,)}, "dim_order", "dim_order [0] has 1 entries for a tensor of 2 "
+         "dimensions (sizes [3, 4]); the runtime refuses the program"),
         ({"sizes": (3, -4)}, "sizes", "negative size in [3, -4]"),
         ({"sizes": (1,) * 17, "dim_order": tuple(range(17))}, "sizes",
          "17 dimensions; the runtime supports at most 16"),

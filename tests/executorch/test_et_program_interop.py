@@ -255,6 +255,21 @@ def test_merge_data_consume(
     assert _close(run_program(tmp_path / "m.pte", lowered.x, tmp_path / "m.ptd"), lowered.expected)
 
 
+def test_save_takes_clone_ready_as_from_manager_save_does(
+    exported: dict[str, Exported], tmp_path: Path
+) -> None:
+    """``fe.save(path, manager, clone_ready=True)`` writes what ``from_manager(manager)
+    .save(path, clone_ready=True)`` writes (it used to be a TypeError)."""
+    e = exported[PROGRAMS[0]]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    fe.save(tmp_path / "a" / e.pte.name, e.manager, clone_ready=True)
+    from_manager(e.manager).save(tmp_path / "b" / e.pte.name, clone_ready=True)
+    a = {p.name: p.read_bytes() for p in (tmp_path / "a").iterdir()}
+    assert a == {p.name: p.read_bytes() for p in (tmp_path / "b").iterdir()}
+    assert all(s.file_offset % 4096 == 0 for s in read_pte(tmp_path / "a" / e.pte.name).segments)
+
+
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_clone_ready_puts_every_segment_on_4096_and_runs(
     exported: dict[str, Exported], name: str, tmp_path: Path

@@ -110,7 +110,14 @@ def tensor_info(t: Table, where: str) -> TensorInfo:
         )
     if any(s < 0 for s in sizes):
         raise BadValueError(f"negative size in {list(sizes)}", field=f"{where}.sizes", offset=None)
-    if dim_order and sorted(dim_order) != list(range(len(sizes))):
+    if len(dim_order) != len(sizes):  # the runtime refuses this: "Dim order size mismatch"
+        raise BadValueError(
+            f"dim_order {list(dim_order)} has {len(dim_order)} entries for a tensor of "
+            f"{len(sizes)} dimensions (sizes {list(sizes)}); the runtime refuses the program",
+            field=f"{where}.dim_order",
+            offset=None,
+        )
+    if sorted(dim_order) != list(range(len(sizes))):
         raise BadValueError(
             f"dim_order {list(dim_order)} is not a permutation of 0..{len(sizes) - 1}",
             field=f"{where}.dim_order",
@@ -129,7 +136,7 @@ def tensor_info(t: Table, where: str) -> TensorInfo:
             field=f"{where}.storage_offset",
             offset=None,
         )
-    layout = TensorLayout(scalar_type, sizes, dim_order or tuple(range(len(sizes))))
+    layout = TensorLayout(scalar_type, sizes, dim_order)
     element = ELEMENT_SIZE.get(scalar_type)
     nbytes = element * math.prod(sizes) if element and dynamism == "static" else None
     info = t["extra_tensor_info"]

@@ -256,9 +256,10 @@ def save(
     merge_data: bool = False,
     window: int = DEFAULT_WINDOW,
     progress: ProgressCallback | None = None,
+    clone_ready: bool = False,
 ) -> SaveReport:
     """``from_manager(manager).save(path, ...)``: the program and its data files in one atomic
-    transaction; the options are :meth:`Program.save`'s.
+    transaction; the options are :meth:`Program.save`'s (``clone_ready`` included).
 
     The destination comes first, as in ``filecord.save(path, cord)``; the old order
     ``save(manager, path)`` raises ``TypeError`` naming this one.
@@ -275,5 +276,5 @@ def save(
         raise TypeError(f"save: path must be a str or os.PathLike, not {type(given).__name__}")
     return from_manager(manager).save(
         path, data_dir=data_dir, consume=consume, merge_data=merge_data, window=window,
-        progress=progress,
+        progress=progress, clone_ready=clone_ready,
     )
