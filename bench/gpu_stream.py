@@ -5,7 +5,7 @@
 Needs CUDA.  Without a CUDA device it says so and exits with status 0 (nothing measured);
 the CPU benchmarks never depend on it.  With one: float32 tensors of ``--size`` on the GPU,
 one process per writer, host peak RSS above the baseline and time (until durable: the
-package's output is fsynced after it returns) for ``filecord.torch.save_state_dict`` (each
+package's output is fsynced after it returns) for ``filecord.executorch.save_state_dict`` (each
 tensor copied to the host through one pinned buffer, chunk by chunk) and
 ``safetensors.torch.save_file`` (which copies every tensor to the host first); then the
 ``.ptd`` is converted back to safetensors by filecord and every tensor compared with the
@@ -35,7 +35,7 @@ sd = {f"layer{i}.weight": torch.full((min(per, size - i * per) // 4,), float(i),
 torch.cuda.synchronize()
 def job():
     if case == "filecord":
-        from filecord.torch import save_state_dict
+        from filecord.executorch import save_state_dict
         save_state_dict(out, sd, consume=True)
     else:
         from safetensors.torch import save_file

@@ -6,7 +6,7 @@ Per size, a cord of a 4 KiB header and one ``FileBackedData`` of the whole sourc
 saved by copy (``consume=False``: the source stays) and then by consume (``consume=True``:
 the source's bytes are moved window by window into the output and the source is deleted), each
 in a fresh process that resets its peak-RSS mark right before the save.  Then a state dict of
-float32 tensors goes through the torch path (``filecord.torch.save_state_dict``, which
+float32 tensors goes through the torch path (``filecord.executorch.save_state_dict``, which
 streams the tensors into a scratch file and adopts it), at the largest size this machine's
 memory allows next to the page cache: the tensors must be in memory, so ``auto`` takes
 ``MemAvailable`` minus 6 GiB, rounded down to a GiB, at most the largest cord size.
@@ -58,7 +58,7 @@ import torch
 import fskit
 from filecord import _sys
 from filecord._io.measure import rss_now, rss_peak, rss_reset
-from filecord.torch import save_state_dict
+from filecord.executorch import save_state_dict
 size, dst, work = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 per = 256 << 20
 sd = {f"layer{i}.weight": torch.full((min(per, size - i * per) // 4,), float(i))

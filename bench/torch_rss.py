@@ -39,7 +39,7 @@ if case == "executorch":
     from executorch.exir._serialize.data_serializer import DataPayload
 def job():
     if case == "filecord":
-        from filecord.torch import save_state_dict
+        from filecord.executorch import save_state_dict
         save_state_dict(out, sd, consume=True)
     elif case == "safetensors":
         from safetensors.torch import save_file

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filecord import Cord, FileBackedData, RecoverError, SaveError, recover, save, save_many
+from filecord import Cord, FileBackedData, recover, save, save_many
 from filecord._io import syscalls as _sys
+from filecord.errors import RecoverError, SaveError
 from filecord_testing import close_leaked, leftovers, pattern
 
 W = 8192  # a small sync window: several windows per source

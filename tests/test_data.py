@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from filecord import Cord, DataChangedError, FileBackedData, save
+from filecord import Cord, FileBackedData, save
+from filecord.errors import DataChangedError
 from filecord_testing import pattern
 
 

@@ -12,6 +12,8 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 import filecord.gguf as fg  # noqa: E402
+from filecord.gguf._read import read_gguf_file  # noqa: E402
+from filecord.gguf.errors import DuplicateTensorError, UnrepresentableError  # noqa: E402
 
 rng = np.random.default_rng(16)
 ARRAYS = [(f"blk.{i}.w", (rng.standard_normal((i + 2, 8)) * 10).astype(
@@ -100,7 +102,7 @@ def test_dry_runs_write_nothing(tmp_path: Path) -> None:
 def test_alignment_4096_pages_and_roundtrip(tmp_path: Path) -> None:
     gguf_py(tmp_path / "m.gguf")
     fg.merge(tmp_path / "a.gguf", [tmp_path / "m.gguf"], alignment=4096)
-    f = fg.read_gguf_file(tmp_path / "a.gguf")
+    f = read_gguf_file(tmp_path / "a.gguf")
     assert f.alignment == 4096
     assert all(t.data.offset % 4096 == 0 for t in f.tensors.values())  # type: ignore[union-attr]
     fg.merge(tmp_path / "b.gguf", [tmp_path / "a.gguf"], alignment=32)
@@ -127,7 +129,7 @@ def test_alignment_4096_pages_and_roundtrip(tmp_path: Path) -> None:
 def test_merge_refuses_duplicate_tensor(tmp_path: Path) -> None:
     gguf_py(tmp_path / "a.gguf")
     gguf_py(tmp_path / "b.gguf")
-    with pytest.raises(fg.DuplicateTensorError, match=r"blk\.0\.w"):
+    with pytest.raises(DuplicateTensorError, match=r"blk\.0\.w"):
         fg.merge(tmp_path / "o.gguf", [tmp_path / "a.gguf", tmp_path / "b.gguf"])
     assert not (tmp_path / "o.gguf").exists()
 
@@ -174,7 +176,7 @@ def test_convert_refuses_tensors_needing_transformation(tmp_path: Path) -> None:
     _safetensors(src, {"ok": torch.zeros(2), "ids": torch.zeros(2, dtype=torch.int64),
                        "mask": torch.zeros(2, dtype=torch.bool),
                        "x" * 70: torch.zeros(2)}, None)
-    with pytest.raises(fg.UnrepresentableError) as info:
+    with pytest.raises(UnrepresentableError) as info:
         fg.convert(tmp_path / "o.gguf", src, consume=True)
     msg = str(info.value)
     assert "3 tensor(s)" in msg
@@ -198,7 +200,7 @@ def test_convert_sharded_index_consumed(tmp_path: Path) -> None:
     out = tmp_path / "o.gguf"
     fg.convert(out, shards / "model.safetensors.index.json", consume=True)
     assert os.listdir(shards) == []
-    f = fg.read_gguf_file(out)
+    f = read_gguf_file(out)
     assert sorted(f.tensors) == sorted(ts)
     for name, a in ts.items():
         t = f.tensors[name]
@@ -235,9 +237,9 @@ def test_consumed_merge_moves_everything_to_an_equal_or_larger_alignment(tmp_pat
     report = fg.merge(out, [src / "m-00001-of-00003.gguf"], consume=True, alignment=align)
     assert {a.action for a in report.file_actions()} == {"moved"}
     assert os.listdir(src) == []
-    f = fg.read_gguf_file(out)
+    f = read_gguf_file(out)
     assert f.alignment == align
-    ref = fg.read_gguf_file(_reference(tmp_path, align))
+    ref = read_gguf_file(_reference(tmp_path, align))
     assert [t.data.to_bytes() for t in f.tensors.values()] == \
         [t.data.to_bytes() for t in ref.tensors.values()]  # type: ignore[union-attr]
 

@@ -24,6 +24,10 @@ from hypothesis import strategies as st
 import filecord.gguf as fg
 from filecord._pieces.data import FileBackedData
 from filecord.gguf import errors as E
+from filecord.gguf._encode import encode_header, encode_kv
+from filecord.gguf._parse import parse_header
+from filecord.gguf._read import read_gguf_file
+from filecord.gguf._types import BLOCKS, tensor_nbytes
 
 
 def s(text: str | bytes) -> bytes:
@@ -74,7 +78,7 @@ def write(tmp_path: Path, raw: bytes, name: str = "m.gguf") -> Path:
 
 def test_exact_fields_and_offsets(tmp_path: Path) -> None:
     raw = sample()
-    f = fg.read_gguf_file(write(tmp_path, raw))
+    f = read_gguf_file(write(tmp_path, raw))
     assert f.header.version == 3
     assert f.file_size == len(raw)
     assert f.alignment == 32
@@ -106,17 +110,17 @@ def test_exact_fields_and_offsets(tmp_path: Path) -> None:
 def test_header_over_one_read_and_zero_tensors(tmp_path: Path) -> None:
     big = [s(f"token-{i:07d}") for i in range(120_000)]  # ~2.3 MiB: several growing reads
     raw = gguf_bytes([kv("tok", 9, struct.pack("<IQ", 8, len(big)) + b"".join(big))], [], b"")
-    f = fg.read_gguf_file(write(tmp_path, raw))
+    f = read_gguf_file(write(tmp_path, raw))
     assert len(f.kvs["tok"].value) == 120_000  # type: ignore[arg-type]
     assert f.tensors == {}
     assert f.kvs["tok"].encoded == raw[24:].rstrip(b"\0")
     unpadded = raw.rstrip(b"\0")  # a file without tensors may end before the padding
-    assert fg.read_gguf_file(write(tmp_path, unpadded, "u.gguf")).data_start == len(raw)
+    assert read_gguf_file(write(tmp_path, unpadded, "u.gguf")).data_start == len(raw)
 
 
 def _err(tmp_path: Path, raw: bytes) -> E.GGUFFormatError:
     with pytest.raises(E.GGUFFormatError) as info:
-        fg.read_gguf_file(write(tmp_path, raw, "bad.gguf"))
+        read_gguf_file(write(tmp_path, raw, "bad.gguf"))
     return info.value
 
 
@@ -319,7 +323,7 @@ def test_split_set_from_first_shard(tmp_path: Path) -> None:
     assert list(m.kvs) == ["general.architecture"]
     with pytest.raises(E.InvalidSplitError, match="first shard"):
         fg.read_gguf(paths[1])
-    assert fg.read_gguf_file(paths[1]).split() == (1, 3, 3)
+    assert read_gguf_file(paths[1]).split() == (1, 3, 3)
 
 
 def test_split_set_errors(tmp_path: Path) -> None:
@@ -357,7 +361,7 @@ def test_a_huge_numeric_array_costs_its_bytes_not_python_objects(tmp_path: Path)
     raw = gguf_bytes([kv("scores", 9, struct.pack("<IQ", 6, n) + bytes(4 * n))], [], b"")
     p = write(tmp_path, raw)
     tracemalloc.start()
-    f = fg.read_gguf_file(p)
+    f = read_gguf_file(p)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert len(f.kvs["scores"].value) == n  # type: ignore[arg-type]
@@ -397,10 +401,10 @@ _TYPES = [t for t in fg.GGMLType if t.name in ("F32", "F16", "Q8_0", "Q4_K", "I8
 @st.composite
 def _info(draw: st.DrawFn) -> tuple[str, fg.GGMLType, tuple[int, ...], int]:
     t = draw(st.sampled_from(_TYPES))
-    blck = fg.BLOCKS[t][0]
+    blck = BLOCKS[t][0]
     dims = (blck * draw(st.integers(0, 3)), *draw(st.lists(st.integers(0, 3), max_size=3)))
     name = draw(st.text(st.characters(codec="utf-8"), max_size=8))
-    return name, t, dims, fg.tensor_nbytes(t, dims)
+    return name, t, dims, tensor_nbytes(t, dims)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
@@ -415,14 +419,14 @@ def test_encoder_parser_round_trip(kvs: list[fg.KeyValue], infos: list[Any],
     elif any(k.key == "general.alignment" for k in kvs):
         return
     a = align or 32
-    head = fg.encode_header(kvs, infos)
+    head = encode_header(kvs, infos)
     assert len(head) % a == 0
     data = b"".join(bytes([i % 251]) * n + bytes(-n % a) for i, (_, _, _, n) in enumerate(infos))
-    h = fg.parse_header(head + data, len(head) + len(data))
+    h = parse_header(head + data, len(head) + len(data))
     assert h.alignment == a
     assert h.data_start == len(head)
     assert [(k, v.type, v.value if not isinstance(v.value, array.array) else tuple(v.value),
              v.sub_type) for k, v in h.kvs.items()] == \
         [(k.key, k.type, k.value, k.sub_type) for k in kvs]
     assert [(i.name, i.type, i.dims, i.nbytes) for i in h.infos] == infos
-    assert [fg.encode_kv(v) for v in h.kvs.values()] == [fg.encode_kv(k) for k in kvs]
+    assert [encode_kv(v) for v in h.kvs.values()] == [encode_kv(k) for k in kvs]

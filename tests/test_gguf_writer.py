@@ -23,6 +23,9 @@ from gguf import GGUFValueType as T  # noqa: E402
 
 import filecord.gguf as fg  # noqa: E402
 from filecord._pieces.data import FileBackedData  # noqa: E402
+from filecord.gguf._read import read_gguf_file  # noqa: E402
+from filecord.gguf._types import BLOCKS  # noqa: E402
+from filecord.gguf.errors import GGUFFormatError  # noqa: E402
 
 Script = Callable[[Any], None]
 rng = np.random.default_rng(7)
@@ -70,7 +73,7 @@ def check_readback(d: Path) -> int:
     n = 0
     for p in sorted(glob.glob(str(d / "*.gguf"))):
         r = gguf.GGUFReader(p)
-        mine = fg.read_gguf_file(p)
+        mine = read_gguf_file(p)
         theirs = {k: f for k, f in r.fields.items() if not k.startswith("GGUF.")}
         assert list(theirs) == list(mine.kvs)
         for k, fld in theirs.items():
@@ -176,7 +179,7 @@ def test_every_raw_tensor_type(tmp_path: Path) -> None:
         for rows in (0, 1, 3):
             raw = rng.integers(0, 256, (rows, 2 * size), dtype=np.uint8)
             tensors.append((f"{q.name}.{rows}", raw, q))
-        assert fg.BLOCKS[fg.GGMLType(int(q))] == (blck, size)
+        assert BLOCKS[fg.GGMLType(int(q))] == (blck, size)
 
     def script(w: Any) -> None:
         for name, raw, q in tensors:
@@ -213,7 +216,7 @@ def test_unicode_names_custom_alignment_with_tensors(tmp_path: Path) -> None:
 
     _, d = run_both(tmp_path, script)
     assert check_readback(d) == 2
-    assert fg.read_gguf_file(d / "m.gguf").alignment == 256
+    assert read_gguf_file(d / "m.gguf").alignment == 256
 
 
 def test_streaming_calls_byte_identical(tmp_path: Path) -> None:
@@ -346,8 +349,8 @@ def test_split_with_custom_alignment_is_readable(tmp_path: Path) -> None:
     model = fg.read_gguf(tmp_path / name)
     for i, a in enumerate(arrays):
         assert model.tensors[f"t{i}"].data.to_bytes() == a.tobytes()  # type: ignore[union-attr]
-    with pytest.raises(fg.GGUFFormatError):  # gguf-py's second shard: padding without a key
-        fg.read_gguf_file(ref / "m-00002-of-00003.gguf")
+    with pytest.raises(GGUFFormatError):  # gguf-py's second shard: padding without a key
+        read_gguf_file(ref / "m-00002-of-00003.gguf")
 
 
 REFUSED: dict[str, Script] = {
@@ -483,7 +486,7 @@ def test_gguf_py_named_helpers_run_against_our_writer(tmp_path: Path) -> None:
         w.add_quantization_version(2)
 
     _, d = run_both(tmp_path, script)
-    f = fg.read_gguf_file(d / "m.gguf")
+    f = read_gguf_file(d / "m.gguf")
     assert f.kvs["llama.context_length"].value == 2048
     assert len(f.kvs) == 14
     with pytest.raises(AttributeError):

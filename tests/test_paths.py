@@ -16,9 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filecord import Cord, FileBackedData, SaveError, SourceIsOutputError, plan, save, save_many
+from filecord import Cord, FileBackedData, plan, save, save_many
 from filecord._io import syscalls as _sys
 from filecord._io.paths import kernel_path, resolve_target
+from filecord.errors import SaveError, SourceIsOutputError
 from filecord_testing import leftovers, pattern
 
 DECOY = b"decoy: must never change"
@@ -191,8 +192,7 @@ def test_state_dict_scratch_is_made_beside_the_real_output(
 ) -> None:
     """``save_state_dict`` writes its scratch where the final file will be, not at ``./``."""
     torch = pytest.importorskip("torch", reason="the torch extra is not installed")
-    from filecord.executorch import read_ptd
-    from filecord.torch import save_state_dict
+    from filecord.executorch import read_ptd, save_state_dict
 
     created: list[str] = []
     real_open = _sys.open

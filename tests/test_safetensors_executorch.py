@@ -94,7 +94,7 @@ def test_transformers_checkpoint_merged_converted_and_run(tmp_path: Path) -> Non
     from executorch.runtime import Runtime
     from torch.export import export
 
-    from filecord.torch import save_state_dict
+    from filecord.executorch import save_state_dict
 
     class Logits(transformers.LlamaForCausalLM):  # type: ignore[misc]
         def forward(self, ids: Any) -> Any:  # parameter names stay the checkpoint's keys

@@ -25,24 +25,23 @@ from filecord._io import syscalls as _sys
 from filecord.errors import FormatError
 from filecord.safetensors import (
     DType,
+    NamedTensor,
+    SafetensorsFile,
+    SafetensorsIndex,
+    build_file,
+    read_safetensors,
+)
+from filecord.safetensors._format import canonical_order, encode_header, parse_header, split_shards
+from filecord.safetensors.errors import (
     DuplicateKeyError,
     HeaderTooLargeError,
     InvalidHeaderError,
     InvalidIndexError,
     InvalidOffsetsError,
-    NamedTensor,
-    SafetensorsFile,
     SafetensorsFormatError,
-    SafetensorsIndex,
     ShapeMismatchError,
     TruncatedFileError,
     UnknownDtypeError,
-    build_file,
-    canonical_order,
-    encode_header,
-    parse_header,
-    read_safetensors,
-    split_shards,
 )
 
 

@@ -21,16 +21,18 @@ from filecord import save
 from filecord.executorch import ScalarType, read_ptd
 from filecord.safetensors import (
     DType,
-    DuplicateTensorError,
-    InvalidIndexError,
     NamedTensor,
     SafetensorsFile,
-    UnrepresentableError,
     build_file,
     convert,
     merge,
     read_safetensors,
     reshard,
+)
+from filecord.safetensors.errors import (
+    DuplicateTensorError,
+    InvalidIndexError,
+    UnrepresentableError,
 )
 
 

@@ -8,15 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from filecord import (
-    Cord,
-    FileBackedData,
-    SaveError,
-    SourceIsOutputError,
-    plan,
-    save,
-    save_many,
-)
+from filecord import Cord, FileBackedData, plan, save, save_many
+from filecord.errors import SaveError, SourceIsOutputError
 from filecord_testing import leftovers, pattern
 
 

@@ -12,8 +12,16 @@ Argument order: every filecord writer takes its destination first (``save(path, 
 argument every writer has; calls in the old source-first order are refused before anything is
 written.  Drop-ins for another library keep its order (``safetensors.save_file(tensors,
 filename)``, ``save_sharded(state_dict, directory)``).
+
+One vocabulary across the formats: ``read_*`` reads headers into file-backed ranges,
+``build_*`` returns Cords, ``merge``/``reshard``/``convert`` save (each returns an
+:class:`OperationReport`: the save's report plus the inputs it removed or kept, and why),
+``dry_run=True`` plans instead of saving, shard size is ``max_shard_size``.  Every error class
+is in an ``errors`` module (:mod:`filecord.errors` and one per format package).
 """
 
+from filecord._kit.operation import OperationReport
+from filecord._kit.removal import KeepReason, KeptInput
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
 from filecord._plan.report import SaveReport
@@ -21,16 +29,6 @@ from filecord._plan.types import PieceAction
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord._recover import Recovered, recover
 from filecord._save import plan, save, save_many
-from filecord.errors import (
-    DataChangedError,
-    FilecordError,
-    FormatError,
-    InsufficientSpaceError,
-    RecoverError,
-    SaveError,
-    SourceIsOutputError,
-    SourceState,
-)
 
 __version__ = "0.1.0"
 
@@ -45,17 +43,11 @@ __all__ = [
     # results and defaults
     "SaveReport",
     "PieceAction",
+    "OperationReport",
+    "KeptInput",
+    "KeepReason",
     "Recovered",
     "DEFAULT_WINDOW",
-    # errors
-    "DataChangedError",
-    "FilecordError",
-    "FormatError",
-    "InsufficientSpaceError",
-    "RecoverError",
-    "SaveError",
-    "SourceIsOutputError",
-    "SourceState",
     # version
     "__version__",
 ]

@@ -46,7 +46,7 @@ def run_model(directory: str) -> ModelResult:
     from torch.export import export
 
     from filecord._save import save
-    from filecord.torch import save_state_dict
+    from filecord.executorch import save_state_dict
 
     with _silenced():
         return _run(directory, torch, export, save, save_state_dict)

@@ -80,7 +80,8 @@ def describe(path: str) -> dict[str, Any]:
     """What ``filecord inspect`` shows for a GGUF file or split set (from its first shard; a
     later shard is shown alone, with its own key-values)."""
     from filecord._pieces.data import FileBackedData
-    from filecord.gguf import read_gguf, read_gguf_file
+    from filecord.gguf import read_gguf
+    from filecord.gguf._read import read_gguf_file
 
     one = read_gguf_file(path)
     split = one.split()

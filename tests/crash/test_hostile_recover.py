@@ -39,8 +39,9 @@ from typing import Any
 import pytest
 
 import filecord
-from filecord import RecoverError, _journal
+from filecord import _journal
 from filecord._io import syscalls as _sys
+from filecord.errors import RecoverError
 from support.faultfs import (
     COMMITTED_SUFFIX,
     JOURNAL_SUFFIX,

@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 
 import filecord
+import filecord.errors
 from filecord import _transfer
 from filecord._io import syscalls as _sys
 from support.faultfs import (
@@ -87,7 +88,7 @@ def recover_and_judge(
                 crashed = True
                 fs.apply_crash(mode)
         lay.recover_all()
-    except filecord.RecoverError as exc:  # e.g. the bytes it must put back are gone
+    except filecord.errors.RecoverError as exc:  # e.g. the bytes it must put back are gone
         return None, f"recover failed: {exc}\n{lay.describe()}", crashed
     state = lay.classify()
     if state not in want:

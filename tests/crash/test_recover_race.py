@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 import filecord
-from filecord import RecoverError, SaveError
 from filecord._io import syscalls as _sys
+from filecord.errors import RecoverError, SaveError
 from support.faultfs import LOCK_SUFFIX, SimFS
 from support.scenarios import SPECS, Layout, detach_all, trace_save
 

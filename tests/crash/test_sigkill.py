@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 import filecord
+import filecord.errors
 from support.faultfs import Call, commit_point, destructive_points
 from support.killjob import fork_run, job
 from support.scenarios import SPECS, Layout, trace_save
@@ -62,7 +63,7 @@ def judge(lay: Layout, want: str) -> str | None:
     """Recover, check the state is ``want``, recover again (idempotent); None if all holds."""
     try:
         lay.recover_all()
-    except filecord.RecoverError as exc:
+    except filecord.errors.RecoverError as exc:
         return f"recover refused: {exc}\n{lay.describe()}"
     state = lay.classify()
     if state != want:

@@ -27,7 +27,6 @@ from hypothesis import strategies as st
 
 from filecord.errors import FormatError
 from filecord.executorch import (
-    ExecutorchFormatError,
     NamedDataStore,
     PtdEntry,
     ScalarType,
@@ -42,6 +41,7 @@ from filecord.executorch.errors import (
     BadHeaderError,
     BadMagicError,
     DuplicateKeyError,
+    ExecutorchFormatError,
     MalformedFlatbufferError,
     OutOfRangeError,
     OverlapError,

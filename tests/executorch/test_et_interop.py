@@ -21,10 +21,10 @@ from filecord.executorch import (
     build_program,
     build_ptd,
     build_pte,
-    merge_ptd,
     read_ptd,
     read_pte,
 )
+from filecord.executorch._merge import merge_ptd
 from filecord.executorch.schema import (
     DATA_LOCATION_INLINE,
     DATA_LOCATION_SEGMENT,

@@ -33,8 +33,8 @@ from et_helpers import run_program, write_cord
 
 import filecord
 import filecord.executorch as fe
-from filecord import InsufficientSpaceError
 from filecord._cli_et_render import summarize_pte
+from filecord.errors import InsufficientSpaceError
 from filecord.executorch import build_ptd, external_tensors, read_ptd, read_pte, verify
 
 torch = pytest.importorskip("torch", reason="interop tests need torch")
@@ -302,7 +302,7 @@ def test_recipe_writes_the_data_file_a_llama_program_needs(
     """``save_state_dict(model.state_dict())`` misses the rotary buffers (non-persistent), so
     the runtime cannot load the program; ``save_external_data`` takes the keys from the program
     and the tensors from the module's parameters and buffers, and the program runs."""
-    from filecord.torch import save_external_data, save_state_dict
+    from filecord.executorch import save_external_data, save_state_dict
 
     if not HAS_TRANSFORMERS:
         pytest.skip("transformers is not installed")
@@ -344,7 +344,7 @@ def test_recipe_writes_the_data_file_a_llama_program_needs(
 def test_recipe_refuses_a_module_that_is_not_the_exported_one(
     cases: dict[tuple[str, str], Case], tmp_path: Path
 ) -> None:
-    from filecord.torch import save_external_data
+    from filecord.executorch import save_external_data
 
     c = cases[("convbn", "external")]
     other, _x = _attention()

@@ -8,19 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from filecord import DataChangedError, FileBackedData, SourceIsOutputError
+from filecord import FileBackedData
 from filecord._pieces.cord import Cord
-from filecord.executorch import (
-    NamedDataConflictError,
-    Program,
-    PtdEntry,
-    ScalarType,
-    TensorLayout,
-    build_ptd,
-    merge_ptd,
-    read_ptd,
-)
-from filecord.executorch.errors import InvalidTagError
+from filecord.errors import DataChangedError, SourceIsOutputError
+from filecord.executorch import Program, PtdEntry, ScalarType, TensorLayout, build_ptd, read_ptd
+from filecord.executorch._merge import merge_ptd
+from filecord.executorch.errors import InvalidTagError, NamedDataConflictError
 from filecord.executorch.program import merged_file_name, ptd_file_name
 from filecord_testing import leftovers, pattern
 

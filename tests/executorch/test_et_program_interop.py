@@ -21,8 +21,9 @@ import pytest
 from et_helpers import PROGRAMS, Exported, run_program
 
 import filecord.executorch as fe
-from filecord import DataChangedError
-from filecord.executorch import from_manager, merge_ptd, read_ptd, read_pte
+from filecord.errors import DataChangedError
+from filecord.executorch import from_manager, read_ptd, read_pte
+from filecord.executorch._merge import merge_ptd
 from filecord_testing import leftovers
 
 pytestmark = pytest.mark.interop

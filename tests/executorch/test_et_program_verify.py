@@ -19,10 +19,10 @@ from filecord.executorch import (
     TensorLayout,
     _verify,
     build_ptd,
-    merge_ptd,
     read_ptd,
     read_pte,
 )
+from filecord.executorch._merge import merge_ptd
 
 pytestmark = pytest.mark.interop
 

@@ -12,16 +12,15 @@ from et_helpers import write_cord
 from filecord._io import syscalls as _sys
 from filecord._pieces.data import FileBackedData
 from filecord.executorch import (
-    NamedDataConflictError,
     NamedDataStore,
     PtdEntry,
     ScalarType,
     TensorLayout,
     build_ptd,
-    merge_ptd,
     read_ptd,
 )
-from filecord.executorch.errors import InvalidTagError
+from filecord.executorch._merge import merge_ptd
+from filecord.executorch.errors import InvalidTagError, NamedDataConflictError
 
 W = TensorLayout.contiguous(ScalarType.FLOAT, (3, 4))
 B = TensorLayout.contiguous(ScalarType.FLOAT, (3,))

@@ -10,8 +10,13 @@ from et_helpers import Exported, run_program
 
 torch = pytest.importorskip("torch", reason="these tests stream torch tensors")
 
-from filecord.executorch import NamedDataStore, ScalarType, TensorLayout, read_ptd  # noqa: E402
-from filecord.torch import save_state_dict  # noqa: E402
+from filecord.executorch import (  # noqa: E402
+    NamedDataStore,
+    ScalarType,
+    TensorLayout,
+    read_ptd,
+    save_state_dict,
+)
 
 
 @pytest.mark.interop
@@ -107,7 +112,7 @@ def test_the_old_argument_order_fails_naming_the_new_one(tmp_path: Path) -> None
     """Destination first, as filecord.save(path, cord): the old order is a clear TypeError,
     raised before anything is created."""
     import filecord.executorch as fe
-    from filecord.torch import save_external_data
+    from filecord.executorch import save_external_data
 
     sd = {"w": torch.ones(2)}
     with pytest.raises(TypeError, match=r"save_state_dict\(path, state_dict, \.\.\.\)"):

@@ -42,8 +42,8 @@ from typing import Any
 
 import pytest
 
-from filecord import DataChangedError, RecoverError
 from filecord._io import syscalls as _sys
+from filecord.errors import DataChangedError, RecoverError
 from support.faultfs import SRC_SUFFIX, Call, SimFS, commit_point
 from support.scenarios import SPECS, Layout, detach_all, lost_bytes, trace_save
 

@@ -142,7 +142,7 @@ def test_full_disk_leaves_the_old_model_and_nothing_else(mount):
     """Where gguf-py leaves a partial file under the final name, filecord's writer refuses
     before writing (in-memory tensors: the preflight sees the space is missing) or fails while
     producing (callables: the scratch file fills) and removes what it wrote."""
-    from filecord import InsufficientSpaceError
+    from filecord.errors import InsufficientSpaceError
     from filecord.gguf import GGUFWriter
 
     fs = mount("tmpfs", 16 * MiB)

@@ -15,8 +15,9 @@ import fskit
 import pytest
 
 import filecord
-from filecord import Cord, FileBackedData, InsufficientSpaceError
+from filecord import Cord, FileBackedData
 from filecord._io import syscalls as _sys
+from filecord.errors import InsufficientSpaceError
 
 pytestmark = pytest.mark.root
 

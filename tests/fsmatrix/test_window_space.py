@@ -21,8 +21,8 @@ import fskit
 import pytest
 
 import filecord
-from filecord import InsufficientSpaceError
 from filecord._io import syscalls as _sys
+from filecord.errors import InsufficientSpaceError
 from filecord.executorch.ptd import build_ptd
 from filecord.safetensors import DType, NamedTensor, build_file, convert
 from filecord.safetensors._ops import to_ptd_entries

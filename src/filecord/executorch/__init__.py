@@ -7,7 +7,8 @@ One verb per act:
   ``build_program`` (an emitted Program table and a ``NamedDataStore``: the ``.pte`` and one
   ``.ptd`` per tag, as ExecuTorch's exporter lays them out); each returns Cords holding the
   pieces you gave by reference;
-* **merge**: ``merge_ptd`` (data files, on disk or as Cords, into one);
+* **merge**: ``merge(output, inputs)`` (``.ptd`` files into one, saved, as every format's
+  ``merge`` saves; ``consume=True`` moves their data);
 * **save**: ``Program`` (a ``.pte`` plus its ``.ptd`` files in one transaction), also straight
   from ExecuTorch's ``ExecutorchProgramManager`` or ``ExportSession`` (``from_manager``,
   ``save``); from torch, ``save_state_dict`` and ``save_external_data`` (torch imported on use);
@@ -28,10 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from filecord.executorch._build import SerializedProgram, build_program
 from filecord.executorch._contents import external_tensors
-from filecord.executorch._merge import merge, merge_ptd
+from filecord.executorch._merge import merge
 from filecord.executorch._verify import Verification, verify
 from filecord.executorch.adapter import from_manager, save
-from filecord.executorch.errors import ExecutorchFormatError, NamedDataConflictError
 from filecord.executorch.named_data import NamedDataStore
 from filecord.executorch.program import Program
 from filecord.executorch.ptd import PtdFile, build_ptd, read_ptd
@@ -65,7 +65,6 @@ __all__ = [
     "SerializedProgram",
     # merge
     "merge",
-    "merge_ptd",
     # save
     "Program",
     "from_manager",
@@ -81,7 +80,4 @@ __all__ = [
     "PtdEntry",
     "TensorLayout",
     "ScalarType",
-    # errors (every class: filecord.executorch.errors)
-    "ExecutorchFormatError",
-    "NamedDataConflictError",
 ]

@@ -35,11 +35,11 @@ import os
 from typing import Any
 
 from filecord._io import syscalls as _sys
+from filecord._kit.operation import ProgressCallback
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
 from filecord._plan.report import SaveReport
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._save import ProgressCallback
 from filecord.errors import DataChangedError, add_note
 from filecord.executorch.program import Program
 

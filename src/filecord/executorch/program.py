@@ -13,7 +13,7 @@ ExecuTorch does).  With ``merge_data=True`` all external data goes into one file
 the program, ``<pte stem>.ptd`` (``model.pte`` -> ``model.ptd``), because ExecuTorch's Python
 runtime loads a single data file per program.  One tag is written as it is (its bytes
 unchanged, only the name differs); several are merged into a new data file built with
-:func:`~filecord.executorch.merge_ptd`: equal blobs are stored once, a key present under two
+:func:`~filecord.executorch._merge.merge_ptd`: equal blobs are stored once, a key present under two
 tags with different bytes or layouts raises :class:`NamedDataConflictError`, and every segment
 is aligned to ``lcm(segment_alignment, the key's alignment)`` where ``data_alignment`` knows it.
 
@@ -31,11 +31,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from filecord._kit.operation import ProgressCallback
 from filecord._pieces.cord import Cord, Writable
 from filecord._plan.preflight import CordLike, Target
 from filecord._plan.report import SaveReport
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._save import ProgressCallback, plan, save_many
+from filecord._save import plan, save_many
 from filecord.errors import add_note
 from filecord.executorch._cloneready import CLONE_ALIGNMENT, clone_ready_pte
 from filecord.executorch._layout import positive_int

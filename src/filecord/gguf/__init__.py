@@ -8,59 +8,27 @@ key-values and tensors (and :func:`build_split` the shards of a split set), and
 torch tensors, file-backed ranges or callables producing one when its turn comes -- write),
 saving atomically and durably through ``save_many``, byte-identical to gguf-py 0.19.
 ``merge``/``reshard``/``convert`` rewrite models from their files without loading them.
+Header tools (``parse_header``, ``encode_kv``, ``plan_splits``, ...) are implementation;
+every error class is in :mod:`filecord.gguf.errors`.
 """
 
 from __future__ import annotations
 
 from filecord.gguf._build import build_gguf, build_split
-from filecord.gguf._encode import encode_header, encode_kv, plan_splits, shard_name
 from filecord.gguf._ops import convert, merge, reshard
-from filecord.gguf._parse import Header, TensorInfo, parse_header
-from filecord.gguf._read import GGUFFile, GGUFModel, read_gguf, read_gguf_file
-from filecord.gguf._types import (
-    BLOCKS,
-    DEFAULT_ALIGNMENT,
-    GGMLType,
-    GGUFTensor,
-    KeyValue,
-    ValueType,
-    tensor_nbytes,
-)
+from filecord.gguf._read import GGUFFile, GGUFModel, read_gguf
+from filecord.gguf._types import GGMLType, GGUFTensor, KeyValue, ValueType
 from filecord.gguf._writer import GGUFWriter
-from filecord.gguf.errors import (
-    BadMagicError,
-    DuplicateTensorError,
-    GGUFFormatError,
-    InvalidAlignmentError,
-    InvalidKeyError,
-    InvalidOffsetsError,
-    InvalidSplitError,
-    InvalidTensorInfoError,
-    InvalidValueError,
-    LimitExceededError,
-    TrailingDataError,
-    TruncatedError,
-    UnrepresentableError,
-    UnsupportedVersionError,
-)
 
 __all__ = [
     # reading
     "read_gguf",
-    "read_gguf_file",
     "GGUFModel",
     "GGUFFile",
-    "Header",
-    "TensorInfo",
-    "parse_header",
     # writing
     "GGUFWriter",
     "build_gguf",
     "build_split",
-    "encode_header",
-    "encode_kv",
-    "plan_splits",
-    "shard_name",
     # rewriting models
     "merge",
     "reshard",
@@ -70,22 +38,4 @@ __all__ = [
     "KeyValue",
     "ValueType",
     "GGMLType",
-    "BLOCKS",
-    "DEFAULT_ALIGNMENT",
-    "tensor_nbytes",
-    # errors
-    "GGUFFormatError",
-    "BadMagicError",
-    "UnsupportedVersionError",
-    "TruncatedError",
-    "LimitExceededError",
-    "InvalidKeyError",
-    "InvalidValueError",
-    "InvalidAlignmentError",
-    "InvalidTensorInfoError",
-    "InvalidOffsetsError",
-    "TrailingDataError",
-    "InvalidSplitError",
-    "DuplicateTensorError",
-    "UnrepresentableError",
 ]

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from filecord._io import syscalls as _sys
+from filecord._kit.operation import ProgressCallback
 from filecord._pieces.data import FileBackedData
 from filecord._plan.preflight import CordLike, Target
 from filecord._plan.report import SaveReport
@@ -48,7 +49,6 @@ from filecord.gguf._types import (
 from filecord.gguf.errors import DuplicateTensorError
 
 log = logging.getLogger(__name__)
-ProgressCallback = Callable[[int, int], None]
 Producer = Callable[[], Any]
 
 

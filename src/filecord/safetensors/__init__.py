@@ -5,46 +5,17 @@ Writing goes through the save transaction (atomic, durable, ``consume`` moves ow
 ``save_file`` and ``save_sharded`` are byte-identical to ``safetensors.torch.save_file`` and
 ``huggingface_hub.save_torch_state_dict`` (they need torch; imported lazily), ``build_file``
 makes a Cord from named tensors, and ``merge``/``reshard``/``convert`` rewrite checkpoints from
-their files without loading them.
+their files without loading them.  Header tools (``parse_header``, ``encode_header``, ...)
+are implementation (``_format``); every error class is in :mod:`filecord.safetensors.errors`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from filecord.safetensors._format import (
-    DTYPE_ORDER,
-    MAX_HEADER,
-    Header,
-    HeaderEntry,
-    canonical_order,
-    encode_header,
-    parse_header,
-    split_shards,
-)
 from filecord.safetensors._ops import convert, merge, reshard
-from filecord.safetensors._read import (
-    SafetensorsFile,
-    SafetensorsIndex,
-    read_file,
-    read_index,
-    read_safetensors,
-)
-from filecord.safetensors._write import build_file, plan_shards
-from filecord.safetensors.errors import (
-    DuplicateKeyError,
-    DuplicateTensorError,
-    HeaderTooLargeError,
-    InvalidHeaderError,
-    InvalidIndexError,
-    InvalidOffsetsError,
-    SafetensorsFormatError,
-    ShapeMismatchError,
-    SharedTensorsError,
-    TruncatedFileError,
-    UnknownDtypeError,
-    UnrepresentableError,
-)
+from filecord.safetensors._read import SafetensorsFile, SafetensorsIndex, read_safetensors
+from filecord.safetensors._write import build_file
 from filecord.tensors import DType, NamedTensor
 
 if TYPE_CHECKING:
@@ -62,23 +33,12 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     # reading
     "read_safetensors",
-    "read_file",
-    "read_index",
     "SafetensorsFile",
     "SafetensorsIndex",
-    "Header",
-    "HeaderEntry",
-    "parse_header",
     # writing
     "save_file",
     "save_sharded",
     "build_file",
-    "plan_shards",
-    "encode_header",
-    "canonical_order",
-    "split_shards",
-    "DTYPE_ORDER",
-    "MAX_HEADER",
     # rewriting checkpoints
     "merge",
     "reshard",
@@ -86,17 +46,4 @@ __all__ = [
     # values
     "DType",
     "NamedTensor",
-    # errors
-    "SafetensorsFormatError",
-    "TruncatedFileError",
-    "HeaderTooLargeError",
-    "InvalidHeaderError",
-    "DuplicateKeyError",
-    "UnknownDtypeError",
-    "ShapeMismatchError",
-    "InvalidOffsetsError",
-    "InvalidIndexError",
-    "SharedTensorsError",
-    "DuplicateTensorError",
-    "UnrepresentableError",
 ]

@@ -5,7 +5,7 @@ Theory of operation
 A CPU tensor's bytes enter the Cord as a view of its own memory (no copy); the save writes it
 into a temp file beside the target, fsyncs, renames and fsyncs the directory, so host memory
 beyond the tensors stays at one chunk.  A tensor on another device is first streamed through
-one pinned chunk into an owned scratch file beside the target (``_kit.torch_stream``), which the
+one pinned chunk into an owned scratch file beside the target (``_torch_stream``), which the
 save then moves into the output.  The temp gets the mode a new file would get from ``open()``
 (or the replaced file's mode), not 0600.
 
@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from filecord._io import syscalls as _sys
+from filecord._kit.operation import ProgressCallback
 from filecord._kit.torch_stream import host_view, write_tensors
 from filecord._plan.report import SaveReport
 from filecord._plan.window import DEFAULT_WINDOW
@@ -44,8 +45,6 @@ from filecord.safetensors._write import (
 )
 from filecord.safetensors.errors import SharedTensorsError
 from filecord.tensors import DType, NamedTensor
-
-ProgressCallback = Callable[[int, int], None]
 
 _DTYPES: dict[str, DType] = {
     "bool": DType.BOOL, "uint8": DType.U8, "int8": DType.I8, "int16": DType.I16,

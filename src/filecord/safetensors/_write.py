@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Literal
 
 from filecord._io import syscalls as _sys
@@ -40,7 +40,6 @@ from filecord.tensors import NamedTensor
 log = logging.getLogger(__name__)
 
 Order = Literal["canonical", "given", "clone_ready"]
-ProgressCallback = Callable[[int, int], None]
 CLONE_BLOCK = 4096  # the block of btrfs and XFS: a clone needs both offsets on a multiple of it
 
 
