@@ -16,6 +16,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import pytest
+
 import filecord
 from filecord import Cord, FileBackedData, plan, save
 from filecord._plan.plan import cover
@@ -146,3 +148,69 @@ def test_cover_is_not_quadratic() -> None:
     small, big, ratio = growth(measure, 2_000)
     print(f"cover, 2,000 vs 8,000 holders: {small} vs {big} lines, x{ratio:.2f}")
     assert ratio < LIMIT
+
+
+# --- readers: N tiny tensors parse in linear work, for every format -------------------------
+
+def _safetensors_file(directory: Path, n: int) -> Path:
+    from filecord.safetensors import DType, NamedTensor, build_file
+
+    p = directory / f"many{n}.safetensors"
+    save(p, build_file([NamedTensor(f"t{i}", DType.U8, (1,), b"x") for i in range(n)], None))
+    return p
+
+
+def _gguf_file(directory: Path, n: int) -> Path:
+    from filecord.gguf import GGMLType, GGUFTensor, build_gguf
+
+    p = directory / f"many{n}.gguf"
+    save(p, build_gguf([], [GGUFTensor(f"t{i}", GGMLType.I8, (1,), b"x") for i in range(n)]))
+    return p
+
+
+def _ptd_file(directory: Path, n: int) -> Path:
+    from filecord.executorch import PtdEntry, ScalarType, TensorLayout, build_ptd
+
+    layout = TensorLayout(ScalarType.BYTE, (1,), (0,))
+    p = directory / f"many{n}.ptd"
+    save(p, build_ptd([PtdEntry(f"t{i}", bytes([i % 251]), layout, 1) for i in range(n)]))
+    return p
+
+
+def _read(kind: str, path: Path) -> int:
+    if kind == "safetensors":
+        from filecord.safetensors import read_safetensors
+
+        return len(read_safetensors(path).tensors)
+    if kind == "gguf":
+        from filecord.gguf import read_gguf
+
+        return len(read_gguf(path).tensors)
+    from filecord.executorch import read_ptd
+
+    return len(read_ptd(path).entries)
+
+
+MAKERS = {"safetensors": _safetensors_file, "gguf": _gguf_file, "ptd": _ptd_file}
+
+
+@pytest.mark.parametrize("kind", sorted(MAKERS))
+def test_reading_many_tensors_is_linear(tmp_path: Path, kind: str) -> None:
+    """Work (lines of filecord executed) grows 4x for 4x the tensors, never 16x; and 100,000
+    one-byte tensors read back, every one (the count is the structure, not a clock)."""
+    files = {n: MAKERS[kind](tmp_path, n) for n in (2_500, 10_000)}
+
+    def measure(n: int) -> int:
+        got = 0
+
+        def run() -> None:
+            nonlocal got
+            got = _read(kind, files[n])
+
+        lines = filecord_lines(run)
+        assert got == n
+        return lines
+
+    small, big, ratio = growth(measure, 2_500)
+    assert ratio < LIMIT, f"{kind}: {small} -> {big} lines for 4x the tensors ({ratio:.1f}x)"
+    assert _read(kind, MAKERS[kind](tmp_path, 100_000)) == 100_000
