@@ -214,3 +214,30 @@ def test_reading_many_tensors_is_linear(tmp_path: Path, kind: str) -> None:
     small, big, ratio = growth(measure, 2_500)
     assert ratio < LIMIT, f"{kind}: {small} -> {big} lines for 4x the tensors ({ratio:.1f}x)"
     assert _read(kind, MAKERS[kind](tmp_path, 100_000)) == 100_000
+
+
+def test_a_valid_safetensors_header_never_searches_for_its_keys(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Line counts miss work done in C: a ``bytes.find`` of each tensor's name over the whole
+    header (for an error offset) made reading N tensors quadratic (10,000 took 22 s).  The
+    search now runs only on an error path: reading a valid file does it zero times."""
+    from filecord.safetensors import _format, read_safetensors
+
+    calls = 0
+    real = _format._key_offset
+
+    def counted(raw: bytes, key: str) -> int:
+        nonlocal calls
+        calls += 1
+        return real(raw, key)
+
+    monkeypatch.setattr(_format, "_key_offset", counted)
+    assert len(read_safetensors(_safetensors_file(tmp_path, 10_000)).tensors) == 10_000
+    assert calls == 0
+    bad = tmp_path / "bad.safetensors"
+    blob = bytearray(_safetensors_file(tmp_path, 3).read_bytes())
+    blob[-1:] = b""  # one byte short: an error, whose offset is looked up
+    bad.write_bytes(bytes(blob))
+    with pytest.raises(ValueError, match=r"t2\.data_offsets at offset"):
+        read_safetensors(bad)
+    assert calls >= 1

@@ -97,15 +97,17 @@ def test_consume_defaults_to_false_everywhere() -> None:
 
     import filecord
     import filecord.executorch as fe
-    from filecord import torch as ftorch
+    import filecord.gguf as fg
+    import filecord.safetensors as fst
 
     functions = [filecord.save, filecord.save_many, filecord.plan, fe.Program.save,
-                 fe.Program.plan, fe.Program.write_tensor_data_to_file, ftorch.save_state_dict,
-                 ftorch.save_external_data]
-    defaults = {f.__qualname__: inspect.signature(f).parameters["consume"].default
-                for f in functions}
+                 fe.Program.plan, fe.Program.write_tensor_data_to_file, fe.save_state_dict,
+                 fe.save_external_data, fe.save, fe.merge, fst.merge, fst.reshard, fst.convert,
+                 fg.merge, fg.reshard, fg.convert]
+    defaults = {f"{f.__module__}.{f.__qualname__}": inspect.signature(f).parameters[
+        "consume"].default for f in functions}
     assert defaults == dict.fromkeys(defaults, False)
-    assert len(defaults) == 8
+    assert len(defaults) == 16
 
 
 def test_the_old_argument_order_fails_naming_the_new_one(tmp_path: Path) -> None:

@@ -166,35 +166,39 @@ def _uint(v: object) -> bool:
 
 
 def _entry(name: str, v: object, raw: bytes) -> HeaderEntry:
-    at = _key_offset(raw, name)
+    # The key's offset is looked up only for an error: a search per tensor would make reading
+    # N tensors cost N header scans (quadratic), for a number that a valid file never needs.
     if not isinstance(v, dict):
-        raise InvalidHeaderError("a tensor entry must be an object", field=name, offset=at)
+        raise InvalidHeaderError("a tensor entry must be an object", field=name,
+                                 offset=_key_offset(raw, name))
     for f in _FIELDS:
         if f not in v:
-            raise InvalidHeaderError("missing", field=f"{name}.{f}", offset=at)
+            raise InvalidHeaderError("missing", field=f"{name}.{f}",
+                                     offset=_key_offset(raw, name))
     extra = sorted(set(v) - set(_FIELDS))
     if extra:
-        raise InvalidHeaderError(f"unknown field(s) {extra}", field=name, offset=at)
+        raise InvalidHeaderError(f"unknown field(s) {extra}", field=name,
+                                 offset=_key_offset(raw, name))
     code = v["dtype"]
     if not isinstance(code, str) or code not in _BY_CODE:
         raise UnknownDtypeError(f"{code!r} is not a safetensors dtype", field=f"{name}.dtype",
-                                offset=at)
+                                offset=_key_offset(raw, name))
     shape = v["shape"]
     if not isinstance(shape, list) or not all(_uint(d) for d in shape):
         raise InvalidHeaderError("must be a list of non-negative 64-bit integers",
-                                 field=f"{name}.shape", offset=at)
+                                 field=f"{name}.shape", offset=_key_offset(raw, name))
     offs = v["data_offsets"]
     if not isinstance(offs, list) or len(offs) != 2 or not all(_uint(o) for o in offs):
         raise InvalidHeaderError("must be two non-negative 64-bit integers",
-                                 field=f"{name}.data_offsets", offset=at)
+                                 field=f"{name}.data_offsets", offset=_key_offset(raw, name))
     begin, end = offs
     if begin > end:
         raise InvalidOffsetsError(f"begin {begin} is after end {end}",
-                                  field=f"{name}.data_offsets", offset=at)
+                                  field=f"{name}.data_offsets", offset=_key_offset(raw, name))
     return HeaderEntry(name, _BY_CODE[code], tuple(shape), begin, end)
 
 
-def _check_size(e: HeaderEntry, at: int) -> None:
+def _check_size(e: HeaderEntry, raw: bytes) -> None:
     length = e.end - e.begin
     if 0 in e.shape:
         count = 0
@@ -206,11 +210,11 @@ def _check_size(e: HeaderEntry, at: int) -> None:
     if bits % 8:
         raise ShapeMismatchError(
             f"{count} elements of {e.dtype.value} do not end on a byte boundary",
-            field=f"{e.name}.shape", offset=at)
+            field=f"{e.name}.shape", offset=_key_offset(raw, e.name))
     if bits // 8 != length:
         raise ShapeMismatchError(
             f"{e.dtype.value}{list(e.shape)} needs {bits // 8} bytes, data_offsets give {length}",
-            field=f"{e.name}.data_offsets", offset=at)
+            field=f"{e.name}.data_offsets", offset=_key_offset(raw, e.name))
 
 
 def parse_header(raw: bytes, file_size: int) -> Header:
@@ -236,21 +240,21 @@ def parse_header(raw: bytes, file_size: int) -> Header:
             metadata = dict(v)
             continue
         e = _entry(name, v, raw)
-        _check_size(e, _key_offset(raw, name))
+        _check_size(e, raw)
         entries.append(e)
     data_len = file_size - 8 - n
     entries.sort(key=lambda e: (e.begin, e.end, e.name))
     pos = 0
     for e in entries:
-        at = _key_offset(raw, e.name)
         if e.end > data_len:
             raise TruncatedFileError(
                 f"tensor data ends at {8 + n + e.end}, past the end of the {file_size}-byte file",
-                field=f"{e.name}.data_offsets", offset=at)
+                field=f"{e.name}.data_offsets", offset=_key_offset(raw, e.name))
         if e.begin != pos:
             what = "a hole before it" if e.begin > pos else "it overlaps the previous tensor"
             raise InvalidOffsetsError(f"begins at {e.begin} but the data before it ends at "
-                                      f"{pos}: {what}", field=f"{e.name}.data_offsets", offset=at)
+                                      f"{pos}: {what}", field=f"{e.name}.data_offsets",
+                                      offset=_key_offset(raw, e.name))
         pos = e.end
     if pos != data_len:
         raise InvalidOffsetsError(f"tensors cover {pos} bytes of data but the file holds "
