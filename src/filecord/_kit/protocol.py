@@ -20,7 +20,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from filecord import _sys
+from filecord._io import syscalls as _sys
 from filecord._kit.operation import OperationReport
 from filecord._kit.readfile import kind_of
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from filecord import _sys
+from filecord._io import syscalls as _sys
 from filecord._kit.removal import (
     KeepReason,
     KeptInput,
