@@ -432,3 +432,24 @@ def test_an_index_naming_a_fifo_or_device_is_refused_before_reading(tmp_path, th
         merge(tmp_path / "m.safetensors", [index], consume=True)
     assert sorted(p.name for p in index.parent.iterdir()) == before
     assert not (tmp_path / "m.safetensors").exists()
+
+
+def test_a_checkpoint_on_another_file_system_is_kept_whole(tmp_path, three_files):
+    """Nothing moves across file systems: the shards are copied, and a consuming merge keeps
+    them (deleting after a copy would be a silent ``mv``), their index with them."""
+    _root_tool("mount")
+    other = tmp_path / "other"
+    other.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(other)], check=True)
+    try:
+        index = _checkpoint(other / "ckpt", three_files)
+        before = snapshot(index.parent)
+        report = merge(tmp_path / "m.safetensors", [index], consume=True)
+        assert snapshot(index.parent) == before
+        kept = _kept(report)
+        assert kept.pop(index.name) == "SHARDS_KEPT"
+        assert set(kept.values()) == {"OTHER_FS"}
+        assert set(kept) | {index.name} == set(before)
+        assert (tmp_path / "m.safetensors").read_bytes() == expected_merge(tmp_path)
+    finally:
+        subprocess.run(["umount", str(other)], check=False)
