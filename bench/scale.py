@@ -37,7 +37,7 @@ CORD = r"""
 import json, os, sys, time
 import fskit
 import filecord
-from filecord import _sys
+from filecord._io import syscalls as _sys
 from filecord._io.measure import rss_now, rss_peak, rss_reset
 mode, src, dst, work = sys.argv[1:5]
 cord = filecord.Cord([b"H" * 4096, filecord.FileBackedData(src, owned=mode == "consume")])
@@ -56,7 +56,7 @@ TORCH = r"""
 import json, os, sys, time
 import torch
 import fskit
-from filecord import _sys
+from filecord._io import syscalls as _sys
 from filecord._io.measure import rss_now, rss_peak, rss_reset
 from filecord.executorch import save_state_dict
 size, dst, work = int(sys.argv[1]), sys.argv[2], sys.argv[3]

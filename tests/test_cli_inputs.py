@@ -246,7 +246,8 @@ def test_demo_removes_its_directory_when_stopped(
 
 _PAUSED_PACK = r"""
 import signal, sys, time
-from filecord import _sys, cli
+from filecord import cli
+from filecord._io import syscalls as _sys
 
 signal.signal(signal.SIGINT, signal.default_int_handler)
 

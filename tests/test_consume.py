@@ -285,7 +285,8 @@ def test_a_failed_adoption_renames_the_source_back(tmp_path: Path) -> None:
 
 SCRIPT = r"""
 import sys
-from filecord import Cord, FileBackedData, _sys, save_many
+from filecord import Cord, FileBackedData, save_many
+from filecord._io import syscalls as _sys
 
 a, b, out, where = sys.argv[1:5]
 fa, fb = FileBackedData.move_from(a), FileBackedData(b, owned=True)
