@@ -123,6 +123,43 @@ def test_merge_ptd(tmp_path: Path) -> None:
         merge_ptd([a, conflict])
 
 
+def test_merge_saves_like_every_formats_merge(tmp_path: Path) -> None:
+    """``merge(output, inputs)`` saves what ``merge_ptd`` builds; a dry run writes nothing;
+    ``consume=True`` moves the data and removes the inputs; a conflict writes nothing."""
+    import os
+
+    from filecord.executorch import merge
+
+    def inputs(d: Path) -> list[Path]:
+        d.mkdir()
+        a = write_cord(build_ptd([PtdEntry("w", b"W" * 48, W), PtdEntry("x", b"same", None)]),
+                       d / "a.ptd")  # fmt: skip
+        b = write_cord(build_ptd([PtdEntry("b", b"B" * 12, B), PtdEntry("x", b"same", None)]),
+                       d / "b.ptd")  # fmt: skip
+        return [a, b]
+
+    plain = inputs(tmp_path / "plain")
+    want = write_cord(merge_ptd(plain), tmp_path / "want.ptd").read_bytes()
+    report = merge(tmp_path / "dry.ptd", plain, dry_run=True)
+    assert report.dry_run
+    assert not (tmp_path / "dry.ptd").exists()
+    merge(tmp_path / "m.ptd", plain)
+    assert (tmp_path / "m.ptd").read_bytes() == want
+    assert all(p.exists() for p in plain)
+    owned = inputs(tmp_path / "owned")
+    report = merge(tmp_path / "c.ptd", owned, consume=True)
+    assert (tmp_path / "c.ptd").read_bytes() == want
+    assert os.listdir(tmp_path / "owned") == []
+    assert report.kept == ()
+    assert report.bytes_moved > 0  # (ranges below a gap are copied, and say why)
+    conflict = write_cord(build_ptd([PtdEntry("x", b"diff", None)]), tmp_path / "x.ptd")
+    with pytest.raises(NamedDataConflictError, match="'x'"):
+        merge(tmp_path / "bad.ptd", [plain[0], conflict], consume=True)
+    assert not (tmp_path / "bad.ptd").exists()
+    assert plain[0].exists()
+    assert conflict.exists()
+
+
 # --- NamedDataStore -------------------------------------------------------------------------
 
 
