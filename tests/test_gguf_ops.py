@@ -299,3 +299,38 @@ def test_consuming_reshard_with_an_immutable_shard_commits_and_keeps_it(tmp_path
         assert (src / "m.gguf").read_bytes() == (ref / "m.gguf").read_bytes()
     finally:
         subprocess.run(["chattr", "-i", str(shards[1])], check=False)
+
+
+def test_consuming_convert_of_a_hugging_face_cache_snapshot_keeps_it_loadable(
+        tmp_path: Path) -> None:
+    """Every file of the snapshot is a symlink into blobs/: the shards are copied and kept, and
+    so is the index link (it used to be deleted, leaving the kept checkpoint unloadable)."""
+    import hashlib
+
+    from filecord import save
+    from filecord.safetensors import DType, NamedTensor, build_file
+    from filecord.safetensors import reshard as st_reshard
+
+    one = tmp_path / "one.safetensors"
+    save(one, build_file([NamedTensor(f"w{i}", DType.F32, (4, 4), bytes(range(64)))
+                          for i in range(6)], None))
+    plain = _dir(tmp_path, "plain")
+    st_reshard(plain, [one], max_shard_size=200)
+    blobs, snap = tmp_path / "hub" / "blobs", tmp_path / "hub" / "snapshots" / "abc"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in sorted(plain.iterdir()):
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        os.replace(f, blobs / digest)
+        (snap / f.name).symlink_to(os.path.relpath(blobs / digest, snap))
+    index = snap / "model.safetensors.index.json"
+    links = {p.name: os.readlink(p) for p in snap.iterdir()}
+    report = fg.convert(tmp_path / "m.gguf", index, consume=True)
+    assert {p.name: os.readlink(p) for p in snap.iterdir()} == links
+    kept = {os.path.basename(k.path): k.reason.name for k in report.kept}
+    assert kept.pop(index.name) == "SHARDS_KEPT"
+    assert set(kept.values()) == {"SYMLINK"}
+    assert len(kept) == len(links) - 1
+    assert len(fg.read_gguf(tmp_path / "m.gguf").tensors) == 6
+    fg.convert(tmp_path / "again.gguf", index)  # still readable through its index
+    assert (tmp_path / "again.gguf").read_bytes() == (tmp_path / "m.gguf").read_bytes()
