@@ -367,8 +367,11 @@ def test_consuming_a_hugging_face_cache_snapshot_keeps_it_loadable(tmp_path, thr
     index = _hf_cache(tmp_path, three_files)
     want = expected_merge(tmp_path)
     links = {p.name: os.readlink(p) for p in index.parent.iterdir()}
+    dry = merge(tmp_path / "d.safetensors", [index], consume=True, dry_run=True)
+    assert not (tmp_path / "d.safetensors").exists()
     if op == "merge":
         report = merge(tmp_path / "m.safetensors", [index], consume=True)
+        assert dry.kept == report.kept  # the dry run said what the run kept
         assert (tmp_path / "m.safetensors").read_bytes() == want
     else:
         report = convert(tmp_path / "m.ptd", index, consume=True)
@@ -386,7 +389,9 @@ def test_a_hard_linked_shard_keeps_its_index(tmp_path, three_files):
     index = _checkpoint(tmp_path / "ckpt", three_files)
     shards = sorted(p for p in index.parent.iterdir() if p.suffix == ".safetensors")
     os.link(shards[0], tmp_path / "other-name")
+    dry = merge(tmp_path / "m.safetensors", [index], consume=True, dry_run=True)
     report = merge(tmp_path / "m.safetensors", [index], consume=True)
+    assert dry.kept == report.kept
     assert _kept(report) == {shards[0].name: "HARD_LINKED", index.name: "SHARDS_KEPT"}
     assert sorted(index.parent.iterdir()) == [shards[0], index]
     assert report.removed == ()
@@ -394,6 +399,11 @@ def test_a_hard_linked_shard_keeps_its_index(tmp_path, three_files):
 
 def test_a_fully_consumed_checkpoint_loses_its_index_too(tmp_path, three_files):
     index = _checkpoint(tmp_path / "ckpt", three_files)
+    before = snapshot(index.parent)
+    dry = merge(tmp_path / "m.safetensors", [index], consume=True, dry_run=True)
+    assert snapshot(index.parent) == before
+    assert dry.removed == (str(index),)
+    assert dry.kept == ()
     report = merge(tmp_path / "m.safetensors", [index], consume=True)
     assert list(index.parent.iterdir()) == []
     assert report.removed == (str(index),)

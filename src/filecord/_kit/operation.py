@@ -31,6 +31,7 @@ from filecord._io import syscalls as _sys
 from filecord._kit.removal import (
     KeepReason,
     KeptInput,
+    PathFacts,
     index_verdict,
     keep_reason,
     observe,
@@ -86,7 +87,8 @@ class OperationReport(SaveReport):
     """A :class:`~filecord.SaveReport` plus what the operation did to its inputs after the
     commit: ``removed`` (indexes and obsolete files it unlinked; the data files the save
     consumed are gone too, as the report's ``moved``/``cloned`` pieces say) and ``kept``
-    (every input of a consuming operation still on disk, with a typed reason)."""
+    (every input of a consuming operation still on disk, with a typed reason).  In a dry run
+    (``dry_run`` True) both say what the operation would do."""
 
     removed: tuple[str, ...] = ()
     kept: tuple[KeptInput, ...] = ()
@@ -129,10 +131,11 @@ def operate(
         out_devs = _devices(job.outputs)
         if consume:
             disown_kept(inputs.wholes, out_devs)
-        if dry_run:
-            return OperationReport.of(plan(job.outputs, consume=consume, window=window))
         input_ids = _ids([*inputs.files, *(i.path for i in inputs.indexes)])
         obsolete = [p for p in job.obsolete if not (_ids([p]) & input_ids)]
+        if dry_run:
+            report = plan(job.outputs, consume=consume, window=window)
+            return forecast(report, inputs, obsolete, consume=consume, output_devs=out_devs)
         report = save_many(job.outputs, consume=consume, window=window, progress=progress)
     finally:
         for w in inputs.wholes:
@@ -150,6 +153,36 @@ def disown_kept(wholes: Sequence[FileBackedData], output_devs: frozenset[int]) -
     for w in wholes:
         if w.owned and keep_reason(observe(w.path), output_devs=output_devs) in _SAVE_DELETES:
             w._disown()  # the kit is the one caller of this private right
+
+
+def forecast(report: SaveReport, inputs: Inputs[T], obsolete: Sequence[str], *,
+             consume: bool, output_devs: frozenset[int]) -> OperationReport:
+    """A dry run's report: what the operation would remove and keep, from the same facts
+    :func:`settle` will judge by (a data file the facts let the save take over counts as
+    consumed).  Nothing is touched."""
+    kept: list[KeptInput] = []
+    removed: list[str] = list(obsolete)
+    if consume:
+        outputs = {_sys.abspath(o) for o in report.outputs}
+        reasons = {a.source: a.reason for a in report.actions if a.reason is not None}
+        files = {f: observe(f) for f in dict.fromkeys(inputs.files)}
+        left = {}
+        for f, facts in files.items():
+            if _sys.abspath(f) in outputs or keep_reason(facts, output_devs=output_devs) is None:
+                left[f] = PathFacts(f, exists=False)  # the save would take it over
+            else:
+                left[f] = facts
+                kept.append(why_kept(facts, output_devs=output_devs, save_reason=reasons.get(f)))
+        for index in inputs.indexes:
+            if _sys.abspath(index.path) in outputs:
+                continue
+            verdict = index_verdict(observe(index.path),
+                                    [left.get(f) or observe(f) for f in index.files])
+            if verdict is None:
+                removed.append(index.path)
+            else:
+                kept.append(verdict)
+    return OperationReport.of(report, removed=tuple(removed), kept=tuple(kept))
 
 
 def settle(report: SaveReport, inputs: Inputs[T], obsolete: Sequence[str], *, consume: bool,
