@@ -392,6 +392,7 @@ def test_a_hard_linked_shard_keeps_its_index(tmp_path, three_files):
     dry = merge(tmp_path / "m.safetensors", [index], consume=True, dry_run=True)
     report = merge(tmp_path / "m.safetensors", [index], consume=True)
     assert dry.kept == report.kept
+    assert set(dry.copy_reasons()) == set(report.copy_reasons()) == {"another hard link"}
     assert _kept(report) == {shards[0].name: "HARD_LINKED", index.name: "SHARDS_KEPT"}
     assert sorted(index.parent.iterdir()) == [shards[0], index]
     assert report.removed == ()
@@ -459,6 +460,7 @@ def test_a_checkpoint_on_another_file_system_is_kept_whole(tmp_path, three_files
         kept = _kept(report)
         assert kept.pop(index.name) == "SHARDS_KEPT"
         assert set(kept.values()) == {"OTHER_FS"}
+        assert set(report.copy_reasons()) == {"another file system"}
         assert set(kept) | {index.name} == set(before)
         assert (tmp_path / "m.safetensors").read_bytes() == expected_merge(tmp_path)
     finally:

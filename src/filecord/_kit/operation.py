@@ -22,6 +22,7 @@ a reshard into its own directory.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -41,6 +42,7 @@ from filecord._kit.removal import (
 from filecord._pieces.data import FileBackedData
 from filecord._plan.preflight import CordLike, Target
 from filecord._plan.report import SaveReport
+from filecord._plan.types import HARDLINK, OTHER_FS, Reason
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord._save import plan, save_many
 from filecord._txn import ProgressCallback as ProgressCallback
@@ -129,14 +131,14 @@ def operate(
     try:
         job = build(inputs.value)
         out_devs = _devices(job.outputs)
-        if consume:
-            disown_kept(inputs.wholes, out_devs)
+        disowned = disown_kept(inputs.wholes, out_devs) if consume else {}
         input_ids = _ids([*inputs.files, *(i.path for i in inputs.indexes)])
         obsolete = [p for p in job.obsolete if not (_ids([p]) & input_ids)]
         if dry_run:
-            report = plan(job.outputs, consume=consume, window=window)
+            report = _relabel(plan(job.outputs, consume=consume, window=window), disowned)
             return forecast(report, inputs, obsolete, consume=consume, output_devs=out_devs)
-        report = save_many(job.outputs, consume=consume, window=window, progress=progress)
+        report = _relabel(save_many(job.outputs, consume=consume, window=window,
+                                    progress=progress), disowned)
     finally:
         for w in inputs.wholes:
             w.detach_cleanup()
@@ -144,15 +146,33 @@ def operate(
     return settle(report, inputs, obsolete, consume=consume, output_devs=out_devs)
 
 
-def disown_kept(wholes: Sequence[FileBackedData], output_devs: frozenset[int]) -> None:
+def disown_kept(wholes: Sequence[FileBackedData], output_devs: frozenset[int]
+                ) -> dict[str, Reason]:
     """Give up the deletion right over each input the operation must keep although the save
     would take it over: one with another hard link (another name still holds the bytes: the
     user has a second copy in mind) or on another file system than the outputs (nothing moves
     across file systems; deleting after a copy would be a silent ``mv``).  Symlinks, read-only
-    and immutable files the save keeps by itself, with its own reason for the copy."""
+    and immutable files the save keeps by itself, with its own reason for the copy.  Returns
+    path -> the save's own reason for copying each, to report instead of "not owned"."""
+    disowned: dict[str, Reason] = {}
     for w in wholes:
-        if w.owned and keep_reason(observe(w.path), output_devs=output_devs) in _SAVE_DELETES:
+        reason = keep_reason(observe(w.path), output_devs=output_devs) if w.owned else None
+        if reason in _SAVE_DELETES:
             w._disown()  # the kit is the one caller of this private right
+            disowned[w.path] = HARDLINK if reason is KeepReason.HARD_LINKED else OTHER_FS
+    return disowned
+
+
+def _relabel(report: SaveReport, disowned: Mapping[str, Reason]) -> SaveReport:
+    """The copies of disowned inputs carry the fact that made the kit keep them (another hard
+    link, another file system), not the "not owned" the save saw."""
+    if not disowned:
+        return report
+    actions = tuple(
+        dataclasses.replace(a, reason=disowned[a.source])
+        if a.source is not None and a.source in disowned and a.action == "copied" else a
+        for a in report.actions)
+    return dataclasses.replace(report, actions=actions)
 
 
 def forecast(report: SaveReport, inputs: Inputs[T], obsolete: Sequence[str], *,
