@@ -127,14 +127,14 @@ def test_page_aligned_gguf_reshards_and_merges_by_cloning_on_xfs(mount):
         w.close()
     out = fs / "out"
     out.mkdir()
-    report = reshard(out / "m.gguf", [fs / "aligned.gguf"], max_size=6 * MiB)
+    report = reshard(out / "m.gguf", [fs / "aligned.gguf"], max_shard_size=6 * MiB)
     assert {a.action for a in report.file_actions()} == {"cloned"}, report.to_dict()["pieces"]
     assert len(os.listdir(out)) == 3
     again = fs / "again.gguf"
     report = merge(again, [out / "m-00001-of-00003.gguf"])
     assert {a.action for a in report.file_actions()} == {"cloned"}
     assert again.read_bytes() == (fs / "aligned.gguf").read_bytes()
-    p = reshard(fs / "p.gguf", [fs / "plain.gguf"], max_size=6 * MiB, dry_run=True)
+    p = reshard(fs / "p.gguf", [fs / "plain.gguf"], max_shard_size=6 * MiB, dry_run=True)
     assert "copied" in {a.action for a in p.file_actions()}
 
 
