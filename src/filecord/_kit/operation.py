@@ -23,6 +23,7 @@ a reshard into its own directory.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -49,6 +50,7 @@ from filecord._txn import ProgressCallback as ProgressCallback
 
 Paths = Sequence[str | os.PathLike[str]]
 T = TypeVar("T")
+log = logging.getLogger("filecord")
 # Kept-input reasons under which the save itself would still delete the file at its commit.
 _SAVE_DELETES = (KeepReason.HARD_LINKED, KeepReason.OTHER_FS)
 
@@ -143,7 +145,12 @@ def operate(
         for w in inputs.wholes:
             w.detach_cleanup()
     # Committed: the outputs are complete under their final names.  Nothing below raises.
-    return settle(report, inputs, obsolete, consume=consume, output_devs=out_devs)
+    try:
+        return settle(report, inputs, obsolete, consume=consume, output_devs=out_devs)
+    except OSError as exc:  # e.g. the working directory vanished: keep, report, return
+        log.warning("after the commit, the inputs could not be judged (%s): all are kept", exc)
+        return OperationReport.of(report, kept=tuple(
+            KeptInput(i.path, KeepReason.NOT_REMOVABLE, str(exc)) for i in inputs.indexes))
 
 
 def disown_kept(wholes: Sequence[FileBackedData], output_devs: frozenset[int]

@@ -83,9 +83,11 @@ def observe(path: str) -> PathFacts:
     """Gather :class:`PathFacts` for ``path`` through the seam; never raises for a missing file."""
     try:
         lst = _sys.lstat(path)
+        directory = os.path.dirname(_sys.abspath(path)) or "/"
     except FileNotFoundError:
         return PathFacts(path, exists=False)
-    directory = os.path.dirname(_sys.abspath(path)) or "/"
+    except OSError:  # cannot even look (EACCES on a directory): it cannot be removed either
+        return PathFacts(path, exists=True, writable_dir=False)
     try:
         read_only_mount = bool(_sys.statvfs(directory).f_flag & os.ST_RDONLY)
     except OSError:

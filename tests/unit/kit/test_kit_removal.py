@@ -126,3 +126,16 @@ def test_a_failed_directory_fsync_after_removal_is_logged_not_raised(
     assert removed == (str(a),)
     assert kept == ()
     assert any("fsyncing" in r.getMessage() for r in caplog.records)
+
+
+class _FailLstat(_sys.Backend):
+    def hook(self, op: str, args: tuple[Any, ...]) -> None:
+        if op == "lstat":
+            raise PermissionError(errno.EACCES, "Permission denied", args[0])
+
+
+def test_a_path_that_cannot_be_looked_at_is_kept_not_raised(tmp_path: Path) -> None:
+    with _sys.use(_FailLstat()):
+        facts = observe(str(tmp_path / "x"))
+    assert facts.exists
+    assert keep_reason(facts) is KeepReason.READ_ONLY
