@@ -132,21 +132,30 @@ def gather(items: list[tuple[str, Cord]]) -> Facts:
     refs: list[PieceRef] = []
     datas: dict[tuple[int, int], list[FileBackedData]] = {}
     seen: set[int] = set()  # id() of every piece object grouped (all alive: the cords hold them)
+    # One stat per distinct (path, captured identity), not per piece: the slices of one file
+    # share both, and a stat says the same for all of them (100,000 slices: one stat).
+    checked: set[tuple[str, int]] = set()  # (path, id() of the identity: alive, as above)
+    add = refs.append
     for o, (_path, cord) in enumerate(items):
         offset = 0
         for i, piece in enumerate(cord.pieces):
+            n = len(piece)
             if isinstance(piece, FileBackedData):
-                piece.check()
                 ident = piece.identity
+                if (piece.path, id(ident)) not in checked:
+                    piece.check()
+                    checked.add((piece.path, id(ident)))
                 key = (ident.dev, ident.ino)
-                group = datas.setdefault(key, [])
+                group = datas.get(key)
+                if group is None:
+                    group = datas[key] = []
                 if id(piece) not in seen:
                     seen.add(id(piece))
                     group.append(piece)
-                refs.append(PieceRef(o, i, offset, len(piece), key, piece.offset))
+                add(PieceRef(o, i, offset, n, key, piece.offset))
             else:
-                refs.append(PieceRef(o, i, offset, len(piece)))
-            offset += len(piece)
+                add(PieceRef(o, i, offset, n))
+            offset += n
 
     for out, st in zip(outputs, target_stats, strict=True):
         if st is not None and (st.st_dev, st.st_ino) in datas:

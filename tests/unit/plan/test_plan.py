@@ -426,3 +426,38 @@ def test_copy_saves_keep_the_window_and_the_consume_hint_uses_the_adapted_one() 
 def test_unaligned_explicit_window_counts_the_block_it_straddles() -> None:
     # 5000 bytes: two blocks of it, and one more where it crosses the block grid.
     assert needed_at(5000) - needed_at(4096) == 2 * 4096
+
+
+def test_coalesce_merges_only_what_is_adjacent_in_output_and_source() -> None:
+    other = (DEV, 200)
+    refs = [
+        PieceRef(0, 0, 0, 10, KEY, 100), PieceRef(0, 1, 10, 20, KEY, 110),  # adjacent: one
+        PieceRef(0, 2, 30, 5, KEY, 200),  # a gap in the source
+        PieceRef(0, 3, 35, 5, other, 205),  # another file
+        PieceRef(1, 0, 0, 5, other, 210),  # another output
+        PieceRef(1, 1, 5, 5, other, 215), PieceRef(1, 2, 10, 0, other, 220),
+    ]
+    assert P.coalesce(refs) == (
+        PieceRef(0, 0, 0, 30, KEY, 100), PieceRef(0, 2, 30, 5, KEY, 200),
+        PieceRef(0, 3, 35, 5, other, 205), PieceRef(1, 0, 0, 10, other, 210),
+    )
+    assert P.coalesce([]) == ()
+
+
+def test_many_adjacent_slices_move_as_one_range_and_are_reported_one_by_one() -> None:
+    refs = [PieceRef(0, i, 100 * i, 100, KEY, 100 * i) for i in range(100)]
+    p = decide(src(), o=out(10_000), refs=refs)
+    assert [(a.index, a.out_offset, a.action) for a in p.actions] == [
+        (i, 100 * i, "moved") for i in range(100)
+    ]
+    assert p.moves[0].dests == (PieceRef(0, 0, 0, 10_000, KEY, 0),)
+    assert p.moves[0].run_start == 0
+
+
+def test_slices_below_a_gap_are_copied_and_the_moved_run_coalesces() -> None:
+    refs = [PieceRef(0, 0, 0, 1000, KEY, 0),
+            *(PieceRef(0, 1 + i, 1000 + 1000 * i, 1000, KEY, 5000 + 1000 * i) for i in range(5))]
+    p = decide(src(), o=out(6000), refs=refs)
+    assert [a.action for a in p.actions] == ["copied"] + ["moved"] * 5
+    assert p.actions[0].reason == T.GAP
+    assert p.moves[0].dests == (PieceRef(0, 1, 1000, 5000, KEY, 5000),)
