@@ -1,6 +1,7 @@
-"""Issue 10: plan and save of many small pieces of one file, consume against copy.
+"""Issues 10 and 26: plan and save of many small pieces, consume against copy.
 
-    python bench/many_pieces.py [--pieces 100000] [--piece-size 64] [--rounds 3] [--dir DIR]
+    python bench/many_pieces.py [--pieces 100000] [--piece-size 64] [--rows 97000]
+                                [--row-size 1024] [--rounds 3] [--dir DIR]
 
 One file of ``pieces x piece-size`` bytes is cut into ``--pieces`` slices
 (``FileBackedData.slice``), and the cord of all slices is planned and saved twice per round:
@@ -10,6 +11,12 @@ round, each on a freshly written source, and every output is checked byte for by
 smaller size (a tenth of the pieces) runs too: equal time per piece at both sizes is what
 O(N log N) looks like; the old quadratic planner took 6.8 s for 10,000 slices and did not
 finish 100,000 in two minutes.
+
+Then the row runs of a distributed checkpoint's consolidation (issue 26): ``--rows`` ranges of
+``--row-size`` bytes, first of one file and adjacent (a row-sharded tensor: the plan merges
+them into one range to move), then taken in turn from two shard files (a column-sharded
+tensor: every row of the output alternates between the shards, so nothing is adjacent and
+nothing merges).
 
 Files live in a fresh directory under ``--dir`` (default: the system temp directory).
 """
@@ -28,14 +35,21 @@ from _bench import machine, med, spread, table, workdir
 from filecord import Cord, FileBackedData, plan, save
 
 
-def one(work: Path, n: int, size: int, *, consume: bool) -> tuple[float, float]:
-    """(plan s, save s) of ``n`` slices of one fresh file, consumed or copied; verified."""
-    body = os.urandom(n * size)
-    src = work / "source.bin"
+def one(
+    work: Path, n: int, size: int, *, consume: bool, shards: int = 1
+) -> tuple[float, float]:
+    """(plan s, save s) of ``n`` ranges of ``size`` bytes, taken in turn from ``shards`` fresh
+    files (1: adjacent slices of one file), consumed or copied; the output is verified."""
+    per = -(-n // shards)
+    bodies = [os.urandom(per * size) for _ in range(shards)]
+    srcs = [work / f"source{k}.bin" for k in range(shards)]
     out = work / "out.bin"
-    src.write_bytes(body)
-    whole = FileBackedData(str(src), owned=consume)
-    cord = Cord([whole.slice(i * size, size) for i in range(n)])
+    for src, body in zip(srcs, bodies, strict=True):
+        src.write_bytes(body)
+    wholes = [FileBackedData(str(src), owned=consume) for src in srcs]
+    cord = Cord([wholes[i % shards].slice((i // shards) * size, size) for i in range(n)])
+    want_bytes = b"".join(bodies[i % shards][(i // shards) * size:(i // shards + 1) * size]
+                          for i in range(n))
     gc.collect()
     t = time.perf_counter()
     planned = plan(out, cord, consume=consume)
@@ -48,12 +62,15 @@ def one(work: Path, n: int, size: int, *, consume: bool) -> tuple[float, float]:
         want
     }:
         raise SystemExit(f"expected every piece {want}: {report.bytes_by_action()}")
-    if out.read_bytes() != body:
+    if len(report.actions) != n:
+        raise SystemExit(f"the report lists {len(report.actions)} pieces, not {n}")
+    if out.read_bytes() != want_bytes:
         raise SystemExit("output differs from the source bytes")
-    if consume == src.exists():
-        raise SystemExit("the source should be gone after consume, and kept after a copy")
-    whole.detach_cleanup()
-    src.unlink(missing_ok=True)
+    if any(consume == src.exists() for src in srcs):
+        raise SystemExit("the sources should be gone after consume, and kept after a copy")
+    for whole, src in zip(wholes, srcs, strict=True):
+        whole.detach_cleanup()
+        src.unlink(missing_ok=True)
     out.unlink()
     return t_plan, t_save
 
@@ -62,40 +79,52 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pieces", type=int, default=100_000)
     ap.add_argument("--piece-size", type=int, default=64)
+    ap.add_argument("--rows", type=int, default=97_000)
+    ap.add_argument("--row-size", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=tempfile.gettempdir())
     args = ap.parse_args()
-    sizes = [max(1, args.pieces // 10), args.pieces]
+    cases = [
+        (f"{max(1, args.pieces // 10):,} slices of {args.piece_size} B",
+         max(1, args.pieces // 10), args.piece_size, 1),
+        (f"{args.pieces:,} slices of {args.piece_size} B", args.pieces, args.piece_size, 1),
+        (f"{args.rows:,} rows of {args.row_size} B, 1 file", args.rows, args.row_size, 1),
+        (f"{args.rows:,} rows of {args.row_size} B, 2 shards", args.rows, args.row_size, 2),
+    ]
     rows = []
     summary = []
     with workdir(args.dir, 0, "") as work:
-        for n in sizes:
+        for name, n, size, shards in cases:
             runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
             for r in range(args.rounds):
                 order = (False, True) if r % 2 == 0 else (True, False)
                 for consume in order:
-                    runs[consume].append(one(work, n, args.piece_size, consume=consume))
+                    runs[consume].append(one(work, n, size, consume=consume, shards=shards))
             copy_total = med([p + s for p, s in runs[False]])
             for consume in (False, True):
                 plans = [p for p, _s in runs[consume]]
                 saves = [s for _p, s in runs[consume]]
                 totals = [p + s for p, s in runs[consume]]
                 rows.append([
-                    f"{n:,}", "consume (moved)" if consume else "copy", len(totals),
+                    name, "consume (moved)" if consume else "copy", len(totals),
                     spread(plans), spread(saves), spread(totals),
                     f"{med(totals) / copy_total:.2f}x", f"{med(totals) / n * 1e6:.1f}",
                 ])
             consume_total = med([p + s for p, s in runs[True]])
             summary.append((n, consume_total, copy_total))
     print(f"{args.pieces:,} slices of {args.piece_size} bytes of one file (and a tenth of "
-          f"that); {machine()}; {args.rounds} rotated rounds\n")
+          f"that), {args.rows:,} row runs of {args.row_size} bytes; {machine()}; "
+          f"{args.rounds} rotated rounds\n")
     print(table(["pieces", "mode", "n", "plan s (range)", "save s (range)", "plan + save s",
                  "vs copy", "us / piece"], rows))
-    (n_small, c_small, _), (n_big, c_big, copy_big) = summary
+    (n_small, c_small, _), (n_big, c_big, copy_big) = summary[:2]
     per_small, per_big = c_small / n_small, c_big / n_big
     print(f"\nconsume plan + save of {n_big:,} pieces: {c_big:.2f} s, {c_big / copy_big:.2f}x "
           f"the copy path; time per piece {per_big / per_small:.2f}x that at {n_small:,} "
           "pieces (1.0x is linear)")
+    for (name, _n, _size, _shards), (_n2, c_rows, _copy) in zip(cases[2:], summary[2:],
+                                                                strict=True):
+        print(f"consume plan + save of {name}: {c_rows:.2f} s")
     return 0
 
 
