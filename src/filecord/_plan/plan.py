@@ -326,7 +326,7 @@ def make_plan(
     cloned = [a for a in actions if a.action == "cloned"]  # all peaks_at reads of the actions
     choice, chosen = choose(
         lambda w: peaks_at(outputs, cloned, moves, sources, filesystems, w), window,
-        moves=bool(moves),
+        moves=bool(moves), moved=sum(m.size - m.run_start for m in moves if not m.adopt),
     )
     peaks = tuple(chosen)
     if not consume and any(s.owned for s in sources.values()) and not all(p.fits for p in peaks):

@@ -17,7 +17,7 @@ from typing import Literal
 MiB = 1 << 20
 BLOCK = 4096
 
-WindowWhy = Literal["asked", "default", "shrunk"]
+WindowWhy = Literal["asked", "default", "shrunk", "grown"]
 
 
 def size_text(n: int) -> str:
@@ -165,9 +165,12 @@ class FsPeak:
 class WindowChoice:
     """The window a plan uses and why.
 
-    ``free`` and ``fs_type``: the file system whose free space made it shrink (``why`` is
-    "shrunk").  ``default_fits``: for an explicit window that does not fit, the window the
-    default would have shrunk to and that fits (None when none would, or when it fits).
+    ``why``: "asked" (passed explicitly), "default" (the default, unchanged), "shrunk" (the
+    default halved to fit the free space) or "grown" (the default doubled: the save moves
+    enough bytes and the free space holds it with a window to spare).  ``free`` and
+    ``fs_type``: the file system whose free space decided (the tightest one).
+    ``default_fits``: for an explicit window that does not fit, the window the default would
+    have shrunk to and that fits (None when none would, or when it fits).
     """
 
     used: int
@@ -178,12 +181,13 @@ class WindowChoice:
     default_fits: int | None = None
 
     def note(self) -> str | None:
-        """"shrunk from 64 MiB to 16 MiB: 20.6 MiB free on ext4", or None when not shrunk."""
-        if self.why != "shrunk":
+        """"shrunk from 64 MiB to 16 MiB: 20.6 MiB free on ext4", "grown from 64 MiB to
+        512 MiB: ...", or None when the window is the one asked for or the default."""
+        if self.why not in ("shrunk", "grown"):
             return None
         where = f" on {self.fs_type}" if self.fs_type else ""
         free = "" if self.free is None else f": {size_text(self.free)} free{where}"
-        return f"shrunk from {size_text(self.asked)} to {size_text(self.used)}{free}"
+        return f"{self.why} from {size_text(self.asked)} to {size_text(self.used)}{free}"
 
 
 @dataclass(frozen=True, slots=True)

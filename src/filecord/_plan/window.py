@@ -5,12 +5,27 @@ it truncates the source, so the window is the one part of a consuming save's pea
 may choose.  Bigger windows mean fewer fsyncs and extents; smaller ones need less free space.
 
 * ``window=`` left at its default (:data:`DEFAULT_WINDOW`, an ``int`` marked as the default):
-  the plan takes the largest window of the ladder 64, 32, 16, 8, 4 MiB with which every file
-  system's predicted peak fits its free space.  Only when even :data:`FLOOR` does not fit is
-  the save refused, and the message says what the floor needs.
+  the plan takes the largest window of the ladder (:func:`ladder`) with which every file
+  system's predicted peak fits its free space: from :data:`CAP` down through the base,
+  64 MiB, and its halvings to :data:`FLOOR`.  Only when even the floor does not fit is the
+  save refused, and the message says what the floor needs.
 * ``window=`` passed explicitly (any ``int`` that is not the marked default, even one equal
   to it): used as is; a save that does not fit is refused, and the message says whether the
-  default would have shrunk to a window that fits.
+  default would have fit.
+
+Growing (rungs above the base).  A rung above 64 MiB is on the ladder only while it is at most
+1/:data:`SHARE` of the bytes the save moves, so a grown window adds at most about 3% of the
+data to the peak (the issue's peak target is 1.03x), and the number of windows, fsyncs and
+extents of a large move stays about :data:`SHARE` instead of growing with the size (16 GiB in
+64 MiB windows: 256 fsyncs; in 512 MiB windows: 32).  A grown rung is taken only where the free
+space also holds one more window of the same size (the peaks at twice the rung fit): it never
+takes the last of the disk, which something else writing meanwhile may need; the base and the
+rungs below it keep the rule they always had.
+
+Why a :data:`CAP` of 1 GiB: measured (bench/consume_window.py, docs/benchmarks.md), windows
+above 256 MiB save fsyncs but no time at 1 GiB; they matter where the move is large (the
+16 GiB consume took 1.67x a copy in 64 MiB windows), and a window is also dirty page cache
+held before its fsync, so it is bounded where the largest measured benefit ends.
 
 Why halving, not the exact largest block multiple that fits: free space is measured once, in
 the preflight; a window of at most the free space minus everything else would leave no slack
@@ -40,6 +55,8 @@ from typing import Protocol, TypeVar
 from filecord._plan.types import MiB, WindowChoice, WindowWhy
 
 FLOOR = 4 * MiB
+CAP = 1024 * MiB  # the largest window the default grows to (see the module's docstring)
+SHARE = 32  # a grown window is at most 1/SHARE of the bytes moved
 
 
 class _DefaultWindow(int):
@@ -57,12 +74,18 @@ def is_default(window: int) -> bool:
     return isinstance(window, _DefaultWindow)
 
 
-def ladder(window: int) -> tuple[int, ...]:
-    """The windows a save may use, largest first: halvings of the default down to the floor,
-    or only ``window`` itself when it was asked for."""
+def ladder(window: int, moved: int = 0) -> tuple[int, ...]:
+    """The windows a save may use, largest first: for the default, doublings of it up to
+    :data:`CAP` while at most 1/:data:`SHARE` of ``moved`` bytes, then the default and its
+    halvings down to the floor; only ``window`` itself when it was asked for."""
     if not is_default(window):
         return (int(window),)
-    steps = [int(window)]
+    grown: list[int] = []
+    w = int(window) * 2
+    while w <= CAP and w * SHARE <= moved:
+        grown.append(w)
+        w *= 2
+    steps = [*reversed(grown), int(window)]
     while steps[-1] // 2 >= FLOOR:
         steps.append(steps[-1] // 2)
     return tuple(steps)
@@ -83,29 +106,41 @@ P = TypeVar("P", bound=PeakLike)
 
 
 def choose(
-    peaks_for: Callable[[int], Sequence[P]], window: int, *, moves: bool
+    peaks_for: Callable[[int], Sequence[P]], window: int, *, moves: bool, moved: int = 0
 ) -> tuple[WindowChoice, Sequence[P]]:
     """The largest window of :func:`ladder` whose peaks all fit, and those peaks.
 
-    Without moves the window allocates nothing: it is kept as asked.  When no window fits, the
-    smallest is used (the plan is refused with its peaks), unless it needs no less than the
-    first (a run shorter than the floor): then nothing shrank and nothing is said.
+    ``moved``: the bytes the save moves (what a grown window is measured against).  Without
+    moves the window allocates nothing: it is kept as asked.  A rung above the default is
+    taken only where the peaks at twice it fit too (one window of slack).  When no window
+    fits, the smallest is used (the plan is refused with its peaks), unless it needs no less
+    than the first (a run shorter than the floor): then nothing shrank and nothing is said.
     """
     asked = int(window)
     why: WindowWhy = "default" if is_default(window) else "asked"
+    if not moves:
+        return WindowChoice(asked, asked, why), peaks_for(asked)
+    steps = ladder(window, moved)
+    for w in steps:
+        if w <= asked:
+            break
+        peaks = peaks_for(w)
+        if all(p.fits for p in peaks) and all(p.fits for p in peaks_for(2 * w)):
+            tight = min(peaks, key=lambda p: p.free - p.needed)
+            return WindowChoice(w, asked, "grown", tight.free, tight.fs_type), peaks
     first = peaks_for(asked)
-    if not moves or all(p.fits for p in first):
+    if all(p.fits for p in first):
         return WindowChoice(asked, asked, why), first
-    steps = ladder(window)
+    below = [w for w in steps if w < asked]
     last, tight = first, _tightest(first)
-    for w in steps[1:]:
+    for w in below:
         peaks = peaks_for(w)
         if all(p.fits for p in peaks):
             return WindowChoice(w, asked, "shrunk", tight.free, tight.fs_type), peaks
         last, tight = peaks, _tightest(peaks)
     if why == "asked":
         hint = None
-        for w in ladder(DEFAULT_WINDOW):
+        for w in ladder(DEFAULT_WINDOW, moved):
             if all(p.fits for p in peaks_for(w)):
                 hint = w
                 break

@@ -461,3 +461,17 @@ def test_slices_below_a_gap_are_copied_and_the_moved_run_coalesces() -> None:
     assert [a.action for a in p.actions] == ["copied"] + ["moved"] * 5
     assert p.actions[0].reason == T.GAP
     assert p.moves[0].dests == (PieceRef(0, 1, 1000, 5000, KEY, 5000),)
+
+
+def test_a_large_move_grows_the_default_window_where_the_disk_holds_it_twice() -> None:
+    size = 16 << 30  # 16 GiB moved: rungs up to 512 MiB (1/32 of it)
+    roomy = big_plan(1 << 40, size=size)
+    assert (roomy.window, roomy.window_choice.why) == (512 * MiB, "grown")
+    assert roomy.peaks[0].needed == needed_at(512 * MiB, size=size)
+    assert roomy.window_choice.note() == "grown from 64 MiB to 512 MiB: 1048576 MiB free on ext4"
+    # Room for 256 MiB with 256 MiB to spare, not for 512 MiB with 512 MiB to spare.
+    free = needed_at(512 * MiB, size=size)
+    tight = big_plan(free, size=size)
+    assert (tight.window, tight.window_choice.why) == (256 * MiB, "grown")
+    # A window passed explicitly is never grown.
+    assert big_plan(1 << 40, window=64 * MiB, size=size).window == 64 * MiB

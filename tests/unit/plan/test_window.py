@@ -99,3 +99,45 @@ def test_the_tightest_file_system_is_the_one_named() -> None:
 def test_size_text() -> None:
     assert size_text(64 * MiB) == "64 MiB"
     assert size_text(MiB + MiB // 2) == "1.5 MiB"
+
+
+def test_the_ladder_grows_with_the_bytes_moved_up_to_the_cap() -> None:
+    d = window.DEFAULT_WINDOW
+    below = (64 * MiB, 32 * MiB, 16 * MiB, 8 * MiB, 4 * MiB)
+    assert window.ladder(d, 0) == below
+    assert window.ladder(d, 4096 * MiB - 1) == below  # 128 MiB would be over 1/32 of it
+    assert window.ladder(d, 4096 * MiB) == (128 * MiB, *below)
+    assert window.ladder(d, 16 * 1024 * MiB) == (512 * MiB, 256 * MiB, 128 * MiB, *below)
+    assert window.ladder(d, 1 << 50)[0] == window.CAP == 1024 * MiB
+    assert window.ladder(128 * MiB, 1 << 50) == (128 * MiB,)  # asked: never grown
+
+
+def test_the_default_grows_to_the_largest_rung_that_fits_with_a_window_to_spare() -> None:
+    moved = 16 * 1024 * MiB  # rungs 512, 256, 128 above the default
+    # Room for 256 MiB twice over (the slack rule) but not for 512 MiB twice over.
+    free = 100 * MiB + 2 * 512 * MiB
+    at = peaks(free)
+    choice, got = window.choose(at, window.DEFAULT_WINDOW, moves=True,  # type: ignore[arg-type]
+                                moved=moved)
+    assert choice == WindowChoice(256 * MiB, 64 * MiB, "grown", free, "ext4")
+    assert got == [Peak(100 * MiB + 512 * MiB, free)]
+    assert choice.note() == f"grown from 64 MiB to 256 MiB: {size_text(free)} free on ext4"
+
+
+def test_without_room_to_grow_the_default_stays_and_says_nothing() -> None:
+    free = 100 * MiB + 2 * 128 * MiB  # 128 MiB fits, but not with 128 MiB to spare
+    choice, _ = window.choose(peaks(free), window.DEFAULT_WINDOW,  # type: ignore[arg-type]
+                              moves=True, moved=1 << 40)
+    assert (choice.used, choice.why, choice.note()) == (64 * MiB, "default", None)
+
+
+def test_a_small_move_never_grows_the_window() -> None:
+    choice, _ = window.choose(peaks(1 << 50), window.DEFAULT_WINDOW,  # type: ignore[arg-type]
+                              moves=True, moved=1024 * MiB)
+    assert (choice.used, choice.why) == (64 * MiB, "default")
+
+
+def test_an_asked_window_is_never_grown() -> None:
+    choice, _ = window.choose(peaks(1 << 50), 64 * MiB, moves=True,  # type: ignore[arg-type]
+                              moved=1 << 40)
+    assert (choice.used, choice.why) == (64 * MiB, "asked")
