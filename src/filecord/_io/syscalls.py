@@ -43,6 +43,11 @@ FS_IMMUTABLE_FL = 0x10
 FS_APPEND_FL = 0x20
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
+# fallocate(2) modes that shift a file's extents instead of its bytes (ext4, XFS; not btrfs,
+# tmpfs): COLLAPSE removes a block-aligned range and pulls the rest down, INSERT opens a
+# block-aligned hole and pushes the rest up.  Neither moves a byte of data.
+FALLOC_FL_COLLAPSE_RANGE = 0x08
+FALLOC_FL_INSERT_RANGE = 0x20
 
 _libc: Any = None
 
@@ -164,6 +169,12 @@ class Backend:
 
     def punch_hole(self, fd: int, offset: int, length: int) -> None:
         _fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length)
+
+    def insert_range(self, fd: int, offset: int, length: int) -> None:
+        _fallocate(fd, FALLOC_FL_INSERT_RANGE, offset, length)
+
+    def collapse_range(self, fd: int, offset: int, length: int) -> None:
+        _fallocate(fd, FALLOC_FL_COLLAPSE_RANGE, offset, length)
 
     # --- names -----------------------------------------------------------------------------
     def fsync_dir(self, path: str) -> None:
@@ -343,6 +354,23 @@ def extents(fd: int, offset: int, length: int) -> list[tuple[int, int, int]]:
 def punch_hole(fd: int, offset: int, length: int) -> None:
     _active.hook("punch_hole", (fd, offset, length))
     _active.punch_hole(fd, offset, length)
+
+
+def insert_range(fd: int, offset: int, length: int) -> None:
+    """Open ``length`` bytes of hole at ``offset``, shifting the data from there up unmoved
+    (``fallocate(FALLOC_FL_INSERT_RANGE)``).  Both must be multiples of the file system's
+    block and ``offset`` below the file's size; the size grows by ``length``.  A file system
+    that cannot raises OSError(EOPNOTSUPP); a bad alignment or offset, EINVAL."""
+    _active.hook("insert_range", (fd, offset, length))
+    _active.insert_range(fd, offset, length)
+
+
+def collapse_range(fd: int, offset: int, length: int) -> None:
+    """Remove ``length`` bytes at ``offset``, shifting the data above down unmoved
+    (``fallocate(FALLOC_FL_COLLAPSE_RANGE)``): the undo of :func:`insert_range`.  Same
+    alignment rules; the range must end below the file's size (EINVAL otherwise)."""
+    _active.hook("collapse_range", (fd, offset, length))
+    _active.collapse_range(fd, offset, length)
 
 
 # --- names: directories, renames, links, stat -----------------------------------------------

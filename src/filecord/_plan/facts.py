@@ -2,11 +2,14 @@
 
 Theory of operation
 -------------------
-Only reads happen here, plus one optional clone probe: two tiny files created ``O_EXCL`` in the
-destination directory and unlinked at once, so that a file system that says it is XFS but was
-made without reflink is known before the plan promises a clone.  A crash during the probe can
-leave a 4 KiB ``.filecord-probe.*`` file; nothing else.  Results are cached per device for the
-life of the process.
+Only reads happen here, plus two optional probes.  The clone probe: two tiny files created
+``O_EXCL`` in the destination directory and unlinked at once, so that a file system that says
+it is XFS but was made without reflink is known before the plan promises a clone.  The insert
+probe (:func:`probe_insert`): one file of two blocks, ``O_EXCL``, a block inserted in front of
+its data and collapsed again, then unlinked: whether the file system shifts extents (ext4 and
+XFS do; btrfs and tmpfs refuse with EOPNOTSUPP), tried, not guessed from the type's name.  A
+crash during a probe can leave a ``.filecord-probe.*`` file of a few KiB; nothing else.
+Results are cached per device for the life of the process.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from filecord._io import syscalls as _sys
 from filecord._plan.types import BLOCK, CLONING_FILESYSTEMS, NO_HOLE_FILESYSTEMS, FsFacts
 
 _clone_cache: dict[int, bool] = {}
+_insert_cache: dict[int, bool] = {}
 
 
 def fs_type(path: str) -> str:
@@ -105,25 +109,63 @@ def probe_clone(directory: str) -> bool:
     return ok
 
 
+def probe_insert(directory: str) -> bool:
+    """Whether the file system under ``directory`` inserts and collapses block ranges.
+
+    A file of two blocks gets one block inserted at offset 0 and collapsed again; a refusal
+    (EOPNOTSUPP and its kin) is "no", any other error is raised.  Cached per ``st_dev``.
+    """
+    dev = _sys.stat(directory).st_dev
+    if dev in _insert_cache:
+        return _insert_cache[dev]
+    vfs = _sys.statvfs(directory)
+    block = vfs.f_frsize or vfs.f_bsize or BLOCK
+    path = os.path.join(directory, f".filecord-probe.{secrets.token_hex(6)}.i")
+    ok = False
+    fd = _sys.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        _sys.write_all(fd, bytes(2 * block), 0)
+        try:
+            _sys.insert_range(fd, 0, block)
+        except OSError as exc:
+            if exc.errno not in _INSERT_REFUSALS:
+                raise
+        else:
+            _sys.collapse_range(fd, 0, block)
+            ok = True
+    finally:
+        _sys.close(fd)
+        _sys.unlink_missing_ok(path)
+    _insert_cache[dev] = ok
+    return ok
+
+
+_INSERT_REFUSALS = frozenset(
+    {errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS, errno.EPERM, errno.ENOTTY}
+)
+
+
 _CLONE_REFUSALS = frozenset(
     {errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS, errno.EPERM}
 )
 
 
-def fs_facts(directory: str, *, want_clone: bool) -> FsFacts:
+def fs_facts(directory: str, *, want_clone: bool, want_insert: bool = False) -> FsFacts:
     st = _sys.stat(directory)
     vfs = _sys.statvfs(directory)
     kind = fs_type(directory)
     can_clone = False
     if want_clone and kind in CLONING_FILESYSTEMS:
         can_clone = probe_clone(directory)
+    keeps_holes = kind not in NO_HOLE_FILESYSTEMS
     return FsFacts(
         dev=st.st_dev,
         fs_type=kind,
         free=vfs.f_bavail * vfs.f_frsize,
         can_clone=can_clone,
-        keeps_holes=kind not in NO_HOLE_FILESYSTEMS,
+        keeps_holes=keeps_holes,
         block=vfs.f_frsize or vfs.f_bsize or BLOCK,
+        can_insert=want_insert and keeps_holes and probe_insert(directory),
     )
 
 

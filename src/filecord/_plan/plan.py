@@ -27,6 +27,11 @@ Decision rules (``consume=True``; without it, pieces are only cloned or copied):
   times in one, is still moved: every destination is written before the source is shortened.
 * consumed (deleted at commit): every owned source of the save, except one written to a
   direct output (FIFO, device): a stream is not storage, so such a source is copied and kept.
+* adopted in place (:func:`in_place`): a moved source that is used once, whole, at a multiple
+  of the block of an output on a file system that inserts ranges (probed), on the output's
+  mount, can become that output's file: the largest such source per output.  The plan always
+  lists them (``SavePlan.in_place``); its pieces say "adopted" only with ``adopt=True``,
+  which no save passes until the transaction has the action (they are moved until then).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from dataclasses import replace
 
 from filecord._plan.space import peaks_at
 from filecord._plan.types import (
+    ADOPTED,
     BLOCK,
     GAP,
     GAP_TO_END,
@@ -51,6 +57,7 @@ from filecord._plan.types import (
     WINDOWS,
     Action,
     FsFacts,
+    InPlace,
     MoveSource,
     OutputFacts,
     PieceAction,
@@ -218,6 +225,42 @@ def _run_of(first: PieceRef, end_out: int) -> PieceRef:
                     first.src_offset)
 
 
+def in_place(
+    outputs: Sequence[OutputFacts],
+    moves: Sequence[MoveSource],
+    sources: Mapping[tuple[int, int], SourceFacts],
+    filesystems: Mapping[int, FsFacts],
+    pieces: Mapping[tuple[int, int], Sequence[PieceRef]],
+) -> tuple[InPlace, ...]:
+    """Per output, the largest moved source it can be built around in place (pure).
+
+    Eligible: a move (so owned, regular, one link, writable, on the output's file system)
+    that is not already a whole-output rename, whose one destination (adjacent slices merged)
+    is the whole source, non-empty, at a multiple of the file system's block, in an output on
+    a file system that inserts ranges and on the source's mount (the file is renamed to the
+    output's temp).  ``pieces[key]``: the placements of each source (their indexes are
+    reported).  Ties go to the first in the plan's order.
+    """
+    best: dict[int, InPlace] = {}
+    for m in moves:
+        if m.adopt or m.run_start != 0 or len(m.dests) != 1 or m.size == 0:
+            continue
+        d = m.dests[0]
+        if d.src_offset != 0 or d.length != m.size:
+            continue
+        out = outputs[d.output]
+        fs = filesystems.get(out.dev)
+        if out.direct or fs is None or not fs.can_insert or out.mount != sources[m.key].mount:
+            continue
+        if d.out_offset % (fs.block if fs.block > 0 else BLOCK):
+            continue
+        have = best.get(d.output)
+        if have is None or m.size > have.length:
+            idx = tuple(r.index for r in pieces[m.key] if r.length)
+            best[d.output] = InPlace(d.output, m.key, m.path, d.out_offset, m.size, idx)
+    return tuple(best[o] for o in sorted(best))
+
+
 def make_plan(
     outputs: Sequence[OutputFacts],
     refs: Sequence[PieceRef],
@@ -226,8 +269,12 @@ def make_plan(
     *,
     consume: bool,
     window: int,
+    adopt: bool = False,
 ) -> SavePlan:
     """Decide every piece's action, the sync window and the peak disk per file system (pure).
+
+    ``adopt``: the pieces of the sources :func:`in_place` finds say "adopted" instead of
+    "moved".  False by default: no transaction executes that action yet.
 
     ``window`` left at :data:`DEFAULT_WINDOW` may grow or shrink to the largest that fits the
     free space (``window.choose``); any other value is used as is.
@@ -305,6 +352,16 @@ def make_plan(
         moves.append(MoveSource(key, src.path, src.size, top[0], dests,
                                 _adoptable(dests, src, nonempty, outputs)))
 
+    adoptable = in_place(
+        outputs, moves, sources, filesystems,
+        {m.key: [refs[i] for i in by_source[m.key]] for m in moves if not m.adopt},
+    ) if any(f.can_insert for f in filesystems.values()) else ()
+    if adopt:
+        for ip in adoptable:
+            for i in by_source[ip.key]:
+                if refs[i].length:
+                    acts[i] = ADOPTED
+
     actions: list[PieceAction] = []
     add = actions.append
     paths = [o.path for o in outputs]
@@ -347,4 +404,5 @@ def make_plan(
         consume=consume,
         window=choice.used,
         window_choice=choice,
+        in_place=adoptable,
     )

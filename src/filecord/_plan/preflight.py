@@ -99,8 +99,11 @@ def _dir_facts(path: str, target: str) -> str:
     return directory
 
 
-def gather(items: list[tuple[str, Cord]]) -> Facts:
-    """Stat every output, source and file system of the save (see the module's docstring)."""
+def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False) -> Facts:
+    """Stat every output, source and file system of the save (see the module's docstring).
+
+    ``probe_insert``: also try whether each output's file system inserts ranges, where an
+    owned source shares it (``facts.probe_insert``; what adoption in place needs)."""
     outputs: list[OutputFacts] = []
     target_stats: list[os.stat_result | None] = []
     seen_targets: dict[str, str] = {}
@@ -173,7 +176,11 @@ def gather(items: list[tuple[str, Cord]]) -> Facts:
         want_clone = any(
             key[0] == out.dev and sources[key].size >= BLOCK for key in sources
         )
-        filesystems[out.dev] = fs_facts(directory, want_clone=want_clone)
+        want_insert = probe_insert and any(
+            key[0] == out.dev and sources[key].owned for key in sources
+        )
+        filesystems[out.dev] = fs_facts(directory, want_clone=want_clone,
+                                        want_insert=want_insert)
     return Facts(
         cords=tuple(c for _p, c in items),
         datas=MappingProxyType({k: tuple(v) for k, v in datas.items()}),

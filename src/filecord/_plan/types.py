@@ -39,7 +39,13 @@ Reason = Literal[
     "the file system refused the clone",
 ]
 # What happens to a piece: in-memory bytes are "written"; file-backed ones one of the others.
-Action = Literal["written", "copied", "cloned", "moved"]
+# "adopted": the source becomes its output's file in place (space inserted in front of its
+# blocks, nothing copied); planned only with ``make_plan(adopt=True)``, which no save asks
+# for until the transaction has that action (issue 26 item 1).
+Action = Literal["written", "copied", "cloned", "moved", "adopted"]
+ADOPTED: Action = "adopted"
+IN_PLACE_WHY = ("it lies whole at a block-aligned offset of its output, on a file system that "
+                "inserts ranges: space is inserted in front of its blocks, no byte copied")
 NOT_OWNED: Reason = "not owned"
 SYMLINK: Reason = "a symlink"
 HARDLINK: Reason = "another hard link"
@@ -85,6 +91,9 @@ class FsFacts:
     can_clone: bool
     keeps_holes: bool
     block: int = BLOCK  # the unit the file system allocates in (statvfs f_frsize)
+    # Inserts and collapses block ranges (fallocate INSERT_RANGE / COLLAPSE_RANGE), probed
+    # only when asked (``gather(probe_insert=True)``): False means "no" or "not asked".
+    can_insert: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +150,26 @@ class MoveSource:
     run_start: int
     dests: tuple[PieceRef, ...]
     adopt: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class InPlace:
+    """An owned source that can become its output's file where it lies (adoption in place).
+
+    Its bytes are the output's ``[out_offset, out_offset + length)``, the whole source, at a
+    multiple of the file system's block, on a file system that inserts ranges: the output is
+    built around its blocks (``out_offset`` bytes inserted in front, what follows appended),
+    and the undo is a collapse and a truncate.  One per output at most: the largest.
+    ``pieces``: the indexes of the caller's pieces it stands for (adjacent slices count).
+    """
+
+    output: int
+    key: tuple[int, int]
+    path: str
+    out_offset: int
+    length: int
+    pieces: tuple[int, ...]
+    why: str = IN_PLACE_WHY
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +230,9 @@ class SavePlan:
     consume: bool
     window: int  # the window the moves use: the one asked for, or the default shrunk to fit
     window_choice: WindowChoice
+    # The sources that could be adopted in place (:class:`InPlace`), whether or not the plan
+    # was asked to (``make_plan(adopt=...)``); only with it do their pieces say "adopted".
+    in_place: tuple[InPlace, ...] = ()
 
     @property
     def total_bytes(self) -> int:

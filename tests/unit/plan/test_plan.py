@@ -475,3 +475,67 @@ def test_a_large_move_grows_the_default_window_where_the_disk_holds_it_twice() -
     assert (tight.window, tight.window_choice.why) == (256 * MiB, "grown")
     # A window passed explicitly is never grown.
     assert big_plan(1 << 40, window=64 * MiB, size=size).window == 64 * MiB
+
+
+def _two_sources(offset: int = 4096, **fs_kw: object) -> tuple[T.SavePlan, T.SavePlan]:
+    """A header, an owned 40,000-byte file at ``offset``, then an owned 8,192-byte file."""
+    a, b = (DEV, 1), (DEV, 2)
+    srcs = {a: src(key=a, path="/d/a", size=40_000), b: src(key=b, path="/d/b", size=8192)}
+    refs = [PieceRef(0, 0, 0, offset), PieceRef(0, 1, offset, 40_000, a, 0),
+            PieceRef(0, 2, offset + 40_000, 8192, b, 0)]
+    o = [out(offset + 48_192)]
+    f = {DEV: fs(**{"can_insert": True, **fs_kw})}
+    return (make_plan(o, refs, srcs, f, consume=True, window=4096),
+            make_plan(o, refs, srcs, f, consume=True, window=4096, adopt=True))
+
+
+def test_in_place_picks_the_largest_whole_source_at_a_block_offset() -> None:
+    today, asked = _two_sources()
+    assert [(ip.output, ip.key, ip.out_offset, ip.length, ip.pieces)
+            for ip in today.in_place] == [(0, (DEV, 1), 4096, 40_000, (1,))]
+    assert today.in_place[0].why == T.IN_PLACE_WHY
+    assert [a.action for a in today.actions] == ["written", "moved", "moved"]  # not asked
+    assert [a.action for a in asked.actions] == ["written", "adopted", "moved"]
+    assert asked.moves == today.moves
+    assert asked.peaks == today.peaks
+
+
+def test_in_place_needs_a_block_offset_and_a_file_system_that_inserts() -> None:
+    unaligned, _ = _two_sources(offset=4000)  # a at 4000: no; b at 44,000: no either
+    assert unaligned.in_place == ()
+    no_insert, asked = _two_sources(can_insert=False)
+    assert no_insert.in_place == ()
+    assert "adopted" not in {a.action for a in asked.actions}
+    at_zero, _ = _two_sources(offset=0)  # no header: nothing to insert, still the base
+    assert [ip.out_offset for ip in at_zero.in_place] == [0]
+
+
+def test_in_place_wants_the_whole_file_once_and_on_the_output_mount() -> None:
+    f = {DEV: fs(can_insert=True)}
+    twice = [PieceRef(0, 0, 0, 4096), PieceRef(0, 1, 4096, 10_000, KEY, 0),
+             PieceRef(0, 2, 14_096, 10_000, KEY, 0)]
+    p = make_plan([out(24_096)], twice, {KEY: src()}, f, consume=True, window=4096)
+    assert [a.action for a in p.actions] == ["written", "moved", "moved"]
+    assert p.in_place == ()  # two destinations: the file cannot be both
+    part = [PieceRef(0, 0, 0, 4096), PieceRef(0, 1, 4096, 5000, KEY, 5000)]
+    assert make_plan([out(9096)], part, {KEY: src()}, f, consume=True,
+                     window=4096).in_place == ()  # only the file's tail is moved
+    other_mount = make_plan([out()], whole_at_block(), {KEY: src(mount=3)}, f, consume=True,
+                            window=4096)
+    assert other_mount.in_place == ()
+    # Adjacent slices that make up the whole file count as the whole file.
+    halves = [PieceRef(0, 0, 0, 4096), PieceRef(0, 1, 4096, 6000, KEY, 0),
+              PieceRef(0, 2, 10_096, 4000, KEY, 6000)]
+    p = make_plan([out(14_096)], halves, {KEY: src()}, f, consume=True, window=4096)
+    assert [(ip.length, ip.pieces) for ip in p.in_place] == [(10_000, (1, 2))]
+
+
+def test_a_whole_output_is_renamed_not_adopted_in_place() -> None:
+    p = make_plan([out(10_000)], [PieceRef(0, 0, 0, 10_000, KEY, 0)], {KEY: src()},
+                  {DEV: fs(can_insert=True)}, consume=True, window=4096)
+    assert p.moves[0].adopt
+    assert p.in_place == ()
+
+
+def whole_at_block() -> list[PieceRef]:
+    return [PieceRef(0, 0, 0, 4096), PieceRef(0, 1, 4096, 10_000, KEY, 0)]
