@@ -15,17 +15,19 @@ may choose.  Bigger windows mean fewer fsyncs and extents; smaller ones need les
 
 Growing (rungs above the base).  A rung above 64 MiB is on the ladder only while it is at most
 1/:data:`SHARE` of the bytes the save moves, so a grown window adds at most about 3% of the
-data to the peak (the issue's peak target is 1.03x), and the number of windows, fsyncs and
-extents of a large move stays about :data:`SHARE` instead of growing with the size (16 GiB in
-64 MiB windows: 256 fsyncs; in 512 MiB windows: 32).  A grown rung is taken only where the free
-space also holds one more window of the same size (the peaks at twice the rung fit): it never
-takes the last of the disk, which something else writing meanwhile may need; the base and the
-rungs below it keep the rule they always had.
+data to the peak (the issue's peak target is 1.03x), and a large move holds fewer windows,
+fsyncs and extents (16 GiB in 64 MiB windows: 256 fsyncs; in 256 MiB windows: 64).  A grown
+rung is taken only where the free space also holds one more window of the same size (the
+peaks at twice the rung fit): it never takes the last of the disk, which something else
+writing meanwhile may need; the base and the rungs below it keep the rule they always had.
 
-Why a :data:`CAP` of 1 GiB: measured (bench/consume_window.py, docs/benchmarks.md), windows
-above 256 MiB save fsyncs but no time at 1 GiB; they matter where the move is large (the
-16 GiB consume took 1.67x a copy in 64 MiB windows), and a window is also dirty page cache
-held before its fsync, so it is bounded where the largest measured benefit ends.
+Why a :data:`CAP` of 256 MiB: the measured point where a move costs a copy (research notes,
+2 GiB on ext4: a move in 256 MiB windows back to front 1.99 s, the fastest plain copy 1.98 s;
+64 MiB-per-fsync writes 1.51x a single final fsync, 256 MiB 1.46x), and no larger window
+measured faster (bench/consume_window.py at 1 GiB on the shared 2-core machine, 3 rounds:
+256 MiB and 1024 MiB both 1.25x the copy, 64 MiB 1.00x, within its noise; docs/benchmarks.md),
+while each window is also dirty page cache held before its fsync.  It is one
+``copy_file_range`` segment of the transfer, too.
 
 Why halving, not the exact largest block multiple that fits: free space is measured once, in
 the preflight; a window of at most the free space minus everything else would leave no slack
@@ -55,7 +57,7 @@ from typing import Protocol, TypeVar
 from filecord._plan.types import MiB, WindowChoice, WindowWhy
 
 FLOOR = 4 * MiB
-CAP = 1024 * MiB  # the largest window the default grows to (see the module's docstring)
+CAP = 256 * MiB  # the largest window the default grows to (see the module's docstring)
 SHARE = 32  # a grown window is at most 1/SHARE of the bytes moved
 
 

@@ -464,15 +464,18 @@ def test_slices_below_a_gap_are_copied_and_the_moved_run_coalesces() -> None:
 
 
 def test_a_large_move_grows_the_default_window_where_the_disk_holds_it_twice() -> None:
-    size = 16 << 30  # 16 GiB moved: rungs up to 512 MiB (1/32 of it)
+    size = 16 << 30  # 16 GiB moved: rungs up to the cap, 256 MiB
     roomy = big_plan(1 << 40, size=size)
-    assert (roomy.window, roomy.window_choice.why) == (512 * MiB, "grown")
-    assert roomy.peaks[0].needed == needed_at(512 * MiB, size=size)
-    assert roomy.window_choice.note() == "grown from 64 MiB to 512 MiB: 1048576 MiB free on ext4"
-    # Room for 256 MiB with 256 MiB to spare, not for 512 MiB with 512 MiB to spare.
-    free = needed_at(512 * MiB, size=size)
+    assert (roomy.window, roomy.window_choice.why) == (256 * MiB, "grown")
+    assert roomy.peaks[0].needed == needed_at(256 * MiB, size=size)
+    assert roomy.window_choice.note() == "grown from 64 MiB to 256 MiB: 1048576 MiB free on ext4"
+    # Room for 128 MiB with 128 MiB to spare, not for 256 MiB with 256 MiB to spare.
+    free = needed_at(256 * MiB, size=size)
     tight = big_plan(free, size=size)
-    assert (tight.window, tight.window_choice.why) == (256 * MiB, "grown")
+    assert (tight.window, tight.window_choice.why) == (128 * MiB, "grown")
+    # 4 GiB moved: 128 MiB is 1/32 of it; 3 GiB: the default stays.
+    assert big_plan(1 << 40, size=4 << 30).window == 128 * MiB
+    assert big_plan(1 << 40, size=3 << 30).window == 64 * MiB
     # A window passed explicitly is never grown.
     assert big_plan(1 << 40, window=64 * MiB, size=size).window == 64 * MiB
 

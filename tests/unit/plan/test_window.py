@@ -107,21 +107,25 @@ def test_the_ladder_grows_with_the_bytes_moved_up_to_the_cap() -> None:
     assert window.ladder(d, 0) == below
     assert window.ladder(d, 4096 * MiB - 1) == below  # 128 MiB would be over 1/32 of it
     assert window.ladder(d, 4096 * MiB) == (128 * MiB, *below)
-    assert window.ladder(d, 16 * 1024 * MiB) == (512 * MiB, 256 * MiB, 128 * MiB, *below)
-    assert window.ladder(d, 1 << 50)[0] == window.CAP == 1024 * MiB
+    assert window.ladder(d, 8 * 1024 * MiB) == (256 * MiB, 128 * MiB, *below)
+    assert window.ladder(d, 1 << 50) == (256 * MiB, 128 * MiB, *below)
+    assert 256 * MiB == window.CAP
     assert window.ladder(128 * MiB, 1 << 50) == (128 * MiB,)  # asked: never grown
 
 
 def test_the_default_grows_to_the_largest_rung_that_fits_with_a_window_to_spare() -> None:
-    moved = 16 * 1024 * MiB  # rungs 512, 256, 128 above the default
-    # Room for 256 MiB twice over (the slack rule) but not for 512 MiB twice over.
-    free = 100 * MiB + 2 * 512 * MiB
+    moved = 16 * 1024 * MiB  # rungs 256, 128 above the default
+    # Room for 128 MiB twice over (the slack rule) but not for 256 MiB twice over.
+    free = 100 * MiB + 2 * 256 * MiB
     at = peaks(free)
     choice, got = window.choose(at, window.DEFAULT_WINDOW, moves=True,  # type: ignore[arg-type]
                                 moved=moved)
-    assert choice == WindowChoice(256 * MiB, 64 * MiB, "grown", free, "ext4")
-    assert got == [Peak(100 * MiB + 512 * MiB, free)]
-    assert choice.note() == f"grown from 64 MiB to 256 MiB: {size_text(free)} free on ext4"
+    assert choice == WindowChoice(128 * MiB, 64 * MiB, "grown", free, "ext4")
+    assert got == [Peak(100 * MiB + 256 * MiB, free)]
+    assert choice.note() == f"grown from 64 MiB to 128 MiB: {size_text(free)} free on ext4"
+    roomy, _ = window.choose(peaks(1 << 40), window.DEFAULT_WINDOW,  # type: ignore[arg-type]
+                             moves=True, moved=moved)
+    assert (roomy.used, roomy.why) == (256 * MiB, "grown")
 
 
 def test_without_room_to_grow_the_default_stays_and_says_nothing() -> None:
