@@ -39,7 +39,7 @@ class SaveReport:
     bytes_cloned: int = 0
     bytes_written: int = 0
     bytes_moved: int = 0
-    # Why ``window`` is smaller than the default ("shrunk from 64 MiB to 16 MiB: 20.6 MiB free
+    # Why ``window`` differs from the default ("shrunk from 64 MiB to 16 MiB: 20.6 MiB free
     # on ext4"); None when the window is the one asked for or the default unchanged.
     window_note: str | None = None
 
