@@ -151,11 +151,17 @@ def _adoptable(
 def merged_runs(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     """Merge half-open ranges that overlap or touch; sorted, non-empty ranges only."""
     runs: list[tuple[int, int]] = []
+    start = end = -1  # the run being merged: one tuple per run, not one per range merged
     for lo, hi in sorted(r for r in ranges if r[1] > r[0]):
-        if runs and lo <= runs[-1][1]:
-            runs[-1] = (runs[-1][0], max(runs[-1][1], hi))
-        else:
-            runs.append((lo, hi))
+        if end >= 0 and lo <= end:
+            if hi > end:
+                end = hi
+            continue
+        if end >= 0:
+            runs.append((start, end))
+        start, end = lo, hi
+    if end >= 0:
+        runs.append((start, end))
     return runs
 
 

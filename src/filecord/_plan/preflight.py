@@ -139,19 +139,24 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False) -> Fact
     # share both, and a stat says the same for all of them (100,000 slices: one stat).
     checked: set[tuple[str, int]] = set()  # (path, id() of the identity: alive, as above)
     add = refs.append
+    last: object = None  # the identity of the previous file-backed piece, and its path
+    last_path = ""
+    key: tuple[int, int] = (0, 0)
+    group: list[FileBackedData] = []
     for o, (_path, cord) in enumerate(items):
         offset = 0
         for i, piece in enumerate(cord.pieces):
             n = len(piece)
             if isinstance(piece, FileBackedData):
                 ident = piece.identity
-                if (piece.path, id(ident)) not in checked:
-                    piece.check()
-                    checked.add((piece.path, id(ident)))
-                key = (ident.dev, ident.ino)
-                group = datas.get(key)
-                if group is None:
-                    group = datas[key] = []
+                path = piece.path
+                if ident is not last or path != last_path:  # slices in a row share both
+                    if (path, id(ident)) not in checked:
+                        piece.check()
+                        checked.add((path, id(ident)))
+                    key = (ident.dev, ident.ino)
+                    group = datas.setdefault(key, [])
+                    last, last_path = ident, path
                 if id(piece) not in seen:
                     seen.add(id(piece))
                     group.append(piece)
