@@ -18,6 +18,9 @@ them into one range to move), then taken in turn from two shard files (a column-
 tensor: every row of the output alternates between the shards, so nothing is adjacent and
 nothing merges).
 
+On a machine shared with other jobs the wall times swing by 2-3x between runs; the CPU column
+(``time.process_time`` of plan + save, this process only) is the steadier one to compare.
+
 Files live in a fresh directory under ``--dir`` (default: the system temp directory).
 """
 
@@ -37,9 +40,9 @@ from filecord import Cord, FileBackedData, plan, save
 
 def one(
     work: Path, n: int, size: int, *, consume: bool, shards: int = 1
-) -> tuple[float, float]:
-    """(plan s, save s) of ``n`` ranges of ``size`` bytes, taken in turn from ``shards`` fresh
-    files (1: adjacent slices of one file), consumed or copied; the output is verified."""
+) -> tuple[float, float, float]:
+    """(plan s, save s, CPU s of both) of ``n`` ranges of ``size`` bytes, taken in turn from
+    ``shards`` fresh files (1: adjacent slices of one file), consumed or copied; verified."""
     per = -(-n // shards)
     bodies = [os.urandom(per * size) for _ in range(shards)]
     srcs = [work / f"source{k}.bin" for k in range(shards)]
@@ -51,12 +54,14 @@ def one(
     want_bytes = b"".join(bodies[i % shards][(i // shards) * size:(i // shards + 1) * size]
                           for i in range(n))
     gc.collect()
+    cpu = time.process_time()
     t = time.perf_counter()
     planned = plan(out, cord, consume=consume)
     t_plan = time.perf_counter() - t
     t = time.perf_counter()
     report = save(out, cord, consume=consume)
     t_save = time.perf_counter() - t
+    cpu = time.process_time() - cpu
     want = "moved" if consume else "copied"
     if {a.action for a in planned.actions} != {want} or {a.action for a in report.actions} != {
         want
@@ -72,7 +77,7 @@ def one(
         whole.detach_cleanup()
         src.unlink(missing_ok=True)
     out.unlink()
-    return t_plan, t_save
+    return t_plan, t_save, cpu
 
 
 def main() -> int:
@@ -95,28 +100,29 @@ def main() -> int:
     summary = []
     with workdir(args.dir, 0, "") as work:
         for name, n, size, shards in cases:
-            runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+            runs: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
             for r in range(args.rounds):
                 order = (False, True) if r % 2 == 0 else (True, False)
                 for consume in order:
                     runs[consume].append(one(work, n, size, consume=consume, shards=shards))
-            copy_total = med([p + s for p, s in runs[False]])
+            copy_total = med([p + s for p, s, _c in runs[False]])
             for consume in (False, True):
-                plans = [p for p, _s in runs[consume]]
-                saves = [s for _p, s in runs[consume]]
-                totals = [p + s for p, s in runs[consume]]
+                plans = [p for p, _s, _c in runs[consume]]
+                saves = [s for _p, s, _c in runs[consume]]
+                totals = [p + s for p, s, _c in runs[consume]]
+                cpus = [c for _p, _s, c in runs[consume]]
                 rows.append([
                     name, "consume (moved)" if consume else "copy", len(totals),
-                    spread(plans), spread(saves), spread(totals),
+                    spread(plans), spread(saves), spread(totals), spread(cpus),
                     f"{med(totals) / copy_total:.2f}x", f"{med(totals) / n * 1e6:.1f}",
                 ])
-            consume_total = med([p + s for p, s in runs[True]])
+            consume_total = med([p + s for p, s, _c in runs[True]])
             summary.append((n, consume_total, copy_total))
     print(f"{args.pieces:,} slices of {args.piece_size} bytes of one file (and a tenth of "
           f"that), {args.rows:,} row runs of {args.row_size} bytes; {machine()}; "
           f"{args.rounds} rotated rounds\n")
     print(table(["pieces", "mode", "n", "plan s (range)", "save s (range)", "plan + save s",
-                 "vs copy", "us / piece"], rows))
+                 "CPU s (plan + save)", "vs copy", "us / piece"], rows))
     (n_small, c_small, _), (n_big, c_big, copy_big) = summary[:2]
     per_small, per_big = c_small / n_small, c_big / n_big
     print(f"\nconsume plan + save of {n_big:,} pieces: {c_big:.2f} s, {c_big / copy_big:.2f}x "
