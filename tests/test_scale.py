@@ -241,3 +241,34 @@ def test_a_valid_safetensors_header_never_searches_for_its_keys(
     with pytest.raises(ValueError, match=r"t2\.data_offsets at offset"):
         read_safetensors(bad)
     assert calls >= 1
+
+
+def test_the_preflight_stats_each_source_file_once_not_each_slice(tmp_path: Path) -> None:
+    """Slices of one file share its captured identity: one stat tells for all of them."""
+    from filecord._io import syscalls as _sys
+    from filecord._plan.preflight import gather, normalize
+    from filecord.errors import DataChangedError
+
+    class Count(_sys.Backend):
+        def __init__(self) -> None:
+            self.calls: dict[str, int] = {}
+
+        def hook(self, op: str, args: tuple[Any, ...]) -> None:
+            self.calls[op] = self.calls.get(op, 0) + 1
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(pattern(64_000, "a"))
+    b.write_bytes(pattern(64_000, "b"))
+    wa, wb = FileBackedData(str(a)), FileBackedData(str(b), owned=True)
+    # Interleaved: the slices of each file are never next to each other in the cord.
+    cord = Cord([w.slice(i * 64, 64) for i in range(1000) for w in (wa, wb)])
+    counter = Count()
+    with _sys.use(counter):
+        facts = gather(normalize(str(tmp_path / "out"), cord))
+    assert len(facts.refs) == 2000
+    stats = sum(n for op, n in counter.calls.items() if op in ("stat", "lstat", "fstat"))
+    assert stats < 40, counter.calls  # a few per file and directory, not one per slice
+    a.write_bytes(pattern(64_000, "changed"))  # same size, new mtime (or inode): caught
+    os.utime(a, ns=(1, 1))
+    with pytest.raises(DataChangedError):
+        gather(normalize(str(tmp_path / "out"), cord))
