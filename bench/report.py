@@ -43,8 +43,8 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
     ("consume_window.py", ["--size", "1G", "--windows", "16,64,256,1024", "--rounds", "3"],
      ["--size", "256M", "--windows", "16,64,256", "--rounds", "1"],
      "Issue 26: windows above the default, at 1 GiB",
-     "The default window also grows: for a save that moves at least 32 times a larger window "
-     "(128 MiB from 4 GiB moved, 256 MiB from 8 GiB), where the file system's peak fits with "
+     "The default window also grows: for a save that moves at least 40 times a larger window "
+     "(128 MiB from 5 GiB moved, 256 MiB from 10 GiB), where the file system's peak fits with "
      "twice that window, capped at 256 MiB (`src/filecord/_plan/window.py`). At 1 GiB the "
      "default stays 64 MiB; this run checks what windows above it buy (the cap is where they "
      "stop buying time). Same setup as issue 3's table, 1 GiB."),

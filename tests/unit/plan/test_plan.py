@@ -473,9 +473,9 @@ def test_a_large_move_grows_the_default_window_where_the_disk_holds_it_twice() -
     free = needed_at(256 * MiB, size=size)
     tight = big_plan(free, size=size)
     assert (tight.window, tight.window_choice.why) == (128 * MiB, "grown")
-    # 4 GiB moved: 128 MiB is 1/32 of it; 3 GiB: the default stays.
-    assert big_plan(1 << 40, size=4 << 30).window == 128 * MiB
-    assert big_plan(1 << 40, size=3 << 30).window == 64 * MiB
+    # 5 GiB moved: 128 MiB is 1/40 of it; 4 GiB: the default stays.
+    assert big_plan(1 << 40, size=5 << 30).window == 128 * MiB
+    assert big_plan(1 << 40, size=4 << 30).window == 64 * MiB
     # A window passed explicitly is never grown.
     assert big_plan(1 << 40, window=64 * MiB, size=size).window == 64 * MiB
 

@@ -105,9 +105,9 @@ def test_the_ladder_grows_with_the_bytes_moved_up_to_the_cap() -> None:
     d = window.DEFAULT_WINDOW
     below = (64 * MiB, 32 * MiB, 16 * MiB, 8 * MiB, 4 * MiB)
     assert window.ladder(d, 0) == below
-    assert window.ladder(d, 4096 * MiB - 1) == below  # 128 MiB would be over 1/32 of it
-    assert window.ladder(d, 4096 * MiB) == (128 * MiB, *below)
-    assert window.ladder(d, 8 * 1024 * MiB) == (256 * MiB, 128 * MiB, *below)
+    assert window.ladder(d, 5120 * MiB - 1) == below  # 128 MiB would be over 1/40 of it
+    assert window.ladder(d, 5120 * MiB) == (128 * MiB, *below)
+    assert window.ladder(d, 10 * 1024 * MiB) == (256 * MiB, 128 * MiB, *below)
     assert window.ladder(d, 1 << 50) == (256 * MiB, 128 * MiB, *below)
     assert 256 * MiB == window.CAP
     assert window.ladder(128 * MiB, 1 << 50) == (128 * MiB,)  # asked: never grown
