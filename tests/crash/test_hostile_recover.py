@@ -39,8 +39,8 @@ from typing import Any
 import pytest
 
 import filecord
-from filecord import _journal
 from filecord._io import syscalls as _sys
+from filecord._txn import journal as _journal
 from filecord.errors import RecoverError
 from support.faultfs import (
     COMMITTED_SUFFIX,

@@ -9,7 +9,7 @@ is created, changed or deleted, whatever a journal says.
 
 * **A file argument** must be named like a journal (``.NAME.TOKEN.filecord-journal``,
   ``-rollback`` or ``-committed``), be a regular file, and hold a record whose checksum holds
-  (one of its two copies) and whose paths ``_journal.confine`` accepts.  Anything else is refused
+  (one of its two copies) and whose paths ``journal.confine`` accepts.  Anything else is refused
   with :class:`RecoverError` before a byte is changed.
 * **A directory** is scanned and its token-named files grouped by token.  Per save:
 
@@ -25,12 +25,12 @@ is created, changed or deleted, whatever a journal says.
 * **Holding the locks.**  Before acting on a journal, recover takes the lock file of every
   directory the journal lists; a held one means a live save (or another recover): skipped.
 
-* **Stages** come from the journal's name (``_stage``).  ``-journal``: every source must be
-  where and as long as this save's moves can have left it (``_undo.check_strict``; a source
+* **Stages** come from the journal's name (``stages``).  ``-journal``: every source must be
+  where and as long as this save's moves can have left it (``undo.check_strict``; a source
   another process changed is refused, never "restored" with zeros; the move order and the
   lock file's "moved N" marks are checked too), then the journal is
   renamed ``-rollback`` (fsynced) and the rollback runs.  ``-rollback``: the rollback runs
-  (it resumes from the files).  ``-committed``: ``_undo.finish``.  Then temps, the journal and
+  (it resumes from the files).  ``-committed``: ``undo.finish``.  Then temps, the journal and
   the lock files are removed, in that order.
 
 Every step is judged from the files, so recovery is idempotent and may be interrupted and run
@@ -45,10 +45,10 @@ import stat as stat_mod
 from dataclasses import dataclass, field
 from typing import Literal
 
-from filecord import _journal, _lockfile, _transfer, _undo
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
-from filecord._stage import Stage, of_journal_suffix
+from filecord._txn import journal, liveness, transfer, undo
+from filecord._txn.stages import Stage, of_journal_suffix
 from filecord.errors import DataChangedError, RecoverError, add_note
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ def _refuse(where: str, why: str, notes: list[str] | None = None) -> Recovered:
 def _recover_file(path: str, st: os.stat_result) -> Recovered:
     parsed = _names.parse(os.path.basename(path))
     if parsed is None or parsed[1] not in _names.JOURNALS:
-        raise _journal.NotAJournalError(
+        raise journal.NotAJournalError(
             f"{path} is not a filecord journal (journals are named "
             ".NAME.TOKEN.filecord-journal, -rollback or -committed); nothing was touched"
         )
@@ -164,8 +164,8 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
                        "save is over or that no journal needs them; nothing was touched")
     lock = _sys.abspath(os.path.join(directory, locks[0]))
     try:
-        fd = _lockfile.acquire(lock)
-    except _lockfile.LockBusyError:
+        fd = liveness.acquire(lock)
+    except liveness.LockBusyError:
         return Recovered(lock, "skipped", detail="its save is running (the lock is held)")
     if fd is None:
         return None  # removed by whoever held it a moment ago
@@ -198,7 +198,7 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
     for p in garbage:
         _sys.unlink_missing_ok(p)
     _sys.fsync_parents([lock])
-    _lockfile.release(lock, fd)
+    liveness.release(lock, fd)
     return Recovered(lock, "discarded", detail=f"removed {len(garbage)} temp file(s)")
 
 
@@ -225,7 +225,7 @@ def _read_pointer(fd: int, token: str) -> tuple[str | None, bool]:
     parsed = _names.parse(os.path.basename(path))
     if parsed != (token, _names.JOURNAL) or not os.path.isabs(path):
         return None, False
-    return path, raw[end + 1 :].startswith(_lockfile.JOURNALED + b"\n")
+    return path, raw[end + 1 :].startswith(liveness.JOURNALED + b"\n")
 
 
 def _real_dir(path: str) -> str:
@@ -252,7 +252,7 @@ def _read(path: str) -> bytes:
     try:
         size = _sys.fstat(fd).st_size
         if size > JOURNAL_LIMIT:
-            raise _journal.NotAJournalError(f"{path} is {size} bytes: not a filecord journal")
+            raise journal.NotAJournalError(f"{path} is {size} bytes: not a filecord journal")
         return _sys.read_all(fd, 0, size)
     finally:
         _sys.close(fd)
@@ -267,7 +267,7 @@ class _ForeignLockError(Exception):
 
 
 def _lock_all(
-    j: _journal.Journal, held: dict[str, tuple[str, int]], pointer: str
+    j: journal.Journal, held: dict[str, tuple[str, int]], pointer: str
 ) -> dict[str, tuple[str, int]]:
     """Take the lock file of every directory of the save.
 
@@ -287,7 +287,7 @@ def _lock_all(
             if directory in locks:
                 continue
             path = _names.sibling(firsts[directory], j.token, _names.LOCK)
-            fd = _lockfile.acquire(path)
+            fd = liveness.acquire(path)
             if fd is None:
                 raise _MissingLockError(path)
             locks[directory] = (path, fd)
@@ -307,8 +307,8 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
     locks = dict(held)
     try:
         try:
-            j = _journal.decode(_read(path))
-            _journal.confine(j, path)
+            j = journal.decode(_read(path))
+            journal.confine(j, path)
         except (RecoverError, OSError) as exc:  # OSError: e.g. ELOOP, the name is a symlink
             return _refuse(path, f"{exc}; nothing was touched")
         strays = [d for d in held if d not in j.directories()]
@@ -320,7 +320,7 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
         except _ForeignLockError as exc:
             return _refuse(path, f"the lock file {exc} belongs to another journal: this one "
                            "reaches beyond its save; nothing was touched")
-        except _lockfile.LockBusyError:
+        except liveness.LockBusyError:
             return Recovered(path, "skipped", detail="its save is running (a lock is held)")
         except _MissingLockError as exc:
             return _refuse(path, f"its lock file {exc} is missing, so nothing proves the save "
@@ -334,35 +334,35 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
         if result.action == "refused":
             _close_quietly(fd)
         else:
-            _lockfile.release(lock, fd)
+            liveness.release(lock, fd)
     return result
 
 
-def _marks(j: _journal.Journal, locks: dict[str, tuple[str, int]]) -> _lockfile.Marks:
+def _marks(j: journal.Journal, locks: dict[str, tuple[str, int]]) -> liveness.Marks:
     """What the save recorded in the lock file beside its journal (moves done, last looks)."""
     held = locks.get(j.directories()[0])
     if held is None:  # pragma: no cover - _lock_all took every directory's lock
-        return _lockfile.Marks()
+        return liveness.Marks()
     fd = held[1]
     size = _sys.fstat(fd).st_size
-    return (_lockfile.read_marks(_sys.read_all(fd, 0, size)) if 0 < size <= 1 << 24
-            else _lockfile.Marks())
+    return (liveness.read_marks(_sys.read_all(fd, 0, size)) if 0 < size <= 1 << 24
+            else liveness.Marks())
 
 
-def _act(path: str, j: _journal.Journal, stage: Stage,
-         marks: _lockfile.Marks | None = None) -> Recovered:
-    marks = marks or _lockfile.Marks()
+def _act(path: str, j: journal.Journal, stage: Stage,
+         marks: liveness.Marks | None = None) -> Recovered:
+    marks = marks or liveness.Marks()
     outputs = tuple(o.final for o in j.outputs)
     sources = tuple(s.path for s in j.sources)
     if stage is Stage.HELD:
         return _refuse(path, "the save stopped because another process changed a source "
                        "mid-move; nothing is undone over that change (the notes say where "
-                       "every byte is)", _undo.whereabouts(j))
+                       "every byte is)", undo.whereabouts(j))
     try:
         if stage is Stage.COMMITTED:
-            _undo.check_committed(j, marks.looked)
+            undo.check_committed(j, marks.looked)
             try:
-                _undo.finish(j, path, marks.looked)
+                undo.finish(j, path, marks.looked)
             except DataChangedError as exc:
                 if not exc.committed:
                     raise
@@ -376,25 +376,25 @@ def _act(path: str, j: _journal.Journal, stage: Stage,
             _sys.unlink(path)
             return Recovered(path, "finished", outputs, sources)
         if stage is Stage.MOVING:
-            _undo.check_strict(j, marks.moved)
-            temps = _undo.open_temps(j)
+            undo.check_strict(j, marks.moved)
+            temps = undo.open_temps(j)
             try:
-                _undo.check_temps_hold(j, temps)
+                undo.check_temps_hold(j, temps)
             finally:
-                _undo.close_all(temps)
+                undo.close_all(temps)
             rollback = _names.restage(path, _names.ROLLBACK)
             _sys.rename(path, rollback)
             _sys.fsync_parents([rollback])
             path = rollback
-        temps = _undo.open_temps(j)
+        temps = undo.open_temps(j)
         try:
-            _undo.roll_back(j, temps, _transfer.Counters())
+            undo.roll_back(j, temps, transfer.Counters())
         finally:
-            _undo.close_all(temps)
-        _undo.remove_temps(j)
+            undo.close_all(temps)
+        undo.remove_temps(j)
         _sys.unlink(path)
         return Recovered(path, "restored", outputs, sources)
     except (RecoverError, DataChangedError, OSError) as exc:
-        notes = _undo.whereabouts(j)
+        notes = undo.whereabouts(j)
         return _refuse(path, f"{exc}; the journal and temps are kept", notes)
 

@@ -8,8 +8,8 @@ the journal is *damaged* and recovery refuses to act on it.  The file is written
 name never holds a torn record after a crash: whatever fails to parse there was damaged later.
 
 The stage of the transaction is not in the content at all but in the file's *name* (see
-``_stage``): renames are atomic, and damage to the bytes cannot turn "roll back" into
-"finish".  ``_save.py`` writes the file; ``_recover.py`` reads it; ``_undo.py`` acts on it.
+``stages``): renames are atomic, and damage to the bytes cannot turn "roll back" into
+"finish".  ``save.py`` writes the file; ``recover.py`` reads it; ``undo.py`` acts on it.
 
 Temp and renamed-source paths are not stored: they are derived from the final and source paths
 and the token (``_names``), so a crafted record cannot point recovery at other files.
@@ -86,7 +86,7 @@ class Journal:
     outputs: tuple[JournalOutput, ...]
     sources: tuple[JournalSource, ...]
     # Sources listed in the order their moves run (moves first, then the copied/cloned ones):
-    # recover's move-order check (``_undo.check_order``) relies on it.  Older records are sorted
+    # recover's move-order check (``undo.check_order``) relies on it.  Older records are sorted
     # by inode and carry no such promise.
     ordered: bool = False
 

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-1. Before any temp, a lock file per directory (``_lockfile.create``: ``O_EXCL``, ``flock``,
+1. Before any temp, a lock file per directory (``liveness.create``: ``O_EXCL``, ``flock``,
    content = the journal's path, ``fsync``): a temp's name then implies its lock and pointer.
 2. Each source's record says whether it is dense (FIEMAP, else ``SEEK_HOLE``, on a read-only
    descriptor closed again: reads only, so a crash here leaves what step 1 left).  The record
@@ -21,12 +21,12 @@ from __future__ import annotations
 import errno
 import os
 
-from filecord import _journal, _lockfile, _undo
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._io.paths import kernel_path
-from filecord._stage import Stage
-from filecord._txn import Txn
+from filecord._txn import journal, liveness, undo
+from filecord._txn.stages import Stage
+from filecord._txn.state import Txn
 from filecord.errors import SaveError
 
 
@@ -45,8 +45,8 @@ def lock_directories(txn: Txn) -> None:
     for directory in dict.fromkeys(os.path.dirname(o.target) for o in outs):
         path = _names.sibling(firsts[directory], txn.token, _names.LOCK)
         try:
-            fd = _lockfile.create(path, content)
-        except _lockfile.LockBusyError as exc:
+            fd = liveness.create(path, content)
+        except liveness.LockBusyError as exc:
             raise SaveError(f"{path}: {exc.strerror}; nothing was written, retry the save",
                             errno=exc.errno) from exc
         txn.locks.append((path, fd))
@@ -99,7 +99,7 @@ def _dense(path: str, st: os.stat_result) -> bool:
         _sys.close(fd)
 
 
-def _record(txn: Txn) -> _journal.Journal:
+def _record(txn: Txn) -> journal.Journal:
     p = txn.prep.plan
     moves = {m.key: m for m in p.moves}
     adopted_out = {m.dests[0].output: m.key for m in p.moves if m.adopt}
@@ -111,7 +111,7 @@ def _record(txn: Txn) -> _journal.Journal:
         data = txn.prep.datas[key][0]
         st = _sys.stat(data.path)
         m = moves.get(key)
-        sources.append(_journal.JournalSource(
+        sources.append(journal.JournalSource(
             path=kernel_path(data.path), dev=key[0], ino=key[1],
             size=st.st_size, run_start=m.run_start if m else st.st_size,
             atime_ns=st.st_atime_ns, mtime_ns=st.st_mtime_ns, mode=st.st_mode,
@@ -123,7 +123,7 @@ def _record(txn: Txn) -> _journal.Journal:
         zip(p.outputs, txn.fds, txn.prep.target_stats, strict=True)
     ):
         if out.direct or fd is None:
-            outputs.append(_journal.JournalOutput(out.target, 0, 0, out.length, direct=True))
+            outputs.append(journal.JournalOutput(out.target, 0, 0, out.length, direct=True))
             continue
         mine = _sys.fstat(fd)
         dev, ino = adopted_out.get(o, (mine.st_dev, mine.st_ino))
@@ -131,9 +131,9 @@ def _record(txn: Txn) -> _journal.Journal:
         if o in adopted_out and tst is None:
             mode = 0o666 & ~_umask()  # what open() would have given a new file
         old = (0, 0) if tst is None else (tst.st_dev, tst.st_ino)
-        outputs.append(_journal.JournalOutput(out.target, dev, ino, out.length, mode, uid, gid,
+        outputs.append(journal.JournalOutput(out.target, dev, ino, out.length, mode, uid, gid,
                                              old_dev=old[0], old_ino=old[1]))
-    return _journal.Journal(txn.token, p.window, tuple(outputs), tuple(sources), ordered=True)
+    return journal.Journal(txn.token, p.window, tuple(outputs), tuple(sources), ordered=True)
 
 
 def write_journal(txn: Txn) -> None:
@@ -142,7 +142,7 @@ def write_journal(txn: Txn) -> None:
     pending = journal_name(txn, _names.PENDING)
     fd = _sys.open(pending, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        _sys.write_all(fd, _journal.encode(txn.record), 0)
+        _sys.write_all(fd, journal.encode(txn.record), 0)
         txn.counters.fsync(fd)
     finally:
         _sys.close(fd)
@@ -156,7 +156,7 @@ def write_journal(txn: Txn) -> None:
     txn.counters.fsyncs += _sys.fsync_parents([final])
     txn.to(Stage.JOURNALED)
     for _path, lock_fd in txn.locks:
-        _lockfile.mark_journaled(lock_fd)
+        liveness.mark_journaled(lock_fd)
 
 
 def park_sources(txn: Txn) -> None:
@@ -171,7 +171,7 @@ def park_sources(txn: Txn) -> None:
         if txn.stage is not Stage.MOVING:
             txn.to(Stage.MOVING)
         current = txn.prep.datas[(s.dev, s.ino)][0].path
-        if _undo.same_file(current, s.dev, s.ino) is None:
+        if undo.same_file(current, s.dev, s.ino) is None:
             txn.prep.datas[(s.dev, s.ino)][0].check()
             raise SaveError(f"{current} was replaced during the save")
         _sys.rename(current, record.parked(s))

@@ -6,7 +6,7 @@ Theory of operation
   the temps and a pending journal unlinked, then the lock files (last, so a crash in between
   leaves a lock file beside the garbage and ``recover`` may remove it).
 * JOURNALED, MOVING: the journal is first renamed to ``.filecord-rollback`` (directory
-  fsynced), so a crash during the undo continues it; then ``_undo.roll_back`` runs on the live
+  fsynced), so a crash during the undo continues it; then ``undo.roll_back`` runs on the live
   files, exactly as ``recover`` would; then temps, journal and lock files are removed.  If the
   failure is a source changed by another process, or the undo itself fails, everything stays:
   the lock files are only closed (their ``flock`` dropped), and the error's notes say which
@@ -21,11 +21,11 @@ import logging
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
-from filecord import _lockfile, _looks, _transfer, _undo
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
-from filecord._stage import Stage
-from filecord._txn import Txn
+from filecord._txn import liveness, looks, transfer, undo
+from filecord._txn.stages import Stage
+from filecord._txn.state import Txn
 from filecord.errors import DataChangedError, FilecordError, SaveError, SourceState, add_note
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def _drop_locks(txn: Txn, *, remove: bool) -> None:
         path, fd = txn.locks.pop()
         if remove:
             try:
-                _lockfile.release(path, fd)
+                liveness.release(path, fd)
             except OSError as exc:  # a lock file left behind is removed by recover
                 log.warning("could not remove the lock file %s: %s", path, exc)
         else:
@@ -101,7 +101,7 @@ def _states(txn: Txn) -> tuple[SourceState, ...]:
         return ()
     states = []
     for s in record.sources:
-        found = _undo.locate(record, s)
+        found = undo.locate(record, s)
         size = found[1].st_size if found else -1
         rest = tuple((record.temp(d.output), d.out_offset) for d in s.dests)
         states.append(SourceState(s.path, s.size, size, rest))
@@ -136,7 +136,7 @@ def _keep_all(txn: Txn, exc: BaseException, names: str, notes: list[str], why: s
         left_at = {changed: exc.expected_size}
     try:
         if txn.record is not None:
-            notes.extend(_undo.whereabouts(txn.record, left_at))
+            notes.extend(undo.whereabouts(txn.record, left_at))
         states = _states(txn)
     except OSError as wexc:
         notes.append(f"could not look at the sources to say where their bytes are: {wexc}")
@@ -177,8 +177,8 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
             # byte: recover may put the bytes back into the shared inode.  A write, append or
             # truncate did: hold the journal.
             # A change of ctime alone (chmod, chattr) changed no byte either.
-            linked = "linked" in exc.reason or exc.reason == _transfer.METADATA_ONLY
-            if exc.reason == _transfer.METADATA_ONLY:
+            linked = "linked" in exc.reason or exc.reason == transfer.METADATA_ONLY
+            if exc.reason == transfer.METADATA_ONLY:
                 log.warning("%s: %s; the save stops, recover may roll it back", exc.path,
                             exc.reason)
             _keep_all(txn, exc, names, notes, "a source changed under the move, so nothing was "
@@ -186,11 +186,11 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
                       ("" if linked else " (held: recover will not undo over the change)"),
                       hold=not linked)
         try:
-            found = _looks.changed_since_look(txn)
+            found = looks.changed_since_look(txn)
         except OSError as cexc:
             notes.append(f"could not check the sources: {cexc}")
             _keep_all(txn, exc, names, notes, "the journal and temps are kept")
-        if found is not None and found.reason != _transfer.METADATA_ONLY:
+        if found is not None and found.reason != transfer.METADATA_ONLY:
             notes.append(f"the save had failed first: {exc}")
             found.__context__ = exc
             _keep_all(txn, found, names, notes, "a source was changed by another process, so "
@@ -207,7 +207,7 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
         try:
             # The same proof recover asks for: every source is as this save's moves left it,
             # in the order they ran.
-            _undo.check_strict(txn.record, txn.moves_done)
+            undo.check_strict(txn.record, txn.moves_done)
         except DataChangedError as cexc:
             notes.append(f"{cexc}")
             _keep_all(txn, exc, names, notes, "a source was changed by another process, so "
@@ -222,11 +222,11 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
             txn.journal_path = rollback
             _sys.fsync_parents([rollback])
             _close(txn, notes)  # the undo opens what it needs by name, as recover does
-            temps = _undo.open_temps(txn.record)
+            temps = undo.open_temps(txn.record)
             try:
-                restored = _undo.roll_back(txn.record, temps, txn.counters)
+                restored = undo.roll_back(txn.record, temps, txn.counters)
             finally:
-                _undo.close_all(temps)
+                undo.close_all(temps)
         except BaseException as rexc:  # noqa: BLE001 - any failure here leaves the journal in charge
             notes.append(f"rolling back also failed: {rexc!r}")
             _keep_all(txn, exc, names, notes, "the journal and temps are kept")

@@ -11,7 +11,7 @@ call and run again.
 1. an adopted source (renamed whole onto its output's temp) is found at the temp by device and
    inode, its mode put back with ``fchmod``, and its name restored;
 2. a parked source (``.NAME.TOKEN.filecord-src``, renamed there before it was shortened) gets
-   its moved bytes back from the temps (``_transfer.restore_source``: copy back, ``fsync`` the
+   its moved bytes back from the temps (``transfer.restore_source``: copy back, ``fsync`` the
    source, then punch the temp), its times restored with ``futimens`` and ``fsync``ed;
 3. its original name is restored with ``link`` then ``unlink`` of the parked name, so a file
    someone created at the original path meanwhile is never replaced (the bytes then stay at
@@ -37,7 +37,7 @@ then the parked sources (their names carry the token, so an inode number reused 
 at the old path can never be mistaken for them) are unlinked and their directories fsynced.
 Recover has no in-memory look, and the journal is written before the moves, so it cannot hold
 their last stat: the save appends it, just before its commit point, to the journal
-directory's lock file ("looked DEV INO SIZE MTIME", fsynced; ``_lockfile.read_marks``).  A
+directory's lock file ("looked DEV INO SIZE MTIME", fsynced; ``liveness.read_marks``).  A
 parked source whose size is not its kept prefix, or whose size and mtime are not the recorded
 ones, was written after the save's last look and is kept (named back if its name is free),
 never unlinked, and a ``DataChangedError`` says so after everything else is finished.  The
@@ -56,10 +56,10 @@ import os
 import stat as stat_mod
 from collections.abc import Mapping
 
-from filecord import _transfer
 from filecord._io import syscalls as _sys
-from filecord._journal import Journal, JournalOutput, JournalSource
 from filecord._plan.plan import cover
+from filecord._txn import transfer
+from filecord._txn.journal import Journal, JournalOutput, JournalSource
 from filecord.errors import DataChangedError, RecoverError, add_note
 
 
@@ -181,10 +181,10 @@ def as_seen(st: os.stat_result, look: os.stat_result, pending: int | None = None
 
 
 def change_reason(st: os.stat_result, look: os.stat_result, changed: str) -> str:
-    """``changed``, or ``_transfer.METADATA_ONLY`` when only the ctime differs from the look
+    """``changed``, or ``transfer.METADATA_ONLY`` when only the ctime differs from the look
     (same size and mtime): a chmod/chattr, which holds no journal."""
     if (st.st_size, st.st_mtime_ns) == (look.st_size, look.st_mtime_ns):
-        return _transfer.METADATA_ONLY
+        return transfer.METADATA_ONLY
     return changed
 
 
@@ -209,7 +209,7 @@ def check_temps_hold(j: Journal, temps: list[int | None]) -> None:
             continue
         st = same_file(j.parked(s), s.dev, s.ino)
         if st is not None and st.st_size < s.size:
-            _transfer.check_moved(s.as_move(), temps, max(st.st_size, s.run_start),
+            transfer.check_moved(s.as_move(), temps, max(st.st_size, s.run_start),
                                  dense=s.dense)
 
 
@@ -255,7 +255,7 @@ def _vouched(j: Journal) -> set[tuple[int, int]]:
     """The sources whose finished move the files themselves prove, in an ``ordered`` journal's
     move order: a moved source is finished when it is at its parked name at exactly its kept
     prefix, or when the outputs (temps, or final names once renamed) hold data for every byte
-    it moves (``_transfer.check_moved``: the output is whole without it); moves run one at a
+    it moves (``transfer.check_moved``: the output is whole without it); moves run one at a
     time in that order, so every one before a finished one is finished too.  The never-moved
     ones are added: their bytes stayed whole, so their size proves nothing either way (a move
     not proven still refuses).  Older journals: none."""
@@ -273,7 +273,7 @@ def _vouched(j: Journal) -> set[tuple[int, int]]:
             if st.st_size != s.run_start:
                 outs = _open_outputs(j) if outs is None else outs
                 try:
-                    _transfer.check_moved(s.as_move(), outs, s.run_start, dense=s.dense)
+                    transfer.check_moved(s.as_move(), outs, s.run_start, dense=s.dense)
                 except (OSError, DataChangedError):
                     continue
             last = i
@@ -331,7 +331,7 @@ def locate(j: Journal, s: JournalSource) -> tuple[str, os.stat_result] | None:
     return None
 
 
-def roll_back(j: Journal, temps: list[int | None], c: _transfer.Counters) -> int:
+def roll_back(j: Journal, temps: list[int | None], c: transfer.Counters) -> int:
     """Put every source back, byte-exact under its own name; returns how many moved back."""
     restored = 0
     for s in reversed(j.sources):
@@ -339,7 +339,7 @@ def roll_back(j: Journal, temps: list[int | None], c: _transfer.Counters) -> int
     return restored
 
 
-def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: _transfer.Counters) -> int:
+def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer.Counters) -> int:
     if s.adopt:
         temp = j.temp(s.dests[0].output)
         if same_file(temp, s.dev, s.ino) is not None:
@@ -370,7 +370,7 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: _transfe
             raise DataChangedError(parked, expected_size=s.size, found_size=size,
                                    reason="outside the range a move of this save leaves")
         if size < s.size:
-            _transfer.restore_source(fd, s.as_move(), temps, j.window, c, punch=True,
+            transfer.restore_source(fd, s.as_move(), temps, j.window, c, punch=True,
                                     dense=s.dense)
         # Whole with another mtime: in a rollback (the ``-rollback`` stage) that is this undo's
         # own restore, stopped before this futimens.  A rewrite of a source the save never
