@@ -102,9 +102,6 @@ PENDING_PLACES: dict[str, str] = {
 # (``ast.unparse``).  TEMPORARY (issue 22, items 2-3: DataChangedError gets a typed kind and
 # the failure path a decision table): the txn engineer deletes these with the branches.
 KNOWN_TEXT_BRANCHES: frozenset[tuple[str, str]] = frozenset({
-    ("filecord._txn.failure", "'linked' in exc.reason"),
-    ("filecord._txn.failure", "exc.reason == transfer.METADATA_ONLY"),
-    ("filecord._txn.failure", "found.reason != transfer.METADATA_ONLY"),
 })
 
 # --- the checker ----------------------------------------------------------------------------

@@ -3,14 +3,16 @@
 Theory of operation
 -------------------
 1. Before any temp, a lock file per directory (``liveness.create``: ``O_EXCL``, ``flock``,
-   content = the journal's path, ``fsync``): a temp's name then implies its lock and pointer.
+   content = a checksummed pointer record naming the journal, ``fsync``): a temp's name then
+   implies its lock and pointer.
 2. Each source's record says whether it is dense (FIEMAP, else ``SEEK_HOLE``, on a read-only
    descriptor closed again: reads only, so a crash here leaves what step 1 left).  The record
    goes to ``.filecord-pending``, is fsynced, every directory of the save is fsynced (temps and
    lock files are durable), then it is renamed to ``.filecord-journal`` and
-   its directory fsynced: a journal name never holds a torn record.  Each lock file then gets
-   a durable "journaled" mark, so a journal that later goes missing is known to be removed,
-   not never made.
+   its directory fsynced: a journal name never holds a torn head.  Its descriptor stays open
+   (``Txn.journal_fd``): the progress records (``moved``, ``looked``) are appended to it and
+   fsynced.  Each lock file then gets a durable, checksummed "journaled" record, so a
+   journal that later goes missing is known to be removed, not never made.
 3. Every source the save will shorten or delete is renamed to ``.NAME.TOKEN.filecord-src`` in
    its own directory and the directories fsynced, before anything is truncated.  A crash
    between renames leaves each source at one of its two names, both known to ``recover``.
@@ -40,7 +42,7 @@ def lock_directories(txn: Txn) -> None:
     outs = [o for o in txn.prep.plan.outputs if not o.direct]
     if not outs:
         return
-    content = os.fsencode(journal_name(txn, _names.JOURNAL)) + b"\n"
+    content = liveness.pointer_record(journal_name(txn, _names.JOURNAL))
     firsts = {os.path.dirname(o.target): o.target for o in reversed(outs)}
     for directory in dict.fromkeys(os.path.dirname(o.target) for o in outs):
         path = _names.sibling(firsts[directory], txn.token, _names.LOCK)
@@ -144,8 +146,10 @@ def write_journal(txn: Txn) -> None:
     try:
         _sys.write_all(fd, journal.encode(txn.record), 0)
         txn.counters.fsync(fd)
-    finally:
-        _sys.close(fd)
+    except BaseException:
+        _sys.close_each([fd])
+        raise
+    txn.journal_fd = fd  # kept open: the progress records are appended through it
     # Every name the rollback needs (temps, lock files) must be durable before the journal
     # name can be: fsyncing a file does not persist its directory entry.
     temps = [t for t in txn.temps if t is not None]
@@ -153,8 +157,8 @@ def write_journal(txn: Txn) -> None:
     final = journal_name(txn, _names.JOURNAL)
     _sys.rename(pending, final)
     txn.journal_path = final
+    txn.to(Stage.JOURNALED)  # the rename is the transition; a failed fsync below rolls back
     txn.counters.fsyncs += _sys.fsync_parents([final])
-    txn.to(Stage.JOURNALED)
     for _path, lock_fd in txn.locks:
         liveness.mark_journaled(lock_fd)
 
@@ -177,3 +181,19 @@ def park_sources(txn: Txn) -> None:
         _sys.rename(current, record.parked(s))
         parked.append(record.parked(s))
     txn.counters.fsyncs += _sys.fsync_parents(parked)
+
+
+def append_record(txn: Txn, record: bytes) -> None:
+    """Append one progress record to the journal and fsync it, before the step it licenses."""
+    fd = txn.journal_fd
+    if fd is None:  # pragma: no cover - records follow the journal's write
+        raise SaveError("a journal record without a journal")
+    _sys.write_all(fd, record, _sys.fstat(fd).st_size)
+    txn.counters.fsync(fd)
+
+
+def close_journal(txn: Txn) -> None:
+    """Close the journal's descriptor (its records are all fsynced); raises a close error."""
+    fd, txn.journal_fd = txn.journal_fd, None
+    if fd is not None:
+        _sys.close(fd)

@@ -1,15 +1,38 @@
-"""The save journal's record (version 2): encode, decode and confine, pure.
+"""The save's log (journal version 3): one file of length-prefixed, checksummed records.
 
-A journal file is a magic line followed by the same record twice, each copy a line of JSON
-carrying a sha256 of itself.  One damaged copy (a flipped bit, zeroed or replaced bytes, a
-truncation inside the second copy) leaves the other one to read; when neither copy checks out
-the journal is *damaged* and recovery refuses to act on it.  The file is written under a
-``.filecord-pending`` name, fsynced, and only then renamed to its journal name, so a journal
-name never holds a torn record after a crash: whatever fails to parse there was damaged later.
+Theory of operation
+-------------------
+A journal file is a magic line and then records, one per line::
 
-The stage of the transaction is not in the content at all but in the file's *name* (see
-``stages``): renames are atomic, and damage to the bytes cannot turn "roll back" into
-"finish".  ``save.py`` writes the file; ``recover.py`` reads it; ``undo.py`` acts on it.
+    LLLLLLLL SSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSS {"body": ..., "kind": "begin"}
+
+``L`` is the payload's length (8 hex digits), ``S`` the first 16 bytes of the payload's
+sha256 (32 hex digits), the payload canonical JSON in ASCII (so no newline inside it).  Why
+sha256 and not CRC32C: it is in the standard library (no dependency), it costs nothing at a
+few records per save, and a crafted or single-digit change can neither match by chance nor be
+made to (a CRC is linear: one digit changed and a few bytes fixed up elsewhere would pass).
+
+The records (``Kind``):
+
+* ``begin``: what the save is (outputs, sources, window: :class:`Journal`), written **twice**
+  under the ``.filecord-pending`` name, fsynced, then renamed to the journal name: a journal
+  name never holds a torn head, and one damaged copy leaves the other to read.
+* ``moved``: ``{"n": N}``, appended and fsynced once the first N moved sources (journal
+  order) have finished their moves, after the last truncate of the Nth is fsynced.
+* ``looked``: the save's last look at each parked source (dev, ino, size, mtime), appended
+  and fsynced just before the commit point, for recover's finish.
+
+Replay (:func:`read_log`) is WAL style: records after the head are read in order and stop at
+the first that does not check.  What follows it is a torn tail when no later record checks (an
+append a crash cut, or one damaged after it was written: the two cannot be told apart, and
+either way the save did not rely on it more than on the files, see ``undo``); a bad record
+*before* a good one is damage: appends are fsynced one after the other, so a crash cannot
+leave that (:class:`JournalDamagedError`, "damaged", never "another process").  The stage of
+the save is not a record but the file's *name* (``stages``): the rename is atomic, and damage
+to the bytes cannot turn "roll back" into "finish".
+
+The lock files (``liveness``) use the same framing for their two records, ``pointer`` (the
+journal's path) and ``journaled`` (the journal is durable under its name).
 
 Temp and renamed-source paths are not stored: they are derived from the final and source paths
 and the token (``_names``), so a crafted record cannot point recovery at other files.
@@ -19,18 +42,30 @@ journal sits in its first output's directory.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._plan.types import MoveSource, PieceRef
 from filecord.errors import RecoverError
 
-VERSION = 2
-MAGIC = b"filecord-journal 2\n"
+VERSION = 3
+MAGIC = b"filecord-journal 3\n"
+
+
+class Kind(enum.Enum):
+    """The checksummed record kinds (the journal's three, the lock file's two)."""
+
+    BEGIN = "begin"
+    MOVED = "moved"
+    LOOKED = "looked"
+    POINTER = "pointer"
+    JOURNALED = "journaled"
 
 
 class NotAJournalError(RecoverError):
@@ -38,7 +73,8 @@ class NotAJournalError(RecoverError):
 
 
 class JournalDamagedError(RecoverError):
-    """The file is a journal but no copy of its record checks out: recovery refuses to act."""
+    """The file is a journal (or lock file) but a record that must check does not: it was
+    damaged after it was written.  Recovery refuses to act and says "damaged"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,38 +163,170 @@ def _body(j: Journal) -> dict[str, object]:
     }
 
 
-def _digest(body: object) -> str:
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+def _sum(payload: bytes) -> bytes:
+    return hashlib.sha256(payload).hexdigest()[:32].encode()
+
+
+def frame(kind: Kind, body: object) -> bytes:
+    """One record: length, checksum and payload on one line."""
+    payload = json.dumps({"kind": kind.value, "body": body}, sort_keys=True,
+                         separators=(",", ":"), ensure_ascii=True).encode()
+    return b"%08x %s %s\n" % (len(payload), _sum(payload), payload)
+
+
+def unframe(line: bytes) -> tuple[Kind, object]:
+    """The kind and body of one record line (without its newline); ValueError if it does not
+    check: wrong length, wrong checksum, not JSON, an unknown kind."""
+    if len(line) < 42 or line[8:9] != b" " or line[41:42] != b" ":
+        raise ValueError("not a record")
+    length, digest, payload = line[:8], line[9:41], line[42:]
+    if not all(c in b"0123456789abcdef" for c in length) or int(length, 16) != len(payload):
+        raise ValueError("its length does not match")
+    if digest != _sum(payload):
+        raise ValueError("checksum mismatch")
+    record = json.loads(payload)
+    if not isinstance(record, dict) or set(record) != {"kind", "body"}:
+        raise ValueError("not a record")
+    return Kind(record["kind"]), record["body"]
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """The records of a log that check, in order, up to the first that does not."""
+
+    records: tuple[tuple[Kind, object], ...]
+    torn: bool = False  # a tail that does not check (cut by a crash): ignored
+    damage: str | None = None  # a record that does not check before one that does: why
+
+
+def _checks(line: bytes) -> bool:
+    try:
+        unframe(line)
+    except (ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def _overlong(line: bytes) -> bool:
+    """Whether a line is longer than the record its (intact) header announces: a damaged
+    newline merged it with the next record.  A cut record is only ever shorter."""
+    head = line[:8]
+    return (len(head) == 8 and all(c in b"0123456789abcdef" for c in head)
+            and line[8:9] == b" " and len(line) > 42 + int(head, 16))
+
+
+def replay(lines: list[bytes], *, torn_tail: bool) -> Replay:
+    """WAL replay of whole record lines: stop at the first that does not check; it is damage
+    when a later line checks or it runs into a record that followed it, else the torn tail."""
+    records: list[tuple[Kind, object]] = []
+    for n, line in enumerate(lines, start=1):
+        try:
+            records.append(unframe(line))
+        except (ValueError, KeyError, TypeError) as exc:  # noqa: PERF203 - stops at the first
+            later = next((m for m, rest in enumerate(lines[n:], start=n + 1) if _checks(rest)),
+                         None)
+            if later is not None:
+                return Replay(tuple(records), torn_tail,
+                              f"record {n} ({exc}) before record {later}, which checks")
+            if _overlong(line):
+                return Replay(tuple(records), torn_tail,
+                              f"record {n} ({exc}) runs into the record after it")
+            return Replay(tuple(records), torn=True)
+    return Replay(tuple(records), torn_tail)
+
+
+def split_lines(data: bytes) -> tuple[list[bytes], bool]:
+    """Whole lines, and whether a cut last line (no newline: a torn append) followed them."""
+    lines = data.split(b"\n")
+    return lines[:-1], lines[-1] != b""
 
 
 def encode(j: Journal) -> bytes:
-    body = _body(j)
-    line = json.dumps({"body": body, "sha256": _digest(body)}, sort_keys=True,
-                      ensure_ascii=True).encode() + b"\n"
-    return MAGIC + line + line
+    """The journal as written under its pending name: magic and the head, twice."""
+    head = frame(Kind.BEGIN, _body(j))
+    return MAGIC + head + head
 
 
-def decode(data: bytes) -> Journal:
-    """The record in ``data``; :class:`NotAJournalError` or :class:`JournalDamagedError`.
+def encode_moved(done: int) -> bytes:
+    return frame(Kind.MOVED, {"n": done})
 
-    Any line whose checksum holds is the record, even when the magic line or the other copy is
-    damaged: the checksum, not the position, is the proof.
-    """
+
+def encode_looked(looks: list[tuple[int, int, int, int]]) -> bytes:
+    return frame(Kind.LOOKED, [list(look) for look in looks])
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    """A journal read back: its head record and what its progress records say."""
+
+    journal: Journal
+    moved: int = 0  # the first N moved sources (journal order) have finished, durably
+    looked: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    torn: bool = False
+
+
+def _head(data: bytes) -> tuple[Journal, list[bytes], bool]:
+    """The head record, the whole lines after the magic line, and whether a torn tail follows."""
+    lines, torn = split_lines(data)
+    if lines and not data.startswith(MAGIC):
+        try:  # the magic line itself damaged: the checksum, not the position, is the proof
+            unframe(lines[0])
+        except (ValueError, KeyError, TypeError):
+            lines = lines[1:]
+    elif lines:
+        lines = lines[1:]
     problems: list[str] = []
-    lines = data.split(b"\n")
-    for n, line in enumerate(lines[1:] if data.startswith(MAGIC) else lines, start=1):
-        if not line.strip():
-            continue
+    for n, line in enumerate(lines[:2], start=1):
         try:
-            return _parse(line)
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
-            problems.append(f"line {n}: {exc}")
+            kind, body = unframe(line)
+            if kind is not Kind.BEGIN:
+                raise ValueError(f"a {kind.value} record where the head belongs")
+            return _parse(body), lines, torn
+        except (ValueError, KeyError, TypeError, IndexError) as exc:  # noqa: PERF203 - two
+            problems.append(f"copy {n}: {exc}")
     if not data.startswith(MAGIC[:9]):
         raise NotAJournalError("the file is not a filecord journal (no magic line, no record)")
     raise JournalDamagedError(
-        "no copy of the journal's record checks out (" + "; ".join(problems or ["empty"]) + ")"
+        "the journal is damaged: no copy of its head record checks out ("
+        + "; ".join(problems or ["empty"]) + ")"
     )
+
+
+def decode(data: bytes) -> Journal:
+    """The head record in ``data``; :class:`NotAJournalError` or :class:`JournalDamagedError`.
+
+    Either copy whose checksum holds is the record, even when the magic line or the other copy
+    is damaged."""
+    return _head(data)[0]
+
+
+def read_log(data: bytes) -> Log:
+    """The head and the progress records (WAL replay); :class:`JournalDamagedError` when a
+    record that does not check comes before one that does (damage, not a crash: a crash only
+    cuts the tail).  The head's second copy counts as such a record: a damaged newline merges
+    it with the first progress record, which must not vanish unnoticed."""
+    j, lines, torn = _head(data)
+    rest = lines[2:]
+    if len(lines) > 1 and not _checks(lines[1]) and (
+        _overlong(lines[1]) or any(_checks(line) for line in rest)
+    ):
+        raise JournalDamagedError("the journal is damaged: the second copy of its head does "
+                                  "not check out, and a later record does")
+    r = replay(rest, torn_tail=torn)
+    if r.damage is not None:
+        raise JournalDamagedError(f"the journal is damaged: {r.damage}")
+    moved = 0
+    looked: dict[tuple[int, int], tuple[int, int]] = {}
+    for kind, body in r.records:
+        if kind is Kind.MOVED and isinstance(body, dict):
+            moved = max(moved, _int(body["n"]))
+        elif kind is Kind.LOOKED and isinstance(body, list):
+            for look in body:
+                dev, ino, size, mtime = (_int(v) for v in look)
+                looked[(dev, ino)] = (size, mtime)
+        else:
+            raise JournalDamagedError(f"the journal holds an unexpected {kind.value} record")
+    return Log(j, moved, looked, r.torn)
 
 
 def _int(v: object) -> int:
@@ -173,11 +341,9 @@ def _str(v: object) -> str:
     return v
 
 
-def _parse(line: bytes) -> Journal:
-    record = json.loads(line)
-    body = record["body"]
-    if record["sha256"] != _digest(body):
-        raise ValueError("checksum mismatch")
+def _parse(body: object) -> Journal:
+    if not isinstance(body, dict):
+        raise TypeError("the head is not an object")
     if body["version"] != VERSION:
         raise ValueError(f"version {body['version']!r} is not {VERSION}")
     outputs = tuple(

@@ -18,14 +18,15 @@ size, mtime and ctime.
    (``lstat``, no symlink followed, device and inode checked) and compared with its look.  A
    difference is a ``DataChangedError``; the failure path holds the journal (as for a source
    changed mid-move) and puts nothing back over the change.  The looks are then appended to
-   the journal directory's lock file ("looked DEV INO SIZE MTIME", fsynced) for recover's
-   finish.  A crash here leaves the journal at ``-journal``: recover rolls back (strict checks).
+   the journal as one checksummed ``looked`` record (fsynced) for recover's finish.  A crash here
+   leaves the journal at ``-journal``: recover rolls back (strict checks).
 3. At the unlink (``unlink_consumed``, after the commit point and the renames, so the outputs
    are final): each source is compared once more immediately before its unlink.  A changed one
    is not deleted: it gets its own name back (``link``, never over another file) or stays
    under its parked name, and the save raises ``DataChangedError`` once the rest of the commit
    is done, saying where it is.  A crash here leaves the ``-committed`` journal; recover's
-   ``undo.finish`` keeps a parked source whose size or mtime differs from its "looked" line.
+   ``undo.finish`` keeps a parked source whose size or mtime differs from its ``looked``
+   record.
 4. On a failure before the commit point (``changed_since_look``), the rollback first proves
    each source is as last seen by size and times, not by size alone.
 
@@ -38,10 +39,10 @@ from __future__ import annotations
 from typing import NoReturn
 
 from filecord._io import syscalls as _sys
-from filecord._txn import liveness, undo
+from filecord._txn import begin, journal, undo
 from filecord._txn.journal import Journal
 from filecord._txn.state import Txn
-from filecord.errors import DataChangedError, add_note
+from filecord.errors import ChangeKind, DataChangedError, add_note
 
 
 def take(txn: Txn) -> None:
@@ -62,7 +63,9 @@ def take(txn: Txn) -> None:
             txn.changed = key
             raise DataChangedError(record.parked(s), expected_size=size,
                                    found_size=None if st is None else st.st_size,
-                                   reason="another process changed it as it was parked")
+                                   reason="another process changed it as it was parked",
+                                   kind=ChangeKind.REPLACED if st is None else
+                                   ChangeKind.CONTENT)
         txn.looks[key] = (st, None)
 
 
@@ -83,11 +86,12 @@ def check(txn: Txn) -> None:
             raise DataChangedError(record.parked(s), expected_size=look.st_size,
                                    found_size=st.st_size, reason=undo.change_reason(
                                        st, look, "another process changed it after the save's "
-                                       "last look, before the commit"))
+                                       "last look, before the commit"),
+                                   kind=undo.change_kind(st, look))
         if st is not None:
             seen.append((s.dev, s.ino, st.st_size, st.st_mtime_ns))
-    if seen and txn.locks:  # for recover's finish, which has no look of its own
-        liveness.mark_looked(txn.locks[0][1], seen)
+    if seen:  # for recover's finish, which has no look of its own
+        begin.append_record(txn, journal.encode_looked(seen))
 
 
 def unlink_consumed(txn: Txn, record: Journal) -> list[tuple[str, str]]:
@@ -138,5 +142,6 @@ def changed_since_look(txn: Txn) -> DataChangedError | None:
             return DataChangedError(found[0], expected_size=look.st_size,
                                     found_size=found[1].st_size, reason=undo.change_reason(
                                         found[1], look, "another process changed it after the "
-                                        "save's last look"))
+                                        "save's last look"),
+                                    kind=undo.change_kind(found[1], look))
     return None

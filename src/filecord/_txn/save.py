@@ -26,8 +26,8 @@ held in ``Txn.stage`` and moves only along ``stages``'s table.
    it while it is incomplete; then adoption renames and moves (``transfer.move_source``: per
    window copy, fsync the temps, check the source is still the size the move left it, truncate).
    The look at each parked source (``looks.take``) and each truncate's ``fstat`` are kept in
-   ``Txn.looks``; a finished move is marked durably in the journal directory's lock file
-   (``moved N``), so recover knows that source must be at its kept prefix.
+   ``Txn.looks``; a finished move is marked durably by a ``moved`` record appended to the
+   journal (checksummed, fsynced), so recover knows that source must be at its kept prefix.
 6. COMMITTED: temps fsynced, every parked source compared with its last look (size, mtime,
    ctime: ``looks.check``; a change is a DataChangedError and the journal is held; the looks
    are appended, fsynced, to the lock file for recover), the journal renamed to
@@ -65,7 +65,7 @@ from filecord._txn.failure import fail as _fail
 from filecord._txn.stages import Stage
 from filecord._txn.state import Prepared, Txn
 from filecord._txn.state import ProgressCallback as ProgressCallback
-from filecord.errors import DataChangedError, FilecordError, SaveError, add_note
+from filecord.errors import ChangeKind, DataChangedError, FilecordError, SaveError, add_note
 
 log = logging.getLogger(__name__)
 
@@ -290,9 +290,8 @@ def _move(txn: Txn, m: MoveSource) -> None:
         # last truncate is made durable first: on a file system whose fsync persists only its
         # own inode (btrfs), the mark must never outlive the cut it speaks of.
         txn.moves_done += 1
-        if txn.locks:
-            txn.counters.fsync(fd)
-            liveness.mark_moved(txn.locks[0][1], txn.moves_done)
+        txn.counters.fsync(fd)
+        begin.append_record(txn, journal.encode_moved(txn.moves_done))
     except BaseException:
         close_descriptors_quietly([fd])  # never let a close error hide why the move stopped
         raise
@@ -321,7 +320,8 @@ def _adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
         raise DataChangedError(current, expected_size=m.size,
                                found_size=None if st is None else st.st_size,
                                reason="another process changed or replaced it before it was "
-                               "adopted")
+                               "adopted",
+                               kind=ChangeKind.REPLACED if st is None else ChangeKind.CONTENT)
     _sys.rename(current, temp)
     txn.counters.fsyncs += _sys.fsync_parents([temp, src.path])
     old = txn.fds[o]
@@ -361,6 +361,7 @@ def _commit(txn: Txn) -> None:
     record = txn.record
     if record is not None and txn.journal_path is not None:
         looks.check(txn)  # the last look, just before the commit point
+        begin.close_journal(txn)  # a close error here still rolls back
         committed = begin.journal_name(txn, _names.COMMITTED)
         _sys.rename(txn.journal_path, committed)
         txn.journal_path = committed

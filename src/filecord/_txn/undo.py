@@ -26,9 +26,9 @@ is where and how long a move of this save can have left it: at a window boundary
 Any other size means someone else changed the file; nothing is done and the caller refuses.
 It also checks the move order (``check_order``, journals marked ``ordered``): moves run one at a
 time in journal order, so the sources before the one in progress (the first not at its kept
-prefix) are at their kept prefixes, those after it at full size, and the first N, when the lock
-file says "moved N", at their kept prefixes.  A write into a finished source, or a cut of one
-whose move never began, is refused even at a size a move could leave.
+prefix) are at their kept prefixes, those after it at full size, and the first N, when the
+journal's ``moved`` record says N, at their kept prefixes.  A write into a finished source,
+or a cut of one whose move never began, is refused even at a size a move could leave.
 
 *Finish* (after the commit point): each temp still holding the journaled inode is given its
 recorded mode and owner and renamed onto its final name; a final name already holding that
@@ -37,13 +37,14 @@ then the parked sources (their names carry the token, so an inode number reused 
 at the old path can never be mistaken for them) are unlinked and their directories fsynced.
 Recover has no in-memory look, and the journal is written before the moves, so it cannot hold
 their last stat: the save appends it, just before its commit point, to the journal
-directory's lock file ("looked DEV INO SIZE MTIME", fsynced; ``liveness.read_marks``).  A
+journal as a checksummed ``looked`` record (fsynced; ``journal.read_log``).  A
 parked source whose size is not its kept prefix, or whose size and mtime are not the recorded
 ones, was written after the save's last look and is kept (named back if its name is free),
 never unlinked, and a ``DataChangedError`` says so after everything else is finished.  The
-lock file's lines carry no checksum, so a "looked" line never proves a move finished
-(``check_committed``): only the files do (a later move at its kept prefix, or the outputs
-holding every moved byte); without that proof a committed journal is refused.  Not
+``looked`` record was written by the save, but a crafted journal can carry one too, so it
+never proves a move finished (``check_committed``): only the files do (a later move at its
+kept prefix, or the outputs holding every moved byte); without that proof a committed journal
+is refused.  Not
 ctime: a restore or copy of a crashed tree changes every ctime, mtime survives it.  A rewrite
 that keeps size and mtime (``utime``, or within one timestamp tick) is not seen by recover.
 """
@@ -60,7 +61,7 @@ from filecord._io import syscalls as _sys
 from filecord._plan.plan import cover
 from filecord._txn import transfer
 from filecord._txn.journal import Journal, JournalOutput, JournalSource
-from filecord.errors import DataChangedError, RecoverError, add_note
+from filecord.errors import ChangeKind, DataChangedError, RecoverError, add_note
 
 
 def same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
@@ -102,7 +103,7 @@ def check_strict(j: Journal, done: int = 0) -> None:
     """Refuse (``DataChangedError``) if a source is not as this save can have left it.
 
     ``done``: how many moved sources (in journal order) are known to have finished their
-    moves (the lock file's durable "moved N" mark, or the save's own count)."""
+    moves (the journal's durable ``moved`` record, or the save's own count)."""
     check_order(j, done)
     for s in j.sources:
         if s.adopt:
@@ -180,10 +181,18 @@ def as_seen(st: os.stat_result, look: os.stat_result, pending: int | None = None
     return pending is not None and st.st_size == pending
 
 
+def change_kind(st: os.stat_result, look: os.stat_result) -> ChangeKind:
+    """``METADATA`` when only the ctime differs from the look (same size and mtime: a chmod or
+    chattr, which holds no journal), else ``CONTENT``."""
+    if (st.st_size, st.st_mtime_ns) == (look.st_size, look.st_mtime_ns):
+        return ChangeKind.METADATA
+    return ChangeKind.CONTENT
+
+
 def change_reason(st: os.stat_result, look: os.stat_result, changed: str) -> str:
     """``changed``, or ``transfer.METADATA_ONLY`` when only the ctime differs from the look
     (same size and mtime): a chmod/chattr, which holds no journal."""
-    if (st.st_size, st.st_mtime_ns) == (look.st_size, look.st_mtime_ns):
+    if change_kind(st, look) is ChangeKind.METADATA:
         return transfer.METADATA_ONLY
     return changed
 
@@ -438,7 +447,7 @@ def finish(j: Journal, journal_path: str,
         finals.append(out.final)
     _sys.fsync_parents(finals)
     # A parked source not at the size its finished move leaves, or not at the size and mtime
-    # the save's last look recorded (the lock file's "looked" lines, written just before the
+    # the save's last look recorded (the journal's ``looked`` record, written just before the
     # commit point), was written by someone else and is kept, never deleted.
     looked = looked or {}
     parked = [j.parked(s) for s in j.sources if not s.adopt]
