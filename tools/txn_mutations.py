@@ -19,7 +19,7 @@ TXN = ROOT / "src" / "filecord" / "_txn"
 UNIT = "tests/unit/txn"
 ORDER = "tests/sweeps/test_fsync_order.py"
 GUARDS = "tests/sweeps/test_recover_guards.py"
-R4 = "tests/test_attacks_round4.py"
+R4 = "tests/sweeps/test_looks_order_and_records.py"
 
 MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     # --- the ones the issue lists -----------------------------------------------------------

@@ -11,29 +11,31 @@ Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault 
    in a temp, at every instant, even after a crash that loses every unsynced write: a window
    is fsynced in the temps before it is cut, a ``moved`` record only after the source's last
    cut is fsynced, a put-back fsynced before the temp lets go.
-   Tests: tests/crash/test_power_loss.py, tests/faults/test_fault_points.py,
-   tests/unit/txn/test_fsync_order.py.
+   Tests: tests/sweeps/test_power_cuts.py, tests/sweeps/test_fault_points.py,
+   tests/sweeps/test_fsync_order.py.
 2. The final name holds its old content or the complete new file, never a mix (one rename per
-   output after the commit point).  Tests: tests/crash/test_sigkill.py,
-   tests/faults/test_fault_points.py.
+   output after the commit point).  Tests: tests/sweeps/test_kill_points.py,
+   tests/sweeps/test_fault_points.py.
 3. A failed save leaves its sources byte-exact, or a journal ``recover`` turns into that
-   (rows ROLL_BACK, KEEP).  Tests: tests/faults/test_fault_points.py, tests/crash/test_sigkill.py.
+   (rows ROLL_BACK, KEEP).  Tests: tests/sweeps/test_fault_points.py,
+   tests/sweeps/test_kill_points.py.
 4. ``recover`` is idempotent and crash-safe: every row is judged from the files, so running it
-   again continues.  Tests: tests/crash/test_sigkill.py (recover killed too),
-   tests/crash/test_recover_race.py.
+   again continues.  Tests: tests/sweeps/test_kill_points.py (recover killed too),
+   tests/sweeps/test_recover_races.py.
 5. ``recover`` acts only on proof: a held lock is skipped; a record that does not check is
    DAMAGED and refused, never blamed on another process; every path is derived from the
-   token.  Tests: tests/crash/test_hostile_recover.py, tests/unit/txn/test_log.py,
-   tests/unit/txn/test_damage_sweep.py.
+   token.  Tests: tests/sweeps/test_hostile_journals.py, tests/unit/txn/test_log.py,
+   tests/sweeps/test_damaged_records.py, tests/sweeps/test_recover_guards.py.
 6. Owned sources outlive a failed save: only a committed consuming save deletes them
-   (rows FINISH only after the commit point).  Tests: tests/test_recover_proof.py.
+   (rows FINISH only after the commit point).  Tests: tests/sweeps/test_recover_acts_on_proof.py.
 7. A source changed by someone else is an error with a typed kind (``ChangeKind``), never
    mixed, cut or "restored" with bytes not its own: CHANGED holds the journal, LINKED and
-   METADATA keep it for recover.  Tests: tests/faults/test_second_party.py,
-   tests/test_attacks_round4.py, tests/unit/txn/test_decide.py.
+   METADATA keep it for recover.  Tests: tests/sweeps/test_second_party.py,
+   tests/sweeps/test_looks_order_and_records.py, tests/unit/txn/test_decide.py.
 8. A save that committed never raises for what comes after its commit point but a kept,
    changed source (``committed=True``); row COMPLETE reports, never undoes.
-   Tests: tests/test_recover_proof.py (Ctrl-C after completion), tests/test_attacks_round4.py.
+   Tests: tests/sweeps/test_recover_acts_on_proof.py (Ctrl-C after completion),
+   tests/sweeps/test_looks_order_and_records.py.
 """
 
 from __future__ import annotations
