@@ -72,6 +72,10 @@ class NotAJournalError(RecoverError):
     """The file is not a filecord journal at all (wrong name or no magic): never touched."""
 
 
+class JournalVersionError(RecoverError):
+    """A journal of an older format (version 2, before the log): never touched."""
+
+
 class JournalDamagedError(RecoverError):
     """The file is a journal (or lock file) but a record that must check does not: it was
     damaged after it was written.  Recovery refuses to act and says "damaged"."""
@@ -286,6 +290,10 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool]:
             problems.append(f"copy {n}: {exc}")
     if not data.startswith(MAGIC[:9]):
         raise NotAJournalError("the file is not a filecord journal (no magic line, no record)")
+    if data.startswith(b"filecord-journal 2\n"):  # and no record of this version checks
+        raise JournalVersionError(
+            "the journal was written by an older filecord (journal version 2, before the "
+            "checksummed log): recover it with the filecord that wrote it; nothing was touched")
     raise JournalDamagedError(
         "the journal is damaged: no copy of its head record checks out ("
         + "; ".join(problems or ["empty"]) + ")"

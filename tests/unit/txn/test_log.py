@@ -192,3 +192,8 @@ def test_lock_every_byte_flipped(mask: int) -> None:
             # field now announces less than the line holds (a cut record is only ever shorter)
             assert got == liveness.Pointer(JPATH, journaled=False) or (
                 got.journal is None and got.damage is not None and "damaged" in got.damage)
+
+
+def test_a_version_2_journal_is_named_as_such_not_damaged() -> None:
+    with pytest.raises(journal.JournalVersionError, match="older filecord"):
+        journal.read_log(b'filecord-journal 2\n{"body": {}, "sha256": "00"}\n')
