@@ -96,17 +96,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # the transaction into ``_txn/``, the cli engineer the CLI helpers into ``cli/``).  TEMPORARY:
 # delete each entry when its module moves; an entry that matches nothing is reported.
 PENDING_PLACES: dict[str, str] = {
-    **dict.fromkeys(("_save", "_fill", "_journal", "_journaling", "_lockfile", "_looks",
-                     "_undo", "_stage", "_failure", "_recover", "_transfer"), "txn"),
     "_cli_*": "cli",
 }
 # Branches on exception text still in the code, by module and the comparison as written
 # (``ast.unparse``).  TEMPORARY (issue 22, items 2-3: DataChangedError gets a typed kind and
 # the failure path a decision table): the txn engineer deletes these with the branches.
 KNOWN_TEXT_BRANCHES: frozenset[tuple[str, str]] = frozenset({
-    ("filecord._failure", "'linked' in exc.reason"),
-    ("filecord._failure", "exc.reason == _transfer.METADATA_ONLY"),
-    ("filecord._failure", "found.reason != _transfer.METADATA_ONLY"),
 })
 
 # --- the checker ----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Regenerate the figures table of docs/reliability.md from the crash, fault and hostile suites.
 
-Runs ``pytest -s`` on ``tests/faults``, ``tests/crash`` and the hostile-input tests of the
+Runs ``pytest -s`` on ``tests/sweeps`` and the hostile-input tests of the
 formats, collects the one-line tallies those tests print (points covered, N/N, case counts),
 and rewrites the block between the ``figures`` markers in ``docs/reliability.md``.  The tests
 assert the figures; this only copies what a real run printed, with the date.
@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "reliability.md"
 BEGIN, END = "<!-- figures:begin -->", "<!-- figures:end -->"
-SUITES = ["tests/faults", "tests/crash", "tests/executorch/test_et_hostile.py"]
+SUITES = ["tests/sweeps", "tests/executorch/test_et_hostile.py"]
 TALLY = re.compile(
     r"(\d+/\d+|\d+ (truncations|byte-flip cases|oversize-word cases|calls)|sparse 1\.1 GB)"
 )

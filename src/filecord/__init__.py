@@ -27,8 +27,8 @@ from filecord._pieces.data import FileBackedData
 from filecord._plan.report import SaveReport
 from filecord._plan.types import PieceAction
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._recover import Recovered, recover
-from filecord._save import plan, save, save_many
+from filecord._txn.recover import Recovered, recover
+from filecord._txn.save import plan, save, save_many
 
 __version__ = "0.1.0"
 

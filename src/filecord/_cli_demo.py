@@ -39,7 +39,7 @@ from filecord._io.measure import DiskSampler, rss_now, rss_peak, rss_reset
 from filecord._pieces.data import FileBackedData
 from filecord._plan.report import SaveReport
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._save import save
+from filecord._txn.save import save
 from filecord.executorch.ptd import build_ptd, read_ptd
 from filecord.executorch.values import PtdEntry
 

@@ -45,7 +45,7 @@ def run_model(directory: str) -> ModelResult:
     import torch
     from torch.export import export
 
-    from filecord._save import save
+    from filecord._txn.save import save
     from filecord.executorch import save_state_dict
 
     with _silenced():

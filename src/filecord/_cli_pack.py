@@ -132,7 +132,7 @@ def _refuse_replacing_other_files(out: str) -> None:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from filecord._save import plan, save
+    from filecord._txn.save import plan, save
 
     _refuse_replacing_other_files(args.out)  # before any input is taken over
     cord, datas = _cord(args)  # a UsageError is rendered by main (exit 2)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from filecord._cli_common import EXIT_OK, Subparsers, UsageError, add_common
 
 if TYPE_CHECKING:  # the library is imported when the command runs, not to build the parser
-    from filecord._recover import Action
+    from filecord._txn.recover import Action
 
 _WORDS: dict[Action, str] = {
     "finished": "completed the save: outputs in place, consumed sources removed",
@@ -27,8 +27,8 @@ _WORDS: dict[Action, str] = {
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from filecord._journal import NotAJournalError
-    from filecord._recover import Recovered, recover
+    from filecord._txn.journal import NotAJournalError
+    from filecord._txn.recover import Recovered, recover
     from filecord.errors import RecoverError
 
     error: RecoverError | None = None

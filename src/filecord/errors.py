@@ -8,6 +8,7 @@ human-readable story goes into ``add_note`` so tracebacks show it.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 
@@ -28,6 +29,24 @@ def add_note(exc: BaseException, note: str) -> None:
         notes.append(note)
 
 
+class ChangeKind(enum.Enum):
+    """What a :class:`DataChangedError` found, for code to decide on (never the message text).
+
+    ``CONTENT``: its size or content (modification time) changed, or the move order says it
+    was cut or written by someone else; the save's journal is held, nothing is put back over it.
+    ``REPLACED``: the name no longer holds the file (gone, or another file).
+    ``LINKED``: another name was linked to it; no byte changed, a rollback may put the bytes
+    back into the shared file.
+    ``METADATA``: only its change time moved (a chmod, chown or chattr); no byte changed as far
+    as size and modification time tell, so the journal is kept, not held.
+    """
+
+    CONTENT = "content"
+    REPLACED = "replaced"
+    LINKED = "linked"
+    METADATA = "metadata"
+
+
 class DataChangedError(FilecordError, OSError):
     """A file-backed piece no longer holds the bytes it was made with.
 
@@ -35,13 +54,15 @@ class DataChangedError(FilecordError, OSError):
     now (``None`` when the file is gone), and ``reason`` says what differed.  ``committed`` is
     True when the save (or recover) had passed its commit point: the outputs are complete
     under their final names, and only a consumed source changed after the save's last look was
-    kept instead of deleted (the notes say where).
+    kept instead of deleted (the notes say where).  ``kind`` (:class:`ChangeKind`) says what
+    differed.
     """
 
     committed: bool = False
 
     def __init__(
-        self, path: str, *, expected_size: int, found_size: int | None, reason: str
+        self, path: str, *, expected_size: int, found_size: int | None, reason: str,
+        kind: ChangeKind = ChangeKind.CONTENT,
     ) -> None:
         found = "missing" if found_size is None else f"{found_size} bytes"
         super().__init__(
@@ -52,6 +73,7 @@ class DataChangedError(FilecordError, OSError):
         self.expected_size = expected_size
         self.found_size = found_size
         self.reason = reason
+        self.kind = kind
 
 
 @dataclass(frozen=True, slots=True)

@@ -197,7 +197,7 @@ def test_a_presized_temp_copies_the_partial_block_instead_of_failing(mount, kind
     """Should a temp ever be presized before the fill, the kernel would refuse the partial EOF
     block mid-file (EINVAL); the fill sees the temp's size first, clones the body and copies
     the tail, and says why."""
-    from filecord import _fill
+    from filecord._txn import fill as _fill
 
     fs = mount(kind, 512 * MiB)
     n = 1 * MiB + 555

@@ -1,4 +1,4 @@
-"""Shared machinery of the reliability suites (tests/faults, tests/crash).
+"""Shared machinery of the reliability suites (tests/sweeps).
 
 * ``scenarios``: the saves under test, described as plain data so a child process can rebuild
   them, plus the checker that classifies a directory as "pristine" (nothing happened) or "done"

@@ -45,8 +45,8 @@ from filecord._plan.preflight import CordLike, Target
 from filecord._plan.report import SaveReport
 from filecord._plan.types import HARDLINK, OTHER_FS, Reason
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._save import plan, save_many
-from filecord._txn import ProgressCallback as ProgressCallback
+from filecord._txn.save import plan, save_many
+from filecord._txn.state import ProgressCallback as ProgressCallback
 
 Paths = Sequence[str | os.PathLike[str]]
 T = TypeVar("T")

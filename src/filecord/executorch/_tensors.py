@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The ``.ptd`` is planned before any tensor byte exists: its layout (``ptd_layout``) is a pure
 function of each key's name, length, alignment and tensor layout.  The whole file is then
-written into ONE owned scratch file beside the output (``O_CREAT|O_EXCL``, ``_kit.torch_stream``):
+written into ONE owned scratch file beside the output (``O_CREAT|O_EXCL``, ``_torch_stream``):
 the header, flatbuffer and padding at offset 0, each tensor streamed from its own memory to its
 final offset, one chunk at a time (host memory: one chunk).  A save then publishes that file:
 with ``consume=True`` it adopts the scratch by rename (every byte written once); without it
@@ -42,7 +42,7 @@ from filecord._kit.torch_stream import chunks, new_file, tensor_items
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import CHUNK, FileBackedData
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._save import save
+from filecord._txn.save import save
 from filecord.executorch._contents import external_tensors
 from filecord.executorch._torch_layout import tensor_layout
 from filecord.executorch.ptd import PtdLayout, ptd_layout

@@ -36,7 +36,7 @@ from filecord._pieces.cord import Cord, Writable
 from filecord._plan.preflight import CordLike, Target
 from filecord._plan.report import SaveReport
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._save import plan, save_many
+from filecord._txn.save import plan, save_many
 from filecord.errors import add_note
 from filecord.executorch._cloneready import CLONE_ALIGNMENT, clone_ready_pte
 from filecord.executorch._layout import positive_int

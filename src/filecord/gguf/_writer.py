@@ -35,7 +35,7 @@ from filecord._pieces.data import FileBackedData
 from filecord._plan.preflight import CordLike, Target
 from filecord._plan.report import SaveReport
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._save import plan, save_many, save_many_moving_scratch
+from filecord._txn.save import plan, save_many, save_many_moving_scratch
 from filecord.gguf._build import build_split
 from filecord.gguf._pieces import to_tensor
 from filecord.gguf._types import (

@@ -35,7 +35,7 @@ from filecord._kit.operation import ProgressCallback
 from filecord._kit.torch_stream import host_view, write_tensors
 from filecord._plan.report import SaveReport
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._save import save, save_many
+from filecord._txn.save import save, save_many
 from filecord.safetensors._write import (
     build_file,
     index_name,

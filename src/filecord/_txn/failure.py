@@ -6,7 +6,7 @@ Theory of operation
   the temps and a pending journal unlinked, then the lock files (last, so a crash in between
   leaves a lock file beside the garbage and ``recover`` may remove it).
 * JOURNALED, MOVING: the journal is first renamed to ``.filecord-rollback`` (directory
-  fsynced), so a crash during the undo continues it; then ``_undo.roll_back`` runs on the live
+  fsynced), so a crash during the undo continues it; then ``undo.roll_back`` runs on the live
   files, exactly as ``recover`` would; then temps, journal and lock files are removed.  If the
   failure is a source changed by another process, or the undo itself fails, everything stays:
   the lock files are only closed (their ``flock`` dropped), and the error's notes say which
@@ -21,12 +21,19 @@ import logging
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
-from filecord import _lockfile, _looks, _transfer, _undo
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
-from filecord._stage import Stage
-from filecord._txn import Txn
-from filecord.errors import DataChangedError, FilecordError, SaveError, SourceState, add_note
+from filecord._txn import assess, liveness, undo
+from filecord._txn.decide import Action, Actor, Found, decide
+from filecord._txn.stages import Stage
+from filecord._txn.state import Txn
+from filecord.errors import (
+    DataChangedError,
+    FilecordError,
+    SaveError,
+    SourceState,
+    add_note,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -38,7 +45,7 @@ def _drop_locks(txn: Txn, *, remove: bool) -> None:
         path, fd = txn.locks.pop()
         if remove:
             try:
-                _lockfile.release(path, fd)
+                liveness.release(path, fd)
             except OSError as exc:  # a lock file left behind is removed by recover
                 log.warning("could not remove the lock file %s: %s", path, exc)
         else:
@@ -71,7 +78,10 @@ def _attempt(fn: Callable[[T], None], arg: T) -> OSError | None:
 
 
 def _close(txn: Txn, notes: list[str]) -> None:
-    notes.extend(f"could not close a descriptor: {exc}" for exc in close_descriptors(txn))
+    fds = [] if txn.journal_fd is None else [txn.journal_fd]
+    txn.journal_fd = None
+    errors = close_descriptors(txn) + _sys.close_each(fds)
+    notes.extend(f"could not close a descriptor: {exc}" for exc in errors)
 
 
 def _raise(exc: BaseException, message: str, notes: list[str], **kw: object) -> NoReturn:
@@ -101,7 +111,7 @@ def _states(txn: Txn) -> tuple[SourceState, ...]:
         return ()
     states = []
     for s in record.sources:
-        found = _undo.locate(record, s)
+        found = undo.locate(record, s)
         size = found[1].st_size if found else -1
         rest = tuple((record.temp(d.output), d.out_offset) for d in s.dests)
         states.append(SourceState(s.path, s.size, size, rest))
@@ -117,6 +127,7 @@ def _hold(txn: Txn, notes: list[str]) -> None:
     try:
         _sys.rename(txn.journal_path, held)
         txn.journal_path = held
+        txn.to(Stage.HELD)
         _sys.fsync_parents([held])
     except OSError as exc:
         notes.append(f"could not mark the journal held ({exc}): recover refuses it anyway if "
@@ -136,7 +147,7 @@ def _keep_all(txn: Txn, exc: BaseException, names: str, notes: list[str], why: s
         left_at = {changed: exc.expected_size}
     try:
         if txn.record is not None:
-            notes.extend(_undo.whereabouts(txn.record, left_at))
+            notes.extend(undo.whereabouts(txn.record, left_at))
         states = _states(txn)
     except OSError as wexc:
         notes.append(f"could not look at the sources to say where their bytes are: {wexc}")
@@ -145,17 +156,35 @@ def _keep_all(txn: Txn, exc: BaseException, names: str, notes: list[str], why: s
 
 
 def fail(txn: Txn, exc: BaseException) -> NoReturn:
-    """Clean up after ``exc`` and raise the error the caller sees."""
+    """Clean up after ``exc`` and raise the error the caller sees; the save ends FAILED."""
+    try:
+        _fail(txn, exc)
+    finally:
+        txn.to(Stage.FAILED)
+
+
+def _fail(txn: Txn, exc: BaseException) -> NoReturn:
     names = ", ".join(o.path for o in txn.prep.plan.outputs)
     notes: list[str] = []
-    stage, txn.stage = txn.stage, Stage.FAILED
-    if stage is Stage.DONE:  # e.g. Ctrl-C while the last lock file was being let go
+    stage = txn.stage
+    if txn.record is None or txn.journal_path is None or stage not in (
+        Stage.JOURNALED, Stage.MOVING
+    ):
+        action = decide(Actor.SAVE, stage, Found.AS_LEFT)
+    else:
+        found = assess.failed_save(txn, exc)
+        notes.extend(found.notes)
+        action = decide(Actor.SAVE, stage, found.found)
+        if action in (Action.KEEP, Action.HOLD):
+            _keep_all(txn, found.error or exc, names, notes, found.why,
+                      hold=action is Action.HOLD)
+    if action is Action.COMPLETE:  # e.g. Ctrl-C while the last lock file was being let go
         _close(txn, notes)
         _drop_locks(txn, remove=False)
         add_note(exc, f"the save of {names} had completed: every output is in place and "
                  "durable (a lock file left behind is removed by `filecord recover`)")
         raise exc
-    if stage in (Stage.COMMITTED, Stage.RENAMED):
+    if action is Action.FINISH:
         _close(txn, notes)
         if txn.journal_path is not None:
             _drop_locks(txn, remove=False)
@@ -169,67 +198,27 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
         notes.append(f"{names} holds the complete new content, but syncing its directory "
                      "failed: after a power loss the old file may come back")
         _raise(exc, f"saving {names} failed after the rename", notes)
-
     restored = 0
-    if txn.record is not None and txn.journal_path is not None:
-        if isinstance(exc, DataChangedError) and (txn.moving or txn.changed) is not None:
-            # Bytes were being moved out of the changed file.  A new hard link changes no
-            # byte: recover may put the bytes back into the shared inode.  A write, append or
-            # truncate did: hold the journal.
-            # A change of ctime alone (chmod, chattr) changed no byte either.
-            linked = "linked" in exc.reason or exc.reason == _transfer.METADATA_ONLY
-            if exc.reason == _transfer.METADATA_ONLY:
-                log.warning("%s: %s; the save stops, recover may roll it back", exc.path,
-                            exc.reason)
-            _keep_all(txn, exc, names, notes, "a source changed under the move, so nothing was "
-                      "put back over it: the journal and temps are kept" +
-                      ("" if linked else " (held: recover will not undo over the change)"),
-                      hold=not linked)
-        try:
-            found = _looks.changed_since_look(txn)
-        except OSError as cexc:
-            notes.append(f"could not check the sources: {cexc}")
-            _keep_all(txn, exc, names, notes, "the journal and temps are kept")
-        if found is not None and found.reason != _transfer.METADATA_ONLY:
-            notes.append(f"the save had failed first: {exc}")
-            found.__context__ = exc
-            _keep_all(txn, found, names, notes, "a source was changed by another process, so "
-                      "nothing was put back over it: the journal (held) and temps are kept",
-                      hold=True)
-        if found is not None:
-            # ctime alone (chmod, chattr +a that then failed the truncate): no byte changed, but
-            # the change may block the undo too; kept, not held, so recover rolls it back.
-            notes.append(f"the save had failed first: {exc}")
-            found.__context__ = exc
-            log.warning("%s: %s", found.path, found.reason)
-            _keep_all(txn, found, names, notes, "a source's metadata was changed by another "
-                      "process: the journal and temps are kept (not held)")
-        try:
-            # The same proof recover asks for: every source is as this save's moves left it,
-            # in the order they ran.
-            _undo.check_strict(txn.record, txn.moves_done)
-        except DataChangedError as cexc:
-            notes.append(f"{cexc}")
-            _keep_all(txn, exc, names, notes, "a source was changed by another process, so "
-                      "nothing was put back over it: the journal (held) and temps are kept",
-                      hold=True)
-        except OSError as cexc:
-            notes.append(f"could not check the sources: {cexc}")
-            _keep_all(txn, exc, names, notes, "the journal and temps are kept")
+    if action is Action.ROLL_BACK and txn.record is not None and txn.journal_path is not None:
         try:
             rollback = _names.restage(txn.journal_path, _names.ROLLBACK)
             _sys.rename(txn.journal_path, rollback)
             txn.journal_path = rollback
+            txn.to(Stage.ROLLING_BACK)
             _sys.fsync_parents([rollback])
             _close(txn, notes)  # the undo opens what it needs by name, as recover does
-            temps = _undo.open_temps(txn.record)
+            temps = undo.open_temps(txn.record)
             try:
-                restored = _undo.roll_back(txn.record, temps, txn.counters)
+                restored = undo.roll_back(txn.record, temps, txn.counters)
             finally:
-                _undo.close_all(temps)
+                undo.close_all(temps)
         except BaseException as rexc:  # noqa: BLE001 - any failure here leaves the journal in charge
             notes.append(f"rolling back also failed: {rexc!r}")
-            _keep_all(txn, exc, names, notes, "the journal and temps are kept")
+            keep = decide(Actor.SAVE, Stage.ROLLING_BACK if txn.stage is Stage.ROLLING_BACK
+                          else stage, Found.UNREADABLE)
+            _keep_all(txn, exc, names, notes, "the journal and temps are kept",
+                      hold=keep is Action.HOLD)
+    # DISCARD, or the rollback done: nothing of the save is left but its garbage.
     _close(txn, notes)
     left = _remove_garbage(txn, notes)
     _drop_locks(txn, remove=not left)

@@ -46,16 +46,27 @@ class Stage(enum.Enum):
 _LEGAL: dict[Stage, frozenset[Stage]] = {
     Stage.CREATED: frozenset({Stage.FILLED, Stage.FAILED}),
     Stage.FILLED: frozenset({Stage.JOURNALED, Stage.COMMITTED, Stage.FAILED}),
-    Stage.JOURNALED: frozenset({Stage.MOVING, Stage.COMMITTED, Stage.ROLLING_BACK,
+    Stage.JOURNALED: frozenset({Stage.MOVING, Stage.COMMITTED, Stage.ROLLING_BACK, Stage.HELD,
                                 Stage.FAILED}),
-    Stage.MOVING: frozenset({Stage.COMMITTED, Stage.ROLLING_BACK, Stage.FAILED}),
+    Stage.MOVING: frozenset({Stage.COMMITTED, Stage.ROLLING_BACK, Stage.HELD, Stage.FAILED}),
     Stage.ROLLING_BACK: frozenset({Stage.FAILED}),
-    Stage.HELD: frozenset(),
+    Stage.HELD: frozenset({Stage.FAILED}),
     Stage.COMMITTED: frozenset({Stage.RENAMED, Stage.FAILED}),
     Stage.RENAMED: frozenset({Stage.DONE, Stage.FAILED}),
-    Stage.DONE: frozenset(),
+    Stage.DONE: frozenset({Stage.FAILED}),  # an interrupt after completion: reported, not undone
     Stage.FAILED: frozenset(),
 }
+
+# Who performs each transition (the only places ``Txn.to`` is called with it):
+#   FILLED        save._execute, once every temp is filled
+#   JOURNALED     begin.write_journal, at the journal's rename into place
+#   MOVING        begin.park_sources / save._move, before the first source is renamed or cut
+#   COMMITTED     save._commit, at the journal's rename to -committed (or the single rename)
+#   RENAMED       save._commit, once every temp is renamed onto its final name
+#   DONE          save._commit, once the sources, journal and locks are gone
+#   ROLLING_BACK  failure._fail, at the journal's rename to -rollback
+#   HELD          failure._hold, at the journal's rename to -held
+#   FAILED        failure.fail, as the error leaves (every failure ends there)
 
 
 class StageError(RuntimeError):
@@ -66,12 +77,6 @@ def advance(current: Stage, new: Stage) -> Stage:
     if new not in _LEGAL[current]:
         raise StageError(f"a save cannot go from {current.value} to {new.value}")
     return new
-
-
-def undoes(stage: Stage) -> bool:
-    """Whether a failure at ``stage`` is answered by undoing (else by finishing)."""
-    return stage in {Stage.CREATED, Stage.FILLED, Stage.JOURNALED, Stage.MOVING,
-                     Stage.ROLLING_BACK}
 
 
 def of_journal_suffix(suffix: str) -> Stage:

@@ -18,7 +18,7 @@ from filecord.errors import DataChangedError, RecoverError
 from filecord_testing import close_leaked, leftovers, pattern
 
 W = 8192
-SRC = str(Path(__file__).parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def owned(tmp: Path, name: str, data: bytes) -> FileBackedData:

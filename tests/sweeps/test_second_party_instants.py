@@ -5,7 +5,7 @@ through ``_sys.use`` at the instant the attack chose, and checks the promise of
 docs/guarantees.md: every byte is somewhere exact, nothing outside the save is touched,
 refusals raise ``RecoverError`` and keep every file, changed sources raise
 ``DataChangedError``.  The recover side (crashes, renamed or deleted journals, symlinks) is
-in test_attacks_recover.py.
+in test_recover_after_tampering.py.
 """
 
 from __future__ import annotations

@@ -11,21 +11,22 @@ size, mtime and ctime.
 1. After parking (``take``): the rename changed every parked source's ctime, so the look is
    taken then; size and mtime must still be those the copies re-checked (or the preflight
    captured).  A move replaces its source's look with the ``fstat`` after each truncate
-   (``_transfer.move_source``), and before each truncate records the size that truncate
+   (``transfer.move_source``), and before each truncate records the size that truncate
    leaves, so a failure between the truncate and its ``fstat`` is not taken for a change.
 2. Before the commit point (``check``, after the temps are fsynced and closed, just before the
    journal is renamed ``-committed``): every parked source is re-stated by its parked name
    (``lstat``, no symlink followed, device and inode checked) and compared with its look.  A
    difference is a ``DataChangedError``; the failure path holds the journal (as for a source
    changed mid-move) and puts nothing back over the change.  The looks are then appended to
-   the journal directory's lock file ("looked DEV INO SIZE MTIME", fsynced) for recover's
-   finish.  A crash here leaves the journal at ``-journal``: recover rolls back (strict checks).
+   the journal as one checksummed ``looked`` record (fsynced) for recover's finish.  A crash here
+   leaves the journal at ``-journal``: recover rolls back (strict checks).
 3. At the unlink (``unlink_consumed``, after the commit point and the renames, so the outputs
    are final): each source is compared once more immediately before its unlink.  A changed one
    is not deleted: it gets its own name back (``link``, never over another file) or stays
    under its parked name, and the save raises ``DataChangedError`` once the rest of the commit
    is done, saying where it is.  A crash here leaves the ``-committed`` journal; recover's
-   ``_undo.finish`` keeps a parked source whose size or mtime differs from its "looked" line.
+   ``undo.finish`` keeps a parked source whose size or mtime differs from its ``looked``
+   record.
 4. On a failure before the commit point (``changed_since_look``), the rollback first proves
    each source is as last seen by size and times, not by size alone.
 
@@ -37,11 +38,11 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from filecord import _lockfile, _undo
 from filecord._io import syscalls as _sys
-from filecord._journal import Journal
-from filecord._txn import Txn
-from filecord.errors import DataChangedError, add_note
+from filecord._txn import begin, journal, undo
+from filecord._txn.journal import Journal
+from filecord._txn.state import Txn
+from filecord.errors import ChangeKind, DataChangedError, add_note
 
 
 def take(txn: Txn) -> None:
@@ -53,7 +54,7 @@ def take(txn: Txn) -> None:
         if s.adopt:
             continue
         key = (s.dev, s.ino)
-        st = _undo.same_file(record.parked(s), *key)
+        st = undo.same_file(record.parked(s), *key)
         opened = txn.src_fds.get(key)
         ident = txn.prep.datas[key][0].identity
         size, mtime = ((opened[1].st_size, opened[1].st_mtime_ns) if opened
@@ -62,7 +63,9 @@ def take(txn: Txn) -> None:
             txn.changed = key
             raise DataChangedError(record.parked(s), expected_size=size,
                                    found_size=None if st is None else st.st_size,
-                                   reason="another process changed it as it was parked")
+                                   reason="another process changed it as it was parked",
+                                   kind=ChangeKind.REPLACED if st is None else
+                                   ChangeKind.CONTENT)
         txn.looks[key] = (st, None)
 
 
@@ -76,18 +79,19 @@ def check(txn: Txn) -> None:
         key = (s.dev, s.ino)
         if s.adopt or key not in txn.looks:
             continue
-        st = _undo.same_file(record.parked(s), *key)
+        st = undo.same_file(record.parked(s), *key)
         look = txn.looks[key][0]
-        if st is not None and not _undo.as_seen(st, look):
+        if st is not None and not undo.as_seen(st, look):
             txn.changed = key
             raise DataChangedError(record.parked(s), expected_size=look.st_size,
-                                   found_size=st.st_size, reason=_undo.change_reason(
+                                   found_size=st.st_size, reason=undo.change_reason(
                                        st, look, "another process changed it after the save's "
-                                       "last look, before the commit"))
+                                       "last look, before the commit"),
+                                   kind=undo.change_kind(st, look))
         if st is not None:
             seen.append((s.dev, s.ino, st.st_size, st.st_mtime_ns))
-    if seen and txn.locks:  # for recover's finish, which has no look of its own
-        _lockfile.mark_looked(txn.locks[0][1], seen)
+    if seen:  # for recover's finish, which has no look of its own
+        begin.append_record(txn, journal.encode_looked(seen))
 
 
 def unlink_consumed(txn: Txn, record: Journal) -> list[tuple[str, str]]:
@@ -96,13 +100,13 @@ def unlink_consumed(txn: Txn, record: Journal) -> list[tuple[str, str]]:
     kept: list[tuple[str, str]] = []
     parked = [record.parked(s) for s in record.sources if not s.adopt]
     for s, path in zip((s for s in record.sources if not s.adopt), parked, strict=True):
-        st = _undo.same_file(path, s.dev, s.ino)
+        st = undo.same_file(path, s.dev, s.ino)
         if st is None:
             continue
         look = txn.looks.get((s.dev, s.ino))
-        if look is not None and not _undo.as_seen(st, look[0]):
+        if look is not None and not undo.as_seen(st, look[0]):
             kept.append((s.path, f"{s.path}: {st.st_size} bytes (the save last saw "
-                         f"{look[0].st_size}); " + _undo.keep_changed(path, s.path)))
+                         f"{look[0].st_size}); " + undo.keep_changed(path, s.path)))
             continue
         _sys.unlink(path)
     txn.counters.fsyncs += _sys.fsync_parents(parked)
@@ -131,12 +135,13 @@ def changed_since_look(txn: Txn) -> DataChangedError | None:
         key = (s.dev, s.ino)
         if s.adopt or key not in txn.looks:
             continue
-        found = _undo.locate(record, s)
+        found = undo.locate(record, s)
         look, pending = txn.looks[key]
-        if found is not None and not _undo.as_seen(found[1], look, pending):
+        if found is not None and not undo.as_seen(found[1], look, pending):
             txn.changed = key
             return DataChangedError(found[0], expected_size=look.st_size,
-                                    found_size=found[1].st_size, reason=_undo.change_reason(
+                                    found_size=found[1].st_size, reason=undo.change_reason(
                                         found[1], look, "another process changed it after the "
-                                        "save's last look"))
+                                        "save's last look"),
+                                    kind=undo.change_kind(found[1], look))
     return None

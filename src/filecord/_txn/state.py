@@ -1,8 +1,8 @@
 """The state of one running save, shared by the modules that run its stages.
 
-No I/O here: ``save`` drives the stages, ``_fill`` and ``_journaling`` run them, ``_failure``
+No I/O here: ``save`` drives the stages, ``fill`` and ``begin`` run them, ``failure``
 undoes them; each reads and changes this one object, and the stage moves only along
-``_stage``'s table.  What the save does comes from ``prep.plan`` alone (consume, window, every
+``stages``'s table.  What the save does comes from ``prep.plan`` alone (consume, window, every
 piece's action): nothing below the plan takes those as arguments again.
 """
 
@@ -12,12 +12,12 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from filecord import _journal, _transfer
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
 from filecord._plan.preflight import Facts
 from filecord._plan.types import PieceAction, SavePlan
-from filecord._stage import Stage, advance
+from filecord._txn import journal, transfer
+from filecord._txn.stages import Stage, advance
 
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -55,8 +55,9 @@ class Txn:
     locks: list[tuple[str, int]] = field(default_factory=list)
     dirty: set[int] = field(default_factory=set)
     src_fds: dict[tuple[int, int], tuple[int, os.stat_result]] = field(default_factory=dict)
-    record: _journal.Journal | None = None
+    record: journal.Journal | None = None
     journal_path: str | None = None  # the journal's current name, once it has one
+    journal_fd: int | None = None  # open from its write to the commit point: records append
     moving: tuple[int, int] | None = None  # the source being moved right now
     # Per consumed source, the save's last look at it (after parking, after each truncate) and
     # the size a truncate in flight leaves (None when none is): the commit deletes, and the
@@ -66,7 +67,7 @@ class Txn:
     moves_done: int = 0  # moved sources (journal order) whose moves finished, marked durably
     durable: bool = True  # False: no fsync of the outputs and their directories (copy only)
     done: int = 0
-    counters: _transfer.Counters = field(default_factory=_transfer.Counters)
+    counters: transfer.Counters = field(default_factory=transfer.Counters)
     actions: list[PieceAction] = field(default_factory=list)
 
     def to(self, stage: Stage) -> None:

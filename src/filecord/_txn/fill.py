@@ -22,13 +22,13 @@ import os
 import stat as stat_mod
 from dataclasses import replace
 
-from filecord import _transfer, _undo
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._pieces.data import FileBackedData
 from filecord._plan.facts import is_clone_refusal
 from filecord._plan.types import BLOCK, CLONE_REFUSED, PAST_TAIL, PieceAction
-from filecord._txn import Txn
+from filecord._txn import transfer, undo
+from filecord._txn.state import Txn
 from filecord.errors import DataChangedError, SaveError
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def finish_modes(txn: Txn) -> None:
     for o, (fd, st) in enumerate(zip(txn.fds, txn.prep.target_stats, strict=True)):
         if fd is None or st is None or txn.temps[o] is None or o in adopted:
             continue
-        _undo.apply_owner_mode(fd, st.st_mode, st.st_uid, st.st_gid)
+        undo.apply_owner_mode(fd, st.st_mode, st.st_uid, st.st_gid)
 
 
 def _source_fd(txn: Txn, data: FileBackedData) -> int:
@@ -105,7 +105,7 @@ def fill(txn: Txn) -> None:
                 txn.actions.append(act)
                 continue
             if not isinstance(piece, FileBackedData):
-                _transfer.write_bytes(fd, piece, dst_off, txn.counters, txn.advance)
+                transfer.write_bytes(fd, piece, dst_off, txn.counters, txn.advance)
             else:
                 act = _copy_piece(txn, piece, fd, dst_off, act)
             txn.actions.append(act)
@@ -124,13 +124,13 @@ def _copy_piece(
     try:
         if dst_off is None:
             src = _source_fd(txn, piece)
-            _transfer.copy_to_stream(src, fd, piece.offset, len(piece), txn.counters,
+            transfer.copy_to_stream(src, fd, piece.offset, len(piece), txn.counters,
                                     txn.advance)
         elif act.action == "cloned":
             act = _clone_or_copy(txn, piece, fd, act)
         else:
             src = _source_fd(txn, piece)
-            _transfer.copy_range(src, fd, piece.offset, dst_off, len(piece), txn.counters,
+            transfer.copy_range(src, fd, piece.offset, dst_off, len(piece), txn.counters,
                                 txn.advance)
     except OSError:
         if (piece.identity.dev, piece.identity.ino) in txn.src_fds:
@@ -160,19 +160,19 @@ def _clone_or_copy(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -
     body = n - tail
     try:
         if body:  # never a length of 0: FICLONERANGE reads it as "to the source's end"
-            _transfer.clone(src, piece.offset, body, fd, act.out_offset, txn.counters)
+            transfer.clone(src, piece.offset, body, fd, act.out_offset, txn.counters)
     except OSError as exc:
         if not is_clone_refusal(exc):
             raise
         log.info("clone of %s refused (%s); copying", piece.path, exc)
-        _transfer.copy_range(src, fd, piece.offset, act.out_offset, n, txn.counters,
+        transfer.copy_range(src, fd, piece.offset, act.out_offset, n, txn.counters,
                             txn.advance)
         return replace(act, action="copied", tail=0, tail_reason=None,
                        reason=CLONE_REFUSED if txn.prep.plan.consume else None)
     txn.advance(body)
     if tail:
         # Under one block, from a source that is never shortened: the copy needs no journal.
-        _transfer.copy_range(src, fd, piece.offset + body, act.out_offset + body, tail,
+        transfer.copy_range(src, fd, piece.offset + body, act.out_offset + body, tail,
                             txn.counters, txn.advance)
     if not body:
         return replace(act, action="copied", reason=why if txn.prep.plan.consume else None)

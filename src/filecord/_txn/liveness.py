@@ -26,17 +26,11 @@ import contextlib
 import errno
 import fcntl
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
-
-JOURNALED = b"journaled"  # appended once the save's journal is durable under its name
-MOVED = b"moved"  # "moved N": the first N moved sources (journal order) are done, durably
-# The pointer's end: every journal name ends so, and no mark line holds it.
-JOURNAL_SUFFIX = os.fsencode(_names.JOURNAL)
-LOOKED = b"looked"  # "looked DEV INO SIZE MTIME_NS": a source at the save's last look, durably
+from filecord._txn import journal
 
 
 class LockBusyError(OSError):
@@ -104,64 +98,44 @@ def acquire(path: str) -> int | None:
     return fd
 
 
+def pointer_record(journal_path: str) -> bytes:
+    """A new lock file's content: the checksummed pointer to its save's journal."""
+    return journal.frame(journal.Kind.POINTER, {"journal": journal_path})
+
+
 def mark_journaled(fd: int) -> None:
     """Record, durably, that the save's journal exists: from now on a missing journal beside
     this lock means someone removed it, never that the save died before making it."""
-    _sys.write_all(fd, JOURNALED + b"\n", _sys.fstat(fd).st_size)
-    _sys.fsync(fd)
-
-
-def mark_moved(fd: int, done: int) -> None:
-    """Record, durably, that the first ``done`` moved sources (in journal order) have finished
-    their moves: recover then knows each of them must be at its kept prefix, whatever its size
-    alone would allow."""
-    _sys.write_all(fd, MOVED + b" %d\n" % done, _sys.fstat(fd).st_size)
-    _sys.fsync(fd)
-
-
-def mark_looked(fd: int, looks: list[tuple[int, int, int, int]]) -> None:
-    """Record, durably, each consumed source's (dev, ino, size, mtime) as the save last saw it
-    just before its commit point: what recover's finish compares a parked source with before
-    it deletes it (it has no look of its own)."""
-    lines = b"".join(LOOKED + b" %d %d %d %d\n" % look for look in looks)
-    _sys.write_all(fd, lines, _sys.fstat(fd).st_size)
+    _sys.write_all(fd, journal.frame(journal.Kind.JOURNALED, {}), _sys.fstat(fd).st_size)
     _sys.fsync(fd)
 
 
 @dataclass(frozen=True, slots=True)
-class Marks:
-    """What a save recorded in its lock file after the journal: moves done, last looks."""
+class Pointer:
+    """A lock file read back: the journal it names (None: empty or torn, never made durable)
+    and whether the save marked that journal durable; ``damage`` when a whole record does not
+    check (damaged after it was written: recover refuses and says so)."""
 
-    moved: int = 0
-    looked: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    journal: str | None
+    journaled: bool = False
+    damage: str | None = None
 
 
-def read_marks(raw: bytes) -> Marks:
-    """The marks of a lock file's content: only the lines after its pointer (the journal path,
-    ended by the journal suffix and a newline), and only when the first of them is the
-    "journaled" mark.  The path may hold newlines and mark-like lines of its own (a directory
-    named "m\njournaled\nmoved 5\nv2"), so nothing before the pointer's end counts; no mark line
-    holds the journal suffix, so its last occurrence is that end.  Only whole lines
-    (newline-terminated, every field a number) count: a torn append is as if it never reached
-    the disk."""
-    end = raw.rfind(JOURNAL_SUFFIX + b"\n")
-    if end < 0:
-        return Marks()
-    body = raw[end + len(JOURNAL_SUFFIX) + 1 :]
-    if not body.startswith(JOURNALED + b"\n"):
-        return Marks()
-    moved = 0
-    looked: dict[tuple[int, int], tuple[int, int]] = {}
-    for line in body[len(JOURNALED) + 1 :].split(b"\n")[:-1]:
-        word, *nums = line.split(b" ")
-        if not nums or not all(n.isdigit() for n in nums):
-            continue
-        if word == MOVED and len(nums) == 1:
-            moved = max(moved, int(nums[0]))
-        elif word == LOOKED and len(nums) == 4:
-            dev, ino, size, mtime = (int(n) for n in nums)
-            looked[(dev, ino)] = (size, mtime)
-    return Marks(moved, looked)
+def read_pointer(raw: bytes, token: str) -> Pointer:
+    lines, _torn = journal.split_lines(raw)
+    r = journal.replay(lines, torn_tail=_torn)
+    if r.damage is not None:
+        return Pointer(None, damage=f"its lock file is damaged ({r.damage})")
+    if not r.records:
+        return Pointer(None)  # empty or torn: written before any temp, never fsynced
+    kind, body = r.records[0]
+    path = body.get("journal") if isinstance(body, dict) and kind is journal.Kind.POINTER \
+        else None
+    parsed = _names.parse(os.path.basename(path)) if isinstance(path, str) else None
+    if not isinstance(path, str) or parsed != (token, _names.JOURNAL) or not os.path.isabs(path):
+        return Pointer(None, damage="its lock file does not point at a journal of its save")
+    journaled = any(k is journal.Kind.JOURNALED for k, _b in r.records[1:])
+    return Pointer(path, journaled)
 
 
 def release(path: str, fd: int) -> None:

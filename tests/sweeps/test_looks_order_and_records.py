@@ -1,6 +1,7 @@
-"""The fourth outside attack: the last looks, the move order, the lock file's "moved N" and
-"looked" marks, the kept changed source, FIEMAP density and chattr'd sources.  One test per
-attack; a test that shows a real bug is a strict xfail whose reason names it in one line.
+"""The fourth outside attack: the last looks, the move order, the "moved N" and "looked"
+records (in the lock file then, in the journal since the checksummed log), the kept changed
+source, FIEMAP density and chattr'd sources.  One test per attack; a test that shows a real
+bug is a strict xfail whose reason names it in one line.
 
 Judged only by docs/guarantees.md (and the README's "What is promised").
 """
@@ -16,6 +17,7 @@ import pytest
 
 from filecord import Cord, FileBackedData, recover, save
 from filecord._io import syscalls as _sys
+from filecord._txn import journal as journal_codec
 from filecord.errors import DataChangedError, RecoverError, SaveError
 from filecord_testing import pattern
 
@@ -74,8 +76,10 @@ def test_r4_1_recover_finishes_a_committed_save_of_1300_consumed_sources(
 ) -> None:
     sources = {f"s{i:04d}.bin": bytes([i % 251]) * 64 for i in range(1300)}
     out = _committed_then_stopped(tmp_path, sources)
-    lock = next(tmp_path / n for n in _names(tmp_path) if n.endswith(".filecord-lock"))
-    assert lock.stat().st_size > 1 << 16  # the save's own marks, nobody else's
+    # The save's own "looked" record (the lock file held it as lines when this was found; the
+    # journal holds it as one checksummed record since): more than the 64 KiB once read.
+    journal = next(tmp_path / n for n in _names(tmp_path) if n.endswith(".filecord-committed"))
+    assert journal.stat().st_size > 1 << 16
     try:
         recover(tmp_path)
     except RecoverError as exc:
@@ -195,14 +199,15 @@ def test_r4_4_crafted_looked_lines_do_not_finish_a_save_killed_mid_move(tmp_path
     a, b = _killed_mid_move(tmp_path, 3)
     names = _names(tmp_path)
     journal = next(tmp_path / n for n in names if n.endswith(".filecord-journal"))
-    lock = next(tmp_path / n for n in names if n.endswith(".filecord-lock"))
     committed = Path(str(journal).removesuffix("-journal") + "-committed")
     journal.rename(committed)  # the documented attack check_committed exists for
-    with lock.open("ab") as f:  # plus one plausible line per parked source
-        for n in names:
-            if n.endswith(".filecord-src"):
-                st = os.stat(tmp_path / n)
-                f.write(b"looked %d %d 0 %d\n" % (st.st_dev, st.st_ino, st.st_mtime_ns))
+    looks = []
+    for n in names:  # plus one plausible look per parked source (checksummed: crafted)
+        if n.endswith(".filecord-src"):
+            st = os.stat(tmp_path / n)
+            looks.append((st.st_dev, st.st_ino, 0, st.st_mtime_ns))
+    with committed.open("ab") as f:
+        f.write(journal_codec.encode_looked(looks))
     with pytest.raises(RecoverError):  # finish keeps the "changed" sources, and says so
         recover(tmp_path)
     got = (tmp_path / "out.bin").read_bytes()
@@ -223,18 +228,20 @@ def test_r4_4_control_without_crafted_lines_a_mid_move_committed_journal_is_refu
 
 
 def test_r4_5_crafted_moved_line_only_makes_recover_refuse(tmp_path: Path) -> None:
-    """Held: a "moved 99" line appended to the lock file of a save killed mid-move can only
-    make recover refuse (nothing touched); without it the same state rolls back byte-exact."""
+    """Held: a "moved 99" record (checksummed: crafted) appended to the journal of a save killed
+    mid-move can only make recover refuse (nothing touched); without it the same state rolls
+    back byte-exact."""
     a, b = _killed_mid_move(tmp_path, 3)
-    lock = next(tmp_path / n for n in _names(tmp_path) if n.endswith(".filecord-lock"))
+    lock = next(tmp_path / n for n in _names(tmp_path) if n.endswith(".filecord-journal"))
     with lock.open("ab") as f:
-        f.write(b"moved 99\n")
+        f.write(journal_codec.encode_moved(99))
     before = {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)}
     with pytest.raises(RecoverError, match="its move had finished"):
         recover(tmp_path)
     assert {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)} == before
-    # Damage to a lock line (a torn or garbled append) is ignored, not trusted.
-    raw = lock.read_bytes().replace(b"moved 99\n", b"moved 9x\nmoved 1")
+    # Damage to the last record (a torn or garbled append) is ignored, not trusted.
+    crafted = journal_codec.encode_moved(99)
+    raw = lock.read_bytes().replace(crafted, crafted.replace(b'"n":99', b'"n":9x') + b"moved 1")
     lock.write_bytes(raw)
     recover(tmp_path)
     assert (tmp_path / "a.bin").read_bytes() == a

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from faults.test_fault_points import run_all, summarize
 from support.shrunk import SHRUNK, tighten
+from sweeps.test_fault_points import run_all, summarize
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """A power cut before every destructive call of a consuming save whose default window shrank.
 
-The sweep of ``test_power_loss`` (a power cut before every destructive call, then ``recover``:
+The sweep of ``test_power_cuts`` (a power cut before every destructive call, then ``recover``:
 all or nothing) on ``support.shrunk``'s save: ``statvfs`` reports only what the 4 MiB floor
 window needs, so the default window shrinks to 4 MiB and the 9 MiB source moves in three
 windows, each a copy, an fsync and a truncate recorded with the 4 MiB window in the journal.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from crash.test_power_loss import MODES, sweep
 from support.shrunk import SHRUNK, tighten
+from sweeps.test_power_cuts import MODES, sweep
 
 
 @pytest.mark.parametrize("mode", list(MODES))

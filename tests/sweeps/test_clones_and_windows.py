@@ -21,7 +21,7 @@ from filecord._io import syscalls as _sys
 from filecord.errors import DataChangedError
 from filecord_testing import AtCall, leftovers, pattern
 
-sys.path.insert(0, str(Path(__file__).parent / "fsmatrix"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "fsmatrix"))
 import fskit
 
 W = 4096
@@ -273,7 +273,7 @@ def test_r3_2b_recover_over_a_window_written_after_the_move_is_not_a_silent_mix(
 # to a UsageError (exit 2; _cli_recover.cmd_recover), as docs/reliability.md says instead.
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    src = str(Path(__file__).resolve().parent.parent / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "PYTHONPATH": src}
     return subprocess.run([sys.executable, "-c", "import sys; from filecord.cli import main; "
                            "sys.exit(main())", *args], cwd=cwd, env=env, capture_output=True,

@@ -11,7 +11,7 @@ call and run again.
 1. an adopted source (renamed whole onto its output's temp) is found at the temp by device and
    inode, its mode put back with ``fchmod``, and its name restored;
 2. a parked source (``.NAME.TOKEN.filecord-src``, renamed there before it was shortened) gets
-   its moved bytes back from the temps (``_transfer.restore_source``: copy back, ``fsync`` the
+   its moved bytes back from the temps (``transfer.restore_source``: copy back, ``fsync`` the
    source, then punch the temp), its times restored with ``futimens`` and ``fsync``ed;
 3. its original name is restored with ``link`` then ``unlink`` of the parked name, so a file
    someone created at the original path meanwhile is never replaced (the bytes then stay at
@@ -26,9 +26,9 @@ is where and how long a move of this save can have left it: at a window boundary
 Any other size means someone else changed the file; nothing is done and the caller refuses.
 It also checks the move order (``check_order``, journals marked ``ordered``): moves run one at a
 time in journal order, so the sources before the one in progress (the first not at its kept
-prefix) are at their kept prefixes, those after it at full size, and the first N, when the lock
-file says "moved N", at their kept prefixes.  A write into a finished source, or a cut of one
-whose move never began, is refused even at a size a move could leave.
+prefix) are at their kept prefixes, those after it at full size, and the first N, when the
+journal's ``moved`` record says N, at their kept prefixes.  A write into a finished source,
+or a cut of one whose move never began, is refused even at a size a move could leave.
 
 *Finish* (after the commit point): each temp still holding the journaled inode is given its
 recorded mode and owner and renamed onto its final name; a final name already holding that
@@ -37,13 +37,14 @@ then the parked sources (their names carry the token, so an inode number reused 
 at the old path can never be mistaken for them) are unlinked and their directories fsynced.
 Recover has no in-memory look, and the journal is written before the moves, so it cannot hold
 their last stat: the save appends it, just before its commit point, to the journal
-directory's lock file ("looked DEV INO SIZE MTIME", fsynced; ``_lockfile.read_marks``).  A
+journal as a checksummed ``looked`` record (fsynced; ``journal.read_log``).  A
 parked source whose size is not its kept prefix, or whose size and mtime are not the recorded
 ones, was written after the save's last look and is kept (named back if its name is free),
 never unlinked, and a ``DataChangedError`` says so after everything else is finished.  The
-lock file's lines carry no checksum, so a "looked" line never proves a move finished
-(``check_committed``): only the files do (a later move at its kept prefix, or the outputs
-holding every moved byte); without that proof a committed journal is refused.  Not
+``looked`` record was written by the save, but a crafted journal can carry one too, so it
+never proves a move finished (``check_committed``): only the files do (a later move at its
+kept prefix, or the outputs holding every moved byte); without that proof a committed journal
+is refused.  Not
 ctime: a restore or copy of a crashed tree changes every ctime, mtime survives it.  A rewrite
 that keeps size and mtime (``utime``, or within one timestamp tick) is not seen by recover.
 """
@@ -56,11 +57,11 @@ import os
 import stat as stat_mod
 from collections.abc import Mapping
 
-from filecord import _transfer
 from filecord._io import syscalls as _sys
-from filecord._journal import Journal, JournalOutput, JournalSource
 from filecord._plan.plan import cover
-from filecord.errors import DataChangedError, RecoverError, add_note
+from filecord._txn import transfer
+from filecord._txn.journal import Journal, JournalOutput, JournalSource
+from filecord.errors import ChangeKind, DataChangedError, RecoverError, add_note
 
 
 def same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
@@ -102,7 +103,7 @@ def check_strict(j: Journal, done: int = 0) -> None:
     """Refuse (``DataChangedError``) if a source is not as this save can have left it.
 
     ``done``: how many moved sources (in journal order) are known to have finished their
-    moves (the lock file's durable "moved N" mark, or the save's own count)."""
+    moves (the journal's durable ``moved`` record, or the save's own count)."""
     check_order(j, done)
     for s in j.sources:
         if s.adopt:
@@ -180,11 +181,19 @@ def as_seen(st: os.stat_result, look: os.stat_result, pending: int | None = None
     return pending is not None and st.st_size == pending
 
 
-def change_reason(st: os.stat_result, look: os.stat_result, changed: str) -> str:
-    """``changed``, or ``_transfer.METADATA_ONLY`` when only the ctime differs from the look
-    (same size and mtime): a chmod/chattr, which holds no journal."""
+def change_kind(st: os.stat_result, look: os.stat_result) -> ChangeKind:
+    """``METADATA`` when only the ctime differs from the look (same size and mtime: a chmod or
+    chattr, which holds no journal), else ``CONTENT``."""
     if (st.st_size, st.st_mtime_ns) == (look.st_size, look.st_mtime_ns):
-        return _transfer.METADATA_ONLY
+        return ChangeKind.METADATA
+    return ChangeKind.CONTENT
+
+
+def change_reason(st: os.stat_result, look: os.stat_result, changed: str) -> str:
+    """``changed``, or ``transfer.METADATA_ONLY`` when only the ctime differs from the look
+    (same size and mtime): a chmod/chattr, which holds no journal."""
+    if change_kind(st, look) is ChangeKind.METADATA:
+        return transfer.METADATA_ONLY
     return changed
 
 
@@ -209,7 +218,7 @@ def check_temps_hold(j: Journal, temps: list[int | None]) -> None:
             continue
         st = same_file(j.parked(s), s.dev, s.ino)
         if st is not None and st.st_size < s.size:
-            _transfer.check_moved(s.as_move(), temps, max(st.st_size, s.run_start),
+            transfer.check_moved(s.as_move(), temps, max(st.st_size, s.run_start),
                                  dense=s.dense)
 
 
@@ -255,7 +264,7 @@ def _vouched(j: Journal) -> set[tuple[int, int]]:
     """The sources whose finished move the files themselves prove, in an ``ordered`` journal's
     move order: a moved source is finished when it is at its parked name at exactly its kept
     prefix, or when the outputs (temps, or final names once renamed) hold data for every byte
-    it moves (``_transfer.check_moved``: the output is whole without it); moves run one at a
+    it moves (``transfer.check_moved``: the output is whole without it); moves run one at a
     time in that order, so every one before a finished one is finished too.  The never-moved
     ones are added: their bytes stayed whole, so their size proves nothing either way (a move
     not proven still refuses).  Older journals: none."""
@@ -273,7 +282,7 @@ def _vouched(j: Journal) -> set[tuple[int, int]]:
             if st.st_size != s.run_start:
                 outs = _open_outputs(j) if outs is None else outs
                 try:
-                    _transfer.check_moved(s.as_move(), outs, s.run_start, dense=s.dense)
+                    transfer.check_moved(s.as_move(), outs, s.run_start, dense=s.dense)
                 except (OSError, DataChangedError):
                     continue
             last = i
@@ -331,7 +340,7 @@ def locate(j: Journal, s: JournalSource) -> tuple[str, os.stat_result] | None:
     return None
 
 
-def roll_back(j: Journal, temps: list[int | None], c: _transfer.Counters) -> int:
+def roll_back(j: Journal, temps: list[int | None], c: transfer.Counters) -> int:
     """Put every source back, byte-exact under its own name; returns how many moved back."""
     restored = 0
     for s in reversed(j.sources):
@@ -339,7 +348,7 @@ def roll_back(j: Journal, temps: list[int | None], c: _transfer.Counters) -> int
     return restored
 
 
-def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: _transfer.Counters) -> int:
+def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer.Counters) -> int:
     if s.adopt:
         temp = j.temp(s.dests[0].output)
         if same_file(temp, s.dev, s.ino) is not None:
@@ -370,7 +379,7 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: _transfe
             raise DataChangedError(parked, expected_size=s.size, found_size=size,
                                    reason="outside the range a move of this save leaves")
         if size < s.size:
-            _transfer.restore_source(fd, s.as_move(), temps, j.window, c, punch=True,
+            transfer.restore_source(fd, s.as_move(), temps, j.window, c, punch=True,
                                     dense=s.dense)
         # Whole with another mtime: in a rollback (the ``-rollback`` stage) that is this undo's
         # own restore, stopped before this futimens.  A rewrite of a source the save never
@@ -438,7 +447,7 @@ def finish(j: Journal, journal_path: str,
         finals.append(out.final)
     _sys.fsync_parents(finals)
     # A parked source not at the size its finished move leaves, or not at the size and mtime
-    # the save's last look recorded (the lock file's "looked" lines, written just before the
+    # the save's last look recorded (the journal's ``looked`` record, written just before the
     # commit point), was written by someone else and is kept, never deleted.
     looked = looked or {}
     parked = [j.parked(s) for s in j.sources if not s.adopt]

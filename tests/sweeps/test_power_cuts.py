@@ -38,8 +38,8 @@ import pytest
 
 import filecord
 import filecord.errors
-from filecord import _transfer
 from filecord._io import syscalls as _sys
+from filecord._txn import transfer as _transfer
 from support.faultfs import (
     PENDING_SUFFIX,
     RECOVER_OPS,

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Every file the save creates or renames carries its random token (``_names``); the stage is
-held in ``Txn.stage`` and moves only along ``_stage``'s table.
+held in ``Txn.stage`` and moves only along ``stages``'s table.
 
 1. Preflight (``_preflight.py``) gathers the facts: sources hold their bytes, no output is a
    source, directories exist and are writable; stat, statvfs and capabilities as plain values.
@@ -11,7 +11,7 @@ held in ``Txn.stage`` and moves only along ``_stage``'s table.
    default shrinks to fit the free space) and the peak, which must fit.  Nothing exists yet;
    from here on the plan is the one source of truth for ``consume`` and the window.
 2. CREATED: a lock file ``.NAME.TOKEN.filecord-lock`` is created and ``flock``ed in every
-   directory that will hold a temp (``_lockfile``), then temps ``.NAME.TOKEN.partial``
+   directory that will hold a temp (``liveness``), then temps ``.NAME.TOKEN.partial``
    ``O_CREAT|O_EXCL`` with the replaced file's permission bits from the first instant (never
    wider; owner, group and set-id bits are applied once the temp is complete).  A crash here
    leaves garbage that ``recover`` removes once the lock is free.
@@ -23,20 +23,20 @@ held in ``Txn.stage`` and moves only along ``_stage``'s table.
    leaves no journal name, which proves nothing destructive happened.
 5. MOVING: every source the save will shorten or delete is renamed to
    ``.NAME.TOKEN.filecord-src`` (its directory fsynced), so nothing but this save's token names
-   it while it is incomplete; then adoption renames and moves (``_transfer.move_source``: per
+   it while it is incomplete; then adoption renames and moves (``transfer.move_source``: per
    window copy, fsync the temps, check the source is still the size the move left it, truncate).
-   The look at each parked source (``_looks.take``) and each truncate's ``fstat`` are kept in
-   ``Txn.looks``; a finished move is marked durably in the journal directory's lock file
-   (``moved N``), so recover knows that source must be at its kept prefix.
+   The look at each parked source (``looks.take``) and each truncate's ``fstat`` are kept in
+   ``Txn.looks``; a finished move is marked durably by a ``moved`` record appended to the
+   journal (checksummed, fsynced), so recover knows that source must be at its kept prefix.
 6. COMMITTED: temps fsynced, every parked source compared with its last look (size, mtime,
-   ctime: ``_looks.check``; a change is a DataChangedError and the journal is held; the looks
+   ctime: ``looks.check``; a change is a DataChangedError and the journal is held; the looks
    are appended, fsynced, to the lock file for recover), the journal renamed to
    ``.filecord-committed`` and its directory fsynced (the commit point; without a journal, the
    single rename is).  RENAMED: each temp
    renamed onto its final name, directories fsynced; then the parked sources are unlinked, each
    compared with its look once more right before (a changed one is kept, under its own name if
    free, and reported once the rest is done), the journal, then the lock files.
-7. A failure before the commit point is undone by ``_undo.roll_back`` on the live files, after
+7. A failure before the commit point is undone by ``undo.roll_back`` on the live files, after
    the journal is renamed to ``.filecord-rollback`` (a crash then continues the rollback); a
    source another process changed mid-move is never rolled back over: the journal and temps
    stay and the error says where every byte is.  After the commit point nothing is undone; the
@@ -50,9 +50,6 @@ import os
 import time
 from collections.abc import Mapping
 
-from filecord import _fill, _journal, _journaling, _lockfile, _looks, _transfer, _undo
-from filecord._failure import close_descriptors, close_descriptors_quietly
-from filecord._failure import fail as _fail
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._pieces.cord import Cord
@@ -62,10 +59,13 @@ from filecord._plan.report import SaveReport
 from filecord._plan.space import check_space
 from filecord._plan.types import NOT_OWNED, MoveSource, PieceAction, SavePlan
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._stage import Stage
-from filecord._txn import Prepared, Txn
-from filecord._txn import ProgressCallback as ProgressCallback
-from filecord.errors import DataChangedError, FilecordError, SaveError, add_note
+from filecord._txn import begin, fill, journal, liveness, looks, transfer, undo
+from filecord._txn.failure import close_descriptors, close_descriptors_quietly
+from filecord._txn.failure import fail as _fail
+from filecord._txn.stages import Stage
+from filecord._txn.state import Prepared, Txn
+from filecord._txn.state import ProgressCallback as ProgressCallback
+from filecord.errors import ChangeKind, DataChangedError, FilecordError, SaveError, add_note
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def plan(
 def _report(
     p: SavePlan, actions: tuple[PieceAction, ...] | list[PieceAction], *, dry_run: bool,
     elapsed: float = 0.0, fsyncs: int = 0, used_journal: bool = False,
-    counters: _transfer.Counters | None = None,
+    counters: transfer.Counters | None = None,
 ) -> SaveReport:
     return SaveReport(
         outputs=tuple(o.path for o in p.outputs),
@@ -231,15 +231,15 @@ def _run(
 
 def _execute(txn: Txn) -> None:
     p = txn.prep.plan
-    _journaling.lock_directories(txn)
-    _fill.create_outputs(txn)
-    _fill.fill(txn)
+    begin.lock_directories(txn)
+    fill.create_outputs(txn)
+    fill.fill(txn)
     txn.to(Stage.FILLED)
-    _fill.finish_modes(txn)
+    fill.finish_modes(txn)
     if _needs_journal(txn.prep):
-        _journaling.write_journal(txn)
-        _journaling.park_sources(txn)
-        _looks.take(txn)
+        begin.write_journal(txn)
+        begin.park_sources(txn)
+        looks.take(txn)
     _presize_for_moves(txn)
     for m in p.moves:
         _move(txn, m)
@@ -282,7 +282,7 @@ def _move(txn: Txn, m: MoveSource) -> None:
         temps = [fd_ if fd_ is not None else -1 for fd_ in txn.fds]
         txn.moving = m.key
         txn.looks[m.key] = (st, None)
-        _transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance,
+        transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance,
                              seen=st, looks=txn.looks)
         txn.moving = None
         # Durable: this move is over, so recover may insist the source is at its kept prefix
@@ -290,9 +290,8 @@ def _move(txn: Txn, m: MoveSource) -> None:
         # last truncate is made durable first: on a file system whose fsync persists only its
         # own inode (btrfs), the mark must never outlive the cut it speaks of.
         txn.moves_done += 1
-        if txn.locks:
-            txn.counters.fsync(fd)
-            _lockfile.mark_moved(txn.locks[0][1], txn.moves_done)
+        txn.counters.fsync(fd)
+        begin.append_record(txn, journal.encode_moved(txn.moves_done))
     except BaseException:
         close_descriptors_quietly([fd])  # never let a close error hide why the move stopped
         raise
@@ -303,7 +302,7 @@ def _move(txn: Txn, m: MoveSource) -> None:
             txn.dirty.discard(out_fd)
 
 
-def _adopt(txn: Txn, m: MoveSource, src: _journal.JournalSource) -> None:
+def _adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
     """Rename the whole source onto its output's temp: the move of a file that is an output.
 
     The empty temp claimed the name (O_EXCL) and the journal names both paths, so a crash on
@@ -316,12 +315,13 @@ def _adopt(txn: Txn, m: MoveSource, src: _journal.JournalSource) -> None:
         raise SaveError(f"{m.path}: no temp to adopt into")
     data = txn.prep.datas[m.key][0]
     current = data.path
-    st = _undo.same_file(current, *m.key)
+    st = undo.same_file(current, *m.key)
     if st is None or (st.st_size, st.st_mtime_ns) != (m.size, data.identity.mtime_ns):
         raise DataChangedError(current, expected_size=m.size,
                                found_size=None if st is None else st.st_size,
                                reason="another process changed or replaced it before it was "
-                               "adopted")
+                               "adopted",
+                               kind=ChangeKind.REPLACED if st is None else ChangeKind.CONTENT)
     _sys.rename(current, temp)
     txn.counters.fsyncs += _sys.fsync_parents([temp, src.path])
     old = txn.fds[o]
@@ -360,8 +360,9 @@ def _commit(txn: Txn) -> None:
         raise errors[0]
     record = txn.record
     if record is not None and txn.journal_path is not None:
-        _looks.check(txn)  # the last look, just before the commit point
-        committed = _journaling.journal_name(txn, _names.COMMITTED)
+        looks.check(txn)  # the last look, just before the commit point
+        begin.close_journal(txn)  # a close error here still rolls back
+        committed = begin.journal_name(txn, _names.COMMITTED)
         _sys.rename(txn.journal_path, committed)
         txn.journal_path = committed
         txn.to(Stage.COMMITTED)
@@ -370,7 +371,7 @@ def _commit(txn: Txn) -> None:
             if m.adopt:
                 o = m.dests[0].output
                 jout = record.outputs[o]
-                _undo.apply_owner_mode_at(record.temp(o), jout.dev, jout.ino, jout.mode,
+                undo.apply_owner_mode_at(record.temp(o), jout.dev, jout.ino, jout.mode,
                                           jout.uid, jout.gid)
     finals: list[str] = []
     for out, temp in zip(p.outputs, txn.temps, strict=True):
@@ -384,15 +385,15 @@ def _commit(txn: Txn) -> None:
         txn.counters.fsyncs += _sys.fsync_parents(finals)
     kept: list[tuple[str, str]] = []
     if record is not None and txn.journal_path is not None:
-        kept = _looks.unlink_consumed(txn, record)
+        kept = looks.unlink_consumed(txn, record)
         _sys.unlink(txn.journal_path)
     txn.to(Stage.DONE)
     while txn.locks:
         path, fd = txn.locks.pop()
         try:
-            _lockfile.release(path, fd)
+            liveness.release(path, fd)
         except OSError as exc:  # the save is complete; a stale lock file is recover's garbage
             log.warning("the save is complete, but its lock file %s stays (%s): "
                         "`filecord recover %s` removes it", path, exc, os.path.dirname(path))
     if kept:  # the outputs are complete; a source written after the last look is kept
-        _looks.raise_kept(kept)
+        looks.raise_kept(kept)

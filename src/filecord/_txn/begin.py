@@ -2,15 +2,17 @@
 
 Theory of operation
 -------------------
-1. Before any temp, a lock file per directory (``_lockfile.create``: ``O_EXCL``, ``flock``,
-   content = the journal's path, ``fsync``): a temp's name then implies its lock and pointer.
+1. Before any temp, a lock file per directory (``liveness.create``: ``O_EXCL``, ``flock``,
+   content = a checksummed pointer record naming the journal, ``fsync``): a temp's name then
+   implies its lock and pointer.
 2. Each source's record says whether it is dense (FIEMAP, else ``SEEK_HOLE``, on a read-only
    descriptor closed again: reads only, so a crash here leaves what step 1 left).  The record
    goes to ``.filecord-pending``, is fsynced, every directory of the save is fsynced (temps and
    lock files are durable), then it is renamed to ``.filecord-journal`` and
-   its directory fsynced: a journal name never holds a torn record.  Each lock file then gets
-   a durable "journaled" mark, so a journal that later goes missing is known to be removed,
-   not never made.
+   its directory fsynced: a journal name never holds a torn head.  Its descriptor stays open
+   (``Txn.journal_fd``): the progress records (``moved``, ``looked``) are appended to it and
+   fsynced.  Each lock file then gets a durable, checksummed "journaled" record, so a
+   journal that later goes missing is known to be removed, not never made.
 3. Every source the save will shorten or delete is renamed to ``.NAME.TOKEN.filecord-src`` in
    its own directory and the directories fsynced, before anything is truncated.  A crash
    between renames leaves each source at one of its two names, both known to ``recover``.
@@ -21,12 +23,12 @@ from __future__ import annotations
 import errno
 import os
 
-from filecord import _journal, _lockfile, _undo
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._io.paths import kernel_path
-from filecord._stage import Stage
-from filecord._txn import Txn
+from filecord._txn import journal, liveness, undo
+from filecord._txn.stages import Stage
+from filecord._txn.state import Txn
 from filecord.errors import SaveError
 
 
@@ -40,13 +42,13 @@ def lock_directories(txn: Txn) -> None:
     outs = [o for o in txn.prep.plan.outputs if not o.direct]
     if not outs:
         return
-    content = os.fsencode(journal_name(txn, _names.JOURNAL)) + b"\n"
+    content = liveness.pointer_record(journal_name(txn, _names.JOURNAL))
     firsts = {os.path.dirname(o.target): o.target for o in reversed(outs)}
     for directory in dict.fromkeys(os.path.dirname(o.target) for o in outs):
         path = _names.sibling(firsts[directory], txn.token, _names.LOCK)
         try:
-            fd = _lockfile.create(path, content)
-        except _lockfile.LockBusyError as exc:
+            fd = liveness.create(path, content)
+        except liveness.LockBusyError as exc:
             raise SaveError(f"{path}: {exc.strerror}; nothing was written, retry the save",
                             errno=exc.errno) from exc
         txn.locks.append((path, fd))
@@ -99,7 +101,7 @@ def _dense(path: str, st: os.stat_result) -> bool:
         _sys.close(fd)
 
 
-def _record(txn: Txn) -> _journal.Journal:
+def _record(txn: Txn) -> journal.Journal:
     p = txn.prep.plan
     moves = {m.key: m for m in p.moves}
     adopted_out = {m.dests[0].output: m.key for m in p.moves if m.adopt}
@@ -111,7 +113,7 @@ def _record(txn: Txn) -> _journal.Journal:
         data = txn.prep.datas[key][0]
         st = _sys.stat(data.path)
         m = moves.get(key)
-        sources.append(_journal.JournalSource(
+        sources.append(journal.JournalSource(
             path=kernel_path(data.path), dev=key[0], ino=key[1],
             size=st.st_size, run_start=m.run_start if m else st.st_size,
             atime_ns=st.st_atime_ns, mtime_ns=st.st_mtime_ns, mode=st.st_mode,
@@ -123,7 +125,7 @@ def _record(txn: Txn) -> _journal.Journal:
         zip(p.outputs, txn.fds, txn.prep.target_stats, strict=True)
     ):
         if out.direct or fd is None:
-            outputs.append(_journal.JournalOutput(out.target, 0, 0, out.length, direct=True))
+            outputs.append(journal.JournalOutput(out.target, 0, 0, out.length, direct=True))
             continue
         mine = _sys.fstat(fd)
         dev, ino = adopted_out.get(o, (mine.st_dev, mine.st_ino))
@@ -131,9 +133,9 @@ def _record(txn: Txn) -> _journal.Journal:
         if o in adopted_out and tst is None:
             mode = 0o666 & ~_umask()  # what open() would have given a new file
         old = (0, 0) if tst is None else (tst.st_dev, tst.st_ino)
-        outputs.append(_journal.JournalOutput(out.target, dev, ino, out.length, mode, uid, gid,
+        outputs.append(journal.JournalOutput(out.target, dev, ino, out.length, mode, uid, gid,
                                              old_dev=old[0], old_ino=old[1]))
-    return _journal.Journal(txn.token, p.window, tuple(outputs), tuple(sources), ordered=True)
+    return journal.Journal(txn.token, p.window, tuple(outputs), tuple(sources), ordered=True)
 
 
 def write_journal(txn: Txn) -> None:
@@ -142,10 +144,12 @@ def write_journal(txn: Txn) -> None:
     pending = journal_name(txn, _names.PENDING)
     fd = _sys.open(pending, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        _sys.write_all(fd, _journal.encode(txn.record), 0)
+        _sys.write_all(fd, journal.encode(txn.record), 0)
         txn.counters.fsync(fd)
-    finally:
-        _sys.close(fd)
+    except BaseException:
+        _sys.close_each([fd])
+        raise
+    txn.journal_fd = fd  # kept open: the progress records are appended through it
     # Every name the rollback needs (temps, lock files) must be durable before the journal
     # name can be: fsyncing a file does not persist its directory entry.
     temps = [t for t in txn.temps if t is not None]
@@ -153,10 +157,10 @@ def write_journal(txn: Txn) -> None:
     final = journal_name(txn, _names.JOURNAL)
     _sys.rename(pending, final)
     txn.journal_path = final
+    txn.to(Stage.JOURNALED)  # the rename is the transition; a failed fsync below rolls back
     txn.counters.fsyncs += _sys.fsync_parents([final])
-    txn.to(Stage.JOURNALED)
     for _path, lock_fd in txn.locks:
-        _lockfile.mark_journaled(lock_fd)
+        liveness.mark_journaled(lock_fd)
 
 
 def park_sources(txn: Txn) -> None:
@@ -171,9 +175,25 @@ def park_sources(txn: Txn) -> None:
         if txn.stage is not Stage.MOVING:
             txn.to(Stage.MOVING)
         current = txn.prep.datas[(s.dev, s.ino)][0].path
-        if _undo.same_file(current, s.dev, s.ino) is None:
+        if undo.same_file(current, s.dev, s.ino) is None:
             txn.prep.datas[(s.dev, s.ino)][0].check()
             raise SaveError(f"{current} was replaced during the save")
         _sys.rename(current, record.parked(s))
         parked.append(record.parked(s))
     txn.counters.fsyncs += _sys.fsync_parents(parked)
+
+
+def append_record(txn: Txn, record: bytes) -> None:
+    """Append one progress record to the journal and fsync it, before the step it licenses."""
+    fd = txn.journal_fd
+    if fd is None:  # pragma: no cover - records follow the journal's write
+        raise SaveError("a journal record without a journal")
+    _sys.write_all(fd, record, _sys.fstat(fd).st_size)
+    txn.counters.fsync(fd)
+
+
+def close_journal(txn: Txn) -> None:
+    """Close the journal's descriptor (its records are all fsynced); raises a close error."""
+    fd, txn.journal_fd = txn.journal_fd, None
+    if fd is not None:
+        _sys.close(fd)

@@ -39,7 +39,7 @@ from typing import Literal
 from filecord._io import syscalls as _sys
 from filecord._plan.plan import cover
 from filecord._plan.types import MoveSource, PieceRef
-from filecord.errors import DataChangedError
+from filecord.errors import ChangeKind, DataChangedError
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ def move_source(
             # hold every byte, and a rollback puts them back into the shared inode.
             raise DataChangedError(m.path, expected_size=lo, found_size=seen.st_size,
                                    reason="another name was linked to it while it was being "
-                                   "moved")
+                                   "moved", kind=ChangeKind.LINKED)
         progress(pos - lo)
         pos, k = lo, k + 1
 
@@ -246,9 +246,10 @@ def _by_window(m: MoveSource, window: int) -> dict[int, list[PieceRef]]:
     return buckets
 
 
-# The reason of a DataChangedError for a change of ctime alone (chmod, chown, chattr): no byte
-# changed as far as a stat can tell, so the save stops but its journal is not held, and
-# ``recover`` may roll it back (a rewrite that keeps size and mtime is not seen either way).
+# The reason of a DataChangedError for a change of ctime alone (chmod, chown, chattr), whose
+# kind is ChangeKind.METADATA: no byte changed as far as a stat can tell, so the save stops but
+# its journal is not held, and ``recover`` may roll it back (a rewrite that keeps size and
+# mtime is not seen either way).
 METADATA_ONLY = ("only its change time moved (a chmod, chown or chattr?): no byte changed as "
                  "far as size and modification time tell")
 
@@ -264,18 +265,18 @@ def _check_unchanged(
     hold there.
     """
     now = _sys.fstat(src)
-    why = None
+    why, kind = None, ChangeKind.CONTENT
     if now.st_size != pos:
         why = "another process changed its size while it was being moved"
     elif now.st_nlink != 1:
-        why = "another name was linked to it while it was being moved"
+        why, kind = "another name was linked to it while it was being moved", ChangeKind.LINKED
     elif now.st_mtime_ns != seen.st_mtime_ns:
         why = "another process wrote to it while it was being moved"
     elif now.st_ctime_ns != seen.st_ctime_ns:
-        why = METADATA_ONLY
+        why, kind = METADATA_ONLY, ChangeKind.METADATA
     if why is not None:
         raise DataChangedError(m.path, expected_size=pos, found_size=now.st_size,
-                               reason=why) from cause
+                               reason=why, kind=kind) from cause
 
 
 def restore_source(

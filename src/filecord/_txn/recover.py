@@ -9,7 +9,7 @@ is created, changed or deleted, whatever a journal says.
 
 * **A file argument** must be named like a journal (``.NAME.TOKEN.filecord-journal``,
   ``-rollback`` or ``-committed``), be a regular file, and hold a record whose checksum holds
-  (one of its two copies) and whose paths ``_journal.confine`` accepts.  Anything else is refused
+  (one of its two copies) and whose paths ``journal.confine`` accepts.  Anything else is refused
   with :class:`RecoverError` before a byte is changed.
 * **A directory** is scanned and its token-named files grouped by token.  Per save:
 
@@ -25,12 +25,12 @@ is created, changed or deleted, whatever a journal says.
 * **Holding the locks.**  Before acting on a journal, recover takes the lock file of every
   directory the journal lists; a held one means a live save (or another recover): skipped.
 
-* **Stages** come from the journal's name (``_stage``).  ``-journal``: every source must be
-  where and as long as this save's moves can have left it (``_undo.check_strict``; a source
+* **Stages** come from the journal's name (``stages``).  ``-journal``: every source must be
+  where and as long as this save's moves can have left it (``undo.check_strict``; a source
   another process changed is refused, never "restored" with zeros; the move order and the
-  lock file's "moved N" marks are checked too), then the journal is
+  journal's ``moved`` records are checked too), then the journal is
   renamed ``-rollback`` (fsynced) and the rollback runs.  ``-rollback``: the rollback runs
-  (it resumes from the files).  ``-committed``: ``_undo.finish``.  Then temps, the journal and
+  (it resumes from the files).  ``-committed``: ``undo.finish``.  Then temps, the journal and
   the lock files are removed, in that order.
 
 Every step is judged from the files, so recovery is idempotent and may be interrupted and run
@@ -45,10 +45,11 @@ import stat as stat_mod
 from dataclasses import dataclass, field
 from typing import Literal
 
-from filecord import _journal, _lockfile, _transfer, _undo
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
-from filecord._stage import Stage, of_journal_suffix
+from filecord._txn import assess, journal, liveness, transfer, undo
+from filecord._txn import decide as table
+from filecord._txn.stages import Stage, of_journal_suffix
 from filecord.errors import DataChangedError, RecoverError, add_note
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ def _refuse(where: str, why: str, notes: list[str] | None = None) -> Recovered:
 def _recover_file(path: str, st: os.stat_result) -> Recovered:
     parsed = _names.parse(os.path.basename(path))
     if parsed is None or parsed[1] not in _names.JOURNALS:
-        raise _journal.NotAJournalError(
+        raise journal.NotAJournalError(
             f"{path} is not a filecord journal (journals are named "
             ".NAME.TOKEN.filecord-journal, -rollback or -committed); nothing was touched"
         )
@@ -164,17 +165,18 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
                        "save is over or that no journal needs them; nothing was touched")
     lock = _sys.abspath(os.path.join(directory, locks[0]))
     try:
-        fd = _lockfile.acquire(lock)
-    except _lockfile.LockBusyError:
+        fd = liveness.acquire(lock)
+    except liveness.LockBusyError:
         return Recovered(lock, "skipped", detail="its save is running (the lock is held)")
     if fd is None:
         return None  # removed by whoever held it a moment ago
     try:
-        pointer, journaled = _read_pointer(fd, token)
+        said = _read_pointer(fd, token)
+        pointer, journaled = said.journal, said.journaled
         if pointer is None and others:
             _sys.close(fd)
-            return _refuse(lock, "its lock file is damaged and other files remain; nothing "
-                           "was touched")
+            return _refuse(lock, f"{said.damage or 'its lock file is damaged'} and other files "
+                           "remain; nothing was touched")
         if pointer is not None:
             for suffix in _names.JOURNALS:
                 candidate = _names.restage(pointer, suffix)
@@ -198,34 +200,19 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
     for p in garbage:
         _sys.unlink_missing_ok(p)
     _sys.fsync_parents([lock])
-    _lockfile.release(lock, fd)
+    liveness.release(lock, fd)
     return Recovered(lock, "discarded", detail=f"removed {len(garbage)} temp file(s)")
 
 
-_POINTER_HEAD = 1 << 16  # bytes of a lock file read for its pointer: far more than PATH_MAX
+_LOCK_LIMIT = 1 << 16  # bytes of a lock file read: two short records, far below this
 
 
-def _read_pointer(fd: int, token: str) -> tuple[str | None, bool]:
-    """The journal path a lock file names (None when it is empty or not one), and whether the
-    save marked that its journal had been made durable."""
+def _read_pointer(fd: int, token: str) -> liveness.Pointer:
+    """What a lock file says: the journal it names and whether that journal was made."""
     size = _sys.fstat(fd).st_size
     if size <= 0:
-        return None, False
-    # Only the head: the pointer comes first and an absolute path that can be opened is short
-    # (PATH_MAX), while the marks after it grow with the save (one "looked" line per consumed
-    # source), so the file's size says nothing about whether it names a journal.
-    raw = _sys.read_all(fd, 0, min(size, _POINTER_HEAD))
-    # PATH\n[journaled\n]...: a path may hold newlines itself, but it ends with the journal
-    # suffix, and no mark line holds that suffix, so its last occurrence in the head ends it.
-    end = raw.rfind(os.fsencode(_names.JOURNAL) + b"\n")
-    if end < 0:
-        return None, False
-    end += len(_names.JOURNAL)
-    path = os.fsdecode(raw[:end])
-    parsed = _names.parse(os.path.basename(path))
-    if parsed != (token, _names.JOURNAL) or not os.path.isabs(path):
-        return None, False
-    return path, raw[end + 1 :].startswith(_lockfile.JOURNALED + b"\n")
+        return liveness.Pointer(None)
+    return liveness.read_pointer(_sys.read_all(fd, 0, min(size, _LOCK_LIMIT)), token)
 
 
 def _real_dir(path: str) -> str:
@@ -252,7 +239,7 @@ def _read(path: str) -> bytes:
     try:
         size = _sys.fstat(fd).st_size
         if size > JOURNAL_LIMIT:
-            raise _journal.NotAJournalError(f"{path} is {size} bytes: not a filecord journal")
+            raise journal.NotAJournalError(f"{path} is {size} bytes: not a filecord journal")
         return _sys.read_all(fd, 0, size)
     finally:
         _sys.close(fd)
@@ -262,12 +249,16 @@ class _MissingLockError(Exception):
     """A directory of the save has no lock file: nothing proves the save is over."""
 
 
+class _DamagedLockError(Exception):
+    """A lock file of the save whose records do not check: damaged, not another save's."""
+
+
 class _ForeignLockError(Exception):
     """A lock file in a directory the journal lists points at another journal."""
 
 
 def _lock_all(
-    j: _journal.Journal, held: dict[str, tuple[str, int]], pointer: str
+    j: journal.Journal, held: dict[str, tuple[str, int]], pointer: str
 ) -> dict[str, tuple[str, int]]:
     """Take the lock file of every directory of the save.
 
@@ -287,11 +278,14 @@ def _lock_all(
             if directory in locks:
                 continue
             path = _names.sibling(firsts[directory], j.token, _names.LOCK)
-            fd = _lockfile.acquire(path)
+            fd = liveness.acquire(path)
             if fd is None:
                 raise _MissingLockError(path)
             locks[directory] = (path, fd)
-            if _read_pointer(fd, j.token)[0] != pointer:
+            said = _read_pointer(fd, j.token)
+            if said.damage is not None:
+                raise _DamagedLockError(f"{path}: {said.damage}")
+            if said.journal != pointer:
                 raise _ForeignLockError(path)
     except BaseException:
         for d, (_p, fd) in locks.items():
@@ -307,8 +301,13 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
     locks = dict(held)
     try:
         try:
-            j = _journal.decode(_read(path))
-            _journal.confine(j, path)
+            log_ = journal.read_log(_read(path))
+            j = log_.journal
+            journal.confine(j, path)
+        except journal.JournalDamagedError as exc:  # a record does not check: damaged
+            found = assess.damaged(exc)
+            table.decide(table.Actor.RECOVER, of_journal_suffix(suffix), found.found)  # REFUSE
+            return _refuse(path, found.why)
         except (RecoverError, OSError) as exc:  # OSError: e.g. ELOOP, the name is a symlink
             return _refuse(path, f"{exc}; nothing was touched")
         strays = [d for d in held if d not in j.directories()]
@@ -320,12 +319,14 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
         except _ForeignLockError as exc:
             return _refuse(path, f"the lock file {exc} belongs to another journal: this one "
                            "reaches beyond its save; nothing was touched")
-        except _lockfile.LockBusyError:
+        except liveness.LockBusyError:
             return Recovered(path, "skipped", detail="its save is running (a lock is held)")
+        except _DamagedLockError as exc:
+            return _refuse(path, f"{exc}; nothing was touched")
         except _MissingLockError as exc:
             return _refuse(path, f"its lock file {exc} is missing, so nothing proves the save "
                            "is over; nothing was touched")
-        result = _act(path, j, of_journal_suffix(suffix), _marks(j, locks))
+        result = _act(path, log_, of_journal_suffix(suffix))
     except BaseException:
         for _p, fd in locks.values():
             _close_quietly(fd)
@@ -334,35 +335,22 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
         if result.action == "refused":
             _close_quietly(fd)
         else:
-            _lockfile.release(lock, fd)
+            liveness.release(lock, fd)
     return result
 
 
-def _marks(j: _journal.Journal, locks: dict[str, tuple[str, int]]) -> _lockfile.Marks:
-    """What the save recorded in the lock file beside its journal (moves done, last looks)."""
-    held = locks.get(j.directories()[0])
-    if held is None:  # pragma: no cover - _lock_all took every directory's lock
-        return _lockfile.Marks()
-    fd = held[1]
-    size = _sys.fstat(fd).st_size
-    return (_lockfile.read_marks(_sys.read_all(fd, 0, size)) if 0 < size <= 1 << 24
-            else _lockfile.Marks())
-
-
-def _act(path: str, j: _journal.Journal, stage: Stage,
-         marks: _lockfile.Marks | None = None) -> Recovered:
-    marks = marks or _lockfile.Marks()
+def _act(path: str, log_: journal.Log, stage: Stage) -> Recovered:
+    j = log_.journal
     outputs = tuple(o.final for o in j.outputs)
     sources = tuple(s.path for s in j.sources)
-    if stage is Stage.HELD:
-        return _refuse(path, "the save stopped because another process changed a source "
-                       "mid-move; nothing is undone over that change (the notes say where "
-                       "every byte is)", _undo.whereabouts(j))
+    found = assess.crashed_save(log_, stage)
+    action = table.decide(table.Actor.RECOVER, stage, found.found)
+    if action is table.Action.REFUSE:
+        return _refuse(path, found.why, undo.whereabouts(j))
     try:
-        if stage is Stage.COMMITTED:
-            _undo.check_committed(j, marks.looked)
+        if action is table.Action.FINISH:
             try:
-                _undo.finish(j, path, marks.looked)
+                undo.finish(j, path, log_.looked)
             except DataChangedError as exc:
                 if not exc.committed:
                     raise
@@ -375,26 +363,19 @@ def _act(path: str, j: _journal.Journal, stage: Stage,
                                  notes=where, kept=tuple(getattr(exc, "kept", ())))
             _sys.unlink(path)
             return Recovered(path, "finished", outputs, sources)
-        if stage is Stage.MOVING:
-            _undo.check_strict(j, marks.moved)
-            temps = _undo.open_temps(j)
-            try:
-                _undo.check_temps_hold(j, temps)
-            finally:
-                _undo.close_all(temps)
+        if stage is Stage.MOVING:  # ROLL_BACK from "-journal": first the name says so
             rollback = _names.restage(path, _names.ROLLBACK)
             _sys.rename(path, rollback)
             _sys.fsync_parents([rollback])
             path = rollback
-        temps = _undo.open_temps(j)
+        temps = undo.open_temps(j)
         try:
-            _undo.roll_back(j, temps, _transfer.Counters())
+            undo.roll_back(j, temps, transfer.Counters())
         finally:
-            _undo.close_all(temps)
-        _undo.remove_temps(j)
+            undo.close_all(temps)
+        undo.remove_temps(j)
         _sys.unlink(path)
         return Recovered(path, "restored", outputs, sources)
     except (RecoverError, DataChangedError, OSError) as exc:
-        notes = _undo.whereabouts(j)
+        notes = undo.whereabouts(j)
         return _refuse(path, f"{exc}; the journal and temps are kept", notes)
-

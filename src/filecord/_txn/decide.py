@@ -1,0 +1,107 @@
+"""The decision table: (who asks, stage, what the assessment found) -> what to do.  Pure.
+
+The in-process failure path (``failure.fail``) and ``recover`` (``recover._act``) both ask
+:func:`decide`; neither branches on anything else.  The stage comes from the stage machine
+(``stages``: a running save's ``Txn.stage``, a crashed save's journal name), the finding from
+the assessment (``assess``: the journal's records and the facts observed on the files).
+
+Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault point)
+-------------------------------------------------------------------------------------
+1. Every byte of every consumed source is durably in the source or at its journaled offset
+   in a temp, at every instant, even after a crash that loses every unsynced write: a window
+   is fsynced in the temps before it is cut, a ``moved`` record only after the source's last
+   cut is fsynced, a put-back fsynced before the temp lets go.
+   Tests: tests/sweeps/test_power_cuts.py, tests/sweeps/test_fault_points.py,
+   tests/sweeps/test_fsync_order.py.
+2. The final name holds its old content or the complete new file, never a mix (one rename per
+   output after the commit point).  Tests: tests/sweeps/test_kill_points.py,
+   tests/sweeps/test_fault_points.py.
+3. A failed save leaves its sources byte-exact, or a journal ``recover`` turns into that
+   (rows ROLL_BACK, KEEP).  Tests: tests/sweeps/test_fault_points.py,
+   tests/sweeps/test_kill_points.py.
+4. ``recover`` is idempotent and crash-safe: every row is judged from the files, so running it
+   again continues.  Tests: tests/sweeps/test_kill_points.py (recover killed too),
+   tests/sweeps/test_recover_races.py.
+5. ``recover`` acts only on proof: a held lock is skipped; a record that does not check is
+   DAMAGED and refused, never blamed on another process; every path is derived from the
+   token.  Tests: tests/sweeps/test_hostile_journals.py, tests/unit/txn/test_log.py,
+   tests/sweeps/test_damaged_records.py, tests/sweeps/test_recover_guards.py.
+6. Owned sources outlive a failed save: only a committed consuming save deletes them
+   (rows FINISH only after the commit point).  Tests: tests/sweeps/test_recover_acts_on_proof.py.
+7. A source changed by someone else is an error with a typed kind (``ChangeKind``), never
+   mixed, cut or "restored" with bytes not its own: CHANGED holds the journal, LINKED and
+   METADATA keep it for recover.  Tests: tests/sweeps/test_second_party.py,
+   tests/sweeps/test_looks_order_and_records.py, tests/unit/txn/test_decide.py.
+8. A save that committed never raises for what comes after its commit point but a kept,
+   changed source (``committed=True``); row COMPLETE reports, never undoes.
+   Tests: tests/sweeps/test_recover_acts_on_proof.py (Ctrl-C after completion),
+   tests/sweeps/test_looks_order_and_records.py.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from filecord._txn.stages import Stage
+
+
+class Actor(enum.Enum):
+    SAVE = "the failed save"
+    RECOVER = "recover"
+
+
+class Found(enum.Enum):
+    """What the assessment found (``assess``)."""
+
+    AS_LEFT = "every file as the save left it"
+    LINKED = "a source linked to another name (no byte changed)"
+    METADATA = "a source's change time moved (no byte changed)"
+    CHANGED = "a source changed by another process"
+    UNREADABLE = "the files could not be checked (or the undo itself failed)"
+    DAMAGED = "a record does not check out"
+    UNFINISHED = "the journal says committed but a move never finished"
+
+
+class Action(enum.Enum):
+    DISCARD = "remove the temps: nothing destructive happened"
+    ROLL_BACK = "roll back: put every byte back"
+    FINISH = "finish: rename the temps, delete the consumed sources"
+    KEEP = "keep the journal and temps, and report where every byte is"
+    HOLD = "keep them, the journal held: recover never undoes over the change"
+    REFUSE = "refuse: touch nothing, say why and where every byte is"
+    COMPLETE = "the save had completed: report it"
+
+
+_UNDOABLE = (Stage.JOURNALED, Stage.MOVING)
+_BEFORE_JOURNAL = (Stage.CREATED, Stage.FILLED)
+_AFTER_COMMIT = (Stage.COMMITTED, Stage.RENAMED)
+
+# The one table.  Rows not listed are impossible; :func:`decide` raises for them.
+TABLE: dict[tuple[Actor, Stage, Found], Action] = {
+    **{(Actor.SAVE, s, Found.AS_LEFT): Action.DISCARD for s in _BEFORE_JOURNAL},
+    **{(Actor.SAVE, s, Found.AS_LEFT): Action.ROLL_BACK for s in _UNDOABLE},
+    **{(Actor.SAVE, s, f): Action.KEEP for s in _UNDOABLE
+       for f in (Found.LINKED, Found.METADATA, Found.UNREADABLE)},
+    **{(Actor.SAVE, s, Found.CHANGED): Action.HOLD for s in _UNDOABLE},
+    (Actor.SAVE, Stage.ROLLING_BACK, Found.UNREADABLE): Action.KEEP,  # the undo itself failed
+    **{(Actor.SAVE, s, Found.AS_LEFT): Action.FINISH for s in _AFTER_COMMIT},
+    (Actor.SAVE, Stage.DONE, Found.AS_LEFT): Action.COMPLETE,
+    # recover: a crashed save's stage is its journal's name (MOVING covers "journaled")
+    (Actor.RECOVER, Stage.MOVING, Found.AS_LEFT): Action.ROLL_BACK,
+    (Actor.RECOVER, Stage.ROLLING_BACK, Found.AS_LEFT): Action.ROLL_BACK,
+    (Actor.RECOVER, Stage.COMMITTED, Found.AS_LEFT): Action.FINISH,
+    **{(Actor.RECOVER, s, f): Action.REFUSE
+       for s in (Stage.MOVING, Stage.ROLLING_BACK, Stage.COMMITTED, Stage.HELD)
+       for f in Found if (s is Stage.HELD or f is not Found.AS_LEFT)},
+}
+
+
+class NoRowError(RuntimeError):
+    """A (stage, finding) the table has no row for: a bug in filecord, never a user error."""
+
+
+def decide(actor: Actor, stage: Stage, found: Found) -> Action:
+    try:
+        return TABLE[(actor, stage, found)]
+    except KeyError:
+        raise NoRowError(f"{actor.value}: no action for {found.value} at {stage.value}") from None

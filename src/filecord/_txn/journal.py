@@ -1,0 +1,420 @@
+"""The save's log (journal version 3): one file of length-prefixed, checksummed records.
+
+Theory of operation
+-------------------
+A journal file is a magic line and then records, one per line::
+
+    LLLLLLLL SSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSS {"body": ..., "kind": "begin"}
+
+``L`` is the payload's length (8 hex digits), ``S`` the first 16 bytes of the payload's
+sha256 (32 hex digits), the payload canonical JSON in ASCII (so no newline inside it).  Why
+sha256 and not CRC32C: it is in the standard library (no dependency), it costs nothing at a
+few records per save, and a crafted or single-digit change can neither match by chance nor be
+made to (a CRC is linear: one digit changed and a few bytes fixed up elsewhere would pass).
+
+The records (``Kind``):
+
+* ``begin``: what the save is (outputs, sources, window: :class:`Journal`), written **twice**
+  under the ``.filecord-pending`` name, fsynced, then renamed to the journal name: a journal
+  name never holds a torn head, and one damaged copy leaves the other to read.
+* ``moved``: ``{"n": N}``, appended and fsynced once the first N moved sources (journal
+  order) have finished their moves, after the last truncate of the Nth is fsynced.
+* ``looked``: the save's last look at each parked source (dev, ino, size, mtime), appended
+  and fsynced just before the commit point, for recover's finish.
+
+Replay (:func:`read_log`) is WAL style: records after the head are read in order and stop at
+the first that does not check.  What follows it is a torn tail when no later record checks (an
+append a crash cut, or one damaged after it was written: the two cannot be told apart, and
+either way the save did not rely on it more than on the files, see ``undo``); a bad record
+*before* a good one is damage: appends are fsynced one after the other, so a crash cannot
+leave that (:class:`JournalDamagedError`, "damaged", never "another process").  The stage of
+the save is not a record but the file's *name* (``stages``): the rename is atomic, and damage
+to the bytes cannot turn "roll back" into "finish".
+
+The lock files (``liveness``) use the same framing for their two records, ``pointer`` (the
+journal's path) and ``journaled`` (the journal is durable under its name).
+
+Temp and renamed-source paths are not stored: they are derived from the final and source paths
+and the token (``_names``), so a crafted record cannot point recovery at other files.
+:func:`confine` checks every path a record holds is absolute and normalised and that the
+journal sits in its first output's directory.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
+from filecord._plan.types import MoveSource, PieceRef
+from filecord.errors import RecoverError
+
+VERSION = 3
+MAGIC = b"filecord-journal 3\n"
+
+
+class Kind(enum.Enum):
+    """The checksummed record kinds (the journal's three, the lock file's two)."""
+
+    BEGIN = "begin"
+    MOVED = "moved"
+    LOOKED = "looked"
+    POINTER = "pointer"
+    JOURNALED = "journaled"
+
+
+class NotAJournalError(RecoverError):
+    """The file is not a filecord journal at all (wrong name or no magic): never touched."""
+
+
+class JournalVersionError(RecoverError):
+    """A journal of an older format (version 2, before the log): never touched."""
+
+
+class JournalDamagedError(RecoverError):
+    """The file is a journal (or lock file) but a record that must check does not: it was
+    damaged after it was written.  Recovery refuses to act and says "damaged"."""
+
+
+@dataclass(frozen=True, slots=True)
+class JournalOutput:
+    """An output: its final name, the identity and length its temp has when complete, and
+    the mode/owner to give it (``-1``: leave as created)."""
+
+    final: str
+    dev: int
+    ino: int
+    length: int
+    mode: int = -1
+    uid: int = -1
+    gid: int = -1
+    direct: bool = False  # a FIFO or device written in place: no temp, nothing to recover
+    old_dev: int = 0  # the file the save replaces (0, 0: the name was free)
+    old_ino: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JournalSource:
+    """An owned source the save shortens (``run_start < size``), adopts, or deletes at commit."""
+
+    path: str
+    dev: int
+    ino: int
+    size: int
+    run_start: int
+    atime_ns: int
+    mtime_ns: int
+    mode: int
+    dests: tuple[PieceRef, ...]
+    adopt: bool = False
+    dense: bool = False  # no holes when journaled: a hole in a temp then proves tampering
+
+    def as_move(self) -> MoveSource:
+        return MoveSource((self.dev, self.ino), self.path, self.size, self.run_start, self.dests,
+                          self.adopt)
+
+
+@dataclass(frozen=True, slots=True)
+class Journal:
+    token: str
+    window: int
+    outputs: tuple[JournalOutput, ...]
+    sources: tuple[JournalSource, ...]
+    # Sources listed in the order their moves run (moves first, then the copied/cloned ones):
+    # recover's move-order check (``undo.check_order``) relies on it.  Older records are sorted
+    # by inode and carry no such promise.
+    ordered: bool = False
+
+    def temp(self, o: int) -> str:
+        """Output ``o``'s temp path (derived, never stored)."""
+        return _names.sibling(self.outputs[o].final, self.token, _names.TEMP)
+
+    def parked(self, s: JournalSource) -> str:
+        """Where source ``s`` sits, renamed with the token, between journal and commit."""
+        return _names.sibling(s.path, self.token, _names.SOURCE)
+
+    def directories(self) -> list[str]:
+        """Every directory holding a temp, in output order, without repeats."""
+        return list(dict.fromkeys(
+            os.path.dirname(o.final) for o in self.outputs if not o.direct
+        ))
+
+
+def _body(j: Journal) -> dict[str, object]:
+    return {
+        "version": VERSION,
+        "token": j.token,
+        "window": j.window,
+        **({"ordered": True} if j.ordered else {}),
+        "outputs": [
+            [o.final, o.dev, o.ino, o.length, o.mode, o.uid, o.gid, o.direct, o.old_dev,
+             o.old_ino] for o in j.outputs
+        ],
+        "sources": [
+            {
+                "path": s.path, "dev": s.dev, "ino": s.ino, "size": s.size,
+                "run_start": s.run_start, "atime_ns": s.atime_ns, "mtime_ns": s.mtime_ns,
+                "mode": s.mode, "adopt": s.adopt, "dense": s.dense,
+                "dests": [[d.output, d.out_offset, d.length, d.src_offset] for d in s.dests],
+            }
+            for s in j.sources
+        ],
+    }
+
+
+def _sum(payload: bytes) -> bytes:
+    return hashlib.sha256(payload).hexdigest()[:32].encode()
+
+
+def frame(kind: Kind, body: object) -> bytes:
+    """One record: length, checksum and payload on one line."""
+    payload = json.dumps({"kind": kind.value, "body": body}, sort_keys=True,
+                         separators=(",", ":"), ensure_ascii=True).encode()
+    return b"%08x %s %s\n" % (len(payload), _sum(payload), payload)
+
+
+def unframe(line: bytes) -> tuple[Kind, object]:
+    """The kind and body of one record line (without its newline); ValueError if it does not
+    check: wrong length, wrong checksum, not JSON, an unknown kind."""
+    if len(line) < 42 or line[8:9] != b" " or line[41:42] != b" ":
+        raise ValueError("not a record")
+    length, digest, payload = line[:8], line[9:41], line[42:]
+    if not all(c in b"0123456789abcdef" for c in length) or int(length, 16) != len(payload):
+        raise ValueError("its length does not match")
+    if digest != _sum(payload):
+        raise ValueError("checksum mismatch")
+    record = json.loads(payload)
+    if not isinstance(record, dict) or set(record) != {"kind", "body"}:
+        raise ValueError("not a record")
+    return Kind(record["kind"]), record["body"]
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """The records of a log that check, in order, up to the first that does not."""
+
+    records: tuple[tuple[Kind, object], ...]
+    torn: bool = False  # a tail that does not check (cut by a crash): ignored
+    damage: str | None = None  # a record that does not check before one that does: why
+
+
+def _checks(line: bytes) -> bool:
+    try:
+        unframe(line)
+    except (ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def _overlong(line: bytes) -> bool:
+    """Whether a line is longer than the record its (intact) header announces: a damaged
+    newline merged it with the next record.  A cut record is only ever shorter."""
+    head = line[:8]
+    return (len(head) == 8 and all(c in b"0123456789abcdef" for c in head)
+            and line[8:9] == b" " and len(line) > 42 + int(head, 16))
+
+
+def replay(lines: list[bytes], *, torn_tail: bool) -> Replay:
+    """WAL replay of whole record lines: stop at the first that does not check; it is damage
+    when a later line checks or it runs into a record that followed it, else the torn tail."""
+    records: list[tuple[Kind, object]] = []
+    for n, line in enumerate(lines, start=1):
+        try:
+            records.append(unframe(line))
+        except (ValueError, KeyError, TypeError) as exc:  # noqa: PERF203 - stops at the first
+            later = next((m for m, rest in enumerate(lines[n:], start=n + 1) if _checks(rest)),
+                         None)
+            if later is not None:
+                return Replay(tuple(records), torn_tail,
+                              f"record {n} ({exc}) before record {later}, which checks")
+            if _overlong(line):
+                return Replay(tuple(records), torn_tail,
+                              f"record {n} ({exc}) runs into the record after it")
+            return Replay(tuple(records), torn=True)
+    return Replay(tuple(records), torn_tail)
+
+
+def split_lines(data: bytes) -> tuple[list[bytes], bool]:
+    """Whole lines, and whether a cut last line (no newline: a torn append) followed them."""
+    lines = data.split(b"\n")
+    return lines[:-1], lines[-1] != b""
+
+
+def encode(j: Journal) -> bytes:
+    """The journal as written under its pending name: magic and the head, twice."""
+    head = frame(Kind.BEGIN, _body(j))
+    return MAGIC + head + head
+
+
+def encode_moved(done: int) -> bytes:
+    return frame(Kind.MOVED, {"n": done})
+
+
+def encode_looked(looks: list[tuple[int, int, int, int]]) -> bytes:
+    return frame(Kind.LOOKED, [list(look) for look in looks])
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    """A journal read back: its head record and what its progress records say."""
+
+    journal: Journal
+    moved: int = 0  # the first N moved sources (journal order) have finished, durably
+    looked: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    torn: bool = False
+
+
+def _head(data: bytes) -> tuple[Journal, list[bytes], bool]:
+    """The head record, the whole lines after the magic line, and whether a torn tail follows."""
+    lines, torn = split_lines(data)
+    if lines and not data.startswith(MAGIC):
+        try:  # the magic line itself damaged: the checksum, not the position, is the proof
+            unframe(lines[0])
+        except (ValueError, KeyError, TypeError):
+            lines = lines[1:]
+    elif lines:
+        lines = lines[1:]
+    problems: list[str] = []
+    for n, line in enumerate(lines[:2], start=1):
+        try:
+            kind, body = unframe(line)
+            if kind is not Kind.BEGIN:
+                raise ValueError(f"a {kind.value} record where the head belongs")
+            return _parse(body), lines, torn
+        except (ValueError, KeyError, TypeError, IndexError) as exc:  # noqa: PERF203 - two
+            problems.append(f"copy {n}: {exc}")
+    if not data.startswith(MAGIC[:9]):
+        raise NotAJournalError("the file is not a filecord journal (no magic line, no record)")
+    if data.startswith(b"filecord-journal 2\n"):  # and no record of this version checks
+        raise JournalVersionError(
+            "the journal was written by an older filecord (journal version 2, before the "
+            "checksummed log): recover it with the filecord that wrote it; nothing was touched")
+    raise JournalDamagedError(
+        "the journal is damaged: no copy of its head record checks out ("
+        + "; ".join(problems or ["empty"]) + ")"
+    )
+
+
+def decode(data: bytes) -> Journal:
+    """The head record in ``data``; :class:`NotAJournalError` or :class:`JournalDamagedError`.
+
+    Either copy whose checksum holds is the record, even when the magic line or the other copy
+    is damaged."""
+    return _head(data)[0]
+
+
+def read_log(data: bytes) -> Log:
+    """The head and the progress records (WAL replay); :class:`JournalDamagedError` when a
+    record that does not check comes before one that does (damage, not a crash: a crash only
+    cuts the tail).  The head's second copy counts as such a record: a damaged newline merges
+    it with the first progress record, which must not vanish unnoticed."""
+    j, lines, torn = _head(data)
+    rest = lines[2:]
+    if len(lines) > 1 and not _checks(lines[1]) and (
+        _overlong(lines[1]) or any(_checks(line) for line in rest)
+    ):
+        raise JournalDamagedError("the journal is damaged: the second copy of its head does "
+                                  "not check out, and a later record does")
+    r = replay(rest, torn_tail=torn)
+    if r.damage is not None:
+        raise JournalDamagedError(f"the journal is damaged: {r.damage}")
+    moved = 0
+    looked: dict[tuple[int, int], tuple[int, int]] = {}
+    for kind, body in r.records:
+        if kind is Kind.MOVED and isinstance(body, dict):
+            moved = max(moved, _int(body["n"]))
+        elif kind is Kind.LOOKED and isinstance(body, list):
+            for look in body:
+                dev, ino, size, mtime = (_int(v) for v in look)
+                looked[(dev, ino)] = (size, mtime)
+        else:
+            raise JournalDamagedError(f"the journal holds an unexpected {kind.value} record")
+    return Log(j, moved, looked, r.torn)
+
+
+def _int(v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{v!r} is not an integer")
+    return v
+
+
+def _str(v: object) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"{v!r} is not a string")
+    return v
+
+
+def _parse(body: object) -> Journal:
+    if not isinstance(body, dict):
+        raise TypeError("the head is not an object")
+    if body["version"] != VERSION:
+        raise ValueError(f"version {body['version']!r} is not {VERSION}")
+    outputs = tuple(
+        JournalOutput(_str(f), _int(d), _int(i), _int(n), _int(m), _int(u), _int(g), bool(x),
+                      _int(od), _int(oi))
+        for f, d, i, n, m, u, g, x, od, oi in body["outputs"]
+    )
+    sources = []
+    for s in body["sources"]:
+        key = (_int(s["dev"]), _int(s["ino"]))
+        sources.append(JournalSource(
+            path=_str(s["path"]), dev=key[0], ino=key[1], size=_int(s["size"]),
+            run_start=_int(s["run_start"]), atime_ns=_int(s["atime_ns"]),
+            mtime_ns=_int(s["mtime_ns"]), mode=_int(s["mode"]), adopt=bool(s["adopt"]),
+            dense=bool(s["dense"]),
+            dests=tuple(
+                PieceRef(_int(o), 0, _int(off), _int(n), key, _int(so))
+                for o, off, n, so in s["dests"]
+            ),
+        ))
+    token = _str(body["token"])
+    if not _names.is_token(token):
+        raise ValueError(f"token {token!r} is malformed")
+    return Journal(token, _int(body["window"]), outputs, tuple(sources),
+                   ordered=body.get("ordered") is True)
+
+
+def _clean(path: str) -> bool:
+    return os.path.isabs(path) and os.path.normpath(path) == path and "\0" not in path
+
+
+def confine(j: Journal, journal_path: str) -> None:
+    """Refuse a record whose paths could reach beyond the save that wrote it.
+
+    Every path must be absolute and normalised (no ``..``, no doubled separators), indexes and
+    ranges must be in bounds, the token must be the one in the journal's name, and the journal
+    must sit in its first output's directory (``journal_path``'s directory, resolved).
+    """
+    parsed = _names.parse(os.path.basename(journal_path))
+    if parsed is None or parsed[0] != j.token:
+        raise JournalDamagedError(f"{journal_path}: the record's token is not the one in its name")
+    if j.window < 1:
+        raise JournalDamagedError(f"{journal_path}: window {j.window} is not positive")
+    for o in j.outputs:
+        if not _clean(o.final):
+            raise JournalDamagedError(f"{journal_path}: output path {o.final!r} is not confined")
+    for s in j.sources:
+        if not _clean(s.path):
+            raise JournalDamagedError(f"{journal_path}: source path {s.path!r} is not confined")
+        if not 0 <= s.run_start <= s.size:
+            raise JournalDamagedError(f"{journal_path}: {s.path}: run start out of range")
+        for d in s.dests:
+            if not 0 <= d.output < len(j.outputs) or j.outputs[d.output].direct:
+                raise JournalDamagedError(f"{journal_path}: {s.path}: bad destination")
+            if d.length < 0 or d.src_offset < 0 or d.out_offset < 0:
+                raise JournalDamagedError(f"{journal_path}: {s.path}: negative range")
+            if d.src_offset + d.length > s.size:
+                raise JournalDamagedError(f"{journal_path}: {s.path}: range past the source")
+            if d.out_offset + d.length > j.outputs[d.output].length:
+                raise JournalDamagedError(f"{journal_path}: {s.path}: range past the output")
+    dirs = j.directories()
+    here = _sys.realpath(os.path.dirname(_sys.abspath(journal_path)))
+    if not dirs or dirs[0] != here:
+        raise JournalDamagedError(
+            f"{journal_path}: the journal is not in its first output's directory"
+        )

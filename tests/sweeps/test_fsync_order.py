@@ -1,0 +1,141 @@
+"""The order of the durable steps, read from the system calls a save makes (the ``_sys`` seam).
+
+The power-cut model makes truncates durable at once and keeps no timestamps, so it cannot see
+a missing fsync on these three paths; the call order can.  Each test fails when the fsync it
+names is removed (the mutation audit of issue 22):
+
+* a moved source's last cut is fsynced before the journal's ``moved`` record is appended, and
+  that record is fsynced before the next source is cut;
+* the directory holding the journal is fsynced after the rename to ``-committed`` (the commit
+  point) and before any temp is renamed onto its final name;
+* a put-back fsyncs the source after restoring its times, before its name is given back;
+* a lock file's name is re-checked after ``flock``: a lock removed by a recover in between
+  stops the save before any temp exists.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from filecord import Cord, FileBackedData, save
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
+from filecord.errors import SaveError
+from filecord_testing import pattern
+from support.faultfs import Tracer
+
+W = 4096
+
+
+def _consume(d: Path, backend: _sys.Backend) -> tuple[bytes, bytes]:
+    a, b = pattern(3 * W, "a"), pattern(2 * W, "b")
+    (d / "a.bin").write_bytes(a)
+    (d / "b.bin").write_bytes(b)
+    with _sys.use(backend):
+        save(d / "out.bin", Cord([FileBackedData(d / "a.bin", owned=True),
+                                  FileBackedData(d / "b.bin", owned=True)]),
+             consume=True, window=W)
+    return a, b
+
+
+def test_a_source_is_fsynced_after_its_last_cut_before_its_moved_record(tmp_path: Path) -> None:
+    tracer = Tracer()
+    a, b = _consume(tmp_path, tracer)
+    assert (tmp_path / "out.bin").read_bytes() == a + b
+    calls = tracer.calls
+    journal_fd = {c.args[0] for c in calls if c.op == "pwrite"
+                  and c.path.endswith(_names.PENDING)}
+    assert len(journal_fd) == 1
+    cut_since: dict[str, bool] = {}  # parked source -> cut and not yet fsynced
+    appends = 0
+    pending_record = False
+    for c in calls:
+        if c.op == "ftruncate" and c.path.endswith(_names.SOURCE):
+            assert not pending_record, f"call {c.index}: a cut before the last record's fsync"
+            cut_since[c.path] = True
+        elif c.op == "fsync" and c.path.endswith(_names.SOURCE):
+            cut_since[c.path] = False
+        elif c.op == "pwrite" and c.args[0] in journal_fd and c.args[2] > 0:
+            appends += 1
+            unsynced = [p for p, dirty in cut_since.items() if dirty]
+            assert not unsynced, f"call {c.index}: a journal record before {unsynced}'s fsync"
+            pending_record = True
+        elif c.op == "fsync" and c.args[0] in journal_fd:
+            pending_record = False
+    assert appends == 3  # moved 1, moved 2, looked
+
+
+def test_the_commit_rename_is_made_durable_before_any_final_name_changes(
+    tmp_path: Path,
+) -> None:
+    tracer = Tracer()
+    _consume(tmp_path, tracer)
+    calls = tracer.calls
+    commit = next(c for c in calls if c.op == "rename"
+                  and str(c.args[1]).endswith(_names.COMMITTED))
+    final = next(c for c in calls if c.op == "rename"
+                 and str(c.args[1]) == str(tmp_path / "out.bin"))
+    between = [c for c in calls if commit.index < c.index < final.index]
+    assert any(c.op == "fsync_dir" and os.path.realpath(c.path) == os.path.realpath(tmp_path)
+               for c in between), "the commit point is not durable before the renames"
+
+
+class _FailSecondMove(Tracer):
+    """Fail the first cut of b.bin (EIO): the save rolls a.bin back (a put-back)."""
+
+    def hook(self, op: str, args: tuple[Any, ...]) -> None:
+        super().hook(op, args)
+        c = self.calls[-1]
+        if op == "ftruncate" and ".b.bin." in c.path:
+            raise OSError(errno.EIO, "injected")
+
+
+def test_a_put_back_fsyncs_the_restored_times_before_the_name_comes_back(
+    tmp_path: Path,
+) -> None:
+    tracer = _FailSecondMove()
+    with pytest.raises(SaveError):
+        _consume(tmp_path, tracer)
+    assert (tmp_path / "a.bin").read_bytes() == pattern(3 * W, "a")
+    calls = tracer.calls
+    times = [c for c in calls if c.op == "futimens"]
+    assert times, "no put-back restored times"
+    for t in times:
+        link = next(c for c in calls if c.index > t.index and c.op in ("link", "rename")
+                    and str(c.args[0]) == t.path)
+        assert any(c.op == "fsync" and c.args[0] == t.args[0]
+                   for c in calls if t.index < c.index < link.index), (
+            f"{t.path}: its times are not fsynced before its name is given back")
+
+
+class _RemoveLockAtFlock(_sys.Backend):
+    """A recover that found the new lock file unlocked and removed it, between the save's
+    ``open`` and its ``flock``."""
+
+    def __init__(self) -> None:
+        self.paths: dict[int, str] = {}
+        self.done = False
+
+    def open(self, path: str, flags: int, mode: int) -> int:
+        fd = super().open(path, flags, mode)
+        self.paths[fd] = path
+        return fd
+
+    def hook(self, op: str, args: tuple[Any, ...]) -> None:
+        if op == "flock" and not self.done and self.paths.get(args[0], "").endswith(
+            _names.LOCK
+        ):
+            self.done = True
+            os.unlink(self.paths[args[0]])
+
+
+def test_a_lock_removed_between_open_and_flock_stops_the_save(tmp_path: Path) -> None:
+    with pytest.raises(SaveError, match="removed by a recover"):
+        _consume(tmp_path, _RemoveLockAtFlock())
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]  # no temp, sources whole
+    assert (tmp_path / "a.bin").read_bytes() == pattern(3 * W, "a")

@@ -1,0 +1,199 @@
+"""The log codec (``filecord._txn.journal``): framing, WAL replay, damage versus a torn tail.
+
+Pure: bytes in, records out, no file.  Every byte of a journal with progress records is
+flipped (all bits, and the lowest bit), every digit of every record changed, and the file cut
+at every length: the reader returns the head as written and a *prefix* of the progress records
+as written, or says "damaged"; it never returns a value that was not written.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from filecord._io import names as _names
+from filecord._plan.types import PieceRef
+from filecord._txn import journal, liveness
+from filecord._txn.journal import Journal, JournalOutput, JournalSource, Kind
+
+TOKEN = "0123456789abcdef"  # noqa: S105 - a save token, not a password
+
+
+def record() -> Journal:
+    key = (2049, 77)
+    src = JournalSource(
+        path="/d/a.bin", dev=key[0], ino=key[1], size=20480, run_start=0, atime_ns=5,
+        mtime_ns=6, mode=0o100644, dests=(PieceRef(0, 0, 4096, 20480, key, 0),), dense=True,
+    )
+    out = JournalOutput("/d/out.bin", 2049, 78, 24576, 0o100644, 0, 0)
+    return Journal(TOKEN, 4096, (out,), (src,), ordered=True)
+
+
+PROGRESS = [
+    journal.encode_moved(1),
+    journal.encode_looked([(2049, 77, 0, 6)]),
+    journal.encode_moved(2),
+]
+WRITTEN = journal.encode(record()) + b"".join(PROGRESS)
+HEAD_END = len(journal.MAGIC) + len(journal.encode(record())[len(journal.MAGIC):]) // 2
+
+
+def progress_of(log: journal.Log) -> list[bytes]:
+    """The progress records a read-back log holds, re-encoded in the order they were written."""
+    out: list[bytes] = []
+    moved = 0
+    for rec in PROGRESS:
+        kind, body = journal.unframe(rec[:-1])
+        if kind is Kind.MOVED and isinstance(body, dict) and body["n"] <= log.moved:
+            out.append(rec)
+            moved = body["n"]
+        elif kind is Kind.LOOKED and log.looked:
+            out.append(rec)
+    assert moved == log.moved
+    return out
+
+
+def is_prefix(log: journal.Log) -> bool:
+    got = progress_of(log)
+    return got == PROGRESS[: len(got)]
+
+
+def test_round_trip() -> None:
+    log = journal.read_log(WRITTEN)
+    assert log.journal == record()
+    assert (log.moved, dict(log.looked), log.torn) == (2, {(2049, 77): (0, 6)}, False)
+    assert journal.decode(WRITTEN) == record()
+    for rec in PROGRESS:  # one line each, length-prefixed, checksummed
+        kind, _body = journal.unframe(rec[:-1])
+        assert rec.endswith(b"\n")
+        assert rec.count(b"\n") == 1
+        assert int(rec[:8], 16) == len(rec) - 43
+        assert kind in (Kind.MOVED, Kind.LOOKED)
+
+
+@pytest.mark.parametrize("mask", [0xFF, 0x01, 0x20])
+def test_every_byte_flipped(mask: int) -> None:
+    """Byte by byte, what the reader must say (M: magic line, H: one head copy)."""
+    m, h = len(journal.MAGIC), HEAD_END - len(journal.MAGIC)
+    p1 = m + 2 * h + len(PROGRESS[0]) + len(PROGRESS[1])
+    for i in range(len(WRITTEN)):
+        data = WRITTEN[:i] + bytes([WRITTEN[i] ^ mask]) + WRITTEN[i + 1:]
+        try:
+            log = journal.read_log(data)
+        except journal.JournalDamagedError as exc:
+            got, why = "damaged", str(exc)
+        else:
+            why = "damaged"
+            assert log.journal == record(), f"byte {i}: a head that was not written"
+            assert is_prefix(log), f"byte {i}: progress records that were not written"
+            got = "same" if progress_of(log) == PROGRESS else "prefix"
+        if i < m + h - 1:  # the magic line, or the first copy: the second one is read
+            want = {"same"}
+        elif i < p1:  # the first copy's newline (the two merge), the second copy, a record
+            want = {"damaged"}  # before a good one: damage, never a silent gap
+        else:  # the last record: a torn tail, or damage when its length now says less
+            want = {"prefix", "damaged"}
+        assert got in want, f"byte {i} ^ {mask:#x}: {got}, expected {want}"
+        assert "damaged" in why
+
+
+def _digit_changes(line: bytes) -> list[bytes]:
+    """``line`` with each decimal digit inside its payload changed to another digit."""
+    out = []
+    for i in range(43, len(line)):
+        c = line[i:i + 1]
+        if c.isdigit():
+            out.append(line[:i] + (b"8" if c != b"8" else b"3") + line[i + 1:])
+    return out
+
+
+def test_a_single_digit_changed_in_a_valid_looking_record() -> None:
+    """The JSON still parses and says something plausible; only the checksum can tell."""
+    head = journal.encode(record())[len(journal.MAGIC):]
+    copy = head[: len(head) // 2]
+    changed = _digit_changes(copy)
+    assert len(changed) > 40
+    for one in changed:  # one copy changed: the other is read, as written
+        assert journal.read_log(journal.MAGIC + one + copy + b"".join(PROGRESS)).journal \
+            == record()
+        with pytest.raises(journal.JournalDamagedError, match="damaged"):  # both: damaged
+            journal.read_log(journal.MAGIC + one + one)
+    for n, rec in enumerate(PROGRESS):
+        for one in _digit_changes(rec):
+            data = journal.encode(record()) + b"".join(PROGRESS[:n]) + one \
+                + b"".join(PROGRESS[n + 1:])
+            if n < len(PROGRESS) - 1:
+                with pytest.raises(journal.JournalDamagedError, match="damaged"):
+                    journal.read_log(data)
+            else:
+                log = journal.read_log(data)
+                assert (log.moved, log.torn) == (1, True)  # the changed "2" is never read
+
+
+def test_every_cut() -> None:
+    """A crash cuts an append: the records before it stand; a cut head is no journal name's
+    content (the head is renamed into place whole), so it reads as damaged."""
+    for i in range(len(WRITTEN)):
+        data = WRITTEN[:i]
+        if i < len(journal.MAGIC) + len(journal.encode(record())[len(journal.MAGIC):]) // 2:
+            with pytest.raises((journal.JournalDamagedError, journal.NotAJournalError)):
+                journal.read_log(data)
+            continue
+        log = journal.read_log(data)
+        assert log.journal == record()
+        assert is_prefix(log)
+
+
+def test_a_record_of_another_kind_where_the_head_belongs_is_damage() -> None:
+    data = journal.MAGIC + PROGRESS[0] + PROGRESS[1]
+    with pytest.raises(journal.JournalDamagedError):
+        journal.decode(data)
+
+
+def test_not_a_journal() -> None:
+    with pytest.raises(journal.NotAJournalError):
+        journal.decode(b"PTE\x00" * 100)
+
+
+def test_unframe_rejects_a_wrong_length() -> None:
+    rec = journal.encode_moved(3)[:-1]
+    with pytest.raises(ValueError, match="length"):
+        journal.unframe(b"%08x" % (int(rec[:8], 16) + 1) + rec[8:])
+    with pytest.raises(ValueError, match="checksum"):
+        journal.unframe(rec[:-2] + b"4}")
+
+
+# --- the lock file: liveness only, a checksummed pointer ----------------------------------------
+
+JPATH = "/d/" + _names.token_name("out.bin", TOKEN, _names.JOURNAL)
+LOCK = liveness.pointer_record(JPATH) + journal.frame(Kind.JOURNALED, {})
+
+
+def test_lock_round_trip() -> None:
+    assert liveness.read_pointer(LOCK, TOKEN) == liveness.Pointer(JPATH, journaled=True)
+    first = liveness.pointer_record(JPATH)
+    assert liveness.read_pointer(first, TOKEN) == liveness.Pointer(JPATH, journaled=False)
+    assert liveness.read_pointer(first[:-3], TOKEN) == liveness.Pointer(None)  # torn: no temp
+    assert liveness.read_pointer(LOCK, "f" * 16).damage is not None  # another save's token
+
+
+@pytest.mark.parametrize("mask", [0xFF, 0x01])
+def test_lock_every_byte_flipped(mask: int) -> None:
+    """A flipped pointer never names another path: damaged (refused, and said so) or, in the
+    last record, a torn "journaled" (the weaker claim)."""
+    for i in range(len(LOCK)):
+        data = LOCK[:i] + bytes([LOCK[i] ^ mask]) + LOCK[i + 1:]
+        got = liveness.read_pointer(data, TOKEN)
+        assert got.journal in (JPATH, None), i
+        if i < len(liveness.pointer_record(JPATH)):
+            assert got.journal is None
+            assert got.damage is not None
+            assert "damaged" in got.damage
+        else:  # the "journaled" record: ignored as a torn tail, or damaged when its length
+            # field now announces less than the line holds (a cut record is only ever shorter)
+            assert got == liveness.Pointer(JPATH, journaled=False) or (
+                got.journal is None and got.damage is not None and "damaged" in got.damage)
+
+
+def test_a_version_2_journal_is_named_as_such_not_damaged() -> None:
+    with pytest.raises(journal.JournalVersionError, match="older filecord"):
+        journal.read_log(b'filecord-journal 2\n{"body": {}, "sha256": "00"}\n')

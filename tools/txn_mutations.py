@@ -1,0 +1,116 @@
+"""A small mutation audit of the save transaction (issue 22): apply one change at a time to
+``src/filecord/_txn``, run the tests that should notice, and count the changes they kill.
+
+    python tools/txn_mutations.py [NAME ...]
+
+Each mutation is (name, file, the exact text, its replacement, the tests to run).  The file is
+restored after each run, whatever happens.  A mutation whose text is not found is reported as
+such (the code moved on: update the list), never counted as killed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TXN = ROOT / "src" / "filecord" / "_txn"
+UNIT = "tests/unit/txn"
+ORDER = "tests/sweeps/test_fsync_order.py"
+GUARDS = "tests/sweeps/test_recover_guards.py"
+R4 = "tests/sweeps/test_looks_order_and_records.py"
+
+MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
+    # --- the ones the issue lists -----------------------------------------------------------
+    ("journal checksum compare removed", "journal.py",
+     "    if digest != _sum(payload):\n", "    if False:\n", [UNIT]),
+    ("source fsync before its moved record removed", "save.py",
+     "        txn.counters.fsync(fd)\n        begin.append_record(",
+     "        begin.append_record(", [ORDER]),
+    ("directory fsync after the commit rename removed", "save.py",
+     "        txn.counters.fsyncs += _sys.fsync_parents([committed])\n", "", [ORDER]),
+    ("fsync after restoring times in a put-back removed", "undo.py",
+     "        _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n        c.fsync(fd)\n",
+     "        _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n", [ORDER]),
+    ("lock name not re-checked after flock", "liveness.py",
+     '        if not _names_same(fd, path):\n            raise LockBusyError(errno.EAGAIN, '
+     'f"{path} was removed',
+     '        if False:\n            raise LockBusyError(errno.EAGAIN, f"{path} was removed',
+     [ORDER]),
+    ("recover: later sources' full size not checked", "undo.py",
+     "        elif in_progress is not None and st.st_size != s.size:",
+     "        elif False:", [GUARDS]),
+    ("window-boundary size check always true", "undo.py",
+     "    if not s.run_start <= size <= s.size:\n        return False\n    return size in",
+     "    if not s.run_start <= size <= s.size:\n        return False\n    return True or size in",
+     [GUARDS]),
+    ("finish compares the last look by size only", "undo.py",
+     "if st.st_size != s.run_start or (st.st_size, st.st_mtime_ns) != was:",
+     "if st.st_size != s.run_start or st.st_size != was[0]:", [GUARDS]),
+    ("size dropped from the opened-source check", "fill.py",
+     "if (st.st_size, st.st_mtime_ns) != (ident.size, ident.mtime_ns):",
+     "if st.st_mtime_ns != ident.mtime_ns:", [GUARDS]),
+    # --- the new log, assessment and table ---------------------------------------------------
+    ("replay: a bad record before a good one taken as a torn tail", "journal.py",
+     "            if later is not None:\n", "            if False:\n", [UNIT]),
+    ("replay: an overlong (merged) record taken as torn", "journal.py",
+     "            if _overlong(line):\n", "            if False:\n", [UNIT]),
+    ("head: a damaged second copy before a good record ignored", "journal.py",
+     "        _overlong(lines[1]) or any(_checks(line) for line in rest)", "        False", [UNIT]),
+    ("length field not compared", "journal.py",
+     "or int(length, 16) != len(payload):", ":", [UNIT]),
+    ("recover ignores the journal's moved records", "assess.py",
+     "            undo.check_strict(j, log_.moved)", "            undo.check_strict(j, 0)", [R4]),
+    ("lock pointer: another token accepted", "liveness.py",
+     "parsed != (token, _names.JOURNAL)", "parsed[1] != _names.JOURNAL", [UNIT]),
+    ("of_change: a link taken as a content change", "assess.py",
+     "    return {ChangeKind.LINKED: Found.LINKED,",
+     "    return {ChangeKind.LINKED: Found.CHANGED,", [UNIT]),
+    ("table: a change rolled back over", "decide.py",
+     "    **{(Actor.SAVE, s, Found.CHANGED): Action.HOLD for s in _UNDOABLE},",
+     "    **{(Actor.SAVE, s, Found.CHANGED): Action.ROLL_BACK for s in _UNDOABLE},", [UNIT]),
+    ("table: recover rolls back a held journal", "decide.py",
+     "for f in Found if (s is Stage.HELD or f is not Found.AS_LEFT)},",
+     "for f in Found if f is not Found.AS_LEFT},\n    (Actor.RECOVER, Stage.HELD, Found.AS_LEFT): "
+     "Action.ROLL_BACK,", [UNIT]),
+    ("stage machine: HELD can be left for COMMITTED", "stages.py",
+     "    Stage.HELD: frozenset({Stage.FAILED}),",
+     "    Stage.HELD: frozenset({Stage.FAILED, Stage.COMMITTED}),", [UNIT]),
+    ("failure: a METADATA change held", "assess.py",
+     "            ChangeKind.METADATA: Found.METADATA}.get(exc.kind, Found.CHANGED)",
+     "            }.get(exc.kind, Found.CHANGED)", [UNIT, R4]),
+]
+
+
+def run(name: str, file: str, old: str, new: str, tests: list[str]) -> str:
+    path = TXN / file
+    text = path.read_text()
+    if text.count(old) != 1:
+        return "NOT FOUND"
+    path.write_text(text.replace(old, new))
+    try:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                            *tests], cwd=ROOT, capture_output=True, text=True, check=False)
+    finally:
+        path.write_text(text)
+    return "killed" if r.returncode != 0 else "SURVIVED"
+
+
+def main() -> int:
+    wanted = set(sys.argv[1:])
+    results = []
+    for name, file, old, new, tests in MUTATIONS:
+        if wanted and name not in wanted:
+            continue
+        outcome = run(name, file, old, new, tests)
+        results.append(outcome)
+        sys.stdout.write(f"{outcome:9} {name}  ({' '.join(tests)})\n")
+        sys.stdout.flush()
+    killed = results.count("killed")
+    sys.stdout.write(f"{killed} of {len(results)} mutations killed\n")
+    return 0 if killed == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
