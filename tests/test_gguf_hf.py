@@ -106,9 +106,14 @@ def test_consume_moves_the_checkpoint_into_the_gguf(llama: Path, tmp_path: Path)
 
 
 def test_consume_with_every_weight_cast(llama: Path, tmp_path: Path) -> None:
-    """--outtype f16 from bf16: nothing can move; the output is the copying conversion's, the
-    shards and index are removed after the commit, and nothing is moved only to be deleted."""
+    """--outtype f16 from bf16: no tensor is a range of the input; the output is the copying
+    conversion's, and the shards (their bytes moved through the hidden unused-bytes output, so
+    the save consumes them) and the index are gone after the commit."""
+    from filecord.safetensors import read_safetensors
+
     model = fresh(llama, tmp_path)
+    index = read_safetensors(model / "model.safetensors.index.json")
+    data = sum(t.nbytes for f in index.shards for t in f.tensors.values())  # type: ignore[union-attr]
     copy = tmp_path / "copy.gguf"
     fg.convert(copy, model, outtype="f16")
     out = tmp_path / "f16.gguf"
@@ -118,7 +123,8 @@ def test_consume_with_every_weight_cast(llama: Path, tmp_path: Path) -> None:
     assert not (model / "model.safetensors.index.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.gguf", "f16.gguf", "model"]
     assert report.bytes_copied == 0
-    assert report.bytes_moved == out.stat().st_size - report.bytes_written  # the cast file
+    # the cast tensors' scratch file into the GGUF, the checkpoint into the unused-bytes file
+    assert report.bytes_moved == out.stat().st_size - report.bytes_written + data
 
 
 def test_dry_run_says_what_would_move_and_writes_nothing(llama: Path, tmp_path: Path) -> None:
