@@ -16,10 +16,13 @@ Each output tensor is then one of:
 * for ``attn_q``/``attn_k``, a :class:`~filecord.Cord` of that range's rows in llama.cpp's
   rotary order (see :func:`._hf_model.row_order`): still file-backed, never loaded;
 * when the type changes (``--outtype``, norms widened to F32), bytes produced a chunk at a
-  time into one owned scratch file beside the output (:mod:`._cast`), which the save moves.
+  time into one owned scratch file beside the output (:mod:`._cast`), which a consuming save
+  moves; without ``consume`` the operation only reads what it is given, so the scratch is
+  copied and then removed (its bytes are on disk twice for a moment).
 
 The output (or the shards of a split set, named and keyed as gguf-py splits) is saved by one
-``save_many`` transaction: temp files, fsync, rename, directory fsync.  With ``consume=True``
+transaction on the kit's operation skeleton (temp files, fsync, rename, directory fsync; then
+the inputs are judged and removed or kept, with reasons, when consuming).  With ``consume=True``
 the shards are read as owned, so their ranges are moved out of them and they (and the index)
 are deleted at the commit; ``config.json`` and the tokenizer files are kept.  A dry run plans
 without producing any cast (their bytes are counted as written) and writes nothing.  The
