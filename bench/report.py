@@ -106,10 +106,26 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "Peak disk is the allocated size (`st_blocks`) of the work directory sampled every 5 ms, "
      "over the data. gguf-py's temp file is an `O_TMPFILE` (no name), which a directory walk "
      "cannot see: its real peak is the checkpoint, the temp and the output, about 3x; its "
-     "2.000 undercounts it. On a size-limited ext4 with 1.05x a 120 MiB checkpoint free both "
-     "gguf-py modes run out of space and `filecord convert --consume` succeeds "
-     "(`tests/fsmatrix/test_gguf_space.py`); llama.cpp loads and evaluates a GGUF written by "
-     "filecord (`tests/test_gguf_llamacpp.py`)."),
+     "2.000 undercounts it. The filecord rows save the same pass-through of every tensor "
+     "(`build_gguf` + `save`) that `filecord convert` did before it took Hugging Face models "
+     "(issue 24, below). llama.cpp loads and evaluates a GGUF written by filecord "
+     "(`tests/test_gguf_llamacpp.py`)."),
+    ("hf_gguf.py", ["--size", "4GiB", "--rounds", "1", "--near-full"],
+     ["--size", "128MiB", "--rounds", "1"],
+     "Issue 24: a Hugging Face checkpoint to GGUF against llama.cpp's converter",
+     "A bf16 Llama checkpoint with GQA (hidden 2048, 16 heads, 4 KV heads, FFN 5632; 1 GiB "
+     "safetensors shards, an index, config.json and a SentencePiece tokenizer; written by the "
+     "bench without a model in memory) converted to GGUF by `filecord convert` (copy and "
+     "`--consume`) and by llama.cpp's own `convert_hf_to_gguf.py` from llama-cpp-python "
+     "0.3.36 (default, and `--use-temp-file` with `$TMPDIR` in the work directory), one "
+     "process per case on a fresh checkpoint; both keep the bf16 weights and widen the norms "
+     "to F32, and the files they write hold the same tensors byte for byte "
+     "(`tests/test_gguf_hf_reference.py`). Peak RSS is above a mark reset after torch and the "
+     "converter's modules are imported; peak disk is the allocated size (`st_blocks`) of the "
+     "work directory sampled every 5 ms, over the checkpoint; the reference never fsyncs, so "
+     "its durable column adds an fsync of its output. The second table runs each tool once "
+     "on a loop-mounted ext4 that had 1.06x the checkpoint free before it was written (the "
+     "filler file is taken off the disk column)."),
     ("scale.py", [], ["--sizes", "64M,256M", "--torch-size", "256M"],
      "Issue 13: memory at scale, 1 to 16 GiB",
      "A cord of a 4 KiB header and one file-backed source of 1, 4 and 16 GiB, saved by copy "

@@ -10,7 +10,7 @@ import array
 import json
 import os
 import re
-from typing import Any
+from typing import Any, TextIO
 
 from filecord._cli_progress import Bar
 from filecord._plan.report import SaveReport
@@ -57,12 +57,41 @@ def reshard(args: argparse.Namespace) -> SaveReport:
 def convert(args: argparse.Namespace) -> SaveReport:
     from filecord.gguf import convert as gguf_convert
 
-    with Bar(f"convert {os.path.basename(args.output)}", quiet=args.quiet or args.json) as bar:
-        return gguf_convert(args.output, args.input, arch=args.arch, consume=args.consume,
-                            max_tensors=args.max_tensors,
-                            max_shard_size=args.max_shard_size,
-                            dry_run=args.dry_run, alignment=args.align, window=args.window,
-                            progress=bar.callback)
+    quiet = args.quiet or args.json
+    name = os.path.basename(args.output)
+    with Bar(f"cast {name}", quiet=quiet) as cast, Bar(f"convert {name}", quiet=quiet) as bar:
+        return gguf_convert(args.output, args.input, outtype=args.outtype or "source",
+                            consume=args.consume, max_tensors=args.max_tensors,
+                            max_shard_size=args.max_shard_size, dry_run=args.dry_run,
+                            alignment=args.align, window=args.window, progress=bar.callback,
+                            cast_progress=cast.callback)
+
+
+def render_grouped(report: SaveReport, args: argparse.Namespace, out: TextIO) -> None:
+    """A report whose pieces are many (Q/K rows are one range each) as one line per source
+    file and fate: the action, the bytes, how many ranges, and why."""
+    from filecord._cli_common import human
+    from filecord._cli_pack import render_report
+
+    if args.json or (args.quiet and not report.dry_run):
+        render_report(report, args, out)
+        return
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for a in report.file_actions():
+        why = f" ({a.reason})" if a.reason else ""
+        if a.tail:
+            why += f" (last bytes of a range copied: {a.tail_reason})"
+        g = groups.setdefault((a.action, str(a.source), why), [0, 0])
+        g[0] += a.length
+        g[1] += 1
+    print(report.summary(), file=out)
+    for (action, source, why), (n, count) in groups.items():
+        ranges = f" [{count} ranges]" if count > 1 else ""
+        print(f"  {action:7} {human(n):>12}  {source}{ranges}{why}", file=out)
+    for peak in report.peaks:
+        verdict = "fits" if peak.fits else "DOES NOT FIT"
+        print(f"  {peak.fs_type}: needs {human(peak.needed)} at its peak, {human(peak.free)} "
+              f"free: {verdict}", file=out)
 
 
 def _summary(value: object, limit: int = 60) -> object:

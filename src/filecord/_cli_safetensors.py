@@ -101,18 +101,29 @@ def cmd_reshard(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from filecord.safetensors import convert
 
+    if args.output is None or (args.output_opt is not None and args.output != args.output_opt):
+        if args.output is not None:
+            return _usage(args, "give the output once: OUT or -o OUT")
+        args.output = args.output_opt
+    if args.output is None:
+        return _usage(args, "no output: filecord convert IN -o OUT")
+    if args.output.endswith(".gguf"):
+        if args.input.endswith((".ptd", ".gguf")):
+            return _usage(args, "convert to .gguf takes a Hugging Face model directory, its "
+                          "model.safetensors.index.json or a .safetensors file")
+        if not (_sys.isdir(args.input) or _sys.isfile(args.input)):
+            return _usage(args, f"{args.input}: no such file or directory")
+        from filecord import _cli_gguf
+
+        report = _cli_gguf.convert(args)
+        _cli_gguf.render_grouped(report, args, sys.stdout)
+        return 0 if not report.dry_run or all(p.fits for p in report.peaks) else 1
     bad = _check_inputs([args.input])
     if bad:
         return _usage(args, bad)
-    if args.output.endswith(".gguf"):
-        if args.input.endswith((".ptd", ".gguf")):
-            return _usage(args, "convert to .gguf takes a .safetensors file or an index .json")
-        from filecord import _cli_gguf
-
-        return _finish(_cli_gguf.convert(args), args)
-    if args.arch is not None or args.max_tensors or args.max_shard_size:
-        return _usage(args, "--arch, --max-tensors and --max-shard-size apply to conversions "
-                      "to .gguf only")
+    if args.outtype is not None or args.max_tensors or args.max_shard_size:
+        return _usage(args, "--outtype, --split-max-tensors and --split-max-size apply to "
+                      "conversions to .gguf only")
     to_ptd = args.output.endswith(".ptd")
     if not (to_ptd or (args.input.endswith(".ptd") and args.output.endswith(".safetensors"))):
         return _usage(args, "convert .safetensors (or an index .json) to .ptd, or .ptd to "
@@ -218,20 +229,32 @@ def register(subparsers: Subparsers) -> None:
     r.set_defaults(func=cmd_reshard)
 
     c = subparsers.add_parser(
-        "convert", help="convert .safetensors (or an index) to ExecuTorch .ptd or GGUF, and .ptd "
-        "back to safetensors",
-        description="Convert between safetensors and ExecuTorch .ptd, keeping every tensor's "
-        "bytes. Tensors the target cannot represent are refused with their name and reason. To "
-        ".gguf: F32, F16 and BF16 pass through (dims reversed, bytes identical); anything "
-        "needing a cast, rename, permutation or quantization is refused.")
-    c.add_argument("input", metavar="IN", help="IN.safetensors, INDEX.json or IN.ptd")
-    c.add_argument("output", metavar="OUT", help="OUT.ptd, OUT.safetensors or OUT.gguf")
-    c.add_argument("--arch", default=None,
-                   help="GGUF: general.architecture to write (e.g. llama)")
-    c.add_argument("--max-tensors", type=int, default=0,
-                   help="GGUF: split the output, at most this many tensors per shard")
-    c.add_argument("--max-shard-size", type=parse_size, default=0,
-                   help="GGUF: split the output, at most this many tensor bytes per shard")
+        "convert", help="convert a Hugging Face Llama/Mistral checkpoint to GGUF, safetensors "
+        "to ExecuTorch .ptd, and .ptd back to safetensors",
+        description="To .gguf: IN is a Hugging Face model directory (LlamaForCausalLM or "
+        "MistralForCausalLM, GQA included), its model.safetensors.index.json or a "
+        ".safetensors file, with config.json and tokenizer.model (SentencePiece) or a "
+        "byte-level BPE tokenizer.json beside it. The output is what llama.cpp loads: "
+        "hyperparameters from config.json, llama.cpp's tensor names, Q/K rows reordered as "
+        "file ranges (never loaded), the tokenizer's llama.cpp keys. Weights keep their dtype "
+        "(bytes moved with --consume, else cloned or copied) unless --outtype converts them "
+        "(in bounded chunks); norms are F32. Anything else (architecture, tokenizer, dtype, "
+        "RoPE scaling) is refused before anything is written. To/from .ptd: every tensor's "
+        "bytes are kept; tensors the target cannot represent are refused with their name and "
+        "reason.")
+    c.add_argument("input", metavar="IN", help="MODEL_DIR, INDEX.json, IN.safetensors or IN.ptd")
+    c.add_argument("output", metavar="OUT", nargs="?", default=None,
+                   help="OUT.gguf, OUT.ptd or OUT.safetensors (or -o OUT)")
+    c.add_argument("-o", "--output", dest="output_opt", metavar="OUT", default=None,
+                   help="the output file")
+    c.add_argument("--outtype", choices=["source", "f32", "f16", "bf16"], default=None,
+                   help="GGUF: type of 2-D weights [source: each keeps its own dtype]")
+    c.add_argument("--split-max-tensors", "--max-tensors", dest="max_tensors", type=int,
+                   default=0, help="GGUF: split the output, at most this many tensors per shard")
+    c.add_argument("--split-max-size", "--max-shard-size", dest="max_shard_size",
+                   type=parse_size, default=0,
+                   help="GGUF: split the output, at most this many tensor bytes per shard "
+                   "(e.g. 50G)")
     common(c, ".ptd entry alignment [16], safetensors data-start alignment [8], or GGUF "
            "general.alignment [32; 4096 lets later saves clone]")
     c.set_defaults(func=cmd_convert)

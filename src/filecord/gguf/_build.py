@@ -113,7 +113,10 @@ def build_gguf(
             pieces.append(own[0])
             pieces.append(bytes(own[1]))
             continue
-        pieces.append(t.data)
+        if isinstance(t.data, Cord):
+            pieces.extend(t.data.pieces)
+        else:
+            pieces.append(t.data)
         pieces.append(bytes(pad(t.nbytes, align) - t.nbytes))
     cord = Cord([header])
     cord.extend(_joined(pieces, [f.whole for f in sources]))

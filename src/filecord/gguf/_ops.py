@@ -22,7 +22,7 @@ equals gguf-py writing the model as one file, and a reshard equals gguf-py writi
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from filecord._io import syscalls as _sys
 from filecord._kit.argorder import (
@@ -33,7 +33,6 @@ from filecord._kit.argorder import (
     source_path,
 )
 from filecord._kit.operation import (
-    Index,
     Inputs,
     Job,
     OperationReport,
@@ -45,11 +44,9 @@ from filecord._kit.renamed import renamed
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord.gguf._build import build_gguf, build_split
 from filecord.gguf._read import GGUFModel, read_gguf
-from filecord.gguf._types import ARCH_KEY, DENSE, GGUFTensor, KeyValue, ValueType
-from filecord.gguf.errors import DuplicateTensorError, UnrepresentableError
-from filecord.tensors import DType
+from filecord.gguf._types import GGUFTensor
+from filecord.gguf.errors import DuplicateTensorError
 
-PASSTHROUGH = (DType.F32, DType.F16, DType.BF16)
 MERGE = "filecord.gguf.merge(output, inputs)"
 RESHARD = "filecord.gguf.reshard(output, inputs)"
 CONVERT = "filecord.gguf.convert(output, source)"
@@ -158,30 +155,12 @@ def reshard(
                    window=window, progress=progress)
 
 
-def _refusals(tensors: Sequence[object]) -> list[str]:
-    from filecord.tensors import NamedTensor
-
-    out = []
-    for t in tensors:
-        if not isinstance(t, NamedTensor):  # pragma: no cover - read_safetensors gives these
-            continue
-        if t.dtype not in PASSTHROUGH:
-            why = ("GGUF has no such type" if t.dtype not in DENSE.values()
-                   else "llama.cpp's converter casts it")
-            out.append(f"{t.name} ({t.dtype.value}: needs a cast, {why})")
-        elif len(t.name.encode("utf-8")) >= 64:
-            out.append(f"{t.name} (a name of 64 bytes or more: needs a rename)")
-        elif len(t.shape) > 4:
-            out.append(f"{t.name} ({len(t.shape)} dims: needs a reshape)")
-    return out
-
-
 @renamed(max_size="max_shard_size")
 def convert(
     output: str | os.PathLike[str],
     source: str | os.PathLike[str],
     *,
-    arch: str | None = None,
+    outtype: str = "source",
     consume: bool = False,
     alignment: int | None = None,
     max_tensors: int = 0,
@@ -189,53 +168,44 @@ def convert(
     dry_run: bool = False,
     window: int = DEFAULT_WINDOW,
     progress: ProgressCallback | None = None,
+    cast_progress: ProgressCallback | None = None,
+    name: str | None = None,
 ) -> OperationReport:
-    """``.safetensors`` (or a sharded checkpoint's ``*.index.json``) to GGUF, bytes unchanged.
+    """A Hugging Face Llama-family checkpoint (``LlamaForCausalLM``, ``MistralForCausalLM``;
+    GQA included) to a GGUF that llama.cpp loads: ``source`` is the model directory, its
+    ``model.safetensors.index.json`` or a ``.safetensors`` file, with ``config.json`` and the
+    tokenizer (``tokenizer.model`` or a byte-level BPE ``tokenizer.json``) beside it.
 
-    Only tensors that pass through are written: F32, F16 and BF16 keep their bytes and get
-    their dims reversed (ggml order); names are kept.  Anything that needs a transformation
-    (a cast, a rename, quantization, permutation) is refused with every such tensor named:
-    that belongs to a conversion script, which :class:`~filecord.gguf.GGUFWriter` serves.
-    Order: shard files sorted, names sorted within each, as ``convert_hf_to_gguf.py`` reads
-    them.  Key-values: ``general.architecture`` when ``arch`` is given, then each safetensors
-    ``__metadata__`` entry as a string under ``safetensors.<key>``.  With ``consume=True`` the
-    tensors' bytes are moved and the inputs (and the index) removed at the commit.  The
-    output (``*.gguf``) comes first; the old order is refused before anything is read, and so
-    is an output that is the source (an index JSON is no tensor source of the save).
+    Hyperparameters come from ``config.json``, tensor names are mapped to llama.cpp's
+    (``blk.N.attn_q.weight``, ...), Q/K rows are reordered as file ranges, never loaded.
+    ``outtype``: ``"source"`` keeps each weight's dtype (its bytes moved, cloned or copied),
+    ``"f32"``/``"f16"``/``"bf16"`` convert 2-D weights in bounded chunks; 1-D tensors and
+    norms are F32 either way, as llama.cpp's converter writes them.  ``max_tensors`` /
+    ``max_shard_size`` split the output as gguf-py splits (``<stem>-00001-of-0000N.gguf``).
+    With ``consume=True`` the checkpoint's bytes are moved and its safetensors files and index
+    removed after the commit (``config.json`` and the tokenizer stay).  ``dry_run`` plans and
+    writes nothing.  Anything unsupported raises
+    :class:`~filecord.gguf.errors.UnsupportedModelError` before anything is written.  The
+    output (``*.gguf``) comes first; the old order is refused before anything is read.
     """
-    from filecord.safetensors._read import SafetensorsFile, SafetensorsIndex, read_safetensors
+    from filecord.gguf._hf import convert_hf
+    from filecord.gguf._hf_model import OutType
 
     out = output_path("convert", CONVERT, output)
     src = source_path("convert", CONVERT, source)
     require_suffix("convert", CONVERT, out, (".gguf",))
-    if not src.endswith((".safetensors", ".json")):
-        raise ValueError(f"convert to .gguf takes a .safetensors file or an index .json, not "
-                         f"{src!r}: arguments go output first: {CONVERT}")
+    try:
+        kind = OutType(outtype)
+    except ValueError:
+        raise ValueError(f"outtype must be one of {', '.join(o.value for o in OutType)}, "
+                         f"not {outtype!r}") from None
+    if max_tensors < 0 or max_shard_size < 0:
+        raise ValueError("max_tensors and max_shard_size must not be negative")
+    if src.endswith((".gguf", ".ptd")):
+        raise ValueError(f"convert to .gguf takes a model directory, its index .json or a "
+                         f".safetensors file, not {src!r}: arguments go output first: {CONVERT}")
     not_an_input("convert", out, [src])
-
-    def read() -> Inputs[list[SafetensorsFile]]:
-        got = read_safetensors(src, owned=consume)
-        files = list(got.shards) if isinstance(got, SafetensorsIndex) else [got]
-        index = ((Index(got.path, tuple(f.path for f in files)),)
-                 if isinstance(got, SafetensorsIndex) else ())
-        return Inputs(files, tuple(f.whole for f in files), index)
-
-    def build(files: list[SafetensorsFile]) -> Job:
-        ordered = [t for f in sorted(files, key=lambda f: f.path)
-                   for _, t in sorted(f.tensors.items())]
-        bad = _refusals(ordered)
-        if bad:
-            raise UnrepresentableError(
-                f"{len(bad)} tensor(s) of {src} cannot pass through to GGUF unchanged: "
-                + "; ".join(bad))
-        tensors = [GGUFTensor.from_named(t) for t in ordered]
-        kvs = [KeyValue(ARCH_KEY, ValueType.STRING, arch)] if arch else []
-        for f in files:
-            for k, v in (f.metadata or {}).items():
-                kvs.append(KeyValue(f"safetensors.{k}", ValueType.STRING, v))
-        outs = build_split(kvs, tensors, out, max_tensors=max_tensors, max_size=max_shard_size,
-                           alignment=alignment)
-        return Job(dict(outs.items()))
-
-    return operate(read, build, consume=consume, dry_run=dry_run, window=window,
-                   progress=progress)
+    return convert_hf(out, src, outtype=kind, consume=consume, alignment=alignment,
+                      max_tensors=max_tensors, max_size=max_shard_size, dry_run=dry_run,
+                      window=window, progress=progress, cast_progress=cast_progress,
+                      name=name)

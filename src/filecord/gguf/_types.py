@@ -14,7 +14,11 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from filecord._pieces.cord import Cord
 from filecord.tensors import DType, NamedTensor, TensorBytes
+
+# A tensor's bytes: one piece, or (rows reordered, as Q/K for llama.cpp) a Cord of file ranges.
+GGUFBytes = Union[TensorBytes, Cord]  # noqa: UP007 - a runtime alias on 3.10
 
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
@@ -175,7 +179,7 @@ class GGUFTensor:
     name: str
     type: GGMLType
     dims: tuple[int, ...]
-    data: TensorBytes = field(repr=False, compare=False)
+    data: GGUFBytes = field(repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if any(not isinstance(d, int) or d < 0 for d in self.dims):
@@ -199,6 +203,8 @@ class GGUFTensor:
         dtype = DENSE.get(self.type)
         if dtype is None:
             raise ValueError(f"{self.name!r}: {self.type.name} has no dense dtype")
+        if isinstance(self.data, Cord):
+            raise ValueError(f"{self.name!r}: reordered rows are no single range")
         return NamedTensor(self.name, dtype, self.shape, self.data)
 
     @classmethod

@@ -31,6 +31,7 @@ from typing import Any
 
 from filecord._io import syscalls as _sys
 from filecord._kit.operation import ProgressCallback
+from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
 from filecord._plan.preflight import CordLike, Target
 from filecord._plan.report import SaveReport
@@ -288,7 +289,7 @@ class GGUFWriter:
 
     def _spill(self, t: GGUFTensor) -> GGUFTensor | _Spilled:
         """A produced tensor's bytes go to the scratch file now; its memory is released."""
-        if isinstance(t.data, FileBackedData):
+        if isinstance(t.data, (FileBackedData, Cord)):
             return t
         if self._scratch is None:
             d = os.path.dirname(_sys.abspath(self.path))

@@ -74,3 +74,9 @@ class DuplicateTensorError(FilecordError, ValueError):
 class UnrepresentableError(FilecordError, ValueError):
     """Something cannot be written as GGUF as it is (a tensor needing a cast, permutation or
     quantization; a name llama.cpp cannot load); the message names it and says why."""
+
+
+class UnsupportedModelError(UnrepresentableError):
+    """A Hugging Face checkpoint this converter does not write: an architecture, tokenizer,
+    dtype or setting outside what it supports (the message names what is supported).  Raised
+    before anything is written."""

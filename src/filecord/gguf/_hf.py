@@ -1,0 +1,310 @@
+"""A Hugging Face Llama-family checkpoint -> a GGUF llama.cpp runs, from the files.
+
+Theory of operation
+-------------------
+Everything is decided before anything is written: ``config.json`` gives the hyperparameters
+(:mod:`._hf_model`), the tokenizer files the vocabulary (:mod:`._hf_vocab`), the safetensors
+headers every tensor's dtype, shape and byte range.  An architecture, tokenizer, dtype, tensor
+name or shape this converter does not handle raises
+:class:`~filecord.gguf.errors.UnsupportedModelError` at that point, so a refusal leaves the disk
+untouched, and nothing is written that llama.cpp's ``llama`` loader would refuse.
+
+Each output tensor is then one of:
+
+* the input's byte range itself (renamed; dims reversed; same bytes) -- moved, cloned or
+  copied by the save like any file-backed piece;
+* for ``attn_q``/``attn_k``, a :class:`~filecord.Cord` of that range's rows in llama.cpp's
+  rotary order (see :func:`._hf_model.row_order`): still file-backed, never loaded;
+* when the type changes (``--outtype``, norms widened to F32), bytes produced a chunk at a
+  time into one owned scratch file beside the output (:mod:`._cast`), which a consuming save
+  moves; without ``consume`` the operation only reads what it is given, so the scratch is
+  copied and then removed (its bytes are on disk twice for a moment).
+
+The output (or the shards of a split set, named and keyed as gguf-py splits) is saved by one
+transaction on the kit's operation skeleton (temp files, fsync, rename, directory fsync; then
+the inputs are judged and removed or kept, with reasons, when consuming).  With ``consume=True``
+the shards are read as owned, so their ranges are moved out of them and they (and the index)
+are deleted at the commit; ``config.json`` and the tokenizer files are kept.  A dry run plans
+without producing any cast (their bytes are counted as written) and writes nothing.  The
+bytes of cast tensors ride along as a hidden extra output (``.NAME.TOKEN.unused``, see
+:func:`_sidecar`) removed right after the commit; a crash between the two leaves it behind,
+garbage that holds nothing the GGUF needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from filecord._io import syscalls as _sys
+from filecord._kit.operation import Index, Inputs, Job, OperationReport, operate
+from filecord._pieces.cord import Cord
+from filecord._pieces.data import FileBackedData
+from filecord._plan.preflight import CordLike, Target
+from filecord._plan.window import DEFAULT_WINDOW
+from filecord.gguf._build import build_split
+from filecord.gguf._cast import CastJob, cast_to_scratch
+from filecord.gguf._hf_model import (
+    FILE_TYPES,
+    GGML_OF_DTYPE,
+    SOURCE_DTYPES,
+    LlamaSpec,
+    OutType,
+    Permute,
+    hparam_kvs,
+    llama_spec,
+    map_names,
+    out_type,
+    rope_freqs,
+    row_order,
+)
+from filecord.gguf._hf_vocab import read_vocab
+from filecord.gguf._types import GGMLType, GGUFTensor
+from filecord.gguf.errors import UnsupportedModelError
+from filecord.safetensors._read import SafetensorsFile
+from filecord.tensors import NamedTensor
+
+log = logging.getLogger(__name__)
+ProgressCallback = Callable[[int, int], None]
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where a checkpoint is: its directory and the safetensors file or index to read."""
+
+    directory: str
+    weights: str
+
+
+def locate(source: str) -> Source:
+    """``MODEL_DIR``, its ``*.index.json`` or a ``.safetensors`` file beside ``config.json``."""
+    if _sys.isdir(source):
+        for name in (INDEX, SINGLE):
+            p = os.path.join(source, name)
+            if _sys.isfile(p):
+                return Source(source, p)
+        bins = [n for n in _sys.listdir(source) if n.endswith((".bin", ".pt", ".pth"))]
+        raise UnsupportedModelError(
+            f"{source}: no {INDEX} or {SINGLE}" + (f" (found {', '.join(sorted(bins)[:3])}: "
+                                                  f"PyTorch pickles are not supported)"
+                                                  if bins else "")
+            + "; filecord converts safetensors checkpoints")
+    if source.endswith((".index.json", ".safetensors")) and _sys.isfile(source):
+        return Source(os.path.dirname(source) or ".", source)
+    raise UnsupportedModelError(f"{source}: give a model directory, its {INDEX} or a "
+                                f".safetensors file (with config.json beside it)")
+
+
+def _expected(spec: LlamaSpec, name: str) -> tuple[int, ...] | None:
+    """The shape llama.cpp's loader checks for a tensor (None for names it does not check)."""
+    q, kv = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+    part = name.split(".")
+    base = ".".join(part[2:]) if part[0] == "blk" else name
+    table = {
+        "token_embd.weight": (spec.vocab_size, spec.n_embd),
+        "output.weight": (spec.vocab_size, spec.n_embd),
+        "output_norm.weight": (spec.n_embd,), "attn_norm.weight": (spec.n_embd,),
+        "ffn_norm.weight": (spec.n_embd,), "attn_q.weight": (q, spec.n_embd),
+        "attn_k.weight": (kv, spec.n_embd), "attn_v.weight": (kv, spec.n_embd),
+        "attn_output.weight": (spec.n_embd, q), "attn_q.bias": (q,), "attn_k.bias": (kv,),
+        "attn_v.bias": (kv,), "attn_output.bias": (spec.n_embd,),
+        "ffn_gate.weight": (spec.n_ff, spec.n_embd), "ffn_up.weight": (spec.n_ff, spec.n_embd),
+        "ffn_down.weight": (spec.n_embd, spec.n_ff),
+    }
+    return table.get(base)
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """One output tensor before any byte is produced."""
+
+    name: str
+    type: GGMLType
+    dims: tuple[int, ...]
+    ranges: tuple[FileBackedData, ...]  # in output order
+    src: GGMLType
+    source: str  # the checkpoint's name for it
+
+    @property
+    def cast(self) -> bool:
+        return self.type is not self.src
+
+
+def _rows(t: NamedTensor, heads: int) -> tuple[FileBackedData, ...]:
+    data = t.data
+    if not isinstance(data, FileBackedData):  # pragma: no cover - read_safetensors gives ranges
+        raise TypeError(f"{t.name}: expected a file range")
+    rows = t.shape[0]
+    size = len(data) // rows
+    return tuple(data.slice(r * size, size) for r in row_order(rows, heads))
+
+
+def plan_tensors(spec: LlamaSpec, ordered: Sequence[NamedTensor], outtype: OutType
+                 ) -> list[Planned]:
+    """Every output tensor, in the reference converter's order; refusals collected first."""
+    bad = [f"{t.name} ({t.dtype.value})" for t in ordered if t.dtype not in SOURCE_DTYPES]
+    if bad:
+        raise UnsupportedModelError(
+            f"{len(bad)} tensor(s) have a dtype filecord does not convert (supported: "
+            f"{', '.join(d.value for d in SOURCE_DTYPES)}): {', '.join(bad[:8])}")
+    by_name = {t.name: t for t in ordered}
+    out: list[Planned] = []
+    shapes: list[str] = []
+    for m in map_names(spec, [t.name for t in ordered]):
+        t = by_name[m.source]
+        want = _expected(spec, m.name)
+        if want is not None and tuple(t.shape) != want:
+            shapes.append(f"{m.source} is {list(t.shape)}, llama.cpp expects {list(want)}")
+            continue
+        src = GGML_OF_DTYPE[t.dtype]
+        if m.permute is Permute.NONE:
+            if not isinstance(t.data, FileBackedData):  # pragma: no cover - ranges
+                raise TypeError(f"{t.name}: expected a file range")
+            ranges: tuple[FileBackedData, ...] = (t.data,)
+        else:
+            ranges = _rows(t, spec.n_head if m.permute is Permute.Q else spec.n_head_kv)
+        out.append(Planned(m.name, out_type(m.name, len(t.shape), src, outtype),
+                           tuple(reversed(t.shape)), ranges, src, m.source))
+    if shapes:
+        raise UnsupportedModelError(f"{len(shapes)} tensor(s) do not match config.json: "
+                                    + "; ".join(shapes[:4]))
+    return out
+
+
+def file_type(planned: Sequence[Planned]) -> int:
+    """``general.file_type``: the type of the first tensor of two or more dims."""
+    first = next((p.type for p in planned if len(p.dims) >= 2), GGMLType.F32)
+    return FILE_TYPES[first]
+
+
+def _placeholder(n: int) -> memoryview:
+    """Zero bytes that cost no memory until read (a dry run only measures them)."""
+    if n == 0:
+        return memoryview(b"")
+    return memoryview(mmap.mmap(-1, n))
+
+
+def _sidecar(output: str, ordered: Sequence[NamedTensor], planned: Sequence[Planned]
+             ) -> tuple[str, Cord] | None:
+    """The checkpoint bytes no output tensor holds (sources of casts, skipped tensors), as a
+    hidden extra output of the same save, removed right after the commit.
+
+    A consuming save moves a source's ranges only when the ranges it is given cover the file
+    up to its end without gaps (it shortens the source from the end as it goes); the bytes of
+    a norm widened to F32 are read before the save and would be such a gap, so every range
+    below it would be copied.  Given to the save as well, they close the gaps: the whole
+    checkpoint moves and the disk holds it once, and a shard whose tensors are all cast is
+    consumed like the others (on a file system without reflink its bytes are copied into this
+    file on the way: the price of removing it through the save)."""
+    used = {p.source for p in planned if not p.cast}
+    spare = [t.data for t in ordered
+             if t.name not in used and isinstance(t.data, FileBackedData) and len(t.data)]
+    if not spare:
+        return None
+    d, base = os.path.split(_sys.abspath(output))
+    return os.path.join(d, f".{base}.{secrets.token_hex(6)}.unused"), Cord(spare)
+
+
+def _read(weights: str, *, owned: bool) -> Inputs[list[SafetensorsFile]]:
+    from filecord.safetensors._read import SafetensorsIndex, read_safetensors
+
+    got = read_safetensors(weights, owned=owned)
+    files = list(got.shards) if isinstance(got, SafetensorsIndex) else [got]
+    index = ((Index(got.path, tuple(f.path for f in files)),)
+             if isinstance(got, SafetensorsIndex) else ())
+    return Inputs(files, tuple(f.whole for f in files), index)
+
+
+def convert_hf(
+    output: str,
+    source: str,
+    *,
+    outtype: OutType = OutType.SOURCE,
+    consume: bool = False,
+    alignment: int | None = None,
+    max_tensors: int = 0,
+    max_size: int = 0,
+    dry_run: bool = False,
+    window: int = DEFAULT_WINDOW,
+    progress: ProgressCallback | None = None,
+    cast_progress: ProgressCallback | None = None,
+    name: str | None = None,
+) -> OperationReport:
+    """See :func:`filecord.gguf.convert`."""
+    import json
+
+    src = locate(source)
+    config_path = os.path.join(src.directory, "config.json")
+    if not _sys.isfile(config_path):
+        raise UnsupportedModelError(f"{src.directory}: no config.json (the hyperparameters "
+                                    f"come from it)")
+    try:
+        config = json.loads(_sys.read_text(config_path))
+    except ValueError as exc:
+        raise UnsupportedModelError(f"{config_path}: not valid JSON: {exc}") from None
+    spec = llama_spec(config)
+    vocab = read_vocab(src.directory, spec.vocab_size)
+    model = name if name is not None else os.path.basename(_sys.abspath(src.directory))
+    made: dict[str, FileBackedData] = {}
+
+    def build(files: list[SafetensorsFile]) -> Job:
+        ordered = [t for f in sorted(files, key=lambda f: f.path)
+                   for _, t in sorted(f.tensors.items())]
+        planned = plan_tensors(spec, ordered, outtype)
+        kvs = hparam_kvs(spec, name=model, file_type=file_type(planned)) + list(vocab.kvs)
+        jobs = [CastJob(p.name, p.ranges, p.src, p.type) for p in planned if p.cast]
+        cast: dict[str, FileBackedData | memoryview]
+        if dry_run:
+            cast = {j.name: _placeholder(j.out_nbytes) for j in jobs}
+        else:
+            directory = os.path.dirname(_sys.abspath(output))
+            made.update(cast_to_scratch(directory, os.path.basename(output), jobs,
+                                        progress=cast_progress) or {})
+            cast = dict(made)
+        tensors: list[GGUFTensor] = []
+        freqs = rope_freqs(spec)  # generated tensors come first, as llama.cpp's converter
+        if freqs is not None:
+            tensors.append(GGUFTensor("rope_freqs.weight", GGMLType.F32, (len(freqs) // 4,),
+                                      freqs))
+        for p in planned:
+            if p.cast:
+                tensors.append(GGUFTensor(p.name, p.type, p.dims, cast[p.name]))
+            elif len(p.ranges) == 1:
+                tensors.append(GGUFTensor(p.name, p.type, p.dims, p.ranges[0]))
+            else:
+                tensors.append(GGUFTensor(p.name, p.type, p.dims, Cord(p.ranges)))
+        outs: dict[Target, CordLike] = dict(build_split(
+            kvs, tensors, output, max_tensors=max_tensors, max_size=max_size,
+            alignment=alignment).items())
+        side = _sidecar(output, ordered, planned) if consume else None
+        if side is not None:
+            outs[side[0]] = side[1]
+        log.info("convert %s: %d tensors (%d cast), %s tokenizer, %d file(s)", source,
+                 len(tensors), len(jobs), vocab.kind, len(outs))
+        return Job(outs, (side[0],) if side is not None else ())
+
+    try:
+        report = operate(lambda: _read(src.weights, owned=consume), build, consume=consume,
+                         dry_run=dry_run, window=window, progress=progress)
+    except BaseException as exc:
+        # With a journal, ``filecord recover`` may need the scratch file: keep it.
+        if made and getattr(exc, "journal_path", None) is None:
+            _drop(made)
+        raise
+    if made and not consume:
+        _drop(made)  # copied into the output (a save that does not consume only reads it)
+    return report
+
+
+def _drop(made: dict[str, FileBackedData]) -> None:
+    first = next(iter(made.values()))
+    try:
+        first.close()
+    except OSError:  # left to the collector: the bytes were only ever ours
+        first._arm_scratch()

@@ -1,0 +1,136 @@
+"""The pure half of Hugging Face -> GGUF: config.json to llama.cpp's keys, names, row order and
+output types (no files; the conversions themselves are in tests/test_gguf_hf*.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from filecord.gguf._hf_model import (
+    OutType,
+    Permute,
+    hparam_kvs,
+    llama_spec,
+    map_names,
+    out_type,
+    row_order,
+)
+from filecord.gguf._types import GGMLType, ValueType
+from filecord.gguf.errors import UnsupportedModelError
+
+CONFIG: dict[str, Any] = {
+    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+    "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}, "vocab_size": 300,
+}
+
+
+def test_keys_and_types_llama_cpp_reads() -> None:
+    kv = {k.key: k for k in hparam_kvs(llama_spec(CONFIG), name="m", file_type=32)}
+    assert kv["general.architecture"].value == "llama"
+    want = {"llama.block_count": 2, "llama.context_length": 256, "llama.embedding_length": 64,
+            "llama.feed_forward_length": 128, "llama.attention.head_count": 4,
+            "llama.attention.head_count_kv": 2, "llama.vocab_size": 300,
+            "llama.rope.dimension_count": 16, "general.file_type": 32,
+            "general.quantization_version": 2}
+    for key, value in want.items():
+        assert (kv[key].type, kv[key].value) == (ValueType.UINT32, value), key
+    assert (kv["llama.rope.freq_base"].type, kv["llama.rope.freq_base"].value) == (
+        ValueType.FLOAT32, 1e6)
+    assert kv["llama.attention.layer_norm_rms_epsilon"].type is ValueType.FLOAT32
+    assert "llama.attention.key_length" not in kv  # only when config.json gives head_dim
+    given = {k.key: k.value for k in hparam_kvs(llama_spec({**CONFIG, "head_dim": 32}),
+                                                name="", file_type=0)}
+    assert given["llama.attention.key_length"] == given["llama.rope.dimension_count"] == 32
+    assert "general.name" not in given
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, "LlamaForCausalLM"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "'yarn' is not supported"),
+    ({"num_local_experts": 8}, "mixture-of-experts"),
+    ({"quantization_config": {"quant_method": "gptq"}}, "F32, F16 and BF16"),
+    ({"num_key_value_heads": 3}, "multiple of"),
+    ({"hidden_size": "64"}, "hidden_size must be a positive integer"),
+    ({"rms_norm_eps": None}, "rms_norm_eps must be a number"),
+])
+def test_refusals_say_what_is_supported(change: dict[str, Any], says: str) -> None:
+    with pytest.raises(UnsupportedModelError, match=says):
+        llama_spec({**CONFIG, **change})
+
+
+def test_linear_rope_scaling_is_written() -> None:
+    spec = llama_spec({**CONFIG, "rope_scaling": {"type": "linear", "factor": 2.0},
+                       "rope_parameters": None, "rope_theta": 1e4})
+    kv = {k.key: k.value for k in hparam_kvs(spec, name="m", file_type=1)}
+    assert kv["llama.rope.scaling.type"] == "linear"
+    assert kv["llama.rope.scaling.factor"] == 2.0
+    assert kv["llama.rope.freq_base"] == 1e4
+
+
+def _names(layers: int) -> list[str]:
+    per = ["input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+           "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+           "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+           "mlp.down_proj.weight", "self_attn.rotary_emb.inv_freq"]
+    return (["model.embed_tokens.weight", "model.norm.weight"]
+            + [f"model.layers.{i}.{p}" for i in range(layers) for p in per])
+
+
+def test_names_map_and_q_k_are_permuted() -> None:
+    spec = llama_spec(CONFIG)
+    mapped = {m.source: m for m in map_names(spec, _names(2))}
+    assert mapped["model.layers.1.self_attn.q_proj.weight"].name == "blk.1.attn_q.weight"
+    assert mapped["model.layers.1.self_attn.q_proj.weight"].permute is Permute.Q
+    assert mapped["model.layers.0.self_attn.k_proj.weight"].permute is Permute.K
+    assert mapped["model.layers.0.mlp.down_proj.weight"].name == "blk.0.ffn_down.weight"
+    assert mapped["model.norm.weight"].name == "output_norm.weight"
+    assert "model.layers.0.self_attn.rotary_emb.inv_freq" not in mapped  # skipped
+    assert "lm_head.weight" not in mapped  # tied: llama.cpp reuses token_embd
+
+
+def test_unknown_and_missing_tensors_are_refused_by_name() -> None:
+    spec = llama_spec(CONFIG)
+    with pytest.raises(UnsupportedModelError, match=r"model\.layers\.0\.mlp\.up_proj\.bias"):
+        map_names(spec, [*_names(2), "model.layers.0.mlp.up_proj.bias"])
+    with pytest.raises(UnsupportedModelError, match=r"blk\.1\.attn_q\.weight"):
+        map_names(spec, [n for n in _names(2) if n != "model.layers.1.self_attn.q_proj.weight"])
+
+
+def test_row_order_interleaves_each_heads_halves() -> None:
+    # two heads of four rows: per head, halves (0, 1 | 2, 3) become pairs (0, 2, 1, 3)
+    assert row_order(8, 2) == [0, 2, 1, 3, 4, 6, 5, 7]
+    assert sorted(row_order(64, 4)) == list(range(64))
+    assert row_order(12, 2) == [0, 3, 1, 4, 2, 5, 6, 9, 7, 10, 8, 11]  # heads of 6 rows
+    with pytest.raises(UnsupportedModelError):
+        row_order(12, 8)  # not whole heads
+    with pytest.raises(UnsupportedModelError):
+        row_order(6, 2)  # heads of 3 rows: no rotary pairs
+
+
+def test_out_types_follow_llama_cpp() -> None:
+    assert out_type("blk.0.attn_norm.weight", 1, GGMLType.BF16, OutType.SOURCE) is GGMLType.F32
+    assert out_type("blk.0.attn_q.bias", 1, GGMLType.F16, OutType.F16) is GGMLType.F32
+    assert out_type("blk.0.attn_q.weight", 2, GGMLType.BF16, OutType.SOURCE) is GGMLType.BF16
+    assert out_type("blk.0.attn_q.weight", 2, GGMLType.BF16, OutType.F16) is GGMLType.F16
+    assert out_type("token_embd.weight", 2, GGMLType.F32, OutType.BF16) is GGMLType.BF16
+
+
+def test_llama3_rope_scaling_is_a_generated_tensor() -> None:
+    import numpy as np
+
+    from filecord.gguf._hf_model import rope_freqs
+
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    spec = llama_spec({**CONFIG, "rope_parameters": rope})
+    kv = {k.key for k in hparam_kvs(spec, name="m", file_type=0)}
+    assert not any(k.startswith("llama.rope.scaling") for k in kv)  # the tensor carries it
+    factors = np.frombuffer(rope_freqs(spec) or b"", np.float32)
+    # wavelengths 2*pi*10000**(i/8): under 16 positions keep 1, over 64 get the factor 8
+    assert factors.tolist()[:1] == [1.0]
+    assert factors.tolist()[3:] == [8.0] * 5
+    assert 1.0 < factors[1] < factors[2] < 8.0
+    assert rope_freqs(llama_spec(CONFIG)) is None
