@@ -176,6 +176,11 @@ class Backend:
     def collapse_range(self, fd: int, offset: int, length: int) -> None:
         _fallocate(fd, FALLOC_FL_COLLAPSE_RANGE, offset, length)
 
+    def allocate(self, fd: int, offset: int, length: int) -> None:
+        # fallocate(2) mode 0, never posix_fallocate: glibc's emulation writes every block
+        # where the file system lacks the call; here that is an EOPNOTSUPP the caller sees.
+        _fallocate(fd, 0, offset, length)
+
     # --- names -----------------------------------------------------------------------------
     def fsync_dir(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -371,6 +376,12 @@ def collapse_range(fd: int, offset: int, length: int) -> None:
     alignment rules; the range must end below the file's size (EINVAL otherwise)."""
     _active.hook("collapse_range", (fd, offset, length))
     _active.collapse_range(fd, offset, length)
+
+
+def allocate(fd: int, offset: int, length: int) -> None:
+    """Reserve blocks (``fallocate(2)`` mode 0; the size grows to ``offset + length``)."""
+    _active.hook("allocate", (fd, offset, length))
+    _active.allocate(fd, offset, length)
 
 
 # --- names: directories, renames, links, stat -----------------------------------------------

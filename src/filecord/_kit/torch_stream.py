@@ -98,6 +98,16 @@ def _blocks(t: torch.Tensor, limit: int) -> Iterator[torch.Tensor]:
         yield t[start : start + rows].contiguous()
 
 
+def row_major_blocks(t: torch.Tensor, limit: int) -> Iterator[torch.Tensor]:
+    """``t`` in logical row-major order as contiguous host tensors of about ``limit`` bytes
+    (bounded staging for a view or an off-host tensor; a contiguous host tensor is itself)."""
+    t = t.detach()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    for block in _blocks(t, limit):
+        yield block if block.device.type == "cpu" else block.to("cpu")
+
+
 def chunks(t: torch.Tensor, chunk: int, device_copy: DeviceCopy | None) -> Iterator[memoryview]:
     """The tensor's bytes in file order, one bounded chunk at a time."""
     t = t.detach()

@@ -91,8 +91,15 @@ def recover(path: str | os.PathLike[str]) -> list[Recovered]:
     st = _sys.stat(target)  # a directory reached through a symlink is that directory
     if stat_mod.S_ISDIR(st.st_mode):
         real = _sys.realpath(target)
-        results = [_recover_token(real, token, names)
-                   for token, names in sorted(_scan(real).items())]
+        # Saves with a journal first, then a fresh scan for the rest: a rollback gives an
+        # adopted file its name back, and that name may carry another, journal-less save's
+        # token (a filecord.dcp temp committed by a save that died), whose clean-up must see it.
+        groups = _scan(real)
+        journaled = sorted(t for t, names in groups.items()
+                           if any(s in names for s in _names.JOURNALS))
+        results = [_recover_token(real, token, groups[token]) for token in journaled]
+        results += [_recover_token(real, token, names)
+                    for token, names in sorted(_scan(real).items()) if token not in journaled]
     else:
         results = [_recover_file(target, _sys.lstat(target))]
     done = [r for r in results if r is not None]

@@ -1,0 +1,398 @@
+"""``SafetensorsWriter``: ``torch.distributed.checkpoint.save`` into one safetensors file (or
+hub-style shards and their index), every rank writing its own bytes at their final offsets.
+
+Theory of operation
+-------------------
+DCP calls, in order: on every rank ``set_up_storage_writer`` and ``prepare_local_plan``; on the
+coordinator ``prepare_global_plan`` (inside a gather/scatter: its return value, each plan's
+``storage_data``, is the only thing the coordinator can send the ranks); on every rank
+``write_data``; on the coordinator ``finish``, only once every rank has reported success.
+
+1. ``prepare_local_plan`` refuses what a safetensors file cannot hold (non-tensor values,
+   dtypes without a safetensors code) and the modes this writer cannot honour
+   (``use_collectives=False``: no coordinator; cached plans: ranks would reuse an old save's
+   temp paths).  Nothing exists yet.
+2. ``prepare_global_plan`` (coordinator) proves the chunks tile every tensor (``_layout``),
+   lays out the files ``filecord.safetensors.save_file``/``save_sharded`` would write for the
+   full state dict, then draws a save token and creates, in the output directory, the lock
+   ``.NAME.TOKEN.filecord-lock`` (``flock``ed, naming a journal that does not exist yet) and
+   one temp ``.NAME.TOKEN.partial`` per output file (``O_EXCL``).  Each temp gets its header
+   and is preallocated to its final size with ``fallocate(2)`` (never glibc's emulation, which
+   writes every block): a full disk is an ``ENOSPC`` here, before any rank writes.  A file
+   system without ``fallocate`` gets the size by ``ftruncate`` and a logged warning (a full
+   disk then shows up as a rank's write error, cleaned up the same way).  Each rank's plan
+   carries only its own items' offsets.
+3. ``write_data`` (each rank) opens the temps ``O_WRONLY`` (no create, no truncate), writes
+   each chunk's runs with ``pwrite`` straight from the tensor's memory (a view or an off-host
+   tensor is staged through bounded row-major blocks, ``_torch_stream.row_major_blocks``),
+   fsyncs, and returns per item the bytes written and a CRC-32 of the chunk's bytes.
+4. ``finish`` (coordinator) checks that the results cover every planned item with the planned
+   byte counts, fsyncs the temps, and commits them with ONE ``filecord.save_many``
+   transaction, each temp an owned whole-file piece under ``consume=True`` (adopted: renamed,
+   journaled, recoverable; nothing is copied), the index as bytes.  Then the lock goes.
+
+Failure: DCP has no abort hook.  :meth:`SafetensorsWriter.abort` (called by
+``filecord.dcp.save`` for any exception on the coordinator) removes the temps, then the lock.
+A coordinator that dies leaves the temps beside a free lock that names no journal: ``filecord
+recover DIR`` removes them (the transaction's own proof: a free lock and no journal mean nothing
+destructive happened).  Once the save's transaction has begun, its own journal takes over.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+from torch.distributed.checkpoint.planner import (
+    SavePlan,
+    SavePlanner,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.futures import Future
+
+from filecord import _lockfile, _names, _sys
+from filecord._cord import Cord
+from filecord._data import CHUNK, FileBackedData
+from filecord._preflight import CordLike, Target
+from filecord._report import SaveReport
+from filecord._save import save_many
+from filecord._torch_stream import host_view, row_major_blocks
+from filecord.dcp import _layout
+from filecord.dcp.errors import UnsupportedStateError
+from filecord.safetensors._torch import _DTYPES, parse_shard_size
+from filecord.safetensors._write import remove_files, stale_files
+from filecord.tensors import DType
+
+log = logging.getLogger(__name__)
+
+SINGLE_NAME = "model.safetensors"
+ItemKey = tuple[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class ItemPlace:
+    """Where one rank's chunk goes: the temp (by number), the tensor's first byte in it, the
+    tensor's global shape and the element size."""
+
+    file: int
+    offset: int
+    shape: tuple[int, ...]
+    itemsize: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class RankOrders:
+    """What the coordinator sends one rank (its plan's ``storage_data``)."""
+
+    token: str
+    temps: tuple[str, ...]
+    items: Mapping[ItemKey, ItemPlace] = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    """What a rank reports per item (a ``WriteResult``'s ``storage_data``)."""
+
+    token: str
+    nbytes: int
+    runs: int
+    crc32: int
+
+
+def dtype_code(dtype: torch.dtype, fqn: str) -> DType:
+    code = _DTYPES.get(str(dtype).removeprefix("torch."))
+    if code is None or code is DType.F4:  # F4 packs two values per torch element: refused
+        raise UnsupportedStateError(f"{fqn!r}: safetensors has no dtype for {dtype} (or this "
+                                    "writer does not split it); nothing was written")
+    return code
+
+
+def _key(index: MetadataIndex) -> ItemKey:
+    return index.fqn, tuple(int(x) for x in (index.offset or ()))
+
+
+def _box(item: WriteItem, rank: int) -> _layout.Box:
+    td = item.tensor_data
+    if td is None:  # pragma: no cover - refused in prepare_local_plan
+        raise UnsupportedStateError(f"{item.index.fqn!r} is not a tensor")
+    return _layout.Box(item.index.fqn, rank, tuple(int(x) for x in td.chunk.offsets),
+                       tuple(int(x) for x in td.chunk.sizes))
+
+
+def _spec(item: WriteItem) -> _layout.Spec:
+    td = item.tensor_data
+    if td is None:  # pragma: no cover - refused in prepare_local_plan
+        raise UnsupportedStateError(f"{item.index.fqn!r} is not a tensor")
+    return _layout.Spec(item.index.fqn, dtype_code(td.properties.dtype, item.index.fqn),
+                        tuple(int(x) for x in td.size))
+
+
+class SafetensorsWriter(StorageWriter):
+    """Write ``dcp.save``'s state dict as ``path`` (one ``.safetensors`` file), or, with
+    ``max_shard_size``, as hub-style shards plus ``model.safetensors.index.json`` in the
+    directory ``path``: byte-identical to ``filecord.safetensors.save_file`` / ``save_sharded``
+    of the full state dict.  Every rank must see ``path`` on one shared file system.
+
+    ``metadata``: the ``__metadata__`` of the single file (as ``save_file``'s argument), or the
+    user metadata of a sharded save (as ``save_sharded``'s).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_shard_size: int | str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__()
+        self.path = _sys.abspath(os.fspath(path))
+        self.max_shard_size = None if max_shard_size is None else parse_shard_size(
+            max_shard_size)
+        self.metadata = dict(metadata) if metadata is not None else None
+        self.directory = self.path if self.max_shard_size is not None else os.path.dirname(
+            self.path)
+        self.is_coordinator = False
+        self.rank = 0
+        self.report: SaveReport | None = None
+        self.results: dict[ItemKey, ItemResult] = {}
+        self._order: list[str] = []
+        self._layout: _layout.Layout | None = None
+        self._token = ""
+        self._temps: list[str] = []
+        self._lock: tuple[str, int] | None = None
+        self._committed = False
+
+    # --- DCP's protocol ------------------------------------------------------------------
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        # Not called when a writer is passed without a checkpoint_id: the state is set up in
+        # __init__, and a checkpoint_id only renames the target.
+        if checkpoint_id is not None:
+            self.path = _sys.abspath(os.fspath(checkpoint_id))
+            self.directory = self.path if self.max_shard_size is not None else \
+                os.path.dirname(self.path)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return os.fspath(checkpoint_id).endswith(".safetensors")
+
+    def set_up_storage_writer(self, is_coordinator: bool,  # noqa: FBT001 - DCP's signature
+                              *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("use_collectives", True) is False:
+            raise UnsupportedStateError(
+                "use_collectives=False: without the collectives no coordinator lays out the "
+                "file or commits it; nothing was written")
+        self.is_coordinator = is_coordinator
+        self.rank = int(kwargs.get("rank", 0))
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        if not plan.usable:
+            raise UnsupportedStateError(
+                "cached plans (enable_plan_caching=True) would reuse an earlier save's temp "
+                "files; use a planner without plan caching; nothing was written")
+        for item in plan.items:
+            if item.type is WriteItemType.BYTE_IO or item.tensor_data is None:
+                raise UnsupportedStateError(
+                    f"{item.index.fqn!r} is not a tensor: a safetensors file holds tensors only "
+                    "(save other state separately); nothing was written")
+            dtype_code(item.tensor_data.properties.dtype, item.index.fqn)
+        if self.is_coordinator:
+            self._order = list(dict.fromkeys(item.index.fqn for item in plan.items))
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        if not all(p.usable for p in plans):
+            raise UnsupportedStateError(
+                "cached plans (enable_plan_caching=True) would reuse an earlier save's temp "
+                "files; use a planner without plan caching; nothing was written")
+        specs = _layout.merge_specs([_spec(i) for p in plans for i in p.items])
+        boxes = [_box(i, r) for r, p in enumerate(plans) for i in p.items]
+        _layout.check_tiling(specs, boxes)
+        lay = _layout.layout(specs, self._order, self.metadata, self.max_shard_size,
+                             os.path.basename(self.path))
+        self._layout = lay
+        paths = self._finals(lay)
+        self._create(lay, paths)
+        out: list[SavePlan] = []
+        for p in plans:
+            items: dict[ItemKey, ItemPlace] = {}
+            for i in p.items:
+                spec = specs[i.index.fqn]
+                number, offset = lay.where[i.index.fqn]
+                box = _box(i, 0)
+                items[_key(i.index)] = ItemPlace(number, offset, spec.shape,
+                                                 spec.dtype.bits // 8,
+                                                 box.volume * spec.dtype.bits // 8)
+            touched = {x.file for x in items.values()}
+            temps = tuple(t if n in touched else "" for n, t in enumerate(self._temps))
+            out.append(SavePlan(p.items, storage_data=RankOrders(self._token, temps, items),
+                                planner_data=p.planner_data, usable=p.usable))
+        return out
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        orders = plan.storage_data
+        if not isinstance(orders, RankOrders):
+            raise UnsupportedStateError("the plan carries no filecord layout (a planner that "
+                                        "replaced storage_data, or cached plans)")
+        fds: dict[int, int] = {}
+        results: list[WriteResult] = []
+        try:
+            for item in plan.items:
+                place = orders.items[_key(item.index)]
+                if place.file not in fds:
+                    fds[place.file] = _sys.open(orders.temps[place.file], os.O_WRONLY)
+                tensor = planner.resolve_data(item)
+                if not isinstance(tensor, torch.Tensor):  # pragma: no cover - planned as one
+                    raise UnsupportedStateError(f"{item.index.fqn!r} resolved to a "
+                                                f"{type(tensor).__name__}, not a tensor")
+                res = _write_item(fds[place.file], tensor, item, place, orders.token)
+                results.append(WriteResult(index=item.index, size_in_bytes=res.nbytes,
+                                           storage_data=res))
+            for fd in fds.values():
+                _sys.fsync(fd)  # this rank's bytes are durable before it reports success
+        finally:
+            for fd in fds.values():
+                _sys.close(fd)
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        lay = self._layout
+        if lay is None or self._lock is None:
+            raise UnsupportedStateError("finish without a plan from this writer")
+        self._check_results(lay, results)
+        paths = self._finals(lay)
+        outputs: dict[Target, CordLike] = {}
+        for temp, final in zip(self._temps, paths, strict=True):
+            outputs[final] = Cord([FileBackedData(temp, owned=True)])
+        if lay.index is not None:
+            outputs[os.path.join(self.directory, lay.index[0])] = Cord([lay.index[1]])
+        stale = stale_files(self.directory, "model{suffix}.safetensors", outputs) \
+            if self.max_shard_size is not None else []
+        # The temps are fsynced by the adoption (its writer may never have synced them); each
+        # rank already fsynced its own bytes before reporting.
+        self.report = save_many(outputs, consume=True)
+        self._committed = True
+        remove_files(stale)
+        lock, fd = self._lock
+        self._lock = None
+        _lockfile.release(lock, fd)
+
+    def storage_meta(self) -> None:
+        return None
+
+    # --- the coordinator's files ---------------------------------------------------------
+    def _finals(self, lay: _layout.Layout) -> list[str]:
+        if self.max_shard_size is None:
+            return [self.path]
+        return [os.path.join(self.directory, f.name) for f in lay.files]
+
+    def _create(self, lay: _layout.Layout, paths: Sequence[str]) -> None:
+        token = _names.new_token()
+        lock = _names.sibling(paths[0], token, _names.LOCK)
+        journal = _names.sibling(paths[0], token, _names.JOURNAL)
+        self._token = token
+        fd = _lockfile.create(lock, os.fsencode(journal) + b"\n")
+        self._lock = (lock, fd)
+        try:
+            for f, final in zip(lay.files, paths, strict=True):
+                temp = _names.sibling(final, token, _names.TEMP)
+                tfd = _sys.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                self._temps.append(temp)
+                try:
+                    _preallocate(tfd, f.size, temp)
+                    _sys.write_all(tfd, f.header, 0)
+                finally:
+                    _sys.close(tfd)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _check_results(self, lay: _layout.Layout, results: list[list[WriteResult]]) -> None:
+        got: dict[ItemKey, ItemResult] = {}
+        for rank_results in results:
+            for r in rank_results:
+                res = r.storage_data
+                if not isinstance(res, ItemResult) or res.token != self._token:
+                    raise UnsupportedStateError(f"{r.index.fqn!r}: a result from another save")
+                key = _key(r.index)
+                if key in got:
+                    raise UnsupportedStateError(f"{r.index.fqn!r}: written twice")
+                got[key] = res
+        data = sum(f.size - len(f.header) for f in lay.files)
+        written = sum(r.nbytes for r in got.values())
+        if written != data:
+            raise UnsupportedStateError(f"the ranks wrote {written} bytes of the {data} the "
+                                        "layout needs; nothing was committed")
+        self.results = got
+
+    def abort(self) -> None:
+        """Remove this save's temps, then its lock (the coordinator's cleanup after any
+        failure; a no-op elsewhere, and after the commit)."""
+        if self._committed:
+            return
+        for temp in self._temps:
+            _sys.unlink_missing_ok(temp)
+        if self._temps:
+            _sys.fsync_parents(self._temps[:1])
+        self._temps = []
+        if self._lock is not None:
+            lock, fd = self._lock
+            self._lock = None
+            _lockfile.release(lock, fd)
+
+
+def _preallocate(fd: int, size: int, path: str) -> None:
+    if size == 0:
+        return
+    try:
+        _sys.allocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        log.warning("%s: the file system has no fallocate(2) (%s): sized with ftruncate; a "
+                    "full disk will show up as a rank's write error", path, exc.strerror)
+        _sys.ftruncate(fd, size)
+
+
+def _write_item(fd: int, tensor: torch.Tensor, item: WriteItem, place: ItemPlace,
+                token: str) -> ItemResult:
+    box = _box(item, 0)
+    if tuple(int(x) for x in tensor.shape) != box.sizes:
+        raise UnsupportedStateError(f"{item.index.fqn!r}: the data has shape "
+                                    f"{list(tensor.shape)}, the plan says {list(box.sizes)}")
+    runs = _layout.runs(place.shape, box.offsets, box.sizes, place.itemsize)
+    crc = 0
+    done = 0
+    count = 0
+    run_dst, run_left = 0, 0
+    for block in row_major_blocks(tensor, CHUNK):
+        if block.numel() == 0:
+            continue
+        view = host_view(block.reshape(-1).view(torch.uint8))
+        crc = zlib.crc32(view, crc)
+        pos = 0
+        while pos < len(view):
+            if run_left == 0:
+                run_dst, run_left = next(runs)
+                count += 1
+            n = min(run_left, len(view) - pos)
+            _sys.write_all(fd, view[pos:pos + n], place.offset + run_dst)
+            run_dst += n
+            run_left -= n
+            pos += n
+        done += len(view)
+    if done != place.nbytes:
+        raise UnsupportedStateError(f"{item.index.fqn!r}: {done} bytes for a "
+                                    f"{place.nbytes}-byte chunk")
+    return ItemResult(token, done, count, crc)
