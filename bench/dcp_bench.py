@@ -1,0 +1,233 @@
+"""torch.distributed.checkpoint: filecord's SafetensorsWriter against torch's writers.
+
+A bf16 state dict of ``--size`` bytes (an embedding Shard(0), an lm_head Shard(1), layers of
+wq/w1 Shard(0) and wo/w2 Shard(1), norms Replicate) saved by 2 gloo ranks on CPU, each case in
+a fresh pair of processes:
+
+* ``filecord``: ``filecord.dcp.save`` (one ``model.safetensors``, every rank fsyncs, one
+  journaled commit);
+* ``FileSystemWriter``: torch's default (``.distcp`` files and ``.metadata``);
+* ``HF writer``: ``HuggingFaceStorageWriter(save_distributed=True)`` (per-rank shards).
+
+Then, on the HF writer's shards, one process each: torch's ``consolidate_safetensors_files``
+(no fsync of its own; the durable column adds one), ``filecord.dcp.consolidate`` by copy and
+with ``consume=True`` (the shards moved, then deleted).
+
+Per case: wall time of the save on rank 0 (from a barrier to the return), peak RSS added per
+rank during the save (VmHWM after ``clear_refs`` = 5, minus VmRSS before; the state dict is
+already in memory), allocated disk of the output (``st_blocks``) and what the output is.
+Usage: python bench/dcp_bench.py [--size 1GiB] [--dir DIR] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from _bench import ROOT, machine, parse_size, table
+
+RANK = r"""
+import json, os, sys, time, datetime
+import torch, torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+sys.path[:0] = [sys.argv[6], sys.argv[7]]
+from _bench import rss_now, rss_peak, rss_reset
+case, port = sys.argv[1], sys.argv[4]
+rank, world, size = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[5])
+work = sys.argv[8]
+torch.set_num_threads(1)
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+dist.init_process_group("gloo", rank=rank, world_size=world,
+                        timeout=datetime.timedelta(seconds=600))
+mesh = init_device_mesh("cpu", (world,))
+# bf16: 2 bytes; hidden h, vocab v = 8h, 2 layers of 4 h*h*... scaled to ~size bytes
+h = 256
+while True:
+    total = 2 * (2 * 8 * h * h + 2 * (2 * h * h + 2 * h * 4 * h) + 2 * h)
+    if total >= size:
+        break
+    h += 64
+g = torch.Generator().manual_seed(1)
+def t(*shape):
+    return torch.randn(*shape, generator=g).to(torch.bfloat16)
+spec = {"embed.weight": ((8 * h, h), Shard(0)), "lm_head.weight": ((8 * h, h), Shard(1))}
+for i in range(2):
+    spec[f"layers.{i}.wq"] = ((h, h), Shard(0)); spec[f"layers.{i}.wo"] = ((h, h), Shard(1))
+    spec[f"layers.{i}.w1"] = ((4 * h, h), Shard(0)); spec[f"layers.{i}.w2"] = ((h, 4 * h), Shard(1))
+    spec[f"layers.{i}.norm"] = ((h,), Replicate())
+sd = {}
+for k, (shape, p) in spec.items():
+    sd[k] = distribute_tensor(t(*shape), mesh, [p])
+    del k
+import filecord.dcp as fdcp
+from torch.distributed.checkpoint import HuggingFaceStorageWriter
+out = os.path.join(work, "out")
+if rank == 0 and case == "filecord":
+    os.makedirs(out)
+dist.barrier()
+before = rss_now(); rss_reset()
+start = time.perf_counter()
+if case == "filecord":
+    fdcp.save(sd, os.path.join(out, "model.safetensors"))  # out made before the barrier
+elif case == "FileSystemWriter":
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(out))
+elif case == "HF writer":
+    dcp.save(sd, storage_writer=HuggingFaceStorageWriter(out, save_distributed=True))
+secs = time.perf_counter() - start
+peak = rss_peak() - before
+res = [None] * world
+dist.all_gather_object(res, {"secs": secs, "rss": peak})
+if rank == 0:
+    print(json.dumps({"ranks": res, "bytes": sum(v.numel() * v.element_size()
+                                                  for v in sd.values())}))
+dist.destroy_process_group()
+"""
+
+CONSOLIDATE = r"""
+import json, os, sys, time
+sys.path[:0] = [sys.argv[3], sys.argv[4]]
+from _bench import rss_now, rss_peak, rss_reset, fsync_written
+case, work = sys.argv[1], sys.argv[2]
+import torch, filecord.dcp  # imported before the measurement: torch alone is ~250 MiB of RSS
+from torch.distributed.checkpoint._consolidate_hf_safetensors import (
+    consolidate_safetensors_files)
+shards = os.path.join(work, "out")
+out = os.path.join(work, "consolidated")
+os.makedirs(out, exist_ok=True)
+before = rss_now(); rss_reset()
+start = time.perf_counter()
+if case == "torch consolidate":
+    from safetensors import safe_open
+    names = {}
+    for n in os.listdir(shards):
+        if n.endswith(".safetensors"):
+            with safe_open(os.path.join(shards, n), "pt") as f:
+                names.update(dict.fromkeys(f.keys(), 1))
+    consolidate_safetensors_files(shards, out, fqn_to_index_mapping=names)
+    secs = time.perf_counter() - start
+    fs, _ = fsync_written(*[os.path.join(out, n) for n in os.listdir(out)])
+    durable = secs + fs
+else:
+    import filecord.dcp as fdcp
+    fdcp.consolidate(os.path.join(out, "model.safetensors"), shards,
+                     consume=case.endswith("consume"), world_size=2)
+    secs = durable = time.perf_counter() - start
+print(json.dumps({"secs": secs, "durable": durable, "rss": rss_peak() - before}))
+"""
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def blocks(path: Path) -> int:
+    total = 0
+    for p in [path] if path.is_file() else path.rglob("*"):
+        if p.is_file():
+            total += p.stat().st_blocks * 512
+    return total
+
+
+def save_case(case: str, size: int, work: Path) -> dict[str, Any]:
+    port = str(_port())
+    bench = str(ROOT / "bench")
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, case, str(r), "2", port, str(size),
+                               str(ROOT / "src"), bench, str(work)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_env(), cwd=ROOT)
+             for r in range(2)]
+    outs = [p.communicate(timeout=1800) for p in procs]
+    failed = [f"rank {r} ({p.returncode}): {err[-3000:]}"
+              for r, (p, (_o, err)) in enumerate(zip(procs, outs, strict=True)) if p.returncode]
+    if failed:
+        raise RuntimeError(f"{case}: " + "\n".join(reversed(failed)))
+    res: dict[str, Any] = json.loads(outs[0][0].strip().splitlines()[-1])
+    res["disk"] = blocks(work / "out")
+    res["files"] = sorted(p.name for p in (work / "out").iterdir())
+    return res
+
+
+def consolidate_case(case: str, work: Path) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-c", CONSOLIDATE, case, str(work),
+                           str(ROOT / "src"), str(ROOT / "bench")],
+                          capture_output=True, text=True, env=_env(), cwd=ROOT, check=False,
+                          timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{case}: failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    res: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    res["disk"] = blocks(work / "consolidated") + blocks(work / "out")
+    return res
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="1GiB")
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    size = parse_size(args.size)
+    base = Path(tempfile.mkdtemp(prefix="dcp-bench-", dir=args.dir or "/var/tmp"))
+    results: dict[str, Any] = {}
+    try:
+        for case in ("filecord", "FileSystemWriter", "HF writer"):
+            work = base / case.replace(" ", "_")
+            work.mkdir()
+            results[case] = save_case(case, size, work)
+            if case != "HF writer":
+                shutil.rmtree(work)
+        hf = base / "HF_writer"
+        for case in ("torch consolidate", "filecord consolidate", "filecord consolidate consume"):
+            work = base / case.replace(" ", "_")
+            shutil.copytree(hf, work)
+            results[case] = consolidate_case(case, work)
+            shutil.rmtree(work)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    data = results["filecord"]["bytes"]
+    print(f"{machine()}; {data / 2**30:.2f} GiB of bf16 tensors over 2 gloo ranks (CPU), one "
+          "run each; a shared 2-core machine: expect about +-15%.\n")
+    fsw = results["FileSystemWriter"]["ranks"][0]["secs"]
+    rows = []
+    for case in ("filecord", "FileSystemWriter", "HF writer"):
+        r = results[case]
+        secs = r["ranks"][0]["secs"]
+        rows.append([case, f"{secs:.2f} s", f"{secs / fsw:.2f}x",
+                     " / ".join(mib(x["rss"]) for x in r["ranks"]),
+                     f"{r['disk'] / data:.2f}x", ", ".join(r["files"])[:70]])
+    print(table(["dcp.save", "time (rank 0)", "vs FileSystemWriter", "peak RSS added (rank 0 / 1)",
+                 "disk / data", "output"], rows))
+    print()
+    hf_secs = results["HF writer"]["ranks"][0]["secs"]
+    rows = []
+    for case in ("torch consolidate", "filecord consolidate", "filecord consolidate consume"):
+        r = results[case]
+        rows.append([case, f"{r['secs']:.2f} s", f"{r['durable']:.2f} s",
+                     f"{hf_secs + r['durable']:.2f} s", mib(r["rss"]),
+                     f"{r['disk'] / data:.2f}x"])
+    print(table(["HF shards -> one file", "time", "durable", "HF save + this", "peak RSS added",
+                 "disk after / data"], rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
