@@ -324,6 +324,29 @@ def scenario_big(rank: int, world: int, out: str, arg: str) -> dict[str, Any]:
     return {"caught": caught[:800]}
 
 
+class ExitOnWrite(_sys.Backend):
+    def hook(self, op: str, args: tuple[Any, ...]) -> None:
+        if op == "pwrite":
+            os._exit(3)  # a rank dying mid-write: no exception, no clean-up, no goodbye
+
+
+def scenario_exit(rank: int, world: int, out: str, arg: str) -> dict[str, Any]:
+    """The last rank exits in its first write; rank 0 must see the failure and clean up."""
+    target = os.path.join(out, "model.safetensors")
+    sd = {"w": distribute_tensor(torch.arange(64.0).reshape(8, 8), mesh_for(world),
+                                 [Shard(0)])}
+    caught = ""
+    try:
+        if rank == world - 1:
+            with _sys.use(ExitOnWrite()):
+                fdcp.save(sd, target)
+        else:
+            fdcp.save(sd, target)
+    except BaseException as exc:
+        caught = describe(exc)
+    return {"caught": caught[:800], "left": _listing(out)}
+
+
 def scenario_hf(rank: int, world: int, out: str, arg: str) -> dict[str, Any]:
     """torch's HuggingFaceStorageWriter shards (for consolidation), and the reference."""
     mesh = mesh_for(world)
@@ -352,7 +375,7 @@ def _run(rank: int, world: int, scenario: str, out: str, arg: str, port: int) ->
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+                            timeout=datetime.timedelta(seconds=20 if scenario == "exit" else 60))
     try:
         res = globals()["scenario_" + scenario](rank, world, out, arg)
         if rank == 0:
@@ -369,6 +392,16 @@ def main() -> None:
     if world == 1:
         _run(0, 1, scenario, out, arg, _free_port())
         return
+    if scenario == "exit":  # mp.spawn would kill rank 0 as soon as a rank dies: own processes
+        port = _free_port()
+        ranks = [mp.get_context("spawn").Process(target=_run,
+                                                 args=(r, world, scenario, out, arg, port))
+                 for r in range(world)]
+        for p in ranks:
+            p.start()
+        for p in ranks:
+            p.join()
+        sys.exit(ranks[0].exitcode)
     mp.spawn(_run, args=(world, scenario, out, arg, _free_port()), nprocs=world)
 
 

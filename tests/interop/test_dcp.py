@@ -94,6 +94,16 @@ def test_save_load_fail_refuse(tmp_path: Path, world: int) -> None:
 OLD = b"old content, not a safetensors file"
 
 
+def test_rank_exits_mid_write(tmp_path: Path) -> None:
+    target = tmp_path / "model.safetensors"
+    target.write_bytes(b"old content, not a safetensors file")
+    run_worker("exit", 2, tmp_path)
+    r = result(tmp_path)
+    assert r["caught"]  # rank 0 saw the dead rank (gloo: connection closed, or the timeout)
+    assert r["left"] == ["model.safetensors"]  # the wrapper removed the temp and the lock
+    assert target.read_bytes() == OLD
+
+
 def _old_target(tmp_path: Path) -> Path:
     target = tmp_path / "model.safetensors"
     target.write_bytes(OLD)
