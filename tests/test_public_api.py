@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SURFACES = ("filecord", "filecord.executorch", "filecord.safetensors", "filecord.gguf",
-            "filecord.torch")
+            "filecord.dcp", "filecord.torch")
 
 
 def readme_tables() -> dict[str, tuple[int, list[str]]]:

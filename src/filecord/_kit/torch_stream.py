@@ -104,6 +104,12 @@ def row_major_blocks(t: torch.Tensor, limit: int) -> Iterator[torch.Tensor]:
     t = t.detach()
     if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
+    if t.device.type != "cpu" and t.is_contiguous():  # never the whole tensor on the host
+        flat = t.reshape(-1)
+        step = max(1, limit // t.element_size())
+        for start in range(0, flat.numel(), step):
+            yield flat[start : start + step].to("cpu")
+        return
     for block in _blocks(t, limit):
         yield block if block.device.type == "cpu" else block.to("cpu")
 
