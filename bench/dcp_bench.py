@@ -93,35 +93,31 @@ dist.destroy_process_group()
 """
 
 CONSOLIDATE = r"""
-import json, os, sys, time
+import json, os, sys
 sys.path[:0] = [sys.argv[3], sys.argv[4]]
-from _bench import rss_now, rss_peak, rss_reset, fsync_written
+from _bench import fsync_written, measured
 case, work = sys.argv[1], sys.argv[2]
 import torch, filecord.dcp  # imported before the measurement: torch alone is ~250 MiB of RSS
 from torch.distributed.checkpoint._consolidate_hf_safetensors import (
     consolidate_safetensors_files)
+from safetensors import safe_open
 shards = os.path.join(work, "out")
 out = os.path.join(work, "consolidated")
 os.makedirs(out, exist_ok=True)
-before = rss_now(); rss_reset()
-start = time.perf_counter()
-if case == "torch consolidate":
-    from safetensors import safe_open
-    names = {}
-    for n in os.listdir(shards):
-        if n.endswith(".safetensors"):
-            with safe_open(os.path.join(shards, n), "pt") as f:
-                names.update(dict.fromkeys(f.keys(), 1))
-    consolidate_safetensors_files(shards, out, fqn_to_index_mapping=names)
-    secs = time.perf_counter() - start
-    fs, _ = fsync_written(*[os.path.join(out, n) for n in os.listdir(out)])
-    durable = secs + fs
-else:
-    import filecord.dcp as fdcp
-    fdcp.consolidate(os.path.join(out, "model.safetensors"), shards,
-                     consume=case.endswith("consume"), world_size=2)
-    secs = durable = time.perf_counter() - start
-print(json.dumps({"secs": secs, "durable": durable, "rss": rss_peak() - before}))
+names = {}
+for n in os.listdir(shards):
+    if n.endswith(".safetensors"):
+        with safe_open(os.path.join(shards, n), "pt") as f:
+            names.update(dict.fromkeys(f.keys(), 1))
+def job():
+    if case == "torch consolidate":
+        consolidate_safetensors_files(shards, out, fqn_to_index_mapping=names)
+    else:
+        filecord.dcp.consolidate(os.path.join(out, "model.safetensors"), shards,
+                                 consume=case.endswith("consume"), world_size=2)
+r = measured(job, durable=case != "torch consolidate", written=[out], disk_of=work)
+print(json.dumps({"secs": r["seconds"], "durable": r["durable"], "rss": r["rss"],
+                  "peak": r["disk"]}))
 """
 
 
@@ -222,9 +218,9 @@ def main() -> None:
         r = results[case]
         rows.append([case, f"{r['secs']:.2f} s", f"{r['durable']:.2f} s",
                      f"{hf_secs + r['durable']:.2f} s", mib(r["rss"]),
-                     f"{r['disk'] / data:.2f}x"])
+                     f"{r['peak'] / data:.2f}x", f"{r['disk'] / data:.2f}x"])
     print(table(["HF shards -> one file", "time", "durable", "HF save + this", "peak RSS added",
-                 "disk after / data"], rows))
+                 "peak disk / data", "disk after / data"], rows))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

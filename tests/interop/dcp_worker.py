@@ -203,7 +203,17 @@ def scenario_main(rank: int, world: int, out: str, arg: str) -> dict[str, Any]:
         res["fail_caught"] = caught
         res["fail_same"] = sha(single) == before
         res["fail_dir"] = _listing(os.path.dirname(single))
-    # 5. refusals before any byte
+    # 5. a re-save of other values over the file: the bytes save_file writes for them
+    fdcp.save(changed, single, metadata={"format": "pt"})
+    dist.barrier()
+    if rank == 0:
+        from safetensors.torch import save_file as st_save_file
+        twice = {k: (v * 2 if v.dtype.is_floating_point else v).contiguous()
+                 for k, v in full.items()}
+        st_save_file(twice, os.path.join(ref, "v1.safetensors"), metadata={"format": "pt"})
+        res["resave_same"] = sha(single) == sha(os.path.join(ref, "v1.safetensors"))
+        res["resave_dir"] = _listing(os.path.dirname(single))
+    # 6. refusals before any byte
     res["refusals"] = {}
     for label, state, kwargs in _refusal_cases(sd, mesh):
         d = os.path.join(out, "refuse-" + label)

@@ -74,6 +74,8 @@ def test_save_load_fail_refuse(tmp_path: Path, world: int) -> None:
     assert r["fail_caught"] == "CheckpointException"
     assert r["fail_same"] is True
     assert r["fail_dir"] == ["model.safetensors"]
+    assert r["resave_same"] is True
+    assert r["resave_dir"] == ["model.safetensors"]
     ref = r["refusals"]
     for label, want in [("non_tensor", "'step' is not a tensor"),
                         ("complex128", "no dtype for torch.complex128"),
@@ -201,6 +203,27 @@ def test_consolidate_byte_identical(hf_shards: Path, tmp_path: Path) -> None:
     fdcp.consolidate(out, ckpt, world_size=2)
     assert sha(out) == sha(hf_shards / "ref.safetensors")
     assert sorted(n for n in os.listdir(ckpt) if n.startswith("shard-")) == shards  # kept
+
+
+@pytest.mark.slow
+def test_consolidate_four_ranks(tmp_path: Path) -> None:
+    run_worker("hf", 4, tmp_path, "ckpt")
+    assert len([n for n in os.listdir(tmp_path / "ckpt") if n.startswith("shard-")]) == 4
+    fdcp.consolidate(tmp_path / "model.safetensors", tmp_path / "ckpt", world_size=4)
+    assert sha(tmp_path / "model.safetensors") == sha(tmp_path / "ref.safetensors")
+
+
+def test_row_major_blocks_are_bounded_and_in_order() -> None:
+    import torch
+
+    from filecord._torch_stream import row_major_blocks
+    t = torch.arange(64 * 48, dtype=torch.float32).reshape(64, 48)[::2, 1::3]  # a strided view
+    blocks = list(row_major_blocks(t, 1024))
+    assert len(blocks) > 1
+    assert all(b.is_contiguous() and b.numel() * 4 <= 1024 for b in blocks)
+    assert torch.equal(torch.cat([b.reshape(-1) for b in blocks]), t.contiguous().reshape(-1))
+    base = torch.arange(10.0)
+    assert [b.data_ptr() for b in row_major_blocks(base, 8)] == [base.data_ptr()]  # no copy
 
 
 def test_consolidate_consume_moves(hf_shards: Path, tmp_path: Path) -> None:
