@@ -29,7 +29,7 @@ from torch.distributed.tensor import (
 )
 
 import filecord.dcp as fdcp
-from filecord import _sys
+from filecord._io import syscalls as _sys
 
 
 def sha(path: str) -> str:

@@ -216,7 +216,7 @@ def test_consolidate_four_ranks(tmp_path: Path) -> None:
 def test_row_major_blocks_are_bounded_and_in_order() -> None:
     import torch
 
-    from filecord._torch_stream import row_major_blocks
+    from filecord._kit.torch_stream import row_major_blocks
     t = torch.arange(64 * 48, dtype=torch.float32).reshape(64, 48)[::2, 1::3]  # a strided view
     blocks = list(row_major_blocks(t, 1024))
     assert len(blocks) > 1
@@ -240,7 +240,7 @@ def test_consolidate_consume_moves(hf_shards: Path, tmp_path: Path) -> None:
 KILL_MID_MOVE = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[3])
-from filecord import _sys
+from filecord._io import syscalls as _sys
 import filecord.dcp as fdcp
 
 class Killer(_sys.Backend):

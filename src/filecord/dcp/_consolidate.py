@@ -32,10 +32,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from filecord import _sys
-from filecord._cord import Cord
-from filecord._data import FileBackedData
-from filecord._report import SaveReport
+from filecord._io import syscalls as _sys
+from filecord._pieces.cord import Cord
+from filecord._pieces.data import FileBackedData
+from filecord._plan.report import SaveReport
 from filecord._save import save
 from filecord.dcp import _layout
 from filecord.dcp.errors import ShardSetError

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from filecord import _sys
+from filecord._io import syscalls as _sys
 from filecord.dcp.errors import UnsupportedStateError
 from filecord.safetensors._read import SafetensorsFile, read_safetensors
 from filecord.safetensors._torch import torch_dtype

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from filecord._report import SaveReport
+from filecord._plan.report import SaveReport
 from filecord.dcp._writer import SafetensorsWriter
 from filecord.dcp.errors import UnsupportedStateError
 

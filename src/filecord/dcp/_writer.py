@@ -24,7 +24,7 @@ coordinator ``prepare_global_plan`` (inside a gather/scatter: its return value, 
    carries only its own items' offsets.
 3. ``write_data`` (each rank) opens the temps ``O_WRONLY`` (no create, no truncate), writes
    each chunk's runs with ``pwrite`` straight from the tensor's memory (a view or an off-host
-   tensor is staged through bounded row-major blocks, ``_torch_stream.row_major_blocks``),
+   tensor is staged through bounded row-major blocks, ``_kit.torch_stream.row_major_blocks``),
    fsyncs, and returns per item the bytes written and a CRC-32 of the chunk's bytes.
 4. ``finish`` (coordinator) checks that the results cover every planned item with the planned
    byte counts, fsyncs the temps, and commits them with ONE ``filecord.save_many``
@@ -59,13 +59,15 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from filecord import _lockfile, _names, _sys
-from filecord._cord import Cord
-from filecord._data import CHUNK, FileBackedData
-from filecord._preflight import CordLike, Target
-from filecord._report import SaveReport
+from filecord import _lockfile
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
+from filecord._kit.torch_stream import host_view, row_major_blocks
+from filecord._pieces.cord import Cord
+from filecord._pieces.data import CHUNK, FileBackedData
+from filecord._plan.preflight import CordLike, Target
+from filecord._plan.report import SaveReport
 from filecord._save import save_many
-from filecord._torch_stream import host_view, row_major_blocks
 from filecord.dcp import _layout
 from filecord.dcp.errors import UnsupportedStateError
 from filecord.safetensors._torch import _DTYPES, parse_shard_size
