@@ -217,6 +217,9 @@ class SafetensorsWriter(StorageWriter):
                 "cached plans (enable_plan_caching=True) would reuse an earlier save's temp "
                 "files; use a planner without plan caching; nothing was written")
         specs = _layout.merge_specs([_spec(i) for p in plans for i in p.items])
+        if not specs and self.max_shard_size is not None:
+            raise UnsupportedStateError("an empty state dict makes no shards (save_sharded "
+                                        "writes nothing for it); nothing was written")
         boxes = [_box(i, r) for r, p in enumerate(plans) for i in p.items]
         _layout.check_tiling(specs, boxes)
         lay = _layout.layout(specs, self._order, self.metadata, self.max_shard_size,
