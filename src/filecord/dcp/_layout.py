@@ -150,6 +150,12 @@ def runs(
     strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
     length = sizes[k] * strides[k] * itemsize
     base = offsets[k] * strides[k]
+    if k == 1:  # the common case (a column shard of a matrix): one run per row, no products
+        step = strides[0] * itemsize
+        first = (base + offsets[0] * strides[0]) * itemsize
+        for i in range(sizes[0]):
+            yield first + i * step, length
+        return
     for index in itertools.product(*(range(o, o + s) for o, s in
                                      zip(offsets[:k], sizes[:k], strict=True))):
         yield (base + sum(i * st for i, st in zip(index, strides, strict=False))) * itemsize, \

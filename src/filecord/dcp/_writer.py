@@ -392,7 +392,9 @@ def _write_item(fd: int, tensor: torch.Tensor, item: WriteItem, place: ItemPlace
                 run_dst, run_left = next(runs)
                 count += 1
             n = min(run_left, len(view) - pos)
-            _sys.write_all(fd, view[pos:pos + n], place.offset + run_dst)
+            piece = view[pos:pos + n]
+            if _sys.pwrite(fd, piece, place.offset + run_dst) != n:  # short: finish it
+                _sys.write_all(fd, piece, place.offset + run_dst)
             run_dst += n
             run_left -= n
             pos += n
