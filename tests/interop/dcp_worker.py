@@ -324,6 +324,30 @@ def scenario_plain(rank: int, world: int, out: str, arg: str) -> dict[str, Any]:
     return {"caught": caught[:800]}
 
 
+class NoFallocate(_sys.Backend):
+    def allocate(self, fd: int, offset: int, length: int) -> None:
+        raise OSError(95, "Operation not supported")  # EOPNOTSUPP, as on NFSv3 or FAT
+
+
+def scenario_nofalloc(rank: int, world: int, out: str, arg: str) -> dict[str, Any]:
+    """A file system without fallocate(2): the size by ftruncate, the same bytes."""
+    import logging
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logging.getLogger("filecord").addHandler(Keep())
+    sd = {"w": torch.arange(48.0).reshape(6, 8), "i": torch.arange(5)}
+    with _sys.use(NoFallocate()):
+        fdcp.save(sd, os.path.join(out, "model.safetensors"))
+    from safetensors.torch import save_file as st_save_file
+    st_save_file(sd, os.path.join(out, "ref.safetensors"))
+    return {"same": sha(os.path.join(out, "model.safetensors"))
+            == sha(os.path.join(out, "ref.safetensors")), "log": records}
+
+
 def scenario_big(rank: int, world: int, out: str, arg: str) -> dict[str, Any]:
     """A 4 MiB save (for the no-space test)."""
     caught = ""

@@ -154,6 +154,13 @@ def test_no_space_at_preallocation(tmp_path: Path) -> None:
         subprocess.run(["umount", str(mnt)], check=False)
 
 
+def test_no_fallocate_falls_back_to_ftruncate(tmp_path: Path) -> None:
+    run_worker("nofalloc", 1, tmp_path)
+    r = result(tmp_path)
+    assert r["same"] is True
+    assert any("no fallocate(2)" in m and "ftruncate" in m for m in r["log"]), r["log"]
+
+
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
 def test_fsync_order_under_strace(tmp_path: Path) -> None:
     log = tmp_path / "strace.log"
