@@ -344,8 +344,13 @@ def scenario_nofalloc(rank: int, world: int, out: str, arg: str) -> dict[str, An
         fdcp.save(sd, os.path.join(out, "model.safetensors"))
     from safetensors.torch import save_file as st_save_file
     st_save_file(sd, os.path.join(out, "ref.safetensors"))
-    return {"same": sha(os.path.join(out, "model.safetensors"))
-            == sha(os.path.join(out, "ref.safetensors")), "log": records}
+    same = sha(os.path.join(out, "model.safetensors")) == sha(os.path.join(out, "ref.safetensors"))
+    # one writer, two saves (DCP never calls reset() without a checkpoint_id)
+    writer = fdcp.SafetensorsWriter(os.path.join(out, "again.safetensors"))
+    dcp.save(sd, storage_writer=writer)
+    dcp.save(sd, storage_writer=writer)
+    again = sha(os.path.join(out, "again.safetensors")) == sha(os.path.join(out, "ref.safetensors"))
+    return {"same": same, "log": records, "again": again, "left": _listing(out)}
 
 
 def scenario_big(rank: int, world: int, out: str, arg: str) -> dict[str, Any]:

@@ -159,6 +159,8 @@ def test_no_fallocate_falls_back_to_ftruncate(tmp_path: Path) -> None:
     r = result(tmp_path)
     assert r["same"] is True
     assert any("no fallocate(2)" in m and "ftruncate" in m for m in r["log"]), r["log"]
+    assert r["again"] is True  # a writer reused for a second save
+    assert r["left"] == ["again.safetensors", "model.safetensors", "ref.safetensors"]
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")

@@ -83,6 +83,7 @@ class SafetensorsReader(StorageReader):
         md: dict[str, Any] = {}
         storage: dict[MetadataIndex, Stored] = {}
         for f in files:
+            entries = {e.name: e for e in f.header.entries}
             for name, t in f.tensors.items():
                 dtype = _dtype(t)
                 shape = t.shape
@@ -90,7 +91,7 @@ class SafetensorsReader(StorageReader):
                 md[name] = TensorStorageMetadata(
                     TensorProperties(dtype=dtype), torch.Size(shape),
                     [ChunkStorageMetadata(offsets=zeros, sizes=torch.Size(shape))])
-                entry = next(e for e in f.header.entries if e.name == name)
+                entry = entries[name]
                 storage[MetadataIndex(name, zeros)] = Stored(
                     f.path, f.data_start + entry.begin, shape, dtype)
         self.stored = storage

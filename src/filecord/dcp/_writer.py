@@ -224,7 +224,8 @@ class SafetensorsWriter(StorageWriter):
         _layout.check_tiling(specs, boxes)
         lay = _layout.layout(specs, self._order, self.metadata, self.max_shard_size,
                              os.path.basename(self.path))
-        self._layout = lay
+        self._layout = lay  # a writer may serve several saves: each starts afresh here
+        self._temps, self._committed, self.report, self.results = [], False, None, {}
         paths = self._finals(lay)
         self._create(lay, paths)
         out: list[SavePlan] = []
