@@ -172,11 +172,20 @@ def test_fsync_order_under_strace(tmp_path: Path) -> None:
                                         "trace=fsync,fdatasync,rename,renameat,renameat2"])
     assert json.loads((out / "result.json").read_text())["caught"] == ""
     final = str(out / "model.safetensors")
-    events: list[tuple[int, str, str]] = []
+    events: list[tuple[int, str, str]] = []  # (pid, call, arguments), in completion order
+    pending: dict[str, str] = {}
     for line in log.read_text().splitlines():
-        m = re.match(r"(\d+)\s+(\w+)\((.*)\)\s+=\s+0", line)
+        pid, _, rest = line.partition(" ")
+        rest = rest.strip()
+        if rest.endswith("<unfinished ...>"):  # another process's call came in between
+            pending[pid] = rest.removesuffix("<unfinished ...>")
+            continue
+        m = re.match(r"<\.\.\. \w+ resumed>(.*)", rest)
         if m:
-            events.append((int(m.group(1)), m.group(2), m.group(3)))
+            rest = pending.pop(pid, "") + m.group(1)
+        m = re.match(r"(\w+)\((.*)\)\s+=\s+0", rest)
+        if m and pid.isdigit():
+            events.append((int(pid), m.group(1), m.group(2)))
     temp_syncs = [(i, pid) for i, (pid, call, args) in enumerate(events)
                   if call in ("fsync", "fdatasync") and ".partial>" in args]
     final_rename = next(i for i, (_p, call, args) in enumerate(events)
