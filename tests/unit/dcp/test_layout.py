@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import math
 
-import numpy as np
 import pytest
 
 from filecord.dcp._layout import Box, Spec, check_tiling, merge_specs, run_count, runs
@@ -45,18 +45,22 @@ def test_runs_place_every_element_where_row_major_puts_it(
     shape: tuple[int, ...], cuts: tuple[int, ...]
 ) -> None:
     item = 2
-    full = np.arange(int(np.prod(shape))).reshape(shape)
-    owner = np.full(full.size * item, -1)
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    total = math.prod(shape) * item
+    owner = [-1] * total  # which byte of the tensor each file byte holds
     for o, s in _grid_boxes(shape, cuts):
-        chunk = full[tuple(slice(a, a + b) for a, b in zip(o, s, strict=True))].reshape(-1)
-        chunk_bytes = np.repeat(chunk * item, item) + np.tile(np.arange(item), chunk.size)
+        # the chunk's elements in its own row-major order, as global element numbers
+        elements = [sum(i * st for i, st in zip(index, strides, strict=True))
+                    for index in itertools.product(*(range(a, a + b)
+                                                     for a, b in zip(o, s, strict=True)))]
+        chunk_bytes = [e * item + k for e in elements for k in range(item)]
         pos = 0
         for dst, n in runs(shape, o, s, item):
-            assert (owner[dst:dst + n] == -1).all()  # no byte written twice
+            assert owner[dst:dst + n] == [-1] * n  # no byte written twice
             owner[dst:dst + n] = chunk_bytes[pos:pos + n]
             pos += n
-        assert pos == chunk.size * item  # the runs are the chunk's bytes, back to back
-    assert (owner == np.arange(full.size * item)).all()  # every byte at its row-major offset
+        assert pos == len(chunk_bytes)  # the runs are the chunk's bytes, back to back
+    assert owner == list(range(total))  # every byte at its row-major offset
 
 
 SPECS = {"w": Spec("w", DType.F32, (6, 4))}
