@@ -7,6 +7,7 @@ raises fails the spawn (exit status 1).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -306,8 +307,12 @@ def scenario_kill(rank: int, world: int, out: str, arg: str) -> dict[str, Any]:
             if hit:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    with _sys.use(Killer()):
-        fdcp.save(sd, target)
+    if rank == 0:
+        with _sys.use(Killer()):
+            fdcp.save(sd, target)
+    else:  # another rank: it sees the coordinator die (gloo: connection closed)
+        with contextlib.suppress(BaseException):
+            fdcp.save(sd, target)
     return {"finished": True}
 
 
@@ -414,7 +419,8 @@ def _run(rank: int, world: int, scenario: str, out: str, arg: str, port: int) ->
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=20 if scenario == "exit" else 60))
+                            timeout=datetime.timedelta(
+                                seconds=20 if scenario in ("exit", "kill") else 60))
     try:
         res = globals()["scenario_" + scenario](rank, world, out, arg)
         if rank == 0:
@@ -431,7 +437,7 @@ def main() -> None:
     if world == 1:
         _run(0, 1, scenario, out, arg, _free_port())
         return
-    if scenario == "exit":  # mp.spawn would kill rank 0 as soon as a rank dies: own processes
+    if scenario in ("exit", "kill"):  # mp.spawn kills the others when one dies: own processes
         port = _free_port()
         ranks = [mp.get_context("spawn").Process(target=_run,
                                                  args=(r, world, scenario, out, arg, port))

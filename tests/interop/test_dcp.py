@@ -112,10 +112,11 @@ def _old_target(tmp_path: Path) -> Path:
     return target
 
 
-@pytest.mark.parametrize("point", ["rename:journal", "rename:adopt"])
-def test_coordinator_killed_before_commit(tmp_path: Path, point: str) -> None:
+@pytest.mark.parametrize(("point", "world"), [("rename:journal", 1), ("rename:adopt", 1),
+                                             ("rename:adopt", 2)])
+def test_coordinator_killed_before_commit(tmp_path: Path, point: str, world: int) -> None:
     target = _old_target(tmp_path)
-    proc = run_worker("kill", 1, tmp_path, point, check=False)
+    proc = run_worker("kill", world, tmp_path, point, check=False)
     assert proc.returncode != 0
     assert target.read_bytes() == OLD
     assert len(os.listdir(tmp_path)) > 1  # the dead save's files are there
