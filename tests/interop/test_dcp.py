@@ -322,3 +322,14 @@ def test_consolidate_refuses_missing_and_stale(hf_shards: Path, tmp_path: Path) 
         fdcp.consolidate(tmp_path / "d.safetensors", ckpt)
     for d in "abcd":
         assert not (tmp_path / f"{d}.safetensors").exists()
+
+
+def test_consolidate_consume_keeps_shards_on_a_bad_one(hf_shards: Path, tmp_path: Path) -> None:
+    ckpt = _copy(hf_shards, tmp_path / "ckpt")
+    names = sorted(n for n in os.listdir(ckpt) if n.startswith("shard-"))
+    before = {n: sha(ckpt / n) for n in names}
+    (ckpt / "shard-00003-model-00001-of-00001.safetensors").write_bytes(b"\x10" + bytes(7))
+    with pytest.raises(filecord.FormatError):
+        fdcp.consolidate(tmp_path / "out.safetensors", ckpt, consume=True)
+    assert {n: sha(ckpt / n) for n in names} == before  # nothing consumed, nothing deleted
+    assert not (tmp_path / "out.safetensors").exists()

@@ -132,8 +132,10 @@ def consolidate(
     """
     directory = os.fspath(checkpoint_dir)
     shards = _shards(directory, world_size)
-    files = [read_file(p, owned=consume) for _, p in shards]
+    files: list[SafetensorsFile] = []
     try:
+        for _, p in shards:  # owned files are deleted when dropped: detached on any failure
+            files.append(read_file(p, owned=consume))
         report = _consolidate(os.fspath(out), shards, files, consume=consume, expect=expect,
                               metadata=metadata)
     finally:
