@@ -232,6 +232,15 @@ def test_consolidate_four_ranks(tmp_path: Path) -> None:
     assert sha(tmp_path / "model.safetensors") == sha(tmp_path / "ref.safetensors")
 
 
+def test_argument_order_is_checked(tmp_path: Path) -> None:
+    import torch
+    with pytest.raises(TypeError, match="state dict first"):
+        fdcp.save(str(tmp_path / "model.safetensors"), {"w": torch.ones(2)})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="output first"):
+        fdcp.consolidate(tmp_path, tmp_path / "model.safetensors")
+    assert os.listdir(tmp_path) == []
+
+
 def test_row_major_blocks_are_bounded_and_in_order() -> None:
     import torch
 

@@ -131,6 +131,9 @@ def consolidate(
     output and removes the shards after the commit (a failure leaves them whole).
     """
     directory = os.fspath(checkpoint_dir)
+    if directory.endswith(".safetensors"):
+        raise ValueError(f"consolidate(out, checkpoint_dir) takes the output first; "
+                         f"{directory!r} looks like the output; nothing was written")
     shards = _shards(directory, world_size)
     files: list[SafetensorsFile] = []
     try:

@@ -31,10 +31,15 @@ def save(
 ) -> SaveReport | None:
     """Save a (distributed) state dict as one safetensors file, or shards with ``max_shard_size``.
 
-    Call it on every rank with the same arguments.  Returns the commit's report on the
+    The state dict comes first, as in ``torch.distributed.checkpoint.save`` (a drop-in keeps
+    its library's order; filecord's own writers take the destination first).  Call it on every
+    rank with the same arguments.  Returns the commit's report on the
     coordinator, None elsewhere.  Any failure on any rank raises on every rank (torch's
     ``CheckpointException``, a ``BaseException``) after the coordinator removed the temps.
     """
+    if isinstance(state_dict, (str, os.PathLike)) or not isinstance(state_dict, Mapping):
+        raise TypeError("filecord.dcp.save(state_dict, path) takes the state dict first, as "
+                        "torch.distributed.checkpoint.save does; nothing was written")
     if getattr(planner, "_enable_plan_caching", False):  # DefaultSavePlanner's flag
         raise UnsupportedStateError(
             "a planner with enable_plan_caching=True reuses an earlier save's plans and temp "
