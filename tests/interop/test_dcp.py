@@ -25,6 +25,7 @@ pytest.importorskip("safetensors")
 
 import filecord
 import filecord.dcp as fdcp
+from filecord.errors import FormatError
 
 pytestmark = pytest.mark.interop
 WORKER = Path(__file__).with_name("dcp_worker.py")
@@ -338,7 +339,7 @@ def test_consolidate_consume_keeps_shards_on_a_bad_one(hf_shards: Path, tmp_path
     names = sorted(n for n in os.listdir(ckpt) if n.startswith("shard-"))
     before = {n: sha(ckpt / n) for n in names}
     (ckpt / "shard-00003-model-00001-of-00001.safetensors").write_bytes(b"\x10" + bytes(7))
-    with pytest.raises(filecord.FormatError):
+    with pytest.raises(FormatError):
         fdcp.consolidate(tmp_path / "out.safetensors", ckpt, consume=True)
     assert {n: sha(ckpt / n) for n in names} == before  # nothing consumed, nothing deleted
     assert not (tmp_path / "out.safetensors").exists()
