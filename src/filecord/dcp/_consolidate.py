@@ -36,7 +36,7 @@ from filecord._io import syscalls as _sys
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
 from filecord._plan.report import SaveReport
-from filecord._save import save
+from filecord._txn.save import save
 from filecord.dcp import _layout
 from filecord.dcp.errors import ShardSetError
 from filecord.safetensors._format import canonical_order, encode_header

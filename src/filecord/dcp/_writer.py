@@ -59,7 +59,6 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from filecord import _lockfile
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._kit.torch_stream import host_view, row_major_blocks
@@ -67,7 +66,8 @@ from filecord._pieces.cord import Cord
 from filecord._pieces.data import CHUNK, FileBackedData
 from filecord._plan.preflight import CordLike, Target
 from filecord._plan.report import SaveReport
-from filecord._save import save_many
+from filecord._txn import liveness
+from filecord._txn.save import save_many
 from filecord.dcp import _layout
 from filecord.dcp.errors import UnsupportedStateError
 from filecord.safetensors._torch import _DTYPES, parse_shard_size
@@ -292,7 +292,7 @@ class SafetensorsWriter(StorageWriter):
         remove_files(stale)
         lock, fd = self._lock
         self._lock = None
-        _lockfile.release(lock, fd)
+        liveness.release(lock, fd)
 
     def storage_meta(self) -> None:
         return None
@@ -308,7 +308,7 @@ class SafetensorsWriter(StorageWriter):
         lock = _names.sibling(paths[0], token, _names.LOCK)
         journal = _names.sibling(paths[0], token, _names.JOURNAL)
         self._token = token
-        fd = _lockfile.create(lock, os.fsencode(journal) + b"\n")
+        fd = liveness.create(lock, liveness.pointer_record(journal))
         self._lock = (lock, fd)
         try:
             for f, final in zip(lay.files, paths, strict=True):
@@ -355,7 +355,7 @@ class SafetensorsWriter(StorageWriter):
         if self._lock is not None:
             lock, fd = self._lock
             self._lock = None
-            _lockfile.release(lock, fd)
+            liveness.release(lock, fd)
 
 
 def _preallocate(fd: int, size: int, path: str) -> None:
