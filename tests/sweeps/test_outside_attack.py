@@ -69,7 +69,7 @@ def _env() -> dict[str, str]:
 
 def make_tree(d: Path, seed: int) -> dict[str, bytes]:
     """The sources and the old out3; returns every file's bytes (the pristine state)."""
-    rnd = random.Random(seed)
+    rnd = random.Random(seed)  # noqa: S311 - test data, not secrets
     (d / "src").mkdir(parents=True)
     a, w, u = rnd.randbytes(300_000), rnd.randbytes(200_000), rnd.randbytes(5000)
     size = 2_000_000
@@ -117,7 +117,8 @@ def judge(d: Path, files: dict[str, bytes]) -> str:
     return "neither: " + repr({k: len(v) for k, v in sorted(now.items())})
 
 
-def run_save(d: Path, tmp: Path, kill_at: int, window: int = 4096) -> subprocess.CompletedProcess[bytes]:
+def run_save(d: Path, tmp: Path, kill_at: int,
+             window: int = 4096) -> subprocess.CompletedProcess[bytes]:
     child = tmp / "child.py"
     if not child.exists():
         child.write_text(CHILD)
@@ -211,7 +212,8 @@ def test_refusal_for_a_missing_parked_source_touches_nothing(tmp_path: Path) -> 
     parked(d, "S.bin").rename(tmp_path / "aside.bin")  # a user moved the odd hidden file away
     before = full_snap(d)
     rc, out = cli_recover(d)
-    assert rc == 1 and "refused" in out, out
+    assert rc == 1, out
+    assert "refused" in out, out
     assert full_snap(d) == before, "a refusal changed the directory: " + repr(
         sorted(set(before) ^ set(full_snap(d))))
     assert journal.exists()
@@ -327,7 +329,8 @@ def killed_after_commit(tmp: Path, name: str, seed: int) -> tuple[Path, dict[str
 
 
 def temp_of(d: Path, base: str) -> Path:
-    found = [p for p in d.iterdir() if p.name.startswith(f".{base}.") and p.name.endswith(".partial")]
+    found = [p for p in d.iterdir()
+             if p.name.startswith(f".{base}.") and p.name.endswith(".partial")]
     assert len(found) == 1
     return found[0]
 
@@ -361,7 +364,8 @@ def test_committed_source_appended_after_commit_is_kept(tmp_path: Path) -> None:
     with open(parked(d, "A.bin"), "ab") as f:
         f.write(b"NEW USER DATA")
     rc, out = cli_recover(d)
-    assert rc == 1 and "kept" in out, out
+    assert rc == 1, out
+    assert "kept" in out, out
     assert (d / "src/A.bin").read_bytes() == b"NEW USER DATA"
     want = done_state(files)
     assert {k: v for k, v in contents(d).items() if k != "src/A.bin"} == want
@@ -380,7 +384,7 @@ def test_committed_recover_finishes_exactly(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kill_at", [1, 40, 150, 300, 420, 540])
+@pytest.mark.parametrize("kill_at", [1, 150, 300, 540])
 def test_sigkill_then_recover_twice_is_all_or_nothing(tmp_path: Path, kill_at: int) -> None:
     d = tmp_path / "t"
     files = make_tree(d, kill_at)
@@ -394,20 +398,22 @@ def test_sigkill_then_recover_twice_is_all_or_nothing(tmp_path: Path, kill_at: i
     assert r.returncode != 0 or state == "done"
     for sub in (d, d / "src"):
         rc, out = cli_recover(sub)
-        assert rc == 0 and "nothing to recover" in out, out
+        assert rc == 0, out
+        assert "nothing to recover" in out, out
     assert judge(d, files) == state
 
 
 def test_sigkill_at_random_times_then_recover(tmp_path: Path) -> None:
-    rnd = random.Random(22)
+    rnd = random.Random(22)  # noqa: S311 - kill times, not secrets
     seen: dict[str, int] = {}
-    for i in range(3):
+    for i in range(2):
         d = tmp_path / f"r{i}"
         files = make_tree(d, 100 + i)
         (tmp_path / "child.py").write_text(CHILD)
         p = subprocess.Popen([sys.executable, str(tmp_path / "child.py"), str(d), "4096", "0"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
-        assert p.stdout is not None and p.stdout.readline() == b"go\n"
+        assert p.stdout is not None
+        assert p.stdout.readline() == b"go\n"
         time.sleep(rnd.uniform(0.0, 0.5))
         p.kill()
         p.communicate()
@@ -484,7 +490,8 @@ def test_crafted_journal_is_refused_and_nothing_changes(tmp_path: Path, case: st
     rewrite(journal, REFUSED[case])
     before = full_snap(d)
     rc, out = cli_recover(d)
-    assert rc == 1 and "refused" in out, out
+    assert rc == 1, out
+    assert "refused" in out, out
     assert full_snap(d) == before
 
 
@@ -551,20 +558,80 @@ def test_parked_source_replaced_by_a_same_size_file_is_refused(tmp_path: Path) -
 
 
 def test_recover_races_a_live_save(tmp_path: Path) -> None:
+    import filecord
+    from filecord.errors import RecoverError
+
     d = tmp_path / "t"
     files = make_tree(d, 9)
     (tmp_path / "child.py").write_text(CHILD)
     p = subprocess.Popen([sys.executable, str(tmp_path / "child.py"), str(d), "4096", "0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
-    races = 0
+    assert p.stdout is not None
+    assert p.stdout.readline() == b"go\n"
+    outcomes: dict[str, int] = {}
     while p.poll() is None:
         for sub in (d, d / "src"):
-            rc, out = cli_recover(sub)
-            assert rc in (0, 1), out
-            races += 1
+            try:  # another process: flock contends as a start-up recover's would
+                got = [r.action for r in filecord.recover(sub)]
+            except RecoverError as e:  # refusing, touching nothing, is allowed while it runs
+                got = ["refused:" + str(e)[:40]]
+            except FileNotFoundError:
+                got = ["vanished"]
+            for a in got or ["nothing"]:
+                outcomes[a.split(":")[0]] = outcomes.get(a.split(":")[0], 0) + 1
+            assert all(a in ("skipped", "nothing", "vanished") or a.startswith("refused")
+                       for a in got or ["nothing"]), got
     assert p.returncode == 0, p.communicate()
     assert judge(d, files) == "done"
-    print("recover raced the live save", races, "times")
+    print("recover raced the live save:", outcomes)
+
+
+def test_journal_of_another_save_copied_in_is_refused_and_kept(tmp_path: Path) -> None:
+    da, _fa, ja = killed(tmp_path, "a", 7, KILL_MID_S)
+    db, fb, _jb = killed(tmp_path, "b", 8, 200)
+    shutil.copy(ja, db / ja.name)
+    a_before = full_snap(da)
+    rc, out = cli_recover(db)
+    assert rc == 1, out  # B's own save rolled back, A's journal refused
+    assert full_snap(da) == a_before
+    assert {k: v for k, v in contents(db).items() if k != ja.name} == fb
+    assert (db / ja.name).read_bytes() == ja.read_bytes()
+
+
+def test_lock_files_swapped_between_saves_are_refused(tmp_path: Path) -> None:
+    da, _fa, _ja = killed(tmp_path, "a", 7, KILL_MID_S)
+    db, _fb, _jb = killed(tmp_path, "b", 8, 200)
+    la = next(p for p in da.iterdir() if p.name.endswith(".filecord-lock"))
+    lb = next(p for p in db.iterdir() if p.name.endswith(".filecord-lock"))
+    ba, bb = la.read_bytes(), lb.read_bytes()
+    la.write_bytes(bb)
+    lb.write_bytes(ba)
+    before = full_snap(tmp_path)
+    for d in (da, db):
+        rc, out = cli_recover(d)
+        assert rc == 1, out
+    assert full_snap(tmp_path) == before
+
+
+@pytest.mark.parametrize("kill_at", [1, 300, 600])
+def test_a_source_used_whole_and_again_elsewhere_is_not_adopted_away(tmp_path: Path,
+                                                                    kill_at: int) -> None:
+    d = tmp_path / "t"
+    files = make_tree(d, kill_at)
+    child = tmp_path / "twice.py"
+    child.write_text(CHILD.replace(
+        'Cord([b"hdr1", A, S])',
+        'Cord([b"hdr1", A, S, FileBackedData(os.path.join(d, "src/W.bin"), owned=True)])'))
+    r = subprocess.run([sys.executable, str(child), str(d), "4096", str(kill_at)],
+                       capture_output=True, env=_env(), timeout=120)
+    for sub in (d, d / "src"):
+        rc, out = cli_recover(sub)
+        assert rc == 0, out
+    want = done_state(files)
+    want["out1.bin"] += files["src/W.bin"]
+    now = contents(d)
+    assert now in (files, want), {k: len(v) for k, v in now.items()}
+    assert r.returncode == -signal.SIGKILL or now == want
 
 
 def test_thousands_of_stray_journals_are_refused_quickly(tmp_path: Path) -> None:
@@ -575,7 +642,7 @@ def test_thousands_of_stray_journals_are_refused_quickly(tmp_path: Path) -> None
     (d / "keep.bin").write_bytes(b"user")
     before = full_snap(d)
     t0 = time.monotonic()
-    rc, out = cli_recover(d, timeout=120)
+    rc, _out = cli_recover(d, timeout=120)
     assert rc == 1
     assert full_snap(d) == before
     print("2000 stray journals refused in", round(time.monotonic() - t0, 1), "s")
