@@ -1,0 +1,316 @@
+"""Outside attack on the format operations (safetensors/GGUF/.ptd merge, reshard, convert) and
+their reports, from the promise in README.md and docs/guarantees.md: "a kept checkpoint stays
+loadable through its index", "an input ``*.index.json`` [is deleted] right after [the commit],
+and only when every shard it names was consumed", and the GGUF split set as one input.
+
+Every ``xfail(strict=True)`` test fails today and names the finding; the fix flips it.  The
+plain tests beside them are controls: the same scenario without the attack, which holds today.
+Files are written by hand (safetensors) or by gguf-py (GGUF), so the expected bytes do not come
+from filecord's own writer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from filecord.safetensors import merge
+
+# --- safetensors files written by hand: 8-byte header length, JSON header, data --------------
+
+
+def _tensor_bytes(seed: int, i: int) -> bytes:
+    return hashlib.sha256(f"{seed}-{i}".encode()).digest()  # 32 bytes: F32[8]
+
+
+def _write_st(path: Path, seed: int, n: int = 4) -> dict[str, bytes]:
+    """A safetensors file of ``n`` F32[8] tensors ``t{seed}.{i}``; returns name -> bytes."""
+    data = {f"t{seed}.{i}": _tensor_bytes(seed, i) for i in range(n)}
+    header: dict[str, object] = {}
+    off = 0
+    for name, blob in data.items():
+        header[name] = {"dtype": "F32", "shape": [8], "data_offsets": [off, off + len(blob)]}
+        off += len(blob)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(data.values()))
+    return data
+
+
+def _read_st(path: Path) -> dict[str, bytes]:
+    """Every tensor of a safetensors file, by name (parsed here, not by filecord)."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack_from("<Q", raw)
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    base = 8 + n
+    return {k: raw[base + v["data_offsets"][0]:base + v["data_offsets"][1]]
+            for k, v in header.items()}
+
+
+def _checkpoint(directory: Path, seeds: tuple[int, ...] = (0, 1)) -> tuple[Path, dict[str, bytes]]:
+    """A sharded checkpoint: one shard per seed and ``model.safetensors.index.json``."""
+    directory.mkdir(parents=True)
+    every: dict[str, bytes] = {}
+    weight_map: dict[str, str] = {}
+    for s in seeds:
+        shard = f"shard{s}.safetensors"
+        tensors = _write_st(directory / shard, s)
+        every.update(tensors)
+        weight_map.update(dict.fromkeys(tensors, shard))
+    index = directory / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return index, every
+
+
+def _loads_through(index: Path) -> dict[str, bytes]:
+    """What the kept checkpoint holds when loaded through its index (parsed here): every
+    tensor, from the shard the index names.  Raises FileNotFoundError for a missing shard."""
+    weight_map = json.loads(index.read_text())["weight_map"]
+    out: dict[str, bytes] = {}
+    for shard in sorted(set(weight_map.values())):
+        tensors = _read_st(index.parent / shard)
+        out.update({k: v for k, v in tensors.items() if weight_map.get(k) == shard})
+    return out
+
+
+def _needs(tool: str) -> None:
+    if os.geteuid() != 0 or shutil.which(tool) is None:
+        pytest.skip(f"needs root and {tool}")
+
+
+# --- finding 1: an immutable (or append-only) index keeps, its shards are consumed ------------
+
+
+@pytest.mark.parametrize("attr", ["i", "a"])
+@pytest.mark.xfail(strict=True, reason="attack: a consuming merge of a checkpoint whose index is "
+                   "chattr +i/+a keeps the index but moves and deletes every shard it names, so "
+                   "the kept index no longer loads")
+def test_an_immutable_index_keeps_a_loadable_checkpoint(tmp_path: Path, attr: str) -> None:
+    _needs("chattr")
+    index, every = _checkpoint(tmp_path / "ckpt")
+    subprocess.run(["chattr", f"+{attr}", str(index)], check=True)
+    try:
+        report = merge(tmp_path / "m.safetensors", [index], consume=True)
+        assert _read_st(tmp_path / "m.safetensors") == every  # the output is whole
+        kept = {os.path.basename(k.path): k.reason.name for k in report.kept}
+        assert kept.get(index.name) == "IMMUTABLE"  # the index is kept (today too) ...
+        assert _loads_through(index) == every  # ... and must still load: its shards stay
+    finally:
+        subprocess.run(["chattr", f"-{attr}", str(index)], check=False)
+
+
+def test_control_a_plain_index_is_consumed_with_its_shards(tmp_path: Path) -> None:
+    index, every = _checkpoint(tmp_path / "ckpt")
+    dry = merge(tmp_path / "m.safetensors", [index], consume=True, dry_run=True)
+    assert dry.removed == (str(index),)
+    assert dry.kept == ()
+    report = merge(tmp_path / "m.safetensors", [index], consume=True)
+    assert _read_st(tmp_path / "m.safetensors") == every
+    assert report.removed == (str(index),)
+    assert report.kept == ()
+    assert list(index.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("how", ["immutable", "hard-linked"])
+@pytest.mark.xfail(strict=True, reason="attack: a consuming merge of a checkpoint with one shard "
+                   "it must keep (chattr +i, another hard link) keeps that shard and the index "
+                   "but deletes the sibling shards, so the kept index no longer loads")
+def test_one_kept_shard_keeps_a_loadable_checkpoint(tmp_path: Path, how: str) -> None:
+    index, every = _checkpoint(tmp_path / "ckpt")
+    shard = index.parent / "shard1.safetensors"
+    before = shard.read_bytes()
+    if how == "immutable":
+        _needs("chattr")
+        subprocess.run(["chattr", "+i", str(shard)], check=True)
+    else:
+        os.link(shard, tmp_path / "backup.safetensors")
+    try:
+        report = merge(tmp_path / "m.safetensors", [index], consume=True)
+        assert _read_st(tmp_path / "m.safetensors") == every
+        kept = {os.path.basename(k.path): k.reason.name for k in report.kept}
+        assert kept == {shard.name: "IMMUTABLE" if how == "immutable" else "HARD_LINKED",
+                        index.name: "SHARDS_KEPT"}
+        assert shard.read_bytes() == before  # holds today
+        assert _loads_through(index) == every  # fails today: shard0.safetensors was deleted
+    finally:
+        if how == "immutable":
+            subprocess.run(["chattr", "-i", str(shard)], check=False)
+
+
+def test_control_a_hugging_face_style_all_symlink_checkpoint_stays_loadable(
+        tmp_path: Path) -> None:
+    """Every file of the checkpoint is a symlink into a blob store: nothing is taken, the
+    index still loads, byte-exact."""
+    index, every = _checkpoint(tmp_path / "plain")
+    blobs, snap = tmp_path / "blobs", tmp_path / "snap"
+    blobs.mkdir()
+    snap.mkdir()
+    for f in sorted(index.parent.iterdir()):
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        os.replace(f, blobs / digest)
+        (snap / f.name).symlink_to(os.path.relpath(blobs / digest, snap))
+    report = merge(tmp_path / "m.safetensors", [snap / index.name], consume=True)
+    assert _read_st(tmp_path / "m.safetensors") == every
+    kept = {os.path.basename(k.path): k.reason.name for k in report.kept}
+    assert kept == {"shard0.safetensors": "SYMLINK", "shard1.safetensors": "SYMLINK",
+                    index.name: "SHARDS_KEPT"}
+    assert _loads_through(snap / index.name) == every
+
+
+# --- finding 2: an index reached through a symlink keeps, its real shards are consumed -------
+
+
+@pytest.mark.xfail(strict=True, reason="attack: a consuming merge given an index that is a "
+                   "symlink (to a real index beside it) keeps the link as SYMLINK but deletes "
+                   "every shard it names, so neither the link nor its target loads")
+def test_a_symlinked_index_keeps_a_loadable_checkpoint(tmp_path: Path) -> None:
+    index, every = _checkpoint(tmp_path / "ckpt")
+    real = index.parent / "real.index.json"
+    os.replace(index, real)
+    index.symlink_to(real.name)
+    report = merge(tmp_path / "m.safetensors", [index], consume=True)
+    assert _read_st(tmp_path / "m.safetensors") == every
+    kept = {os.path.basename(k.path): k.reason.name for k in report.kept}
+    assert kept.get(index.name) == "SYMLINK"
+    assert _loads_through(index) == every
+
+
+# --- finding 3: GGUF split set whose first shard is kept loses its other shards --------------
+
+gguf = pytest.importorskip("gguf")
+import numpy as np  # noqa: E402  (gguf brings numpy)
+
+import filecord.gguf as fg  # noqa: E402
+
+
+def _split_set(directory: Path) -> list[Path]:
+    """A three-shard GGUF split set written by gguf-py (two tensors per shard)."""
+    directory.mkdir(parents=True)
+    w = gguf.GGUFWriter(str(directory / "m.gguf"), "llama", split_max_tensors=2)
+    w.add_string("general.name", "tiny")
+    for i in range(6):
+        w.add_tensor(f"blk.{i}.w", np.arange(16 * (i + 1), dtype=np.float32) + i)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    shards = sorted(directory.iterdir())
+    assert [p.name for p in shards] == [f"m-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    return shards
+
+
+def _one_file(directory: Path) -> bytes:
+    directory.mkdir(parents=True)
+    w = gguf.GGUFWriter(str(directory / "m.gguf"), "llama")
+    w.add_string("general.name", "tiny")
+    for i in range(6):
+        w.add_tensor(f"blk.{i}.w", np.arange(16 * (i + 1), dtype=np.float32) + i)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return (directory / "m.gguf").read_bytes()
+
+
+@pytest.mark.parametrize("how", ["immutable", "symlink"])
+@pytest.mark.xfail(strict=True, reason="attack: a consuming GGUF merge of a split set whose first "
+                   "shard cannot be taken (chattr +i, or a symlink) keeps that shard but deletes "
+                   "shards 2..N, so the kept split set no longer loads")
+def test_gguf_a_kept_first_shard_keeps_a_loadable_split_set(tmp_path: Path, how: str) -> None:
+    want = _one_file(tmp_path / "ref")
+    shards = _split_set(tmp_path / "src")
+    if how == "immutable":
+        _needs("chattr")
+        subprocess.run(["chattr", "+i", str(shards[0])], check=True)
+    else:
+        real = shards[0].with_name("real.gguf")
+        os.replace(shards[0], real)
+        shards[0].symlink_to(real.name)
+    try:
+        report = fg.merge(tmp_path / "o.gguf", [shards[0]], consume=True)
+        assert (tmp_path / "o.gguf").read_bytes() == want
+        assert [os.path.basename(k.path) for k in report.kept] == [shards[0].name]
+        fg.merge(tmp_path / "again.gguf", [shards[0]])  # the kept set still loads
+        assert (tmp_path / "again.gguf").read_bytes() == want
+    finally:
+        if how == "immutable":
+            subprocess.run(["chattr", "-i", str(shards[0])], check=False)
+
+
+def test_gguf_control_a_split_set_is_consumed_whole(tmp_path: Path) -> None:
+    want = _one_file(tmp_path / "ref")
+    shards = _split_set(tmp_path / "src")
+    report = fg.merge(tmp_path / "o.gguf", [shards[0]], consume=True)
+    assert (tmp_path / "o.gguf").read_bytes() == want
+    assert report.kept == ()
+    assert list((tmp_path / "src").iterdir()) == []
+
+
+# --- finding 4: an index replaced while the merge runs is unlinked after the commit ----------
+
+
+def _replace_index_at_the_end(index: Path, text: str) -> Callable[[int, int], None]:
+    """A progress callback that, at 100 % (before the commit), does what another process
+    writing a new checkpoint does: atomically replaces the index."""
+    def progress(done: int, total: int) -> None:
+        if done == total:
+            tmp = index.with_name("new.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, index)
+    return progress
+
+
+@pytest.mark.xfail(strict=True, reason="attack: an index replaced during a consuming merge (now "
+                   "naming a shard the merge never read) is unlinked after the commit and "
+                   "reported removed: the kept shard loses its index")
+def test_an_index_replaced_during_the_merge_is_not_removed(tmp_path: Path) -> None:
+    index, every = _checkpoint(tmp_path / "ckpt")
+    other = _write_st(index.parent / "shard2.safetensors", 2)  # never an input
+    new_index = json.dumps({"metadata": {},
+                            "weight_map": dict.fromkeys(other, "shard2.safetensors")})
+    report = merge(tmp_path / "m.safetensors", [index], consume=True,
+                   progress=_replace_index_at_the_end(index, new_index))
+    assert _read_st(tmp_path / "m.safetensors") == every
+    assert (index.parent / "shard2.safetensors").exists()  # holds today: not an input
+    assert str(index) not in report.removed
+    assert index.read_text() == new_index  # the other writer's index, untouched
+    assert _loads_through(index) == other
+
+
+def test_control_an_index_rewritten_identically_during_the_merge_is_removed(
+        tmp_path: Path) -> None:
+    """The same interleaving with the same text: nothing of value is lost by removing it (the
+    shards it names were consumed), and the report says so."""
+    index, every = _checkpoint(tmp_path / "ckpt")
+    report = merge(tmp_path / "m.safetensors", [index], consume=True,
+                   progress=_replace_index_at_the_end(index, index.read_text()))
+    assert _read_st(tmp_path / "m.safetensors") == every
+    assert report.removed == (str(index),)
+    assert list(index.parent.iterdir()) == []
+
+
+@pytest.mark.xfail(strict=True, reason="attack: a consuming GGUF merge of a split set with an "
+                   "immutable middle shard keeps it but deletes the shards around it, so the "
+                   "kept split set no longer loads")
+def test_gguf_a_kept_middle_shard_keeps_a_loadable_split_set(tmp_path: Path) -> None:
+    _needs("chattr")
+    want = _one_file(tmp_path / "ref")
+    shards = _split_set(tmp_path / "src")
+    subprocess.run(["chattr", "+i", str(shards[1])], check=True)
+    try:
+        report = fg.merge(tmp_path / "o.gguf", [shards[0]], consume=True)
+        assert (tmp_path / "o.gguf").read_bytes() == want
+        assert [os.path.basename(k.path) for k in report.kept] == [shards[1].name]
+        assert shards[0].exists()  # fails today: deleted
+        assert shards[2].exists()
+    finally:
+        subprocess.run(["chattr", "-i", str(shards[1])], check=False)
