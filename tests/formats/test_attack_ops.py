@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from filecord.safetensors import merge
+from filecord.safetensors import merge, reshard
 
 # --- safetensors files written by hand: 8-byte header length, JSON header, data --------------
 
@@ -314,3 +314,85 @@ def test_gguf_a_kept_middle_shard_keeps_a_loadable_split_set(tmp_path: Path) -> 
         assert shards[2].exists()
     finally:
         subprocess.run(["chattr", "-i", str(shards[1])], check=False)
+
+
+# --- finding 5: a new file at a consumed input's (freed) name is reported as the kept input ---
+
+
+def _write_at_the_end(path: Path, data: bytes) -> Callable[[int, int], None]:
+    """A progress callback that, at 100 % (before the commit), writes a new file at ``path``:
+    while a consuming save runs its sources are parked, so the name is free for another
+    writer (README: "the user's name is free and only this save's token names the file")."""
+    def progress(done: int, total: int) -> None:
+        if done == total:
+            path.write_bytes(data)
+    return progress
+
+
+@pytest.mark.xfail(strict=True, reason="attack: a new file written at a consumed input's name "
+                   "during the merge is reported in OperationReport.kept as that input with "
+                   "NOT_MOVED ('its bytes were copied'), though its bytes were moved and it "
+                   "was deleted")
+def test_a_new_file_at_a_consumed_inputs_name_is_not_reported_as_the_kept_input(
+        tmp_path: Path) -> None:
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    every = {**_write_st(a, 0), **_write_st(b, 1)}
+    report = merge(tmp_path / "m.safetensors", [a, b], consume=True,
+                   progress=_write_at_the_end(a, b"NEW"))
+    assert _read_st(tmp_path / "m.safetensors") == every
+    assert a.read_bytes() == b"NEW"  # the other writer's file: untouched (holds today)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors", "m.safetensors"]
+    moved = {x.source for x in report.actions if x.action == "moved"}
+    assert moved == {str(a), str(b)}  # holds today: both inputs were moved ...
+    assert report.kept == ()  # ... and both removed, yet today a is "kept", NOT_MOVED
+
+
+def test_control_a_consuming_merge_reports_nothing_kept(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    every = {**_write_st(a, 0), **_write_st(b, 1)}
+    report = merge(tmp_path / "m.safetensors", [a, b], consume=True,
+                   progress=_write_at_the_end(tmp_path / "unrelated", b"NEW"))
+    assert _read_st(tmp_path / "m.safetensors") == every
+    assert report.kept == ()
+    assert {x.source for x in report.actions if x.action == "moved"} == {str(a), str(b)}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors", "unrelated"]
+
+
+# --- finding 6: reshard's sweep: the dry run forecasts removals the run does not make, and
+# the run reports a directory as kept for "another hard link" ---------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="attack: reshard's dry run lists a stale pattern name that "
+                   "is a directory as removed; the run keeps it and reports it in kept as "
+                   "HARD_LINKED ('another hard link')")
+def test_reshard_sweep_forecast_matches_the_run(tmp_path: Path) -> None:
+    src = tmp_path / "a.safetensors"
+    every = _write_st(src, 0)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model-00001-of-00009.safetensors").mkdir()  # matches the pattern, a directory
+    (out / "model-00002-of-00009.safetensors").write_bytes(b"stale")  # a plain stale shard
+    dry = reshard(out, [src], max_shard_size=10**9, dry_run=True)
+    report = reshard(out, [src], max_shard_size=10**9)
+    assert _read_st(out / "model.safetensors") == every
+    assert (out / "model-00001-of-00009.safetensors").is_dir()  # holds: never rmtree'd
+    assert not (out / "model-00002-of-00009.safetensors").exists()  # holds: swept
+    assert dry.removed == report.removed  # today the dry run also lists the directory
+    assert all(k.reason.name != "HARD_LINKED" for k in report.kept)  # a directory is no link
+
+
+def test_control_reshard_sweep_forecast_of_plain_stale_shards(tmp_path: Path) -> None:
+    src = tmp_path / "a.safetensors"
+    every = _write_st(src, 0)
+    out = tmp_path / "out"
+    out.mkdir()
+    for i in (1, 2):
+        (out / f"model-0000{i}-of-00009.safetensors").write_bytes(b"stale")
+    dry = reshard(out, [src], max_shard_size=10**9, dry_run=True)
+    assert len(list(out.iterdir())) == 2  # the dry run removed nothing
+    report = reshard(out, [src], max_shard_size=10**9)
+    assert dry.removed == report.removed == tuple(
+        str(out / f"model-0000{i}-of-00009.safetensors") for i in (1, 2))
+    assert report.kept == ()
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
+    assert _read_st(out / "model.safetensors") == every
