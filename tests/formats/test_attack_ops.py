@@ -11,13 +11,14 @@ from filecord's own writer.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import struct
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -396,3 +397,62 @@ def test_control_reshard_sweep_forecast_of_plain_stale_shards(tmp_path: Path) ->
     assert report.kept == ()
     assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
     assert _read_st(out / "model.safetensors") == every
+
+
+# --- finding 7: an input file that is itself a (bind) mount point ----------------------------
+
+
+@contextlib.contextmanager
+def _file_bind(path: Path, *, read_only: bool) -> Iterator[None]:
+    """``path`` bind-mounted onto itself (as ``docker -v f:f[:ro]`` mounts a single file),
+    remounted read-only when asked; unmounted after."""
+    _needs("mount")
+    subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
+    try:
+        if read_only:
+            subprocess.run(["mount", "-o", "remount,ro,bind", str(path)], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=False)
+
+
+@pytest.mark.parametrize("read_only", [True, False], ids=["ro", "rw"])
+@pytest.mark.xfail(strict=True, reason="attack: a consuming merge whose input file is a bind "
+                   "mount (ro or rw: it can be neither renamed nor deleted) fails at run time "
+                   "with EBUSY after its dry run planned a commit; the promise: such an input "
+                   "is copied and kept, the operation commits")
+def test_a_bind_mounted_input_file_is_copied_and_kept(tmp_path: Path, read_only: bool) -> None:
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    every = {**_write_st(a, 0), **_write_st(b, 1)}
+    before = a.read_bytes()
+    with _file_bind(a, read_only=read_only):
+        dry = merge(tmp_path / "m.safetensors", [a, b], consume=True, dry_run=True)
+        report = merge(tmp_path / "m.safetensors", [a, b], consume=True)
+        assert a.read_bytes() == before
+    assert a.read_bytes() == before
+    assert _read_st(tmp_path / "m.safetensors") == every
+    assert [k.path for k in report.kept] == [str(a)]
+    assert dry.kept == report.kept
+    assert not b.exists()
+
+
+def test_control_a_read_only_bind_mounted_directory_is_copied_and_kept(tmp_path: Path) -> None:
+    _needs("mount")
+    src = tmp_path / "src"
+    src.mkdir()
+    a, b = src / "a.safetensors", tmp_path / "b.safetensors"
+    every = {**_write_st(a, 0), **_write_st(b, 1)}
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "--bind", str(src), str(ro)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(ro)], check=True)
+        dry = merge(tmp_path / "m.safetensors", [ro / a.name, b], consume=True, dry_run=True)
+        report = merge(tmp_path / "m.safetensors", [ro / a.name, b], consume=True)
+    finally:
+        subprocess.run(["umount", str(ro)], check=False)
+    assert _read_st(tmp_path / "m.safetensors") == every
+    assert [(k.path, k.reason.name) for k in report.kept] == [(str(ro / a.name), "READ_ONLY")]
+    assert dry.kept == report.kept
+    assert a.exists()
+    assert not b.exists()
