@@ -456,3 +456,49 @@ def test_control_a_read_only_bind_mounted_directory_is_copied_and_kept(tmp_path:
     assert dry.kept == report.kept
     assert a.exists()
     assert not b.exists()
+
+
+# --- finding 8: a filename_pattern with a directory part writes an index that does not load ---
+
+
+def _accepts_or_refuses_cleanly(out: Path, srcs: list[Path], pattern: str,
+                                every: dict[str, bytes], tmp_path: Path) -> None:
+    """Either a clear refusal before anything is written (inputs whole), or a checkpoint whose
+    index loads through filecord's own merge."""
+    before = {p: p.read_bytes() for p in srcs}
+    try:
+        report = reshard(out, srcs, max_shard_size=300, filename_pattern=pattern, consume=True)
+    except ValueError:
+        assert {p: p.read_bytes() for p in srcs} == before
+        return
+    indexes = [o for o in report.outputs if o.endswith(".index.json")]
+    assert len(indexes) == 1
+    merge(tmp_path / "check.safetensors", [indexes[0]])
+    assert _read_st(tmp_path / "check.safetensors") == every
+
+
+@pytest.mark.parametrize("pattern", ["sub/model{suffix}.safetensors",
+                                     "../model{suffix}.safetensors"])
+@pytest.mark.xfail(strict=True, reason="attack: a consuming reshard with a filename_pattern that "
+                   "has a directory part commits, deletes its inputs and returns success, but "
+                   "the index it wrote names 'sub/...' ('../...') shards that filecord's own "
+                   "merge refuses to load")
+def test_reshard_pattern_with_a_directory_part_writes_a_loadable_index_or_is_refused(
+        tmp_path: Path, pattern: str) -> None:
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    srcs = [tmp_path / f"s{i}.safetensors" for i in range(3)]
+    every = {k: v for i, p in enumerate(srcs) for k, v in _write_st(p, i).items()}
+    _accepts_or_refuses_cleanly(out, srcs, pattern, every, tmp_path)
+
+
+def test_control_reshard_pattern_without_a_directory_part_loads(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    srcs = [tmp_path / f"s{i}.safetensors" for i in range(3)]
+    every = {k: v for i, p in enumerate(srcs) for k, v in _write_st(p, i).items()}
+    _accepts_or_refuses_cleanly(out, srcs, "weights{suffix}.safetensors", every, tmp_path)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "weights-00001-of-00002.safetensors", "weights-00002-of-00002.safetensors",
+        "weights.safetensors.index.json"]
+    assert not any(p.exists() for p in srcs)
