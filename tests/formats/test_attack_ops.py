@@ -502,3 +502,115 @@ def test_control_reshard_pattern_without_a_directory_part_loads(tmp_path: Path) 
         "weights-00001-of-00002.safetensors", "weights-00002-of-00002.safetensors",
         "weights.safetensors.index.json"]
     assert not any(p.exists() for p in srcs)
+
+
+# --- finding 9: consume deletes an input whose non-tensor content the output does not carry --
+
+
+def _kvs(path: Path) -> dict[str, object]:
+    """A GGUF file's key-values as gguf-py reads them (``GGUF.*`` header fields left out)."""
+    reader = gguf.GGUFReader(str(path))
+    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+
+
+def _model(path: Path, name: str, tensor: str) -> None:
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_string("general.name", name)
+    w.add_string(f"custom.{name}", "only in this file")
+    w.add_array("tokenizer.ggml.tokens", [name, "x"])
+    w.add_tensor(tensor, np.arange(16, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.xfail(strict=True, reason="attack: a consuming GGUF merge of two models deletes the "
+                   "second, whose key-values (its name, tokenizer, custom keys) the output does "
+                   "not hold: an input removed whose bytes are not in the output, reported as "
+                   "neither kept nor anything lost")
+def test_gguf_merge_consume_never_deletes_key_values_it_drops(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    _model(a, "first", "ta")
+    _model(b, "second", "tb")
+    kv_b = _kvs(b)
+    out = tmp_path / "m.gguf"
+    try:
+        fg.merge(out, [a, b], consume=True)
+    except ValueError:  # a refusal before anything is written would keep the promise
+        assert _kvs(b) == kv_b
+        return
+    assert {t.name for t in gguf.GGUFReader(str(out)).tensors} == {"ta", "tb"}  # holds
+    lost = {k: v for k, v in kv_b.items() if _kvs(out).get(k) != v}
+    assert b.exists() or not lost, f"b.gguf deleted; its {sorted(lost)} are nowhere"
+
+
+def test_gguf_control_consuming_a_split_set_keeps_every_key_value(tmp_path: Path) -> None:
+    shards = _split_set(tmp_path / "src")
+    kvs = {k: v for k, v in _kvs(shards[0]).items() if not k.startswith("split.")}
+    fg.merge(tmp_path / "o.gguf", [shards[0]], consume=True)
+    assert _kvs(tmp_path / "o.gguf") == kvs
+    assert list((tmp_path / "src").iterdir()) == []
+
+
+def _write_st_meta(path: Path, seed: int, metadata: dict[str, str]) -> dict[str, bytes]:
+    """As :func:`_write_st`, with a ``__metadata__`` object first."""
+    data = {f"t{seed}.{i}": _tensor_bytes(seed, i) for i in range(4)}
+    header: dict[str, object] = {"__metadata__": metadata}
+    for i, name in enumerate(data):
+        header[name] = {"dtype": "F32", "shape": [8], "data_offsets": [32 * i, 32 * i + 32]}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(data.values()))
+    return data
+
+
+def _metadata(path: Path) -> dict[str, str]:
+    raw = path.read_bytes()
+    (n,) = struct.unpack_from("<Q", raw)
+    meta: dict[str, str] = json.loads(raw[8:8 + n]).get("__metadata__", {})
+    return meta
+
+
+@pytest.mark.xfail(strict=True, reason="attack: a consuming safetensors merge whose inputs "
+                   "disagree on a __metadata__ value deletes the earlier input, whose value the "
+                   "output (the later input's wins) does not hold")
+def test_merge_consume_never_deletes_metadata_it_overrides(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    every = {**_write_st_meta(a, 0, {"format": "pt", "note": "from a"}),
+             **_write_st_meta(b, 1, {"format": "pt", "note": "from b"})}
+    out = tmp_path / "m.safetensors"
+    try:
+        merge(out, [a, b], consume=True)
+    except ValueError:
+        assert _metadata(a) == {"format": "pt", "note": "from a"}
+        return
+    assert _read_st(out) == every  # holds
+    assert a.exists() or _metadata(out).get("note") == "from a"
+
+
+def test_control_merge_consume_with_agreeing_metadata(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    every = {**_write_st_meta(a, 0, {"format": "pt", "note": "same"}),
+             **_write_st_meta(b, 1, {"format": "pt"})}
+    merge(tmp_path / "m.safetensors", [a, b], consume=True)
+    assert _read_st(tmp_path / "m.safetensors") == every
+    assert _metadata(tmp_path / "m.safetensors") == {"format": "pt", "note": "same"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
+
+
+@pytest.mark.xfail(strict=True, reason="attack: a consuming convert to .ptd deletes the "
+                   ".safetensors input, whose __metadata__ the .ptd cannot hold and does not")
+def test_convert_to_ptd_consume_never_deletes_metadata_it_drops(tmp_path: Path) -> None:
+    from filecord.executorch import read_ptd
+    from filecord.safetensors import convert
+    a = tmp_path / "a.safetensors"
+    every = _write_st_meta(a, 0, {"format": "pt", "note": "only in a"})
+    out = tmp_path / "m.ptd"
+    try:
+        convert(out, a, consume=True)
+    except ValueError:
+        assert _metadata(a) == {"format": "pt", "note": "only in a"}
+        return
+    assert {k: e.data.to_bytes() for k, e in read_ptd(out).entries.items()} == every  # holds
+    assert a.exists() or b"only in a" in out.read_bytes()
