@@ -18,6 +18,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -614,3 +615,33 @@ def test_convert_to_ptd_consume_never_deletes_metadata_it_drops(tmp_path: Path) 
         return
     assert {k: e.data.to_bytes() for k, e in read_ptd(out).entries.items()} == every  # holds
     assert a.exists() or b"only in a" in out.read_bytes()
+
+
+# --- finding 10 (command line): a FIFO input is called "no such file" ------------------------
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(SRC), "FILECORD_NO_PROGRESS": "1"}
+    return subprocess.run([sys.executable, "-m", "filecord.cli", *args], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=60, check=False)
+
+
+@pytest.mark.parametrize("out", ["m.safetensors", "m.ptd"])
+@pytest.mark.xfail(strict=True, reason="attack: `filecord merge OUT FIFO` exits 2 saying the "
+                   "FIFO is 'no such file' (it exists; the API says 'is a FIFO')")
+def test_cli_merge_of_a_fifo_says_what_it_is(tmp_path: Path, out: str) -> None:
+    os.mkfifo(tmp_path / "f.safetensors")
+    proc = _cli(["merge", out, "f.safetensors"], tmp_path)
+    assert proc.returncode in (1, 2)  # holds: refused, not blocked
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.safetensors"]
+    assert "no such file" not in proc.stderr
+    assert "FIFO" in proc.stderr
+
+
+def test_cli_control_merge_of_a_missing_input_says_no_such_file(tmp_path: Path) -> None:
+    proc = _cli(["merge", "m.safetensors", "nope.safetensors"], tmp_path)
+    assert proc.returncode == 2
+    assert "nope.safetensors: no such file" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
