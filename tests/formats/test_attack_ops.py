@@ -662,3 +662,36 @@ def test_cli_control_merge_of_a_missing_input_says_no_such_file(tmp_path: Path) 
     assert proc.returncode == 2
     assert "nope.safetensors: no such file" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# --- finding 11: as root, an input read-only by its mode (or its directory's) is consumed ----
+
+
+@pytest.mark.parametrize("what", ["file 0444", "directory 0555"])
+@pytest.mark.xfail(strict=True, reason="attack: run as root (a container), a consuming merge moves "
+                   "and deletes an input that is read-only by its mode (0444) or its directory's "
+                   "(0555); the promise keeps 'a read-only file, directory or mount' "
+                   "(KeepReason.READ_ONLY: 'its mode, its directory's mode or its mount')")
+def test_as_root_a_read_only_mode_input_is_kept(tmp_path: Path, what: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("root ignores modes; as another user the mode itself refuses the delete")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    a, b = ro / "a.safetensors", tmp_path / "b.safetensors"
+    every = {**_write_st(a, 0), **_write_st(b, 1)}
+    before = a.read_bytes()
+    if what.startswith("file"):
+        a.chmod(0o444)
+    else:
+        ro.chmod(0o555)
+    try:
+        dry = merge(tmp_path / "m.safetensors", [a, b], consume=True, dry_run=True)
+        report = merge(tmp_path / "m.safetensors", [a, b], consume=True)
+        assert _read_st(tmp_path / "m.safetensors") == every  # holds
+        assert not b.exists()  # holds
+        assert a.exists()  # fails today: moved and deleted
+        assert a.read_bytes() == before
+        assert [(k.path, k.reason.name) for k in report.kept] == [(str(a), "READ_ONLY")]
+        assert dry.kept == report.kept
+    finally:
+        ro.chmod(0o755)
