@@ -695,3 +695,77 @@ def test_as_root_a_read_only_mode_input_is_kept(tmp_path: Path, what: str) -> No
         assert dry.kept == report.kept
     finally:
         ro.chmod(0o755)
+
+
+# --- finding 12: .ptd merge of one file given directly and through a symlink -----------------
+
+
+def _ptd(tmp_path: Path, name: str, seed: int) -> tuple[Path, dict[str, bytes]]:
+    """A .ptd of four tensors (made from a hand-written .safetensors, not consumed)."""
+    from filecord.safetensors import convert
+    st = tmp_path / f"{name}.src.safetensors"
+    tensors = _write_st(st, seed)
+    out = tmp_path / f"{name}.ptd"
+    convert(out, st)
+    st.unlink()
+    return out, tensors
+
+
+def _ptd_entries(path: Path) -> dict[str, bytes]:
+    from filecord.executorch import read_ptd
+    return {k: e.data.to_bytes() for k, e in read_ptd(path).entries.items()}
+
+
+@pytest.mark.xfail(strict=True, reason="attack: a consuming .ptd merge given a file directly and "
+                   "again through a symlink (identical keys, deduplicated) deletes the file it "
+                   "also reached through the symlink and reports the now-dangling link as kept")
+def test_ptd_merge_never_deletes_a_file_also_given_through_a_symlink(tmp_path: Path) -> None:
+    import filecord.executorch as fe
+    a, every = _ptd(tmp_path, "a", 0)
+    before = a.read_bytes()
+    link = tmp_path / "l.ptd"
+    link.symlink_to(a.name)
+    report = fe.merge(tmp_path / "m.ptd", [a, link], consume=True)
+    assert _ptd_entries(tmp_path / "m.ptd") == every  # holds
+    assert [(k.path, k.reason.name) for k in report.kept][:1] == [(str(link), "SYMLINK")]
+    assert link.exists()  # fails today: a.ptd was deleted, the kept link dangles
+    assert a.read_bytes() == before
+
+
+@pytest.mark.xfail(strict=True, reason="attack: a consuming .ptd merge of [symlink, its target] "
+                   "forecasts kept=[link] in its dry run; the run keeps [link, target NOT_MOVED]")
+def test_ptd_merge_dry_run_forecasts_the_kept_inputs(tmp_path: Path) -> None:
+    import filecord.executorch as fe
+    a, every = _ptd(tmp_path, "a", 0)
+    link = tmp_path / "l.ptd"
+    link.symlink_to(a.name)
+    dry = fe.merge(tmp_path / "m.ptd", [link, a], consume=True, dry_run=True)
+    report = fe.merge(tmp_path / "m.ptd", [link, a], consume=True)
+    assert _ptd_entries(tmp_path / "m.ptd") == every
+    assert link.exists()  # holds
+    assert dry.kept == report.kept  # fails today
+
+
+def test_control_ptd_merge_of_two_files_consumes_both(tmp_path: Path) -> None:
+    import filecord.executorch as fe
+    a, ea = _ptd(tmp_path, "a", 0)
+    b, eb = _ptd(tmp_path, "b", 1)
+    dry = fe.merge(tmp_path / "m.ptd", [a, b], consume=True, dry_run=True)
+    report = fe.merge(tmp_path / "m.ptd", [a, b], consume=True)
+    assert _ptd_entries(tmp_path / "m.ptd") == {**ea, **eb}
+    assert dry.kept == report.kept == ()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.ptd"]
+
+
+def test_control_ptd_merge_through_a_symlink_alone_keeps_it(tmp_path: Path) -> None:
+    import filecord.executorch as fe
+    a, every = _ptd(tmp_path, "a", 0)
+    before = a.read_bytes()
+    link = tmp_path / "l.ptd"
+    link.symlink_to(a.name)
+    dry = fe.merge(tmp_path / "m.ptd", [link], consume=True, dry_run=True)
+    report = fe.merge(tmp_path / "m.ptd", [link], consume=True)
+    assert _ptd_entries(tmp_path / "m.ptd") == every
+    assert [(k.path, k.reason.name) for k in report.kept] == [(str(link), "SYMLINK")]
+    assert dry.kept == report.kept
+    assert a.read_bytes() == before
