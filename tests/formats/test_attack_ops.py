@@ -769,3 +769,56 @@ def test_control_ptd_merge_through_a_symlink_alone_keeps_it(tmp_path: Path) -> N
     assert [(k.path, k.reason.name) for k in report.kept] == [(str(link), "SYMLINK")]
     assert dry.kept == report.kept
     assert a.read_bytes() == before
+
+
+# --- finding 13: an output that is a symlink onto another file system -------------------------
+
+
+@contextlib.contextmanager
+def _tmpfs(point: Path) -> Iterator[Path]:
+    _needs("mount")
+    point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(point)], check=True)
+    try:
+        yield point
+    finally:
+        subprocess.run(["umount", str(point)], check=False)
+
+
+@pytest.mark.xfail(strict=True, reason="attack: a consuming merge whose output name is a symlink "
+                   "onto another file system (tmpfs) copies every piece ('another file system') "
+                   "and then deletes the inputs, reporting nothing kept: a silent mv into RAM")
+def test_an_output_symlinked_onto_another_file_system_keeps_the_inputs(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    every = {**_write_st(a, 0), **_write_st(b, 1)}
+    before = {a: a.read_bytes(), b: b.read_bytes()}
+    with _tmpfs(tmp_path / "ram") as ram:
+        out = tmp_path / "m.safetensors"
+        out.symlink_to(ram / "real.safetensors")
+        dry = merge(out, [a, b], consume=True, dry_run=True)
+        report = merge(out, [a, b], consume=True)
+        assert _read_st(out) == every  # holds: written through the link
+        assert {x.reason for x in report.actions if x.source} == {"another file system"}
+        assert {p: p.read_bytes() for p in (a, b) if p.exists()} == before  # fails today
+        assert sorted((k.path, k.reason.name) for k in report.kept) == [
+            (str(a), "OTHER_FS"), (str(b), "OTHER_FS")]
+        assert dry.kept == report.kept
+
+
+@pytest.mark.parametrize("how", ["direct", "through a symlinked directory"])
+def test_control_an_output_on_another_file_system_keeps_the_inputs(tmp_path: Path,
+                                                                   how: str) -> None:
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    every = {**_write_st(a, 0), **_write_st(b, 1)}
+    before = {a: a.read_bytes(), b: b.read_bytes()}
+    with _tmpfs(tmp_path / "ram") as ram:
+        if how == "direct":
+            out = ram / "m.safetensors"
+        else:
+            (tmp_path / "lram").symlink_to(ram)
+            out = tmp_path / "lram" / "m.safetensors"
+        report = merge(out, [a, b], consume=True)
+        assert _read_st(ram / "m.safetensors") == every
+        assert {p: p.read_bytes() for p in (a, b)} == before
+        assert sorted((k.path, k.reason.name) for k in report.kept) == [
+            (str(a), "OTHER_FS"), (str(b), "OTHER_FS")]
