@@ -822,3 +822,20 @@ def test_control_an_output_on_another_file_system_keeps_the_inputs(tmp_path: Pat
         assert {p: p.read_bytes() for p in (a, b)} == before
         assert sorted((k.path, k.reason.name) for k in report.kept) == [
             (str(a), "OTHER_FS"), (str(b), "OTHER_FS")]
+
+
+@pytest.mark.xfail(strict=True, reason="attack: a consuming merge into a name that is a symlink to "
+                   "/dev/null keeps its inputs (right) but its dry run forecasts kept=() where "
+                   "the run reports both inputs kept")
+def test_a_stream_output_dry_run_forecasts_the_kept_inputs(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    _write_st(a, 0)
+    _write_st(b, 1)
+    before = {a: a.read_bytes(), b: b.read_bytes()}
+    out = tmp_path / "m.safetensors"
+    out.symlink_to(os.devnull)
+    dry = merge(out, [a, b], consume=True, dry_run=True)
+    report = merge(out, [a, b], consume=True)
+    assert {p: p.read_bytes() for p in (a, b)} == before  # holds: a stream is not storage
+    assert sorted(k.path for k in report.kept) == [str(a), str(b)]  # holds
+    assert dry.kept == report.kept  # fails today: dry.kept == ()
