@@ -839,3 +839,58 @@ def test_a_stream_output_dry_run_forecasts_the_kept_inputs(tmp_path: Path) -> No
     assert {p: p.read_bytes() for p in (a, b)} == before  # holds: a stream is not storage
     assert sorted(k.path for k in report.kept) == [str(a), str(b)]  # holds
     assert dry.kept == report.kept  # fails today: dry.kept == ()
+
+
+# --- finding 14: a copy merge holds a descriptor per input file --------------------------------
+
+
+def _many_shards(directory: Path, n: int) -> tuple[Path, dict[str, bytes]]:
+    directory.mkdir()
+    weight_map: dict[str, str] = {}
+    every: dict[str, bytes] = {}
+    for i in range(n):
+        name = f"s{i:05d}.safetensors"
+        header = json.dumps({f"t{i}": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}},
+                            separators=(",", ":")).encode()
+        header += b" " * (-len(header) % 8)
+        data = struct.pack("<I", i)
+        (directory / name).write_bytes(struct.pack("<Q", len(header)) + header + data)
+        weight_map[f"t{i}"] = name
+        every[f"t{i}"] = data
+    index = directory / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return index, every
+
+
+@contextlib.contextmanager
+def _fd_limit(soft: int) -> Iterator[None]:
+    import resource
+    old = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, old[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, old)
+
+
+@pytest.mark.xfail(strict=True, reason="attack: a plain (copy) merge of an index naming more "
+                   "shards than the descriptor limit (600 shards under ulimit -n 256; 3000 under "
+                   "the common 1024 alike) fails with EMFILE and says 'the save can be "
+                   "retried', which fails the same way; the consuming merge of the same index "
+                   "succeeds")
+def test_a_copy_merge_of_more_shards_than_descriptors_completes(tmp_path: Path) -> None:
+    index, every = _many_shards(tmp_path / "ckpt", 600)
+    with _fd_limit(256):
+        merge(tmp_path / "m.safetensors", [index])
+    assert _read_st(tmp_path / "m.safetensors") == every
+    assert len(list(index.parent.iterdir())) == 601
+
+
+def test_control_a_consuming_merge_of_more_shards_than_descriptors_completes(
+        tmp_path: Path) -> None:
+    index, every = _many_shards(tmp_path / "ckpt", 600)
+    with _fd_limit(256):
+        report = merge(tmp_path / "m.safetensors", [index], consume=True)
+    assert _read_st(tmp_path / "m.safetensors") == every
+    assert report.removed == (str(index),)
+    assert list(index.parent.iterdir()) == []
