@@ -894,3 +894,27 @@ def test_control_a_consuming_merge_of_more_shards_than_descriptors_completes(
     assert _read_st(tmp_path / "m.safetensors") == every
     assert report.removed == (str(index),)
     assert list(index.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "ptd"])
+@pytest.mark.xfail(strict=True, reason="attack: the same as for safetensors: a consuming GGUF / "
+                   ".ptd merge into a symlink onto tmpfs copies ('another file system') and "
+                   "deletes its input, nothing kept")
+def test_other_formats_output_symlinked_onto_another_file_system_keeps_the_input(
+        tmp_path: Path, fmt: str) -> None:
+    import filecord.executorch as fe
+    if fmt == "gguf":
+        src = tmp_path / "a.gguf"
+        _model(src, "first", "ta")
+    else:
+        src, _ = _ptd(tmp_path, "a", 0)
+    before = src.read_bytes()
+    with _tmpfs(tmp_path / "ram") as ram:
+        out = tmp_path / f"o.{fmt}"
+        out.symlink_to(ram / f"o.{fmt}")
+        report = (fg.merge if fmt == "gguf" else fe.merge)(out, [src], consume=True)
+        assert out.stat().st_size > 0  # holds
+        assert {x.reason for x in report.actions if x.source} == {"another file system"}
+        assert src.exists()  # fails today
+        assert src.read_bytes() == before
+        assert [(k.path, k.reason.name) for k in report.kept] == [(str(src), "OTHER_FS")]
