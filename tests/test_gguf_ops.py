@@ -224,12 +224,15 @@ def test_consuming_reshard_with_an_immutable_shard_commits_and_keeps_it(tmp_path
     gguf_py(ref / "m.gguf")
     before = shards[1].read_bytes()
     subprocess.run(["chattr", "+i", str(shards[1])], check=True)
-    try:  # in place, as one file: the immutable old shard is matched by the stem, and kept
+    try:  # in place, as one file: the immutable shard keeps its whole split set, loadable
         report = fg.reshard(src / "m.gguf", [shards[0]], max_tensors=0, consume=True)
         assert shards[1].read_bytes() == before
         assert [(os.path.basename(k.path), k.reason.name) for k in report.kept] == [
             (shards[1].name, "IMMUTABLE")]
-        assert sorted(p.name for p in src.iterdir()) == sorted(["m.gguf", shards[1].name])
+        assert sorted(p.name for p in src.iterdir()) == sorted(
+            ["m.gguf", *(s.name for s in shards)])
+        fg.merge(tmp_path / "again.gguf", [shards[0]])  # the kept set still loads
+        assert (tmp_path / "again.gguf").read_bytes() == (ref / "m.gguf").read_bytes()
         assert (src / "m.gguf").read_bytes() == (ref / "m.gguf").read_bytes()
     finally:
         subprocess.run(["chattr", "-i", str(shards[1])], check=False)

@@ -392,9 +392,12 @@ def test_a_hard_linked_shard_keeps_its_index(tmp_path, three_files):
     dry = merge(tmp_path / "m.safetensors", [index], consume=True, dry_run=True)
     report = merge(tmp_path / "m.safetensors", [index], consume=True)
     assert dry.kept == report.kept
-    assert set(dry.copy_reasons()) == set(report.copy_reasons()) == {"another hard link"}
+    # The whole set is kept, so the kept index still loads: the hard-linked shard for its own
+    # fact, its siblings with it (copied, not moved, and named in its entry).
+    assert set(dry.copy_reasons()) == set(report.copy_reasons()) == {
+        "another hard link", "kept with the set it belongs to"}
     assert _kept(report) == {shards[0].name: "HARD_LINKED", index.name: "SHARDS_KEPT"}
-    assert sorted(index.parent.iterdir()) == [shards[0], index]
+    assert sorted(index.parent.iterdir()) == sorted([*shards, index])
     assert report.removed == ()
 
 

@@ -3,7 +3,8 @@ their reports, from the promise in README.md and docs/guarantees.md: "a kept che
 loadable through its index", "an input ``*.index.json`` [is deleted] right after [the commit],
 and only when every shard it names was consumed", and the GGUF split set as one input.
 
-Every ``xfail(strict=True)`` test fails today and names the finding; the fix flips it.  The
+Every ``xfail(strict=True)`` test still fails and names its finding; a finding that is fixed
+lost its marker and keeps its assertions ("was the finding" marks the line that failed).  The
 plain tests beside them are controls: the same scenario without the attack, which holds today.
 Files are written by hand (safetensors) or by gguf-py (GGUF), so the expected bytes do not come
 from filecord's own writer.
@@ -93,9 +94,6 @@ def _needs(tool: str) -> None:
 
 
 @pytest.mark.parametrize("attr", ["i", "a"])
-@pytest.mark.xfail(strict=True, reason="attack: a consuming merge of a checkpoint whose index is "
-                   "chattr +i/+a keeps the index but moves and deletes every shard it names, so "
-                   "the kept index no longer loads")
 def test_an_immutable_index_keeps_a_loadable_checkpoint(tmp_path: Path, attr: str) -> None:
     _needs("chattr")
     index, every = _checkpoint(tmp_path / "ckpt")
@@ -123,9 +121,6 @@ def test_control_a_plain_index_is_consumed_with_its_shards(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("how", ["immutable", "hard-linked"])
-@pytest.mark.xfail(strict=True, reason="attack: a consuming merge of a checkpoint with one shard "
-                   "it must keep (chattr +i, another hard link) keeps that shard and the index "
-                   "but deletes the sibling shards, so the kept index no longer loads")
 def test_one_kept_shard_keeps_a_loadable_checkpoint(tmp_path: Path, how: str) -> None:
     index, every = _checkpoint(tmp_path / "ckpt")
     shard = index.parent / "shard1.safetensors"
@@ -142,7 +137,7 @@ def test_one_kept_shard_keeps_a_loadable_checkpoint(tmp_path: Path, how: str) ->
         assert kept == {shard.name: "IMMUTABLE" if how == "immutable" else "HARD_LINKED",
                         index.name: "SHARDS_KEPT"}
         assert shard.read_bytes() == before  # holds today
-        assert _loads_through(index) == every  # fails today: shard0.safetensors was deleted
+        assert _loads_through(index) == every  # was the finding: shard0.safetensors was deleted
     finally:
         if how == "immutable":
             subprocess.run(["chattr", "-i", str(shard)], check=False)
@@ -171,9 +166,6 @@ def test_control_a_hugging_face_style_all_symlink_checkpoint_stays_loadable(
 # --- finding 2: an index reached through a symlink keeps, its real shards are consumed -------
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a consuming merge given an index that is a "
-                   "symlink (to a real index beside it) keeps the link as SYMLINK but deletes "
-                   "every shard it names, so neither the link nor its target loads")
 def test_a_symlinked_index_keeps_a_loadable_checkpoint(tmp_path: Path) -> None:
     index, every = _checkpoint(tmp_path / "ckpt")
     real = index.parent / "real.index.json"
@@ -224,9 +216,6 @@ def _one_file(directory: Path) -> bytes:
 
 
 @pytest.mark.parametrize("how", ["immutable", "symlink"])
-@pytest.mark.xfail(strict=True, reason="attack: a consuming GGUF merge of a split set whose first "
-                   "shard cannot be taken (chattr +i, or a symlink) keeps that shard but deletes "
-                   "shards 2..N, so the kept split set no longer loads")
 def test_gguf_a_kept_first_shard_keeps_a_loadable_split_set(tmp_path: Path, how: str) -> None:
     want = _one_file(tmp_path / "ref")
     shards = _split_set(tmp_path / "src")
@@ -271,9 +260,6 @@ def _replace_index_at_the_end(index: Path, text: str) -> Callable[[int, int], No
     return progress
 
 
-@pytest.mark.xfail(strict=True, reason="attack: an index replaced during a consuming merge (now "
-                   "naming a shard the merge never read) is unlinked after the commit and "
-                   "reported removed: the kept shard loses its index")
 def test_an_index_replaced_during_the_merge_is_not_removed(tmp_path: Path) -> None:
     index, every = _checkpoint(tmp_path / "ckpt")
     other = _write_st(index.parent / "shard2.safetensors", 2)  # never an input
@@ -300,9 +286,6 @@ def test_control_an_index_rewritten_identically_during_the_merge_is_removed(
     assert list(index.parent.iterdir()) == []
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a consuming GGUF merge of a split set with an "
-                   "immutable middle shard keeps it but deletes the shards around it, so the "
-                   "kept split set no longer loads")
 def test_gguf_a_kept_middle_shard_keeps_a_loadable_split_set(tmp_path: Path) -> None:
     _needs("chattr")
     want = _one_file(tmp_path / "ref")
@@ -312,15 +295,12 @@ def test_gguf_a_kept_middle_shard_keeps_a_loadable_split_set(tmp_path: Path) -> 
         report = fg.merge(tmp_path / "o.gguf", [shards[0]], consume=True)
         assert (tmp_path / "o.gguf").read_bytes() == want
         assert [os.path.basename(k.path) for k in report.kept] == [shards[1].name]
-        assert shards[0].exists()  # fails today: deleted
+        assert shards[0].exists()  # was the finding: deleted
         assert shards[2].exists()
     finally:
         subprocess.run(["chattr", "-i", str(shards[1])], check=False)
 
 
-@pytest.mark.xfail(strict=True, reason="attack: an index another process deleted during a "
-                   "consuming merge is listed in OperationReport.removed ('indexes ... it "
-                   "unlinked'), though filecord's unlink found nothing")
 def test_an_index_deleted_during_the_merge_is_not_reported_removed(tmp_path: Path) -> None:
     index, every = _checkpoint(tmp_path / "ckpt")
 
@@ -332,7 +312,7 @@ def test_an_index_deleted_during_the_merge_is_not_reported_removed(tmp_path: Pat
     assert _read_st(tmp_path / "m.safetensors") == every
     assert list(index.parent.iterdir()) == []  # holds
     assert report.kept == ()  # holds
-    assert report.removed == ()  # fails today: (index,)
+    assert report.removed == ()  # was the finding: (index,)
 
 
 # --- finding 5: a new file at a consumed input's (freed) name is reported as the kept input ---
@@ -348,10 +328,6 @@ def _write_at_the_end(path: Path, data: bytes) -> Callable[[int, int], None]:
     return progress
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a new file written at a consumed input's name "
-                   "during the merge is reported in OperationReport.kept as that input with "
-                   "NOT_MOVED ('its bytes were copied'), though its bytes were moved and it "
-                   "was deleted")
 def test_a_new_file_at_a_consumed_inputs_name_is_not_reported_as_the_kept_input(
         tmp_path: Path) -> None:
     a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
@@ -381,9 +357,6 @@ def test_control_a_consuming_merge_reports_nothing_kept(tmp_path: Path) -> None:
 # the run reports a directory as kept for "another hard link" ---------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="attack: reshard's dry run lists a stale pattern name that "
-                   "is a directory as removed; the run keeps it and reports it in kept as "
-                   "HARD_LINKED ('another hard link')")
 def test_reshard_sweep_forecast_matches_the_run(tmp_path: Path) -> None:
     src = tmp_path / "a.safetensors"
     every = _write_st(src, 0)
@@ -543,10 +516,6 @@ def _model(path: Path, name: str, tensor: str) -> None:
     w.close()
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a consuming GGUF merge of two models deletes the "
-                   "second, whose key-values (its name, tokenizer, custom keys) the output does "
-                   "not hold: an input removed whose bytes are not in the output, reported as "
-                   "neither kept nor anything lost")
 def test_gguf_merge_consume_never_deletes_key_values_it_drops(tmp_path: Path) -> None:
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
     _model(a, "first", "ta")
@@ -590,9 +559,6 @@ def _metadata(path: Path) -> dict[str, str]:
     return meta
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a consuming safetensors merge whose inputs "
-                   "disagree on a __metadata__ value deletes the earlier input, whose value the "
-                   "output (the later input's wins) does not hold")
 def test_merge_consume_never_deletes_metadata_it_overrides(tmp_path: Path) -> None:
     a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     every = {**_write_st_meta(a, 0, {"format": "pt", "note": "from a"}),
@@ -617,8 +583,6 @@ def test_control_merge_consume_with_agreeing_metadata(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a consuming convert to .ptd deletes the "
-                   ".safetensors input, whose __metadata__ the .ptd cannot hold and does not")
 def test_convert_to_ptd_consume_never_deletes_metadata_it_drops(tmp_path: Path) -> None:
     from filecord.executorch import read_ptd
     from filecord.safetensors import convert
@@ -668,10 +632,6 @@ def test_cli_control_merge_of_a_missing_input_says_no_such_file(tmp_path: Path) 
 
 
 @pytest.mark.parametrize("what", ["file 0444", "directory 0555"])
-@pytest.mark.xfail(strict=True, reason="attack: run as root (a container), a consuming merge moves "
-                   "and deletes an input that is read-only by its mode (0444) or its directory's "
-                   "(0555); the promise keeps 'a read-only file, directory or mount' "
-                   "(KeepReason.READ_ONLY: 'its mode, its directory's mode or its mount')")
 def test_as_root_a_read_only_mode_input_is_kept(tmp_path: Path, what: str) -> None:
     if os.geteuid() != 0:
         pytest.skip("root ignores modes; as another user the mode itself refuses the delete")
@@ -689,7 +649,7 @@ def test_as_root_a_read_only_mode_input_is_kept(tmp_path: Path, what: str) -> No
         report = merge(tmp_path / "m.safetensors", [a, b], consume=True)
         assert _read_st(tmp_path / "m.safetensors") == every  # holds
         assert not b.exists()  # holds
-        assert a.exists()  # fails today: moved and deleted
+        assert a.exists()  # was the finding: moved and deleted
         assert a.read_bytes() == before
         assert [(k.path, k.reason.name) for k in report.kept] == [(str(a), "READ_ONLY")]
         assert dry.kept == report.kept
@@ -716,9 +676,6 @@ def _ptd_entries(path: Path) -> dict[str, bytes]:
     return {k: e.data.to_bytes() for k, e in read_ptd(path).entries.items()}
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a consuming .ptd merge given a file directly and "
-                   "again through a symlink (identical keys, deduplicated) deletes the file it "
-                   "also reached through the symlink and reports the now-dangling link as kept")
 def test_ptd_merge_never_deletes_a_file_also_given_through_a_symlink(tmp_path: Path) -> None:
     import filecord.executorch as fe
     a, every = _ptd(tmp_path, "a", 0)
@@ -728,12 +685,10 @@ def test_ptd_merge_never_deletes_a_file_also_given_through_a_symlink(tmp_path: P
     report = fe.merge(tmp_path / "m.ptd", [a, link], consume=True)
     assert _ptd_entries(tmp_path / "m.ptd") == every  # holds
     assert [(k.path, k.reason.name) for k in report.kept][:1] == [(str(link), "SYMLINK")]
-    assert link.exists()  # fails today: a.ptd was deleted, the kept link dangles
+    assert link.exists()  # was the finding: a.ptd was deleted, the kept link dangles
     assert a.read_bytes() == before
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a consuming .ptd merge of [symlink, its target] "
-                   "forecasts kept=[link] in its dry run; the run keeps [link, target NOT_MOVED]")
 def test_ptd_merge_dry_run_forecasts_the_kept_inputs(tmp_path: Path) -> None:
     import filecord.executorch as fe
     a, every = _ptd(tmp_path, "a", 0)
@@ -743,7 +698,7 @@ def test_ptd_merge_dry_run_forecasts_the_kept_inputs(tmp_path: Path) -> None:
     report = fe.merge(tmp_path / "m.ptd", [link, a], consume=True)
     assert _ptd_entries(tmp_path / "m.ptd") == every
     assert link.exists()  # holds
-    assert dry.kept == report.kept  # fails today
+    assert dry.kept == report.kept  # was the finding
 
 
 def test_control_ptd_merge_of_two_files_consumes_both(tmp_path: Path) -> None:
@@ -785,9 +740,6 @@ def _tmpfs(point: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(point)], check=False)
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a consuming merge whose output name is a symlink "
-                   "onto another file system (tmpfs) copies every piece ('another file system') "
-                   "and then deletes the inputs, reporting nothing kept: a silent mv into RAM")
 def test_an_output_symlinked_onto_another_file_system_keeps_the_inputs(tmp_path: Path) -> None:
     a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     every = {**_write_st(a, 0), **_write_st(b, 1)}
@@ -799,7 +751,7 @@ def test_an_output_symlinked_onto_another_file_system_keeps_the_inputs(tmp_path:
         report = merge(out, [a, b], consume=True)
         assert _read_st(out) == every  # holds: written through the link
         assert {x.reason for x in report.actions if x.source} == {"another file system"}
-        assert {p: p.read_bytes() for p in (a, b) if p.exists()} == before  # fails today
+        assert {p: p.read_bytes() for p in (a, b) if p.exists()} == before  # was the finding
         assert sorted((k.path, k.reason.name) for k in report.kept) == [
             (str(a), "OTHER_FS"), (str(b), "OTHER_FS")]
         assert dry.kept == report.kept
@@ -824,9 +776,6 @@ def test_control_an_output_on_another_file_system_keeps_the_inputs(tmp_path: Pat
             (str(a), "OTHER_FS"), (str(b), "OTHER_FS")]
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a consuming merge into a name that is a symlink to "
-                   "/dev/null keeps its inputs (right) but its dry run forecasts kept=() where "
-                   "the run reports both inputs kept")
 def test_a_stream_output_dry_run_forecasts_the_kept_inputs(tmp_path: Path) -> None:
     a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     _write_st(a, 0)
@@ -838,7 +787,7 @@ def test_a_stream_output_dry_run_forecasts_the_kept_inputs(tmp_path: Path) -> No
     report = merge(out, [a, b], consume=True)
     assert {p: p.read_bytes() for p in (a, b)} == before  # holds: a stream is not storage
     assert sorted(k.path for k in report.kept) == [str(a), str(b)]  # holds
-    assert dry.kept == report.kept  # fails today: dry.kept == ()
+    assert dry.kept == report.kept  # was the finding: dry.kept == ()
 
 
 # --- finding 14: a copy merge holds a descriptor per input file --------------------------------
@@ -897,9 +846,6 @@ def test_control_a_consuming_merge_of_more_shards_than_descriptors_completes(
 
 
 @pytest.mark.parametrize("fmt", ["gguf", "ptd"])
-@pytest.mark.xfail(strict=True, reason="attack: the same as for safetensors: a consuming GGUF / "
-                   ".ptd merge into a symlink onto tmpfs copies ('another file system') and "
-                   "deletes its input, nothing kept")
 def test_other_formats_output_symlinked_onto_another_file_system_keeps_the_input(
         tmp_path: Path, fmt: str) -> None:
     import filecord.executorch as fe
@@ -915,6 +861,6 @@ def test_other_formats_output_symlinked_onto_another_file_system_keeps_the_input
         report = (fg.merge if fmt == "gguf" else fe.merge)(out, [src], consume=True)
         assert out.stat().st_size > 0  # holds
         assert {x.reason for x in report.actions if x.source} == {"another file system"}
-        assert src.exists()  # fails today
+        assert src.exists()  # was the finding
         assert src.read_bytes() == before
         assert [(k.path, k.reason.name) for k in report.kept] == [(str(src), "OTHER_FS")]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import stat as stat_mod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Generic, TypeVar
@@ -33,17 +34,24 @@ from filecord._io import syscalls as _sys
 from filecord._kit.removal import (
     KeepReason,
     KeptInput,
-    PathFacts,
-    index_verdict,
+    identity,
     keep_reason,
     observe,
     remove_after_commit,
-    why_kept,
 )
 from filecord._pieces.data import FileBackedData
 from filecord._plan.preflight import CordLike, Target
 from filecord._plan.report import SaveReport
-from filecord._plan.types import HARDLINK, OTHER_FS, Reason
+from filecord._plan.types import (
+    HARDLINK,
+    IN_KEPT_SET,
+    NOT_CARRIED,
+    NOT_OUR_FILE,
+    OTHER_FS,
+    READ_ONLY,
+    SYMLINK,
+    Reason,
+)
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord._txn.save import plan, save_many
 from filecord._txn.state import ProgressCallback as ProgressCallback
@@ -51,8 +59,6 @@ from filecord._txn.state import ProgressCallback as ProgressCallback
 Paths = Sequence[str | os.PathLike[str]]
 T = TypeVar("T")
 log = logging.getLogger("filecord")
-# Kept-input reasons under which the save itself would still delete the file at its commit.
-_SAVE_DELETES = (KeepReason.HARD_LINKED, KeepReason.OTHER_FS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +77,8 @@ class Inputs(Generic[T]):
     value: T
     wholes: tuple[FileBackedData, ...]
     indexes: tuple[Index, ...] = ()
+    # Data files that stand or fall together without an index file (a GGUF split set).
+    sets: tuple[tuple[str, ...], ...] = ()
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -84,6 +92,9 @@ class Job:
 
     outputs: Mapping[Target, CordLike]
     obsolete: tuple[str, ...] = ()
+    # Input files whose non-tensor content (metadata, key-values) the outputs drop or override:
+    # copied and kept, never consumed.
+    uncarried: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,116 +141,221 @@ def operate(
     """Run one operation: ``read()`` the inputs (owned when consuming; it must give up what it
     opened if it fails), ``build`` the job, then plan (``dry_run``) or save, then settle."""
     inputs = read()
+    # Identities as read: after the commit only these very files are judged or unlinked.
+    seen = {p: identity(p) for p in dict.fromkeys(
+        [*inputs.files, *(i.path for i in inputs.indexes)])}
+    # An index rewritten byte for byte by another writer (a new inode) still describes only
+    # what was consumed: its text as read lets it go too.
+    texts = {i.path: _text(i.path) for i in inputs.indexes} if consume else {}
     try:
         job = build(inputs.value)
         out_devs = _devices(job.outputs)
-        disowned = disown_kept(inputs.wholes, out_devs) if consume else {}
         input_ids = _ids([*inputs.files, *(i.path for i in inputs.indexes)])
-        obsolete = [p for p in job.obsolete if not (_ids([p]) & input_ids)]
+        obsolete = [p for p in job.obsolete
+                    if not (_ids([p]) & input_ids) and _unlinkable_kind(p)]
+        held = decide(inputs, job, out_devs) if consume else Decision({}, {}, {})
+        relabels = disown_held(inputs.wholes, held)
         if dry_run:
-            report = _relabel(plan(job.outputs, consume=consume, window=window), disowned)
-            return forecast(report, inputs, obsolete, consume=consume, output_devs=out_devs)
+            report = _relabel(plan(job.outputs, consume=consume, window=window), relabels)
+            removed, kept = account(report, inputs, held, obsolete, consume=consume,
+                                    still_there=lambda f: False)
+            return OperationReport.of(report, removed=removed, kept=kept)
         report = _relabel(save_many(job.outputs, consume=consume, window=window,
-                                    progress=progress), disowned)
+                                    progress=progress), relabels)
     finally:
         for w in inputs.wholes:
             w.detach_cleanup()
     # Committed: the outputs are complete under their final names.  Nothing below raises.
     try:
-        return settle(report, inputs, obsolete, consume=consume, output_devs=out_devs)
+        doomed, kept = account(report, inputs, held, obsolete, consume=consume,
+                               still_there=lambda f: identity(f) == seen.get(f))
+        seen_doomed = {p: seen.get(p) or identity(p) for p in doomed}
+        removed, failed = remove_after_commit(doomed, seen_doomed, texts)
+        return OperationReport.of(report, removed=removed, kept=(*kept, *failed))
     except OSError as exc:  # e.g. the working directory vanished: keep, report, return
         log.warning("after the commit, the inputs could not be judged (%s): all are kept", exc)
         return OperationReport.of(report, kept=tuple(
             KeptInput(i.path, KeepReason.NOT_REMOVABLE, str(exc)) for i in inputs.indexes))
 
 
-def disown_kept(wholes: Sequence[FileBackedData], output_devs: frozenset[int]
-                ) -> dict[str, Reason]:
-    """Give up the deletion right over each input the operation must keep although the save
-    would take it over: one with another hard link (another name still holds the bytes: the
-    user has a second copy in mind) or on another file system than the outputs (nothing moves
-    across file systems; deleting after a copy would be a silent ``mv``).  Symlinks, read-only
-    and immutable files the save keeps by itself, with its own reason for the copy.  Returns
-    path -> the save's own reason for copying each, to report instead of "not owned"."""
-    disowned: dict[str, Reason] = {}
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What a consuming operation decided, before its save, to keep: ``own`` (path -> the fact
+    that forbids taking it: a symlink, read-only, content the output drops, ...), ``companions``
+    (path -> the member of its set it stays with: a kept shard keeps its whole index set or
+    GGUF split set, a file given twice stays with its kept other name), and ``indexes`` (index
+    path -> the fact that keeps it, None when nothing about the index itself does)."""
+
+    own: Mapping[str, KeepReason]
+    companions: Mapping[str, str]
+    indexes: Mapping[str, KeepReason | None]
+
+    def keeps(self, path: str) -> bool:
+        return path in self.own or path in self.companions
+
+
+def decide(inputs: Inputs[T], job: Job, output_devs: frozenset[int]) -> Decision:
+    """Decide, from the facts before anything is written, which data files the save must not
+    take over.  An input whose bytes were moved cannot be kept afterwards, so every rule that
+    keeps something is applied here: the facts of each file (:func:`keep_reason`), content the
+    outputs do not carry (``job.uncarried``), and sets that stand or fall together (an index
+    and its shards, a GGUF split set, one file reached by two names): when any member of a set
+    is kept, every member is, so a kept checkpoint stays loadable."""
+    outputs = {_sys.abspath(os.fspath(t)) for t in job.outputs}
+    files = [f for f in dict.fromkeys(inputs.files) if _sys.abspath(f) not in outputs]
+    own: dict[str, KeepReason] = {}
+    stream = any(_is_stream(os.fspath(t)) for t in job.outputs)
+    for f in files:
+        reason = (KeepReason.STREAM_OUTPUT if stream
+                  else keep_reason(observe(f), output_devs=output_devs))
+        if reason is not None:
+            own[f] = reason
+    for f in job.uncarried:
+        if f in files and f not in own:
+            own[f] = KeepReason.CONTENT_NOT_CARRIED
+    indexes: dict[str, KeepReason | None] = {}
+    groups: list[tuple[str | None, list[str]]] = []  # (index that holds it or None, members)
+    for index in inputs.indexes:
+        if _sys.abspath(index.path) in outputs:
+            continue
+        reason = keep_reason(observe(index.path))
+        indexes[index.path] = None if reason is KeepReason.HARD_LINKED else reason
+        groups.append((index.path if indexes[index.path] else None,
+                       [f for f in index.files if f in files]))
+    groups.extend((None, [f for f in group if f in files]) for group in inputs.sets)
+    by_id: dict[tuple[int, int], list[str]] = {}
+    for f in files:
+        try:
+            st = _sys.stat(f)
+        except OSError:
+            continue
+        by_id.setdefault((st.st_dev, st.st_ino), []).append(f)
+    groups.extend((None, same) for same in by_id.values() if len(same) > 1)
+    companions: dict[str, str] = {}
+    changed = True
+    while changed:  # a fixed point: sets may overlap (a file in a set, given twice)
+        changed = False
+        for holder_index, members in groups:
+            holder = holder_index or next(
+                (m for m in members if m in own or m in companions), None)
+            if holder is None:
+                continue
+            head = companions.get(holder, holder)
+            for m in members:
+                if m not in own and m not in companions and m != holder:
+                    companions[m] = head
+                    changed = True
+    return Decision(own, companions, indexes)
+
+
+def disown_held(wholes: Sequence[FileBackedData], held: Decision) -> dict[str, Reason]:
+    """Give up the deletion right over each input the decision keeps, so the save copies it
+    (whatever it would have judged by itself: root passes access(2) for a 0444 file).  Returns
+    path -> the reason to report on its copies instead of "not owned"."""
+    relabels: dict[str, Reason] = {}
     for w in wholes:
-        reason = keep_reason(observe(w.path), output_devs=output_devs) if w.owned else None
-        if reason in _SAVE_DELETES:
+        if not held.keeps(w.path):
+            continue
+        if w.owned:
             w._disown()  # the kit is the one caller of this private right
-            disowned[w.path] = HARDLINK if reason is KeepReason.HARD_LINKED else OTHER_FS
-    return disowned
+        reason = held.own.get(w.path)
+        relabels[w.path] = _SAVE_REASON[reason] if reason is not None else IN_KEPT_SET
+    return relabels
 
 
-def _relabel(report: SaveReport, disowned: Mapping[str, Reason]) -> SaveReport:
-    """The copies of disowned inputs carry the fact that made the kit keep them (another hard
-    link, another file system), not the "not owned" the save saw."""
-    if not disowned:
+_SAVE_REASON: dict[KeepReason, Reason] = {
+    KeepReason.SYMLINK: SYMLINK, KeepReason.HARD_LINKED: HARDLINK,
+    KeepReason.READ_ONLY: READ_ONLY, KeepReason.IMMUTABLE: READ_ONLY,
+    KeepReason.OTHER_FS: OTHER_FS, KeepReason.CONTENT_NOT_CARRIED: NOT_CARRIED,
+    KeepReason.STREAM_OUTPUT: NOT_OUR_FILE,
+}
+
+
+def _relabel(report: SaveReport, relabels: Mapping[str, Reason]) -> SaveReport:
+    """The copies of kept inputs carry the fact that made the kit keep them, not the "not
+    owned" the save saw after the kit gave up their deletion right."""
+    if not relabels:
         return report
     actions = tuple(
-        dataclasses.replace(a, reason=disowned[a.source])
-        if a.source is not None and a.source in disowned and a.action == "copied" else a
+        dataclasses.replace(a, reason=relabels[a.source])
+        if a.source is not None and a.source in relabels and a.action == "copied" else a
         for a in report.actions)
     return dataclasses.replace(report, actions=actions)
 
 
-def forecast(report: SaveReport, inputs: Inputs[T], obsolete: Sequence[str], *,
-             consume: bool, output_devs: frozenset[int]) -> OperationReport:
-    """A dry run's report: what the operation would remove and keep, from the same facts
-    :func:`settle` will judge by (a data file the facts let the save take over counts as
-    consumed).  Nothing is touched."""
-    kept: list[KeptInput] = []
+def account(report: SaveReport, inputs: Inputs[T], held: Decision, obsolete: Sequence[str], *,
+            consume: bool, still_there: Callable[[str], bool]
+            ) -> tuple[tuple[str, ...], tuple[KeptInput, ...]]:
+    """What the operation removes and keeps: one function for the dry run's forecast and the
+    run, from the plan-time decision, so the two agree.  ``still_there`` says whether a data
+    file the decision let the save take is still the very file read (the run asks the disk by
+    identity, so a new file at a consumed input's name is not the input; the forecast says no:
+    the save consumes every owned, undecided input).
+
+    Returns (paths to remove, kept inputs in input order, then indexes)."""
     removed: list[str] = list(obsolete)
-    if consume:
-        outputs = {_sys.abspath(o) for o in report.outputs}
-        reasons = {a.source: a.reason for a in report.actions if a.reason is not None}
-        files = {f: observe(f) for f in dict.fromkeys(inputs.files)}
-        left = {}
-        for f, facts in files.items():
-            if _sys.abspath(f) in outputs or keep_reason(facts, output_devs=output_devs) is None:
-                left[f] = PathFacts(f, exists=False)  # the save would take it over
-            else:
-                left[f] = facts
-                kept.append(why_kept(facts, output_devs=output_devs, save_reason=reasons.get(f)))
-        for index in inputs.indexes:
-            if _sys.abspath(index.path) in outputs:
-                continue
-            verdict = index_verdict(observe(index.path),
-                                    [left.get(f) or observe(f) for f in index.files])
-            if verdict is None:
-                removed.append(index.path)
-            else:
-                kept.append(verdict)
-    return OperationReport.of(report, removed=tuple(removed), kept=tuple(kept))
-
-
-def settle(report: SaveReport, inputs: Inputs[T], obsolete: Sequence[str], *, consume: bool,
-           output_devs: frozenset[int]) -> OperationReport:
-    """After the commit: remove indexes whose data files were all consumed and the obsolete
-    files; list every input still on disk with why.  Never raises.
-
-    An input whose name is now an output's (a reshard in place rewrites the index under its
-    old name) was replaced by the commit: it is neither kept nor removed.
-    """
     kept: list[KeptInput] = []
-    doomed: list[str] = list(obsolete)
-    if consume:
-        outputs = {_sys.abspath(o) for o in report.outputs}
-        reasons = {a.source: a.reason for a in report.actions if a.reason is not None}
-        files = {f: observe(f) for f in dict.fromkeys(inputs.files)}
-        kept.extend(why_kept(facts, output_devs=output_devs, save_reason=reasons.get(f))
-                    for f, facts in files.items()
-                    if facts.exists and _sys.abspath(f) not in outputs)
-        for index in inputs.indexes:
-            if _sys.abspath(index.path) in outputs:
-                continue
-            verdict = index_verdict(observe(index.path), [files.get(f) or observe(f)
-                                                          for f in index.files])
-            if verdict is None:
-                doomed.append(index.path)
-            else:
-                kept.append(verdict)
-    removed, failed = remove_after_commit(doomed)
-    return OperationReport.of(report, removed=removed, kept=(*kept, *failed))
+    if not consume:
+        return tuple(removed), ()
+    outputs = {_sys.abspath(o) for o in report.outputs}
+    copied = {a.source: a.reason for a in report.actions
+              if a.source is not None and a.action == "copied" and a.reason is not None}
+    left: set[str] = set()
+    for f in dict.fromkeys(inputs.files):
+        if _sys.abspath(f) in outputs:
+            continue  # replaced by the commit: neither kept nor removed
+        if f in held.own:
+            with_it = [c for c, h in held.companions.items() if h == f]
+            kept.append(KeptInput(f, held.own[f], _with(with_it)))
+            left.add(f)
+        elif f in held.companions:
+            left.add(f)  # named in its holder's entry
+        elif still_there(f):  # the save left it although the decision let it be taken
+            kept.append(KeptInput(f, KeepReason.NOT_MOVED, copied.get(f, "")))
+            left.add(f)
+    for index in inputs.indexes:
+        if index.path not in held.indexes:
+            continue  # an output now: replaced by the commit
+        reason = held.indexes[index.path]
+        # Its shards' own facts come first (an all-symlink snapshot keeps its index because it
+        # keeps its shards); the index's own fact when it alone holds the set.
+        if reason is not None and not any(f in held.own for f in index.files):
+            kept.append(KeptInput(index.path, reason, _with(list(index.files))))
+        elif any(f in left for f in index.files):
+            kept.append(KeptInput(index.path, KeepReason.SHARDS_KEPT,
+                                  ", ".join(f for f in index.files if f in left)))
+        else:
+            removed.append(index.path)
+    return tuple(removed), tuple(kept)
+
+
+def _with(paths: Sequence[str]) -> str:
+    return "kept with it: " + ", ".join(paths) if paths else ""
+
+
+def _text(path: str) -> str | None:
+    try:
+        return _sys.read_text(path, limit=64 << 20)
+    except (OSError, ValueError):
+        return None
+
+
+def _is_stream(output: str) -> bool:
+    """An output that is (or links to) a FIFO or a device: a stream, not storage, so nothing
+    is moved into it and every input stays."""
+    try:
+        mode = _sys.stat(output).st_mode
+    except OSError:
+        return False
+    return not stat_mod.S_ISREG(mode) and not stat_mod.S_ISDIR(mode)
+
+
+def _unlinkable_kind(path: str) -> bool:
+    """An obsolete name the operation may unlink: a file or a link, never a directory."""
+    try:
+        return not stat_mod.S_ISDIR(_sys.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _ids(paths: Sequence[str]) -> set[tuple[int, int] | str]:
@@ -255,9 +371,11 @@ def _ids(paths: Sequence[str]) -> set[tuple[int, int] | str]:
 
 
 def _devices(outputs: Mapping[Target, CordLike]) -> frozenset[int]:
+    """The devices the outputs' bytes land on: an output name that is a symlink lands where its
+    target does, so the resolved path's directory is the one asked."""
     devs = set()
     for target in outputs:
-        directory = os.path.dirname(_sys.abspath(os.fspath(target)))
+        directory = os.path.dirname(_sys.realpath(os.fspath(target)))
         try:
             devs.add(_sys.stat(directory).st_dev)
         except OSError:

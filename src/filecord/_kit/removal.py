@@ -33,7 +33,7 @@ import errno
 import logging
 import os
 import stat as stat_mod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from filecord._io import syscalls as _sys
@@ -51,6 +51,8 @@ class KeepReason(enum.Enum):
     OTHER_FS = "on another file system than the output"
     NOT_MOVED = "its bytes were copied, not moved"
     SHARDS_KEPT = "an index whose data files were kept"
+    STREAM_OUTPUT = "the output is a stream (a FIFO or a device), not storage"
+    CONTENT_NOT_CARRIED = "content the output does not carry (metadata it drops or overrides)"
     NOT_REMOVABLE = "the unlink failed"
 
 
@@ -77,6 +79,7 @@ class PathFacts:
     immutable: bool = False
     writable_dir: bool = True
     read_only_mount: bool = False
+    read_only_mode: bool = False
 
 
 def observe(path: str) -> PathFacts:
@@ -92,7 +95,9 @@ def observe(path: str) -> PathFacts:
         read_only_mount = bool(_sys.statvfs(directory).f_flag & os.ST_RDONLY)
     except OSError:
         read_only_mount = False
-    writable_dir = _sys.access(directory, os.W_OK | os.X_OK)
+    # Mode bits, not access(2) alone: root passes access() for a 0444 file or a 0555 directory,
+    # yet the user who made them read-only meant them kept.
+    writable_dir = _sys.access(directory, os.W_OK | os.X_OK) and _dir_mode_writable(directory)
     if stat_mod.S_ISLNK(lst.st_mode):
         return PathFacts(path, exists=True, symlink=True, regular=False, nlink=lst.st_nlink,
                          dev=lst.st_dev, writable_dir=writable_dir,
@@ -100,7 +105,27 @@ def observe(path: str) -> PathFacts:
     regular = stat_mod.S_ISREG(lst.st_mode)
     return PathFacts(path, exists=True, symlink=False, regular=regular, nlink=lst.st_nlink,
                      dev=lst.st_dev, immutable=regular and _immutable(path, lst),
-                     writable_dir=writable_dir, read_only_mount=read_only_mount)
+                     writable_dir=writable_dir, read_only_mount=read_only_mount,
+                     read_only_mode=regular and not lst.st_mode & 0o222)
+
+
+def _dir_mode_writable(directory: str) -> bool:
+    try:
+        return bool(_sys.stat(directory).st_mode & 0o222)
+    except OSError:
+        return False
+
+
+Identity = tuple[int, int, int, int]
+
+
+def identity(path: str) -> Identity | None:
+    """(st_dev, st_ino, st_size, st_mtime_ns) of ``path`` itself (not followed), or None."""
+    try:
+        st = _sys.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _immutable(path: str, lst: os.stat_result) -> bool:
@@ -136,7 +161,7 @@ def keep_reason(facts: PathFacts, *,
         return KeepReason.SYMLINK
     if facts.immutable:
         return KeepReason.IMMUTABLE
-    if facts.read_only_mount or not facts.writable_dir:
+    if facts.read_only_mount or not facts.writable_dir or facts.read_only_mode:
         return KeepReason.READ_ONLY
     if facts.nlink > 1:
         return KeepReason.HARD_LINKED
@@ -169,8 +194,23 @@ def index_verdict(index: PathFacts, shards: Sequence[PathFacts]) -> KeptInput | 
     return KeptInput(index.path, reason)
 
 
-def remove_after_commit(paths: Iterable[str]) -> tuple[tuple[str, ...], tuple[KeptInput, ...]]:
-    """Unlink each path (a missing one counts as removed); never raises.
+def _same_text(path: str, text: str | None) -> bool:
+    if text is None:
+        return False
+    try:
+        return _sys.read_text(path, limit=len(text.encode()) + 1) == text
+    except (OSError, ValueError):
+        return False
+
+
+def remove_after_commit(paths: Iterable[str],
+                        identities: Mapping[str, Identity | None] | None = None,
+                        texts: Mapping[str, str | None] | None = None,
+                        ) -> tuple[tuple[str, ...], tuple[KeptInput, ...]]:
+    """Unlink each path; never raises.  Only what this call unlinked is reported removed: a
+    path already gone is neither removed nor kept, and a path whose identity (``identities``,
+    captured when the operation read it) changed since is another writer's file, left alone,
+    unless it holds the very text read (``texts``: an index rewritten byte for byte).
 
     Returns (removed, kept): a path whose unlink failed is kept, with the reason the facts give
     (or :attr:`KeepReason.NOT_REMOVABLE` and the errno when they give none).
@@ -178,10 +218,16 @@ def remove_after_commit(paths: Iterable[str]) -> tuple[tuple[str, ...], tuple[Ke
     removed: list[str] = []
     kept: list[KeptInput] = []
     for p in paths:
+        if identities is not None and p in identities:
+            now = identity(p)
+            if now is None:
+                continue  # gone already: someone else removed it
+            if now != identities[p] and not _same_text(p, (texts or {}).get(p)):
+                log.warning("left %s: replaced by another writer during the operation", p)
+                continue
         try:
             _sys.unlink(p)
         except FileNotFoundError:
-            removed.append(p)
             continue
         except OSError as exc:
             reason = keep_reason(observe(p))

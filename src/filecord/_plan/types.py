@@ -36,7 +36,8 @@ Reason = Literal[
     "not owned", "a symlink", "another hard link", "read-only", "another file system",
     "a gap below the moved range", "bytes after the range are not part of the save",
     "the output is not a regular file we created", "the file system keeps no holes", "Windows",
-    "the file system refused the clone",
+    "the file system refused the clone", "kept with the set it belongs to",
+    "content the output does not carry",
 ]
 # What happens to a piece: in-memory bytes are "written"; file-backed ones one of the others.
 # "adopted": the source becomes its output's file in place (space inserted in front of its
@@ -57,6 +58,8 @@ NOT_OUR_FILE: Reason = "the output is not a regular file we created"
 NO_HOLES: Reason = "the file system keeps no holes"
 WINDOWS: Reason = "Windows"
 CLONE_REFUSED: Reason = "the file system refused the clone"
+IN_KEPT_SET: Reason = "kept with the set it belongs to"
+NOT_CARRIED: Reason = "content the output does not carry"
 MID_TAIL: TailReason = "its last block is partial and not its source's last"
 PAST_TAIL: TailReason = (
     "the output already reaches past it, so its partial last block cannot be cloned"

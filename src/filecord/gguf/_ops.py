@@ -62,8 +62,16 @@ def _reader(paths: Paths, *, consume: bool) -> Callable[[], Inputs[list[GGUFMode
             for m in models:
                 m.detach_cleanup()  # a failed read must never delete the user's file
             raise
-        return Inputs(models, tuple(f.whole for m in models for f in m.shards))
+        sets = tuple(tuple(f.path for f in m.shards) for m in models if len(m.shards) > 1)
+        return Inputs(models, tuple(f.whole for m in models for f in m.shards), sets=sets)
     return read
+
+
+def _dropped_kvs(models: list[GGUFModel]) -> tuple[str, ...]:
+    """The shards of every model after the first whose key-values the output (which holds the
+    first model's) does not: consuming them would lose their name, tokenizer, custom keys."""
+    first = dict(models[0].kvs)
+    return tuple(f.path for m in models[1:] if dict(m.kvs) != first for f in m.shards)
 
 
 def _union(models: list[GGUFModel]) -> list[GGUFTensor]:
@@ -105,7 +113,7 @@ def merge(
     def build(models: list[GGUFModel]) -> Job:
         sources = [f for m in models for f in m.shards]
         return Job({out: build_gguf(models[0].kvs, _union(models), alignment=alignment,
-                                    sources=sources)})
+                                    sources=sources)}, uncarried=_dropped_kvs(models))
 
     return operate(_reader(paths, consume=consume), build, consume=consume, dry_run=dry_run,
                    window=window, progress=progress)

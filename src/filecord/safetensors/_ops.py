@@ -66,6 +66,14 @@ class Loaded:
     def wholes(self) -> list[FileBackedData]:
         return [f.whole for f in self.files]
 
+    def dropped(self, carried: Mapping[str, str], *, ignore: tuple[str, ...] = ()
+                ) -> tuple[str, ...]:
+        """The files with a ``__metadata__`` entry the output's ``carried`` metadata does not
+        hold (overridden by a later input, replaced by the caller's, or a format without
+        metadata): a consuming operation must copy and keep them, never delete them."""
+        return tuple(f.path for f in self.files if any(
+            k not in ignore and carried.get(k) != v for k, v in (f.metadata or {}).items()))
+
 
 def load(paths: Paths, *, owned: bool) -> Loaded:
     """Read every input (files or indexes); names must be unique across them."""
@@ -139,7 +147,7 @@ def merge(
     def build(loaded: Loaded) -> Job:
         meta = loaded.metadata if metadata is None else dict(metadata)
         cord = build_file(loaded.tensors, meta, alignment=alignment, wholes=loaded.wholes)
-        return Job({out: cord})
+        return Job({out: cord}, uncarried=loaded.dropped(meta or {}))
 
     return operate(_reader(paths, consume=consume), build, consume=consume, dry_run=dry_run,
                    window=window, progress=progress)
@@ -177,7 +185,8 @@ def reshard(
             index_metadata=user, alignment=alignment, wholes=loaded.wholes,
         ))
         # Inputs are never obsolete files (the skeleton drops them): the save decides on them.
-        return Job(outputs, tuple(stale_files(d, filename_pattern, outputs)))
+        return Job(outputs, tuple(stale_files(d, filename_pattern, outputs)),
+                   uncarried=loaded.dropped({"format": "pt", **user}))
 
     return operate(_reader(paths, consume=consume), build, consume=consume, dry_run=dry_run,
                    window=window, progress=progress)
@@ -243,7 +252,8 @@ def convert(
         def build(loaded: Loaded) -> Job:
             entries = to_ptd_entries(loaded.tensors, alignment)
             cord = build_ptd(entries, segment_alignment=segment_alignment)  # type: ignore[arg-type]
-            return Job({out: cord})
+            # A .ptd holds no metadata; "format" is safetensors' own marker, nothing to keep.
+            return Job({out: cord}, uncarried=loaded.dropped({}, ignore=("format",)))
 
         return operate(_reader([src], consume=consume), build, consume=consume,
                        dry_run=dry_run, window=window, progress=progress)
