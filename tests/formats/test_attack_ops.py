@@ -408,10 +408,6 @@ def _file_bind(path: Path, *, read_only: bool) -> Iterator[None]:
 
 
 @pytest.mark.parametrize("read_only", [True, False], ids=["ro", "rw"])
-@pytest.mark.xfail(strict=True, reason="attack: a consuming merge whose input file is a bind "
-                   "mount (ro or rw: it can be neither renamed nor deleted) fails at run time "
-                   "with EBUSY after its dry run planned a commit; the promise: such an input "
-                   "is copied and kept, the operation commits")
 def test_a_bind_mounted_input_file_is_copied_and_kept(tmp_path: Path, read_only: bool) -> None:
     a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     every = {**_write_st(a, 0), **_write_st(b, 1)}
@@ -470,10 +466,6 @@ def _accepts_or_refuses_cleanly(out: Path, srcs: list[Path], pattern: str,
 
 @pytest.mark.parametrize("pattern", ["sub/model{suffix}.safetensors",
                                      "../model{suffix}.safetensors"])
-@pytest.mark.xfail(strict=True, reason="attack: a consuming reshard with a filename_pattern that "
-                   "has a directory part commits, deletes its inputs and returns success, but "
-                   "the index it wrote names 'sub/...' ('../...') shards that filecord's own "
-                   "merge refuses to load")
 def test_reshard_pattern_with_a_directory_part_writes_a_loadable_index_or_is_refused(
         tmp_path: Path, pattern: str) -> None:
     out = tmp_path / "out"

@@ -45,6 +45,7 @@ from filecord._plan.report import SaveReport
 from filecord._plan.types import (
     HARDLINK,
     IN_KEPT_SET,
+    MOUNT_POINT,
     NOT_CARRIED,
     NOT_OUR_FILE,
     OTHER_FS,
@@ -267,7 +268,7 @@ _SAVE_REASON: dict[KeepReason, Reason] = {
     KeepReason.SYMLINK: SYMLINK, KeepReason.HARD_LINKED: HARDLINK,
     KeepReason.READ_ONLY: READ_ONLY, KeepReason.IMMUTABLE: READ_ONLY,
     KeepReason.OTHER_FS: OTHER_FS, KeepReason.CONTENT_NOT_CARRIED: NOT_CARRIED,
-    KeepReason.STREAM_OUTPUT: NOT_OUR_FILE,
+    KeepReason.STREAM_OUTPUT: NOT_OUR_FILE, KeepReason.MOUNT_POINT: MOUNT_POINT,
 }
 
 

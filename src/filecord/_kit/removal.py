@@ -20,7 +20,8 @@ The rules, applied after the commit point, in this order:
    complete and committed, so the operation succeeded (DESIGN invariant 8), and its report
    lists each kept input with a typed reason.
 
-The facts (``lstat``, ``stat``, ``statvfs`` of the directory, the inode flags, ``access``) are
+The facts (``lstat``, ``stat``, ``statvfs`` of the directory, the inode flags, ``access``, the
+mode bits, whether the file is a mount point of its own) are
 gathered through the seam by :func:`observe`; :func:`keep_reason` decides from them alone, so
 the decision is tested without a disk.  Removal fsyncs the parent directories afterwards; an
 fsync that fails is logged (the unlink is done; only its durability is in doubt).
@@ -37,6 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from filecord._io import syscalls as _sys
+from filecord._plan.facts import mount_id, mount_table
 
 log = logging.getLogger("filecord")
 
@@ -51,6 +53,7 @@ class KeepReason(enum.Enum):
     OTHER_FS = "on another file system than the output"
     NOT_MOVED = "its bytes were copied, not moved"
     SHARDS_KEPT = "an index whose data files were kept"
+    MOUNT_POINT = "a mount point (a bind-mounted file can be neither renamed nor deleted)"
     STREAM_OUTPUT = "the output is a stream (a FIFO or a device), not storage"
     CONTENT_NOT_CARRIED = "content the output does not carry (metadata it drops or overrides)"
     NOT_REMOVABLE = "the unlink failed"
@@ -80,6 +83,7 @@ class PathFacts:
     writable_dir: bool = True
     read_only_mount: bool = False
     read_only_mode: bool = False
+    mount_point: bool = False
 
 
 def observe(path: str) -> PathFacts:
@@ -106,7 +110,17 @@ def observe(path: str) -> PathFacts:
     return PathFacts(path, exists=True, symlink=False, regular=regular, nlink=lst.st_nlink,
                      dev=lst.st_dev, immutable=regular and _immutable(path, lst),
                      writable_dir=writable_dir, read_only_mount=read_only_mount,
-                     read_only_mode=regular and not lst.st_mode & 0o222)
+                     read_only_mode=regular and not lst.st_mode & 0o222,
+                     mount_point=regular and _is_mount_point(path, directory))
+
+
+def _is_mount_point(path: str, directory: str) -> bool:
+    """A file bind-mounted over a name (EBUSY on rename and unlink): it is reached through
+    another mount than its directory.  Same ``st_dev`` either way, so the mount table says."""
+    table = mount_table()
+    if not table:
+        return False
+    return mount_id(path, table) != mount_id(directory, table)
 
 
 def _dir_mode_writable(directory: str) -> bool:
@@ -161,6 +175,8 @@ def keep_reason(facts: PathFacts, *,
         return KeepReason.SYMLINK
     if facts.immutable:
         return KeepReason.IMMUTABLE
+    if facts.mount_point:
+        return KeepReason.MOUNT_POINT
     if facts.read_only_mount or not facts.writable_dir or facts.read_only_mode:
         return KeepReason.READ_ONLY
     if facts.nlink > 1:

@@ -37,7 +37,7 @@ Reason = Literal[
     "a gap below the moved range", "bytes after the range are not part of the save",
     "the output is not a regular file we created", "the file system keeps no holes", "Windows",
     "the file system refused the clone", "kept with the set it belongs to",
-    "content the output does not carry",
+    "content the output does not carry", "a mount point",
 ]
 # What happens to a piece: in-memory bytes are "written"; file-backed ones one of the others.
 # "adopted": the source becomes its output's file in place (space inserted in front of its
@@ -60,6 +60,7 @@ WINDOWS: Reason = "Windows"
 CLONE_REFUSED: Reason = "the file system refused the clone"
 IN_KEPT_SET: Reason = "kept with the set it belongs to"
 NOT_CARRIED: Reason = "content the output does not carry"
+MOUNT_POINT: Reason = "a mount point"
 MID_TAIL: TailReason = "its last block is partial and not its source's last"
 PAST_TAIL: TailReason = (
     "the output already reaches past it, so its partial last block cannot be cloned"

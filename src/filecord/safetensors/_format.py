@@ -18,6 +18,7 @@ first; the header padded with spaces so the data starts on a multiple of 8.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -344,10 +345,21 @@ def split_shards(
     return [s + [x for n in s for x in later.get(n, [])] for s in shards if s]
 
 
-def shard_names(filename_pattern: str, count: int) -> list[str]:
-    """``model.safetensors`` for one shard, ``model-00001-of-00003.safetensors``... for more."""
+def check_pattern(filename_pattern: str) -> None:
+    """Refuse a pattern the checkpoint cannot be named by: without ``{suffix}``, or with a
+    directory part (an index names its shards by bare file name, beside it; a shard in
+    ``sub/`` or ``../`` would be written, and the index naming it would not load)."""
     if "{suffix}" not in filename_pattern:
         raise ValueError(f"filename_pattern must contain '{{suffix}}': {filename_pattern!r}")
+    name = filename_pattern.format(suffix="")
+    if "/" in filename_pattern or os.sep in filename_pattern or name in ("", ".", ".."):
+        raise ValueError(f"filename_pattern must be a bare file name, without a directory part: "
+                         f"{filename_pattern!r} (give the directory as the output instead)")
+
+
+def shard_names(filename_pattern: str, count: int) -> list[str]:
+    """``model.safetensors`` for one shard, ``model-00001-of-00003.safetensors``... for more."""
+    check_pattern(filename_pattern)
     if count == 1:
         return [filename_pattern.format(suffix="")]
     return [filename_pattern.format(suffix=f"-{i:05d}-of-{count:05d}") for i in range(1, count + 1)]

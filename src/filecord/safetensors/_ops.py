@@ -43,6 +43,7 @@ from filecord._kit.operation import (
 )
 from filecord._pieces.data import FileBackedData
 from filecord._plan.window import DEFAULT_WINDOW
+from filecord.safetensors._format import check_pattern
 from filecord.safetensors._ptdtypes import safetensors_dtype_of, scalar_type_of
 from filecord.safetensors._read import SafetensorsFile, SafetensorsIndex, read_safetensors
 from filecord.safetensors._write import build_file, plan_shards, stale_files
@@ -176,6 +177,7 @@ def reshard(
     d = output_path("reshard", RESHARD, directory)
     paths = input_paths("reshard", RESHARD, inputs)
     require_directory("reshard", RESHARD, d)
+    check_pattern(filename_pattern)  # before anything is read or written
 
     def build(loaded: Loaded) -> Job:
         user = {k: v for k, v in (loaded.metadata or {}).items() if k != "format"}
