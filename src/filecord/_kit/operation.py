@@ -352,9 +352,12 @@ def _is_stream(output: str) -> bool:
 
 
 def _unlinkable_kind(path: str) -> bool:
-    """An obsolete name the operation may unlink: a file or a link, never a directory."""
+    """An obsolete name the operation may unlink: a file or a link, never a directory (one not
+    there yet may be an output of this very save, a hidden one removed after the commit)."""
     try:
         return not stat_mod.S_ISDIR(_sys.lstat(path).st_mode)
+    except FileNotFoundError:
+        return True
     except OSError:
         return False
 
