@@ -16,6 +16,7 @@ from filecord._kit.removal import (
     KeepReason,
     KeptInput,
     PathFacts,
+    identity,
     index_verdict,
     keep_reason,
     observe,
@@ -34,6 +35,9 @@ GONE = PathFacts("gone", exists=False)
         (PathFacts("a", exists=True, immutable=True), KeepReason.IMMUTABLE),
         (PathFacts("a", exists=True, read_only_mount=True), KeepReason.READ_ONLY),
         (PathFacts("a", exists=True, writable_dir=False), KeepReason.READ_ONLY),
+        (PathFacts("a", exists=True, read_only_mode=True), KeepReason.READ_ONLY),  # 0444 as root
+        (PathFacts("a", exists=True, mount_point=True), KeepReason.MOUNT_POINT),
+        (PathFacts("a", exists=True, immutable=True, mount_point=True), KeepReason.IMMUTABLE),
         (PathFacts("a", exists=True, nlink=2), KeepReason.HARD_LINKED),
         (PathFacts("a", exists=True, dev=7), KeepReason.OTHER_FS),
         # the first fact that forbids removal is the one named
@@ -139,3 +143,42 @@ def test_a_path_that_cannot_be_looked_at_is_kept_not_raised(tmp_path: Path) -> N
         facts = observe(str(tmp_path / "x"))
     assert facts.exists
     assert keep_reason(facts) is KeepReason.READ_ONLY
+
+
+def test_observe_reads_mode_bits_not_only_access(tmp_path: Path) -> None:
+    """Root passes access(2) for a 0444 file or a 0555 directory; the mode bits still say."""
+    d = tmp_path / "d"
+    d.mkdir()
+    f = d / "f"
+    f.write_bytes(b"x")
+    assert keep_reason(observe(str(f))) is None
+    f.chmod(0o444)
+    assert observe(str(f)).read_only_mode
+    assert keep_reason(observe(str(f))) is KeepReason.READ_ONLY
+    f.chmod(0o644)
+    d.chmod(0o555)
+    try:
+        assert not observe(str(f)).writable_dir
+        assert keep_reason(observe(str(f))) is KeepReason.READ_ONLY
+    finally:
+        d.chmod(0o755)
+
+
+def test_removal_leaves_a_file_replaced_since_it_was_read(tmp_path: Path) -> None:
+    """Only the file read is unlinked: a name another writer replaced (another inode, other
+    text) stays and is not reported; the same text under a new inode goes; a name already
+    gone is neither removed nor kept."""
+    same, other, gone = tmp_path / "same", tmp_path / "other", tmp_path / "gone"
+    for p in (same, other, gone):
+        p.write_text("{}")
+    seen = {str(p): identity(str(p)) for p in (same, other, gone)}
+    texts = {str(p): "{}" for p in (same, other, gone)}
+    for p, text in ((same, "{}"), (other, '{"x": 1}')):
+        p.unlink()
+        p.write_text(text)  # a new inode (the old one is freed first, the number may be reused)
+        os.utime(p, ns=(1, 1))  # so the identity differs even when the inode number does not
+    gone.unlink()
+    removed, kept = remove_after_commit([str(same), str(other), str(gone)], seen, texts)
+    assert removed == (str(same),)
+    assert kept == ()
+    assert other.read_text() == '{"x": 1}'
