@@ -12,12 +12,18 @@ Deletion rights: whatever happens, every input piece gives up its deletion right
 out (``detach_cleanup``), so only a committed consuming save removes a user's data file, never
 a dry run, a failure, or the garbage collector.
 
-After the commit nothing raises (DESIGN invariant 8): :mod:`filecord._kit.removal` decides
-which index files may go (only with all of their data files) and removes them and the
-obsolete files, recording what it kept and why; the data files the save kept are listed too.
-The result is an :class:`OperationReport`: the save's report plus ``removed`` and ``kept``.
-Inputs are never in the obsolete list (the save decides about them), so a kept input survives
-a reshard into its own directory.
+Everything about what is kept is decided before the save (:func:`decide`), because an input
+whose bytes were moved cannot be kept afterwards: the facts of each input (symlink, read-only
+by mount or mode bits, immutable, a mount point, another hard link, another file system than
+where the outputs' bytes land, resolved through a symlinked output name), content the outputs
+do not carry (``Job.uncarried``), a stream output, and sets that stand or fall together (an
+index and its shards, a GGUF split set, one file given under two names).  Each kept input is
+disowned, so the save copies it.  :func:`account` then computes ``kept`` and ``removed`` for
+the dry run and the run alike, so the forecast is the outcome.
+
+After the commit nothing raises (DESIGN invariant 8): an index is unlinked only when its
+shards were all consumed and it is still the file read (same identity, or byte-identical);
+a failed unlink is reported kept, with its errno.  ``removed`` lists only what was unlinked.
 """
 
 from __future__ import annotations
@@ -103,7 +109,9 @@ class OperationReport(SaveReport):
     """A :class:`~filecord.SaveReport` plus what the operation did to its inputs after the
     commit: ``removed`` (indexes and obsolete files it unlinked; the data files the save
     consumed are gone too, as the report's ``moved``/``cloned`` pieces say) and ``kept``
-    (every input of a consuming operation still on disk, with a typed reason).  In a dry run
+    (every input of a consuming operation still on disk, with a typed reason; a file kept only
+    because its set is, a sibling shard or the second name of one file, is named in the
+    ``detail`` of the entry that holds the set, or of its index).  In a dry run
     (``dry_run`` True) both say what the operation would do."""
 
     removed: tuple[str, ...] = ()
