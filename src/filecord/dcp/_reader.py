@@ -58,7 +58,7 @@ def _resolve(path: str) -> str:
     return path
 
 
-class SafetensorsReader(StorageReader):
+class SafetensorsReader(StorageReader):  # type: ignore[misc, unused-ignore]
     """Read a ``.safetensors`` file, a ``*.index.json`` or a directory holding either."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -127,7 +127,7 @@ def _dtype(t: NamedTensor) -> torch.dtype:
     dtype = torch_dtype(t.dtype)
     if dtype is None:
         raise UnsupportedStateError(f"{t.name!r}: this torch has no dtype for {t.dtype.value}")
-    return dtype  # type: ignore[no-any-return]
+    return dtype  # type: ignore[no-any-return, unused-ignore]
 
 
 def _read_file(path: str, items: list[ReadItem], stored: dict[MetadataIndex, Stored],

@@ -139,7 +139,7 @@ def _spec(item: WriteItem) -> _layout.Spec:
                         tuple(int(x) for x in td.size))
 
 
-class SafetensorsWriter(StorageWriter):
+class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
     """Write ``dcp.save``'s state dict as ``path`` (one ``.safetensors`` file), or, with
     ``max_shard_size``, as hub-style shards plus ``model.safetensors.index.json`` in the
     directory ``path``: byte-identical to ``filecord.safetensors.save_file`` / ``save_sharded``

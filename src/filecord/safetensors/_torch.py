@@ -115,7 +115,7 @@ def _refuse_shared(items: Sequence[tuple[str, torch.Tensor]]) -> None:
 
 
 def _on_host(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu"
+    return bool(t.device.type == "cpu")
 
 
 def _named(items: Sequence[tuple[str, torch.Tensor]], directory: str) -> list[NamedTensor]:
@@ -171,7 +171,7 @@ def _storage_key(t: torch.Tensor) -> tuple[object, int] | None:
 
 def _covers(t: torch.Tensor) -> bool:
     s = t.untyped_storage()
-    return t.data_ptr() == s.data_ptr() and t.numel() * t.element_size() == s.nbytes()
+    return bool(t.data_ptr() == s.data_ptr() and t.numel() * t.element_size() == s.nbytes())
 
 
 def drop_shared(
