@@ -154,6 +154,53 @@ def test_attack_mistral_sliding_window_dropped(base: Path, tmp_path: Path) -> No
     exit0_means_right(tmp_path, model)
 
 
+@pytest.mark.xfail(strict=True, reason="attack: a legacy rope_scaling {'type': 'yarn'} beside "
+                   "rope_parameters is ignored (transformers applies YaRN); exit 0, logits differ")
+def test_attack_legacy_yarn_beside_rope_parameters(base: Path, tmp_path: Path) -> None:
+    model = fresh(base, tmp_path)
+    edit_config(model, rope_scaling={"type": "yarn", "factor": 4.0,
+                                     "original_max_position_embeddings": 64})
+    exit0_means_right(tmp_path, model)
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+
+
+@pytest.mark.xfail(strict=True, reason="attack: llama3 RoPE without low_freq_factor (which "
+                   "transformers refuses to load) is converted with some default, exit 0")
+def test_attack_llama3_rope_missing_field(base: Path, tmp_path: Path) -> None:
+    model = fresh(base, tmp_path)
+    edit_config(model, rope_parameters={k: v for k, v in LLAMA3_ROPE.items()
+                                        if k != "low_freq_factor"})
+    refused(tmp_path, model)
+
+
+@pytest.mark.xfail(strict=True, reason="attack: llama3 RoPE without "
+                   "original_max_position_embeddings converts (exit 0) to rope_freqs that differ "
+                   "from what transformers computes (logits off by ~0.3)")
+def test_attack_llama3_rope_without_original_context(base: Path, tmp_path: Path) -> None:
+    model = fresh(base, tmp_path)
+    edit_config(model, rope_parameters={k: v for k, v in LLAMA3_ROPE.items()
+                                        if k != "original_max_position_embeddings"})
+    exit0_means_right(tmp_path, model)
+
+
+@pytest.mark.xfail(strict=True, reason="attack: rope_theta 0 is accepted; llama.cpp's logits are "
+                   "NaN")
+def test_attack_rope_theta_zero(base: Path, tmp_path: Path) -> None:
+    model = fresh(base, tmp_path)
+    edit_config(model, rope_parameters={"rope_type": "default", "rope_theta": 0.0})
+    out = tmp_path / "o.gguf"
+    r = convert(model, "-o", out)
+    if r.returncode == 0:
+        assert np.isfinite(llama_logits(out)).all()
+    else:
+        assert r.returncode == 1
+        assert not out.exists()
+
+
 @pytest.mark.xfail(strict=True, reason="attack: an untied checkpoint without lm_head.weight is "
                    "converted without `output`, so llama.cpp silently ties it to token_embd")
 def test_attack_missing_lm_head_accepted(base: Path, tmp_path: Path) -> None:
