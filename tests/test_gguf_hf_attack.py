@@ -312,6 +312,33 @@ def test_attack_bpe_normalizer_ignored(bpe: Path, tmp_path: Path) -> None:
         assert not out.exists()
 
 
+@pytest.mark.xfail(strict=True, reason="attack: convert --consume deletes a read-only (0444) "
+                   "shard and the index naming it; docs/guarantees.md says a read-only file is "
+                   "kept (its bytes copied, the file and its index stay)")
+def test_attack_consume_takes_a_read_only_shard(base: Path, tmp_path: Path) -> None:
+    model = fresh(base, tmp_path)
+    shard = shard_of(model, "model.layers.0.self_attn.q_proj.weight")
+    kept = shard.read_bytes()
+    shard.chmod(0o444)
+    r = convert(model, "-o", tmp_path / "o.gguf", "--consume")
+    assert r.returncode == 0, r.stderr
+    assert shard.is_file()
+    assert shard.read_bytes() == kept
+    assert (model / INDEX).is_file()
+
+
+def test_control_consume_keeps_a_hard_linked_shard(base: Path, tmp_path: Path) -> None:
+    model = fresh(base, tmp_path)
+    shard = shard_of(model, "model.layers.0.self_attn.q_proj.weight")
+    kept = shard.read_bytes()
+    os.link(shard, tmp_path / "other")
+    r = convert(model, "-o", tmp_path / "o.gguf", "--consume", "--outtype", "f16")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "other").read_bytes() == kept
+    assert shard.read_bytes() == kept
+    assert (model / INDEX).is_file()
+
+
 def _kill_at(model: Path, out: Path, syscall: str, n: int, *args: str) -> int:
     """Run convert --consume under strace, SIGKILLed on entering the n-th ``syscall``."""
     if shutil.which("strace") is None:
