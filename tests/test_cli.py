@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from filecord import __version__, _cli_demo_model
+from filecord import __version__
+from filecord.cli import demo_model as _cli_demo_model
 from filecord.cli import parse_size
 
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}

@@ -181,7 +181,7 @@ def test_a_reader_that_goes_away_ends_the_output_quietly(tmp_path: Path) -> None
 def test_an_unexpected_error_is_one_line_unless_asked(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    from filecord import _cli_pack
+    from filecord.cli import pack as _cli_pack
 
     def boom(_args: object) -> int:
         raise RuntimeError("a bug")
@@ -199,7 +199,8 @@ def test_an_unexpected_error_is_one_line_unless_asked(
 
 _STUCK_DEMO = r"""
 import os, signal, sys, time
-from filecord import _cli_demo, cli
+from filecord import cli
+from filecord.cli import demo as _cli_demo
 
 # Ctrl-C raises KeyboardInterrupt even if whoever started the tests ignores SIGINT.
 signal.signal(signal.SIGINT, signal.default_int_handler)

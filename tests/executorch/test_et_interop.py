@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from et_helpers import PROGRAMS, Exported, run_program, write_cord
 
-from filecord._cli_executorch import register
+from filecord.cli.executorch import register
 from filecord.executorch import (
     NamedDataStore,
     PteFile,

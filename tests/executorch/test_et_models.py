@@ -33,7 +33,7 @@ from et_helpers import run_program, write_cord
 
 import filecord
 import filecord.executorch as fe
-from filecord._cli_et_render import summarize_pte
+from filecord.cli.et_render import summarize_pte
 from filecord.errors import InsufficientSpaceError
 from filecord.executorch import build_ptd, external_tensors, read_ptd, read_pte, verify
 

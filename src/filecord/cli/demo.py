@@ -21,8 +21,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from filecord import _cli_demo_model
-from filecord._cli_common import (
+from filecord._io import syscalls as _sys
+from filecord._io.measure import DiskSampler, rss_now, rss_peak, rss_reset
+from filecord._pieces.data import FileBackedData
+from filecord._plan.report import SaveReport
+from filecord._plan.window import DEFAULT_WINDOW
+from filecord._txn.save import save
+from filecord.cli import demo_model as _cli_demo_model
+from filecord.cli.common import (
     Subparsers,
     UsageError,
     add_common,
@@ -32,14 +38,8 @@ from filecord._cli_common import (
     positive_int,
     raise_terminated,
 )
-from filecord._cli_demo_model import ModelResult
-from filecord._cli_progress import Bar
-from filecord._io import syscalls as _sys
-from filecord._io.measure import DiskSampler, rss_now, rss_peak, rss_reset
-from filecord._pieces.data import FileBackedData
-from filecord._plan.report import SaveReport
-from filecord._plan.window import DEFAULT_WINDOW
-from filecord._txn.save import save
+from filecord.cli.demo_model import ModelResult
+from filecord.cli.progress import Bar
 from filecord.executorch.ptd import build_ptd, read_ptd
 from filecord.executorch.values import PtdEntry
 

@@ -17,21 +17,19 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from filecord import (
-    __version__,
-    _cli_demo,
-    _cli_executorch,
-    _cli_pack,
-    _cli_recover,
-    _cli_safetensors,
-)
-from filecord._cli_common import EXIT_FAIL as EXIT_FAIL
-from filecord._cli_common import EXIT_OK as EXIT_OK
-from filecord._cli_common import EXIT_USAGE as EXIT_USAGE
-from filecord._cli_common import Terminated, UsageError, sigterm_raises
-from filecord._cli_common import human as human  # part of this module's API
-from filecord._cli_common import parse_size as parse_size  # part of this module's API
+from filecord import __version__
 from filecord._io import syscalls as _sys
+from filecord.cli import demo as _cli_demo
+from filecord.cli import executorch as _cli_executorch
+from filecord.cli import pack as _cli_pack
+from filecord.cli import recover as _cli_recover
+from filecord.cli import safetensors as _cli_safetensors
+from filecord.cli.common import EXIT_FAIL as EXIT_FAIL
+from filecord.cli.common import EXIT_OK as EXIT_OK
+from filecord.cli.common import EXIT_USAGE as EXIT_USAGE
+from filecord.cli.common import Terminated, UsageError, sigterm_raises
+from filecord.cli.common import human as human  # part of this module's API
+from filecord.cli.common import parse_size as parse_size  # part of this module's API
 from filecord.errors import FilecordError
 
 # In the order ``filecord --help`` lists their commands.

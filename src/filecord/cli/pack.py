@@ -19,12 +19,12 @@ import stat as stat_mod
 import sys
 from typing import Any, TextIO
 
-from filecord._cli_common import Subparsers, UsageError, add_common, human, parse_window
-from filecord._cli_progress import Bar
 from filecord._io import syscalls as _sys
 from filecord._pieces.data import FileBackedData
 from filecord._plan.report import SaveReport
 from filecord._plan.window import DEFAULT_WINDOW
+from filecord.cli.common import Subparsers, UsageError, add_common, human, parse_window
+from filecord.cli.progress import Bar
 
 MAX_ALIGN = 1 << 30  # an entry's alignment is padding written into the file
 

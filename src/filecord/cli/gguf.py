@@ -12,8 +12,8 @@ import os
 import re
 from typing import Any, TextIO
 
-from filecord._cli_progress import Bar
 from filecord._plan.report import SaveReport
+from filecord.cli.progress import Bar
 
 GGUF_TENSORS_DEFAULT = 128  # gguf-split's default when no limit is given
 _SHARD = re.compile(r"-\d{5}-of-\d{5}$")
@@ -70,8 +70,8 @@ def convert(args: argparse.Namespace) -> SaveReport:
 def render_grouped(report: SaveReport, args: argparse.Namespace, out: TextIO) -> None:
     """A report whose pieces are many (Q/K rows are one range each) as one line per source
     file and fate: the action, the bytes, how many ranges, and why."""
-    from filecord._cli_common import human
-    from filecord._cli_pack import render_report
+    from filecord.cli.common import human
+    from filecord.cli.pack import render_report
 
     if args.json or (args.quiet and not report.dry_run):
         render_report(report, args, out)

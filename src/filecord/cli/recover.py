@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from filecord._cli_common import EXIT_OK, Subparsers, UsageError, add_common
+from filecord.cli.common import EXIT_OK, Subparsers, UsageError, add_common
 
 if TYPE_CHECKING:  # the library is imported when the command runs, not to build the parser
     from filecord._txn.recover import Action

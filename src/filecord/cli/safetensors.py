@@ -19,9 +19,9 @@ import os
 import sys
 from typing import Any
 
-from filecord._cli_common import EXIT_USAGE, Subparsers, add_common, parse_size
-from filecord._cli_pack import render_report
-from filecord._cli_progress import Bar
+from filecord.cli.common import EXIT_USAGE, Subparsers, add_common, parse_size
+from filecord.cli.pack import render_report
+from filecord.cli.progress import Bar
 from filecord._io import syscalls as _sys
 from filecord._pieces.data import FileBackedData
 from filecord._plan.report import SaveReport
@@ -51,7 +51,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         return _usage(args, bad)
     out: str = args.out
     if out.endswith(".gguf"):
-        from filecord import _cli_gguf
+        from filecord.cli import gguf as _cli_gguf
 
         return _finish(_cli_gguf.merge(args), args)
     with Bar(f"merge {os.path.basename(out)}", quiet=args.quiet or args.json) as bar:
@@ -83,7 +83,7 @@ def cmd_reshard(args: argparse.Namespace) -> int:
     if args.pattern is not None and "{suffix}" not in args.pattern:
         return _usage(args, f"--pattern must contain {{suffix}}: {args.pattern!r}")
     if all(p.endswith(".gguf") for p in args.inputs):
-        from filecord import _cli_gguf
+        from filecord.cli import gguf as _cli_gguf
 
         return _finish(_cli_gguf.reshard(args), args)
     if args.max_tensors is not None:
@@ -113,7 +113,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
                           "model.safetensors.index.json or a .safetensors file")
         if not (_sys.isdir(args.input) or _sys.isfile(args.input)):
             return _usage(args, f"{args.input}: no such file or directory")
-        from filecord import _cli_gguf
+        from filecord.cli import gguf as _cli_gguf
 
         report = _cli_gguf.convert(args)
         _cli_gguf.render_grouped(report, args, sys.stdout)

@@ -16,16 +16,16 @@ import os
 import stat as stat_mod
 import sys
 
-from filecord import _cli_safetensors
-from filecord._cli_common import Subparsers
-from filecord._cli_et_render import (
+from filecord._io import syscalls as _sys
+from filecord.cli import safetensors as _cli_safetensors
+from filecord.cli.common import Subparsers
+from filecord.cli.et_render import (
     describe_ptd,
     describe_pte,
     render_layout,
     render_ptd_summary,
     render_pte_summary,
 )
-from filecord._io import syscalls as _sys
 from filecord.errors import FormatError
 from filecord.executorch import read_ptd, read_pte, verify
 
@@ -107,7 +107,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     try:
         ident = _identifier(path)
         if _head(path)[:4] == b"GGUF":
-            from filecord import _cli_gguf
+            from filecord.cli import gguf as _cli_gguf
 
             g = _cli_gguf.describe(path)
             print(json.dumps(g, indent=2, ensure_ascii=False) if args.json
