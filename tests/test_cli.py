@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from filecord import __version__
-from filecord.cli import demo_model as _cli_demo_model
+from filecord.cli import demo as _cli_demo_model
 from filecord.cli import parse_size
 
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}

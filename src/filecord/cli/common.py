@@ -1,32 +1,38 @@
-"""What the CLI modules share: exit codes, the usage error, the common options, argument types
-and human units.
+"""What the CLI modules share: exit codes, the usage error, the common options, argument types,
+human units, the one grammar of outputs (``-o/--output``, old forms refused with the new one
+shown, output directories created), progress bars and the rendering of a save's report.
 
-A leaf: it imports no other CLI module, so every command module (and ``cli.py``, which only
-assembles them) can import it without a cycle.  Kept apart from ``cli.py`` also so that
-``python -m filecord.cli`` (where ``cli`` runs as ``__main__``) and the command modules see one
-and the same :class:`UsageError`.
-
-Every command module has the same entry point, ``register(subparsers)``, which adds its
-sub-commands and sets each one's ``func``; a ``func`` returns the exit status.
+A leaf: it imports no other CLI module.  The command table (:mod:`filecord.cli.table`) is the
+only module that imports the others; every command and format module imports this one alone,
+so ``python -m filecord.cli`` and the command modules see one and the same
+:class:`UsageError`.  Progress rendering: the library only calls ``progress(done, total)``;
+:class:`Bar` turns those calls into a tqdm bar on a terminal and is silent elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
+import os
+import shlex
 import signal
+import stat as stat_mod
+import sys
 import threading
-from collections.abc import Iterator
-from types import FrameType
-from typing import Any, TypeAlias
+from collections.abc import Callable, Iterator
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any, TextIO
 
+from filecord._io import syscalls as _sys
 from filecord._plan.types import BLOCK
+from filecord._plan.window import DEFAULT_WINDOW
+
+if TYPE_CHECKING:
+    from filecord._plan.report import SaveReport
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-
-# What ``ArgumentParser.add_subparsers()`` returns: the one argument of every ``register``.
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 class UsageError(Exception):
@@ -113,3 +119,209 @@ def parse_window(text: str) -> int:
     if value < BLOCK:
         raise argparse.ArgumentTypeError(f"the window must be at least {BLOCK} bytes, got {text!r}")
     return value
+
+
+# --- progress bars: tqdm on a terminal (the cli extra), silence elsewhere ------------------------
+# tqdm's own TQDM_* settings apply; FILECORD_NO_PROGRESS=1, TQDM_DISABLE=1 and
+# HF_HUB_DISABLE_PROGRESS_BARS=1 switch bars off (checked here: tqdm's environment defaults do
+# not override the disable=None we pass).
+
+_OFF_VARS = ("FILECORD_NO_PROGRESS", "HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE")
+
+
+def _enabled(*, quiet: bool) -> bool:
+    if quiet or any(os.environ.get(v, "") not in ("", "0") for v in _OFF_VARS):
+        return False
+    return sys.stderr.isatty()
+
+
+class Bar:
+    """A context manager whose ``update(done, total)`` fits the library's progress callback."""
+
+    def __init__(self, desc: str, *, quiet: bool) -> None:
+        self._desc = desc
+        self._bar: Any = None
+        self._on = _enabled(quiet=quiet)
+        self._last = 0
+
+    def __enter__(self) -> Bar:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+    def update(self, done: int, total: int) -> None:
+        if not self._on:
+            return
+        if self._bar is None:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                self._on = False
+                return
+            self._bar = tqdm(
+                total=total, desc=self._desc, unit="B", unit_scale=True, unit_divisor=1024,
+                disable=None, leave=False,
+            )
+        self._bar.update(done - self._last)
+        self._last = done
+
+    @property
+    def callback(self) -> Callable[[int, int], None] | None:
+        return self.update if self._on else None
+
+
+# --- the grammar: inputs positional, the destination after -o/--output ---------------------------
+
+def add_output(p: argparse.ArgumentParser, metavar: str, help_: str) -> None:
+    """``-o/--output``, the one way every writing command is told where to write."""
+    p.add_argument("-o", "--output", metavar=metavar, default=None, help=help_)
+
+
+def add_operation_options(p: argparse.ArgumentParser, align_help: str) -> None:
+    """The options of every command that writes from inputs (merge, reshard, convert)."""
+    p.add_argument("--consume", action="store_true",
+                   help="move the inputs' bytes into the output(s); inputs the save could "
+                   "consume are deleted, the others (read-only, symlinked, ...) are kept")
+    p.add_argument("-n", "--dry-run", action="store_true",
+                   help="print what would be moved, cloned or copied (and why); write nothing")
+    p.add_argument("--align", type=int, default=None, help=align_help)
+    p.add_argument("--window", type=parse_size, default=DEFAULT_WINDOW,
+                   help=f"consume sync window [{DEFAULT_WINDOW >> 20}MiB]")
+    add_common(p)
+
+
+def _shell_word(token: str) -> str:
+    """``token`` quoted for a POSIX shell; a name that is not UTF-8 (surrogate escapes) as
+    bash's ``$'...'`` with its raw bytes as ``\\xNN``, so that pasting it gives the same bytes."""
+    try:
+        token.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = os.fsencode(token)
+        return "$'" + "".join(
+            chr(b) if 32 <= b < 127 and b not in b"'\\" else f"\\x{b:02x}" for b in raw) + "'"
+    return shlex.quote(token)
+
+
+def command_line(argv: list[str]) -> str:
+    """How a user would type ``argv`` (quoted for a POSIX shell)."""
+    return " ".join(_shell_word(t) for t in ["filecord", *argv])
+
+
+def require_output(args: argparse.Namespace, positionals: list[str], *, old_first: bool,
+                   placeholder: str) -> str:
+    """The destination given with ``-o``.  Without one, the command line is most likely in an
+    old form (``merge OUT IN...`` put the output first, ``convert IN OUT`` and ``reshard IN...
+    OUTDIR`` last): refused with exit 2 and the same command line in the new form spelled out,
+    so the user can copy it.  Nothing was read or written."""
+    output: str | None = args.output
+    if output is not None:
+        return output
+    argv: list[str] = list(getattr(args, "argv", None) or [args.command, *positionals])
+    if len(positionals) < 2:
+        raise UsageError("the output is given with -o/--output, as in: "
+                         f"{command_line(argv)} -o {placeholder}")
+    dest = positionals[0] if old_first else positionals[-1]
+    spots = [i for i, token in enumerate(argv) if i > 0 and token == dest]
+    if spots:
+        del argv[spots[0] if old_first else spots[-1]]
+    where = "first" if old_first else "last"
+    raise UsageError(f"the output is no longer the {where} argument but follows -o/--output; "
+                     f"this command line is now written:\n  {command_line([*argv, '-o', dest])}")
+
+
+@contextlib.contextmanager
+def output_directory(directory: str, *, dry_run: bool) -> Iterator[None]:
+    """Create ``directory`` and its missing parents.  Not in a dry run: that writes nothing, and
+    the plan needs the directory's file system, so a dry run into a missing one is refused.  If
+    the command fails, the directories it created are removed again when they are still empty,
+    so a refused command leaves no trace."""
+    made: list[str] = []
+    if dry_run and directory and not _sys.lexists(directory):
+        raise UsageError(f"{directory}: no such directory; without --dry-run it is created, but a "
+                         "dry run writes nothing and plans only into an existing directory "
+                         f"(mkdir -p {shlex.quote(directory)} first)")
+    if not dry_run and directory:
+        missing: list[str] = []
+        d = _sys.abspath(directory)
+        while not _sys.lexists(d):
+            missing.append(d)
+            d = os.path.dirname(d)
+        for d in reversed(missing):
+            _sys.mkdir(d)
+            made.append(d)
+    try:
+        yield
+    except BaseException:
+        for d in reversed(made):
+            with contextlib.suppress(OSError):
+                _sys.rmdir(d)
+        raise
+
+
+# --- a save's report -----------------------------------------------------------------------------
+
+def render_report(report: SaveReport, args: argparse.Namespace, out: TextIO) -> None:
+    """A save's or a plan's report as every saving command prints it (``--json``: the report's
+    dictionary; ``-q``: nothing after a real save)."""
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2), file=out)
+        return
+    if args.quiet and not report.dry_run:
+        return
+    print(report.summary(), file=out)
+    for a in report.file_actions():
+        why = f" ({a.reason})" if a.reason else ""
+        if a.tail:
+            why += f" (last {a.tail} bytes copied: {a.tail_reason})"
+        print(f"  {a.action:7} {human(a.length):>12}  {a.source}{why}", file=out)
+    for peak in report.peaks:
+        verdict = "fits" if peak.fits else "DOES NOT FIT"
+        print(f"  {peak.fs_type}: needs {human(peak.needed)} at its peak, {human(peak.free)} "
+              f"free: {verdict}", file=out)
+
+
+def finish(report: SaveReport, args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Render the report; the exit status: 0 for a save (it committed, or it would have
+    raised) and for a dry run that fits, 1 for a dry run that does not fit."""
+    render_report(report, args, sys.stdout if out is None else out)
+    return EXIT_OK if not report.dry_run or all(p.fits for p in report.peaks) else EXIT_FAIL
+
+
+# --- inputs --------------------------------------------------------------------------------------
+
+def not_regular(path: str) -> str | None:
+    """Why ``path`` cannot be read as a file (a FIFO would block, a device never ends)."""
+    try:
+        st = _sys.stat(path)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if stat_mod.S_ISDIR(st.st_mode):
+        return "a directory, not a file"
+    if not stat_mod.S_ISREG(st.st_mode):
+        return "not a regular file (a FIFO, socket or device is not read)"
+    return None
+
+
+# --- ExecuTorch: the data files beside a program (inspect and verify) ----------------------------
+
+DEFAULT_DATA = "_default_external_constant.ptd"  # where external_constants=True data goes
+
+
+def data_beside(pte: str) -> list[str]:
+    """The data files ExecuTorch writes beside a program that are there: ``<stem>.ptd`` and
+    ``_default_external_constant.ptd`` (regular files only: a FIFO is never opened)."""
+    directory = os.path.dirname(pte)
+    stem = os.path.splitext(os.path.basename(pte))[0]
+    found: list[str] = []
+    for name in dict.fromkeys((f"{stem}.ptd", DEFAULT_DATA)):
+        path = os.path.join(directory, name)
+        try:
+            if stat_mod.S_ISREG(_sys.stat(path).st_mode):
+                found.append(path)
+        except OSError:
+            continue
+    return found
