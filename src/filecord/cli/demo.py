@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+import textwrap
 import threading
 import time
 import warnings
@@ -129,20 +130,36 @@ def run_once(
     return RunResult(mode, seconds, sampler.peak, rss, report, verified)
 
 
+_COLUMNS = ("save", "time", "peak disk (x data)", "added peak RSS", "bytes by action",
+            "verified")
+
+
 def _table(results: list[RunResult], total: int) -> str:
-    rows = [("mode", "time", "peak disk / data", "peak RSS +", "pieces", "verified")]
+    rows = [_COLUMNS]
     for r in results:
         acts = r.report.bytes_by_action()
         pieces = ", ".join(f"{k} {human(v)}" for k, v in sorted(acts.items()))
         rows.append((
-            r.mode, f"{r.seconds:.2f} s", f"{r.peak_disk / max(total, 1):.3f}x",
-            human(r.peak_rss_delta), pieces, "yes" if r.verified else "NO",
+            "by copy" if r.mode == "copy" else "consume=True", f"{r.seconds:.2f} s",
+            f"{r.peak_disk / max(total, 1):.3f}x", human(r.peak_rss_delta), pieces,
+            "yes" if r.verified else "NO",
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def _legend(total: int) -> str:
+    """What the table's numbers mean, in one paragraph under it."""
+    return textwrap.fill(f"peak disk (x data): the most disk the engines and the .ptd held at any instant, "
+            f"as a multiple of the {human(total)} of engine bytes (a copy holds both: about "
+            f"2x; consume=True moves the bytes: about 1x plus one sync window). added peak "
+            f"RSS: memory above what the process held before the save (bytes stream through "
+            f"the kernel, not through Python). bytes by action: how the output's bytes got "
+            f"there: copied, cloned or moved from the engine files, or written (the header).",
+                         width=96)
 
 
 # --- the real-model step: export a small model with ExecuTorch, stream its weights into
@@ -344,6 +361,7 @@ def run(args: argparse.Namespace) -> int:
         }, indent=2))
         return 0 if ok else 1
     print(_table(results, total))
+    print(_legend(total))
     for r in results:
         reasons = r.report.copy_reasons()
         if reasons:
