@@ -52,7 +52,7 @@ def runtime_loads(path: Path) -> bool:
 
     try:
         Runtime.get().load_program(path).load_method("forward")
-    except Exception:  # noqa: BLE001 - any refusal of the runtime is its verdict
+    except Exception:  # any refusal of the runtime is its verdict
         return False
     return True
 

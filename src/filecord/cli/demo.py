@@ -153,13 +153,13 @@ def _table(results: list[RunResult], total: int) -> str:
 
 def _legend(total: int) -> str:
     """What the table's numbers mean, in one paragraph under it."""
-    return textwrap.fill(f"peak disk (x data): the most disk the engines and the .ptd held at any instant, "
+    text = (f"peak disk (x data): the most disk the engines and the .ptd held at any instant, "
             f"as a multiple of the {human(total)} of engine bytes (a copy holds both: about "
             f"2x; consume=True moves the bytes: about 1x plus one sync window). added peak "
             f"RSS: memory above what the process held before the save (bytes stream through "
             f"the kernel, not through Python). bytes by action: how the output's bytes got "
-            f"there: copied, cloned or moved from the engine files, or written (the header).",
-                         width=96)
+            f"there: copied, cloned or moved from the engine files, or written (the header).")
+    return textwrap.fill(text, width=96)
 
 
 # --- the real-model step: export a small model with ExecuTorch, stream its weights into
