@@ -531,7 +531,7 @@ class Conformance:
     def test_sigkill_during_a_consuming_merge_then_recover(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str], step: float
     ) -> None:
-        from filecord import _sys
+        from filecord._io import syscalls as _sys
         from support.faultfs import CountFS, KillFS
         from support.killjob import fork_run
 
