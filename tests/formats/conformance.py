@@ -288,20 +288,50 @@ class Conformance:
 
     # --- hostile places -----------------------------------------------------------------------
 
-    def test_a_fifo_in_a_set_is_refused_without_hanging(self, tmp_path: Path) -> None:
+    def fifo_set(self, tmp_path: Path) -> tuple[list[Path], Path]:
         inputs, members = self.write_set(tmp_path / "set", tensors(6))
         victim = members[-1]
         victim.unlink()
         os.mkfifo(victim)
-        shown = inputs[0] if inputs[0] != victim else victim
-        for args in (["inspect", str(shown if len(inputs) == 1 else victim)],
-                     self.merge_args(inputs, tmp_path / f"out{self.suffix}")):
+        return inputs, victim
+
+    def test_a_fifo_in_a_set_is_refused_without_hanging(self, tmp_path: Path) -> None:
+        """By the command line: inspect, merge (and convert) name the FIFO and exit."""
+        inputs, victim = self.fifo_set(tmp_path)
+        commands = [["inspect", str(inputs[0] if len(inputs) == 1 else victim)],
+                    self.merge_args(inputs, tmp_path / f"out{self.suffix}")]
+        convert = self.convert_args(inputs, tmp_path / "c")
+        if convert is not None and len(inputs) == 1:  # the one input stands for the set
+            commands.append(convert)
+        for args in commands:
             r = run_child(args, timeout=30)
             assert r.returncode in (1, 2), r
             assert b"Traceback" not in r.stderr
             assert victim.name.encode() in r.stderr, r.stderr
+            assert b"not a regular file" in r.stderr
         assert not (tmp_path / f"out{self.suffix}").exists()
+        assert not (tmp_path / "c").exists()
         assert stat.S_ISFIFO(victim.lstat().st_mode)
+
+    def test_the_reader_refuses_a_fifo_in_a_set_without_hanging(self, tmp_path: Path) -> None:
+        """By the library: the reader opening the set raises (an error naming the FIFO)
+        instead of blocking on it; run in a forked child that is killed after 20 s."""
+        from support.killjob import fork_run
+
+        inputs, victim = self.fifo_set(tmp_path)
+
+        def read() -> None:
+            signal.alarm(20)  # the default action ends the child: a hang reads as SIGALRM
+            try:
+                self.read(inputs[0] if len(inputs) == 1 else victim)
+            except (FormatError, OSError) as exc:
+                if victim.name not in str(exc):
+                    raise AssertionError(f"the error does not name the FIFO: {exc}") from exc
+                return
+            raise AssertionError("read a FIFO as a file")
+
+        code = fork_run(read)
+        assert code == 0, f"child exit {code} ({-signal.SIGALRM}: blocked on the FIFO for 20 s)"
 
     @pytest.mark.parametrize("device", ["/dev/zero", "/dev/null"])
     def test_a_device_as_input_is_refused(self, tmp_path: Path, device: str) -> None:

@@ -16,11 +16,11 @@ from filecord.gguf import read_gguf, read_gguf_file
 gguf = pytest.importorskip("gguf")
 
 
-# The kit owns these (issue 23 item 1): opening a split set reads a FIFO shard and blocks; an
-# output on an input is refused even when consuming, and a reshard over its own input set is
-# not refused without --consume.
+# The kit owns these (issue 23 item 1): the reader opening a split set blocks on a FIFO shard
+# (the command line refuses it first); an output on an input is refused even when consuming,
+# and a reshard over its own input set is not refused without --consume.
 @expect_kit(
-    "test_a_fifo_in_a_set_is_refused_without_hanging",
+    "test_the_reader_refuses_a_fifo_in_a_set_without_hanging",
     "test_an_output_that_is_an_input_is_refused_unless_consuming",
     "test_an_output_replacing_an_input_index_is_refused_unless_consuming",
 )

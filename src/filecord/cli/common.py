@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import stat as stat_mod
@@ -303,6 +304,45 @@ def not_regular(path: str) -> str | None:
         return "a directory, not a file"
     if not stat_mod.S_ISREG(st.st_mode):
         return "not a regular file (a FIFO, socket or device is not read)"
+    return None
+
+
+_GGUF_SHARD = re.compile(r"(.*)-(\d{5})-of-(\d{5})\.gguf")
+
+
+def set_members(path: str) -> list[str]:
+    """The other files an input stands for: the shards a safetensors index names, or the
+    shards of a GGUF split set given by its first.  Checked before any reader opens them (a
+    FIFO among them would block the reader forever); a name the index cannot hold, or a
+    member that is missing, is left to the reader, which says so in its own words."""
+    if path.endswith(".json"):
+        try:
+            index = json.loads(_sys.read_text(path, limit=64 << 20))
+        except (OSError, ValueError):
+            return []
+        names = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(names, dict):
+            return []
+        directory = os.path.dirname(path)
+        return [os.path.join(directory, n) for n in dict.fromkeys(names.values())
+                if isinstance(n, str) and n and "/" not in n and "\0" not in n]
+    m = _GGUF_SHARD.fullmatch(os.path.basename(path))
+    if m is None or int(m.group(2)) != 1:
+        return []
+    directory = os.path.dirname(path)
+    count = int(m.group(3))
+    return [os.path.join(directory, f"{m.group(1)}-{i:05d}-of-{count:05d}.gguf")
+            for i in range(2, count + 1)]
+
+
+def odd_member(path: str) -> str | None:
+    """Why a file of the set ``path`` stands for cannot be read (a FIFO, a device, a
+    directory), or None."""
+    for member in set_members(path):
+        if _sys.lexists(member):
+            why = not_regular(member)
+            if why is not None:
+                return f"{member}, named by {path}: {why}"
     return None
 
 

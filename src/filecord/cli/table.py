@@ -38,6 +38,7 @@ from filecord.cli.common import (
     finish,
     human,
     not_regular,
+    odd_member,
     output_directory,
     parse_size,
     require_output,
@@ -67,11 +68,15 @@ class Command:
 # --- the commands that span formats --------------------------------------------------------------
 
 def _check_inputs(paths: list[str]) -> None:
-    """Every input is a regular file (a FIFO would block a reader, a device never ends)."""
+    """Every input, and every file of a set an input stands for (an index's shards, a split
+    GGUF's), is a regular file: a FIFO would block a reader, a device never ends."""
     for p in paths:
         why = not_regular(p)
         if why is not None:
             raise UsageError(f"{p}: {'no such file' if not _sys.lexists(p) else why}")
+        member = odd_member(p)
+        if member is not None:
+            raise UsageError(member)
 
 
 def _save(op: Operation, args: argparse.Namespace, directory: str,
@@ -189,6 +194,9 @@ def _describe(path: str, verbose: int) -> tuple[dict[str, Any], list[str]] | Non
 def run_inspect(args: argparse.Namespace) -> int:
     path = os.fspath(args.path)
     why = not_regular(path)
+    if why is None:
+        member = odd_member(path)
+        why = None if member is None else f"a file of its set: {member}"
     if why is not None:
         print(f"filecord inspect: {path}: {why}", file=sys.stderr)
         return EXIT_FAIL
