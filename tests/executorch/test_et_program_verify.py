@@ -101,6 +101,26 @@ def test_the_data_file_beside_the_program_is_used_and_named(
     assert "'lin.weight'" in err
 
 
+def test_inspect_shows_the_data_files_beside_the_program(
+    exported: dict[str, Exported], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    e = exported["external"]
+    (ptd,) = e.ptds.values()
+    pte = tmp_path / "model.pte"
+    shutil.copyfile(e.pte, pte)
+    assert cli.main(["inspect", str(pte)]) == 0
+    assert "beside it" not in capsys.readouterr().out  # nothing there yet
+    shutil.copyfile(ptd, tmp_path / "model.ptd")
+    assert cli.main(["inspect", str(pte)]) == 0
+    out = capsys.readouterr().out
+    assert f"    beside it: {tmp_path / 'model.ptd'}: holds 2 of them\n" in out
+    assert "    the data files beside it hold every key it needs\n" in out
+    assert cli.main(["inspect", "--json", str(pte)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["data_beside"] == [{"path": str(tmp_path / "model.ptd"), "holds": 2}]
+    assert info["missing_beside"] == []
+
+
 def test_runtime_failure_is_reported(
     exported: dict[str, Exported], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
