@@ -333,6 +333,22 @@ class Conformance:
         code = fork_run(read)
         assert code == 0, f"child exit {code} ({-signal.SIGALRM}: blocked on the FIFO for 20 s)"
 
+    def test_a_device_in_a_set_is_refused(self, tmp_path: Path) -> None:
+        """A file of the set that is a symlink to /dev/zero (which never ends): named and
+        refused by inspect and merge, nothing written."""
+        inputs, members = self.write_set(tmp_path / "set", tensors(6))
+        victim = members[-1]
+        victim.unlink()
+        victim.symlink_to("/dev/zero")
+        out = tmp_path / f"out{self.suffix}"
+        for args in (["inspect", str(inputs[0] if len(inputs) == 1 else victim)],
+                     self.merge_args(inputs, out)):
+            r = run_child(args, timeout=30)
+            assert r.returncode in (1, 2), r
+            assert victim.name.encode() in r.stderr, r.stderr
+            assert b"not a regular file" in r.stderr
+        assert not out.exists()
+
     @pytest.mark.parametrize("device", ["/dev/zero", "/dev/null"])
     def test_a_device_as_input_is_refused(self, tmp_path: Path, device: str) -> None:
         for args, code in ((["inspect", device], 1),
