@@ -229,3 +229,29 @@ def test_no_consume_note_when_consume_would_not_fit_either(tmp_path: Path) -> No
         assert r.returncode == 1
         assert b"not enough free space" in r.stderr
         assert b"--consume would fit" not in r.stderr
+
+
+def test_created_output_directories_are_made_durable(ckpt: Path) -> None:
+    """Each new directory's entry is fsynced in its parent (the save itself syncs only the
+    directory that holds the output), before the save begins."""
+    from filecord._io import syscalls as _sys
+
+    class Record(_sys.Backend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[str, tuple[object, ...]]] = []
+
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            self.calls.append((op, args))
+
+    rec = Record()
+    with _sys.use(rec):
+        rc = cli.main(["merge", str(ckpt / "a.safetensors"), "-q",
+                       "-o", str(ckpt / "new" / "dir" / "m.safetensors")])
+    assert rc == 0
+    made = [a[0] for op, a in rec.calls if op == "mkdir"]
+    synced = [a[0] for op, a in rec.calls if op == "fsync_dir"]
+    assert made == [str(ckpt / "new"), str(ckpt / "new" / "dir")]
+    assert synced[:2] == [str(ckpt), str(ckpt / "new")]
+    first_open = next(i for i, (op, _a) in enumerate(rec.calls) if op == "open")
+    assert rec.calls.index(("fsync_dir", (str(ckpt / "new"),))) < first_open

@@ -236,7 +236,8 @@ def require_output(args: argparse.Namespace, positionals: list[str], *, old_firs
 
 @contextlib.contextmanager
 def output_directory(directory: str, *, dry_run: bool) -> Iterator[None]:
-    """Create ``directory`` and its missing parents.  Not in a dry run: that writes nothing, and
+    """Create ``directory`` and its missing parents, durably (each new entry's parent is
+    fsynced).  Not in a dry run: that writes nothing, and
     the plan needs the directory's file system, so a dry run into a missing one is refused.  If
     the command fails, the directories it created are removed again when they are still empty,
     so a refused command leaves no trace."""
@@ -254,6 +255,11 @@ def output_directory(directory: str, *, dry_run: bool) -> Iterator[None]:
         for d in reversed(missing):
             _sys.mkdir(d)
             made.append(d)
+        # The save fsyncs the directory that holds its output, not that directory's own entry
+        # in its parent: without these a power cut could lose a committed output with the new
+        # directory that holds it.
+        for d in made:
+            _sys.fsync_dir(os.path.dirname(d))
     try:
         yield
     except BaseException:
