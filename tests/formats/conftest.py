@@ -6,14 +6,13 @@ emptied).  Counted before ``-k``/``--deselect`` take anything away; checked by e
 from __future__ import annotations
 
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-COLLECTED: Counter[str] = Counter()
+from conformance import COLLECTED
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -15,13 +15,10 @@ from filecord import cli
 from filecord.executorch import NamedDataStore, build_program
 from filecord.executorch.schema import program_table
 
-KIT = "issue 23: kit"
-
 CASES: list[Any] = [
     pytest.param({}, id="valid 2-D"),
     pytest.param({"sizes": (3,), "dim_order": (0,)}, id="valid 1-D"),
-    pytest.param({"sizes": (3,), "dim_order": ()}, id="1-D with empty dim_order",
-                 marks=pytest.mark.xfail(strict=True, reason=KIT)),
+    pytest.param({"sizes": (3,), "dim_order": ()}, id="1-D with empty dim_order"),
     pytest.param({"dim_order": (0,)}, id="2-D with a 1-D dim_order"),
     pytest.param({"sizes": (), "dim_order": ()}, id="valid 0-D"),
     pytest.param({"dim_order": (1, 0)}, id="valid permuted dim_order"),

@@ -15,18 +15,9 @@ from filecord.safetensors import read_safetensors
 st_numpy = pytest.importorskip("safetensors.numpy")
 
 
-# The kit owns these (issue 23 item 1): the reader opens a FIFO named by an index and blocks
-# (the command line refuses it first);
-# the inputs (and the index link) are removed after the commit whether or not the save kept
-# them, so a read-only, immutable or symlinked input turns a committed save into exit 1 or an
-# unloadable checkpoint; an output on an input is refused even when consuming, and a reshard
-# over its input index is not refused without --consume.
+# The kit owns these (issue 23 item 1): an output on an input is refused even when consuming,
+# and a reshard over its input index is not refused without --consume.
 @expect_kit(
-    "test_the_reader_refuses_a_fifo_in_a_set_without_hanging",
-    "test_hf_cache_merge_consume_keeps_the_links_and_the_index",
-    "test_hf_cache_convert_consume_keeps_the_links_and_the_index",
-    "test_read_only_mount_consume_exits_0_and_keeps_the_inputs",
-    "test_immutable_inputs_consume_exits_0_and_keeps_them",
     "test_an_output_that_is_an_input_is_refused_unless_consuming",
     "test_an_output_replacing_an_input_index_is_refused_unless_consuming",
 )
