@@ -46,8 +46,8 @@ CHECKPOINT_JOB = {
     "safetensors save_file": "st",
     "huggingface_hub save_torch_state_dict": "hf",
     "filecord convert --consume": ["filecord", "convert", "ckpt/model.safetensors.index.json",
-                                   "model.ptd", "--consume", "--json"],
-    "filecord merge --consume": ["filecord", "merge", "model.safetensors",
+                                   "-o", "model.ptd", "--consume", "--json"],
+    "filecord merge --consume": ["filecord", "merge", "-o", "model.safetensors",
                                  "ckpt/model-00001-of-00002.safetensors",
                                  "ckpt/model-00002-of-00002.safetensors", "--consume", "--json"],
 }

@@ -75,7 +75,7 @@ def main() -> int:
                 child(CHILD, "safetensors", args.size, theirs)]
         back = work / "back.safetensors"
         env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-        subprocess.run([sys.executable, "-m", "filecord.cli", "convert", str(ptd), str(back),
+        subprocess.run([sys.executable, "-m", "filecord.cli", "convert", str(ptd), "-o", str(back),
                         "-q"], check=True, env=env)
         check = subprocess.run([sys.executable, "-c", CHECK, str(back), str(theirs)],
                                capture_output=True, text=True, check=False)

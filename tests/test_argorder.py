@@ -136,7 +136,7 @@ def test_cli_gguf_pattern_of_another_suffix_still_names_the_shards(work: Path) -
 
     out = work / "out"
     out.mkdir()
-    assert main(["reshard", str(work / "model.gguf"), str(out), "--pattern", "x{suffix}.bin",
+    assert main(["reshard", str(work / "model.gguf"), "-o", str(out), "--pattern", "x{suffix}.bin",
                  "--max-tensors", "2", "--quiet"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["x.bin-00001-of-00002.gguf",
                                                      "x.bin-00002-of-00002.gguf"]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from filecord import __version__, _cli_demo_model
+from filecord import __version__
+from filecord.cli import demo as _cli_demo_model
 from filecord.cli import parse_size
 
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
@@ -59,8 +60,12 @@ def test_demo_small_completes_verifies_and_cleans_up(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "all output bytes verified" in r.stdout
     lines = r.stdout.splitlines()
-    assert any(line.startswith("copy ") and "2.00" in line for line in lines)
-    assert any(line.startswith("consume ") and "moved" in line for line in lines)
+    header = lines[1].split("  ")
+    assert [c.strip() for c in header if c.strip()] == [
+        "save", "time", "peak disk (x data)", "added peak RSS", "bytes by action", "verified"]
+    assert any(line.startswith("by copy ") and "2.00" in line for line in lines)
+    assert any(line.startswith("consume=True ") and "moved" in line for line in lines)
+    assert any(line.startswith("peak disk (x data): the most disk") for line in lines)
     assert os.listdir(tmp_path) == []  # nothing left behind
     if _cli_demo_model.available():
         assert any(line.startswith("model: ") and "matches PyTorch" in line for line in lines)

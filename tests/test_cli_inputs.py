@@ -65,7 +65,7 @@ def populate(d: Path) -> None:
 
 def test_non_utf8_file_packs_under_a_given_key_and_inspects(tmp_path: Path) -> None:
     populate(tmp_path)
-    r = run([b"pack", BAD_OUT, b"k=" + BAD_FILE], tmp_path)
+    r = run([b"pack", b"-o", BAD_OUT, b"k=" + BAD_FILE], tmp_path)
     no_traceback(r)
     assert r.returncode == 0
     assert b"f\\udcff.bin" in r.stdout  # the name, escaped, in the report
@@ -89,7 +89,7 @@ def test_a_key_that_is_not_utf8_is_a_usage_error(tmp_path: Path, cmd: bytes) -> 
         (b"k\xfe=ok.bin", b"key 'k\\udcfe' is not valid UTF-8"),
         (BAD_SURROGATE + b"=ok.bin", b"is not valid UTF-8"),
     ):
-        r = run([cmd, b"o.ptd", spec, b"--consume"], tmp_path)
+        r = run([cmd, b"-o", b"o.ptd", spec, b"--consume"], tmp_path)
         no_traceback(r)
         assert r.returncode == 2
         assert msg in r.stderr
@@ -107,11 +107,11 @@ def test_a_key_that_is_not_utf8_is_a_usage_error(tmp_path: Path, cmd: bytes) -> 
         ([b"demo", b"--size", b"0"], b"--size (0 bytes) must be at least one byte per piece"),
         ([b"demo", b"--window", b"0"], b"the window must be at least 4096 bytes"),
         ([b"demo", b"--dir", BAD_MISSING], b"--dir nope\\udcfe\\udcc0\\udcaf: no such directory"),
-        ([b"pack", b"o.ptd", b"ok.bin", b"--window", b"1"], b"at least 4096 bytes"),
+        ([b"pack", b"-o", b"o.ptd", b"ok.bin", b"--window", b"1"], b"at least 4096 bytes"),
         ([b"demo", b"--size", b"1e400"], b"argument --size: not a size: '1e400' (too large)"),
         ([b"demo", b"--window", b"1e999"], b"not a size: '1e999' (too large)"),
         ([b"demo", b"--size", b"1e30", b"--dir", b"."], b"free in . (the copy holds"),
-        ([b"pack", b"o.ptd", b"ok.bin", b"--align", b"%d" % (1 << 70)],
+        ([b"pack", b"-o", b"o.ptd", b"ok.bin", b"--align", b"%d" % (1 << 70)],
          b"--align must be a power of two from 1 to 1073741824"),
         ([b"recover", b"ok.bin"], b"ok.bin is not a filecord journal"),
     ],
@@ -135,7 +135,7 @@ def test_nonsense_arguments_are_usage_errors(tmp_path: Path, args: list[bytes], 
         ([b"inspect", BAD_DIR], 1, b"d\\udce9: a directory, not a file"),
         ([b"verify", BAD_FIFO, b"--no-runtime"], 1, b"fifo\\udcff: not a regular file"),
         ([b"verify", b"ok.bin", b"--data", BAD_FIFO], 1, b"fifo\\udcff: not a regular file"),
-        ([b"pack", b"o.ptd", b"k=" + BAD_FIFO], 2, b"fifo\\udcff: not a regular file"),
+        ([b"pack", b"-o", b"o.ptd", b"k=" + BAD_FIFO], 2, b"fifo\\udcff: not a regular file"),
         ([b"recover", BAD_FIFO], 2, b"is not a filecord journal"),
     ],
 )
@@ -151,7 +151,7 @@ def test_a_fifo_or_device_to_read_is_refused_not_opened(
 
 def test_pack_to_stdout_with_consume_streams_and_keeps_the_file(tmp_path: Path) -> None:
     populate(tmp_path)
-    r = run([b"pack", b"/dev/stdout", b"ok.bin", b"--consume"], tmp_path)
+    r = run([b"pack", b"-o", b"/dev/stdout", b"ok.bin", b"--consume"], tmp_path)
     no_traceback(r)
     assert r.returncode == 0
     (tmp_path / "streamed.ptd").write_bytes(r.stdout)
@@ -165,7 +165,7 @@ def test_a_reader_that_goes_away_ends_the_output_quietly(tmp_path: Path) -> None
     names = [f"f{i}" for i in range(3_000)]
     for n in names:
         (tmp_path / n).write_bytes(b"x")
-    proc = subprocess.Popen([sys.executable, "-m", "filecord.cli", "plan", "o.ptd", *names],
+    proc = subprocess.Popen([sys.executable, "-m", "filecord.cli", "plan", "-o", "o.ptd", *names],
                             cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None
     assert proc.stderr is not None
@@ -181,17 +181,17 @@ def test_a_reader_that_goes_away_ends_the_output_quietly(tmp_path: Path) -> None
 def test_an_unexpected_error_is_one_line_unless_asked(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    from filecord import _cli_pack
+    from filecord.cli import pack as _cli_pack
 
     def boom(_args: object) -> int:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(_cli_pack, "cmd_pack", boom)
-    assert cli.main(["plan", "o.ptd", str(tmp_path)]) == 1
+    monkeypatch.setattr(_cli_pack, "_cord", boom)
+    assert cli.main(["plan", "-o", "o.ptd", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("filecord plan: internal error: RuntimeError: a bug\n")
     assert "Traceback" not in err
-    assert cli.main(["plan", "-vv", "o.ptd", str(tmp_path)]) == 1
+    assert cli.main(["plan", "-vv", "-o", "o.ptd", str(tmp_path)]) == 1
     assert "Traceback" in capsys.readouterr().err
 
 
@@ -199,7 +199,8 @@ def test_an_unexpected_error_is_one_line_unless_asked(
 
 _STUCK_DEMO = r"""
 import os, signal, sys, time
-from filecord import _cli_demo, cli
+from filecord import cli
+from filecord.cli import demo as _cli_demo
 
 # Ctrl-C raises KeyboardInterrupt even if whoever started the tests ignores SIGINT.
 signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -280,7 +281,7 @@ def test_a_consuming_pack_stopped_mid_move_rolls_back(
     body = pattern(64 << 10, "big")
     (tmp_path / "big.bin").write_bytes(body)
     proc = subprocess.Popen(
-        [sys.executable, "-c", _PAUSED_PACK, "pack", "-q", "o.ptd", "big.bin", "--consume",
+        [sys.executable, "-c", _PAUSED_PACK, "pack", "-q", "-o", "o.ptd", "big.bin", "--consume",
          "--window", "4KiB"],
         cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
@@ -320,9 +321,9 @@ def corpus() -> list[list[bytes]]:
     for i, out in enumerate(WEIRD_OUTS):
         for j, spec in enumerate(WEIRD_SPECS):  # every pair once, pack and plan in turn
             if (i + j) % 2:
-                cases.append([b"pack", out, spec, b"--consume", b"-q"])
+                cases.append([b"pack", b"-o", out, spec, b"--consume", b"-q"])
             else:
-                cases.append([b"plan", out, spec, b"--json"])
+                cases.append([b"plan", b"-o", out, spec, b"--json"])
     for p in WEIRD_PATHS:
         cases += [
             [b"inspect", p], [b"inspect", p, b"--json"],
@@ -333,7 +334,7 @@ def corpus() -> list[list[bytes]]:
         ]
     cases += [[b"demo", b"--size", s, b"--dir", BAD_DIR]
               for s in (b"-1", b"1", b"\xff", b"", b"1e400", b"1e30", b"nan")]
-    cases += [[b"pack", b"o.ptd", b"ok.bin", b"--align", a]
+    cases += [[b"pack", b"-o", b"o.ptd", b"ok.bin", b"--align", a]
               for a in (b"0", b"3", b"-8", b"\xff", b"%d" % (1 << 70))]
     return cases
 
@@ -344,7 +345,7 @@ def test_fuzz_corpus_never_prints_a_traceback(tmp_path: Path) -> None:
     assert len(cases) >= 130  # the corpus cannot silently shrink to nothing
     template = tmp_path / "template"
     populate(template)
-    subprocess.run([sys.executable, "-m", "filecord.cli", "pack", "-q", os.fsdecode(BAD_OUT),
+    subprocess.run([sys.executable, "-m", "filecord.cli", "pack", "-q", "-o", os.fsdecode(BAD_OUT),
                     "k=" + os.fsdecode(BAD_FILE)], cwd=template, env=ENV, check=True)
     dirs = []
     for i in range(len(cases)):

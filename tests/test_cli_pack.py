@@ -28,7 +28,7 @@ def files(tmp_path: Path) -> tuple[bytes, bytes]:
 
 def test_pack_copy_puts_each_file_at_its_segment(tmp_path: Path) -> None:
     a, b = files(tmp_path)
-    r = run("pack", "out.ptd", "a.bin", "weights=b.bin", "--align", "4096", cwd=tmp_path)
+    r = run("pack", "-o", "out.ptd", "a.bin", "weights=b.bin", "--align", "4096", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     ptd = read_ptd(tmp_path / "out.ptd")
     raw = (tmp_path / "out.ptd").read_bytes()
@@ -43,7 +43,7 @@ def test_pack_copy_puts_each_file_at_its_segment(tmp_path: Path) -> None:
 
 def test_pack_consume_moves_and_deletes_sources(tmp_path: Path) -> None:
     a, b = files(tmp_path)
-    r = run("pack", "out.ptd", "a.bin", "b.bin", "--consume", "--json", cwd=tmp_path)
+    r = run("pack", "-o", "out.ptd", "a.bin", "b.bin", "--consume", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["bytes_by_action"]["moved"] == len(a) + len(b)
@@ -55,8 +55,8 @@ def test_pack_consume_moves_and_deletes_sources(tmp_path: Path) -> None:
 
 def test_plan_and_dry_run_touch_nothing(tmp_path: Path) -> None:
     a, _b = files(tmp_path)
-    for args in (("plan", "out.ptd", "a.bin", "b.bin", "--consume"),
-                 ("pack", "-n", "out.ptd", "a.bin", "b.bin", "--consume")):
+    for args in (("plan", "-o", "out.ptd", "a.bin", "b.bin", "--consume"),
+                 ("pack", "-n", "-o", "out.ptd", "a.bin", "b.bin", "--consume")):
         r = run(*args, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert "would save" in r.stdout
@@ -68,10 +68,10 @@ def test_plan_and_dry_run_touch_nothing(tmp_path: Path) -> None:
 def test_usage_errors(tmp_path: Path) -> None:
     files(tmp_path)
     for args, msg in (
-        (("pack", "o.ptd", "missing.bin"), "no such file"),
-        (("pack", "o.ptd", "a.bin", "a.bin"), "given twice"),
-        (("pack", "o.ptd", "=a.bin"), "empty key"),
-        (("pack", "o.ptd", "a.bin", "--align", "3"), "power of two"),
+        (("pack", "-o", "o.ptd", "missing.bin"), "no such file"),
+        (("pack", "-o", "o.ptd", "a.bin", "a.bin"), "given twice"),
+        (("pack", "-o", "o.ptd", "=a.bin"), "empty key"),
+        (("pack", "-o", "o.ptd", "a.bin", "--align", "3"), "power of two"),
     ):
         r = run(*args, cwd=tmp_path)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
@@ -80,19 +80,60 @@ def test_usage_errors(tmp_path: Path) -> None:
 
 
 def test_failed_consuming_pack_keeps_the_files(tmp_path: Path) -> None:
-    a, _b = files(tmp_path)
-    r = run("pack", "no/such/dir/out.ptd", "a.bin", "--consume", cwd=tmp_path)
+    a, b = files(tmp_path)
+    r = run("pack", "-o", "b.bin/out.ptd", "a.bin", "--consume", cwd=tmp_path)
     assert r.returncode == 1
-    assert "does not exist" in r.stderr
+    assert "b.bin is not a directory" in r.stderr
     assert (tmp_path / "a.bin").read_bytes() == a
+    assert (tmp_path / "b.bin").read_bytes() == b
     assert leftovers(tmp_path) == []
 
 
-def test_an_input_given_as_out_is_refused_and_nothing_is_touched(tmp_path: Path) -> None:
-    """``pack a.bin b.bin --consume`` (OUT forgotten): a.bin is not a .ptd, so it is not
-    replaced and b.bin is not taken over."""
+def test_the_output_directory_is_created(tmp_path: Path) -> None:
+    a, _b = files(tmp_path)
+    r = run("pack", "-o", "no/such/dir/out.ptd", "a.bin", "--consume", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert read_ptd(tmp_path / "no/such/dir/out.ptd").entries["a.bin"].data.to_bytes() == a
+    assert not (tmp_path / "a.bin").exists()
+
+
+def test_directories_made_for_a_failed_pack_are_removed_again(tmp_path: Path) -> None:
+    """``-o new/dir/`` names a directory, not a file: refused by the save after the CLI made
+    new/dir, which it removes again; the input stays."""
+    a, _b = files(tmp_path)
+    r = run("pack", "-o", "new/dir/", "a.bin", "--consume", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]
+    assert (tmp_path / "a.bin").read_bytes() == a
+
+
+def test_the_old_form_is_refused_with_the_new_one_shown(tmp_path: Path) -> None:
+    """``pack OUT FILE...`` (the output first, as before -o): exit 2, nothing touched, and
+    the same command line in the new form, ready to copy."""
     a, b = files(tmp_path)
-    r = run("pack", "a.bin", "b.bin", "--consume", cwd=tmp_path)
+    for old, new in (
+        (("pack", "out.ptd", "a.bin", "b.bin", "--consume"),
+         "filecord pack a.bin b.bin --consume -o out.ptd"),
+        (("plan", "--json", "out.ptd", "w=a.bin"), "filecord plan --json w=a.bin -o out.ptd"),
+        (("pack", "a.bin", "b.bin", "--consume"), "filecord pack b.bin --consume -o a.bin"),
+    ):
+        r = run(*old, cwd=tmp_path)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.splitlines()[-1].strip() == new
+        assert "follows -o/--output" in r.stderr
+    r = run("pack", "a.bin", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "the output is given with -o/--output, as in: filecord pack a.bin -o OUT.ptd" in r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]
+    assert (tmp_path / "a.bin").read_bytes() == a
+    assert (tmp_path / "b.bin").read_bytes() == b
+
+
+def test_an_input_given_as_out_is_refused_and_nothing_is_touched(tmp_path: Path) -> None:
+    """``pack -o a.bin b.bin --consume`` (an input given as OUT): a.bin is not a .ptd, so it
+    is not replaced and b.bin is not taken over."""
+    a, b = files(tmp_path)
+    r = run("pack", "-o", "a.bin", "b.bin", "--consume", cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert "a.bin exists and is not a .ptd: refusing to replace it" in r.stderr
     assert (tmp_path / "a.bin").read_bytes() == a
@@ -102,8 +143,8 @@ def test_an_input_given_as_out_is_refused_and_nothing_is_touched(tmp_path: Path)
 
 def test_an_existing_ptd_is_replaced_as_a_save_replaces_it(tmp_path: Path) -> None:
     _a, b = files(tmp_path)
-    assert run("pack", "out.ptd", "a.bin", cwd=tmp_path).returncode == 0
-    r = run("pack", "out.ptd", "b.bin", cwd=tmp_path)
+    assert run("pack", "-o", "out.ptd", "a.bin", cwd=tmp_path).returncode == 0
+    r = run("pack", "-o", "out.ptd", "b.bin", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     entries = read_ptd(tmp_path / "out.ptd").entries
     assert list(entries) == ["b.bin"]

@@ -44,14 +44,14 @@ def test_merge_reshard_roundtrip_with_consume(tmp_path: Path) -> None:
     gguf_py(ref / "m.gguf", split_max_tensors=2)
     work = tmp_path / "work"
     work.mkdir()
-    r = run("reshard", str(ref / "m.gguf"), str(work), "--max-tensors", "2", "-q")
+    r = run("reshard", str(ref / "m.gguf"), "-o", str(work), "--max-tensors", "2", "-q")
     assert r.returncode == 0, r.stderr
     shards = sorted(os.listdir(work))
     assert shards == [f"m-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
     for name in shards:
         assert (work / name).read_bytes() == (ref / name).read_bytes()
     out = tmp_path / "merged.gguf"
-    r = run("merge", str(out), str(work / shards[0]), "--consume", "--json")
+    r = run("merge", "-o", str(out), str(work / shards[0]), "--consume", "--json")
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["dry_run"] is False
@@ -63,10 +63,11 @@ def test_dry_run_json_and_inspect(tmp_path: Path) -> None:
     gguf_py(tmp_path / "m.gguf", split_max_tensors=3)
     first = tmp_path / "m-00001-of-00002.gguf"
     before = sorted(os.listdir(tmp_path))
-    r = run("merge", str(tmp_path / "o.gguf"), str(first), "--dry-run", "--consume", "--json")
+    r = run("merge", "-o", str(tmp_path / "o.gguf"), str(first), "--dry-run", "--consume",
+            "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["dry_run"] is True
-    r = run("reshard", str(first), str(tmp_path), "--max-shard-size", "200", "-n")
+    r = run("reshard", str(first), "-o", str(tmp_path), "--max-shard-size", "200", "-n")
     assert r.returncode == 0, r.stderr
     assert "moved" not in r.stdout  # no --consume: a plan of copies
     assert sorted(os.listdir(tmp_path)) == before
@@ -97,22 +98,22 @@ def test_convert_and_refusal_exit_codes(tmp_path: Path) -> None:
 
     src = tmp_path / "m.safetensors"
     save_file({"w": torch.ones(4, 2), "ids": torch.zeros(3, dtype=torch.int64)}, str(src))
-    r = run("convert", str(src), str(tmp_path / "o.gguf"), "--consume")
+    r = run("convert", str(src), "-o", str(tmp_path / "o.gguf"), "--consume")
     assert r.returncode == 1
     assert "no config.json" in r.stderr
     assert "Traceback" not in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
-    r = run("convert", str(src), str(tmp_path / "s.ptd"), "--max-tensors", "2")
+    r = run("convert", str(src), "-o", str(tmp_path / "s.ptd"), "--max-tensors", "2")
     assert r.returncode == 2
     r = run("convert", str(src), str(tmp_path / "o.gguf"), "-o", str(tmp_path / "p.gguf"))
     assert r.returncode == 2
-    assert "give the output once" in r.stderr
+    assert "convert takes one input, got 2" in r.stderr
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 16)
     r = run("inspect", str(bad))
     assert r.returncode == 1
     assert "LimitExceeded" not in r.stderr
     assert "tensor_count at offset 8" in r.stderr
-    r = run("merge", str(tmp_path / "x.gguf"), str(bad))
+    r = run("merge", "-o", str(tmp_path / "x.gguf"), str(bad))
     assert r.returncode == 1
     assert "Traceback" not in r.stderr

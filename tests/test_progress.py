@@ -41,7 +41,7 @@ def _pack_stderr(tmp_path: Path, *, tty: bool, extra_env: dict[str, str] | None 
     (tmp_path / "a.bin").write_bytes(pattern(4 << 20))
     out = tmp_path / f"out{tty}{len(extra_env or {})}.ptd"
     env = {**ENV, **(extra_env or {})}
-    cmd = [sys.executable, "-m", "filecord.cli", "pack", str(out), str(tmp_path / "a.bin")]
+    cmd = [sys.executable, "-m", "filecord.cli", "pack", "-o", str(out), str(tmp_path / "a.bin")]
     if not tty:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60,
                               check=True)

@@ -43,7 +43,7 @@ def test_merge_dry_run_json_then_consume_then_reshard_and_merge_back(tmp_path):
     before = listing(tmp_path)
     out = tmp_path / "m.safetensors"
 
-    r = run("merge", out, a, b, "--consume", "--dry-run", "--json")
+    r = run("merge", "-o", out, a, b, "--consume", "--dry-run", "--json")
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     assert plan["dry_run"] is True
@@ -51,7 +51,7 @@ def test_merge_dry_run_json_then_consume_then_reshard_and_merge_back(tmp_path):
     assert {p["source"] for p in plan["pieces"] if p["source"]} == {os.fspath(a), os.fspath(b)}
     assert listing(tmp_path) == before
 
-    r = run("merge", out, a, b, "--consume", "-q")
+    r = run("merge", "-o", out, a, b, "--consume", "-q")
     assert r.returncode == 0, r.stderr
     assert not a.exists()
     assert not b.exists()
@@ -59,13 +59,13 @@ def test_merge_dry_run_json_then_consume_then_reshard_and_merge_back(tmp_path):
 
     shards = tmp_path / "shards"
     shards.mkdir()
-    r = run("reshard", out, shards, "--max-shard-size", "64", "--json")
+    r = run("reshard", out, "-o", shards, "--max-shard-size", "64", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["dry_run"] is False
     assert out.read_bytes() == merged  # not consumed
     assert (shards / "model.safetensors.index.json").exists()
 
-    r = run("merge", tmp_path / "again.safetensors", shards / "model.safetensors.index.json",
+    r = run("merge", "-o", tmp_path / "again.safetensors", shards / "model.safetensors.index.json",
             "--consume")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "again.safetensors").read_bytes() == merged
@@ -76,12 +76,12 @@ def test_merge_dry_run_json_then_consume_then_reshard_and_merge_back(tmp_path):
 def test_convert_both_ways_and_inspect(tmp_path):
     src = tmp_path / "w.safetensors"
     make(src, 3)
-    r = run("convert", src, tmp_path / "w.ptd", "--json")
+    r = run("convert", src, "-o", tmp_path / "w.ptd", "--json")
     assert r.returncode == 0, r.stderr
     ptd = read_ptd(tmp_path / "w.ptd")
     assert len(ptd.entries) == 5
     assert next(iter(ptd.entries.values())).layout.scalar_type is ScalarType.FLOAT  # type: ignore[union-attr]
-    r = run("convert", tmp_path / "w.ptd", tmp_path / "back.safetensors", "--consume")
+    r = run("convert", tmp_path / "w.ptd", "-o", tmp_path / "back.safetensors", "--consume")
     assert r.returncode == 0, r.stderr
     assert not (tmp_path / "w.ptd").exists()
     back = read_safetensors(tmp_path / "back.safetensors")
@@ -105,11 +105,12 @@ def test_merge_ptd_files_with_consume(tmp_path):
     save(tmp_path / "a.ptd", build_ptd([PtdEntry("x", b"\1" * 8, lay, 16)]))
     save(tmp_path / "b.ptd", build_ptd([PtdEntry("y", b"\2" * 8, lay, 16),
                                         PtdEntry("x", b"\1" * 8, lay, 16)]))
-    r = run("merge", tmp_path / "m.ptd", tmp_path / "a.ptd", tmp_path / "b.ptd", "-n", "--json")
+    r = run("merge", "-o", tmp_path / "m.ptd", tmp_path / "a.ptd", tmp_path / "b.ptd", "-n",
+            "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["dry_run"] is True
     assert not (tmp_path / "m.ptd").exists()
-    r = run("merge", tmp_path / "m.ptd", tmp_path / "a.ptd", tmp_path / "b.ptd", "--consume")
+    r = run("merge", "-o", tmp_path / "m.ptd", tmp_path / "a.ptd", tmp_path / "b.ptd", "--consume")
     assert r.returncode == 0, r.stderr
     got = read_ptd(tmp_path / "m.ptd")
     assert {k: e.data.to_bytes() for k, e in got.entries.items()} == {  # type: ignore[union-attr]
@@ -119,10 +120,13 @@ def test_merge_ptd_files_with_consume(tmp_path):
 
 
 @pytest.mark.parametrize("args", [
-    ("merge", "OUT.bin", "IN"),
-    ("merge", "OUT.safetensors", "missing.safetensors"),
-    ("reshard", "IN", "not-a-dir"),
-    ("convert", "IN", "out.bin"),
+    ("merge", "-o", "OUT.bin", "IN"),
+    ("merge", "-o", "OUT.safetensors", "missing.safetensors"),
+    ("reshard", "IN", "-o", "IN"),
+    ("reshard", "IN", "not-a-dir"),  # the old form: refused with the new one shown
+    ("convert", "IN", "-o", "out.bin"),
+    ("convert", "IN", "out.bin"),  # the old form
+    ("merge", "OUT.safetensors", "IN"),  # the old form
 ])
 def test_usage_errors_exit_2_and_touch_nothing(tmp_path, args):
     src = tmp_path / "in.safetensors"
@@ -138,12 +142,12 @@ def test_usage_errors_exit_2_and_touch_nothing(tmp_path, args):
 def test_unrepresentable_and_malformed_inputs_exit_1(tmp_path):
     bad = tmp_path / "c.safetensors"
     save(bad, build_file([NamedTensor("z", DType.C64, (1,), b"\0" * 8)], None))
-    r = run("convert", bad, tmp_path / "c.ptd")
+    r = run("convert", bad, "-o", tmp_path / "c.ptd")
     assert r.returncode == 1
     assert "'z'" in r.stderr
     junk = tmp_path / "j.safetensors"
     junk.write_bytes(b"\x05\0\0\0\0\0\0\0{}  x")
-    for cmd in (("merge", tmp_path / "o.safetensors", junk), ("inspect", junk)):
+    for cmd in (("merge", "-o", tmp_path / "o.safetensors", junk), ("inspect", junk)):
         r = run(*cmd)
         assert r.returncode == 1, r.stderr
         assert "header" in r.stderr

@@ -127,7 +127,7 @@ def test_transformers_checkpoint_merged_converted_and_run(tmp_path: Path) -> Non
     assert buffers  # rotary frequencies: not in a checkpoint, but constants of the program
     save_state_dict(tmp_path / "buffers.ptd", buffers, consume=True)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    r = subprocess.run([sys.executable, "-m", "filecord.cli", "merge", tmp_path / "model.ptd",
+    r = subprocess.run([sys.executable, "-m", "filecord.cli", "merge", "-o", tmp_path / "model.ptd",
                         tmp_path / "weights.ptd", tmp_path / "buffers.ptd", "--consume", "-q"],
                        env=env, capture_output=True, text=True, check=False, timeout=600)
     assert r.returncode == 0, r.stderr

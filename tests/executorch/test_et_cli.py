@@ -103,7 +103,7 @@ def test_inspect_ptd_and_errors(tmp_path: Path) -> None:
 
 
 def test_long_offset_lists_are_collapsed_in_text() -> None:
-    from filecord._cli_et_render import _few
+    from filecord.cli.executorch import _few
 
     assert _few(list(range(8))) == "[0, 1, 2, 3, 4, 5, 6, 7]"
     assert _few(list(range(300))) == "[0, 1, 2, 3, 4, 5, 6, 7, ... 300 in all]"

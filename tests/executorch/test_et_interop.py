@@ -3,7 +3,6 @@ runtime) on eight exported programs."""
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 import pytest
 from et_helpers import PROGRAMS, Exported, run_program, write_cord
 
-from filecord._cli_executorch import register
+from filecord.cli import main as cli_main
 from filecord.executorch import (
     NamedDataStore,
     PteFile,
@@ -325,10 +324,7 @@ def test_inspect_shows_known_layout(
     base = header.segment_base_offset if header else 0
     raw = _flatbuffer_to_program(data[: header.program_size] if header else data)
 
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    args = parser.parse_args(["inspect", str(e.pte), "--json"])
-    assert args.func(args) == 0
+    assert cli_main(["inspect", str(e.pte), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["file_size"] == len(data)
     assert [(s["file_offset"], s["size"]) for s in info["segments"]] == [
@@ -353,13 +349,11 @@ def test_inspect_shows_known_layout(
          for o in p.operators}
     )
     assert summary["external_tensors"] == sum(len(read_ptd(p).entries) for p in e.ptds.values())
-    args = parser.parse_args(["inspect", str(e.pte), "--verbose"])
-    assert args.func(args) == 0
+    assert cli_main(["inspect", str(e.pte), "--verbose"]) == 0
     text = capsys.readouterr().out
     for s in raw.segments:
         assert f"bytes {base + s.offset}..{base + s.offset + s.size} ({s.size} bytes" in text
     for path in e.ptds.values():
-        args = parser.parse_args(["inspect", str(path), "--json"])
-        assert args.func(args) == 0
+        assert cli_main(["inspect", str(path), "--json"]) == 0
         ptd = json.loads(capsys.readouterr().out)
         assert [x["key"] for x in ptd["entries"]] == list(read_ptd(path).entries)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -33,7 +34,7 @@ from et_helpers import run_program, write_cord
 
 import filecord
 import filecord.executorch as fe
-from filecord._cli_et_render import summarize_pte
+from filecord.cli.executorch import summarize_pte
 from filecord.errors import InsufficientSpaceError
 from filecord.executorch import build_ptd, external_tensors, read_ptd, read_pte, verify
 
@@ -270,28 +271,33 @@ def test_verify_names_the_delegate_keys_of_an_xnnpack_program(
 
 
 def test_cli_verify_summary_and_structure_only_warning(
-    cases: dict[tuple[str, str], Case],
+    cases: dict[tuple[str, str], Case], tmp_path: Path
 ) -> None:
     c = cases[("convbn", "external")]
+    alone = tmp_path / c.pte.name  # without the data file ExecuTorch wrote beside it
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "filecord.cli", "verify", *args],
                               capture_output=True, text=True, env=env, check=False)
 
-    missing = cli(str(c.pte), "--no-runtime")
+    shutil.copyfile(c.pte, alone)
+    missing = cli(str(alone), "--no-runtime")
     assert missing.returncode == 1
     assert missing.stderr.count("filecord verify:") == 1, missing.stderr
     assert "9 named-data key(s) the program needs at load time, no data file was given" in (
         missing.stderr)
     assert "_default_external_constant.ptd" in missing.stderr
     (ptd,) = c.ptds.values()
-    as_json = json.loads(cli(str(c.pte), "--no-runtime", "--json").stdout)
+    as_json = json.loads(cli(str(alone), "--no-runtime", "--json").stdout)
     assert as_json["ok"] is False
     assert as_json["missing"] == list(read_ptd(ptd).entries)
     assert [n["key"] for n in as_json["needs"]] == as_json["missing"]
-    passed = cli(str(c.pte), "--data", str(ptd), "--no-runtime")
+    passed = cli(str(alone), "--data", str(ptd), "--no-runtime")
     assert passed.returncode == 0, passed.stderr
+    beside = cli(str(c.pte), "--no-runtime")  # the data file ExecuTorch wrote beside it
+    assert beside.returncode == 0, beside.stderr
+    assert f"note: using {ptd}, found beside the program" in beside.stdout
     assert "NOT loaded in the runtime: a structure pass does not show that the program runs" in (
         passed.stdout)
 

@@ -4,6 +4,7 @@ deliberately broken copies of them."""
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 from pathlib import Path
 from typing import Any
@@ -61,18 +62,63 @@ def test_runtime_load(
 
 
 def test_missing_data_file_is_reported(
-    exported: dict[str, Exported], capsys: pytest.CaptureFixture[str]
+    exported: dict[str, Exported], capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     e = exported["external"]
-    rc, _out, err = run(capsys, str(e.pte))  # its data file is missing
+    alone = tmp_path / e.pte.name  # the program without the data file ExecuTorch wrote beside it
+    shutil.copyfile(e.pte, alone)
+    rc, out, err = run(capsys, str(alone), "--no-runtime")
     assert rc == 1
+    assert "found beside" not in out
     assert err.count("filecord verify:") == 1  # one summary, not one line per tensor
     assert (
-        f"{e.pte}: data: 2 named-data key(s) the program needs at load time, no data file was "
+        f"{alone}: data: 2 named-data key(s) the program needs at load time, no data file was "
         "given: 'lin.weight' (48 bytes), 'lin.bias' (12 bytes). They belong in a data file "
         "(.ptd): ExecuTorch writes tag T's data to T.ptd (_default_external_constant.ptd for "
         "external_constants=True)"
     ) in err
+
+
+def test_the_data_file_beside_the_program_is_used_and_named(
+    exported: dict[str, Exported], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``verify model.pte`` with ``model.ptd`` beside it: the data file is used, and said so;
+    ``--data`` given: only what was given is used."""
+    e = exported["external"]
+    (ptd,) = e.ptds.values()
+    pte = tmp_path / "model.pte"
+    shutil.copyfile(e.pte, pte)
+    shutil.copyfile(ptd, tmp_path / "model.ptd")
+    rc, out, err = run(capsys, str(pte), "--no-runtime")
+    assert rc == 0, err
+    assert f"note: using {tmp_path / 'model.ptd'}, found beside the program" in out
+    assert f"ok: {pte} with {tmp_path / 'model.ptd'}: structure checks passed" in out
+    empty = tmp_path / "empty.ptd"
+    empty.write_bytes(bytes(build_ptd({})))
+    rc, out, err = run(capsys, str(pte), "--no-runtime", "--data", str(empty))
+    assert rc == 1
+    assert "found beside" not in out
+    assert "'lin.weight'" in err
+
+
+def test_inspect_shows_the_data_files_beside_the_program(
+    exported: dict[str, Exported], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    e = exported["external"]
+    (ptd,) = e.ptds.values()
+    pte = tmp_path / "model.pte"
+    shutil.copyfile(e.pte, pte)
+    assert cli.main(["inspect", str(pte)]) == 0
+    assert "beside it" not in capsys.readouterr().out  # nothing there yet
+    shutil.copyfile(ptd, tmp_path / "model.ptd")
+    assert cli.main(["inspect", str(pte)]) == 0
+    out = capsys.readouterr().out
+    assert f"    beside it: {tmp_path / 'model.ptd'}: holds 2 of them\n" in out
+    assert "    the data files beside it hold every key it needs\n" in out
+    assert cli.main(["inspect", "--json", str(pte)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["data_beside"] == [{"path": str(tmp_path / "model.ptd"), "holds": 2}]
+    assert info["missing_beside"] == []
 
 
 def test_runtime_failure_is_reported(

@@ -138,7 +138,7 @@ def test_pack_align_4096_consume_clones_files_of_any_length(mount, kind):
         fskit.write_pattern(fs / f"{key}.bin", n, seed=40 + i)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     proc = subprocess.run(
-        [sys.executable, "-m", "filecord.cli", "pack", str(fs / "w.ptd"),
+        [sys.executable, "-m", "filecord.cli", "pack", "-o", str(fs / "w.ptd"),
          *(f"{k}={fs / k}.bin" for k in sizes), "--align", "4096", "--consume", "--json"],
         capture_output=True, text=True, env=env, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr

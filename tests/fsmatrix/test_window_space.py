@@ -220,16 +220,16 @@ def test_cli_plan_json_and_summary_say_the_window_and_why(mount):
         return subprocess.run([sys.executable, "-m", "filecord.cli", *args], capture_output=True,
                               text=True, env=env, cwd=fs, timeout=120, check=False)
 
-    r = cli("plan", "out.ptd", "blob.bin", "--consume", "--json")
+    r = cli("plan", "-o", "out.ptd", "blob.bin", "--consume", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["window"] == 8 * MiB
     assert doc["window_note"].startswith("shrunk from 64 MiB to 8 MiB: ")
-    r = cli("plan", "out.ptd", "blob.bin", "--consume")
+    r = cli("plan", "-o", "out.ptd", "blob.bin", "--consume")
     assert r.returncode == 0, r.stderr
     assert f"window   {8 * MiB} bytes (shrunk from 64 MiB to 8 MiB: " in r.stdout
     # An explicit window is the caller's: no shrinking, and no note.
-    r = cli("plan", "out.ptd", "blob.bin", "--consume", "--json", "--window", "4MiB")
+    r = cli("plan", "-o", "out.ptd", "blob.bin", "--consume", "--json", "--window", "4MiB")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert (doc["window"], doc["window_note"]) == (4 * MiB, None)

@@ -270,7 +270,7 @@ def test_r3_2b_recover_over_a_window_written_after_the_move_is_not_a_silent_mix(
 #
 # guarantees.md, Recover: "A file that is not a journal (wrong name, no magic, a .pte given by
 # mistake) is refused with exit status 1; nothing is touched."  The CLI maps NotAJournalError
-# to a UsageError (exit 2; _cli_recover.cmd_recover), as docs/reliability.md says instead.
+# to a UsageError (exit 2; filecord.cli.recover.run), as docs/reliability.md says instead.
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     src = str(Path(__file__).resolve().parents[2] / "src")

@@ -235,6 +235,12 @@ class Backend:
     def rmtree(self, path: str, ignore_errors: bool) -> None:  # noqa: FBT001 - as shutil's
         shutil.rmtree(path, ignore_errors=ignore_errors)
 
+    def mkdir(self, path: str, mode: int) -> None:
+        os.mkdir(path, mode)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
+
 
 _active: Backend = Backend()
 
@@ -471,6 +477,18 @@ def rmtree(path: str, *, ignore_errors: bool = False) -> None:
     of it as can be removed, silently)."""
     _active.hook("rmtree", (path,))
     _active.rmtree(path, ignore_errors)
+
+
+def mkdir(path: str, mode: int = 0o777) -> None:
+    """Create the directory ``path`` (its parent must exist), as ``os.mkdir``."""
+    _active.hook("mkdir", (path, mode))
+    _active.mkdir(path, mode)
+
+
+def rmdir(path: str) -> None:
+    """Remove the empty directory ``path``, as ``os.rmdir``."""
+    _active.hook("rmdir", (path,))
+    _active.rmdir(path)
 
 
 # --- small helpers built only on the calls above --------------------------------------------

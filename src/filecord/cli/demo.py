@@ -10,20 +10,31 @@ removed unless ``--keep``, also when the demo is stopped by SIGINT (Ctrl-C) or S
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import importlib.util
 import json
+import logging
 import os
 import signal
+import sys
+import textwrap
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from filecord import _cli_demo_model
-from filecord._cli_common import (
-    Subparsers,
+from filecord._io import syscalls as _sys
+from filecord._io.measure import DiskSampler, rss_now, rss_peak, rss_reset
+from filecord._pieces.data import FileBackedData
+from filecord._plan.report import SaveReport
+from filecord._plan.window import DEFAULT_WINDOW
+from filecord._txn.save import save
+from filecord.cli.common import (
+    Bar,
     UsageError,
     add_common,
     human,
@@ -32,14 +43,6 @@ from filecord._cli_common import (
     positive_int,
     raise_terminated,
 )
-from filecord._cli_demo_model import ModelResult
-from filecord._cli_progress import Bar
-from filecord._io import syscalls as _sys
-from filecord._io.measure import DiskSampler, rss_now, rss_peak, rss_reset
-from filecord._pieces.data import FileBackedData
-from filecord._plan.report import SaveReport
-from filecord._plan.window import DEFAULT_WINDOW
-from filecord._txn.save import save
 from filecord.executorch.ptd import build_ptd, read_ptd
 from filecord.executorch.values import PtdEntry
 
@@ -127,14 +130,19 @@ def run_once(
     return RunResult(mode, seconds, sampler.peak, rss, report, verified)
 
 
+_COLUMNS = ("save", "time", "peak disk (x data)", "added peak RSS", "bytes by action",
+            "verified")
+
+
 def _table(results: list[RunResult], total: int) -> str:
-    rows = [("mode", "time", "peak disk / data", "peak RSS +", "pieces", "verified")]
+    rows = [_COLUMNS]
     for r in results:
         acts = r.report.bytes_by_action()
         pieces = ", ".join(f"{k} {human(v)}" for k, v in sorted(acts.items()))
         rows.append((
-            r.mode, f"{r.seconds:.2f} s", f"{r.peak_disk / max(total, 1):.3f}x",
-            human(r.peak_rss_delta), pieces, "yes" if r.verified else "NO",
+            "by copy" if r.mode == "copy" else "consume=True", f"{r.seconds:.2f} s",
+            f"{r.peak_disk / max(total, 1):.3f}x", human(r.peak_rss_delta), pieces,
+            "yes" if r.verified else "NO",
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
@@ -143,14 +151,120 @@ def _table(results: list[RunResult], total: int) -> str:
     return "\n".join(lines)
 
 
+def _legend(total: int) -> str:
+    """What the table's numbers mean, in one paragraph under it."""
+    text = (f"peak disk (x data): the most disk the engines and the .ptd held at any instant, "
+            f"as a multiple of the {human(total)} of engine bytes (a copy holds both: about "
+            f"2x; consume=True moves the bytes: about 1x plus one sync window). added peak "
+            f"RSS: memory above what the process held before the save (bytes stream through "
+            f"the kernel, not through Python). bytes by action: how the output's bytes got "
+            f"there: copied, cloned or moved from the engine files, or written (the header).")
+    return textwrap.fill(text, width=96)
+
+
+# --- the real-model step: export a small model with ExecuTorch, stream its weights into
+# file-backed data, save with consume=True, load it in the runtime and compare with PyTorch.
+# Skipped (with a note) when executorch is not installed.
+
+@dataclass(frozen=True, slots=True)
+class ModelResult:
+    seconds: float
+    weight_bytes: int
+    max_abs_error: float
+    report: SaveReport
+    verified: bool
+
+
+def available() -> bool:
+    """torch and the real executorch package (its runtime; a bare ``executorch`` folder on the
+    path, such as a test directory, does not count)."""
+    try:
+        return all(
+            importlib.util.find_spec(m) is not None for m in ("torch", "executorch.runtime")
+        )
+    except ModuleNotFoundError:
+        return False
+
+
+def run_model(directory: str) -> ModelResult:
+    """Export, save (weights moved), run; the files are removed before returning."""
+    import torch
+    from torch.export import export
+
+    from filecord._txn.save import save
+    from filecord.executorch import save_state_dict
+
+    with _silenced():
+        return _run(directory, torch, export, save, save_state_dict)
+
+
+@contextlib.contextmanager
+def _silenced() -> Iterator[None]:
+    """ExecuTorch, torchao and the runtime's C++ print warnings and CPU probes on stdout and
+    stderr, some from native code; point both descriptors at /dev/null meanwhile so the demo's
+    own table stays readable (``-v`` keeps them)."""
+    if logging.getLogger().level < logging.WARNING:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [_sys.dup(1), _sys.dup(2)]
+    devnull = _sys.open(os.devnull, os.O_WRONLY)
+    try:
+        _sys.dup2(devnull, 1)
+        _sys.dup2(devnull, 2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _sys.dup2(saved[0], 1)
+        _sys.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            _sys.close(fd)
+
+
+def _run(directory: str, torch: Any, export: Any, save: Any, save_state_dict: Any) -> ModelResult:
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    from filecord.executorch.adapter import from_manager
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 64)
+    ).eval()
+    x = torch.randn(4, 256)
+    with torch.no_grad():
+        expected = model(x)
+    manager = to_edge_transform_and_lower(export(model, (x,))).to_executorch(
+        ExecutorchBackendConfig(external_constants=True)
+    )
+    pte = os.path.join(directory, "model.pte")
+    ptd = os.path.join(directory, "model.ptd")
+    start = time.perf_counter()
+    # The program itself is small (its weights are external); taken over without re-serializing.
+    save(pte, from_manager(manager).pte)
+    report = save_state_dict(ptd, model.state_dict(), consume=True)
+    seconds = time.perf_counter() - start
+    program = Runtime.get().load_program(pte, data_path=ptd)
+    got = program.load_method("forward").execute([x])[0]
+    err = float((got - expected).abs().max())
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    for p in (pte, ptd):
+        _sys.unlink(p)
+    return ModelResult(seconds, weights, err, report, err <= 1e-5)
+
+
 def _model_step(args: argparse.Namespace, workdir: str) -> ModelResult | None:
     if args.no_model:
         return None
-    if not _cli_demo_model.available():
+    if not available():
         if not args.quiet and not args.json:
             print("(executorch is not installed: skipping the real-model step)")
         return None
-    return _cli_demo_model.run_model(workdir)
+    return run_model(workdir)
 
 
 def _model_json(m: ModelResult | None) -> dict[str, object] | None:
@@ -213,7 +327,7 @@ def _work_parent(args: argparse.Namespace) -> str:
     return parent
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     total: int = args.size
     if total < args.pieces:
         raise UsageError(f"--size ({total} bytes) must be at least one byte per piece "
@@ -247,6 +361,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         }, indent=2))
         return 0 if ok else 1
     print(_table(results, total))
+    print(_legend(total))
     for r in results:
         reasons = r.report.copy_reasons()
         if reasons:
@@ -265,15 +380,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def register(subparsers: Subparsers) -> None:
-    p = subparsers.add_parser(
-        "demo",
-        help="save synthetic engine files by copy and by move, verify, compare",
-        description="Generate synthetic engine files (1 GiB by default), pack them as named "
-        "data into an ExecuTorch .ptd by copy and then with consume=True, verify every byte, "
-        "print time, peak allocated disk and peak RSS side by side; then (with executorch "
-        "installed) export a small model, save its weights with consume=True and run it.",
-    )
+def build(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", type=parse_size, default=1 << 30, help="total engine bytes [1GiB]")
     p.add_argument("--pieces", type=positive_int, default=4, help="number of engine files [4]")
     p.add_argument("--dir", default=None, help="where to work [the system temp directory]")
@@ -282,4 +389,3 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--keep", action="store_true", help="keep the generated files")
     p.add_argument("--no-model", action="store_true", help="skip the ExecuTorch model step")
     add_common(p)
-    p.set_defaults(func=cmd_demo)

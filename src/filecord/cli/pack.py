@@ -1,8 +1,8 @@
 """``filecord pack`` and ``filecord plan``: files become named entries of one ``.ptd``.
 
-``pack OUT.ptd [KEY=]FILE... [--consume] [--align N]`` writes the data file in one atomic save;
-``plan`` takes the same arguments and prints what ``pack`` would do (moved, cloned, copied and
-why, and whether it fits) without writing anything.
+``pack [KEY=]FILE... -o OUT.ptd [--consume] [--align N]`` writes the data file in one atomic
+save; ``plan`` takes the same arguments and prints what ``pack`` would do (moved, cloned, copied
+and why, and whether it fits) without writing anything.
 
 Clone-ready: ``--align 4096`` is all it takes (no separate flag).  It sets the segment base and
 every entry on a 4 KiB file offset, and each entry is a whole file, so it reaches its source's
@@ -13,18 +13,24 @@ too), and ``--consume`` deletes the files at commit without copying or moving a 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import stat as stat_mod
 import sys
-from typing import Any, TextIO
+from typing import Any
 
-from filecord._cli_common import Subparsers, UsageError, add_common, human, parse_window
-from filecord._cli_progress import Bar
 from filecord._io import syscalls as _sys
 from filecord._pieces.data import FileBackedData
-from filecord._plan.report import SaveReport
 from filecord._plan.window import DEFAULT_WINDOW
+from filecord.cli.common import (
+    Bar,
+    UsageError,
+    add_common,
+    add_output,
+    finish,
+    output_directory,
+    parse_window,
+    require_output,
+)
 
 MAX_ALIGN = 1 << 30  # an entry's alignment is padding written into the file
 
@@ -80,26 +86,6 @@ def _cord(args: argparse.Namespace) -> tuple[Any, list[FileBackedData]]:
     return build_ptd(entries, segment_alignment=max(128, args.align)), [d for _k, d in datas]
 
 
-def render_report(report: SaveReport, args: argparse.Namespace, out: TextIO) -> None:
-    """A save's or a plan's report as every saving command prints it (``--json``: the report's
-    dictionary; ``-q``: nothing after a real save)."""
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2), file=out)
-        return
-    if args.quiet and not report.dry_run:
-        return
-    print(report.summary(), file=out)
-    for a in report.file_actions():
-        why = f" ({a.reason})" if a.reason else ""
-        if a.tail:
-            why += f" (last {a.tail} bytes copied: {a.tail_reason})"
-        print(f"  {a.action:7} {human(a.length):>12}  {a.source}{why}", file=out)
-    for peak in report.peaks:
-        verdict = "fits" if peak.fits else "DOES NOT FIT"
-        print(f"  {peak.fs_type}: needs {human(peak.needed)} at its peak, {human(peak.free)} "
-              f"free: {verdict}", file=out)
-
-
 def _is_stdout(path: str) -> bool:
     """Whether ``path`` is the file our standard output writes to (``pack /dev/stdout``)."""
     try:
@@ -127,52 +113,48 @@ def _refuse_replacing_other_files(out: str) -> None:
     finally:
         _sys.close(fd)
     if head[4:8] != b"FT01":
-        raise UsageError(f"{out} exists and is not a .ptd: refusing to replace it (OUT comes "
-                         "first: pack OUT.ptd [KEY=]FILE...); remove it or choose another name")
+        raise UsageError(f"{out} exists and is not a .ptd: refusing to replace it (the output "
+                         "follows -o: pack [KEY=]FILE... -o OUT.ptd); remove it or choose "
+                         "another name")
 
 
-def cmd_pack(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from filecord._txn.save import plan, save
 
-    _refuse_replacing_other_files(args.out)  # before any input is taken over
+    out = require_output(args, args.files, old_first=True, placeholder="OUT.ptd")
+    _refuse_replacing_other_files(out)  # before any input is taken over
     cord, datas = _cord(args)  # a UsageError is rendered by main (exit 2)
     # The report goes to stderr when the artifact itself goes to stdout, never into the stream.
-    report_to = sys.stderr if _is_stdout(args.out) else sys.stdout
+    report_to = sys.stderr if _is_stdout(out) else sys.stdout
     try:
         if args.dry_run:
-            report = plan(args.out, cord, consume=args.consume, window=args.window)
+            report = plan(out, cord, consume=args.consume, window=args.window)
         else:
-            with Bar(f"pack {os.path.basename(args.out)}", quiet=args.quiet or args.json) as bar:
-                report = save(args.out, cord, consume=args.consume, window=args.window,
+            with output_directory(os.path.dirname(out), dry_run=False), \
+                    Bar(f"pack {os.path.basename(out)}", quiet=args.quiet or args.json) as bar:
+                report = save(out, cord, consume=args.consume, window=args.window,
                               progress=bar.callback)
     finally:
         # The user's files are ours to delete only through a save that succeeded (which has
         # already removed them): after a dry run or a failure they must stay where they are.
         for d in datas:
             d.detach_cleanup()
-    render_report(report, args, report_to)
-    return 0 if all(p.fits for p in report.peaks) or not report.dry_run else 1
+    return finish(report, args, report_to)
 
 
-def register(subparsers: Subparsers) -> None:
-    for name, help_ in (
-        ("pack", "pack files as named entries into an ExecuTorch .ptd, atomically"),
-        ("plan", "show what `pack` would do (move, clone or copy, and why) without writing"),
-    ):
-        p = subparsers.add_parser(name, help=help_, description=help_ + ". Keys default to the "
-                           "files' names; with --consume the files are moved in and deleted.")
-        p.add_argument("out", metavar="OUT.ptd", help="the data file to write")
-        p.add_argument("files", nargs="+", metavar="[KEY=]FILE", help="entries to pack")
-        p.add_argument("--consume", action="store_true",
-                       help="move the files into the output (they are deleted)")
-        p.add_argument("--align", type=int, default=128,
-                       help="entry alignment [128]; 4096 is clone-ready: on btrfs/XFS every "
-                       "file is then cloned, not copied or moved")
-        p.add_argument("--window", type=parse_window, default=DEFAULT_WINDOW,
-                       help=f"consume sync window [{DEFAULT_WINDOW >> 20}MiB]")
-        if name == "pack":
-            p.add_argument("-n", "--dry-run", action="store_true", help="same as `plan`")
-        else:
-            p.set_defaults(dry_run=True)
-        add_common(p)
-        p.set_defaults(func=cmd_pack)
+def build(p: argparse.ArgumentParser, *, dry_run: bool) -> None:
+    """``pack`` (``dry_run=False``) and ``plan`` (its dry run) take the same arguments."""
+    p.add_argument("files", nargs="+", metavar="[KEY=]FILE", help="entries to pack")
+    add_output(p, "OUT.ptd", "the data file to write (its directory is created)")
+    p.add_argument("--consume", action="store_true",
+                   help="move the files into the output (they are deleted)")
+    p.add_argument("--align", type=int, default=128,
+                   help="entry alignment [128]; 4096 is clone-ready: on btrfs/XFS every "
+                   "file is then cloned, not copied or moved")
+    p.add_argument("--window", type=parse_window, default=DEFAULT_WINDOW,
+                   help=f"consume sync window [{DEFAULT_WINDOW >> 20}MiB]")
+    if dry_run:
+        p.set_defaults(dry_run=True)
+    else:
+        p.add_argument("-n", "--dry-run", action="store_true", help="same as `plan`")
+    add_common(p)

@@ -1,5 +1,6 @@
-"""The ``filecord`` command: builds the parser from the command modules (each adds its commands
-with ``register(subparsers)``) and dispatches; they render, the work is in the library.
+"""The ``filecord`` command: builds the parser from the command table
+(:data:`filecord.cli.table.COMMANDS`: each command's parser builder and handler) and runs the
+handler; the command modules render, the work is in the library.
 
 Every file name or key on the command line may be any bytes the OS allows (Python hands names
 that are not UTF-8 over as surrogate escapes).  Nothing the user typed can end in a traceback:
@@ -17,37 +18,32 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from filecord import (
-    __version__,
-    _cli_demo,
-    _cli_executorch,
-    _cli_pack,
-    _cli_recover,
-    _cli_safetensors,
-)
-from filecord._cli_common import EXIT_FAIL as EXIT_FAIL
-from filecord._cli_common import EXIT_OK as EXIT_OK
-from filecord._cli_common import EXIT_USAGE as EXIT_USAGE
-from filecord._cli_common import Terminated, UsageError, sigterm_raises
-from filecord._cli_common import human as human  # part of this module's API
-from filecord._cli_common import parse_size as parse_size  # part of this module's API
+from filecord import __version__
 from filecord._io import syscalls as _sys
+from filecord.cli.common import EXIT_FAIL as EXIT_FAIL
+from filecord.cli.common import EXIT_OK as EXIT_OK
+from filecord.cli.common import EXIT_USAGE as EXIT_USAGE
+from filecord.cli.common import Terminated, UsageError, sigterm_raises
+from filecord.cli.common import human as human  # part of this module's API
+from filecord.cli.common import parse_size as parse_size  # part of this module's API
+from filecord.cli.table import COMMANDS
 from filecord.errors import FilecordError
-
-# In the order ``filecord --help`` lists their commands.
-COMMANDS = (_cli_demo, _cli_pack, _cli_safetensors, _cli_recover, _cli_executorch)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="filecord",
         description="Assemble large model artifacts from bytes and file-backed pieces: "
-        "streaming, atomic, durable, and able to move data instead of copying it.",
+        "streaming, atomic, durable, and able to move data instead of copying it. Inputs are "
+        "positional; every command that writes takes its destination with -o/--output.",
     )
     parser.add_argument("--version", action="version", version=f"filecord {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in COMMANDS:
-        module.register(sub)
+    for command in COMMANDS:
+        p = sub.add_parser(command.name, help=command.summary,
+                           description=command.full_description())
+        command.build(p)
+        p.set_defaults(func=command.run)
     return parser
 
 
@@ -72,7 +68,9 @@ def _drop_stdout() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     _safe_streams()
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # the command line as typed: an old form is refused with its new spelling
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE

@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from filecord._cli_common import EXIT_OK, Subparsers, UsageError, add_common
+from filecord.cli.common import EXIT_OK, UsageError, add_common
 
 if TYPE_CHECKING:  # the library is imported when the command runs, not to build the parser
     from filecord._txn.recover import Action
@@ -26,7 +26,7 @@ _WORDS: dict[Action, str] = {
 }
 
 
-def cmd_recover(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from filecord._txn.journal import NotAJournalError
     from filecord._txn.recover import Recovered, recover
     from filecord.errors import RecoverError
@@ -62,16 +62,6 @@ def cmd_recover(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def register(subparsers: Subparsers) -> None:
-    rec = subparsers.add_parser(
-        "recover",
-        help="finish or undo an interrupted save from its journal",
-        description="Finish (if it had committed) or roll back (if not) every interrupted save "
-        "whose journal is at PATH or whose files are in the directory PATH. A save still "
-        "running (its lock held) is skipped; a journal that cannot be proven is refused and "
-        "nothing is touched (exit 1); a PATH that is not a journal is refused (exit 2). Safe to "
-        "run again.",
-    )
+def build(rec: argparse.ArgumentParser) -> None:
     rec.add_argument("path", nargs="?", default=".", help="a journal file or a directory [.]")
     add_common(rec)
-    rec.set_defaults(func=cmd_recover)

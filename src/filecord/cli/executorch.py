@@ -1,16 +1,68 @@
-"""What ``filecord inspect`` shows for a ``.pte`` or ``.ptd``: the facts as one JSON-ready dict
-(``describe_pte``/``describe_ptd``, with ``summarize_pte``'s summary), and the text drawn from
-that dict (``render_pte_summary``/``render_ptd_summary``, and ``render_layout`` for ``-v``).
-
-Pure: it reads parsed files, never the disk; the command itself is in ``_cli_executorch``.
+"""ExecuTorch in the command line: what ``filecord inspect`` shows for a ``.pte`` or ``.ptd``
+(the facts as one JSON-ready dict, ``describe_pte``/``describe_ptd`` with ``summarize_pte``'s
+summary, and the text drawn from it, ``render_pte_summary``/``render_ptd_summary`` and
+``render_layout`` for ``-v``), the data files found beside a program, and ``merge`` of ``.ptd``
+files.  The command table dispatches here; the work is in :mod:`filecord.executorch`.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 from typing import Any
 
-from filecord.executorch import PtdFile, PteFile, TensorLayout
+from filecord._plan.report import SaveReport
+from filecord.cli.common import Bar, data_beside
+from filecord.executorch import PtdFile, PteFile, TensorLayout, read_ptd, read_pte
 from filecord.executorch._contents import contents
+
+IDENTIFIERS = (b"ET12", b"FT01")  # a program's and a data file's flatbuffer identifier
+
+
+def sniff(head: bytes) -> bool:
+    """A .pte or .ptd, by its flatbuffer identifier at bytes 4..8 (not by its name)."""
+    return head[4:8] in IDENTIFIERS
+
+
+def describe(path: str, head: bytes) -> dict[str, Any]:
+    """What ``inspect`` shows for a program (with the data files beside it and which of the
+    keys it needs they hold) or a data file."""
+    if head[4:8] == b"FT01":
+        return describe_ptd(read_ptd(path))
+    info = describe_pte(read_pte(path))
+    needs = {n["key"] for n in info["summary"]["needs_from_data_files"]}
+    beside = []
+    for data in data_beside(path) if needs else []:
+        try:
+            keys = set(read_ptd(data).entries)
+        except (ValueError, OSError) as exc:  # a damaged neighbour is shown, not fatal
+            beside.append({"path": data, "error": str(exc), "holds": 0})
+            continue
+        beside.append({"path": data, "holds": len(needs & keys)})
+        needs -= keys
+    info["data_beside"] = beside
+    info["missing_beside"] = sorted(needs) if beside else None
+    return info
+
+
+def render(info: dict[str, Any], *, verbose: int) -> list[str]:
+    lines = render_pte_summary(info) if info["format"] == "pte" else render_ptd_summary(info)
+    if verbose:
+        lines += ["", "layout:", *render_layout(info)]
+    else:
+        lines.append("  (the full layout: -v)")
+    return lines
+
+
+def merge(args: argparse.Namespace) -> SaveReport:
+    """``merge IN.ptd... -o OUT.ptd``: one data file holding every input's entries."""
+    from filecord.executorch import merge as ptd_merge
+
+    out: str = args.output
+    with Bar(f"merge {os.path.basename(out)}", quiet=args.quiet or args.json) as bar:
+        return ptd_merge(out, args.inputs, consume=args.consume, dry_run=args.dry_run,
+                         segment_alignment=args.align or 128, window=args.window,
+                         progress=bar.callback)
 
 
 def describe_pte(f: PteFile) -> dict[str, Any]:
@@ -226,6 +278,13 @@ def render_pte_summary(info: dict[str, Any]) -> list[str]:
             "    (ExecuTorch writes tag T's data to T.ptd, _default_external_constant.ptd for "
             "external_constants=True; give it with --data to verify)"
         )
+        for d in info.get("data_beside", []):
+            what = f"unreadable: {d['error']}" if "error" in d else f"holds {d['holds']} of them"
+            lines.append(f"    beside it: {d['path']}: {what}")
+        missing = info.get("missing_beside")
+        if missing is not None:
+            lines.append("    the data files beside it hold every key it needs" if not missing
+                         else f"    {len(missing)} keys are in none of the files beside it")
     else:
         lines.append("  needs no data file")
     if s["unparsed_delegates"]:

@@ -1,6 +1,6 @@
 """GGUF in ``filecord merge``, ``reshard``, ``convert`` and ``inspect``: rendering only; the work
-is in :mod:`filecord.gguf`.  The commands dispatch here by suffix (``OUT.gguf``, ``IN.gguf``)
-or, for ``inspect``, by the ``GGUF`` magic.
+is in :mod:`filecord.gguf`.  The command table dispatches here by suffix (``-o OUT.gguf``,
+``IN.gguf``) or, for ``inspect``, by the ``GGUF`` magic.
 """
 
 from __future__ import annotations
@@ -12,24 +12,28 @@ import os
 import re
 from typing import Any, TextIO
 
-from filecord._cli_progress import Bar
 from filecord._plan.report import SaveReport
+from filecord.cli.common import Bar, human, render_report
 
 GGUF_TENSORS_DEFAULT = 128  # gguf-split's default when no limit is given
 _SHARD = re.compile(r"-\d{5}-of-\d{5}$")
 
 
+def sniff(head: bytes) -> bool:
+    return head[:4] == b"GGUF"
+
+
 def merge(args: argparse.Namespace) -> SaveReport:
     from filecord.gguf import merge as gguf_merge
 
-    with Bar(f"merge {os.path.basename(args.out)}", quiet=args.quiet or args.json) as bar:
-        return gguf_merge(args.out, args.inputs, consume=args.consume, dry_run=args.dry_run,
+    with Bar(f"merge {os.path.basename(args.output)}", quiet=args.quiet or args.json) as bar:
+        return gguf_merge(args.output, args.inputs, consume=args.consume, dry_run=args.dry_run,
                           alignment=args.align, window=args.window, progress=bar.callback)
 
 
 def output_base(args: argparse.Namespace) -> str:
-    """``OUTDIR/<stem>.gguf``: the stem from ``--pattern`` when given, else the first input's
-    name without ``.gguf`` and without a shard suffix."""
+    """``-o OUTDIR`` gives ``OUTDIR/<stem>.gguf``: the stem from ``--pattern`` when given, else
+    the first input's name without ``.gguf`` and without a shard suffix."""
     if args.pattern is not None:
         name = str(args.pattern).format(suffix="")
     else:
@@ -39,7 +43,7 @@ def output_base(args: argparse.Namespace) -> str:
     # takes the set's base name with its .gguf (a pattern "x{suffix}.bin" gives x.bin-...).
     if not name.endswith(".gguf"):
         name += ".gguf"
-    return os.path.join(str(args.outdir), name)
+    return os.path.join(str(args.output), name)
 
 
 def reshard(args: argparse.Namespace) -> SaveReport:
@@ -55,12 +59,14 @@ def reshard(args: argparse.Namespace) -> SaveReport:
 
 
 def convert(args: argparse.Namespace) -> SaveReport:
+    """``convert MODEL_DIR|INDEX.json|IN.safetensors -o OUT.gguf``: a Hugging Face checkpoint
+    as llama.cpp loads it (see :func:`filecord.gguf.convert`)."""
     from filecord.gguf import convert as gguf_convert
 
     quiet = args.quiet or args.json
     name = os.path.basename(args.output)
     with Bar(f"cast {name}", quiet=quiet) as cast, Bar(f"convert {name}", quiet=quiet) as bar:
-        return gguf_convert(args.output, args.input, outtype=args.outtype or "source",
+        return gguf_convert(args.output, args.inputs[0], outtype=args.outtype or "source",
                             consume=args.consume, max_tensors=args.max_tensors,
                             max_shard_size=args.max_shard_size, dry_run=args.dry_run,
                             alignment=args.align, window=args.window, progress=bar.callback,
@@ -70,9 +76,6 @@ def convert(args: argparse.Namespace) -> SaveReport:
 def render_grouped(report: SaveReport, args: argparse.Namespace, out: TextIO) -> None:
     """A report whose pieces are many (Q/K rows are one range each) as one line per source
     file and fate: the action, the bytes, how many ranges, and why."""
-    from filecord._cli_common import human
-    from filecord._cli_pack import render_report
-
     if args.json or (args.quiet and not report.dry_run):
         render_report(report, args, out)
         return

@@ -1,0 +1,93 @@
+"""safetensors in the command line: ``merge``, ``reshard`` and ``convert`` (to and from
+ExecuTorch ``.ptd``) and what ``inspect`` shows of a file or index.  The command table
+dispatches here by suffix; rendering only, the work is in :mod:`filecord.safetensors`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from filecord._pieces.data import FileBackedData
+from filecord._plan.report import SaveReport
+from filecord.cli.common import Bar
+
+
+def merge(args: argparse.Namespace) -> SaveReport:
+    """``merge IN.safetensors...|INDEX.json -o OUT.safetensors``."""
+    from filecord.safetensors import merge as st_merge
+
+    out: str = args.output
+    with Bar(f"merge {os.path.basename(out)}", quiet=args.quiet or args.json) as bar:
+        return st_merge(out, args.inputs, consume=args.consume, dry_run=args.dry_run,
+                        alignment=args.align or 8, window=args.window, progress=bar.callback)
+
+
+def reshard(args: argparse.Namespace) -> SaveReport:
+    """``reshard IN...|INDEX.json -o OUTDIR``: shards and ``model.safetensors.index.json``."""
+    from filecord.safetensors import reshard as st_reshard
+
+    with Bar("reshard", quiet=args.quiet or args.json) as bar:
+        return st_reshard(args.output, args.inputs,
+                          max_shard_size=args.max_shard_size or 5 * 10**9,
+                          filename_pattern=args.pattern or "model{suffix}.safetensors",
+                          consume=args.consume, dry_run=args.dry_run,
+                          alignment=args.align or 8, window=args.window,
+                          progress=bar.callback)
+
+
+def convert(args: argparse.Namespace) -> SaveReport:
+    """``convert IN.safetensors|INDEX.json -o OUT.ptd``; ``convert IN.ptd -o OUT.safetensors``."""
+    from filecord.safetensors import convert as st_convert
+
+    out: str = args.output
+    align = args.align or (16 if out.endswith(".ptd") else 8)
+    with Bar(f"convert {os.path.basename(out)}", quiet=args.quiet or args.json) as bar:
+        return st_convert(out, args.inputs[0], consume=args.consume, dry_run=args.dry_run,
+                          alignment=align, window=args.window, progress=bar.callback)
+
+
+def describe(path: str) -> dict[str, Any]:
+    """What ``filecord inspect`` shows for a safetensors file or index."""
+    from filecord.safetensors import SafetensorsFile, read_safetensors
+
+    got = read_safetensors(path)
+    files = [got] if isinstance(got, SafetensorsFile) else list(got.shards)
+    info: dict[str, Any] = {"format": "safetensors", "path": got.path}
+    if not isinstance(got, SafetensorsFile):
+        info.update(format="safetensors-index", metadata=dict(got.metadata))
+    info["files"] = [{
+        "path": f.path, "file_size": f.file_size, "header_size": f.header.size,
+        "data_start": f.data_start,
+        "metadata": None if f.metadata is None else dict(f.metadata),
+        "tensors": [{
+            "name": t.name, "dtype": t.dtype.value, "shape": list(t.shape),
+            "offset": t.data.offset if isinstance(t.data, FileBackedData) else None,
+            "size": t.nbytes,
+        } for t in f.tensors.values()],
+    } for f in files]
+    return info
+
+
+def render(info: dict[str, Any]) -> list[str]:
+    lines = [f"{info['format']} {info['path']}"]
+    if "metadata" in info:
+        lines.append(f"  index metadata: {json.dumps(info['metadata'])}")
+    for f in info["files"]:
+        lines.append(f"  file {f['path']} ({f['file_size']} bytes): header {f['header_size']} "
+                     f"bytes, data from {f['data_start']}")
+        lines.append(f"    metadata: {json.dumps(f['metadata'])}")
+        lines.append(f"    tensors: {len(f['tensors'])}")
+        lines.extend(
+            f"      {t['name']}: {t['dtype']} {t['shape']} bytes {t['offset']}.."
+            f"{t['offset'] + t['size']} ({t['size']} bytes)" for t in f["tensors"])
+    return lines
+
+
+def sniff(path: str, head: bytes) -> bool:
+    """By name (``.safetensors``, ``.json``) or by content (a header length, then ``{``)."""
+    if path.endswith((".safetensors", ".index.json")):
+        return True
+    return len(head) >= 9 and head[8:9] == b"{"

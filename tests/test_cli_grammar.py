@@ -1,0 +1,257 @@
+"""The command line's one grammar (issue 23 item 3): inputs positional, the destination after
+``-o/--output``; the old forms refused with the new one spelled out; every command's help names
+the formats it reads and writes; one command table, and no CLI module importing a sibling but
+the table and the common leaf."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from filecord import cli
+from filecord.cli.table import COMMANDS
+
+st_numpy = pytest.importorskip("safetensors.numpy")
+
+SRC = Path(__file__).parents[1] / "src"
+ENV = {**os.environ, "PYTHONPATH": str(SRC)}
+
+
+def run(*args: str | bytes, cwd: Path) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "filecord.cli", *args], cwd=cwd, env=ENV,
+                          capture_output=True, timeout=120, check=False)
+
+
+def listing(root: Path) -> list[tuple[str, int, int, int]]:
+    out = []
+    for here, dirs, files in os.walk(root):
+        for name in [".", *dirs, *files]:
+            st = os.lstat(os.path.join(here, name))
+            out.append((os.path.relpath(os.path.join(here, name), root), st.st_size,
+                        st.st_mtime_ns, st.st_ino))
+    return sorted(out)
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(5)
+    st_numpy.save_file({f"w{i}": rng.standard_normal((4, 8)).astype(np.float32)
+                        for i in range(4)}, str(tmp_path / "a.safetensors"))
+    st_numpy.save_file({f"v{i}": rng.standard_normal((4, 8)).astype(np.float32)
+                        for i in range(4)}, str(tmp_path / "b.safetensors"))
+    return tmp_path
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    (["merge", "out.safetensors", "a.safetensors", "b.safetensors", "--consume"],
+     "filecord merge a.safetensors b.safetensors --consume -o out.safetensors"),
+    (["merge", "-n", "--json", "m.safetensors", "a.safetensors"],
+     "filecord merge -n --json a.safetensors -o m.safetensors"),
+    (["convert", "a.safetensors", "a.ptd"], "filecord convert a.safetensors -o a.ptd"),
+    (["convert", "--consume", "a.safetensors", "out dir/a b.ptd", "--align", "64"],
+     "filecord convert --consume a.safetensors --align 64 -o 'out dir/a b.ptd'"),
+    (["reshard", "a.safetensors", "b.safetensors", "rs", "--max-shard-size", "1KB"],
+     "filecord reshard a.safetensors b.safetensors --max-shard-size 1KB -o rs"),
+    (["plan", "o.ptd", "a.safetensors"], "filecord plan a.safetensors -o o.ptd"),
+])
+def test_an_old_form_is_refused_with_its_new_form(
+    ckpt: Path, old: list[str], new: str
+) -> None:
+    """Exit 2, nothing read or written, and the same command line in the new form, which
+    then runs."""
+    before = listing(ckpt)
+    r = run(*old, cwd=ckpt)
+    assert r.returncode == 2, r
+    err = r.stderr.decode()
+    assert err.startswith(f"filecord {old[0]}: error: the output is no longer the ")
+    assert err.splitlines()[-1].strip() == new
+    assert listing(ckpt) == before
+    again = run(*shlex.split(new)[1:], cwd=ckpt)
+    assert again.returncode == 0, again.stderr
+
+
+def test_the_new_form_of_a_name_that_is_not_utf8_pastes_back_to_the_same_bytes(
+    ckpt: Path,
+) -> None:
+    (ckpt / "a.safetensors").rename(ckpt / os.fsdecode(b"\xff.safetensors"))
+    r = run("merge", b"o\xfe.safetensors", b"\xff.safetensors", cwd=ckpt)
+    assert r.returncode == 2
+    line = r.stderr.splitlines()[-1].strip()
+    assert line == b"filecord merge $'\\xff.safetensors' -o $'o\\xfe.safetensors'"
+    # bash turns $'\xff' back into the byte: the line as printed runs as it is
+    again = subprocess.run(["bash", "-c", line.decode().replace(
+        "filecord", shlex.quote(sys.executable) + " -m filecord.cli", 1)], cwd=ckpt, env=ENV,
+        capture_output=True, check=False)
+    assert again.returncode == 0, again.stderr
+    assert (ckpt / os.fsdecode(b"o\xfe.safetensors")).is_file()
+
+
+@pytest.mark.parametrize("command", ["merge", "convert", "reshard", "pack", "plan"])
+def test_a_missing_output_names_the_option(ckpt: Path, command: str) -> None:
+    r = run(command, "a.safetensors", cwd=ckpt)
+    assert r.returncode == 2
+    assert b"the output is given with -o/--output, as in: filecord " + command.encode() in (
+        r.stderr)
+
+
+def test_reshard_creates_its_output_directory_and_a_dry_run_into_none_is_refused(
+    ckpt: Path,
+) -> None:
+    before = listing(ckpt)
+    r = run("reshard", "a.safetensors", "-o", "new/shards", "--max-shard-size", "200", "-n",
+            cwd=ckpt)
+    assert r.returncode == 2
+    assert b"new/shards: no such directory; without --dry-run it is created" in r.stderr
+    assert listing(ckpt) == before
+    r = run("reshard", "a.safetensors", "-o", "new/shards", "--max-shard-size", "200",
+            cwd=ckpt)
+    assert r.returncode == 0, r.stderr
+    index = json.loads((ckpt / "new/shards/model.safetensors.index.json").read_text())
+    assert sorted(index["weight_map"]) == [f"w{i}" for i in range(4)]
+
+
+def test_a_failed_command_removes_the_directories_it_made(ckpt: Path) -> None:
+    """Made before the inputs are read, removed when the command fails (the directory that
+    held them keeps a new mtime: that is all)."""
+    (ckpt / "junk.safetensors").write_bytes(b"\x05\0\0\0\0\0\0\0{}  x")
+    before = [e for e in listing(ckpt) if e[0] != "."]
+    r = run("merge", "junk.safetensors", "-o", "x/y/z.safetensors", cwd=ckpt)
+    assert r.returncode == 1
+    assert b"header" in r.stderr
+    assert [e for e in listing(ckpt) if e[0] != "."] == before
+
+
+@pytest.mark.parametrize("command", [c.name for c in COMMANDS])
+def test_every_help_names_what_it_reads_and_writes(command: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "filecord.cli", command, "--help"], env=ENV,
+                       capture_output=True, text=True, check=True)
+    text = " ".join(r.stdout.split())
+    assert "Reads:" in text
+    assert "Writes:" in text
+    if command in ("pack", "plan", "merge", "reshard", "convert"):
+        assert "-o" in text
+
+
+def test_inspect_help_names_every_format_it_reads() -> None:
+    r = subprocess.run([sys.executable, "-m", "filecord.cli", "inspect", "--help"], env=ENV,
+                       capture_output=True, text=True, check=True)
+    text = " ".join(r.stdout.split())
+    reads = text[text.index("Reads:"):text.index("Writes:")]
+    for fmt in (".pte", ".ptd", ".safetensors", "index.json", ".gguf"):
+        assert fmt in reads
+
+
+def test_the_table_is_the_parser() -> None:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert list(sub.choices) == [c.name for c in COMMANDS]  # type: ignore[union-attr]
+    for c in COMMANDS:
+        args = sub.choices[c.name].parse_args(  # type: ignore[index]
+            {"recover": [], "demo": [], "inspect": ["x"], "verify": ["x"]}.get(c.name, ["x"]))
+        assert args.func is c.run
+
+
+def test_no_cli_module_imports_a_sibling_but_the_table_and_the_common_leaf() -> None:
+    package = SRC / "filecord" / "cli"
+    for path in sorted(package.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module == "filecord.cli":
+                    found |= {f"filecord.cli.{a.name}" for a in node.names}
+                elif node.module.startswith("filecord.cli."):
+                    found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.startswith("filecord.cli.")}
+        allowed = {"table.py": None, "__init__.py": {"filecord.cli.common", "filecord.cli.table"},
+                   "__main__.py": {"filecord.cli.main"}}.get(path.name, {"filecord.cli.common"})
+        if path.name == "common.py":
+            allowed = set()
+        if allowed is not None:
+            assert found <= allowed, (path.name, found - allowed)
+
+
+@contextlib.contextmanager
+def tmpfs(tmp_path: Path, size: int) -> Iterator[Path]:
+    point = tmp_path / "small"
+    point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)],
+                   check=True)
+    try:
+        yield point
+    finally:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+@pytest.mark.root
+def test_a_convert_refused_for_space_says_that_consume_fits(tmp_path: Path) -> None:
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("needs root (a size-limited tmpfs)")
+    with tmpfs(tmp_path, 48 << 20) as small:
+        # 30 MiB: a copy needs 30 more, 18 are free; a move needs one 16 MiB sync window
+        rng = np.random.default_rng(7)
+        st_numpy.save_file({f"t{i}": rng.standard_normal((256, 1024)).astype(np.float32)
+                            for i in range(30)}, str(small / "big.safetensors"))
+        before = (small / "big.safetensors").read_bytes()
+        r = run("convert", "big.safetensors", "-o", "big.ptd", cwd=small)
+        assert r.returncode == 1, r.stderr
+        err = r.stderr.decode()
+        assert "not enough free space" in err
+        assert "--consume would fit: it needs 16.02 MiB on tmpfs (18.00 MiB free)" in err
+        assert sorted(os.listdir(small)) == ["big.safetensors"]
+        assert (small / "big.safetensors").read_bytes() == before
+        r = run("convert", "big.safetensors", "-o", "big.ptd", "--consume", cwd=small)
+        assert r.returncode == 0, r.stderr
+        assert sorted(os.listdir(small)) == ["big.ptd"]
+
+
+@pytest.mark.root
+def test_no_consume_note_when_consume_would_not_fit_either(tmp_path: Path) -> None:
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("needs root (a size-limited tmpfs)")
+    with tmpfs(tmp_path, 4 << 20) as small:
+        src = tmp_path / "big.safetensors"  # elsewhere: consume cannot move it in
+        rng = np.random.default_rng(7)
+        st_numpy.save_file({f"t{i}": rng.standard_normal((64, 1024)).astype(np.float32)
+                            for i in range(20)}, str(src))  # 5 MiB
+        r = run("convert", str(src), "-o", "big.ptd", cwd=small)
+        assert r.returncode == 1
+        assert b"not enough free space" in r.stderr
+        assert b"--consume would fit" not in r.stderr
+
+
+def test_created_output_directories_are_made_durable(ckpt: Path) -> None:
+    """Each new directory's entry is fsynced in its parent (the save itself syncs only the
+    directory that holds the output), before the save begins."""
+    from filecord._io import syscalls as _sys
+
+    class Record(_sys.Backend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[str, tuple[object, ...]]] = []
+
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            self.calls.append((op, args))
+
+    rec = Record()
+    with _sys.use(rec):
+        rc = cli.main(["merge", str(ckpt / "a.safetensors"), "-q",
+                       "-o", str(ckpt / "new" / "dir" / "m.safetensors")])
+    assert rc == 0
+    made = [a[0] for op, a in rec.calls if op == "mkdir"]
+    synced = [a[0] for op, a in rec.calls if op == "fsync_dir"]
+    assert made == [str(ckpt / "new"), str(ckpt / "new" / "dir")]
+    assert synced[:2] == [str(ckpt), str(ckpt / "new")]
+    first_open = next(i for i, (op, _a) in enumerate(rec.calls) if op == "open")
+    assert rec.calls.index(("fsync_dir", (str(ckpt / "new"),))) < first_open
