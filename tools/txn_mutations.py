@@ -20,6 +20,7 @@ UNIT = "tests/unit/txn"
 ORDER = "tests/sweeps/test_fsync_order.py"
 GUARDS = "tests/sweeps/test_recover_guards.py"
 R4 = "tests/sweeps/test_looks_order_and_records.py"
+INSTANTS = "tests/sweeps/test_second_party_instants.py"
 
 MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     # --- the ones the issue lists -----------------------------------------------------------
@@ -103,7 +104,7 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "            }.get(exc.kind, Found.CHANGED)", [UNIT, R4]),
     ("failure: the change seen mid-move ignored", "failure.py",
      "              and (txn.moving or txn.changed) is not None else None)",
-     "              and False else None)", [R4]),
+     "              and False else None)", [INSTANTS]),
 ]
 
 
