@@ -20,6 +20,7 @@ UNIT = "tests/unit/txn"
 ORDER = "tests/sweeps/test_fsync_order.py"
 GUARDS = "tests/sweeps/test_recover_guards.py"
 R4 = "tests/sweeps/test_looks_order_and_records.py"
+INSTANTS = "tests/sweeps/test_second_party_instants.py"
 
 MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     # --- the ones the issue lists -----------------------------------------------------------
@@ -38,13 +39,13 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      'f"{path} was removed',
      '        if False:\n            raise LockBusyError(errno.EAGAIN, f"{path} was removed',
      [ORDER]),
-    ("recover: later sources' full size not checked", "undo.py",
-     "        elif in_progress is not None and st.st_size != s.size:",
-     "        elif False:", [GUARDS]),
-    ("window-boundary size check always true", "undo.py",
+    ("recover: later sources' full size not checked", "assess.py",
+     "        elif in_progress is not None and st.size != s.size:",
+     "        elif False:", [UNIT, GUARDS]),
+    ("window-boundary size check always true", "assess.py",
      "    if not s.run_start <= size <= s.size:\n        return False\n    return size in",
      "    if not s.run_start <= size <= s.size:\n        return False\n    return True or size in",
-     [GUARDS]),
+     [UNIT, GUARDS]),
     ("finish compares the last look by size only", "undo.py",
      "if st.st_size != s.run_start or (st.st_size, st.st_mtime_ns) != was:",
      "if st.st_size != s.run_start or st.st_size != was[0]:", [GUARDS]),
@@ -60,8 +61,29 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "        _overlong(lines[1]) or any(_checks(line) for line in rest)", "        False", [UNIT]),
     ("length field not compared", "journal.py",
      "or int(length, 16) != len(payload):", ":", [UNIT]),
-    ("recover ignores the journal's moved records", "assess.py",
-     "            undo.check_strict(j, log_.moved)", "            undo.check_strict(j, 0)", [R4]),
+    ("recover ignores the journal's moved records", "recover.py",
+     "Actor.RECOVER, stage, log_.moved, log_.looked)", "Actor.RECOVER, stage, 0, log_.looked)",
+     [UNIT, R4]),
+    ("assess: the temps' holes not checked", "assess.py",
+     "        if s.dense and hole < at + (b - a):", "        if False:", [UNIT]),
+    ("assess: the temps' ends not checked", "assess.py",
+     "        if held.size < at + (b - a):", "        if False:", [UNIT]),
+    ("assess: the last look compared by size and mtime only", "assess.py",
+     "    if (st.size, st.mtime_ns, st.ctime_ns) == (look.size, look.mtime_ns, look.ctime_ns):",
+     "    if (st.size, st.mtime_ns) == (look.size, look.mtime_ns):", [UNIT]),
+    ("assess: a truncate in flight not allowed for", "assess.py",
+     "    return pending is not None and st.size == pending", "    return False", [UNIT]),
+    ("assess: the unchanged-source mtime not checked", "assess.py",
+     "    if st.mtime_ns == s.mtime_ns:\n        return None", "    return None", [UNIT]),
+    ("assess: a commit let through without the look", "assess.py",
+     "        if was is not None and was[0] == s.run_start and key in vouched:",
+     "        if key in vouched:", [UNIT]),
+    ("assess: a commit let through without the files' proof", "assess.py",
+     "        if was is not None and was[0] == s.run_start and key in vouched:",
+     "        if was is not None and was[0] == s.run_start:", [UNIT]),
+    ("assess: an adopted source under its own name taken as committed", "assess.py",
+     "            if f.own is not None:\n                return RecoverError(",
+     "            if False:\n                return RecoverError(", [UNIT]),
     ("lock pointer: another token accepted", "liveness.py",
      "parsed != (token, _names.JOURNAL)", "parsed[1] != _names.JOURNAL", [UNIT]),
     ("of_change: a link taken as a content change", "assess.py",
@@ -80,6 +102,9 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("failure: a METADATA change held", "assess.py",
      "            ChangeKind.METADATA: Found.METADATA}.get(exc.kind, Found.CHANGED)",
      "            }.get(exc.kind, Found.CHANGED)", [UNIT, R4]),
+    ("failure: the change seen mid-move ignored", "failure.py",
+     "              and (txn.moving or txn.changed) is not None else None)",
+     "              and False else None)", [INSTANTS]),
 ]
 
 

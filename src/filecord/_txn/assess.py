@@ -1,33 +1,50 @@
-"""The assessment: from the journal, its records and the files, what ``decide`` is asked about.
+"""The assessment: one look at the files (``observe``), one pure judgement of it (``assess``).
 
 Theory of operation
 -------------------
-Both paths that clean up after a save ask the same questions in the same order and turn the
-answer into one :class:`~filecord._txn.decide.Found`:
+Both paths that clean up after a save, the in-process failure path (``failure``) and
+``recover``, do the same two steps and hand the result to ``decide``:
 
-* :func:`failed_save` (the in-process failure path): the error itself (a change seen during
-  the move, by its typed ``ChangeKind``), then every parked source against the save's last look
-  (``looks.changed_since_look``), then the proof recover asks for too (``undo.check_strict``:
-  every source at a size this save's moves leave, in their order, the journal's ``moved``
-  count included).
-* :func:`crashed_save` (``recover``): the record's checksums (a record that does not check is
-  DAMAGED, never "another process"), then by stage: ``undo.check_strict`` and
-  ``undo.check_temps_hold`` before a rollback, ``undo.check_committed`` before a finish.
+1. :func:`observe` (the only I/O here) stats every name the journal lets this save have
+   touched: each source at its parked and own names (and an adopted one at its temp), each
+   output at its temp and final names, each by device and inode (a name holding another file
+   counts as absent); and, for recover, where the holes are in the outputs at the offsets
+   that would hold moved bytes (``SEEK_HOLE``).  It changes nothing.  An error while looking
+   (or a name swapped for a symlink under it) is kept as ``unreadable``.
+2. :func:`assess` is pure: from the journal, its records (:class:`Records`: the stage, the
+   ``moved`` count, the ``looked`` record, and for a running save its own last looks and the
+   change it saw mid-move) and the :class:`Observed` facts it says, per source, where its
+   bytes are and whether it is as the save left it or changed (with a typed ``ChangeKind``),
+   and sums that up in one :class:`~filecord._txn.decide.Found`:
 
-:func:`of_change` is the one place a ``DataChangedError`` becomes a finding: by its ``kind``,
-never by its message.  The checks read the files (stat, SEEK_HOLE, FIEMAP) and change nothing;
-the action the table picks is carried out by ``failure`` or ``recover``.
+   * a running save (``Actor.SAVE``): the change it saw mid-move (by its typed kind, never its
+     message), then each parked source against the save's last look (size, mtime, ctime, or
+     the size of its own truncate in flight), then the proof recover asks for too (every
+     source at a size this save's moves leave, in their order, the ``moved`` count included);
+   * recover (``Actor.RECOVER``), by stage: HELD is CHANGED; before a rollback the same proof
+     and "the temps hold every byte a source lacks"; before a finish "every move finished"
+     (the files prove it, never a record alone: ``_vouched``).
+
+A record that does not check is DAMAGED (:func:`damaged`), never "another process".
 """
 
 from __future__ import annotations
 
+import errno
 import logging
-from dataclasses import dataclass
+import os
+import stat as stat_mod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from filecord._txn import journal, looks, undo
-from filecord._txn.decide import Found
+from filecord._io import syscalls as _sys
+from filecord._plan.plan import cover
+from filecord._plan.types import PieceRef
+from filecord._txn import journal
+from filecord._txn.decide import Actor, Found
+from filecord._txn.journal import Journal, JournalSource
 from filecord._txn.stages import Stage
-from filecord._txn.state import Txn
+from filecord._txn.transfer import METADATA_ONLY
 from filecord.errors import ChangeKind, DataChangedError, RecoverError
 
 log = logging.getLogger(__name__)
@@ -36,15 +53,94 @@ HELD_WHY = ("a source was changed by another process, so nothing was put back ov
             "journal (held) and temps are kept")
 KEPT_WHY = "the journal and temps are kept"
 
+Key = tuple[int, int]  # (st_dev, st_ino)
+
+
+# --- the facts ------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """One ``lstat`` of a name that holds the expected inode (a regular file)."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int = 0
+    nlink: int = 1
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> Facts:
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFacts:
+    parked: Facts | None = None  # at its parked (token) name
+    own: Facts | None = None  # at its own name
+    at_temp: Facts | None = None  # an adopted source at its output's temp
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFacts:
+    temp: Facts | None = None
+    final: Facts | None = None
+    # (offset, the first hole at or after it) in the file at the temp, else the final name.
+    holes: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    sources: tuple[SourceFacts, ...]
+    outputs: tuple[OutputFacts, ...]
+    unreadable: str | None = None  # why the files could not all be looked at
+
+
+@dataclass(frozen=True, slots=True)
+class Look:
+    """A running save's last look at a parked source, and the size its truncate in flight
+    leaves (None when none is)."""
+
+    facts: Facts
+    pending: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Records:
+    """What the save's records (or, for a running save, its memory) say."""
+
+    actor: Actor
+    stage: Stage
+    moved: int = 0
+    looked: Mapping[Key, tuple[int, int]] = field(default_factory=dict)
+    looks: Mapping[Key, Look] = field(default_factory=dict)
+    during: DataChangedError | None = None  # the change a running save saw mid-move
+    cause: BaseException | None = None  # why a running save stopped (a change found since
+    # its last look is raised in its place, this as its context)
+
+
+# --- the judgement --------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """One source: the name holding it (None: neither), its size there (-1: not found), and
+    what changed (None: as the save left it)."""
+
+    path: str
+    name: str | None
+    size: int
+    change: ChangeKind | None = None
+
 
 @dataclass(frozen=True, slots=True)
 class Assessment:
-    """What was found, the error that says so (raised to the caller), notes and why."""
+    """What was found, the error that says so (raised to the caller), notes and why; per
+    source where it is; the source found changed since the save's look (its key)."""
 
     found: Found
     error: BaseException | None = None
     notes: tuple[str, ...] = ()
     why: str = ""
+    sources: tuple[Where, ...] = ()
+    changed: Key | None = None
 
 
 def of_change(exc: DataChangedError) -> Found:
@@ -53,74 +149,428 @@ def of_change(exc: DataChangedError) -> Found:
             ChangeKind.METADATA: Found.METADATA}.get(exc.kind, Found.CHANGED)
 
 
-def failed_save(txn: Txn, exc: BaseException) -> Assessment:
-    """The in-process failure, after the journal: may the save roll back?"""
-    record = txn.record
-    if record is None:  # pragma: no cover - asked only once there is a journal
-        return Assessment(Found.AS_LEFT, exc)
-    if isinstance(exc, DataChangedError) and (txn.moving or txn.changed) is not None:
-        # Bytes were being moved out of the changed file.  A new hard link or a ctime alone
-        # (chmod, chattr) changed no byte: recover may put the bytes back.  A write, append or
-        # truncate did: hold the journal.
-        found = of_change(exc)
-        if found is Found.METADATA:
-            log.warning("%s: %s; the save stops, recover may roll it back", exc.path, exc.reason)
-        return Assessment(found, exc, why="a source changed under the move, so nothing was put "
-                          "back over it: the journal and temps are kept" +
-                          ("" if found is not Found.CHANGED else
-                           " (held: recover will not undo over the change)"))
-    try:
-        seen = looks.changed_since_look(txn)
-    except OSError as cexc:
-        return Assessment(Found.UNREADABLE, exc, (f"could not check the sources: {cexc}",),
-                          KEPT_WHY)
-    if seen is not None:
-        seen.__context__ = exc
-        found = of_change(seen)
-        if found is Found.METADATA:
-            log.warning("%s: %s", seen.path, seen.reason)
-            why = ("a source's metadata was changed by another process: the journal and temps "
-                   "are kept (not held)")
-        else:
-            why = HELD_WHY
-        return Assessment(found, seen, (f"the save had failed first: {exc}",), why)
-    try:
-        undo.check_strict(record, txn.moves_done)
-    except DataChangedError as cexc:
-        return Assessment(Found.CHANGED, exc, (f"{cexc}",), HELD_WHY)
-    except OSError as cexc:
-        return Assessment(Found.UNREADABLE, exc, (f"could not check the sources: {cexc}",),
-                          KEPT_WHY)
-    return Assessment(Found.AS_LEFT, exc)
-
-
 def damaged(exc: journal.JournalDamagedError) -> Assessment:
     return Assessment(Found.DAMAGED, exc, why=f"{exc}; nothing was touched")
 
 
-def crashed_save(log_: journal.Log, stage: Stage) -> Assessment:
-    """A crashed save's journal (its records already checked): may recover act at ``stage``?"""
-    j = log_.journal
-    try:
-        if stage is Stage.HELD:
-            return Assessment(Found.CHANGED, why=(
-                "the save stopped because another process changed a source mid-move; nothing "
-                "is undone over that change (the notes say where every byte is)"))
-        if stage is Stage.COMMITTED:
-            try:
-                undo.check_committed(j, log_.looked)
-            except RecoverError as exc:
-                return Assessment(Found.UNFINISHED, exc, why=f"{exc}; {KEPT_WHY}")
-        elif stage is Stage.MOVING:
-            undo.check_strict(j, log_.moved)
-            temps = undo.open_temps(j)
-            try:
-                undo.check_temps_hold(j, temps)
-            finally:
-                undo.close_all(temps)
-    except DataChangedError as exc:
-        return Assessment(of_change(exc) if exc.kind is not ChangeKind.METADATA
-                          else Found.CHANGED, exc, why=f"{exc}; {KEPT_WHY}")
-    except (RecoverError, OSError) as exc:
-        return Assessment(Found.UNREADABLE, exc, why=f"{exc}; {KEPT_WHY}")
+def locate(j: Journal, s: JournalSource, f: SourceFacts) -> tuple[str, Facts] | None:
+    """Where source ``s`` is: its parked (token) name first, then its own name."""
+    if f.parked is not None:
+        return j.parked(s), f.parked
+    if f.own is not None:
+        return s.path, f.own
+    return None
+
+
+def assess(j: Journal, records: Records, seen: Observed) -> Assessment:
+    """Pure: what the files and records say about the save, for ``decide``."""
+    wheres = []
+    for s, f in zip(j.sources, seen.sources, strict=seen.unreadable is None):
+        at = locate(j, s, f)
+        wheres.append(Where(s.path, None, -1) if at is None else Where(s.path, at[0], at[1].size))
+    found = (_running(j, records, seen) if records.actor is Actor.SAVE
+             else _crashed(j, records, seen))
+    err = found.error if isinstance(found.error, DataChangedError) else None
+    for n, (w, s) in enumerate(zip(wheres, j.sources, strict=False)):
+        if found.changed == (s.dev, s.ino) or (err is not None and err.path in (w.path, w.name)):
+            wheres[n] = Where(w.path, w.name, w.size, err.kind if err else ChangeKind.CONTENT)
+    return Assessment(found.found, found.error, found.notes, found.why, tuple(wheres),
+                      found.changed)
+
+
+def _running(j: Journal, r: Records, seen: Observed) -> Assessment:
+    exc = r.during
+    if exc is not None:
+        # Bytes were being moved out of the changed file.  A new hard link or a ctime alone
+        # (chmod, chattr) changed no byte: recover may put the bytes back.  A write, append or
+        # truncate did: hold the journal.
+        found = of_change(exc)
+        return Assessment(found, exc, why="a source changed under the move, so nothing was put "
+                          "back over it: the journal and temps are kept" +
+                          ("" if found is not Found.CHANGED else
+                           " (held: recover will not undo over the change)"))
+    if seen.unreadable is not None:
+        return Assessment(Found.UNREADABLE, notes=(
+            f"could not check the sources: {seen.unreadable}",), why=KEPT_WHY)
+    for s, f in zip(j.sources, seen.sources, strict=True):
+        key = (s.dev, s.ino)
+        look = r.looks.get(key)
+        at = locate(j, s, f)
+        if s.adopt or look is None or at is None or as_seen(at[1], look.facts, look.pending):
+            continue
+        kind = change_kind(at[1], look.facts)
+        err = DataChangedError(at[0], expected_size=look.facts.size, found_size=at[1].size,
+                               reason=(METADATA_ONLY if kind is ChangeKind.METADATA else
+                                       "another process changed it after the save's last look"),
+                               kind=kind)
+        err.__context__ = r.cause
+        found = of_change(err)
+        why = ("a source's metadata was changed by another process: the journal and temps "
+               "are kept (not held)") if found is Found.METADATA else HELD_WHY
+        first = () if r.cause is None else (f"the save had failed first: {r.cause}",)
+        return Assessment(found, err, first, why, changed=key)
+    bad = check_strict(j, seen, r.moved)
+    if bad is not None:
+        return Assessment(Found.CHANGED, notes=(f"{bad}",), why=HELD_WHY)
     return Assessment(Found.AS_LEFT)
+
+
+def _crashed(j: Journal, r: Records, seen: Observed) -> Assessment:
+    if r.stage is Stage.HELD:
+        return Assessment(Found.CHANGED, why=(
+            "the save stopped because another process changed a source mid-move; nothing "
+            "is undone over that change (the notes say where every byte is)"))
+    if r.stage not in (Stage.COMMITTED, Stage.MOVING):
+        return Assessment(Found.AS_LEFT)
+    if seen.unreadable is not None:
+        err = RecoverError(seen.unreadable)
+        return Assessment(Found.UNREADABLE, err, why=f"{err}; {KEPT_WHY}")
+    if r.stage is Stage.COMMITTED:
+        unfinished = check_committed(j, seen, r.looked)
+        if unfinished is not None:
+            return Assessment(Found.UNFINISHED, unfinished, why=f"{unfinished}; {KEPT_WHY}")
+        return Assessment(Found.AS_LEFT)
+    bad = check_strict(j, seen, r.moved) or check_temps_hold(j, seen)
+    if isinstance(bad, OSError) and not isinstance(bad, DataChangedError):
+        return Assessment(Found.UNREADABLE, bad, why=f"{bad}; {KEPT_WHY}")
+    if bad is not None:
+        return Assessment(Found.CHANGED, bad, why=f"{bad}; {KEPT_WHY}")
+    return Assessment(Found.AS_LEFT)
+
+
+# --- the predicates (pure, on observed facts) -------------------------------------------------
+
+
+
+def as_seen(st: Facts, look: Facts, pending: int | None = None) -> bool:
+    """Whether ``st`` is the file as the save last looked at it: same size, modification and
+    change times; or, with ``pending``, the size a truncate of the save in flight leaves."""
+    if (st.size, st.mtime_ns, st.ctime_ns) == (look.size, look.mtime_ns, look.ctime_ns):
+        return True
+    return pending is not None and st.size == pending
+
+
+def change_kind(st: Facts, look: Facts) -> ChangeKind:
+    """``METADATA`` when only the ctime differs from the look (same size and mtime: a chmod or
+    chattr, which holds no journal), else ``CONTENT``."""
+    if (st.size, st.mtime_ns) == (look.size, look.mtime_ns):
+        return ChangeKind.METADATA
+    return ChangeKind.CONTENT
+
+
+def legal_size(s: JournalSource, size: int, window: int) -> bool:
+    """Whether a move (or a rollback) of this save can have left ``s`` at ``size``."""
+    if not s.run_start <= size <= s.size:
+        return False
+    return size in (s.run_start, s.size) or (s.size - size) % window == 0 or (
+        size - s.run_start
+    ) % window == 0
+
+
+def check_strict(j: Journal, seen: Observed, done: int = 0) -> DataChangedError | None:
+    """A source not as this save can have left it (None: all are).
+
+    ``done``: how many moved sources (in journal order) are known to have finished their
+    moves (the journal's durable ``moved`` record, or the save's own count)."""
+    bad = check_order(j, seen, done)
+    if bad is not None:
+        return bad
+    for s, f in zip(j.sources, seen.sources, strict=True):
+        if s.adopt:
+            continue
+        if f.parked is None:
+            if f.own is not None and f.own.size != s.size:  # never parked, so never moved
+                return DataChangedError(
+                    s.path, expected_size=s.size, found_size=f.own.size,
+                    reason="changed by another process before the save moved it")
+            if f.own is not None:
+                bad = _untouched(s, s.path, f.own)
+                if bad is not None:
+                    return bad
+            continue
+        if f.parked.size == s.size:
+            bad = _untouched(s, j.parked(s), f.parked)
+            if bad is not None:
+                return bad
+        if not legal_size(s, f.parked.size, j.window):
+            return DataChangedError(
+                j.parked(s), expected_size=s.size, found_size=f.parked.size,
+                reason="its size is not one a move of this save leaves: another process "
+                "changed it")
+    return None
+
+
+def _untouched(s: JournalSource, name: str, st: Facts) -> DataChangedError | None:
+    """A source at its full size was never shortened by this save (or a rollback finished and
+    put its journaled mtime back), so its mtime must be the journaled one: a same-size rewrite
+    by another process is refused here, never "restored" and its mtime reset over the change."""
+    if st.mtime_ns == s.mtime_ns:
+        return None
+    return DataChangedError(
+        name, expected_size=s.size, found_size=st.size,
+        reason=f"its modification time is {st.mtime_ns} ns where the journal recorded "
+        f"{s.mtime_ns} ns and this save never shortened it: another process rewrote it")
+
+
+def check_order(j: Journal, seen: Observed, done: int = 0) -> DataChangedError | None:
+    """The move-order invariant: moves run one at a time in journal order, so every moved source
+    before the one in progress is at its kept prefix, every one after it at its full size, and
+    the first ``done`` are finished.  The one in progress is the first not at its kept prefix
+    (none when all are).  Older journals (not ``ordered``) are not checked."""
+    if not j.ordered:
+        return None
+    in_progress: JournalSource | None = None
+    moved = [(s, f) for s, f in zip(j.sources, seen.sources, strict=True)
+             if not s.adopt and s.run_start < s.size]
+    for i, (s, f) in enumerate(moved):
+        at = locate(j, s, f)
+        if at is None:
+            continue  # check_strict and the rollback say where it is not
+        name, st = at
+        if i < done and st.size != s.run_start:
+            why = "its move had finished (the lock file says so), so it must be at its kept prefix"
+        elif in_progress is not None and st.size != s.size:
+            why = (f"its move never began ({in_progress.path} was being moved), so it must be "
+                   "at its full size")
+        else:
+            if in_progress is None and st.size != s.run_start:
+                in_progress = s
+            continue
+        return DataChangedError(
+            name, expected_size=s.run_start if i < done else s.size, found_size=st.size,
+            reason=f"{why}: another process changed it")
+    return None
+
+
+def moved_held(j: Journal, s: JournalSource, seen: Observed, start: int, *,
+               temps_only: bool) -> OSError | None:
+    """Whether the outputs reach every byte of ``s`` from ``start`` on and, for a dense source,
+    hold data there (no hole): None, or why not (``DataChangedError``: never moved; a plain
+    ``OSError``: the temp is missing)."""
+    try:
+        segs = cover(s.dests, start, s.size) if start < s.size else []
+    except ValueError as exc:  # a journal whose pieces leave a gap: no proof either way
+        return OSError(errno.EINVAL, f"{s.path}: {exc}")
+    for a, b, d in segs:
+        out = seen.outputs[d.output]
+        held = out.temp if temps_only or out.temp is not None else out.final
+        if held is None:
+            return OSError(errno.ENOENT, f"the temp file holding {s.path}[{a}:{b}] is missing")
+        at = d.out_offset + (a - d.src_offset)
+        if held.size < at + (b - a):
+            return DataChangedError(
+                s.path, expected_size=s.size, found_size=start,
+                reason=f"the temp ends before its bytes [{a}, {b}): they were never moved, so "
+                "the source was shortened by someone else")
+        hole = dict(out.holes).get(at, at + (b - a))
+        if s.dense and hole < at + (b - a):
+            return DataChangedError(
+                s.path, expected_size=s.size, found_size=a,
+                reason=f"the temp holds no data for its bytes from {a + hole - at} on: "
+                "they were never moved, so the source was shortened by someone else")
+    return None
+
+
+def check_temps_hold(j: Journal, seen: Observed) -> OSError | None:
+    """A parked source whose missing bytes are not all in the temps (beyond a temp's end, or,
+    for a source without holes, in a hole): they were never moved, so someone shortened the
+    source to a size a move leaves."""
+    for s, f in zip(j.sources, seen.sources, strict=True):
+        if not s.adopt and f.parked is not None and f.parked.size < s.size:
+            bad = moved_held(j, s, seen, max(f.parked.size, s.run_start), temps_only=True)
+            if bad is not None:
+                return bad
+    return None
+
+
+def check_committed(j: Journal, seen: Observed,
+                    looked: Mapping[Key, tuple[int, int]]) -> RecoverError | None:
+    """Every move had completed (None), or why the commit never happened: a committed save
+    shortened each moved source to its kept prefix and put each adopted one at its temp (or
+    final name) first.  A parked source not at its kept prefix is let through (for ``finish``
+    to keep, never delete) only when both hold: the save's last look (``looked``) saw it at its
+    kept prefix, and a move at or after it in the move order is proven finished by the files
+    (``_vouched``).  Then the size it has now is someone else's write after the commit."""
+    vouched = _vouched(j, seen)
+    for s, f in zip(j.sources, seen.sources, strict=True):
+        if s.adopt:
+            if f.own is not None:
+                return RecoverError(f"{s.path}: the journal says committed, but the adopted "
+                                    "source is still under its own name: the commit never "
+                                    "happened")
+            continue
+        # Only the parked name: the original path may hold a new file that reused the freed
+        # inode number after the commit, and that file is none of this save's business.
+        key = (s.dev, s.ino)
+        st = f.parked
+        if st is None or st.size == s.run_start:
+            continue
+        was = looked.get(key)
+        if was is not None and was[0] == s.run_start and key in vouched:
+            continue
+        return RecoverError(
+            f"{j.parked(s)}: the journal says committed, but the source is {st.size} "
+            f"bytes where a finished move leaves {s.run_start}: the commit never happened")
+    return None
+
+
+def _vouched(j: Journal, seen: Observed) -> set[Key]:
+    """The sources whose finished move the files themselves prove, in an ``ordered`` journal's
+    move order: a moved source is finished when it is at its parked name at exactly its kept
+    prefix, or when the outputs (temps, or final names once renamed) hold data for every byte
+    it moves; moves run one at a time in that order, so every one before a finished one is
+    finished too.  The never-moved ones are added.  Older journals: none."""
+    if not j.ordered:
+        return set()
+    moved = [(s, f) for s, f in zip(j.sources, seen.sources, strict=True)
+             if not s.adopt and s.run_start < s.size]
+    last = -1
+    for i in reversed(range(len(moved))):
+        s, f = moved[i]
+        if f.parked is None:
+            continue
+        if f.parked.size != s.run_start and moved_held(j, s, seen, s.run_start,
+                                                       temps_only=False) is not None:
+            continue
+        last = i
+        break
+    keys = {(s.dev, s.ino) for s, _f in moved[: last + 1]}
+    return keys | {(s.dev, s.ino) for s in j.sources if not s.adopt and s.run_start >= s.size}
+
+
+# --- the one look -----------------------------------------------------------------------------
+
+def _facts(path: str, dev: int, ino: int) -> Facts | None:
+    try:
+        st = _sys.lstat(path)
+    except FileNotFoundError:
+        return None
+    if (st.st_dev, st.st_ino) != (dev, ino) or not stat_mod.S_ISREG(st.st_mode):
+        return None
+    return Facts.of(st)
+
+
+def observe(j: Journal, records: Records) -> Observed:
+    """Look at every name of the save (stat, and for recover SEEK_HOLE); change nothing."""
+    sources: list[SourceFacts] = []
+    outputs: list[OutputFacts] = []
+    try:
+        for s in j.sources:
+            temp = j.temp(s.dests[0].output) if s.adopt and s.dests else None
+            sources.append(SourceFacts(
+                parked=None if s.adopt else _facts(j.parked(s), s.dev, s.ino),
+                own=_facts(s.path, s.dev, s.ino),
+                at_temp=None if temp is None else _facts(temp, s.dev, s.ino)))
+        probes: dict[int, set[int]] = {}
+        if records.actor is Actor.RECOVER:
+            for s, f in zip(j.sources, sources, strict=True):
+                for start in _probe_starts(j, records.stage, s, f):
+                    for a, _b, d in _cover(s, start):
+                        probes.setdefault(d.output, set()).add(d.out_offset + a - d.src_offset)
+        for o, out in enumerate(j.outputs):
+            tmp = None if out.direct else _facts(j.temp(o), out.dev, out.ino)
+            final = _facts(out.final, out.dev, out.ino)
+            at = j.temp(o) if tmp is not None else out.final if final is not None else None
+            holes = _holes(at, out.dev, out.ino, sorted(probes.get(o, ()))) if at else ()
+            outputs.append(OutputFacts(tmp, final, holes))
+    except (OSError, RecoverError) as exc:
+        return Observed(tuple(sources), tuple(outputs), unreadable=str(exc))
+    return Observed(tuple(sources), tuple(outputs))
+
+
+def _probe_starts(j: Journal, stage: Stage, s: JournalSource, f: SourceFacts) -> set[int]:
+    """Where ``check_temps_hold`` (before a rollback) and ``_vouched`` (before a finish) ask
+    whether a dense source's bytes are in the outputs: from the size a parked source not whole
+    has, or from the kept prefix of a moved one not at it (an ordered journal)."""
+    if s.adopt or not s.dense or f.parked is None:
+        return set()
+    if stage is Stage.MOVING and f.parked.size < s.size:
+        return {max(f.parked.size, s.run_start)}
+    if (stage is Stage.COMMITTED and j.ordered and s.run_start < s.size
+            and f.parked.size != s.run_start):
+        return {s.run_start}
+    return set()
+
+
+def _cover(s: JournalSource, start: int) -> list[tuple[int, int, PieceRef]]:
+    """The segments to probe; none where the journal's pieces leave a gap (``moved_held`` then
+    meets the same gap: no proof, the files are unreadable to it)."""
+    try:
+        return cover(s.dests, start, s.size) if start < s.size else []
+    except ValueError:
+        return []
+
+
+def _holes(path: str, dev: int, ino: int, offsets: list[int]) -> tuple[tuple[int, int], ...]:
+    if not offsets:
+        return ()
+    fd = _sys.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        st = _sys.fstat(fd)
+        if (st.st_dev, st.st_ino) != (dev, ino) or not stat_mod.S_ISREG(st.st_mode):
+            raise RecoverError(f"{path} changed while recover was looking at it; not touched")
+        found = ((at, _hole(fd, at)) for at in offsets)
+        return tuple((at, hole) for at, hole in found if hole is not None)
+    finally:
+        _sys.close(fd)
+
+
+def _hole(fd: int, at: int) -> int | None:
+    """The first hole at or after ``at``; None where the file system cannot say (then a hole
+    proves nothing) or ``at`` is past the end (the size check catches that)."""
+    try:
+        return _sys.lseek(fd, at, getattr(os, "SEEK_HOLE", 4))
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENXIO, errno.EOPNOTSUPP):
+            raise
+    return None
+
+
+# --- where every byte is (pure) ------------------------------------------------------------
+
+def _nearest_legal(s: JournalSource, size: int, window: int) -> int:
+    """The size a move of this save left ``s`` at, best guess when someone changed it since."""
+    sizes = {s.run_start, s.size}
+    sizes.update(range(s.size, s.run_start - 1, -window))
+    sizes.update(range(s.run_start, s.size + 1, window))
+    return min(sorted(sizes, reverse=True), key=lambda x: abs(x - size))
+
+
+def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = None) -> list[str]:
+    """One line per source: how many bytes are in it (and under which name), where the rest is.
+
+    ``left_at`` gives, per source (dev, ino), the size the move last left it at when that is
+    known (the in-process error); otherwise a size no move leaves is reported as a change and
+    the nearest size a move leaves is taken as the boundary.
+    """
+    lines = []
+    for s, f in zip(j.sources, seen.sources, strict=True):
+        if s.adopt:
+            at = j.temp(s.dests[0].output) if f.at_temp is not None else s.path
+            lines.append(f"{s.path}: the whole file ({s.size} bytes) is at {at}")
+            continue
+        found = locate(j, s, f)
+        if found is None:
+            lines.append(f"{s.path}: not found under its name or {j.parked(s)}")
+            continue
+        name, size = found[0], found[1].size
+        boundary = (left_at or {}).get((s.dev, s.ino), size)
+        if not legal_size(s, boundary, j.window):
+            boundary = _nearest_legal(s, size, j.window)
+        if boundary == size:
+            line = f"{s.path}: bytes [0, {size}) of {s.size} are in {name}"
+        else:
+            line = (f"{s.path}: {name} is {size} bytes long, but the move had left it at "
+                    f"{boundary}: another process changed it; its bytes [0, "
+                    f"{min(size, boundary)}) are there")
+        if boundary < s.size:
+            try:
+                segs = cover(s.dests, max(boundary, s.run_start), s.size)
+            except ValueError:
+                segs = []
+            line += "; " + ", ".join(
+                f"[{a}, {b}) at offset {d.out_offset + a - d.src_offset} of {j.temp(d.output)}"
+                for a, b, d in segs
+            )
+        lines.append(line)
+    return lines

@@ -25,6 +25,7 @@ from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._txn import assess, liveness, undo
 from filecord._txn.decide import Action, Actor, Found, decide
+from filecord._txn.journal import Journal
 from filecord._txn.stages import Stage
 from filecord._txn.state import Txn
 from filecord.errors import (
@@ -105,17 +106,24 @@ def _raise(exc: BaseException, message: str, notes: list[str], **kw: object) -> 
     raise exc
 
 
-def _states(txn: Txn) -> tuple[SourceState, ...]:
-    record = txn.record
-    if record is None:
-        return ()
+def _states(record: Journal, seen: assess.Observed) -> tuple[SourceState, ...]:
     states = []
-    for s in record.sources:
-        found = undo.locate(record, s)
-        size = found[1].st_size if found else -1
+    for s, f in zip(record.sources, seen.sources, strict=True):
+        found = assess.locate(record, s, f)
+        size = found[1].size if found else -1
         rest = tuple((record.temp(d.output), d.out_offset) for d in s.dests)
         states.append(SourceState(s.path, s.size, size, rest))
     return tuple(states)
+
+
+def records_of(txn: Txn, exc: BaseException) -> assess.Records:
+    """What a running save knows, as the records a crashed one leaves: its stage, its count of
+    finished moves, its last looks, and the change it saw mid-move."""
+    during = (exc if isinstance(exc, DataChangedError)
+              and (txn.moving or txn.changed) is not None else None)
+    looks = {k: assess.Look(assess.Facts.of(st), pending) for k, (st, pending) in txn.looks.items()}
+    return assess.Records(Actor.SAVE, txn.stage, txn.moves_done, looks=looks, during=during,
+                          cause=exc)
 
 
 def _hold(txn: Txn, notes: list[str]) -> None:
@@ -145,12 +153,14 @@ def _keep_all(txn: Txn, exc: BaseException, names: str, notes: list[str], why: s
     changed = txn.moving if txn.moving is not None else txn.changed
     if isinstance(exc, DataChangedError) and changed is not None:
         left_at = {changed: exc.expected_size}
-    try:
-        if txn.record is not None:
-            notes.extend(undo.whereabouts(txn.record, left_at))
-        states = _states(txn)
-    except OSError as wexc:
-        notes.append(f"could not look at the sources to say where their bytes are: {wexc}")
+    if txn.record is not None:
+        seen = assess.observe(txn.record, records_of(txn, exc))
+        if seen.unreadable is not None:
+            notes.append("could not look at the sources to say where their bytes are: "
+                         f"{seen.unreadable}")
+        else:
+            notes.extend(assess.whereabouts(txn.record, seen, left_at))
+            states = _states(txn.record, seen)
     notes.append(f"{why}; run `filecord recover {txn.journal_path}` once the cause is fixed")
     _raise(exc, f"saving {names} failed", notes, journal_path=txn.journal_path, sources=states)
 
@@ -172,7 +182,11 @@ def _fail(txn: Txn, exc: BaseException) -> NoReturn:
     ):
         action = decide(Actor.SAVE, stage, Found.AS_LEFT)
     else:
-        found = assess.failed_save(txn, exc)
+        records = records_of(txn, exc)
+        found = assess.assess(txn.record, records, assess.observe(txn.record, records))
+        txn.changed = found.changed or txn.changed  # for the notes: where the change is
+        if found.found is Found.METADATA:  # no byte changed: recover may roll it back
+            log.warning("%s; the save stops, recover may roll it back", found.error or exc)
         notes.extend(found.notes)
         action = decide(Actor.SAVE, stage, found.found)
         if action in (Action.KEEP, Action.HOLD):

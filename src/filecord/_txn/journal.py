@@ -126,7 +126,7 @@ class Journal:
     outputs: tuple[JournalOutput, ...]
     sources: tuple[JournalSource, ...]
     # Sources listed in the order their moves run (moves first, then the copied/cloned ones):
-    # recover's move-order check (``undo.check_order``) relies on it.  Older records are sorted
+    # recover's move-order check (``assess.check_order``) relies on it.  Older records are sorted
     # by inode and carry no such promise.
     ordered: bool = False
 

@@ -27,8 +27,8 @@ size, mtime and ctime.
    is done, saying where it is.  A crash here leaves the ``-committed`` journal; recover's
    ``undo.finish`` keeps a parked source whose size or mtime differs from its ``looked``
    record.
-4. On a failure before the commit point (``changed_since_look``), the rollback first proves
-   each source is as last seen by size and times, not by size alone.
+4. On a failure before the commit point (``assess``, from the looks as ``Records.looks``), the
+   rollback first proves each source is as last seen by size and times, not by size alone.
 
 A write by a process that keeps its descriptor open after the unlink is lost by any tool that
 deletes a file (guarantees.md, "What cannot be seen").
@@ -39,9 +39,11 @@ from __future__ import annotations
 from typing import NoReturn
 
 from filecord._io import syscalls as _sys
-from filecord._txn import begin, journal, undo
+from filecord._txn import assess, begin, journal, undo
+from filecord._txn.assess import Facts
 from filecord._txn.journal import Journal
 from filecord._txn.state import Txn
+from filecord._txn.transfer import METADATA_ONLY
 from filecord.errors import ChangeKind, DataChangedError, add_note
 
 
@@ -81,13 +83,14 @@ def check(txn: Txn) -> None:
             continue
         st = undo.same_file(record.parked(s), *key)
         look = txn.looks[key][0]
-        if st is not None and not undo.as_seen(st, look):
+        if st is not None and not assess.as_seen(Facts.of(st), Facts.of(look)):
             txn.changed = key
+            kind = assess.change_kind(Facts.of(st), Facts.of(look))
             raise DataChangedError(record.parked(s), expected_size=look.st_size,
-                                   found_size=st.st_size, reason=undo.change_reason(
-                                       st, look, "another process changed it after the save's "
-                                       "last look, before the commit"),
-                                   kind=undo.change_kind(st, look))
+                                   found_size=st.st_size, reason=(
+                                       METADATA_ONLY if kind is ChangeKind.METADATA else
+                                       "another process changed it after the save's last "
+                                       "look, before the commit"), kind=kind)
         if st is not None:
             seen.append((s.dev, s.ino, st.st_size, st.st_mtime_ns))
     if seen:  # for recover's finish, which has no look of its own
@@ -104,7 +107,7 @@ def unlink_consumed(txn: Txn, record: Journal) -> list[tuple[str, str]]:
         if st is None:
             continue
         look = txn.looks.get((s.dev, s.ino))
-        if look is not None and not undo.as_seen(st, look[0]):
+        if look is not None and not assess.as_seen(Facts.of(st), Facts.of(look[0])):
             kept.append((s.path, f"{s.path}: {st.st_size} bytes (the save last saw "
                          f"{look[0].st_size}); " + undo.keep_changed(path, s.path)))
             continue
@@ -123,25 +126,3 @@ def raise_kept(kept: list[tuple[str, str]]) -> NoReturn:
     for _path, where in kept:
         add_note(err, where)
     raise err
-
-
-def changed_since_look(txn: Txn) -> DataChangedError | None:
-    """A source not as the save last saw it (size, mtime, ctime; or the size of its own
-    truncate in flight), found before a rollback would put bytes back into it (step 4)."""
-    record = txn.record
-    if record is None:
-        return None
-    for s in record.sources:
-        key = (s.dev, s.ino)
-        if s.adopt or key not in txn.looks:
-            continue
-        found = undo.locate(record, s)
-        look, pending = txn.looks[key]
-        if found is not None and not undo.as_seen(found[1], look, pending):
-            txn.changed = key
-            return DataChangedError(found[0], expected_size=look.st_size,
-                                    found_size=found[1].st_size, reason=undo.change_reason(
-                                        found[1], look, "another process changed it after the "
-                                        "save's last look"),
-                                    kind=undo.change_kind(found[1], look))
-    return None

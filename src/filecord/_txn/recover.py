@@ -26,7 +26,7 @@ is created, changed or deleted, whatever a journal says.
   directory the journal lists; a held one means a live save (or another recover): skipped.
 
 * **Stages** come from the journal's name (``stages``).  ``-journal``: every source must be
-  where and as long as this save's moves can have left it (``undo.check_strict``; a source
+  where and as long as this save's moves can have left it (``assess.check_strict``; a source
   another process changed is refused, never "restored" with zeros; the move order and the
   journal's ``moved`` records are checked too), then the journal is
   renamed ``-rollback`` (fsynced) and the rollback runs.  ``-rollback``: the rollback runs
@@ -350,10 +350,11 @@ def _act(path: str, log_: journal.Log, stage: Stage) -> Recovered:
     j = log_.journal
     outputs = tuple(o.final for o in j.outputs)
     sources = tuple(s.path for s in j.sources)
-    found = assess.crashed_save(log_, stage)
+    records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.looked)
+    found = assess.assess(j, records, assess.observe(j, records))
     action = table.decide(table.Actor.RECOVER, stage, found.found)
     if action is table.Action.REFUSE:
-        return _refuse(path, found.why, undo.whereabouts(j))
+        return _refuse(path, found.why, _whereabouts(j))
     try:
         if action is table.Action.FINISH:
             try:
@@ -384,5 +385,13 @@ def _act(path: str, log_: journal.Log, stage: Stage) -> Recovered:
         _sys.unlink(path)
         return Recovered(path, "restored", outputs, sources)
     except (RecoverError, DataChangedError, OSError) as exc:
-        notes = undo.whereabouts(j)
-        return _refuse(path, f"{exc}; the journal and temps are kept", notes)
+        return _refuse(path, f"{exc}; the journal and temps are kept", _whereabouts(j))
+
+
+def _whereabouts(j: journal.Journal) -> list[str]:
+    """Where every byte is now, for a refusal's notes (looked at afresh: the files may have
+    changed since the assessment, by this recover's own partial work)."""
+    seen = assess.observe(j, assess.Records(table.Actor.RECOVER, Stage.ROLLING_BACK))
+    if seen.unreadable is not None:
+        return [f"could not look at the sources to say where their bytes are: {seen.unreadable}"]
+    return assess.whereabouts(j, seen)

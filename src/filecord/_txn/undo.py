@@ -21,12 +21,14 @@ The caller then removes the temps, fsyncs their directories, and removes the jou
 lock files.  A crash anywhere leaves each source at one of its two names with a size between
 its kept prefix and its full size, and the bytes above that size still in the temps.
 
-*Strict* mode (a journal found at the ``.filecord-journal`` stage) first checks every source
-is where and how long a move of this save can have left it: at a window boundary of its run.
+*Strict* mode (``assess.check_strict``, for a journal found at the ``-journal`` stage) first
+checks every source is where and how long a move of this save can have left it: at a window
+boundary of its run.
 Any other size means someone else changed the file; nothing is done and the caller refuses.
-It also checks the move order (``check_order``, journals marked ``ordered``): moves run one at a
-time in journal order, so the sources before the one in progress (the first not at its kept
-prefix) are at their kept prefixes, those after it at full size, and the first N, when the
+It also checks the move order (``assess.check_order``, journals marked ``ordered``): moves
+run one at a time in journal order, so the sources before the one in progress (the first not
+at its kept prefix) are at their kept prefixes, those after it at full size, and the first
+N, when the
 journal's ``moved`` record says N, at their kept prefixes.  A write into a finished source,
 or a cut of one whose move never began, is refused even at a size a move could leave.
 
@@ -42,7 +44,7 @@ parked source whose size is not its kept prefix, or whose size and mtime are not
 ones, was written after the save's last look and is kept (named back if its name is free),
 never unlinked, and a ``DataChangedError`` says so after everything else is finished.  The
 ``looked`` record was written by the save, but a crafted journal can carry one too, so it
-never proves a move finished (``check_committed``): only the files do (a later move at its
+never proves a move finished (``assess.check_committed``): only the files do (a later move at its
 kept prefix, or the outputs holding every moved byte); without that proof a committed journal
 is refused.  Not
 ctime: a restore or copy of a crashed tree changes every ctime, mtime survives it.  A rewrite
@@ -58,10 +60,9 @@ import stat as stat_mod
 from collections.abc import Mapping
 
 from filecord._io import syscalls as _sys
-from filecord._plan.plan import cover
 from filecord._txn import transfer
 from filecord._txn.journal import Journal, JournalOutput, JournalSource
-from filecord.errors import ChangeKind, DataChangedError, RecoverError, add_note
+from filecord.errors import DataChangedError, RecoverError, add_note
 
 
 def same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
@@ -90,113 +91,6 @@ def open_same(path: str, dev: int, ino: int, flags: int) -> int:
     return fd
 
 
-def legal_size(s: JournalSource, size: int, window: int) -> bool:
-    """Whether a move (or a rollback) of this save can have left ``s`` at ``size``."""
-    if not s.run_start <= size <= s.size:
-        return False
-    return size in (s.run_start, s.size) or (s.size - size) % window == 0 or (
-        size - s.run_start
-    ) % window == 0
-
-
-def check_strict(j: Journal, done: int = 0) -> None:
-    """Refuse (``DataChangedError``) if a source is not as this save can have left it.
-
-    ``done``: how many moved sources (in journal order) are known to have finished their
-    moves (the journal's durable ``moved`` record, or the save's own count)."""
-    check_order(j, done)
-    for s in j.sources:
-        if s.adopt:
-            continue
-        st = same_file(j.parked(s), s.dev, s.ino)
-        if st is None:
-            st = same_file(s.path, s.dev, s.ino)
-            if st is not None and st.st_size != s.size:  # never parked, so never moved
-                raise DataChangedError(
-                    s.path, expected_size=s.size, found_size=st.st_size,
-                    reason="changed by another process before the save moved it",
-                )
-            if st is not None:
-                _check_untouched(s, s.path, st)
-            continue
-        if st.st_size == s.size:
-            _check_untouched(s, j.parked(s), st)
-        if not legal_size(s, st.st_size, j.window):
-            raise DataChangedError(
-                j.parked(s), expected_size=s.size, found_size=st.st_size,
-                reason="its size is not one a move of this save leaves: another process "
-                "changed it",
-            )
-
-
-def _check_untouched(s: JournalSource, name: str, st: os.stat_result) -> None:
-    """A source at its full size was never shortened by this save (or a rollback finished and
-    put its journaled mtime back), so its mtime must be the journaled one: a same-size rewrite
-    by another process is refused here, never "restored" and its mtime reset over the change."""
-    if st.st_mtime_ns != s.mtime_ns:
-        raise DataChangedError(
-            name, expected_size=s.size, found_size=st.st_size,
-            reason=f"its modification time is {st.st_mtime_ns} ns where the journal recorded "
-            f"{s.mtime_ns} ns and this save never shortened it: another process rewrote it",
-        )
-
-
-def check_order(j: Journal, done: int = 0) -> None:
-    """The move-order invariant: moves run one at a time in journal order, so every moved source
-    before the one in progress is at its kept prefix, every one after it at its full size, and
-    the first ``done`` are finished.  The one in progress is the first not at its kept prefix
-    (none when all are).  Any other combination of sizes means someone else changed a file:
-    ``DataChangedError``, nothing touched.  Older journals (not ``ordered``) are not checked."""
-    if not j.ordered:
-        return
-    moved = [s for s in j.sources if not s.adopt and s.run_start < s.size]
-    in_progress: JournalSource | None = None
-    for i, s in enumerate(moved):
-        found = locate(j, s)
-        if found is None:
-            continue  # check_strict and the rollback say where it is not
-        name, st = found
-        if i < done and st.st_size != s.run_start:
-            why = "its move had finished (the lock file says so), so it must be at its kept prefix"
-        elif in_progress is not None and st.st_size != s.size:
-            why = (f"its move never began ({in_progress.path} was being moved), so it must be "
-                   "at its full size")
-        else:
-            if in_progress is None and st.st_size != s.run_start:
-                in_progress = s
-            continue
-        raise DataChangedError(
-            name, expected_size=s.run_start if i < done else s.size, found_size=st.st_size,
-            reason=f"{why}: another process changed it",
-        )
-
-
-def as_seen(st: os.stat_result, look: os.stat_result, pending: int | None = None) -> bool:
-    """Whether ``st`` is the file as the save last looked at it: same size, modification and
-    change times; or, with ``pending``, the size a truncate of the save in flight leaves."""
-    if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) == (
-        look.st_size, look.st_mtime_ns, look.st_ctime_ns
-    ):
-        return True
-    return pending is not None and st.st_size == pending
-
-
-def change_kind(st: os.stat_result, look: os.stat_result) -> ChangeKind:
-    """``METADATA`` when only the ctime differs from the look (same size and mtime: a chmod or
-    chattr, which holds no journal), else ``CONTENT``."""
-    if (st.st_size, st.st_mtime_ns) == (look.st_size, look.st_mtime_ns):
-        return ChangeKind.METADATA
-    return ChangeKind.CONTENT
-
-
-def change_reason(st: os.stat_result, look: os.stat_result, changed: str) -> str:
-    """``changed``, or ``transfer.METADATA_ONLY`` when only the ctime differs from the look
-    (same size and mtime): a chmod/chattr, which holds no journal."""
-    if change_kind(st, look) is ChangeKind.METADATA:
-        return transfer.METADATA_ONLY
-    return changed
-
-
 def keep_changed(parked: str, original: str) -> str:
     """A consumed source changed after the save's last look is never deleted: give it back
     its own name if that is free (a link, never over another file), else leave it parked.
@@ -206,107 +100,6 @@ def keep_changed(parked: str, original: str) -> str:
     except RecoverError:
         return f"{original} is now another file, so the changed source is kept at {parked}"
     return f"the changed source is kept under its own name {original}"
-
-
-def check_temps_hold(j: Journal, temps: list[int | None]) -> None:
-    """Refuse (``DataChangedError``) if a parked source's missing bytes are not all in the
-    temps (beyond a temp's end, or, for a source without holes, in a hole): they were never
-    moved, so someone shortened the source to a size a move leaves.  Checked before the journal
-    changes its name, so a refusal leaves every file as it was; the rollback checks again."""
-    for s in j.sources:
-        if s.adopt:
-            continue
-        st = same_file(j.parked(s), s.dev, s.ino)
-        if st is not None and st.st_size < s.size:
-            transfer.check_moved(s.as_move(), temps, max(st.st_size, s.run_start),
-                                 dense=s.dense)
-
-
-def check_committed(j: Journal,
-                    looked: Mapping[tuple[int, int], tuple[int, int]] | None = None) -> None:
-    """Refuse to finish unless every move had completed: a committed save shortened each moved
-    source to its kept prefix and put each adopted one at its temp (or final name) first.
-
-    A journal renamed to "committed" by someone else mid-move fails here instead of deleting
-    sources that still hold bytes no temp has.  The proof is the files' own sizes, never the
-    lock file alone: its lines carry no checksum, so a crafted "looked" line must not make a
-    half-moved source look finished.  A parked source not at its kept prefix is let through
-    (for ``finish`` to keep, never delete) only when both hold: the save's last look
-    (``looked``, recorded after every move had finished) saw it at its kept prefix, and a
-    move at or after it in the journal's move order is proven finished by the files
-    (``_vouched``).  Then the size it has now is someone else's write after the commit.
-    """
-    looked = looked or {}
-    vouched = _vouched(j)
-    for s in j.sources:
-        if s.adopt:
-            if same_file(s.path, s.dev, s.ino) is not None:
-                raise RecoverError(f"{s.path}: the journal says committed, but the adopted "
-                                   "source is still under its own name: the commit never "
-                                   "happened")
-            continue  # at its temp or final name, or lost (``finish`` says which)
-        # Only the parked name: the original path may hold a new file that reused the freed
-        # inode number after the commit, and that file is none of this save's business.
-        key = (s.dev, s.ino)
-        st = same_file(j.parked(s), *key)
-        if st is None or st.st_size == s.run_start:
-            continue
-        seen = looked.get(key)
-        if seen is not None and seen[0] == s.run_start and key in vouched:
-            continue  # changed after the commit: ``finish`` keeps it and says so
-        raise RecoverError(
-            f"{j.parked(s)}: the journal says committed, but the source is {st.st_size} "
-            f"bytes where a finished move leaves {s.run_start}: the commit never happened"
-        )
-
-
-def _vouched(j: Journal) -> set[tuple[int, int]]:
-    """The sources whose finished move the files themselves prove, in an ``ordered`` journal's
-    move order: a moved source is finished when it is at its parked name at exactly its kept
-    prefix, or when the outputs (temps, or final names once renamed) hold data for every byte
-    it moves (``transfer.check_moved``: the output is whole without it); moves run one at a
-    time in that order, so every one before a finished one is finished too.  The never-moved
-    ones are added: their bytes stayed whole, so their size proves nothing either way (a move
-    not proven still refuses).  Older journals: none."""
-    if not j.ordered:
-        return set()
-    moved = [s for s in j.sources if not s.adopt and s.run_start < s.size]
-    last = -1
-    outs: list[int | None] | None = None
-    try:
-        for i in reversed(range(len(moved))):
-            s = moved[i]
-            st = same_file(j.parked(s), s.dev, s.ino)
-            if st is None:
-                continue
-            if st.st_size != s.run_start:
-                outs = _open_outputs(j) if outs is None else outs
-                try:
-                    transfer.check_moved(s.as_move(), outs, s.run_start, dense=s.dense)
-                except (OSError, DataChangedError):
-                    continue
-            last = i
-            break
-    finally:
-        if outs is not None:
-            close_all(outs)
-    keys = {(s.dev, s.ino) for s in moved[: last + 1]}
-    return keys | {(s.dev, s.ino) for s in j.sources if not s.adopt and s.run_start >= s.size}
-
-
-def _open_outputs(j: Journal) -> list[int | None]:
-    """Read-only descriptors of this save's outputs, at their temps or final names (None where
-    neither holds the journaled inode)."""
-    fds: list[int | None] = []
-    try:
-        for o, out in enumerate(j.outputs):
-            names = (out.final,) if out.direct else (j.temp(o), out.final)
-            at = next((n for n in names if same_file(n, out.dev, out.ino) is not None), None)
-            fds.append(None if at is None else open_same(at, out.dev, out.ino, os.O_RDONLY))
-    except BaseException:
-        close_all(fds)
-        raise
-    return fds
 
 
 def open_temps(j: Journal) -> list[int | None]:
@@ -329,15 +122,6 @@ def close_all(fds: list[int | None]) -> None:
     errors = _sys.close_each([fd for fd in fds if fd is not None])
     if errors:
         raise errors[0]
-
-
-def locate(j: Journal, s: JournalSource) -> tuple[str, os.stat_result] | None:
-    """Where source ``s`` is now: its parked (token) name first, then its own name."""
-    for name in (j.parked(s), s.path):
-        st = same_file(name, s.dev, s.ino)
-        if st is not None:
-            return name, st
-    return None
 
 
 def roll_back(j: Journal, temps: list[int | None], c: transfer.Counters) -> int:
@@ -513,52 +297,3 @@ def apply_owner_mode(fd: int, mode: int, uid: int, gid: int) -> None:
                 _sys.fchown(fd, uid, gid)
     if mode >= 0:
         _sys.fchmod(fd, stat_mod.S_IMODE(mode))
-
-
-def _nearest_legal(s: JournalSource, size: int, window: int) -> int:
-    """The size a move of this save left ``s`` at, best guess when someone changed it since."""
-    sizes = {s.run_start, s.size}
-    sizes.update(range(s.size, s.run_start - 1, -window))
-    sizes.update(range(s.run_start, s.size + 1, window))
-    return min(sorted(sizes, reverse=True), key=lambda x: abs(x - size))
-
-
-def whereabouts(j: Journal, left_at: dict[tuple[int, int], int] | None = None) -> list[str]:
-    """One line per source: how many bytes are in it (and under which name), where the rest is.
-
-    ``left_at`` gives, per source (dev, ino), the size the move last left it at when that is
-    known (the in-process error); otherwise a size no move leaves is reported as a change and
-    the nearest size a move leaves is taken as the boundary.
-    """
-    lines = []
-    for s in j.sources:
-        if s.adopt:
-            temp = j.temp(s.dests[0].output)
-            at = temp if same_file(temp, s.dev, s.ino) else s.path
-            lines.append(f"{s.path}: the whole file ({s.size} bytes) is at {at}")
-            continue
-        found = locate(j, s)
-        name, size = (found[0], found[1].st_size) if found else (s.path, -1)
-        if size < 0:
-            lines.append(f"{s.path}: not found under its name or {j.parked(s)}")
-            continue
-        boundary = (left_at or {}).get((s.dev, s.ino), size)
-        if not legal_size(s, boundary, j.window):
-            boundary = _nearest_legal(s, size, j.window)
-        if boundary == size:
-            line = f"{s.path}: bytes [0, {size}) of {s.size} are in {name}"
-        else:
-            line = (f"{s.path}: {name} is {size} bytes long, but the move had left it at "
-                    f"{boundary}: another process changed it; its bytes [0, "
-                    f"{min(size, boundary)}) are there")
-        if boundary < s.size:
-            try:
-                segs = cover(s.dests, max(boundary, s.run_start), s.size)
-            except ValueError:
-                segs = []
-            line += "; " + ", ".join(
-                f"[{a}, {b}) at offset {d.out_offset + a - d.src_offset} of {j.temp(d.output)}"
-                for a, b, d in segs
-            )
-        lines.append(line)
-    return lines

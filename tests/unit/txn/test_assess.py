@@ -1,0 +1,268 @@
+"""The assessment (``filecord._txn.assess.assess``): pure, on constructed values, no disk.
+
+One journal of three sources (two moved into one output, one adopted as a second output) and
+observed facts built by hand: every finding the running save and recover can reach, and the
+row of the decision table each one selects.
+"""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from filecord._plan.types import PieceRef
+from filecord._txn import journal
+from filecord._txn.assess import (
+    Facts,
+    Look,
+    Observed,
+    OutputFacts,
+    Records,
+    SourceFacts,
+    Where,
+    assess,
+    damaged,
+    whereabouts,
+)
+from filecord._txn.decide import Action, Actor, Found, decide
+from filecord._txn.journal import Journal, JournalOutput, JournalSource
+from filecord._txn.stages import Stage
+from filecord.errors import ChangeKind, DataChangedError, RecoverError
+
+TOKEN = "0123456789abcdef"  # noqa: S105 - a save token, not a password
+W = 4096
+A, B, C = (1, 10), (1, 11), (1, 12)
+WHOLE = Facts(4 * W, 1)  # the output's temp, at its full length
+
+
+def record(*, ordered: bool = True) -> Journal:
+    a = JournalSource("/d/a.bin", *A, size=2 * W, run_start=0, atime_ns=1, mtime_ns=100,
+                      mode=0o100644, dests=(PieceRef(0, 0, 0, 2 * W, A, 0),), dense=True)
+    b = JournalSource("/d/b.bin", *B, size=2 * W, run_start=0, atime_ns=1, mtime_ns=200,
+                      mode=0o100644, dests=(PieceRef(0, 1, 2 * W, 2 * W, B, 0),))
+    c = JournalSource("/d/c.bin", *C, size=W, run_start=0, atime_ns=1, mtime_ns=300,
+                      mode=0o100644, dests=(PieceRef(1, 0, 0, W, C, 0),), adopt=True)
+    outs = (JournalOutput("/d/out.bin", 1, 20, 4 * W), JournalOutput("/d/c.out", *C, W))
+    return Journal(TOKEN, W, outs, (a, b, c), ordered=ordered)
+
+
+J = record()
+
+
+def seen(a: Facts | None = None, b: Facts | None = None, *, a_own: Facts | None = None,
+         b_own: Facts | None = None, c_own: Facts | None = None,
+         temp: Facts | None = WHOLE, holes: tuple[tuple[int, int], ...] = (),
+         final: Facts | None = None, unreadable: str | None = None) -> Observed:
+    """The save mid-move by default: a at one window (its move in progress), b parked whole,
+    c adopted (at its output's temp)."""
+    return Observed(
+        (SourceFacts(parked=a, own=a_own), SourceFacts(parked=b, own=b_own),
+         SourceFacts(own=c_own, at_temp=None if c_own else Facts(W, 300))),
+        (OutputFacts(temp, final, holes), OutputFacts(None if c_own else Facts(W, 300))),
+        unreadable)
+
+
+MID = {"a": Facts(W, 7, 8), "b": Facts(2 * W, 200, 9)}
+SAVE = Records(Actor.SAVE, Stage.MOVING)
+RECOVER = Records(Actor.RECOVER, Stage.MOVING)
+
+
+def found(r: Records, o: Observed, j: Journal = J) -> Found:
+    return assess(j, r, o).found
+
+
+# --- as the save left it ----------------------------------------------------------------------
+
+def test_mid_move_is_as_left_and_says_where_each_source_is() -> None:
+    got = assess(J, SAVE, seen(**MID))
+    assert got.found is Found.AS_LEFT
+    assert got.error is None
+    assert got.changed is None
+    assert got.sources == (Where("/d/a.bin", J.parked(J.sources[0]), W),
+                           Where("/d/b.bin", J.parked(J.sources[1]), 2 * W),
+                           Where("/d/c.bin", None, -1))
+    assert decide(Actor.SAVE, Stage.MOVING, got.found) is Action.ROLL_BACK
+    assert found(RECOVER, seen(**MID)) is Found.AS_LEFT
+
+
+def test_rolling_back_asks_nothing_of_the_files() -> None:
+    # The undo itself resumes from the files; sizes a move never leaves are its own restore.
+    r = Records(Actor.RECOVER, Stage.ROLLING_BACK)
+    assert found(r, seen(Facts(123, 1), Facts(5, 1), temp=None)) is Found.AS_LEFT
+    assert decide(Actor.RECOVER, Stage.ROLLING_BACK, Found.AS_LEFT) is Action.ROLL_BACK
+
+
+# --- a running save: the change it saw, its looks ---------------------------------------------
+
+@pytest.mark.parametrize(("kind", "want", "action"), [
+    (ChangeKind.CONTENT, Found.CHANGED, Action.HOLD),
+    (ChangeKind.REPLACED, Found.CHANGED, Action.HOLD),
+    (ChangeKind.LINKED, Found.LINKED, Action.KEEP),
+    (ChangeKind.METADATA, Found.METADATA, Action.KEEP),
+])
+def test_the_change_seen_mid_move_by_its_kind(kind: ChangeKind, want: Found,
+                                              action: Action) -> None:
+    exc = DataChangedError("/d/a.bin", expected_size=W, found_size=W + 1, reason="x", kind=kind)
+    r = Records(Actor.SAVE, Stage.MOVING, during=exc)
+    got = assess(J, r, seen(unreadable="not even looked at"))  # the error decides first
+    assert (got.found, got.error) == (want, exc)
+    assert got.sources[0].change is kind
+    assert got.sources[1].change is None
+    assert decide(Actor.SAVE, Stage.MOVING, got.found) is action
+
+
+def test_a_ctime_alone_moved_since_the_look_is_metadata() -> None:
+    r = Records(Actor.SAVE, Stage.MOVING, looks={A: Look(Facts(W, 7, 1))})
+    got = assess(J, r, seen(**MID))
+    assert got.found is Found.METADATA
+    assert got.changed == A
+    assert isinstance(got.error, DataChangedError)
+    assert got.error.kind is ChangeKind.METADATA
+    assert got.error.path == J.parked(J.sources[0])
+    assert got.sources[0].change is ChangeKind.METADATA
+
+
+def test_a_write_since_the_look_is_a_content_change() -> None:
+    r = Records(Actor.SAVE, Stage.MOVING, looks={A: Look(Facts(W, 6, 8))})  # mtime moved
+    got = assess(J, r, seen(**MID))
+    assert got.found is Found.CHANGED
+    assert got.changed == A
+    assert isinstance(got.error, DataChangedError)
+    assert got.error.kind is ChangeKind.CONTENT
+    assert decide(Actor.SAVE, Stage.MOVING, got.found) is Action.HOLD
+
+
+def test_the_size_of_the_saves_own_truncate_in_flight_is_no_change() -> None:
+    r = Records(Actor.SAVE, Stage.MOVING, looks={A: Look(Facts(2 * W, 7, 8), pending=W)})
+    assert found(r, seen(**MID)) is Found.AS_LEFT
+    r = Records(Actor.SAVE, Stage.MOVING, looks={A: Look(Facts(2 * W, 7, 8), pending=0)})
+    assert found(r, seen(**MID)) is Found.CHANGED
+
+
+def test_files_that_cannot_be_looked_at_are_unreadable() -> None:
+    for r in (SAVE, RECOVER, Records(Actor.RECOVER, Stage.COMMITTED)):
+        got = assess(J, r, seen(unreadable="EIO"))
+        assert got.found is Found.UNREADABLE
+        assert decide(r.actor, r.stage, got.found) in (Action.KEEP, Action.REFUSE)
+
+
+# --- the proof both ask for: sizes a move leaves, the move order ------------------------------
+
+@pytest.mark.parametrize(("facts", "why"), [
+    ({"a": Facts(W - 1, 7), "b": Facts(2 * W, 200)}, "not one a move of this save leaves"),
+    ({"a": Facts(W, 7), "b": Facts(W, 9)}, "its move never began"),
+    ({"a": Facts(W, 7), "b": Facts(2 * W, 999)}, "another process rewrote it"),
+    ({"a": None, "b": None, "b_own": Facts(W, 200)}, "before the save moved it"),
+    ({"a": Facts(W, 7), "b": None, "b_own": Facts(2 * W, 201)}, "another process rewrote it"),
+])
+def test_a_source_no_move_of_this_save_leaves_is_changed(facts: dict[str, Facts | None],
+                                                         why: str) -> None:
+    got = assess(J, SAVE, seen(**facts))  # type: ignore[arg-type]
+    assert got.found is Found.CHANGED
+    assert why in got.notes[0]
+    got = assess(J, RECOVER, seen(**facts))  # type: ignore[arg-type]
+    assert got.found is Found.CHANGED
+    assert isinstance(got.error, DataChangedError)
+    assert why in got.why
+    assert got.error.kind is ChangeKind.CONTENT
+    assert decide(Actor.RECOVER, Stage.MOVING, got.found) is Action.REFUSE
+
+
+def test_the_moved_record_says_which_moves_finished() -> None:
+    r = Records(Actor.RECOVER, Stage.MOVING, moved=1)
+    got = assess(J, r, seen(**MID))
+    assert got.found is Found.CHANGED
+    assert "its move had finished" in got.why
+    assert found(Records(Actor.RECOVER, Stage.MOVING, moved=1),
+                 seen(a=Facts(0, 7), b=Facts(W, 1))) is Found.AS_LEFT
+
+
+def test_an_unordered_journal_is_not_held_to_the_move_order() -> None:
+    o = seen(a=Facts(W, 7), b=Facts(W, 9))
+    assert found(SAVE, o, record(ordered=False)) is Found.AS_LEFT
+    assert found(SAVE, o) is Found.CHANGED
+
+
+# --- recover before a rollback: the temps hold every byte a source lacks ----------------------
+
+def test_the_temps_must_reach_and_hold_the_moved_bytes() -> None:
+    assert found(RECOVER, seen(**MID, holes=((W, 4 * W),))) is Found.AS_LEFT
+    got = assess(J, RECOVER, seen(**MID, holes=((W, W + 10),)))  # a hole: never moved
+    assert got.found is Found.CHANGED
+    assert "holds no data" in got.why
+    got = assess(J, RECOVER, seen(**MID, temp=Facts(W + 10, 1)))  # the temp ends too soon
+    assert got.found is Found.CHANGED
+    assert "the temp ends before" in got.why
+    got = assess(J, RECOVER, seen(**MID, temp=None))
+    assert got.found is Found.UNREADABLE
+    assert isinstance(got.error, OSError)
+    assert got.error.errno == errno.ENOENT
+
+
+def test_a_hole_proves_nothing_in_a_source_that_had_holes() -> None:
+    # b is not dense: a hole in its part of the temp may be its own.
+    o = seen(a=Facts(0, 7), b=Facts(W, 9), holes=((3 * W, 3 * W),))
+    assert found(RECOVER, o) is Found.AS_LEFT
+
+
+# --- recover before a finish: every move finished ---------------------------------------------
+
+COMMITTED = Records(Actor.RECOVER, Stage.COMMITTED)
+
+
+def test_committed_with_every_move_finished_is_finished() -> None:
+    got = assess(J, COMMITTED, seen(Facts(0, 7), Facts(0, 9), temp=None, final=Facts(4 * W, 1)))
+    assert got.found is Found.AS_LEFT
+    assert decide(Actor.RECOVER, Stage.COMMITTED, got.found) is Action.FINISH
+
+
+def test_committed_with_a_move_unfinished_is_unfinished() -> None:
+    got = assess(J, COMMITTED, seen(Facts(0, 7), Facts(W, 9)))
+    assert got.found is Found.UNFINISHED
+    assert isinstance(got.error, RecoverError)
+    assert "the commit never happened" in got.why
+    assert decide(Actor.RECOVER, Stage.COMMITTED, got.found) is Action.REFUSE
+
+
+def test_committed_with_the_adopted_source_under_its_own_name_is_unfinished() -> None:
+    got = assess(J, COMMITTED, seen(Facts(0, 7), Facts(0, 9), c_own=Facts(W, 300)))
+    assert got.found is Found.UNFINISHED
+    assert "still under its own name" in got.why
+
+
+def test_a_write_after_the_commit_is_let_through_only_with_the_look_and_the_files() -> None:
+    o = seen(Facts(10, 7), Facts(0, 9))  # a written after the commit; b proves the order
+    looked = {A: (0, 7), B: (0, 9)}
+    assert found(Records(Actor.RECOVER, Stage.COMMITTED, looked=looked), o) is Found.AS_LEFT
+    assert found(COMMITTED, o) is Found.UNFINISHED  # no look: a crafted commit, maybe
+    # b not at its kept prefix and its bytes not in the outputs: nothing vouches for a.
+    o = seen(Facts(10, 7), Facts(W, 9), temp=Facts(W, 1))
+    assert found(Records(Actor.RECOVER, Stage.COMMITTED, looked=looked), o) is Found.UNFINISHED
+
+
+def test_held_is_changed_and_never_undone() -> None:
+    got = assess(J, Records(Actor.RECOVER, Stage.HELD), seen(**MID))
+    assert got.found is Found.CHANGED
+    assert decide(Actor.RECOVER, Stage.HELD, got.found) is Action.REFUSE
+
+
+def test_a_damaged_record_is_damaged_never_a_second_party() -> None:
+    got = damaged(journal.JournalDamagedError("a checksum does not match"))
+    assert got.found is Found.DAMAGED
+    assert "nothing was touched" in got.why
+    assert decide(Actor.RECOVER, Stage.MOVING, got.found) is Action.REFUSE
+
+
+# --- where every byte is ------------------------------------------------------------------------
+
+def test_whereabouts_names_every_byte() -> None:
+    lines = whereabouts(J, seen(**MID))
+    assert lines[0] == (f"/d/a.bin: bytes [0, {W}) of {2 * W} are in {J.parked(J.sources[0])}; "
+                        f"[{W}, {2 * W}) at offset {W} of {J.temp(0)}")
+    assert lines[1] == f"/d/b.bin: bytes [0, {2 * W}) of {2 * W} are in {J.parked(J.sources[1])}"
+    assert lines[2] == f"/d/c.bin: the whole file ({W} bytes) is at {J.temp(1)}"
+    lines = whereabouts(J, seen(Facts(W + 5, 7), Facts(2 * W, 200)), {A: W})
+    assert "is 4101 bytes long, but the move had left it at 4096" in lines[0]
+    gone = whereabouts(J, seen(None, Facts(2 * W, 200)))[0]
+    assert gone == f"/d/a.bin: not found under its name or {J.parked(J.sources[0])}"
