@@ -194,11 +194,9 @@ def test_directory_immutable_mid_save_recover_cleans(world: tuple[Path, dict[str
     assert [n for n in r["ro_dir"] if n != "lost+found"] == ["model.safetensors"]
 
 
-@pytest.mark.xfail(strict=True, reason="attack: SaveError(msg, errno=...) does not survive "
-                   "pickling (TypeError), so DCP's broadcast of the coordinator's commit failure "
-                   "reaches the other ranks as 'TypeError: SaveError.__init__() takes 2 "
-                   "positional arguments' instead of the error (seen on rank 1 with chattr +i)")
 def test_save_error_survives_pickling() -> None:
+    """Was a finding: SaveError(msg, errno=...) did not survive pickling, so DCP's broadcast of
+    the coordinator's commit failure reached the other ranks as a TypeError."""
     import pickle
 
     from filecord.errors import SaveError
