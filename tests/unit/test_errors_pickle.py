@@ -21,14 +21,13 @@ from filecord.errors import (
     add_note,
 )
 
-
 E = TypeVar("E", bound=BaseException)
 
 
 def _roundtrip(e: E) -> E:
     back = pickle.loads(pickle.dumps(e))  # noqa: S301 - our own bytes
     assert type(back) is type(e)
-    return back  # type: ignore[no-any-return]
+    return back
 
 
 @pytest.mark.parametrize("cls", [SaveError, InsufficientSpaceError, SourceIsOutputError])
