@@ -193,6 +193,13 @@ def test_directory_immutable_mid_save_recover_cleans(world: tuple[Path, dict[str
     _, r = world
     _need_mounts(r)
     assert "is running" not in r["ro_recover_out"], r["ro_recover_out"]
+    # the cleanup's own failure (the temp's unlink in the immutable directory) is a note on the
+    # save's error, not the error raised
+    assert any("cleanup after the failed save failed too" in n for n in r["ro_notes"]), \
+        r["ro_notes"]
+    assert "cleanup after" not in r["ro_err"].split(";")[0]
+    # the coordinator's SaveError reaches rank 1 as itself (it pickles: finding 6)
+    assert "SaveError" in r["ro_err_r1"], r["ro_err_r1"]
     assert [n for n in r["ro_dir"] if n != "lost+found"] == ["model.safetensors"]
 
 
