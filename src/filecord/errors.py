@@ -75,6 +75,20 @@ class DataChangedError(FilecordError, OSError):
         self.reason = reason
         self.kind = kind
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # keyword-only fields: the default (type, args) reduction cannot call __init__ again;
+        # the state (notes, ``committed``) travels as __dict__
+        return (_rebuild_data_changed, (type(self), self.path, self.expected_size,
+                                        self.found_size, self.reason, self.kind),
+                dict(self.__dict__))
+
+
+def _rebuild_data_changed(cls: type[DataChangedError], path: str, expected_size: int,
+                          found_size: int | None, reason: str,
+                          kind: ChangeKind) -> DataChangedError:
+    return cls(path, expected_size=expected_size, found_size=found_size, reason=reason,
+               kind=kind)
+
 
 @dataclass(frozen=True, slots=True)
 class SourceState:
@@ -112,6 +126,18 @@ class SaveError(FilecordError, OSError):
     def __str__(self) -> str:
         return self.message
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # DCP pickles a coordinator's exception to broadcast it to every rank: the default
+        # (type, args) reduction would call __init__(errno, message) and fail
+        return (_rebuild_save_error, (type(self), self.message, self.errno, self.journal_path,
+                                      self.sources), dict(self.__dict__))
+
+
+def _rebuild_save_error(cls: type[SaveError], message: str, errno: int | None,
+                        journal_path: str | None,
+                        sources: tuple[SourceState, ...]) -> SaveError:
+    return cls(message, errno=errno, journal_path=journal_path, sources=sources)
+
 
 class InsufficientSpaceError(SaveError):
     """The preflight found too little free space; nothing was created."""
@@ -146,7 +172,8 @@ class FormatError(FilecordError, ValueError):
 
     def __reduce__(self) -> tuple[object, ...]:
         # keyword-only fields: pickling (multiprocessing, pytest-xdist) must pass them again
-        return (_rebuild_format_error, (type(self), self.message, self.field, self.offset))
+        return (_rebuild_format_error, (type(self), self.message, self.field, self.offset),
+                dict(self.__dict__))
 
 
 def _rebuild_format_error(cls: type[FormatError], message: str, field: str | None,

@@ -409,8 +409,18 @@ def on_tmpfs(rank: int, mesh: Any, mnt: str) -> dict[str, Any]:
 
     dist.barrier()
     if rank == 0:
+        notes: list[str] = []
+
+        def save_keeping_notes() -> None:
+            try:
+                fdcp.save(sd, target)
+            except BaseException as exc:
+                notes.extend(getattr(exc, "__notes__", []))
+                raise
+
         with _sys.use(RoAtRename()):
-            res["ro_err"] = attempt(lambda: fdcp.save(sd, target))
+            res["ro_err"] = attempt(save_keeping_notes)
+        res["ro_notes"] = notes
     else:
         res["ro_err_r1"] = attempt(lambda: fdcp.save(sd, target))
     dist.barrier()

@@ -1,9 +1,9 @@
 """Attacks on filecord.dcp's promises (docs/dcp.md, README's dcp section, docs/guarantees.md).
 
-A test marked ``xfail(strict=True, reason="attack: ...")`` is a finding: it fails today. The
-others are controls that hold. One 2-rank spawn (``dcp_attack_worker.py``) runs every
-multi-rank case; the reader and consolidation attacks run in this process, the kills in
-single-process subprocesses.
+The tests under a ``# was a finding (fixed)`` comment were strict xfails (findings) until
+their fix; the others are controls that held from the start. One 2-rank spawn
+(``dcp_attack_worker.py``) runs every multi-rank case; the reader and consolidation attacks
+run in this process, the kills in single-process subprocesses.
 """
 
 from __future__ import annotations
@@ -116,38 +116,41 @@ def test_planner_handing_over_more_data_is_refused(world: tuple[Path, dict[str, 
     assert r["wrongdata_dir"] == []
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a plain tensor float32 on rank 0 and int32 on "
-                   "rank 1 under one key is saved (rank 0's value) although the coordinator "
-                   "promises to prove every rank agrees on dtype")
+# was a finding (fixed): a plain tensor float32 on rank 0 and int32 on rank 1 under one key is
+# saved (rank 0's value) although the coordinator promises to prove every rank agrees on dtype
 def test_dtype_mismatch_across_ranks_is_refused(world: tuple[Path, dict[str, Any]]) -> None:
     _, r = world
     assert r["dtype_err"] != ""
+    assert "ranks disagree on the tensor" in r["dtype_err"]
     assert r["dtype_dir"] == []
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a plain tensor of shape [4] on rank 0 and [6] "
-                   "on rank 1 under one key is saved as [4] although the coordinator promises "
-                   "to prove every rank agrees on shape")
+# was a finding (fixed): a plain tensor of shape [4] on rank 0 and [6] on rank 1 under one key
+# is saved as [4] although the coordinator promises to prove every rank agrees on shape
 def test_shape_mismatch_across_ranks_is_refused(world: tuple[Path, dict[str, Any]]) -> None:
     _, r = world
     assert r["shape_err"] != ""
+    assert "ranks disagree on the tensor" in r["shape_err"]
     assert r["shape_dir"] == []
 
 
-@pytest.mark.xfail(strict=True, reason="attack: rank 1's plan with the offsets of two items "
-                   "swapped is accepted: the file commits with a's and b's second halves "
-                   "exchanged and save returns normally (the CRC-32s are not checked)")
+# was a finding (fixed): rank 1's plan with the offsets of two items swapped is accepted: the
+# file commits with a's and b's second halves exchanged and save returns normally (the CRC-32s
+# are not checked)
 def test_tampered_offsets_are_refused(world: tuple[Path, dict[str, Any]]) -> None:
     _, r = world
     assert r["swap_err"] != "" or r["swap_same"] is True
+    assert "a plan changed on its way to the rank" in r["swap_err"]
 
 
-@pytest.mark.xfail(strict=True, reason="attack: rank 1's plan naming the final file instead of "
-                   "the temp: rank 1 writes into the live old file in place, the committed file "
-                   "has zeros where rank 1's chunks go, and save returns normally")
+# was a finding (fixed): rank 1's plan naming the final file instead of the temp: rank 1 writes
+# into the live old file in place, the committed file has zeros where rank 1's chunks go, and
+# save returns normally
 def test_tampered_temp_path_is_refused(world: tuple[Path, dict[str, Any]]) -> None:
     _, r = world
     assert r["tempfinal_ok"] is True
+    assert "not a temp this save's coordinator created" in r["tempfinal_err"]
+    assert r["tempfinal_dir"] == ["model.safetensors"]
 
 
 # --- failures on real file systems ----------------------------------------------------------
@@ -183,22 +186,26 @@ def test_directory_immutable_mid_save_keeps_old(world: tuple[Path, dict[str, Any
 
 
 @pytest.mark.root
-@pytest.mark.xfail(strict=True, reason="attack: after a save failed on an immutable directory, "
-                   "the coordinator (alive, as a trainer is after a caught failure) still holds "
-                   "the writer's flocked lock: `filecord recover DIR` skips it as 'its save is "
-                   "running' and its temp stays until the process exits")
+# was a finding (fixed): after a save failed on an immutable directory, the coordinator (alive,
+# as a trainer is after a caught failure) still holds the writer's flocked lock: `filecord
+# recover DIR` skips it as 'its save is running' and its temp stays until the process exits
 def test_directory_immutable_mid_save_recover_cleans(world: tuple[Path, dict[str, Any]]) -> None:
     _, r = world
     _need_mounts(r)
     assert "is running" not in r["ro_recover_out"], r["ro_recover_out"]
+    # the cleanup's own failure (the temp's unlink in the immutable directory) is a note on the
+    # save's error, not the error raised
+    assert any("cleanup after the failed save failed too" in n for n in r["ro_notes"]), \
+        r["ro_notes"]
+    assert "cleanup after" not in r["ro_err"].split(";")[0]
+    # the coordinator's SaveError reaches rank 1 as itself (it pickles: finding 6)
+    assert "SaveError" in r["ro_err_r1"], r["ro_err_r1"]
     assert [n for n in r["ro_dir"] if n != "lost+found"] == ["model.safetensors"]
 
 
-@pytest.mark.xfail(strict=True, reason="attack: SaveError(msg, errno=...) does not survive "
-                   "pickling (TypeError), so DCP's broadcast of the coordinator's commit failure "
-                   "reaches the other ranks as 'TypeError: SaveError.__init__() takes 2 "
-                   "positional arguments' instead of the error (seen on rank 1 with chattr +i)")
 def test_save_error_survives_pickling() -> None:
+    """Was a finding: SaveError(msg, errno=...) did not survive pickling, so DCP's broadcast of
+    the coordinator's commit failure reached the other ranks as a TypeError."""
     import pickle
 
     from filecord.errors import SaveError

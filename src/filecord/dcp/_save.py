@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from filecord._plan.report import SaveReport
 from filecord.dcp._writer import SafetensorsWriter
 from filecord.dcp.errors import UnsupportedStateError
+from filecord.errors import add_note
 
 
 def save(
@@ -48,7 +49,12 @@ def save(
     try:
         dcp_save(dict(state_dict), storage_writer=writer, process_group=process_group,
                  planner=planner)
-    except BaseException:
-        writer.abort()
+    except BaseException as exc:
+        try:
+            writer.abort()  # lets go of the lock even when a temp cannot be removed
+        except Exception as cleanup:  # noqa: BLE001 - the save's own error is the one to raise
+            add_note(exc, f"cleanup after the failed save failed too ({type(cleanup).__name__}: "
+                          f"{cleanup}); the lock is released: `filecord recover "
+                          f"{writer.directory}` removes what is left")
         raise
     return writer.report

@@ -11,8 +11,12 @@ coordinator ``prepare_global_plan`` (inside a gather/scatter: its return value, 
 1. ``prepare_local_plan`` refuses what a safetensors file cannot hold (non-tensor values,
    dtypes without a safetensors code) and the modes this writer cannot honour
    (``use_collectives=False``: no coordinator; cached plans: ranks would reuse an old save's
-   temp paths).  Nothing exists yet.
-2. ``prepare_global_plan`` (coordinator) proves the chunks tile every tensor (``_layout``),
+   temp paths), and declares in its plan's ``storage_data`` the dtype and global shape of every
+   tensor it holds (:class:`Declared`: the planner's deduplication drops replicated items from
+   all ranks but one, so only the declarations show two ranks disagreeing).  Nothing exists
+   yet.
+2. ``prepare_global_plan`` (coordinator) proves every rank declared the same dtype and shape
+   per tensor and the chunks tile every tensor (``_layout``),
    lays out the files ``filecord.safetensors.save_file``/``save_sharded`` would write for the
    full state dict, then draws a save token and creates, in the output directory, the lock
    ``.NAME.TOKEN.filecord-lock`` (``flock``ed, naming a journal that does not exist yet) and
@@ -22,17 +26,21 @@ coordinator ``prepare_global_plan`` (inside a gather/scatter: its return value, 
    system without ``fallocate`` gets the size by ``ftruncate`` and a logged warning (a full
    disk then shows up as a rank's write error, cleaned up the same way).  Each rank's plan
    carries only its own items' offsets.
-3. ``write_data`` (each rank) opens the temps ``O_WRONLY`` (no create, no truncate), writes
-   each chunk's runs with ``pwrite`` straight from the tensor's memory (a view or an off-host
-   tensor is staged through bounded row-major blocks, ``_kit.torch_stream.row_major_blocks``),
-   fsyncs, and returns per item the bytes written and a CRC-32 of the chunk's bytes.
-4. ``finish`` (coordinator) checks that the results cover every planned item with the planned
-   byte counts, fsyncs the temps, and commits them with ONE ``filecord.save_many``
-   transaction, each temp an owned whole-file piece under ``consume=True`` (adopted: renamed,
-   journaled, recoverable; nothing is copied), the index as bytes.  Then the lock goes.
+3. ``write_data`` (each rank) refuses a temp path that is not this save's ``.partial`` beside
+   the output (a plan changed after the coordinator made it), opens the temps ``O_WRONLY``
+   (no create, no truncate), writes each chunk's runs with ``pwrite`` straight from the
+   tensor's memory (a view or an off-host tensor is staged through bounded row-major blocks,
+   ``_kit.torch_stream.row_major_blocks``), fsyncs, and returns per item the temp, offset and
+   bytes written and a CRC-32 of the chunk.
+4. ``finish`` (coordinator) checks that each rank reported exactly the items it assigned that
+   rank, at the temp, offset and byte count it laid out (the CRC-32s are kept, not re-read),
+   and commits the temps with ONE ``filecord.save_many`` transaction, each temp an owned
+   whole-file piece under ``consume=True`` (adopted: fsynced, renamed, journaled, recoverable;
+   nothing is copied), the index as bytes.  Then the lock goes.
 
 Failure: DCP has no abort hook.  :meth:`SafetensorsWriter.abort` (called by
-``filecord.dcp.save`` for any exception on the coordinator) removes the temps, then the lock.
+``filecord.dcp.save`` for any exception on the coordinator) removes the temps, then the lock;
+the lock is let go even when a removal fails, so ``filecord recover`` can finish the cleanup.
 A coordinator that dies leaves the temps beside a free lock that names no journal: ``filecord
 recover DIR`` removes them (the transaction's own proof: a free lock and no journal mean nothing
 destructive happened).  Once the save's transaction has begun, its own journal takes over.
@@ -40,11 +48,12 @@ destructive happened).  Once the save's transaction has begun, its own journal t
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +79,7 @@ from filecord._txn import liveness
 from filecord._txn.save import save_many
 from filecord.dcp import _layout
 from filecord.dcp.errors import UnsupportedStateError
+from filecord.errors import add_note
 from filecord.safetensors._torch import _DTYPES, parse_shard_size
 from filecord.safetensors._write import remove_files, stale_files
 from filecord.tensors import DType
@@ -102,10 +112,24 @@ class RankOrders:
 
 
 @dataclass(frozen=True, slots=True)
+class Declared:
+    """What a rank declares in its local plan's ``storage_data``: the dtype and global shape of
+    every tensor it holds.  The planner's deduplication drops a replicated item from all ranks
+    but one before the coordinator sees the plans, so the items alone cannot show that two
+    ranks hold different tensors under one key; this declaration survives the deduplication."""
+
+    specs: tuple[_layout.Spec, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ItemResult:
-    """What a rank reports per item (a ``WriteResult``'s ``storage_data``)."""
+    """What a rank reports per item (a ``WriteResult``'s ``storage_data``): the save, where it
+    wrote (the temp's path, the file number and the tensor's first byte it used) and what."""
 
     token: str
+    temp: str
+    file: int
+    offset: int
     nbytes: int
     runs: int
     crc32: int
@@ -173,6 +197,7 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
         self._temps: list[str] = []
         self._lock: tuple[str, int] | None = None
         self._committed = False
+        self._assigned: list[dict[ItemKey, ItemPlace]] = []
 
     # --- DCP's protocol ------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
@@ -209,14 +234,24 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
             dtype_code(item.tensor_data.properties.dtype, item.index.fqn)
         if self.is_coordinator:
             self._order = list(dict.fromkeys(item.index.fqn for item in plan.items))
-        return plan
+        return dataclasses.replace(plan, storage_data=Declared(tuple(
+            {s.fqn: s for s in (_spec(i) for i in plan.items)}.values())))
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         if not all(p.usable for p in plans):
             raise UnsupportedStateError(
                 "cached plans (enable_plan_caching=True) would reuse an earlier save's temp "
                 "files; use a planner without plan caching; nothing was written")
-        specs = _layout.merge_specs([_spec(i) for p in plans for i in p.items])
+        declared: list[_layout.Spec] = []
+        for p in plans:
+            if not isinstance(p.storage_data, Declared):
+                raise UnsupportedStateError(
+                    "a local plan lost this writer's declaration of its tensors (a planner "
+                    "that replaced storage_data); nothing was written")
+            declared.extend(p.storage_data.specs)
+        # Every rank's declaration, replicated tensors included, then the (deduplicated) items:
+        # two ranks holding different dtypes or shapes under one key are refused here.
+        specs = _layout.merge_specs(declared + [_spec(i) for p in plans for i in p.items])
         if not specs and self.max_shard_size is not None:
             raise UnsupportedStateError("an empty state dict makes no shards (save_sharded "
                                         "writes nothing for it); nothing was written")
@@ -226,6 +261,7 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
                              os.path.basename(self.path))
         self._layout = lay  # a writer may serve several saves: each starts afresh here
         self._temps, self._committed, self.report, self.results = [], False, None, {}
+        self._assigned = []
         paths = self._finals(lay)
         self._create(lay, paths)
         out: list[SavePlan] = []
@@ -238,6 +274,7 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
                 items[_key(i.index)] = ItemPlace(number, offset, spec.shape,
                                                  spec.dtype.bits // 8,
                                                  box.volume * spec.dtype.bits // 8)
+            self._assigned.append(items)
             touched = {x.file for x in items.values()}
             temps = tuple(t if n in touched else "" for n, t in enumerate(self._temps))
             out.append(SavePlan(p.items, storage_data=RankOrders(self._token, temps, items),
@@ -254,13 +291,14 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
         try:
             for item in plan.items:
                 place = orders.items[_key(item.index)]
+                temp = self._own_temp(orders, place.file)
                 if place.file not in fds:
-                    fds[place.file] = _sys.open(orders.temps[place.file], os.O_WRONLY)
+                    fds[place.file] = _sys.open(temp, os.O_WRONLY)
                 tensor = planner.resolve_data(item)
                 if not isinstance(tensor, torch.Tensor):  # pragma: no cover - planned as one
                     raise UnsupportedStateError(f"{item.index.fqn!r} resolved to a "
                                                 f"{type(tensor).__name__}, not a tensor")
-                res = _write_item(fds[place.file], tensor, item, place, orders.token)
+                res = _write_item(fds[place.file], tensor, item, place, orders.token, temp)
                 results.append(WriteResult(index=item.index, size_in_bytes=res.nbytes,
                                            storage_data=res))
             for fd in fds.values():
@@ -297,6 +335,26 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
     def storage_meta(self) -> None:
         return None
 
+    def _own_temp(self, orders: RankOrders, number: int) -> str:
+        """The temp the plan names for file ``number``, refused unless it is one this save's
+        coordinator makes: a ``.partial`` with the save's token beside the output.  A plan
+        tampered with after the coordinator laid it out (a planner's ``finish_plan``) must not
+        make a rank write into the live file or anywhere else."""
+        temp = orders.temps[number] if 0 <= number < len(orders.temps) else ""
+        name = os.path.basename(temp)
+        if self.max_shard_size is None:
+            ok = _names.is_token(orders.token) and \
+                temp == _names.sibling(self.path, orders.token, _names.TEMP)
+        else:
+            ok = os.path.dirname(temp) == self.directory and \
+                _names.parse(name) == (orders.token, _names.TEMP)
+        if not ok:
+            raise UnsupportedStateError(
+                f"the plan names {temp!r} as file {number}'s temp: not a temp this save's "
+                "coordinator created (a planner that changed storage_data); nothing was written "
+                "there")
+        return temp
+
     # --- the coordinator's files ---------------------------------------------------------
     def _finals(self, lay: _layout.Layout) -> list[str]:
         if self.max_shard_size is None:
@@ -325,8 +383,18 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
             raise
 
     def _check_results(self, lay: _layout.Layout, results: list[list[WriteResult]]) -> None:
+        """Each rank must report exactly the items the coordinator assigned it, each written
+        into the temp the coordinator created, at the offset it laid out, with the byte count
+        of the chunk: a plan changed on its way to a rank (offsets swapped between two items
+        of the same size, a temp renamed) is refused here, before the commit.  The CRC-32s are
+        kept (``results``) but not checked against the file: that would re-read every byte."""
+        if len(results) != len(self._assigned):
+            raise UnsupportedStateError(f"{len(results)} ranks reported, {len(self._assigned)} "
+                                        "were planned; nothing was committed")
         got: dict[ItemKey, ItemResult] = {}
-        for rank_results in results:
+        for rank, (rank_results, assigned) in enumerate(
+                zip(results, self._assigned, strict=True)):
+            seen: set[ItemKey] = set()
             for r in rank_results:
                 res = r.storage_data
                 if not isinstance(res, ItemResult) or res.token != self._token:
@@ -334,7 +402,24 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
                 key = _key(r.index)
                 if key in got:
                     raise UnsupportedStateError(f"{r.index.fqn!r}: written twice")
+                place = assigned.get(key)
+                if place is None:
+                    raise UnsupportedStateError(f"{r.index.fqn!r}: rank {rank} wrote a chunk "
+                                                "it was not assigned; nothing was committed")
+                where = (res.temp, res.file, res.offset, res.nbytes)
+                planned = (self._temps[place.file], place.file, place.offset, place.nbytes)
+                if where != planned:
+                    raise UnsupportedStateError(
+                        f"{r.index.fqn!r}: rank {rank} wrote {res.nbytes} bytes at offset "
+                        f"{res.offset} of {res.temp!r}; the coordinator laid out {place.nbytes} "
+                        f"bytes at offset {place.offset} of {planned[0]!r} (a plan changed on "
+                        "its way to the rank); nothing was committed")
                 got[key] = res
+                seen.add(key)
+            if seen != set(assigned):
+                missing = sorted(k[0] for k in set(assigned) - seen)[:5]
+                raise UnsupportedStateError(f"rank {rank} reported no result for {missing}; "
+                                            "nothing was committed")
         data = sum(f.size - len(f.header) for f in lay.files)
         written = sum(r.nbytes for r in got.values())
         if written != data:
@@ -344,18 +429,40 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
 
     def abort(self) -> None:
         """Remove this save's temps, then its lock (the coordinator's cleanup after any
-        failure; a no-op elsewhere, and after the commit)."""
+        failure; a no-op elsewhere, and after the commit).
+
+        The lock is let go whatever else fails (a temp that cannot be removed, a directory
+        made read-only): a lock held by a live process makes ``filecord recover`` skip the
+        save as running, so its temps would stay until the process exits.  Once the lock is
+        free, ``recover`` removes what is left.  The first cleanup error is raised after that,
+        the others attached to it as notes."""
         if self._committed:
             return
-        for temp in self._temps:
-            _sys.unlink_missing_ok(temp)
-        if self._temps:
-            _sys.fsync_parents(self._temps[:1])
-        self._temps = []
-        if self._lock is not None:
-            lock, fd = self._lock
-            self._lock = None
-            liveness.release(lock, fd)
+        errors: list[OSError] = []
+        temps, self._temps = self._temps, []
+        try:
+            for temp in temps:
+                _collect(errors, _sys.unlink_missing_ok, temp)
+            if temps:
+                _collect(errors, _sys.fsync_parents, temps[:1])
+        finally:
+            if self._lock is not None:
+                lock, fd = self._lock
+                self._lock = None
+                # release closes (unlocks) the lock even when its unlink fails
+                _collect(errors, liveness.release, lock, fd)
+        if errors:
+            for other in errors[1:]:
+                add_note(errors[0], f"also: {type(other).__name__}: {other}")
+            raise errors[0]
+
+
+def _collect(errors: list[OSError], fn: Callable[..., object], *args: Any) -> None:
+    """Run one cleanup step; an ``OSError`` is kept for later, so the next step still runs."""
+    try:
+        fn(*args)
+    except OSError as exc:
+        errors.append(exc)
 
 
 def _preallocate(fd: int, size: int, path: str) -> None:
@@ -372,7 +479,7 @@ def _preallocate(fd: int, size: int, path: str) -> None:
 
 
 def _write_item(fd: int, tensor: torch.Tensor, item: WriteItem, place: ItemPlace,
-                token: str) -> ItemResult:
+                token: str, temp: str) -> ItemResult:
     box = _box(item, 0)
     if tuple(int(x) for x in tensor.shape) != box.sizes:
         raise UnsupportedStateError(f"{item.index.fqn!r}: the data has shape "
@@ -403,4 +510,4 @@ def _write_item(fd: int, tensor: torch.Tensor, item: WriteItem, place: ItemPlace
     if done != place.nbytes:
         raise UnsupportedStateError(f"{item.index.fqn!r}: {done} bytes for a "
                                     f"{place.nbytes}-byte chunk")
-    return ItemResult(token, done, count, crc)
+    return ItemResult(token, temp, place.file, place.offset, done, count, crc)
