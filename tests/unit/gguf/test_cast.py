@@ -14,4 +14,7 @@ def test_f16_overflow_is_refused_and_inf_kept() -> None:
         convert(np.array([1.0, 7e4], dtype="<f4").tobytes(), GGMLType.F32, GGMLType.F16)
     src = np.array([65504.0, -np.inf, np.nan, 1.5], dtype="<f4")
     got = np.frombuffer(convert(src.tobytes(), GGMLType.F32, GGMLType.F16), dtype="<f2")
-    assert got[0] == 65504.0 and got[1] == -np.inf and np.isnan(got[2]) and got[3] == 1.5
+    assert got[0] == 65504.0
+    assert got[1] == -np.inf
+    assert np.isnan(got[2])
+    assert got[3] == 1.5

@@ -164,7 +164,7 @@ def test_a_window_as_long_as_the_context_and_agreeing_rope_keys_are_accepted() -
 
 def test_biases_must_match_attention_bias_and_untied_needs_lm_head() -> None:
     bias = "model.layers.0.self_attn.q_proj.bias"
-    with pytest.raises(UnsupportedModelError, match="attention_bias false.*q_proj.bias"):
+    with pytest.raises(UnsupportedModelError, match=r"attention_bias false.*q_proj\.bias"):
         map_names(llama_spec(CONFIG), [*_names(2), bias])
     with pytest.raises(UnsupportedModelError, match=r"blk\.0\.attn_q\.bias"):
         map_names(llama_spec({**CONFIG, "attention_bias": True}), _names(2))
