@@ -137,16 +137,16 @@ def exit0_means_right(tmp_path: Path, model: Path, *args: str, atol: float = 1e-
 # ---------------------------------------------------------------------------------- findings
 
 
-@pytest.mark.xfail(strict=True, reason="attack: hidden_act 'gelu' is converted (llama.cpp's "
-                   "llama always runs SiLU) and exits 0; logits differ from transformers by ~0.9")
+# attack (fixed): hidden_act 'gelu' is converted (llama.cpp's llama always runs SiLU) and exits 0;
+# logits differ from transformers by ~0.9
 def test_attack_non_silu_activation(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     edit_config(model, hidden_act="gelu")
     exit0_means_right(tmp_path, model)
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a Mistral sliding_window shorter than the "
-                   "context is dropped; llama.cpp attends to all positions, logits differ ~8")
+# attack (fixed): a Mistral sliding_window shorter than the context is dropped; llama.cpp attends
+# to all positions, logits differ ~8
 def test_attack_mistral_sliding_window_dropped(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     edit_config(model, architectures=["MistralForCausalLM"], model_type="mistral",
@@ -154,8 +154,8 @@ def test_attack_mistral_sliding_window_dropped(base: Path, tmp_path: Path) -> No
     exit0_means_right(tmp_path, model)
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a legacy rope_scaling {'type': 'yarn'} beside "
-                   "rope_parameters is ignored (transformers applies YaRN); exit 0, logits differ")
+# attack (fixed): a legacy rope_scaling {'type': 'yarn'} beside rope_parameters is ignored
+# (transformers applies YaRN); exit 0, logits differ
 def test_attack_legacy_yarn_beside_rope_parameters(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     edit_config(model, rope_scaling={"type": "yarn", "factor": 4.0,
@@ -168,8 +168,8 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
                "original_max_position_embeddings": 64}
 
 
-@pytest.mark.xfail(strict=True, reason="attack: llama3 RoPE without low_freq_factor (which "
-                   "transformers refuses to load) is converted with some default, exit 0")
+# attack (fixed): llama3 RoPE without low_freq_factor (which transformers refuses to load) is
+# converted with some default, exit 0
 def test_attack_llama3_rope_missing_field(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     edit_config(model, rope_parameters={k: v for k, v in LLAMA3_ROPE.items()
@@ -177,9 +177,8 @@ def test_attack_llama3_rope_missing_field(base: Path, tmp_path: Path) -> None:
     refused(tmp_path, model)
 
 
-@pytest.mark.xfail(strict=True, reason="attack: llama3 RoPE without "
-                   "original_max_position_embeddings converts (exit 0) to rope_freqs that differ "
-                   "from what transformers computes (logits off by ~0.3)")
+# attack (fixed): llama3 RoPE without original_max_position_embeddings converts (exit 0) to
+# rope_freqs that differ from what transformers computes (logits off by ~0.3)
 def test_attack_llama3_rope_without_original_context(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     edit_config(model, rope_parameters={k: v for k, v in LLAMA3_ROPE.items()
@@ -187,8 +186,7 @@ def test_attack_llama3_rope_without_original_context(base: Path, tmp_path: Path)
     exit0_means_right(tmp_path, model)
 
 
-@pytest.mark.xfail(strict=True, reason="attack: rope_theta 0 is accepted; llama.cpp's logits are "
-                   "NaN")
+# attack (fixed): rope_theta 0 is accepted; llama.cpp's logits are NaN
 def test_attack_rope_theta_zero(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     edit_config(model, rope_parameters={"rope_type": "default", "rope_theta": 0.0})
@@ -201,16 +199,16 @@ def test_attack_rope_theta_zero(base: Path, tmp_path: Path) -> None:
         assert not out.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="attack: an untied checkpoint without lm_head.weight is "
-                   "converted without `output`, so llama.cpp silently ties it to token_embd")
+# attack (fixed): an untied checkpoint without lm_head.weight is converted without `output`, so
+# llama.cpp silently ties it to token_embd
 def test_attack_missing_lm_head_accepted(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     edit_shard(model, shard_of(model, "lm_head.weight"), lambda t: t.pop("lm_head.weight"))
     refused(tmp_path, model)
 
 
-@pytest.mark.xfail(strict=True, reason="attack: an index that omits lm_head.weight (its shard "
-                   "still holds it) converts to a GGUF without `output`: the tensor is dropped")
+# attack (fixed): an index that omits lm_head.weight (its shard still holds it) converts to a GGUF
+# without `output`: the tensor is dropped
 def test_attack_tensor_missing_from_index_dropped(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     index = json.loads((model / INDEX).read_text())
@@ -221,8 +219,8 @@ def test_attack_tensor_missing_from_index_dropped(base: Path, tmp_path: Path) ->
     assert r.returncode == 1 or "output.weight" in gguf_contents(out)[1], r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a q_proj.bias with attention_bias false (which "
-                   "transformers ignores) is written and used by llama.cpp; logits differ by ~5")
+# attack (fixed): a q_proj.bias with attention_bias false (which transformers ignores) is written
+# and used by llama.cpp; logits differ by ~5
 def test_attack_bias_the_config_disowns(base: Path, tmp_path: Path) -> None:
     import torch
 
@@ -236,16 +234,16 @@ def test_attack_bias_the_config_disowns(base: Path, tmp_path: Path) -> None:
     exit0_means_right(tmp_path, model)
 
 
-@pytest.mark.xfail(strict=True, reason="attack: attention_bias true in config.json but no bias "
-                   "tensors is accepted (config.json contradicts the tensors)")
+# attack (fixed): attention_bias true in config.json but no bias tensors is accepted (config.json
+# contradicts the tensors)
 def test_attack_attention_bias_without_tensors(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     edit_config(model, attention_bias=True)
     refused(tmp_path, model)
 
 
-@pytest.mark.xfail(strict=True, reason="attack: BF16 -> --outtype f16 overflow writes inf "
-                   "(numpy's RuntimeWarning leaks to stderr), exits 0; llama.cpp gives NaN logits")
+# attack (fixed): BF16 -> --outtype f16 overflow writes inf (numpy's RuntimeWarning leaks to
+# stderr), exits 0; llama.cpp gives NaN logits
 def test_attack_f16_overflow_written_as_inf(tmp_path: Path) -> None:
     model = tiny_model(tmp_path / "bf16", dtype="bfloat16", shard="50KB")
     name = "model.layers.0.mlp.up_proj.weight"
@@ -266,16 +264,16 @@ def test_attack_f16_overflow_written_as_inf(tmp_path: Path) -> None:
         assert not out.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a tokenizer.model with 320 pieces and an "
-                   "embedding of 300 rows is converted (20 pieces dropped, a WARNING only)")
+# attack (fixed): a tokenizer.model with 320 pieces and an embedding of 300 rows is converted (20
+# pieces dropped, a WARNING only)
 def test_attack_tokenizer_larger_than_embedding(tmp_path: Path) -> None:
     model = tiny_model(tmp_path / "m", dtype="float32", shard="50KB", vocab_size=300)
     (tmp_path / "m" / "generation_config.json").unlink()
     refused(tmp_path, model)
 
 
-@pytest.mark.xfail(strict=True, reason="attack: tokenizer.model and a disagreeing tokenizer.json "
-                   "(the one transformers loads) are accepted; llama.cpp tokenizes differently")
+# attack (fixed): tokenizer.model and a disagreeing tokenizer.json (the one transformers loads)
+# are accepted; llama.cpp tokenizes differently
 def test_attack_tokenizer_model_and_json_disagree(base: Path, bpe: Path, tmp_path: Path
                                                   ) -> None:
     from transformers import AutoTokenizer
@@ -292,8 +290,8 @@ def test_attack_tokenizer_model_and_json_disagree(base: Path, bpe: Path, tmp_pat
         assert not out.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a BPE tokenizer.json with a Lowercase "
-                   "normalizer is accepted; llama.cpp skips it and tokenizes differently")
+# attack (fixed): a BPE tokenizer.json with a Lowercase normalizer is accepted; llama.cpp skips it
+# and tokenizes differently
 def test_attack_bpe_normalizer_ignored(bpe: Path, tmp_path: Path) -> None:
     from tokenizers import Tokenizer
 
@@ -312,9 +310,9 @@ def test_attack_bpe_normalizer_ignored(bpe: Path, tmp_path: Path) -> None:
         assert not out.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="attack: convert --consume deletes a read-only (0444) "
-                   "shard and the index naming it; docs/guarantees.md says a read-only file is "
-                   "kept (its bytes copied, the file and its index stay)")
+# attack (fixed on main, the kit judges read-only by mode bits): convert --consume deletes a read-
+# only (0444) shard and the index naming it; docs/guarantees.md says a read-only file is kept (its
+# bytes copied, the file and its index stay)
 def test_attack_consume_takes_a_read_only_shard(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     shard = shard_of(model, "model.layers.0.self_attn.q_proj.weight")
@@ -378,8 +376,8 @@ def test_attack_kill_after_commit_leaves_index_and_unused(base: Path, tmp_path: 
     assert leftovers == []
 
 
-@pytest.mark.xfail(strict=True, reason="attack: --align 3 / --align 0 / --split-max-tensors -1 "
-                   "end in 'internal error ... please report it' (exit 1), not a usage error (2)")
+# attack (fixed): --align 3 / --align 0 / --split-max-tensors -1 end in 'internal error ... please
+# report it' (exit 1), not a usage error (2)
 @pytest.mark.parametrize("bad", [("--align", "3"), ("--align", "0"),
                                  ("--split-max-tensors", "-1")])
 def test_attack_bad_numbers_are_internal_errors(base: Path, tmp_path: Path,

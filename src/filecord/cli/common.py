@@ -114,6 +114,27 @@ def positive_int(text: str) -> int:
     return value
 
 
+def power_of_two(text: str) -> int:
+    """An argparse type: an alignment, a power of two from 1 to 2**30 (it is padding written
+    into the file, so an absurd one is a usage error, not a huge write)."""
+    value = positive_int(text)
+    if value & (value - 1) or value > 1 << 30:
+        raise argparse.ArgumentTypeError(f"must be a power of two from 1 to {1 << 30}, "
+                                         f"got {value}")
+    return value
+
+
+def count(text: str) -> int:
+    """An argparse type: a whole number of at least 0 (0: no limit)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"cannot be negative, got {value}")
+    return value
+
+
 def parse_window(text: str) -> int:
     """An argparse type: a consume sync window (a size of at least one 4 KiB block)."""
     value = parse_size(text)
@@ -189,7 +210,7 @@ def add_operation_options(p: argparse.ArgumentParser, align_help: str) -> None:
                    "consume are deleted, the others (read-only, symlinked, ...) are kept")
     p.add_argument("-n", "--dry-run", action="store_true",
                    help="print what would be moved, cloned or copied (and why); write nothing")
-    p.add_argument("--align", type=int, default=None, help=align_help)
+    p.add_argument("--align", type=power_of_two, default=None, help=align_help)
     p.add_argument("--window", type=parse_size, default=DEFAULT_WINDOW,
                    help=f"consume sync window [{DEFAULT_WINDOW >> 20}MiB]")
     add_common(p)

@@ -35,6 +35,7 @@ from filecord.cli.common import (
     UsageError,
     add_operation_options,
     add_output,
+    count,
     finish,
     human,
     not_regular,
@@ -241,7 +242,7 @@ def build_reshard(r: argparse.ArgumentParser) -> None:
     add_output(r, "OUTDIR", "the directory of the shards and the index (created if missing)")
     r.add_argument("--max-shard-size", type=parse_size, default=None,
                    help="largest shard [5GB; GGUF: tensor bytes, no limit unless given]")
-    r.add_argument("--max-tensors", type=int, default=None,
+    r.add_argument("--max-tensors", type=count, default=None,
                    help="GGUF: most tensors per shard [128 when no size is given, as gguf-split]")
     r.add_argument("--pattern", default=None,
                    help="shard file name pattern [model{suffix}.safetensors; GGUF: the input's "
@@ -255,7 +256,7 @@ def build_convert(c: argparse.ArgumentParser) -> None:
     add_output(c, "OUT", "OUT.gguf, OUT.ptd or OUT.safetensors (its directory is created)")
     c.add_argument("--outtype", choices=["source", "f32", "f16", "bf16"], default=None,
                    help="GGUF: type of 2-D weights [source: each keeps its own dtype]")
-    c.add_argument("--split-max-tensors", "--max-tensors", dest="max_tensors", type=int,
+    c.add_argument("--split-max-tensors", "--max-tensors", dest="max_tensors", type=count,
                    default=0, help="GGUF: split the output, at most this many tensors per shard")
     c.add_argument("--split-max-size", "--max-shard-size", dest="max_shard_size",
                    type=parse_size, default=0,

@@ -12,7 +12,9 @@ an owned :class:`~filecord.FileBackedData` whose slices are the produced tensors
 moves them into the output (a rename or range move on the same file system), so the converted
 bytes reach the disk once.  The scratch file is not fsynced: the save syncs the output before
 it shortens the scratch, and a crash before that leaves only a garbage ``.gguf-cast`` file.
-If production fails the scratch file is removed before the error propagates.
+If production fails the scratch file is removed before the error propagates; a value that F16
+cannot hold is such a failure (:class:`~filecord.gguf.errors.UnsupportedModelError` naming the
+tensor), found while casting, before the save has created any output file.
 
 Rounding is llama.cpp's: F32 -> F16 is IEEE round-to-nearest-even (numpy ``astype``); F32 ->
 BF16 rounds to nearest even on the upper 16 bits and turns every NaN into a quiet NaN keeping
@@ -30,6 +32,7 @@ from typing import Any
 from filecord._io import syscalls as _sys
 from filecord._pieces.data import CHUNK, FileBackedData
 from filecord.gguf._types import GGMLType
+from filecord.gguf.errors import UnsupportedModelError
 
 ELEMENT = {GGMLType.F32: 4, GGMLType.F16: 2, GGMLType.BF16: 2}
 
@@ -51,7 +54,13 @@ def _from_f32(values: Any, dst: GGMLType) -> Any:
     if dst is GGMLType.F32:
         return values.astype("<f4", copy=False)
     if dst is GGMLType.F16:
-        return values.astype("<f2")
+        with np.errstate(over="ignore"):
+            out = values.astype("<f2")
+        # A finite value beyond F16's range would become inf and llama.cpp would compute NaN:
+        # refused (by the caller, with the tensor's name) rather than written.
+        if not np.array_equal(np.isinf(out), np.isinf(values)):
+            raise OverflowError("a value is out of F16 range (about +-65504)")
+        return out
     bits = values.view(np.uint32)
     nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     quiet = (bits & np.uint32(0xFFFF0000)) | np.uint32(0x00400000)
@@ -116,8 +125,13 @@ def cast_to_scratch(directory: str, stem: str, jobs: Sequence[CastJob], *,
                 for r, off, n in _pieces(job.ranges, ELEMENT[job.src], chunk):
                     if r.path not in fds:
                         fds[r.path] = r.open_checked()
-                    out = convert(_sys.read_all(fds[r.path], r.offset + off, n), job.src,
-                                  job.dst)
+                    try:
+                        out = convert(_sys.read_all(fds[r.path], r.offset + off, n),
+                                      job.src, job.dst)
+                    except OverflowError as exc:
+                        raise UnsupportedModelError(
+                            f"{job.name}: {exc}; converting it to {job.dst.name} would write "
+                            f"inf (use --outtype bf16, f32 or source)") from None
                     _sys.write_all(fd, out, end)
                     end += len(out)
                     done += n

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import re
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -99,6 +100,34 @@ def locate(source: str) -> Source:
         return Source(os.path.dirname(source) or ".", source)
     raise UnsupportedModelError(f"{source}: give a model directory, its {INDEX} or a "
                                 f".safetensors file (with config.json beside it)")
+
+
+_SHARD = re.compile(r"^(.+)-(\d+)-of-(\d+)\.safetensors$")
+
+
+def check_index_complete(weights: str) -> None:
+    """Refuse an index that leaves out a shard of its own set: ``save_pretrained`` names the
+    shards ``PREFIX-00002-of-00004.safetensors``, so a file of that set in the directory that
+    the index does not name holds tensors the conversion would silently drop (and with
+    ``--consume`` leave behind).  Other ``.safetensors`` files (a ``consolidated`` copy) are
+    not judged."""
+    import json
+
+    if not weights.endswith(".index.json"):
+        return
+    try:
+        mapped = set(dict(json.loads(_sys.read_text(weights, limit=256 << 20))
+                          .get("weight_map") or {}).values())
+    except (ValueError, TypeError, AttributeError):
+        return  # the safetensors reader names what is wrong with it
+    directory = os.path.dirname(weights) or "."
+    sets = {(m.group(1), m.group(3)) for m in map(_SHARD.match, map(str, mapped)) if m}
+    left = sorted(n for n in _sys.listdir(directory)
+                  if (m := _SHARD.match(n)) and (m.group(1), m.group(3)) in sets
+                  and n not in mapped)
+    if left:
+        raise UnsupportedModelError(f"{weights} names no tensor of {', '.join(left[:4])}: "
+                                    f"the index and the shards disagree")
 
 
 def _expected(spec: LlamaSpec, name: str) -> tuple[int, ...] | None:
@@ -249,6 +278,7 @@ def convert_hf(
     except ValueError as exc:
         raise UnsupportedModelError(f"{config_path}: not valid JSON: {exc}") from None
     spec = llama_spec(config)
+    check_index_complete(src.weights)
     vocab = read_vocab(src.directory, spec.vocab_size)
     model = name if name is not None else os.path.basename(_sys.abspath(src.directory))
     made: dict[str, FileBackedData] = {}

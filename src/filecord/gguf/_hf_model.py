@@ -21,7 +21,7 @@ import enum
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from filecord.gguf._types import ARCH_KEY, GGMLType, KeyValue, ValueType
 from filecord.gguf.errors import UnsupportedModelError
@@ -108,6 +108,7 @@ class LlamaSpec:
     rope_llama3: tuple[float, float, float, float] | None  # factor, low, high, original ctx
     vocab_size: int
     tied: bool
+    attention_bias: bool
 
 
 def _int(config: Mapping[str, Any], key: str, *, required: bool = True) -> int | None:
@@ -129,31 +130,76 @@ def _need(config: Mapping[str, Any], key: str) -> int:
 Llama3 = tuple[float, float, float, float]
 
 
-def _rope(config: Mapping[str, Any]) -> tuple[float | None, float | None, Llama3 | None]:
-    """(rope theta, linear scaling factor, Llama 3 scaling); other scalings are refused."""
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if not isinstance(params, Mapping):
-        raise UnsupportedModelError(f"config.json: rope parameters must be an object, got "
-                                    f"{params!r}")
-    theta = params.get("rope_theta", config.get("rope_theta"))
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+                "original_max_position_embeddings")
+_ROPE_SUPPORTED = "supported: none, 'default', 'linear', 'llama3' with all of " + ", ".join(
+    _LLAMA3_KEYS)
+
+
+def _number(value: Any) -> TypeGuard[int | float]:
+    import math
+
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
+
+
+def _scaling(params: Mapping[str, Any], key: str) -> tuple[float | None, Llama3 | None]:
+    """One RoPE parameter object's (linear factor, Llama 3 scaling)."""
     kind = params.get("rope_type", params.get("type"))
     factor = params.get("factor")
-    linear, llama3 = None, None
     if kind in (None, "default"):
-        pass
-    elif kind == "linear" and isinstance(factor, (int, float)):
-        linear = float(factor)
-    elif isinstance(kind, str) and kind.lower() == "llama3":
-        # llama.cpp's converter's defaults where the config leaves a value out
-        llama3 = (float(params.get("factor", 8.0)), float(params.get("low_freq_factor", 1.0)),
-                  float(params.get("high_freq_factor", 4.0)),
-                  float(params.get("original_max_position_embeddings", 8192)))
-    else:
+        return None, None
+    if kind == "linear" and _number(factor):
+        return float(factor), None
+    if isinstance(kind, str) and kind.lower() == "llama3":
+        # Every field is required: transformers refuses to load a config without them, and a
+        # default (llama.cpp's converter has some) would give rope_freqs it does not compute.
+        missing = [k for k in _LLAMA3_KEYS if not _number(params.get(k))]
+        if missing:
+            raise UnsupportedModelError(
+                f"config.json: {key} llama3 lacks a positive {', '.join(missing)} "
+                f"({_ROPE_SUPPORTED})")
+        f, lo, hi, old = (float(params[k]) for k in _LLAMA3_KEYS)
+        if hi <= lo:
+            raise UnsupportedModelError(f"config.json: {key} llama3 high_freq_factor {hi} must "
+                                        f"exceed low_freq_factor {lo}")
+        return None, (f, lo, hi, old)
+    raise UnsupportedModelError(f"config.json: {key} RoPE scaling {kind!r} is not supported "
+                                f"({_ROPE_SUPPORTED})")
+
+
+def _rope(config: Mapping[str, Any]) -> tuple[float | None, float | None, Llama3 | None]:
+    """(rope theta, linear scaling factor, Llama 3 scaling); other scalings are refused.
+
+    Both ``rope_parameters`` (transformers 5) and the legacy ``rope_scaling`` are read: a
+    checkpoint may carry both, and which one transformers applies depends on its version, so
+    two that ask for different scalings are refused rather than one silently dropped."""
+    found: list[tuple[str, Mapping[str, Any]]] = []
+    for key in ("rope_parameters", "rope_scaling"):
+        params = config.get(key)
+        if params is None or params == {}:
+            continue
+        if not isinstance(params, Mapping):
+            raise UnsupportedModelError(f"config.json: {key} must be an object, got "
+                                        f"{params!r}")
+        found.append((key, params))
+    scalings = {key: _scaling(params, key) for key, params in found}
+    if len(set(scalings.values())) > 1:
         raise UnsupportedModelError(
-            f"config.json: RoPE scaling {kind!r} is not supported (supported: none, "
-            f"'default', 'linear', 'llama3')")
-    if theta is not None and not isinstance(theta, (int, float)):
-        raise UnsupportedModelError(f"config.json: rope_theta must be a number, got {theta!r}")
+            "config.json: rope_parameters and rope_scaling ask for different RoPE scalings "
+            f"({found[0][1].get('rope_type', found[0][1].get('type'))!r} and "
+            f"{found[1][1].get('rope_type', found[1][1].get('type'))!r}); give one")
+    linear, llama3 = next(iter(scalings.values()), (None, None))
+    given = [p["rope_theta"] for _k, p in found if "rope_theta" in p]
+    if "rope_theta" in config:
+        given.append(config["rope_theta"])
+    bad = [t for t in given if not _number(t)]
+    if bad:
+        raise UnsupportedModelError(f"config.json: rope_theta must be a positive number, got "
+                                    f"{bad[0]!r}")
+    if len({float(t) for t in given}) > 1:
+        raise UnsupportedModelError(f"config.json: rope_theta is given as {given}; give one")
+    theta = given[0] if given else None
     return (None if theta is None else float(theta)), linear, llama3
 
 
@@ -214,13 +260,32 @@ def llama_spec(config: Mapping[str, Any]) -> LlamaSpec:
         raise UnsupportedModelError(f"config.json: head_dim {head_dim} must be even and "
                                     f"num_attention_heads {n_head} a multiple of "
                                     f"num_key_value_heads {n_head_kv}")
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise UnsupportedModelError(f"config.json: hidden_act {act!r} is not supported: "
+                                    f"llama.cpp's llama runs SiLU (supported: 'silu')")
+    if config.get("mlp_bias"):
+        raise UnsupportedModelError("config.json: mlp_bias is not supported (llama.cpp's "
+                                    "llama has no feed-forward biases)")
+    n_ctx = _need(config, "max_position_embeddings")
+    window = config.get("sliding_window")
+    if window is not None and (not isinstance(window, int) or window < n_ctx):
+        # llama.cpp's llama attends to every position; no key makes it honour a window
+        raise UnsupportedModelError(
+            f"config.json: sliding_window {window!r} is shorter than max_position_embeddings "
+            f"{n_ctx}: llama.cpp's llama has no sliding-window attention (supported: null or "
+            f">= the context)")
+    bias = config.get("attention_bias", False)
+    if not isinstance(bias, bool):
+        raise UnsupportedModelError(f"config.json: attention_bias must be true or false, got "
+                                    f"{bias!r}")
     eps = config.get("rms_norm_eps")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool):
         raise UnsupportedModelError(f"config.json: rms_norm_eps must be a number, got {eps!r}")
     theta, linear, llama3 = _rope(config)
     return LlamaSpec(
         hf_arch=str(hf_arch), n_layer=_need(config, "num_hidden_layers"),
-        n_ctx=_need(config, "max_position_embeddings"), n_embd=n_embd,
+        n_ctx=n_ctx, n_embd=n_embd, attention_bias=bias,
         n_ff=_need(config, "intermediate_size"), n_head=n_head, n_head_kv=n_head_kv,
         head_dim=head_dim, head_dim_given=given is not None, rms_eps=float(eps),
         rope_theta=theta, rope_linear=linear, rope_llama3=llama3,
@@ -282,10 +347,21 @@ def map_names(spec: LlamaSpec, names: Sequence[str]) -> list[Mapped]:
             f"{len(unknown)} tensor(s) have no GGUF name for a {spec.hf_arch}: "
             + ", ".join(unknown[:8]) + (" ..." if len(unknown) > 8 else ""))
     have = {m.name for m in out}
+    biases = [m.source for m in out if m.name.endswith(".bias")]
+    if biases and not spec.attention_bias:
+        # transformers builds the layers without biases and ignores these; llama.cpp would add them
+        raise UnsupportedModelError(
+            f"config.json says attention_bias false but the checkpoint has {len(biases)} bias "
+            f"tensor(s): {', '.join(biases[:4])}")
     need = ["token_embd.weight", "output_norm.weight"]
+    if not spec.tied:  # without output llama.cpp would tie it to token_embd silently
+        need.append("output.weight")
     need += [f"blk.{i}.{x}.weight" for i in range(spec.n_layer)
              for x in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
                        "ffn_gate", "ffn_up", "ffn_down")]
+    if spec.attention_bias:
+        need += [f"blk.{i}.{x}.bias" for i in range(spec.n_layer)
+                 for x in ("attn_q", "attn_k", "attn_v", "attn_output")]
     missing = [n for n in need if n not in have]
     if missing:
         raise UnsupportedModelError(f"the checkpoint lacks {len(missing)} tensor(s) llama.cpp "

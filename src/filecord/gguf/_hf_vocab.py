@@ -106,8 +106,10 @@ def _spm(directory: str, vocab_size: int) -> list[KeyValue]:
     types = [UNUSED] * vocab_size
     n = proc.vocab_size()
     if n > vocab_size:
-        log.warning("%s has %d pieces, config.json vocab_size %d: the rest are dropped",
-                    path, n, vocab_size)
+        # the dropped pieces would still be produced by the tokenizer, and an id past the
+        # embedding reads out of bounds in llama.cpp
+        raise UnsupportedModelError(f"{path} has {n} pieces but config.json vocab_size (the "
+                                    f"embedding's rows) is {vocab_size}")
     for i in range(min(n, vocab_size)):
         kind = (UNKNOWN if proc.IsUnknown(i) else CONTROL if proc.IsControl(i)
                 else UNUSED if proc.IsUnused(i) else BYTE if proc.IsByte(i) else NORMAL)
@@ -171,6 +173,12 @@ def _bpe(directory: str, vocab_size: int) -> list[KeyValue]:
         raise UnsupportedModelError(
             f"{path}: a {model.get('type')!r} tokenizer{fallback} is not supported without "
             f"tokenizer.model; supported: {'; '.join(SUPPORTED)}")
+    if spec.get("normalizer") is not None:
+        # llama.cpp's BPE tokenizer applies no normalizer: it would tokenize differently
+        raise UnsupportedModelError(
+            f"{path}: a normalizer ({json.dumps(spec.get('normalizer'))[:80]}) is not "
+            f"supported for a byte-level BPE tokenizer.json (llama.cpp applies none); "
+            f"supported: {'; '.join(SUPPORTED)}")
     pre = pre_tokenizer_name(spec.get("pre_tokenizer"))
     if pre is None:
         raise UnsupportedModelError(
@@ -211,6 +219,35 @@ def _bpe(directory: str, vocab_size: int) -> list[KeyValue]:
             _arr("tokenizer.ggml.token_type", types, ValueType.INT32)]
 
 
+def _same_pieces(directory: str) -> None:
+    """With both files, the ``tokenizer.json`` (what transformers' fast tokenizer loads) must
+    hold the ``tokenizer.model``'s pieces at the same ids: llama.cpp is given the latter, so a
+    disagreement means it would tokenize differently from transformers."""
+    path = os.path.join(directory, "tokenizer.json")
+    if not _sys.isfile(path):
+        return
+    spec = dict(_json(path))
+    model = spec.get("model") or {}
+    vocab = model.get("vocab")
+    if isinstance(vocab, list):  # Unigram: [piece, score] by id
+        pieces = {str(e[0]): i for i, e in enumerate(vocab) if isinstance(e, list) and e}
+    elif isinstance(vocab, dict):
+        pieces = {str(k): v for k, v in vocab.items()}
+    else:
+        pieces = {}
+    proc = _import("sentencepiece").SentencePieceProcessor()
+    proc.LoadFromFile(os.path.join(directory, "tokenizer.model"))  # read by _spm already
+    spm_pieces = {proc.IdToPiece(i): i for i in range(proc.vocab_size())}
+    differ = [t for t, i in pieces.items() if spm_pieces.get(t) != i]
+    if model.get("type") not in ("BPE", "Unigram") or differ or len(pieces) != len(spm_pieces):
+        raise UnsupportedModelError(
+            f"{directory}: tokenizer.json (a {model.get('type')!r} model of {len(pieces)} "
+            f"pieces) does not hold tokenizer.model's {len(spm_pieces)} pieces at the same ids"
+            + (f" (e.g. {differ[0]!r})" if differ else "")
+            + "; transformers would load the former, llama.cpp is given the latter: remove "
+            "the one that is wrong")
+
+
 def read_vocab(directory: str, vocab_size: int) -> Vocab:
     """The tokenizer's key-values in llama.cpp's converter's order, or
     :class:`UnsupportedModelError` naming what is supported."""
@@ -227,6 +264,7 @@ def read_vocab(directory: str, vocab_size: int) -> Vocab:
             head.append(KeyValue("tokenizer.ggml.add_space_prefix", ValueType.BOOL, prefix))
     if _sys.isfile(os.path.join(directory, "tokenizer.model")):
         body = _spm(directory, vocab_size)
+        _same_pieces(directory)
         tail = _special_kvs(directory, merges=False, n_vocab=vocab_size)
         kind = "sentencepiece"
     elif _sys.isfile(os.path.join(directory, "tokenizer.json")):

@@ -24,6 +24,7 @@ CONFIG: dict[str, Any] = {
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
     "num_key_value_heads": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
     "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}, "vocab_size": 300,
+    "tie_word_embeddings": True,
 }
 
 
@@ -134,3 +135,41 @@ def test_llama3_rope_scaling_is_a_generated_tensor() -> None:
     assert factors.tolist()[3:] == [8.0] * 5
     assert 1.0 < factors[1] < factors[2] < 8.0
     assert rope_freqs(llama_spec(CONFIG)) is None
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu'.*supported: 'silu'"),
+    ({"sliding_window": 128}, "sliding_window 128 is shorter"),
+    ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "'yarn' is not supported"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+     "lacks a positive low_freq_factor"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 0.0}},
+     "rope_theta must be a positive number, got 0.0"),
+    ({"rope_theta": 5e5}, r"rope_theta is given as \[1000000.0, 500000.0\]"),
+    ({"attention_bias": "yes"}, "attention_bias must be true or false"),
+    ({"mlp_bias": True}, "mlp_bias is not supported"),
+])
+def test_configs_llama_cpp_would_compute_wrong_are_refused(change: dict[str, Any], match: str
+                                                           ) -> None:
+    with pytest.raises(UnsupportedModelError, match=match):
+        llama_spec({**CONFIG, **change})
+
+
+def test_a_window_as_long_as_the_context_and_agreeing_rope_keys_are_accepted() -> None:
+    spec = llama_spec({**CONFIG, "sliding_window": 256, "rope_theta": 1e6,
+                       "rope_scaling": {"rope_type": "default"}})
+    assert spec.rope_theta == 1e6
+
+
+def test_biases_must_match_attention_bias_and_untied_needs_lm_head() -> None:
+    bias = "model.layers.0.self_attn.q_proj.bias"
+    with pytest.raises(UnsupportedModelError, match=r"attention_bias false.*q_proj\.bias"):
+        map_names(llama_spec(CONFIG), [*_names(2), bias])
+    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.attn_q\.bias"):
+        map_names(llama_spec({**CONFIG, "attention_bias": True}), _names(2))
+    with pytest.raises(UnsupportedModelError, match=r"output\.weight"):
+        map_names(llama_spec({**CONFIG, "tie_word_embeddings": False}), _names(2))
+    untied = map_names(llama_spec({**CONFIG, "tie_word_embeddings": False}),
+                       [*_names(2), "lm_head.weight"])
+    assert "output.weight" in {m.name for m in untied}
