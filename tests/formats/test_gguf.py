@@ -16,11 +16,9 @@ from filecord.gguf import read_gguf
 gguf = pytest.importorskip("gguf")
 
 
-# The kit owns these (issue 23 item 1): an output on an input is refused even when consuming,
-# and a reshard over its own input set is not refused without --consume.
+# The kit owns this (issue 23 item 1): an output on an input is refused even when consuming.
 @expect_kit(
     "test_an_output_that_is_an_input_is_refused_unless_consuming",
-    "test_an_output_replacing_an_input_index_is_refused_unless_consuming",
 )
 class TestGGUF(Conformance):
     fmt = "gguf"
@@ -48,6 +46,11 @@ class TestGGUF(Conformance):
         assert len(shards) >= 2
         assert not single.exists()
         return [shards[0]], shards
+
+    def set_after_rewrite(self, inputs: list[Path], outdir: Path) -> list[Path]:
+        firsts = sorted(outdir.glob("model-00001-of-*.gguf"))
+        assert len(firsts) == 1, firsts  # the consumed set is gone, not left beside the new one
+        return firsts
 
     def read(self, path: Path) -> object:
         return read_gguf(path)

@@ -15,11 +15,9 @@ from filecord.safetensors import read_safetensors
 st_numpy = pytest.importorskip("safetensors.numpy")
 
 
-# The kit owns these (issue 23 item 1): an output on an input is refused even when consuming,
-# and a reshard over its input index is not refused without --consume.
+# The kit owns this (issue 23 item 1): an output on an input is refused even when consuming.
 @expect_kit(
     "test_an_output_that_is_an_input_is_refused_unless_consuming",
-    "test_an_output_replacing_an_input_index_is_refused_unless_consuming",
 )
 class TestSafetensors(Conformance):
     fmt = "safetensors"
