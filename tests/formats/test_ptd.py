@@ -8,16 +8,12 @@ import struct
 from pathlib import Path
 
 import numpy as np
-from conformance import Conformance, expect_kit
+from conformance import Conformance
 
 from filecord import save
 from filecord.executorch import PtdEntry, ScalarType, TensorLayout, build_ptd, read_ptd
 
 
-# The kit owns these (issue 23 item 1): an output on an input is refused even when consuming.
-@expect_kit(
-    "test_an_output_that_is_an_input_is_refused_unless_consuming",
-)
 class TestPtd(Conformance):
     fmt = "ptd"
     suffix = ".ptd"

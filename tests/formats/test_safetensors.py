@@ -8,17 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conformance import Conformance, expect_kit
+from conformance import Conformance
 
 from filecord.safetensors import read_safetensors
 
 st_numpy = pytest.importorskip("safetensors.numpy")
 
 
-# The kit owns this (issue 23 item 1): an output on an input is refused even when consuming.
-@expect_kit(
-    "test_an_output_that_is_an_input_is_refused_unless_consuming",
-)
 class TestSafetensors(Conformance):
     fmt = "safetensors"
     suffix = ".safetensors"
