@@ -67,9 +67,16 @@ def test_dry_run_json_and_inspect(tmp_path: Path) -> None:
             "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["dry_run"] is True
-    r = run("reshard", str(first), "-o", str(tmp_path), "--max-shard-size", "200", "-n")
+    (tmp_path / "rs").mkdir()
+    before = sorted(os.listdir(tmp_path))
+    r = run("reshard", str(first), "-o", str(tmp_path / "rs"), "--max-shard-size", "200", "-n")
     assert r.returncode == 0, r.stderr
     assert "moved" not in r.stdout  # no --consume: a plan of copies
+    assert not os.listdir(tmp_path / "rs")
+    # Over its own set without --consume: the run would be refused, so the dry run is too.
+    r = run("reshard", str(first), "-o", str(tmp_path), "--max-shard-size", "200", "-n")
+    assert r.returncode == 1, r.stderr
+    assert "--consume" in r.stderr
     assert sorted(os.listdir(tmp_path)) == before
     r = run("inspect", str(first), "--json")
     assert r.returncode == 0, r.stderr

@@ -12,6 +12,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 import filecord.gguf as fg  # noqa: E402
+from filecord.errors import SourceIsOutputError  # noqa: E402
 from filecord.gguf._read import read_gguf_file  # noqa: E402
 from filecord.gguf.errors import DuplicateTensorError  # noqa: E402
 
@@ -142,17 +143,21 @@ def _safetensors(path: Path, tensors: dict[str, Any], metadata: dict[str, str] |
                for k, v in tensors.items()}, str(path), metadata=metadata)
 
 
-def test_reshard_removes_stale_shards_but_not_inputs(tmp_path: Path) -> None:
+def test_reshard_over_its_own_set_needs_consume_and_removes_stale_shards(tmp_path: Path) -> None:
     gguf_py(tmp_path / "m.gguf", split_max_tensors=2)  # m-0000k-of-00004.gguf
     gguf_py(tmp_path / "m.gguf")  # the single file too
     old = sorted(os.listdir(tmp_path))
     assert len(old) == 5
     first = tmp_path / "m-00001-of-00004.gguf"
-    fg.reshard(tmp_path / "m.gguf", [first], max_tensors=3)
-    # the new set (3 shards) replaced the old one; the unconsumed inputs are kept
-    assert sorted(os.listdir(tmp_path)) == sorted(
-        {*old, "m-00001-of-00003.gguf", "m-00002-of-00003.gguf", "m-00003-of-00003.gguf"}
-        - {"m.gguf"})
+    # Without consume, a new set over its own input set would leave the old shards beside it
+    # (a mixed set of one stem): refused, nothing changed, and the message names --consume.
+    with pytest.raises(SourceIsOutputError, match="consume"):
+        fg.reshard(tmp_path / "m.gguf", [first], max_tensors=3)
+    assert sorted(os.listdir(tmp_path)) == old
+    fg.reshard(tmp_path / "m.gguf", [first], max_tensors=3, consume=True)
+    # the new set (3 shards) replaced the old one (consumed); the stale single file is removed
+    assert sorted(os.listdir(tmp_path)) == [
+        "m-00001-of-00003.gguf", "m-00002-of-00003.gguf", "m-00003-of-00003.gguf"]
     fg.reshard(tmp_path / "m.gguf", [tmp_path / "m-00001-of-00003.gguf"], max_tensors=7,
                consume=True)
     assert sorted(os.listdir(tmp_path)) == ["m.gguf"]

@@ -82,7 +82,8 @@ def test_source_is_output_through_link_then_dotdot(tree: Path, consume: bool) ->
     body = pattern(5_000, "a")
     src.write_bytes(body)
     (tree / "cwd" / "a").write_bytes(DECOY)
-    d = FileBackedData(str(src), owned=consume)
+    # Owned but not consumed (a copy save), and not owned but consumed: both refused.
+    d = FileBackedData(str(src), owned=not consume)
     try:
         with pytest.raises(SourceIsOutputError, match="sources") as info:
             save("ldir/../a", Cord([b"hdr", d]), consume=consume)
@@ -92,6 +93,27 @@ def test_source_is_output_through_link_then_dotdot(tree: Path, consume: bool) ->
     finally:
         d.detach_cleanup()
     assert src.read_bytes() == body
+    assert (tree / "cwd" / "a").read_bytes() == DECOY
+    assert leftovers(tree / "elsewhere") == []
+    assert leftovers(tree / "cwd") == []
+
+
+def test_a_consumed_source_may_be_replaced_by_the_output_through_link_then_dotdot(
+    tree: Path,
+) -> None:
+    """consume=True: the output may land on its owned, consumed source (resolved as open()
+    resolves ``ldir/../a``): the source is parked before the commit takes its name, so the
+    output holds the source's bytes and the consumed source is not removed over it."""
+    src = tree / "elsewhere" / "a"
+    body = pattern(5_000, "a")
+    src.write_bytes(body)
+    (tree / "cwd" / "a").write_bytes(DECOY)
+    d = FileBackedData(str(src), owned=True)
+    report = plan("ldir/../a", Cord([b"hdr", d]), consume=True)
+    assert report.dry_run
+    assert src.read_bytes() == body
+    save("ldir/../a", Cord([b"hdr", d, b"tail"]), consume=True)
+    assert src.read_bytes() == b"hdr" + body + b"tail"
     assert (tree / "cwd" / "a").read_bytes() == DECOY
     assert leftovers(tree / "elsewhere") == []
     assert leftovers(tree / "cwd") == []

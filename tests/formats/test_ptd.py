@@ -8,20 +8,12 @@ import struct
 from pathlib import Path
 
 import numpy as np
-from conformance import Conformance, expect_kit
+from conformance import Conformance
 
 from filecord import save
 from filecord.executorch import PtdEntry, ScalarType, TensorLayout, build_ptd, read_ptd
 
 
-# The kit owns these (issue 23 item 1): an output on an input is refused even when consuming;
-# filecord.executorch.merge adds every entry through NamedDataStore.add_named_data, which
-# compares its bytes with every entry of the same size so far (opening the file each time):
-# merging 2 x 10k small entries is quadratic (1000 + 1000 entries: 2.0M comparisons, 38 s).
-@expect_kit(
-    "test_an_output_that_is_an_input_is_refused_unless_consuming",
-    "test_20k_tensors_parse_and_merge",
-)
 class TestPtd(Conformance):
     fmt = "ptd"
     suffix = ".ptd"

@@ -8,19 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conformance import Conformance, expect_kit
+from conformance import Conformance
 
 from filecord.safetensors import read_safetensors
 
 st_numpy = pytest.importorskip("safetensors.numpy")
 
 
-# The kit owns these (issue 23 item 1): an output on an input is refused even when consuming,
-# and a reshard over its input index is not refused without --consume.
-@expect_kit(
-    "test_an_output_that_is_an_input_is_refused_unless_consuming",
-    "test_an_output_replacing_an_input_index_is_refused_unless_consuming",
-)
 class TestSafetensors(Conformance):
     fmt = "safetensors"
     suffix = ".safetensors"

@@ -168,7 +168,26 @@ ADOPT2 = Spec(
     old={"out ü/adopted.ptd": b"the old data file, kept on any failure before the commit"},
 )
 
-SPECS = {s.name: s for s in (COPY3, CONSUME3, SINGLE, ADOPT2)}
+# (e) consume mode, an output on its own source (``merge -o A A B --consume``): A is parked
+# before the commit takes its name, so a rollback gives A back and a finish never unlinks the
+# new output; B is moved into the first output and partly copied into the second.
+ONSRC = Spec(
+    name="onsrc",
+    consume=True,
+    window=4096,
+    single=False,
+    sources={
+        "A": Src("src dir/A.bin", 3 * 4096 + 5, 41, owned=True),
+        "B": Src("src dir/B.bin", 2 * 4096 + 9, 42, owned=True),
+    },
+    outputs=(
+        ("src dir/A.bin", (Ref(data=b"HDR"), Ref("A"), Ref("B"))),
+        ("out/b.bin", (Ref("B", offset=0, length=100),)),
+    ),
+    old={},
+)
+
+SPECS = {s.name: s for s in (COPY3, CONSUME3, SINGLE, ADOPT2, ONSRC)}
 
 
 class Layout:

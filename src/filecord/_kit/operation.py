@@ -29,6 +29,7 @@ a failed unlink is reported kept, with its errno.  ``removed`` lists only what w
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import stat as stat_mod
@@ -62,6 +63,7 @@ from filecord._plan.types import (
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord._txn.save import plan, save_many
 from filecord._txn.state import ProgressCallback as ProgressCallback
+from filecord.errors import SourceIsOutputError
 
 Paths = Sequence[str | os.PathLike[str]]
 T = TypeVar("T")
@@ -158,6 +160,8 @@ def operate(
     texts = {i.path: _text(i.path) for i in inputs.indexes} if consume else {}
     try:
         job = build(inputs.value)
+        if not consume:
+            refuse_replacing_inputs(job, inputs)
         out_devs = _devices(job.outputs)
         input_ids = _ids([*inputs.files, *(i.path for i in inputs.indexes)])
         obsolete = [p for p in job.obsolete
@@ -185,6 +189,37 @@ def operate(
         log.warning("after the commit, the inputs could not be judged (%s): all are kept", exc)
         return OperationReport.of(report, kept=tuple(
             KeptInput(i.path, KeepReason.NOT_REMOVABLE, str(exc)) for i in inputs.indexes))
+
+
+def refuse_replacing_inputs(job: Job, inputs: Inputs[T]) -> None:
+    """Without consume, no output may land on an input (a data file or an index, by name or
+    by inode): the commit would replace a file the user still has, leaving a checkpoint whose
+    index names the new shards beside the old ones; nor may the new set make a member of an
+    input set (a shard named by an index, a GGUF split) a stale file of its names: the old set
+    would stay, broken or mixed, beside the new one.  (A lone input file the new set makes
+    stale is kept beside it, as an input is.)  Consuming makes it safe: the save moves
+    the input's bytes away (parked, journaled) before the commit takes its name."""
+    by_id: dict[tuple[int, int] | str, str] = {}
+    for p in [*inputs.files, *(i.path for i in inputs.indexes)]:
+        for key in _ids([p]):
+            by_id.setdefault(key, p)
+    members = _ids([f for i in inputs.indexes for f in i.files]
+                   + [f for group in inputs.sets if len(group) > 1 for f in group])
+    for target in job.outputs:
+        out = os.fspath(target)
+        hit = next((by_id[k] for k in _ids([out]) if k in by_id), None)
+        if hit is not None:
+            raise SourceIsOutputError(
+                f"the output {out} would replace the input {hit}; consume=True (--consume) "
+                f"makes this possible: the input is then taken into the new output",
+                errno=errno.EINVAL)
+    for stale in job.obsolete:  # a file of the new set's names that the new set does not use
+        hit = next((by_id[k] for k in _ids([stale]) if k in by_id and k in members), None)
+        if hit is not None:
+            raise SourceIsOutputError(
+                f"the new set would leave the input {hit} beside it as a stale file of the "
+                f"same names (a mixed checkpoint); consume=True (--consume) makes this "
+                f"possible: the input is then taken into the new set", errno=errno.EINVAL)
 
 
 @dataclass(frozen=True, slots=True)

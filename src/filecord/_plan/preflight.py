@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import stat as stat_mod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -99,11 +99,14 @@ def _dir_facts(path: str, target: str) -> str:
     return directory
 
 
-def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False) -> Facts:
+def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
+           consume: bool = False) -> Facts:
     """Stat every output, source and file system of the save (see the module's docstring).
 
     ``probe_insert``: also try whether each output's file system inserts ranges, where an
-    owned source shares it (``facts.probe_insert``; what adoption in place needs)."""
+    owned source shares it (``facts.probe_insert``; what adoption in place needs).
+    ``consume``: an output may name a source every piece of which is owned, so the save may
+    consume it; :func:`refuse_replaced_sources` then checks, with the plan, that it does."""
     outputs: list[OutputFacts] = []
     target_stats: list[os.stat_result | None] = []
     seen_targets: dict[str, str] = {}
@@ -166,7 +169,8 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False) -> Fact
             offset += n
 
     for out, st in zip(outputs, target_stats, strict=True):
-        if st is not None and (st.st_dev, st.st_ino) in datas:
+        if st is not None and (st.st_dev, st.st_ino) in datas and not (
+                consume and all(d.owned for d in datas[(st.st_dev, st.st_ino)])):
             raise SourceIsOutputError(
                 f"cannot save {out.path}: it is also one of the save's sources "
                 f"({datas[(st.st_dev, st.st_ino)][0].path})",
@@ -195,6 +199,24 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False) -> Fact
         sources=MappingProxyType(sources),
         filesystems=MappingProxyType(filesystems),
     )
+
+
+def refuse_replaced_sources(facts: Facts, consumed: Iterable[tuple[int, int]]) -> None:
+    """An output may replace a source only when the save consumes it: a consumed source is
+    renamed to its token name (journaled) before the commit takes the output's name, so the
+    commit never replaces bytes still to be read, a rollback gives the source its name back,
+    and the commit unlinks the parked source, never the new output.  Any other source under
+    an output's name (kept: a symlink, not deletable, streamed) is refused, as without
+    consume."""
+    taken = set(consumed)
+    for out, st in zip(facts.outputs, facts.target_stats, strict=True):
+        key = None if st is None else (st.st_dev, st.st_ino)
+        if key is not None and key in facts.datas and key not in taken:
+            raise SourceIsOutputError(
+                f"cannot save {out.path}: it is also one of the save's sources "
+                f"({facts.datas[key][0].path}), which this save would not consume",
+                errno=errno.EINVAL,
+            )
 
 
 def _source_facts(

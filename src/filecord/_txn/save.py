@@ -54,7 +54,13 @@ from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._pieces.cord import Cord
 from filecord._plan.plan import make_plan
-from filecord._plan.preflight import CordLike, Target, gather, normalize
+from filecord._plan.preflight import (
+    CordLike,
+    Target,
+    gather,
+    normalize,
+    refuse_replaced_sources,
+)
 from filecord._plan.report import SaveReport
 from filecord._plan.space import check_space
 from filecord._plan.types import NOT_OWNED, MoveSource, PieceAction, SavePlan
@@ -131,8 +137,9 @@ def plan(
     ``report.window`` is the sync window the save would use and ``report.window_note`` why it
     is smaller than the default, when it is.
     """
-    f = gather(normalize(target, cord))
+    f = gather(normalize(target, cord), consume=consume)
     p = make_plan(f.outputs, f.refs, f.sources, f.filesystems, consume=consume, window=window)
+    refuse_replaced_sources(f, p.consumed)
     return _report(p, p.actions, dry_run=True)
 
 
@@ -191,9 +198,10 @@ def _run(
                          "sources, so its outputs must be on disk first")
     start = time.perf_counter()
     try:
-        facts = gather(items)  # facts only: what is there, whatever the arguments
+        facts = gather(items, consume=consume)  # facts only: what is there
         plan = make_plan(facts.outputs, facts.refs, facts.sources, facts.filesystems,
                          consume=consume, window=window)  # every decision, made once
+        refuse_replaced_sources(facts, plan.consumed)
         check_space(plan)
     except OSError as exc:
         if isinstance(exc, FilecordError):

@@ -149,7 +149,7 @@ def merge(
     out = output_path("merge", MERGE, output)
     paths = input_paths("merge", MERGE, inputs)
     require_suffix("merge", MERGE, out, (".ptd",))
-    not_an_input("merge", out, paths)
+    not_an_input("merge", out, paths, consume=consume)
 
     def read() -> Inputs[list[tuple[str, list[PtdEntry]]]]:
         wholes: list[FileBackedData] = []

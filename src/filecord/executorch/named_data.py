@@ -60,7 +60,15 @@ class NamedDataStore:
         self._pte: dict[str, DataEntry] = {}
         self._external: dict[str, dict[str, DataEntry]] = {}
         self._key_buffer: dict[str, int] = {}
-        self._by_length: dict[int, list[int]] = {}
+        # Indexes that find an equal buffer without comparing with every earlier one (a merge
+        # of 2 x 10k entries would otherwise make 10^8 comparisons): by object identity, by
+        # (length, sha256) once a digest is known, and by (length, first bytes), which are read
+        # only when a second buffer of that length arrives (``_unread``: not yet indexed).
+        self._by_identity: dict[int, int] = {}
+        self._by_digest: dict[tuple[int, str], int] = {}
+        self._by_prefix: dict[tuple[int, bytes], list[int]] = {}
+        self._unread: dict[int, list[int]] = {}
+        self._lengths: set[int] = set()
         self._prefix: dict[int, bytes] = {}
         self._digest: dict[int, str] = {}
 
@@ -139,12 +147,18 @@ class NamedDataStore:
                     f"key {key!r} already holds {len(self._buffers[existing])} different bytes"
                 )
             return
-        index = next((i for i in self._by_length.get(len(blob), ()) if self._same(i, blob)), None)
+        index = self._find(blob)
         if index is None:
             index = len(self._buffers)
             self._buffers.append(blob)
             self._alignment.append(alignment)
-            self._by_length.setdefault(len(blob), []).append(index)
+            self._by_identity[id(blob)] = index  # the list keeps the object, so its id
+            self._unread.setdefault(len(blob), []).append(index)
+            self._lengths.add(len(blob))
+            known = _known_digest(blob)
+            if known is not None:
+                self._digest[index] = known
+                self._by_digest.setdefault((len(blob), known), index)
         else:
             self._alignment[index] = math.lcm(self._alignment[index], alignment)
         target = self._pte if external_tag is None else self._external.setdefault(external_tag, {})
@@ -209,6 +223,34 @@ class NamedDataStore:
         if self._prefix_of(index) != _prefix(blob):
             return False
         return self._digest_of(index) == _digest(blob)
+
+    def _find(self, blob: Blob) -> int | None:
+        """The buffer holding exactly ``blob``'s bytes, or None (every buffer holds different
+        bytes, so at most one matches).  Each buffer's prefix and digest are computed at most
+        once, and only when a buffer of its length (and prefix) arrives."""
+        n = len(blob)
+        same = self._by_identity.get(id(blob))
+        if same is not None and self._buffers[same] is blob:
+            return same
+        known = _known_digest(blob)
+        if known is not None and (n, known) in self._by_digest:
+            return self._by_digest[(n, known)]
+        if n not in self._lengths:  # nothing to compare with: nothing read
+            return None
+        for i in self._unread.pop(n, ()):
+            self._by_prefix.setdefault((n, self._prefix_of(i)), []).append(i)
+        candidates = self._by_prefix.get((n, _prefix(blob)))
+        if not candidates:
+            return None
+        if n <= _PREFIX:  # the prefix is the whole content
+            return candidates[0]
+        digest = known if known is not None else _digest(blob)
+        for i in candidates:
+            mine = self._digest_of(i)
+            self._by_digest.setdefault((n, mine), i)
+            if mine == digest:
+                return i
+        return None
 
     def _prefix_of(self, index: int) -> bytes:
         if index not in self._prefix:

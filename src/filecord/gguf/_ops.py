@@ -108,7 +108,7 @@ def merge(
     out = output_path("merge", MERGE, output)
     paths = input_paths("merge", MERGE, inputs)
     require_suffix("merge", MERGE, out, (".gguf",))
-    not_an_input("merge", out, paths)
+    not_an_input("merge", out, paths, consume=consume)
 
     def build(models: list[GGUFModel]) -> Job:
         sources = [f for m in models for f in m.shards]
@@ -212,7 +212,7 @@ def convert(
     if src.endswith((".gguf", ".ptd")):
         raise ValueError(f"convert to .gguf takes a model directory, its index .json or a "
                          f".safetensors file, not {src!r}: arguments go output first: {CONVERT}")
-    not_an_input("convert", out, [src])
+    not_an_input("convert", out, [src], consume=consume)
     return convert_hf(out, src, outtype=kind, consume=consume, alignment=alignment,
                       max_tensors=max_tensors, max_size=max_shard_size, dry_run=dry_run,
                       window=window, progress=progress, cast_progress=cast_progress,

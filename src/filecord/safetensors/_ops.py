@@ -143,7 +143,7 @@ def merge(
     out = output_path("merge", MERGE, output)
     paths = input_paths("merge", MERGE, inputs)
     require_suffix("merge", MERGE, out, (".safetensors",))
-    not_an_input("merge", out, paths)
+    not_an_input("merge", out, paths, consume=consume)
 
     def build(loaded: Loaded) -> Job:
         meta = loaded.metadata if metadata is None else dict(metadata)
@@ -244,7 +244,7 @@ def convert(
     if out.endswith(".safetensors") and not src.endswith(".ptd"):
         raise ValueError(f"convert to .safetensors takes a .ptd, not {src!r}: arguments go "
                          f"output first: {CONVERT}")
-    not_an_input("convert", out, [src])
+    not_an_input("convert", out, [src], consume=consume)
     if not _sys.exists(src):
         raise FileNotFoundError(errno.ENOENT, f"convert: no source {src!r} (arguments go "
                                 f"output first: {CONVERT})", src)
