@@ -190,8 +190,6 @@ def parked(d: Path, base: str) -> Path:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a FIFO named like a lock file hangs "
-                   "`filecord recover DIR` for ever (it blocks opening it)")
 def test_fifo_named_like_a_lock_file_does_not_hang_recover(tmp_path: Path) -> None:
     d = tmp_path / "d"
     d.mkdir()
@@ -335,10 +333,6 @@ def temp_of(d: Path, base: str) -> Path:
     return found[0]
 
 
-@pytest.mark.xfail(strict=True, reason="attack: after the commit point a temp cut short (or "
-                   "grown) by another process is renamed onto the final name by recover, which "
-                   "exits 0 'completed the save: outputs in place' (out1.bin 1000 bytes of "
-                   "2,300,004); the journal holds the length, and a mid-move recover does check it")
 @pytest.mark.parametrize("change", ["truncate-out1", "append-out1", "truncate-adopted-out3"])
 def test_committed_recover_never_renames_a_wrong_length_temp(tmp_path: Path, change: str) -> None:
     d, files = killed_after_commit(tmp_path, "t", 11)

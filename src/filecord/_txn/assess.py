@@ -391,6 +391,14 @@ def check_committed(j: Journal, seen: Observed,
     to keep, never delete) only when both hold: the save's last look (``looked``) saw it at its
     kept prefix, and a move at or after it in the move order is proven finished by the files
     (``_vouched``).  Then the size it has now is someone else's write after the commit."""
+    for o, (out, of) in enumerate(zip(j.outputs, seen.outputs, strict=True)):
+        # A temp not at the journaled length was cut or grown by someone else: never renamed
+        # onto the final name (``undo.finish`` checks again right before its first rename).
+        if not out.direct and of.temp is not None and of.temp.size != out.length:
+            return RecoverError(f"{j.temp(o)}: the temp of {out.final} is {of.temp.size} bytes "
+                                f"where the journal says the complete output has {out.length}: "
+                                "another process changed it, so it is not renamed onto the "
+                                "final name")
     vouched = _vouched(j, seen)
     for s, f in zip(j.sources, seen.sources, strict=True):
         if s.adopt:

@@ -26,6 +26,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat as stat_mod
 from dataclasses import dataclass
 
 from filecord._io import names as _names
@@ -35,6 +36,32 @@ from filecord._txn import journal
 
 class LockBusyError(OSError):
     """The lock is held: a save (or a recover) is running on these files right now."""
+
+
+class NotALockFileError(OSError):
+    """A name like a lock file's that is not a regular file (a FIFO, a device, a symlink):
+    never a save's, and never opened in a way that could block or follow it."""
+
+
+def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
+    """Open a file recover finds by its name, never blocking on it nor following a symlink,
+    and only if it is a regular file (``NotALockFileError`` otherwise; ``FileNotFoundError``
+    passes through).  A FIFO opened for reading blocks until a writer comes: ``O_NONBLOCK``
+    makes the open return at once, and the ``fstat`` then refuses it."""
+    try:
+        fd = _sys.open(path, flags | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW on a symlink
+            raise NotALockFileError(errno.ELOOP, f"{path} is a symlink, not a regular file") \
+                from None
+        raise
+    try:
+        if not stat_mod.S_ISREG(_sys.fstat(fd).st_mode):
+            raise NotALockFileError(errno.EINVAL, f"{path} is not a regular file")
+    except BaseException:
+        _sys.close(fd)
+        raise
+    return fd
 
 
 def _names_same(fd: int, path: str) -> bool:
@@ -78,10 +105,11 @@ def create(path: str, content: bytes) -> int:
 def acquire(path: str) -> int | None:
     """Lock an existing lock file (the recover's side): its descriptor, or None if it is gone.
 
-    Raises :class:`LockBusyError` when another process holds it.
+    Raises :class:`LockBusyError` when another process holds it, and
+    :class:`NotALockFileError` when the name is not a regular file (a FIFO would block).
     """
     try:
-        fd = _sys.open(path, os.O_RDONLY)
+        fd = open_regular(path)
     except FileNotFoundError:
         return None
     try:

@@ -175,6 +175,8 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
         fd = liveness.acquire(lock)
     except liveness.LockBusyError:
         return Recovered(lock, "skipped", detail="its save is running (the lock is held)")
+    except liveness.NotALockFileError as exc:
+        return _refuse(lock, f"named like a lock file, but {exc.strerror}; nothing was touched")
     if fd is None:
         return None  # removed by whoever held it a moment ago
     try:
@@ -242,7 +244,7 @@ def _close_quietly(fd: int) -> None:
 
 
 def _read(path: str) -> bytes:
-    fd = _sys.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    fd = liveness.open_regular(path)
     try:
         size = _sys.fstat(fd).st_size
         if size > JOURNAL_LIMIT:
@@ -328,6 +330,9 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
                            "reaches beyond its save; nothing was touched")
         except liveness.LockBusyError:
             return Recovered(path, "skipped", detail="its save is running (a lock is held)")
+        except liveness.NotALockFileError as exc:
+            return _refuse(path, f"its lock file is not a regular file ({exc.strerror}); "
+                           "nothing was touched")
         except _DamagedLockError as exc:
             return _refuse(path, f"{exc}; nothing was touched")
         except _MissingLockError as exc:

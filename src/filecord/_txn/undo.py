@@ -102,6 +102,72 @@ def keep_changed(parked: str, original: str) -> str:
     return f"the changed source is kept under its own name {original}"
 
 
+def check_temp_lengths(j: Journal) -> None:
+    """Refuse (``RecoverError``) to finish while a temp of this save is not the length the
+    journal says its output has: a complete output is exactly that long, so another process cut
+    it short or grew it, and renaming it would publish a wrong file under the final name.
+    Checked for every temp before the first rename, so a refusal renames nothing."""
+    for o, out in enumerate(j.outputs):
+        if out.direct:
+            continue
+        st = same_file(j.temp(o), out.dev, out.ino)
+        if st is not None and st.st_size != out.length:
+            raise RecoverError(
+                f"{j.temp(o)}: the temp of {out.final} is {st.st_size} bytes where the journal "
+                f"says the complete output has {out.length}: another process changed it, so it "
+                "is not renamed onto the final name"
+            )
+
+
+def _vouched(j: Journal) -> set[tuple[int, int]]:
+    """The sources whose finished move the files themselves prove, in an ``ordered`` journal's
+    move order: a moved source is finished when it is at its parked name at exactly its kept
+    prefix, or when the outputs (temps, or final names once renamed) hold data for every byte
+    it moves (``transfer.check_moved``: the output is whole without it); moves run one at a
+    time in that order, so every one before a finished one is finished too.  The never-moved
+    ones are added: their bytes stayed whole, so their size proves nothing either way (a move
+    not proven still refuses).  Older journals: none."""
+    if not j.ordered:
+        return set()
+    moved = [s for s in j.sources if not s.adopt and s.run_start < s.size]
+    last = -1
+    outs: list[int | None] | None = None
+    try:
+        for i in reversed(range(len(moved))):
+            s = moved[i]
+            st = same_file(j.parked(s), s.dev, s.ino)
+            if st is None:
+                continue
+            if st.st_size != s.run_start:
+                outs = _open_outputs(j) if outs is None else outs
+                try:
+                    transfer.check_moved(s.as_move(), outs, s.run_start, dense=s.dense)
+                except (OSError, DataChangedError):
+                    continue
+            last = i
+            break
+    finally:
+        if outs is not None:
+            close_all(outs)
+    keys = {(s.dev, s.ino) for s in moved[: last + 1]}
+    return keys | {(s.dev, s.ino) for s in j.sources if not s.adopt and s.run_start >= s.size}
+
+
+def _open_outputs(j: Journal) -> list[int | None]:
+    """Read-only descriptors of this save's outputs, at their temps or final names (None where
+    neither holds the journaled inode)."""
+    fds: list[int | None] = []
+    try:
+        for o, out in enumerate(j.outputs):
+            names = (out.final,) if out.direct else (j.temp(o), out.final)
+            at = next((n for n in names if same_file(n, out.dev, out.ino) is not None), None)
+            fds.append(None if at is None else open_same(at, out.dev, out.ino, os.O_RDONLY))
+    except BaseException:
+        close_all(fds)
+        raise
+    return fds
+
+
 def open_temps(j: Journal) -> list[int | None]:
     """Descriptors of the temps still holding this save's inodes (None where absent)."""
     fds: list[int | None] = []
@@ -213,6 +279,7 @@ def remove_temps(j: Journal) -> None:
 
 def finish(j: Journal, journal_path: str,
            looked: Mapping[tuple[int, int], tuple[int, int]] | None = None) -> None:
+    check_temp_lengths(j)  # again here: every path that renames a temp goes through finish
     finals: list[str] = []
     for o, out in enumerate(j.outputs):
         if out.direct:
