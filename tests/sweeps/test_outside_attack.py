@@ -202,9 +202,6 @@ def test_fifo_named_like_a_lock_file_does_not_hang_recover(tmp_path: Path) -> No
     assert full_snap(d) == before
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a refused recover renamed the journal "
-                   "-journal -> -rollback (a parked source missing): 'refused' but a file was "
-                   "touched, and the save's stage changed")
 def test_refusal_for_a_missing_parked_source_touches_nothing(tmp_path: Path) -> None:
     d, _files, journal = killed(tmp_path, "t", 3, KILL_MID_S)
     parked(d, "S.bin").rename(tmp_path / "aside.bin")  # a user moved the odd hidden file away
@@ -217,9 +214,6 @@ def test_refusal_for_a_missing_parked_source_touches_nothing(tmp_path: Path) -> 
     assert journal.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a crafted journal (valid checksums) naming a "
-                   "source outside the save's directories is refused only after the journal "
-                   "was renamed to -rollback")
 def test_refusal_of_a_crafted_outside_source_touches_nothing(tmp_path: Path) -> None:
     d, _files, journal = killed(tmp_path, "t", 7, KILL_MID_S)
     outside = tmp_path / "outside"
@@ -238,9 +232,6 @@ def test_refusal_of_a_crafted_outside_source_touches_nothing(tmp_path: Path) -> 
     assert full_snap(d) == before, sorted(set(before) ^ set(full_snap(d)))
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a crafted journal (valid checksums) that leaves "
-                   "out a parked, half-moved source: recover 'rolls back byte-exact' and deletes "
-                   "the temp holding that source's moved bytes (913,408 bytes lost)")
 def test_crafted_journal_omitting_a_parked_source_loses_no_byte(tmp_path: Path) -> None:
     d, files, journal = killed(tmp_path, "t", 7, KILL_MID_S)
     s_parked = parked(d, "S.bin")
@@ -261,9 +252,6 @@ def test_crafted_journal_omitting_a_parked_source_loses_no_byte(tmp_path: Path) 
         assert any(p.read_bytes() == files["src/S.bin"] for p in s_now), (rc, out, judge(d, files))
 
 
-@pytest.mark.xfail(strict=True, reason="attack: with a crafted `adopt` flag on a half-moved "
-                   "source, recover's notes say 'the whole file (2000000 bytes) is at src/S.bin', "
-                   "a path that does not exist (the bytes are in the parked file and a temp)")
 def test_refusal_notes_say_where_the_bytes_really_are(tmp_path: Path) -> None:
     d, _files, journal = killed(tmp_path, "t", 7, KILL_MID_S)
 
@@ -279,8 +267,6 @@ def test_refusal_notes_say_where_the_bytes_really_are(tmp_path: Path) -> None:
         assert (d / "src/S.bin").exists(), "the note names a file that is not there"
 
 
-@pytest.mark.xfail(strict=True, reason="attack: a crafted output name (valid checksums) makes "
-                   "recover report 'temps removed' and leave the real temp .out3.bin.TOKEN.partial")
 def test_rollback_of_a_crafted_output_name_leaves_no_token_file(tmp_path: Path) -> None:
     d, files, journal = killed(tmp_path, "t", 7, KILL_MID_S)
 

@@ -37,6 +37,7 @@ import stat as stat_mod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._plan.plan import cover
 from filecord._plan.types import PieceRef
@@ -92,6 +93,8 @@ class Observed:
     sources: tuple[SourceFacts, ...]
     outputs: tuple[OutputFacts, ...]
     unreadable: str | None = None  # why the files could not all be looked at
+    # recover: every temp and parked source carrying the token in the save's directories
+    token_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,17 +223,22 @@ def _crashed(j: Journal, r: Records, seen: Observed) -> Assessment:
         return Assessment(Found.CHANGED, why=(
             "the save stopped because another process changed a source mid-move; nothing "
             "is undone over that change (the notes say where every byte is)"))
-    if r.stage not in (Stage.COMMITTED, Stage.MOVING):
-        return Assessment(Found.AS_LEFT)
     if seen.unreadable is not None:
         err = RecoverError(seen.unreadable)
         return Assessment(Found.UNREADABLE, err, why=f"{err}; {KEPT_WHY}")
+    # Every refusal an action can meet is decided here, before its first change.
+    lost = unaccounted(j, seen) or (check_findable(j, seen) if r.stage is Stage.ROLLING_BACK
+                                    else None)
+    if lost is not None:
+        return Assessment(Found.UNREADABLE, lost, why=f"{lost}; {KEPT_WHY}")
+    if r.stage not in (Stage.COMMITTED, Stage.MOVING):
+        return Assessment(Found.AS_LEFT)
     if r.stage is Stage.COMMITTED:
         unfinished = check_committed(j, seen, r.looked)
         if unfinished is not None:
             return Assessment(Found.UNFINISHED, unfinished, why=f"{unfinished}; {KEPT_WHY}")
         return Assessment(Found.AS_LEFT)
-    bad = check_strict(j, seen, r.moved) or check_temps_hold(j, seen)
+    bad = check_strict(j, seen, r.moved) or check_temps_hold(j, seen) or check_findable(j, seen)
     if isinstance(bad, OSError) and not isinstance(bad, DataChangedError):
         return Assessment(Found.UNREADABLE, bad, why=f"{bad}; {KEPT_WHY}")
     if bad is not None:
@@ -383,6 +391,36 @@ def check_temps_hold(j: Journal, seen: Observed) -> OSError | None:
     return None
 
 
+def unaccounted(j: Journal, seen: Observed) -> RecoverError | None:
+    """A temp or parked source carrying the token that the journal does not name: it may hold
+    a source's moved bytes, so no action may delete it (a save's journal names all of them)."""
+    named = {j.temp(o) for o, out in enumerate(j.outputs) if not out.direct}
+    named |= {j.parked(s) for s in j.sources}
+    for path in seen.token_files:
+        if path not in named:
+            return RecoverError(f"the journal does not account for {path}, a file carrying "
+                                "this save's token: it may hold a source's bytes")
+    return None
+
+
+def check_findable(j: Journal, seen: Observed) -> RecoverError | None:
+    """Every source where a rollback looks for it (the rollback would stop part way)."""
+    for s, f in zip(j.sources, seen.sources, strict=True):
+        if f.parked is None and f.own is None and f.at_temp is None:
+            where = j.temp(s.dests[0].output) if s.adopt and s.dests else j.parked(s)
+            return RecoverError(f"{s.path}: the source is neither at its name nor at {where}")
+    return None
+
+
+def token_files(j: Journal) -> tuple[str, ...]:
+    """List the save's directories (and its sources'): the temps and parked sources there
+    carrying its token, whatever the journal says."""
+    dirs = dict.fromkeys([*j.directories(), *(os.path.dirname(s.path) for s in j.sources)])
+    return tuple(os.path.join(d, name) for d in dirs for name in sorted(_sys.listdir(d))
+                 if (p := _names.parse(name)) is not None and p[0] == j.token
+                 and p[1] in (_names.TEMP, _names.SOURCE))
+
+
 def check_committed(j: Journal, seen: Observed,
                     looked: Mapping[Key, tuple[int, int]]) -> RecoverError | None:
     """Every move had completed (None), or why the commit never happened: a committed save
@@ -481,9 +519,10 @@ def observe(j: Journal, records: Records) -> Observed:
             at = j.temp(o) if tmp is not None else out.final if final is not None else None
             holes = _holes(at, out.dev, out.ino, sorted(probes.get(o, ()))) if at else ()
             outputs.append(OutputFacts(tmp, final, holes))
+        found = token_files(j) if records.actor is Actor.RECOVER else ()
     except (OSError, RecoverError) as exc:
         return Observed(tuple(sources), tuple(outputs), unreadable=str(exc))
-    return Observed(tuple(sources), tuple(outputs))
+    return Observed(tuple(sources), tuple(outputs), token_files=found)
 
 
 def _probe_starts(j: Journal, stage: Stage, s: JournalSource, f: SourceFacts) -> set[int]:
@@ -554,8 +593,10 @@ def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = 
     lines = []
     for s, f in zip(j.sources, seen.sources, strict=True):
         if s.adopt:
-            at = j.temp(s.dests[0].output) if f.at_temp is not None else s.path
-            lines.append(f"{s.path}: the whole file ({s.size} bytes) is at {at}")
+            temp = j.temp(s.dests[0].output)
+            at = temp if f.at_temp is not None else s.path if f.own is not None else None
+            lines.append(f"{s.path}: the whole file ({s.size} bytes) is at {at}" if at else
+                         f"{s.path}: not found under its name or at {temp}")  # never a guess
             continue
         found = locate(j, s, f)
         if found is None:

@@ -387,6 +387,11 @@ def _act(path: str, log_: journal.Log, stage: Stage) -> Recovered:
         finally:
             undo.close_all(temps)
         undo.remove_temps(j)
+        # The claim "temps removed" is checked against the directories, not the journal.
+        left = assess.token_files(j)
+        if left:
+            return _refuse(path, f"the sources are restored, but {', '.join(left)} still "
+                           "carr(ies) this save's token; the journal is kept", _whereabouts(j))
         _sys.unlink(path)
         return Recovered(path, "restored", outputs, sources)
     except (RecoverError, DataChangedError, OSError) as exc:
