@@ -13,15 +13,24 @@ Then, on the HF writer's shards, one process each: torch's ``consolidate_safeten
 (no fsync of its own; the durable column adds one), ``filecord.dcp.consolidate`` by copy and
 with ``consume=True`` (the shards moved, then deleted).
 
+Then the column case (``--columns``, 256 MiB by default): a bf16 state dict of 8 tensors of
+6064 rows, every one Shard(1) over the 2 ranks, so each row of each rank is its own run of
+bytes in the output (97,024 row runs: the per-piece cost the prototype measured at 12 s),
+saved with the HF writer and consolidated by torch and by filecord (copy and consume).  Rank 0
+also writes ``safetensors.torch.save_file`` of the full state dict; the bench fails unless
+filecord's output has the same sha256.
+
 Per case: wall time of the save on rank 0 (from a barrier to the return), peak RSS added per
 rank during the save (VmHWM after ``clear_refs`` = 5, minus VmRSS before; the state dict is
 already in memory), allocated disk of the output (``st_blocks``) and what the output is.
-Usage: python bench/dcp_bench.py [--size 1GiB] [--dir DIR] [--json OUT]
+Usage: python bench/dcp_bench.py [--size 1GiB] [--columns 256MiB] [--only save|columns]
+[--dir DIR] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -64,10 +73,16 @@ for i in range(2):
     spec[f"layers.{i}.wq"] = ((h, h), Shard(0)); spec[f"layers.{i}.wo"] = ((h, h), Shard(1))
     spec[f"layers.{i}.w1"] = ((4 * h, h), Shard(0)); spec[f"layers.{i}.w2"] = ((h, 4 * h), Shard(1))
     spec[f"layers.{i}.norm"] = ((h,), Replicate())
-sd = {}
+if case == "HF columns":  # every tensor column-sharded: one run per row per rank
+    cols = -(-size // (TENSORS * ROWS * 2 * world)) * world
+    spec = {f"cols.{i}.weight": ((ROWS, cols), Shard(1)) for i in range(TENSORS)}
+sd, full = {}, {}
 for k, (shape, p) in spec.items():
-    sd[k] = distribute_tensor(t(*shape), mesh, [p])
+    full[k] = t(*shape)  # every rank draws the same tensors from the same seed
+    sd[k] = distribute_tensor(full[k], mesh, [p])
     del k
+if case != "HF columns":
+    full.clear()
 import filecord.dcp as fdcp
 from torch.distributed.checkpoint import HuggingFaceStorageWriter
 out = os.path.join(work, "out")
@@ -80,10 +95,13 @@ if case == "filecord":
     fdcp.save(sd, os.path.join(out, "model.safetensors"))  # out made before the barrier
 elif case == "FileSystemWriter":
     dcp.save(sd, storage_writer=dcp.FileSystemWriter(out))
-elif case == "HF writer":
+elif case in ("HF writer", "HF columns"):
     dcp.save(sd, storage_writer=HuggingFaceStorageWriter(out, save_distributed=True))
 secs = time.perf_counter() - start
 peak = rss_peak() - before
+if full and rank == 0:  # the reference: the full state dict in one safetensors file
+    from safetensors.torch import save_file
+    save_file(full, os.path.join(work, os.pardir, "reference.safetensors"))
 res = [None] * world
 dist.all_gather_object(res, {"secs": secs, "rss": peak})
 if rank == 0:
@@ -93,7 +111,7 @@ dist.destroy_process_group()
 """
 
 CONSOLIDATE = r"""
-import json, os, sys
+import hashlib, json, os, sys
 sys.path[:0] = [sys.argv[3], sys.argv[4]]
 from _bench import fsync_written, measured
 case, work = sys.argv[1], sys.argv[2]
@@ -109,16 +127,32 @@ for n in os.listdir(shards):
     if n.endswith(".safetensors"):
         with safe_open(os.path.join(shards, n), "pt") as f:
             names.update(dict.fromkeys(f.keys(), 1))
+pieces = []
 def job():
     if case == "torch consolidate":
         consolidate_safetensors_files(shards, out, fqn_to_index_mapping=names)
     else:
-        filecord.dcp.consolidate(os.path.join(out, "model.safetensors"), shards,
-                                 consume=case.endswith("consume"), world_size=2)
+        rep = filecord.dcp.consolidate(os.path.join(out, "model.safetensors"), shards,
+                                       consume=case.endswith("consume"), world_size=2)
+        pieces.append(len(rep.actions))
 r = measured(job, durable=case != "torch consolidate", written=[out], disk_of=work)
+made = [os.path.join(out, n) for n in os.listdir(out) if n.endswith(".safetensors")]
+digest = hashlib.sha256()
+with open(made[0], "rb") as f:  # checked after the measurement, outside the timed job
+    while block := f.read(1 << 24):
+        digest.update(block)
+equal = None
+if len(sys.argv) > 5:  # the reference: do the output's tensors equal it (bytes aside)?
+    from safetensors.torch import load_file
+    got, want = load_file(made[0]), load_file(sys.argv[5])
+    equal = got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 print(json.dumps({"secs": r["seconds"], "durable": r["durable"], "rss": r["rss"],
-                  "peak": r["disk"]}))
+                  "peak": r["disk"], "files": len(made), "sha256": digest.hexdigest(),
+                  "pieces": pieces[0] if pieces else None, "equal": equal}))
 """
+
+
+TENSORS, ROWS = 8, 6064  # the column case: 8 x 6064 rows x 2 ranks = 97,024 row runs
 
 
 def _port() -> int:
@@ -142,7 +176,8 @@ def blocks(path: Path) -> int:
 def save_case(case: str, size: int, work: Path) -> dict[str, Any]:
     port = str(_port())
     bench = str(ROOT / "bench")
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, case, str(r), "2", port, str(size),
+    code = f"TENSORS, ROWS = {TENSORS}, {ROWS}\n" + RANK
+    procs = [subprocess.Popen([sys.executable, "-c", code, case, str(r), "2", port, str(size),
                                str(ROOT / "src"), bench, str(work)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=_env(), cwd=ROOT)
@@ -158,9 +193,10 @@ def save_case(case: str, size: int, work: Path) -> dict[str, Any]:
     return res
 
 
-def consolidate_case(case: str, work: Path) -> dict[str, Any]:
+def consolidate_case(case: str, work: Path, reference: Path | None = None) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, "-c", CONSOLIDATE, case, str(work),
-                           str(ROOT / "src"), str(ROOT / "bench")],
+                           str(ROOT / "src"), str(ROOT / "bench"),
+                           *([str(reference)] if reference else [])],
                           capture_output=True, text=True, env=_env(), cwd=ROOT, check=False,
                           timeout=1800)
     if proc.returncode != 0:
@@ -174,30 +210,57 @@ def mib(n: float) -> str:
     return f"{n / 2**20:.0f} MiB"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--size", default="1GiB")
-    ap.add_argument("--dir", default=None)
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
-    size = parse_size(args.size)
-    base = Path(tempfile.mkdtemp(prefix="dcp-bench-", dir=args.dir or "/var/tmp"))
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+CONSOLIDATIONS = ("torch consolidate", "filecord consolidate", "filecord consolidate consume")
+
+
+def save_bench(size: int, base: Path) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    try:
-        for case in ("filecord", "FileSystemWriter", "HF writer"):
-            work = base / case.replace(" ", "_")
-            work.mkdir()
-            results[case] = save_case(case, size, work)
-            if case != "HF writer":
-                shutil.rmtree(work)
-        hf = base / "HF_writer"
-        for case in ("torch consolidate", "filecord consolidate", "filecord consolidate consume"):
-            work = base / case.replace(" ", "_")
-            shutil.copytree(hf, work)
-            results[case] = consolidate_case(case, work)
+    for case in ("filecord", "FileSystemWriter", "HF writer"):
+        work = base / case.replace(" ", "_")
+        work.mkdir()
+        results[case] = save_case(case, size, work)
+        if case != "HF writer":
             shutil.rmtree(work)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    hf = base / "HF_writer"
+    for case in CONSOLIDATIONS:
+        work = base / case.replace(" ", "_")
+        shutil.copytree(hf, work)
+        results[case] = consolidate_case(case, work)
+        shutil.rmtree(work)
+    shutil.rmtree(hf)
+    return results
+
+
+def column_bench(size: int, base: Path) -> dict[str, Any]:
+    """The column-sharded checkpoint: HF writer shards, then each consolidation on a fresh
+    copy; filecord's output must have the sha256 of ``save_file`` of the full state dict."""
+    hf = base / "HF_columns"
+    hf.mkdir()
+    results: dict[str, Any] = {"HF columns": save_case("HF columns", size, hf)}
+    reference = base / "reference.safetensors"
+    want = sha256(reference)
+    for case in CONSOLIDATIONS:
+        work = base / ("columns_" + case.replace(" ", "_"))
+        shutil.copytree(hf, work)
+        r = results[case] = consolidate_case(case, work, reference)
+        shutil.rmtree(work)
+        r["identical"] = r["sha256"] == want
+        if case != "torch consolidate" and not (r["identical"] and r["files"] == 1):
+            raise RuntimeError(f"{case}: the output's sha256 {r['sha256']} is not save_file's "
+                               f"{want}")
+    results["reference sha256"] = want
+    return results
+
+
+def print_save(results: dict[str, Any]) -> None:
     data = results["filecord"]["bytes"]
     print(f"{machine()}; {data / 2**30:.2f} GiB of bf16 tensors over 2 gloo ranks (CPU), one "
           "run each; a shared 2-core machine: expect about +-15%.\n")
@@ -214,13 +277,62 @@ def main() -> None:
     print()
     hf_secs = results["HF writer"]["ranks"][0]["secs"]
     rows = []
-    for case in ("torch consolidate", "filecord consolidate", "filecord consolidate consume"):
+    for case in CONSOLIDATIONS:
         r = results[case]
         rows.append([case, f"{r['secs']:.2f} s", f"{r['durable']:.2f} s",
                      f"{hf_secs + r['durable']:.2f} s", mib(r["rss"]),
                      f"{r['peak'] / data:.2f}x", f"{r['disk'] / data:.2f}x"])
     print(table(["HF shards -> one file", "time", "durable", "HF save + this", "peak RSS added",
                  "peak disk / data", "disk after / data"], rows))
+
+
+def print_columns(results: dict[str, Any]) -> None:
+    hf = results["HF columns"]
+    data = hf["bytes"]
+    runs = 2 * TENSORS * ROWS
+    print(f"Column-sharded: {TENSORS} bf16 tensors of {ROWS} rows, each Shard(1) over 2 gloo "
+          f"ranks, {data / 2**20:.0f} MiB in all: {runs:,} row runs (one per row per rank), "
+          f"saved by the HF writer in {hf['ranks'][0]['secs']:.2f} s, then:\n")
+    torch_durable = results["torch consolidate"]["durable"]
+    rows = []
+    for case in CONSOLIDATIONS:
+        r = results[case]
+        same = "yes" if r["identical"] else (
+            "no (tensors equal)" if r["equal"] else "no (tensors differ)")
+        rows.append([case, f"{r['secs']:.2f} s", f"{r['durable']:.2f} s",
+                     f"{r['durable'] / torch_durable:.2f}x", mib(r["rss"]),
+                     "-" if r["pieces"] is None else f"{r['pieces']:,}",
+                     f"{r['peak'] / data:.2f}x", same])
+    print(table(["column shards -> one file", "time", "durable", "vs torch (durable)",
+                 "peak RSS added", "pieces (filecord's report)", "peak disk / data",
+                 "sha256 = save_file(full)"], rows))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="1GiB")
+    ap.add_argument("--columns", default="256MiB", help="size of the column-sharded case")
+    ap.add_argument("--only", choices=("save", "columns"), default=None)
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="dcp-bench-", dir=args.dir or "/var/tmp"))
+    results: dict[str, Any] = {}
+    try:
+        if args.only != "columns":
+            results["save"] = save_bench(parse_size(args.size), base)
+        if args.only != "save":
+            results["columns"] = column_bench(parse_size(args.columns), base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    if "save" in results:
+        print_save(results["save"])
+    if "columns" in results:
+        if "save" in results:
+            print()
+        else:
+            print(f"{machine()}; one run each.\n")
+        print_columns(results["columns"])
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -126,7 +126,8 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "its durable column adds an fsync of its output. The second table runs each tool once "
      "on a loop-mounted ext4 that had 1.06x the checkpoint free before it was written (the "
      "filler file is taken off the disk column)."),
-    ("dcp_bench.py", ["--size", "1GiB"], ["--size", "128MiB"],
+    ("dcp_bench.py", ["--size", "1GiB", "--columns", "256MiB"],
+     ["--size", "128MiB", "--columns", "32MiB"],
      "Issue 25: torch.distributed.checkpoint into one safetensors file",
      "A bf16 state dict (an embedding Shard(0), an lm_head Shard(1), two layers of wq/w1 "
      "Shard(0) and wo/w2 Shard(1), norms Replicate) saved by 2 gloo ranks on CPU, one fresh "
@@ -139,7 +140,11 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "no rename: its durable column adds an fsync) against `filecord.dcp.consolidate` by copy "
      "and with `consume=True`. A Shard(1) tensor is one write per row per rank (interleaved "
      "with the other ranks' rows), which is what the filecord save pays for against "
-     "`FileSystemWriter`'s few large writes; consolidation pays the same per piece."),
+     "`FileSystemWriter`'s few large writes; consolidation pays the same per piece. The last "
+     "table is a column-sharded checkpoint (8 bf16 tensors of 6064 rows, each Shard(1), "
+     "97,024 row runs) saved by the HF writer and consolidated by torch and by filecord; rank "
+     "0 also writes `safetensors.torch.save_file` of the full state dict and the bench fails "
+     "unless filecord's output has its sha256."),
     ("scale.py", [], ["--sizes", "64M,256M", "--torch-size", "256M"],
      "Issue 13: memory at scale, 1 to 16 GiB",
      "A cord of a 4 KiB header and one file-backed source of 1, 4 and 16 GiB, saved by copy "
