@@ -6,6 +6,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from filecord import Cord, save
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._pieces.data import FileBackedData
@@ -73,3 +74,17 @@ class AtCall(_sys.Backend):
             self.n += 1
             if self.n == self.at:
                 self.action()  # type: ignore[operator]
+
+
+def consume_killed_at_truncate(d: Path, at: int, window: int) -> None:
+    """Consume ``d/a.bin`` and ``d/b.bin`` (owned) into ``d/out.bin`` in a forked child that a
+    SIGKILL stops right before its ``at``-th ``ftruncate``: a save killed mid-move."""
+    from support.killjob import fork_run
+
+    def job() -> None:
+        with _sys.use(AtCall("ftruncate", at, lambda: os.kill(os.getpid(), 9))):
+            save(d / "out.bin", Cord([FileBackedData(d / "a.bin", owned=True),
+                                      FileBackedData(d / "b.bin", owned=True)]),
+                 consume=True, window=window)
+
+    assert fork_run(job) == -9

@@ -19,7 +19,7 @@ from filecord import Cord, FileBackedData, recover, save
 from filecord._io import syscalls as _sys
 from filecord._txn import journal as journal_codec
 from filecord.errors import DataChangedError, RecoverError, SaveError
-from filecord_testing import pattern
+from filecord_testing import consume_killed_at_truncate, pattern
 
 W = 4096
 SECOND = b"SECOND-PARTY-BYTES"
@@ -169,29 +169,13 @@ BUG_4 = ("check_committed trusts an unchecksummed 'looked DEV INO RUN_START MTIM
 def _killed_mid_move(d: Path, at_truncate: int) -> tuple[bytes, bytes]:
     """SIGKILL a consuming save of a.bin + b.bin into d/out.bin right before its
     ``at_truncate``-th ftruncate (in a forked child)."""
-    from support.killjob import fork_run
 
     a, b = pattern(3 * W, "a"), pattern(2 * W, "b")
     (d / "a.bin").write_bytes(a)
     (d / "b.bin").write_bytes(b)
     (d / "out.bin").write_bytes(b"OLD")
 
-    class Kill(_sys.Backend):
-        n = 0
-
-        def hook(self, op: str, args: tuple[object, ...]) -> None:
-            if op == "ftruncate":
-                self.n += 1
-                if self.n == at_truncate:
-                    os.kill(os.getpid(), 9)
-
-    def job() -> None:
-        with _sys.use(Kill()):
-            save(d / "out.bin", Cord([FileBackedData(d / "a.bin", owned=True),
-                                      FileBackedData(d / "b.bin", owned=True)]),
-                 consume=True, window=W)
-
-    assert fork_run(job) == -9
+    consume_killed_at_truncate(d, at_truncate, W)
     return a, b
 
 

@@ -26,8 +26,7 @@ from filecord import Cord, FileBackedData, recover, save
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord.errors import DataChangedError, RecoverError, SaveError
-from filecord_testing import pattern
-from support.killjob import fork_run
+from filecord_testing import consume_killed_at_truncate, pattern
 
 W = 4096
 
@@ -46,22 +45,7 @@ def _killed_mid_move(d: Path, at_truncate: int) -> tuple[bytes, bytes]:
     a = _sparse(d / "a.bin", 3 * W, "a")
     b = _sparse(d / "b.bin", 2 * W, "b")
 
-    class Kill(_sys.Backend):
-        n = 0
-
-        def hook(self, op: str, args: tuple[object, ...]) -> None:
-            if op == "ftruncate":
-                self.n += 1
-                if self.n == at_truncate:
-                    os.kill(os.getpid(), 9)
-
-    def job() -> None:
-        with _sys.use(Kill()):
-            save(d / "out.bin", Cord([FileBackedData(d / "a.bin", owned=True),
-                                      FileBackedData(d / "b.bin", owned=True)]),
-                 consume=True, window=W)
-
-    assert fork_run(job) == -9
+    consume_killed_at_truncate(d, at_truncate, W)
     return a, b
 
 
