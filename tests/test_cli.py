@@ -29,6 +29,25 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
     )
 
 
+def test_python_dash_m_filecord_is_the_command(tmp_path: Path) -> None:
+    """``python -m filecord`` behaves as ``filecord``: same version line, and a real
+    subcommand (pack) writes the same bytes as through ``python -m filecord.cli``."""
+    (tmp_path / "a.bin").write_bytes(b"abc" * 1000)
+    outs = []
+    for module in ("filecord", "filecord.cli"):
+        v = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True,
+                           text=True, env=ENV, timeout=60, check=False)
+        assert (v.returncode, v.stdout.strip()) == (0, f"filecord {__version__}")
+        out = tmp_path / f"{module}.bin"
+        r = subprocess.run([sys.executable, "-m", module, "pack", "-o", str(out),
+                            str(tmp_path / "a.bin"), "-q"], capture_output=True, text=True,
+                           env=ENV, timeout=60, check=False)
+        assert r.returncode == 0, r.stderr
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    assert len(outs[0]) >= 3000
+
+
 def test_version_and_help() -> None:
     v = run("--version")
     assert v.returncode == 0

@@ -90,7 +90,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("formats", ("executorch", "safetensors", "gguf", "dcp", "torch")),
     ("face", ("", "_formats")),                     # ``filecord/__init__``: re-exports;
                                                     # ``_formats``: the formats' registrations
-    ("cli", ("cli",)),                              # on the public API: parsing, rendering
+    ("cli", ("cli", "__main__")),                   # on the public API: parsing, rendering;
+                                                    # ``python -m filecord`` runs it
 )
 # Modules still waiting to move into their layer's folder (issue 22: the transaction is in
 # ``_txn/``, the CLI helpers are in ``cli/``).  TEMPORARY:
