@@ -27,6 +27,7 @@ A scenario that fails because of library behaviour the format kit owns is marked
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import stat
@@ -393,7 +394,8 @@ class Conformance:
             assert link.read_bytes() == data, f"{name}: changed"
 
     def test_hf_cache_merge_consume_keeps_the_links_and_the_index(
-        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture,
     ) -> None:
         ts = tensors(6)
         inputs, _members = self.hf_cache(tmp_path, ts)
@@ -405,6 +407,10 @@ class Conformance:
         assert self.content(out) == self.expected(ts)
         self.assert_links_intact(snap, before)
         assert "symlink" in stdout  # the report says why they were copied and kept
+        # ... and nothing says "not owned": the kit kept them, for the reason it reports
+        warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert not [m for m in warned if "not owned" in m], warned
+        assert "not owned" not in err
 
     def test_hf_cache_convert_consume_keeps_the_links_and_the_index(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]

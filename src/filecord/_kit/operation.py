@@ -61,7 +61,7 @@ from filecord._plan.types import (
     Reason,
 )
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._txn.save import plan, save_many
+from filecord._txn.save import plan, save_many, save_many_disowned
 from filecord._txn.state import ProgressCallback as ProgressCallback
 from filecord.errors import SourceIsOutputError
 
@@ -173,8 +173,13 @@ def operate(
             removed, kept = account(report, inputs, held, obsolete, consume=consume,
                                     still_there=lambda f: False)
             return OperationReport.of(report, removed=removed, kept=kept)
-        report = _relabel(save_many(job.outputs, consume=consume, window=window,
-                                    progress=progress), relabels)
+        # Inputs the kit kept are handed over unowned on purpose, their reasons reported by
+        # the kit: the save's "not owned" warning would name the wrong cause.
+        report = _relabel(
+            save_many_disowned(job.outputs, window=window, progress=progress)
+            if consume and relabels
+            else save_many(job.outputs, consume=consume, window=window, progress=progress),
+            relabels)
     finally:
         for w in inputs.wholes:
             w.detach_cleanup()

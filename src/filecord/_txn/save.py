@@ -173,13 +173,14 @@ def _needs_journal(prep: Prepared) -> bool:
     return bool(p.moves or p.consumed) or sum(not o.direct for o in p.outputs) > 1
 
 
-def save_many_moving_scratch(
+def save_many_disowned(
     outputs: Mapping[Target, CordLike], *, window: int, progress: ProgressCallback | None,
 ) -> SaveReport:
-    """``save_many(consume=True)`` for a writer that asked consume only for its own scratch
-    files: the caller's pieces, handed over unowned because the caller did not ask to consume
-    them, are copied as asked, so "not owned" is no reason to warn about a copy (any other
-    reason still is)."""
+    """``save_many(consume=True)`` for a caller that decided itself which of its pieces the
+    save may not take and hands those over unowned: a writer that asked consume only for its
+    own scratch files, or the kit keeping an input on purpose (a symlink, another file system;
+    it reports the reason itself).  "Not owned" is then no news and no reason to warn about a
+    copy (any other reason still is)."""
     return _run(normalize(outputs, None), consume=True, window=window, progress=progress,
                 quiet_reasons=frozenset({NOT_OWNED}))
 
