@@ -173,6 +173,10 @@ class Backend:
     def insert_range(self, fd: int, offset: int, length: int) -> None:
         _fallocate(fd, FALLOC_FL_INSERT_RANGE, offset, length)
 
+    def prefetch(self, fd: int, offset: int, length: int) -> None:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+
     def collapse_range(self, fd: int, offset: int, length: int) -> None:
         _fallocate(fd, FALLOC_FL_COLLAPSE_RANGE, offset, length)
 
@@ -365,6 +369,16 @@ def extents(fd: int, offset: int, length: int) -> list[tuple[int, int, int]]:
 def punch_hole(fd: int, offset: int, length: int) -> None:
     _active.hook("punch_hole", (fd, offset, length))
     _active.punch_hole(fd, offset, length)
+
+
+def prefetch(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start reading ``length`` bytes at ``offset`` into the page cache and
+    return at once (``posix_fadvise(WILLNEED)``): a hint, so a refusal is ignored, and it
+    changes no data and no size.  A move asks it for its next window before it waits on the
+    current window's fsync, so the disk reads one while it writes the other."""
+    _active.hook("prefetch", (fd, offset, length))
+    with contextlib.suppress(OSError):  # a hint: nothing depends on it being taken
+        _active.prefetch(fd, offset, length)
 
 
 def insert_range(fd: int, offset: int, length: int) -> None:

@@ -212,6 +212,8 @@ def move_source(
         except OSError as exc:
             _check_unchanged(src, m, pos, seen, exc)
             raise
+        if lo > m.run_start:  # read the next window while this one's fsync writes
+            _sys.prefetch(src, max(m.run_start, lo - window), lo - max(m.run_start, lo - window))
         for fd in sorted(touched):
             c.fsync(fd)  # raises on failure: the truncate below never runs after a bad fsync
         _check_unchanged(src, m, pos, seen, None)
