@@ -102,9 +102,9 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("failure: a METADATA change held", "assess.py",
      "            ChangeKind.METADATA: Found.METADATA}.get(exc.kind, Found.CHANGED)",
      "            }.get(exc.kind, Found.CHANGED)", [UNIT, R4]),
-    ("failure: the change seen mid-move ignored", "failure.py",
-     "              and (txn.moving or txn.changed) is not None else None)",
-     "              and False else None)", [INSTANTS]),
+    ("failure: the change seen mid-move ignored", "assess.py",
+     "    return exc if isinstance(exc, DataChangedError) and key is not None else None",
+     "    return None", [INSTANTS]),
 ]
 
 

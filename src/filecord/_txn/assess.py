@@ -152,6 +152,28 @@ def of_change(exc: DataChangedError) -> Found:
             ChangeKind.METADATA: Found.METADATA}.get(exc.kind, Found.CHANGED)
 
 
+def seen_mid_move(exc: BaseException, key: Key | None) -> DataChangedError | None:
+    """The change a running save saw while a source was being moved or right after its last
+    look (``key``: that source), or None when ``exc`` is something else."""
+    return exc if isinstance(exc, DataChangedError) and key is not None else None
+
+
+def left_at(exc: BaseException, key: Key | None) -> dict[Key, int]:
+    """The size the move last left the changed source ``key`` at, when ``exc`` says it."""
+    during = seen_mid_move(exc, key)
+    return {} if during is None or key is None else {key: during.expected_size}
+
+
+def restored_note(restored: int, exc: BaseException) -> str:
+    """What a finished rollback of ``restored`` sources says about them."""
+    if isinstance(exc, DataChangedError):
+        # Only whole files were involved (an adopted file is renamed, never cut): they are
+        # back under their names, but the changed one holds the other process's change.
+        return (f"{restored} source file(s) were given back their names; {exc.path} holds "
+                "what another process made of it, not its original bytes")
+    return f"the moved bytes were put back into {restored} source file(s), byte-exact"
+
+
 def damaged(exc: journal.JournalDamagedError) -> Assessment:
     return Assessment(Found.DAMAGED, exc, why=f"{exc}; nothing was touched")
 

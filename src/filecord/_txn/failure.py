@@ -13,12 +13,17 @@ Theory of operation
   file holds which bytes and which ``filecord recover`` command continues.
 * COMMITTED, RENAMED: nothing is undone.  Descriptors and locks are dropped (the files stay)
   and the error names the committed journal that ``recover`` finishes.
+
+``_fail`` decides nothing itself: it asks ``decide`` (from the stage and, past the journal, the
+assessment of the files) and runs the one function ``_ACTIONS`` gives for that row.  The count
+of its branch points is ``tools/failure_branches.py``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 from filecord._io import names as _names
@@ -26,10 +31,9 @@ from filecord._io import syscalls as _sys
 from filecord._txn import assess, liveness, undo
 from filecord._txn.decide import Action, Actor, Found, decide
 from filecord._txn.journal import Journal
-from filecord._txn.stages import Stage
+from filecord._txn.stages import Stage, StageError
 from filecord._txn.state import Txn
 from filecord.errors import (
-    DataChangedError,
     FilecordError,
     SaveError,
     SourceState,
@@ -119,21 +123,20 @@ def _states(record: Journal, seen: assess.Observed) -> tuple[SourceState, ...]:
 def records_of(txn: Txn, exc: BaseException) -> assess.Records:
     """What a running save knows, as the records a crashed one leaves: its stage, its count of
     finished moves, its last looks, and the change it saw mid-move."""
-    during = (exc if isinstance(exc, DataChangedError)
-              and (txn.moving or txn.changed) is not None else None)
     looks = {k: assess.Look(assess.Facts.of(st), pending) for k, (st, pending) in txn.looks.items()}
-    return assess.Records(Actor.SAVE, txn.stage, txn.moves_done, looks=looks, during=during,
+    return assess.Records(Actor.SAVE, txn.stage, txn.moves_done, looks=looks,
+                          during=assess.seen_mid_move(exc, txn.moving or txn.changed),
                           cause=exc)
 
 
 def _hold(txn: Txn, notes: list[str]) -> None:
     """A source changed under the move: rename the journal ``.filecord-held`` so no recover
-    ever rolls back over the change (it would fill the gap with whatever the temps hold)."""
-    if txn.journal_path is None or not txn.journal_path.endswith(_names.JOURNAL):
-        return
-    held = _names.restage(txn.journal_path, _names.HELD)
+    ever rolls back over the change (it would fill the gap with whatever the temps hold).
+    Row HOLD is only reached from JOURNALED or MOVING, where the journal is ``-journal``."""
+    path = _journaled(txn)[1]
+    held = _names.restage(path, _names.HELD)
     try:
-        _sys.rename(txn.journal_path, held)
+        _sys.rename(path, held)
         txn.journal_path = held
         txn.to(Stage.HELD)
         _sys.fsync_parents([held])
@@ -142,27 +145,30 @@ def _hold(txn: Txn, notes: list[str]) -> None:
                      "the change shows in the source's size")
 
 
-def _keep_all(txn: Txn, exc: BaseException, names: str, notes: list[str], why: str,
-              *, hold: bool = False) -> NoReturn:
-    if hold:
-        _hold(txn, notes)
+def _journaled(txn: Txn) -> tuple[Journal, str]:
+    """The record and journal name of a save past JOURNALED (the stage machine enters
+    JOURNALED only once both exist); a bug in filecord otherwise."""
+    record, path = txn.record, txn.journal_path
+    if record is None or path is None:  # pragma: no cover - the stage table rules it out
+        raise StageError(f"a save at {txn.stage.value} without its journal")
+    return record, path
+
+
+def _keep_all(txn: Txn, exc: BaseException, names: str, notes: list[str], why: str) -> NoReturn:
     _close(txn, notes)
     _drop_locks(txn, remove=False)
+    record, path = _journaled(txn)
     states: tuple[SourceState, ...] = ()
-    left_at = {}
-    changed = txn.moving if txn.moving is not None else txn.changed
-    if isinstance(exc, DataChangedError) and changed is not None:
-        left_at = {changed: exc.expected_size}
-    if txn.record is not None:
-        seen = assess.observe(txn.record, records_of(txn, exc))
-        if seen.unreadable is not None:
-            notes.append("could not look at the sources to say where their bytes are: "
-                         f"{seen.unreadable}")
-        else:
-            notes.extend(assess.whereabouts(txn.record, seen, left_at))
-            states = _states(txn.record, seen)
-    notes.append(f"{why}; run `filecord recover {txn.journal_path}` once the cause is fixed")
-    _raise(exc, f"saving {names} failed", notes, journal_path=txn.journal_path, sources=states)
+    left_at = assess.left_at(exc, txn.moving or txn.changed)
+    seen = assess.observe(record, records_of(txn, exc))
+    if seen.unreadable is not None:
+        notes.append("could not look at the sources to say where their bytes are: "
+                     f"{seen.unreadable}")
+    else:
+        notes.extend(assess.whereabouts(record, seen, left_at))
+        states = _states(record, seen)
+    notes.append(f"{why}; run `filecord recover {path}` once the cause is fixed")
+    _raise(exc, f"saving {names} failed", notes, journal_path=path, sources=states)
 
 
 def fail(txn: Txn, exc: BaseException) -> NoReturn:
@@ -173,82 +179,122 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
         txn.to(Stage.FAILED)
 
 
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """One failed save, as the action for its row sees it: the error to raise (the change the
+    assessment found, else the cause), the outputs' names, why (the assessment's words)."""
+
+    exc: BaseException
+    names: str
+    why: str = ""
+
+
 def _fail(txn: Txn, exc: BaseException) -> NoReturn:
+    """Ask the table (``decide``) what to do, from the stage and, past the journal, the
+    assessment of the files; then do that row's action.  Nothing else is decided here."""
     names = ", ".join(o.path for o in txn.prep.plan.outputs)
     notes: list[str] = []
-    stage = txn.stage
-    if txn.record is None or txn.journal_path is None or stage not in (
-        Stage.JOURNALED, Stage.MOVING
-    ):
-        action = decide(Actor.SAVE, stage, Found.AS_LEFT)
-    else:
-        records = records_of(txn, exc)
-        found = assess.assess(txn.record, records, assess.observe(txn.record, records))
-        txn.changed = found.changed or txn.changed  # for the notes: where the change is
-        if found.found is Found.METADATA:  # no byte changed: recover may roll it back
-            log.warning("%s; the save stops, recover may roll it back", found.error or exc)
-        notes.extend(found.notes)
-        action = decide(Actor.SAVE, stage, found.found)
-        if action in (Action.KEEP, Action.HOLD):
-            _keep_all(txn, found.error or exc, names, notes, found.why,
-                      hold=action is Action.HOLD)
-    if action is Action.COMPLETE:  # e.g. Ctrl-C while the last lock file was being let go
-        _close(txn, notes)
+    if txn.stage not in _UNDOABLE:  # nothing to assess: the stage alone decides
+        _ACTIONS[decide(Actor.SAVE, txn.stage, Found.AS_LEFT)](txn, _Failed(exc, names), notes)
+    record = _journaled(txn)[0]
+    records = records_of(txn, exc)
+    found = assess.assess(record, records, assess.observe(record, records))
+    txn.changed = found.changed or txn.changed  # for the notes: where the change is
+    if found.found is Found.METADATA:  # no byte changed: recover may roll it back
+        log.warning("%s; the save stops, recover may roll it back", found.error or exc)
+    notes.extend(found.notes)
+    _ACTIONS[decide(Actor.SAVE, txn.stage, found.found)](
+        txn, _Failed(found.error or exc, names, found.why), notes)
+
+
+def _complete(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
+    """Row COMPLETE: e.g. Ctrl-C while the last lock file was being let go."""
+    _close(txn, notes)
+    _drop_locks(txn, remove=False)
+    add_note(f.exc, f"the save of {f.names} had completed: every output is in place and "
+             "durable (a lock file left behind is removed by `filecord recover`)")
+    raise f.exc
+
+
+def _finish(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
+    """Row FINISH: after the commit point nothing is undone; recover finishes (or, without a
+    journal, the one rename was the commit and only its directory's fsync failed)."""
+    _close(txn, notes)
+    if txn.journal_path is not None:
         _drop_locks(txn, remove=False)
-        add_note(exc, f"the save of {names} had completed: every output is in place and "
-                 "durable (a lock file left behind is removed by `filecord recover`)")
-        raise exc
-    if action is Action.FINISH:
-        _close(txn, notes)
-        if txn.journal_path is not None:
-            _drop_locks(txn, remove=False)
-            notes.append(
-                f"the outputs are complete; run `filecord recover {txn.journal_path}` to "
-                "finish moving them to their final names and removing the consumed sources"
-            )
-            _raise(exc, f"saving {names} failed after its commit point", notes,
-                   journal_path=txn.journal_path)
-        _drop_locks(txn, remove=True)
-        notes.append(f"{names} holds the complete new content, but syncing its directory "
-                     "failed: after a power loss the old file may come back")
-        _raise(exc, f"saving {names} failed after the rename", notes)
-    restored = 0
-    if action is Action.ROLL_BACK and txn.record is not None and txn.journal_path is not None:
+        notes.append(
+            f"the outputs are complete; run `filecord recover {txn.journal_path}` to "
+            "finish moving them to their final names and removing the consumed sources"
+        )
+        _raise(f.exc, f"saving {f.names} failed after its commit point", notes,
+               journal_path=txn.journal_path)
+    _drop_locks(txn, remove=True)
+    notes.append(f"{f.names} holds the complete new content, but syncing its directory "
+                 "failed: after a power loss the old file may come back")
+    _raise(f.exc, f"saving {f.names} failed after the rename", notes)
+
+
+def _keep(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
+    """Row KEEP: the journal and temps stay for recover (no byte changed, or the files could
+    not be checked)."""
+    _keep_all(txn, f.exc, f.names, notes, f.why)
+
+
+def _hold_all(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
+    """Row HOLD: a source changed mid-move: the journal is held, then kept with the temps."""
+    _hold(txn, notes)
+    _keep_all(txn, f.exc, f.names, notes, f.why)
+
+
+def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
+    """Row ROLL_BACK: rename the journal ``-rollback`` (durable), put every byte back on the
+    live files exactly as recover would, then discard the rest.  A failure of the undo asks
+    the table again, at the stage reached, with the files unreadable."""
+    record, path = _journaled(txn)
+    try:
+        rollback = _names.restage(path, _names.ROLLBACK)
+        _sys.rename(path, rollback)
+        txn.journal_path = rollback
+        txn.to(Stage.ROLLING_BACK)
+        _sys.fsync_parents([rollback])
+        _close(txn, notes)  # the undo opens what it needs by name, as recover does
+        temps = undo.open_temps(record)
         try:
-            rollback = _names.restage(txn.journal_path, _names.ROLLBACK)
-            _sys.rename(txn.journal_path, rollback)
-            txn.journal_path = rollback
-            txn.to(Stage.ROLLING_BACK)
-            _sys.fsync_parents([rollback])
-            _close(txn, notes)  # the undo opens what it needs by name, as recover does
-            temps = undo.open_temps(txn.record)
-            try:
-                restored = undo.roll_back(txn.record, temps, txn.counters)
-            finally:
-                undo.close_all(temps)
-        except BaseException as rexc:  # noqa: BLE001 - any failure here leaves the journal in charge
-            notes.append(f"rolling back also failed: {rexc!r}")
-            keep = decide(Actor.SAVE, Stage.ROLLING_BACK if txn.stage is Stage.ROLLING_BACK
-                          else stage, Found.UNREADABLE)
-            _keep_all(txn, exc, names, notes, "the journal and temps are kept",
-                      hold=keep is Action.HOLD)
-    # DISCARD, or the rollback done: nothing of the save is left but its garbage.
+            restored = undo.roll_back(record, temps, txn.counters)
+        finally:
+            undo.close_all(temps)
+    except BaseException as rexc:  # noqa: BLE001 - any failure here leaves the journal in charge
+        notes.append(f"rolling back also failed: {rexc!r}")
+        _ACTIONS[decide(Actor.SAVE, txn.stage, Found.UNREADABLE)](
+            txn, _Failed(f.exc, f.names, "the journal and temps are kept"), notes)
+    if restored:
+        notes.append(assess.restored_note(restored, f.exc))
+    _discard(txn, f, notes)
+
+
+def _discard(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
+    """Row DISCARD (and the end of ROLL_BACK): nothing of the save is left but its garbage."""
     _close(txn, notes)
     left = _remove_garbage(txn, notes)
     _drop_locks(txn, remove=not left)
-    if restored and isinstance(exc, DataChangedError):
-        # Only whole files were involved (an adopted file is renamed, never cut): they are back
-        # under their names, but the changed one holds the other process's change.
-        notes.append(f"{restored} source file(s) were given back their names; {exc.path} holds "
-                     "what another process made of it, not its original bytes")
-    elif restored:
-        notes.append(f"the moved bytes were put back into {restored} source file(s), byte-exact")
     streams = [o.path for o in txn.prep.plan.outputs if o.direct]
     if streams:
         notes.append(f"bytes already written to {', '.join(streams)} (not a regular file) "
                      "cannot be taken back")
     notes.append("no final name was changed and the sources are intact: the save can be retried")
-    _raise(exc, f"saving {names} failed", notes)
+    _raise(f.exc, f"saving {f.names} failed", notes)
+
+
+_UNDOABLE = (Stage.JOURNALED, Stage.MOVING)
+# Each row of the table (``decide.Action``) and the one function that carries it out.
+_ACTIONS: dict[Action, Callable[[Txn, _Failed, list[str]], NoReturn]] = {
+    Action.DISCARD: _discard,
+    Action.ROLL_BACK: _roll_back,
+    Action.FINISH: _finish,
+    Action.KEEP: _keep,
+    Action.HOLD: _hold_all,
+    Action.COMPLETE: _complete,
+}
 
 
 def _remove_garbage(txn: Txn, notes: list[str]) -> bool:

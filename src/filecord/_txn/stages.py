@@ -64,7 +64,7 @@ _LEGAL: dict[Stage, frozenset[Stage]] = {
 #   COMMITTED     save._commit, at the journal's rename to -committed (or the single rename)
 #   RENAMED       save._commit, once every temp is renamed onto its final name
 #   DONE          save._commit, once the sources, journal and locks are gone
-#   ROLLING_BACK  failure._fail, at the journal's rename to -rollback
+#   ROLLING_BACK  failure._roll_back, at the journal's rename to -rollback
 #   HELD          failure._hold, at the journal's rename to -held
 #   FAILED        failure.fail, as the error leaves (every failure ends there)
 

@@ -239,6 +239,10 @@ def test_a_write_after_the_commit_is_let_through_only_with_the_look_and_the_file
     # b not at its kept prefix and its bytes not in the outputs: nothing vouches for a.
     o = seen(Facts(10, 7), Facts(W, 9), temp=Facts(W, 1))
     assert found(Records(Actor.RECOVER, Stage.COMMITTED, looked=looked), o) is Found.UNFINISHED
+    # The temp whole (so its length proves nothing), b's parked name gone, and a hole where
+    # a's moved bytes belong: the look alone must not let a through.
+    o = seen(Facts(10, 7), None, holes=((0, 0),))
+    assert found(Records(Actor.RECOVER, Stage.COMMITTED, looked=looked), o) is Found.UNFINISHED
 
 
 def test_held_is_changed_and_never_undone() -> None:
