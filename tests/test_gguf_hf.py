@@ -19,6 +19,8 @@ pytest.importorskip("sentencepiece")
 pytest.importorskip("tokenizers")
 pytest.importorskip("gguf")
 
+import itertools
+
 from tests.support.hf_models import gguf_contents, tiny_model
 
 import filecord.gguf as fg
@@ -270,13 +272,14 @@ def test_library_rows_are_one_piece_of_row_ranges(llama: Path) -> None:
     q = planned["blk.0.attn_q.weight"]
     (rows,) = q.ranges
     assert isinstance(rows, FileRows)
-    assert len(Cord(q.ranges)) == 64 * 64 * 2 and rows.row == 64 * 2
+    assert len(Cord(q.ranges)) == 64 * 64 * 2
+    assert rows.row == 64 * 2
     src = rows.base
     assert isinstance(src, FileBackedData)
     whole = src.to_bytes()
     order = row_order(64, spec.n_head)
     assert bytes(rows) == b"".join(whole[r * 128:(r + 1) * 128] for r in order)
-    breaks = sum(1 for a, b in zip(order, order[1:], strict=False) if b != a + 1)
+    breaks = sum(1 for a, b in itertools.pairwise(order) if b != a + 1)
     assert rows.run_count == 1 + breaks > 32  # adjacent rows (a head's last, the next's
     # first) are one range; the rest are not
     assert not q.cast

@@ -64,12 +64,14 @@ def test_rows_saved_exactly_and_reported_as_one_piece(tmp_path: Path, consume: b
         assert len(r.actions) == 4  # one action for all 16 rows
         a = r.actions[2]
         assert (a.index, a.out_offset, a.length, a.src_offset) == (2, 103, 16 * ROW, 100)
-        assert a.runs == 15 and r.actions[1].runs == 0  # rows 7 and 8 are one run
+        assert a.runs == 15
+        assert r.actions[1].runs == 0
         assert a.action == ("moved" if consume else "copied")
         assert r.to_dict()["pieces"][2]["runs"] == 15  # type: ignore[index]
     assert src.exists() != consume
     if consume:
-        assert report.bytes_moved == len(data) and report.bytes_copied == 0
+        assert report.bytes_moved == len(data)
+        assert report.bytes_copied == 0
     else:
         assert report.bytes_copied == len(data)
         assert src.read_bytes() == data
@@ -83,12 +85,14 @@ def test_rows_below_a_gap_are_copied_with_the_reason(tmp_path: Path) -> None:
     report = save(out, Cord([rows]), consume=True)
     assert out.read_bytes() == _want(data, 100, [3, 2, 1, 0])
     (a,) = report.actions
-    assert a.action == "copied" and a.reason is not None and a.runs == 4
+    assert a.action == "copied"
+    assert a.reason is not None
+    assert a.runs == 4
     assert report.bytes_copied == 4 * ROW
 
 
 def test_a_source_changed_during_the_rows_copy_is_refused(tmp_path: Path) -> None:
-    src, data = _src(tmp_path, 8)
+    src, _data = _src(tmp_path, 8)
     rows = FileRows(FileBackedData(src).slice(100, 8 * ROW), ROW, _perm(8))
     out = tmp_path / "out.bin"
     out.write_bytes(b"old")

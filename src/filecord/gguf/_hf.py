@@ -13,8 +13,10 @@ Each output tensor is then one of:
 
 * the input's byte range itself (renamed; dims reversed; same bytes) -- moved, cloned or
   copied by the save like any file-backed piece;
-* for ``attn_q``/``attn_k``, a :class:`~filecord.Cord` of that range's rows in llama.cpp's
-  rotary order (see :func:`._hf_model.row_order`): still file-backed, never loaded;
+* for ``attn_q``/``attn_k``, one :class:`~filecord._pieces.rows.FileRows` of that range's
+  rows in llama.cpp's rotary order (see :func:`._hf_model.row_order`): still file-backed,
+  never loaded, and one piece to the save (not one per row), so memory does not grow with
+  the rows;
 * when the type changes (``--outtype``, norms widened to F32), bytes produced a chunk at a
   time into one owned scratch file beside the output (:mod:`._cast`), which a consuming save
   moves; without ``consume`` the operation only reads what it is given, so the scratch is

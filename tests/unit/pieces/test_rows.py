@@ -33,7 +33,8 @@ def test_bytes_are_the_rows_in_the_order_given(make_file: Callable[..., str]) ->
     assert [(len(r), r.offset) for r in rows.ranges(40, 100)] == [
         (8, 64 + 3 * ROW + 40), (48, 64 + 1 * ROW), (44, 64)]
     assert b"".join(bytes(s) for s in rows.slices()) == want
-    assert rows.lowest == 64 and rows.highest == 64 + 10 * ROW
+    assert rows.lowest == 64
+    assert rows.highest == 64 + 10 * ROW
 
 
 def test_adjacent_rows_are_one_run(make_file: Callable[..., str]) -> None:
@@ -75,7 +76,8 @@ def test_in_a_cord(make_file: Callable[..., str]) -> None:
     rows = FileRows(base, ROW, [7, 0, 5])
     c = Cord([b"head", rows, b"tail"])
     want = b"head" + _rows(data, ROW, [7, 0, 5]) + b"tail"
-    assert len(c) == len(want) and bytes(c) == want
+    assert len(c) == len(want)
+    assert bytes(c) == want
     assert c.file_backed_buffers() == [base]
     sink = io.BytesIO()
     assert c.write_to_file(sink) == len(want)
