@@ -19,6 +19,8 @@ pytest.importorskip("sentencepiece")
 pytest.importorskip("tokenizers")
 pytest.importorskip("gguf")
 
+import itertools
+
 from tests.support.hf_models import gguf_contents, tiny_model
 
 import filecord.gguf as fg
@@ -254,10 +256,12 @@ def test_an_unsupported_dtype_is_refused(tmp_path: Path) -> None:
              says=["model.layers.0.mlp.up_proj.weight (F64)", "supported: F32, F16, BF16"])
 
 
-def test_library_rows_are_a_cord_of_ranges(llama: Path) -> None:
-    """The library's own view: attn_q is a Cord of file ranges, one per row (never loaded)."""
+def test_library_rows_are_one_piece_of_row_ranges(llama: Path) -> None:
+    """The library's own view: attn_q is one piece of the file's rows in llama.cpp's order
+    (never loaded): one object for all its rows, whose bytes are those rows."""
+    from filecord._pieces.rows import FileRows
     from filecord.gguf._hf import plan_tensors
-    from filecord.gguf._hf_model import OutType, llama_spec
+    from filecord.gguf._hf_model import OutType, llama_spec, row_order
     from filecord.safetensors import read_safetensors
 
     spec = llama_spec(json.loads((llama / "config.json").read_text()))
@@ -266,8 +270,17 @@ def test_library_rows_are_a_cord_of_ranges(llama: Path) -> None:
                for _, t in sorted(f.tensors.items())]
     planned = {p.name: p for p in plan_tensors(spec, ordered, OutType.SOURCE)}
     q = planned["blk.0.attn_q.weight"]
-    assert len(q.ranges) == 64
-    assert all(isinstance(r, FileBackedData) for r in q.ranges)
+    (rows,) = q.ranges
+    assert isinstance(rows, FileRows)
     assert len(Cord(q.ranges)) == 64 * 64 * 2
+    assert rows.row == 64 * 2
+    src = rows.base
+    assert isinstance(src, FileBackedData)
+    whole = src.to_bytes()
+    order = row_order(64, spec.n_head)
+    assert bytes(rows) == b"".join(whole[r * 128:(r + 1) * 128] for r in order)
+    breaks = sum(1 for a, b in itertools.pairwise(order) if b != a + 1)
+    assert rows.run_count == 1 + breaks > 32  # adjacent rows (a head's last, the next's
+    # first) are one range; the rest are not
     assert not q.cast
     assert planned["blk.0.attn_norm.weight"].cast

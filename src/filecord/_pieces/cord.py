@@ -13,20 +13,21 @@ from collections.abc import Iterable, Iterator
 from typing import Protocol, Union
 
 from filecord._pieces.data import CHUNK, FileBackedData
+from filecord._pieces.rows import FileRows
 
 log = logging.getLogger(__name__)
 
-Piece = Union[memoryview, FileBackedData]  # noqa: UP007 - a runtime alias on 3.10
-PieceLike = Union[bytes, bytearray, memoryview, FileBackedData, "Cord"]
+Piece = Union[memoryview, FileBackedData, FileRows]  # noqa: UP007 - a runtime alias on 3.10
+PieceLike = Union[bytes, bytearray, memoryview, FileBackedData, FileRows, "Cord"]
 
 
 class Writable(Protocol):
     def write(self, data: bytes | memoryview, /) -> object: ...
 
 
-def as_piece(item: bytes | bytearray | memoryview | FileBackedData) -> Piece:
+def as_piece(item: bytes | bytearray | memoryview | FileBackedData | FileRows) -> Piece:
     """Normalize one piece; in-memory buffers become flat byte views (no copy)."""
-    if isinstance(item, FileBackedData):
+    if isinstance(item, (FileBackedData, FileRows)):
         return item
     if isinstance(item, (bytes, bytearray, memoryview)):
         view = memoryview(item)
@@ -34,7 +35,7 @@ def as_piece(item: bytes | bytearray | memoryview | FileBackedData) -> Piece:
             raise ValueError("in-memory pieces must be contiguous buffers")
         return view.cast("B") if view.format != "B" or view.ndim != 1 else view
     raise TypeError(
-        f"a Cord piece must be bytes, bytearray, memoryview, FileBackedData or Cord, "
+        f"a Cord piece must be bytes, bytearray, memoryview, FileBackedData, FileRows or Cord, "
         f"not {type(item).__name__}"
     )
 
@@ -80,19 +81,22 @@ class Cord:
         return iter(self._pieces)
 
     def __repr__(self) -> str:
-        files = sum(isinstance(p, FileBackedData) for p in self._pieces)
+        files = sum(isinstance(p, (FileBackedData, FileRows)) for p in self._pieces)
         return f"Cord({len(self._pieces)} pieces, {self._length} bytes, {files} file-backed)"
 
     def __bytes__(self) -> bytes:
         """Every byte in memory, file-backed pieces included: costs ``len(self)`` of RAM."""
-        if any(isinstance(p, FileBackedData) for p in self._pieces):
+        if any(isinstance(p, (FileBackedData, FileRows)) for p in self._pieces):
             log.debug("bytes(cord) reads %d bytes of file-backed data into memory", self._length)
-        return b"".join(p.to_bytes() if isinstance(p, FileBackedData) else p for p in self._pieces)
+        return b"".join(p if isinstance(p, memoryview) else p.to_bytes() for p in self._pieces)
 
     def file_backed_buffers(self) -> list[FileBackedData]:
-        """The distinct file-backed pieces, in first-use order."""
+        """The distinct file-backed pieces, in first-use order (a :class:`FileRows` by its
+        base range)."""
         seen: dict[int, FileBackedData] = {}
         for p in self._pieces:
+            if isinstance(p, FileRows):
+                p = p.base
             if isinstance(p, FileBackedData):
                 seen.setdefault(id(p), p)
         return list(seen.values())
@@ -116,6 +120,10 @@ class Cord:
                     for view in chunks:
                         _write_fully(fileobj, view)
                         written += len(view)
+            elif isinstance(p, FileRows):
+                for got in p.iter_chunks(chunk):
+                    _write_fully(fileobj, memoryview(got))
+                    written += len(got)
             else:
                 for start in range(0, len(p), chunk):
                     part = p[start : start + chunk]

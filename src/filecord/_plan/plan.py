@@ -37,7 +37,7 @@ Decision rules (``consume=True``; without it, pieces are only cloned or copied):
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from filecord._plan.space import peaks_at
@@ -79,7 +79,8 @@ def clone_tail(
     destination's end, and the fill writes each temp in output order); otherwise the part of
     its last block that is partial is copied.  The caller copies a piece whose tail is all of it.
     """
-    if out.direct or fs is None or not fs.can_clone or src.key[0] != out.dev or ref.length == 0:
+    if (out.direct or fs is None or not fs.can_clone or src.key[0] != out.dev or ref.length == 0
+            or ref.rows is not None):  # rows are copied run by run (a copy_file_range each)
         return None
     block = fs.block if fs.block > 0 else BLOCK
     if ref.out_offset % block or ref.src_offset % block:
@@ -196,6 +197,25 @@ def cover(
         segs.append((pos, end, best))
         pos = end
     return segs
+
+
+def expand(refs: Iterable[PieceRef]) -> Iterator[PieceRef]:
+    """Each placement of a piece of rows as one placement per run of its rows (in output
+    order, keeping its index); other placements as they are.  What a move copies, journals and
+    puts back are byte ranges, so a moved piece of rows is its runs there (only there: the
+    plan decides, and the report speaks, for the piece as a whole)."""
+    for r in refs:
+        if r.rows is None:
+            yield r
+            continue
+        at = r.out_offset
+        for src_at, n in r.rows.runs():
+            yield PieceRef(r.output, r.index, at, n, r.source, src_at)
+            at += n
+
+
+def _lowest(r: PieceRef) -> int:
+    return r.src_offset if r.rows is None else r.rows.lowest
 
 
 def coalesce(refs: Iterable[PieceRef]) -> tuple[PieceRef, ...]:
@@ -340,7 +360,7 @@ def make_plan(
                     acts[i] = "cloned"
                     tails[i] = c
             continue
-        segs = coalesce(placements)  # adjacent slices: one range to sort, not thousands
+        segs = coalesce(expand(placements))  # adjacent slices: one range, not thousands
         runs = merged_runs((r.src_offset, r.src_offset + r.length) for r in segs)
         top = runs[-1] if runs else None
         if top is None or top[1] != src.size:
@@ -349,12 +369,12 @@ def make_plan(
             continue
         moved: list[PieceRef] = []
         for i, r in zip(positions, placements, strict=True):
-            if r.length and r.src_offset >= top[0]:
+            if r.length and _lowest(r) >= top[0]:
                 acts[i] = "moved"
                 moved.append(r)
             else:
                 acts[i], whys[i] = "copied", GAP if r.length else None
-        dests = segs if len(moved) == len(placements) else coalesce(moved)
+        dests = segs if len(moved) == len(placements) else coalesce(expand(moved))
         moves.append(MoveSource(key, src.path, src.size, top[0], dests,
                                 _adoptable(dests, src, nonempty, outputs)))
 
@@ -379,7 +399,8 @@ def make_plan(
         tail = tails[i]
         add(PieceAction(paths[r.output], r.index, r.out_offset, r.length, acts[i],
                         src_paths[r.source], r.src_offset, whys[i] if r.length else None,
-                        tail, MID_TAIL if tail else None))
+                        tail, MID_TAIL if tail else None,
+                        0 if r.rows is None else r.rows.run_count))
 
     consumed = tuple(
         k for k, s in sources.items()

@@ -21,6 +21,7 @@ from filecord._io import syscalls as _sys
 from filecord._io.paths import kernel_path, resolve_target
 from filecord._pieces.cord import Cord, PieceLike
 from filecord._pieces.data import FileBackedData
+from filecord._pieces.rows import FileRows
 from filecord._plan.facts import fs_facts, mount_id, mount_table
 from filecord._plan.types import BLOCK, FsFacts, OutputFacts, PieceRef, SourceFacts
 from filecord.errors import SaveError, SourceIsOutputError
@@ -150,6 +151,9 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
         offset = 0
         for i, piece in enumerate(cord.pieces):
             n = len(piece)
+            rows = piece if isinstance(piece, FileRows) else None
+            if rows is not None:  # one placement for all its rows, checked through its base
+                piece = rows.base
             if isinstance(piece, FileBackedData):
                 ident = piece.identity
                 path = piece.path
@@ -163,7 +167,8 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
                 if id(piece) not in seen:
                     seen.add(id(piece))
                     group.append(piece)
-                add(PieceRef(o, i, offset, n, key, piece.offset))
+                add(PieceRef(o, i, offset, n, key, piece.offset) if rows is None
+                    else PieceRef(o, i, offset, n, key, piece.offset, rows))
             else:
                 add(PieceRef(o, i, offset, n))
             offset += n

@@ -14,7 +14,9 @@ class SaveReport:
     ``dry_run`` is True for :func:`filecord.plan`.  ``actions`` lists in-memory pieces as
     ``written`` and file-backed ones as ``copied``, ``cloned`` or ``moved``; a copy made under
     ``consume=True`` carries its ``reason``; a cloned piece whose last partial block was copied
-    says how many bytes (``tail``) and why (``tail_reason``).
+    says how many bytes (``tail``) and why (``tail_reason``).  A piece of rows
+    (:class:`~filecord._pieces.rows.FileRows`, e.g. a GGUF Q/K permutation) is one action
+    whatever its number of rows; ``runs`` says how many source ranges it reads.
 
     ``bytes_copied``, ``bytes_cloned``, ``bytes_written`` and ``bytes_moved`` are what a real save
     asked of the kernel (the transfer counters; 0 in a dry run): ``bytes_copied == 0`` proves no
@@ -104,6 +106,7 @@ class SaveReport:
                     "reason": a.reason,
                     "tail": a.tail,
                     "tail_reason": a.tail_reason,
+                    "runs": a.runs,
                 }
                 for a in self.actions
             ],

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from filecord._pieces.rows import FileRows
+
 MiB = 1 << 20
 BLOCK = 4096
 
@@ -110,6 +112,9 @@ class PieceRef:
     length: int
     source: tuple[int, int] | None = None
     src_offset: int = 0
+    # A piece of rows (:class:`FileRows`): its bytes are these source ranges, in order, not
+    # ``[src_offset, src_offset + length)``; the plan decides for the piece as one unit.
+    rows: FileRows | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +143,9 @@ class PieceAction:
     # and why (``MID_TAIL``, ``PAST_TAIL``); 0 and None when every byte is cloned.
     tail: int = 0
     tail_reason: TailReason | None = None
+    # For a piece of rows (:class:`FileRows`): the source ranges it reads (adjacent rows
+    # count once), 0 for any other piece.  ``src_offset`` is then its base range's start.
+    runs: int = 0
 
 
 @dataclass(frozen=True, slots=True)

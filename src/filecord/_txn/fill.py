@@ -7,9 +7,10 @@ permission bits (narrowed by the umask), so it is never readable beyond the old 
 first instant.  In-memory pieces are written and file-backed ones cloned or copied at their
 final offsets, in output order (the kernel clones a source's partial EOF block only at the
 temp's end, so temps are not presized before the fill).  Clones and copies never shorten a
-source, so rolling them back is deleting the temp.  After each file-backed piece the source's
-size, mtime and ctime are compared with what they were when it was opened, so a source
-rewritten during the copy is a ``DataChangedError``, never a silent mix.  Only then do the
+source, so rolling them back is deleting the temp.  After each file-backed piece (a run of
+pieces adjacent in their source and in the output is copied as one, a piece of rows run by run)
+the source's size, mtime and ctime are compared with what they were when it was opened, so a
+source rewritten during the copy is a ``DataChangedError``, never a silent mix.  Only then do the
 temps get the replaced file's owner, group and exact mode (set-id bits last, on complete
 content).  A crash here leaves temps that ``recover`` removes once the save's lock is free:
 nothing destructive has happened.
@@ -20,11 +21,12 @@ from __future__ import annotations
 import logging
 import os
 import stat as stat_mod
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._pieces.data import FileBackedData
+from filecord._pieces.rows import FileRows
 from filecord._plan.facts import is_clone_refusal
 from filecord._plan.types import BLOCK, CLONE_REFUSED, PAST_TAIL, PieceAction
 from filecord._txn import transfer, undo
@@ -91,47 +93,116 @@ def _recheck_source(txn: Txn, data: FileBackedData) -> None:
 
 
 def fill(txn: Txn) -> None:
-    """Everything that is not moved, at its final offset."""
+    """Everything that is not moved, at its final offset.
+
+    Copies are batched: file-backed pieces that follow each other both in their source and
+    in the output (slices of one file, in order) are one ``copy_file_range`` and one look at
+    the source afterwards, not one of each per piece.  The look is the same comparison with
+    the same baseline (the source as it was opened), made once the run's last byte is copied:
+    a change at any moment of the run is still there to be seen then (a size or mtime
+    restored by hand still moves the ctime), and nothing of the output is final before it.
+    A piece of rows is its runs, copied in order, then that one look.
+    """
     p = txn.prep.plan
-    by_piece = {(a.output, a.index): a for a in p.actions}
+    acts = iter(p.actions)  # the plan lists every piece of every output, in output order
     for o, (out, cord) in enumerate(zip(p.outputs, txn.prep.cords, strict=True)):
         fd = txn.fds[o]
         if fd is None:
             raise SaveError(f"{out.path}: output descriptor missing")
+        run: _Run | None = None
         for i, piece in enumerate(cord.pieces):
-            act = by_piece[(out.path, i)]
-            dst_off = None if out.direct else act.out_offset  # None: append to a stream
+            act = next(acts)
+            if (act.output, act.index) != (out.path, i):  # pragma: no cover - plan's order
+                raise SaveError(f"{out.path}: piece {i} has no action in the plan")
             if act.action == "moved":
                 txn.actions.append(act)
                 continue
-            if not isinstance(piece, FileBackedData):
-                transfer.write_bytes(fd, piece, dst_off, txn.counters, txn.advance)
+            if isinstance(piece, FileBackedData) and act.action == "copied":
+                dst_off = None if out.direct else act.out_offset  # None: append to a stream
+                if run is not None and run.extends(piece, dst_off):
+                    run.n += len(piece)
+                else:
+                    if run is not None:
+                        _copy_run(txn, fd, run)
+                    run = _Run(piece, piece.offset, dst_off, len(piece))
+                txn.actions.append(act)
+                continue
+            if run is not None:
+                _copy_run(txn, fd, run)
+                run = None
+            if isinstance(piece, FileRows):
+                _copy_rows(txn, piece, fd, None if out.direct else act.out_offset)
+            elif not isinstance(piece, FileBackedData):
+                dst = None if out.direct else act.out_offset
+                transfer.write_bytes(fd, piece, dst, txn.counters, txn.advance)
             else:
-                act = _copy_piece(txn, piece, fd, dst_off, act)
+                act = _copy_piece(txn, piece, fd, act)
             txn.actions.append(act)
+        if run is not None:
+            _copy_run(txn, fd, run)
         if not out.direct:
             txn.dirty.add(fd)
 
 
-def _copy_piece(
-    txn: Txn, piece: FileBackedData, fd: int, dst_off: int | None, act: PieceAction
-) -> PieceAction:
-    """Clone or copy one file-backed piece, then prove its source did not change meanwhile.
+@dataclass(slots=True)
+class _Run:
+    """Bytes of one source to copy in one call: ``n`` from ``src_off`` to ``dst_off``."""
+
+    data: FileBackedData  # the first piece: its file and the identity every read checks
+    src_off: int
+    dst_off: int | None  # None: appended to a stream
+    n: int
+
+    def extends(self, piece: FileBackedData, dst_off: int | None) -> bool:
+        """Whether ``piece`` continues this run in its source and in the output."""
+        d = self.data
+        return ((piece.identity is d.identity or piece.identity == d.identity)
+                and piece.path == d.path and piece.offset == self.src_off + self.n
+                and (dst_off is None) == (self.dst_off is None)
+                and (dst_off is None or dst_off == (self.dst_off or 0) + self.n))
+
+
+def _copy_run(txn: Txn, fd: int, run: _Run) -> None:
+    """Copy a run of adjacent pieces, then prove its source did not change meanwhile.
 
     A copy that fails because the source shrank under it (EIO at an early end of file) is
     reported as the change it is, not as an I/O error.
     """
+    src = _source_fd(txn, run.data)
     try:
-        if dst_off is None:
-            src = _source_fd(txn, piece)
-            transfer.copy_to_stream(src, fd, piece.offset, len(piece), txn.counters,
-                                    txn.advance)
-        elif act.action == "cloned":
-            act = _clone_or_copy(txn, piece, fd, act)
+        if run.dst_off is None:
+            transfer.copy_to_stream(src, fd, run.src_off, run.n, txn.counters, txn.advance)
         else:
-            src = _source_fd(txn, piece)
-            transfer.copy_range(src, fd, piece.offset, dst_off, len(piece), txn.counters,
+            transfer.copy_range(src, fd, run.src_off, run.dst_off, run.n, txn.counters,
                                 txn.advance)
+    except OSError:
+        _recheck_source(txn, run.data)
+        raise
+    _recheck_source(txn, run.data)
+
+
+def _copy_rows(txn: Txn, rows: FileRows, fd: int, dst_off: int | None) -> None:
+    """Copy a piece of rows run by run, in output order, then look at its source once."""
+    src = _source_fd(txn, rows.base)
+    at = dst_off
+    try:
+        for src_at, n in rows.runs():
+            if at is None:
+                transfer.copy_to_stream(src, fd, src_at, n, txn.counters, txn.advance)
+            else:
+                transfer.copy_range(src, fd, src_at, at, n, txn.counters, txn.advance)
+                at += n
+    except OSError:
+        _recheck_source(txn, rows.base)
+        raise
+    _recheck_source(txn, rows.base)
+
+
+def _copy_piece(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -> PieceAction:
+    """Clone one file-backed piece (the plan said so), then prove its source did not change
+    meanwhile."""
+    try:
+        act = _clone_or_copy(txn, piece, fd, act)
     except OSError:
         if (piece.identity.dev, piece.identity.ino) in txn.src_fds:
             _recheck_source(txn, piece)

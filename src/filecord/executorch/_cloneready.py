@@ -32,6 +32,7 @@ import math
 
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
+from filecord._pieces.rows import FileRows
 from filecord.executorch import _fbread
 from filecord.executorch._cordptd import _spans, read_range
 from filecord.executorch._layout import PTE_HEADER_LENGTH, Aligned, plan_segments
@@ -58,6 +59,8 @@ def _sub_cord(cord: Cord, start: int, length: int) -> Cord:
     for piece, off, n in _spans(cord, start, length):
         if isinstance(piece, FileBackedData):
             out.append(piece if (off, n) == (0, len(piece)) else piece.slice(off, n))
+        elif isinstance(piece, FileRows):
+            out.extend(piece.ranges(off, n))
         else:
             out.append(piece[off : off + n])
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from filecord._pieces.cord import Cord, Piece
 from filecord._pieces.data import FileBackedData
+from filecord._pieces.rows import FileRows
 from filecord.executorch import _fbread
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import PTD_HEADER_LENGTH
@@ -40,7 +41,7 @@ def read_range(cord: Cord, start: int, length: int) -> bytes:
     """``length`` bytes of the Cord from ``start`` into memory (only for small ranges)."""
     parts = []
     for piece, off, n in _spans(cord, start, length):
-        if isinstance(piece, FileBackedData):
+        if isinstance(piece, (FileBackedData, FileRows)):
             parts.append(piece.read_range(off, n))
         else:
             parts.append(bytes(piece[off : off + n]))
@@ -52,13 +53,18 @@ def blob_at(cord: Cord, start: int, length: int) -> Blob:
     spans = _spans(cord, start, length)
     if len(spans) == 1:
         piece, off, n = spans[0]
+        if isinstance(piece, FileRows) and len(piece.ranges(off, n)) == 1:
+            return piece.ranges(off, n)[0]
         if isinstance(piece, FileBackedData):
             return piece if (off, n) == (0, len(piece)) else piece.slice(off, n)
+        if isinstance(piece, FileRows):
+            raise ValueError(f"the data at [{start}, {start + length}) is several ranges of "
+                             f"{piece.path}; merging such a data file would need a copy")
         whole = piece.obj if isinstance(piece.obj, bytes) else None
         if whole is not None and off == 0 and n == len(whole) == piece.nbytes:
             return whole  # the caller's own bytes object: identity lets the store share it
         return bytes(piece[off : off + n])
-    if any(isinstance(p, FileBackedData) for p, _o, _n in spans):
+    if any(isinstance(p, (FileBackedData, FileRows)) for p, _o, _n in spans):
         raise ValueError(
             f"the data at [{start}, {start + length}) spans {len(spans)} pieces, some of them "
             "file-backed; merging such a data file would need a copy (build it with one piece "

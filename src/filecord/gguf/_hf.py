@@ -13,8 +13,10 @@ Each output tensor is then one of:
 
 * the input's byte range itself (renamed; dims reversed; same bytes) -- moved, cloned or
   copied by the save like any file-backed piece;
-* for ``attn_q``/``attn_k``, a :class:`~filecord.Cord` of that range's rows in llama.cpp's
-  rotary order (see :func:`._hf_model.row_order`): still file-backed, never loaded;
+* for ``attn_q``/``attn_k``, one :class:`~filecord._pieces.rows.FileRows` of that range's
+  rows in llama.cpp's rotary order (see :func:`._hf_model.row_order`): still file-backed,
+  never loaded, and one piece to the save (not one per row), so memory does not grow with
+  the rows;
 * when the type changes (``--outtype``, norms widened to F32), bytes produced a chunk at a
   time into one owned scratch file beside the output (:mod:`._cast`), which a consuming save
   moves; without ``consume`` the operation only reads what it is given, so the scratch is
@@ -45,6 +47,7 @@ from filecord._io import syscalls as _sys
 from filecord._kit.operation import Index, Inputs, Job, OperationReport, operate
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
+from filecord._pieces.rows import FileRows
 from filecord._plan.preflight import CordLike, Target
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord.gguf._build import build_split
@@ -156,7 +159,7 @@ class Planned:
     name: str
     type: GGMLType
     dims: tuple[int, ...]
-    ranges: tuple[FileBackedData, ...]  # in output order
+    ranges: tuple[FileBackedData, ...] | tuple[FileRows]  # in output order
     src: GGMLType
     source: str  # the checkpoint's name for it
 
@@ -165,13 +168,13 @@ class Planned:
         return self.type is not self.src
 
 
-def _rows(t: NamedTensor, heads: int) -> tuple[FileBackedData, ...]:
+def _rows(t: NamedTensor, heads: int) -> tuple[FileRows]:
+    """The tensor's rows in llama.cpp's order, as one piece (not one range per row)."""
     data = t.data
     if not isinstance(data, FileBackedData):  # pragma: no cover - read_safetensors gives ranges
         raise TypeError(f"{t.name}: expected a file range")
     rows = t.shape[0]
-    size = len(data) // rows
-    return tuple(data.slice(r * size, size) for r in row_order(rows, heads))
+    return (FileRows(data, len(data) // rows, row_order(rows, heads)),)
 
 
 def plan_tensors(spec: LlamaSpec, ordered: Sequence[NamedTensor], outtype: OutType
@@ -195,7 +198,7 @@ def plan_tensors(spec: LlamaSpec, ordered: Sequence[NamedTensor], outtype: OutTy
         if m.permute is Permute.NONE:
             if not isinstance(t.data, FileBackedData):  # pragma: no cover - ranges
                 raise TypeError(f"{t.name}: expected a file range")
-            ranges: tuple[FileBackedData, ...] = (t.data,)
+            ranges: tuple[FileBackedData, ...] | tuple[FileRows] = (t.data,)
         else:
             ranges = _rows(t, spec.n_head if m.permute is Permute.Q else spec.n_head_kv)
         out.append(Planned(m.name, out_type(m.name, len(t.shape), src, outtype),
@@ -203,6 +206,14 @@ def plan_tensors(spec: LlamaSpec, ordered: Sequence[NamedTensor], outtype: OutTy
     if shapes:
         raise UnsupportedModelError(f"{len(shapes)} tensor(s) do not match config.json: "
                                     + "; ".join(shapes[:4]))
+    return out
+
+
+def _slices(ranges: tuple[FileBackedData, ...] | tuple[FileRows]) -> list[FileBackedData]:
+    """Plain ranges, for the cast (which reads whole rows in output order)."""
+    out: list[FileBackedData] = []
+    for r in ranges:
+        out.extend(r.slices() if isinstance(r, FileRows) else (r,))
     return out
 
 
@@ -288,7 +299,7 @@ def convert_hf(
                    for _, t in sorted(f.tensors.items())]
         planned = plan_tensors(spec, ordered, outtype)
         kvs = hparam_kvs(spec, name=model, file_type=file_type(planned)) + list(vocab.kvs)
-        jobs = [CastJob(p.name, p.ranges, p.src, p.type) for p in planned if p.cast]
+        jobs = [CastJob(p.name, _slices(p.ranges), p.src, p.type) for p in planned if p.cast]
         cast: dict[str, FileBackedData | memoryview]
         if dry_run:
             cast = {j.name: _placeholder(j.out_nbytes) for j in jobs}
@@ -305,7 +316,7 @@ def convert_hf(
         for p in planned:
             if p.cast:
                 tensors.append(GGUFTensor(p.name, p.type, p.dims, cast[p.name]))
-            elif len(p.ranges) == 1:
+            elif len(p.ranges) == 1 and isinstance(p.ranges[0], FileBackedData):
                 tensors.append(GGUFTensor(p.name, p.type, p.dims, p.ranges[0]))
             else:
                 tensors.append(GGUFTensor(p.name, p.type, p.dims, Cord(p.ranges)))

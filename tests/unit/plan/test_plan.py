@@ -542,3 +542,53 @@ def test_a_whole_output_is_renamed_not_adopted_in_place() -> None:
 
 def whole_at_block() -> list[PieceRef]:
     return [PieceRef(0, 0, 0, 4096), PieceRef(0, 1, 4096, 10_000, KEY, 0)]
+
+
+def _rows_ref(tmp_path: object, order: list[int], row: int = 1000) -> PieceRef:
+    """A piece of ``len(order)`` rows of a 10,000-byte file (rows of ``row`` bytes)."""
+    from pathlib import Path
+
+    from filecord import FileBackedData
+    from filecord._pieces.rows import FileRows
+
+    path = Path(str(tmp_path)) / "rows.bin"
+    path.write_bytes(bytes(10_000))
+    rows = FileRows(FileBackedData(path), row, order)
+    return PieceRef(0, 1, 100, len(rows), KEY, 0, rows)
+
+
+def test_a_piece_of_rows_is_one_action_and_its_runs_are_moved(tmp_path: object) -> None:
+    order = [1, 0, 3, 2, 5, 4, 7, 6, 9, 8]
+    p = decide(src(), refs=[PieceRef(0, 0, 0, 100), _rows_ref(tmp_path, order)])
+    assert [(a.action, a.runs, a.length) for a in p.actions] == [
+        ("written", 0, 100), ("moved", 10, 10_000)]
+    (m,) = p.moves
+    # the move copies, journals and puts back byte ranges: one per run, at its output offset
+    assert [(d.out_offset, d.src_offset, d.length) for d in m.dests] == [
+        (100 + k * 1000, r * 1000, 1000) for k, r in enumerate(order)]
+    assert m.run_start == 0
+    assert not m.adopt
+
+
+def test_rows_in_file_order_are_one_range_to_move(tmp_path: object) -> None:
+    p = decide(src(), refs=[PieceRef(0, 0, 0, 100), _rows_ref(tmp_path, list(range(10)))])
+    (m,) = p.moves
+    assert [(d.out_offset, d.src_offset, d.length) for d in m.dests] == [(100, 0, 10_000)]
+    assert p.actions[1].runs == 1
+
+
+def test_rows_are_copied_not_cloned(tmp_path: object) -> None:
+    ref = _rows_ref(tmp_path, [1, 0, 3, 2, 5, 4, 7, 6, 9, 8], row=1000)
+    p = decide(src(owned=False), f=fs(can_clone=True), refs=[PieceRef(0, 0, 0, 100), ref],
+               consume=False)
+    assert (p.actions[1].action, p.actions[1].reason, p.actions[1].tail) == ("copied", None, 0)
+    assert not p.moves
+
+
+def test_rows_below_the_moved_range_are_copied_with_the_reason(tmp_path: object) -> None:
+    ref = _rows_ref(tmp_path, [1, 0], row=1000)  # bytes [0, 2000) of a 10,000-byte source
+    tail = PieceRef(0, 2, 2100, 5000, KEY, 5000)  # [5000, 10000): reaches the end
+    p = decide(src(), o=out(7100), refs=[PieceRef(0, 0, 0, 100), ref, tail])
+    assert [(a.action, a.reason) for a in p.actions] == [
+        ("written", None), ("copied", T.GAP), ("moved", None)]
+    assert [(d.src_offset, d.length) for d in p.moves[0].dests] == [(5000, 5000)]
