@@ -1,4 +1,4 @@
-"""Cord: an ordered sequence of pieces, in-memory bytes or file-backed ranges.
+"""Cord: an ordered sequence of pieces: in-memory bytes, file-backed ranges, derived bytes.
 
 A cord never copies file-backed bytes into memory on its own; only ``bytes(cord)`` (explicit,
 and documented as costly) does.  ``write_to_file`` streams into a file object the caller opened,
@@ -13,20 +13,21 @@ from collections.abc import Iterable, Iterator
 from typing import Protocol, Union
 
 from filecord._pieces.data import CHUNK, FileBackedData
+from filecord._pieces.derived import Derived
 
 log = logging.getLogger(__name__)
 
-Piece = Union[memoryview, FileBackedData]  # noqa: UP007 - a runtime alias on 3.10
-PieceLike = Union[bytes, bytearray, memoryview, FileBackedData, "Cord"]
+Piece = Union[memoryview, FileBackedData, Derived]  # noqa: UP007 - a runtime alias on 3.10
+PieceLike = Union[bytes, bytearray, memoryview, FileBackedData, Derived, "Cord"]
 
 
 class Writable(Protocol):
     def write(self, data: bytes | memoryview, /) -> object: ...
 
 
-def as_piece(item: bytes | bytearray | memoryview | FileBackedData) -> Piece:
+def as_piece(item: bytes | bytearray | memoryview | FileBackedData | Derived) -> Piece:
     """Normalize one piece; in-memory buffers become flat byte views (no copy)."""
-    if isinstance(item, FileBackedData):
+    if isinstance(item, (FileBackedData, Derived)):
         return item
     if isinstance(item, (bytes, bytearray, memoryview)):
         view = memoryview(item)
@@ -34,7 +35,7 @@ def as_piece(item: bytes | bytearray | memoryview | FileBackedData) -> Piece:
             raise ValueError("in-memory pieces must be contiguous buffers")
         return view.cast("B") if view.format != "B" or view.ndim != 1 else view
     raise TypeError(
-        f"a Cord piece must be bytes, bytearray, memoryview, FileBackedData or Cord, "
+        f"a Cord piece must be bytes, bytearray, memoryview, FileBackedData, Derived or Cord, "
         f"not {type(item).__name__}"
     )
 
@@ -87,7 +88,8 @@ class Cord:
         """Every byte in memory, file-backed pieces included: costs ``len(self)`` of RAM."""
         if any(isinstance(p, FileBackedData) for p in self._pieces):
             log.debug("bytes(cord) reads %d bytes of file-backed data into memory", self._length)
-        return b"".join(p.to_bytes() if isinstance(p, FileBackedData) else p for p in self._pieces)
+        return b"".join(p.to_bytes() if isinstance(p, (FileBackedData, Derived)) else p
+                        for p in self._pieces)
 
     def file_backed_buffers(self) -> list[FileBackedData]:
         """The distinct file-backed pieces, in first-use order."""
@@ -98,9 +100,13 @@ class Cord:
         return list(seen.values())
 
     def check(self) -> None:
-        """Raise ``DataChangedError`` if any file-backed piece no longer holds its bytes."""
+        """Raise ``DataChangedError`` if any file-backed piece (or a derived piece's source) no
+        longer holds its bytes."""
         for p in self.file_backed_buffers():
             p.check()
+        for piece in self._pieces:
+            if isinstance(piece, Derived):
+                piece.check()
 
     def write_to_file(self, fileobj: Writable, *, chunk: int = CHUNK) -> int:
         """Stream every byte into ``fileobj`` (a copy, never a move); returns the bytes written.
@@ -116,6 +122,10 @@ class Cord:
                     for view in chunks:
                         _write_fully(fileobj, view)
                         written += len(view)
+            elif isinstance(p, Derived):
+                for view in p.chunks(chunk=chunk):
+                    _write_fully(fileobj, view)
+                    written += len(view)
             else:
                 for start in range(0, len(p), chunk):
                     part = p[start : start + chunk]

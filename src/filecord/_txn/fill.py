@@ -4,9 +4,11 @@ Theory of operation
 -------------------
 Each temp ``.NAME.TOKEN.partial`` is created ``O_CREAT|O_EXCL`` with the replaced file's
 permission bits (narrowed by the umask), so it is never readable beyond the old file from the
-first instant.  In-memory pieces are written and file-backed ones cloned or copied at their
-final offsets, in output order (the kernel clones a source's partial EOF block only at the
-temp's end, so temps are not presized before the fill).  Clones and copies never shorten a
+first instant.  In-memory pieces are written, derived
+ones computed (``_pieces.derived``: a chunk of their sources at a time, read here while every
+source is still whole) and file-backed ones cloned or copied at their final offsets, in output
+order (the kernel clones a source's partial EOF block only at the temp's end, so temps are not
+presized before the fill).  Clones and copies never shorten a
 source, so rolling them back is deleting the temp.  After each file-backed piece the source's
 size, mtime and ctime are compared with what they were when it was opened, so a source
 rewritten during the copy is a ``DataChangedError``, never a silent mix.  Only then do the
@@ -25,6 +27,7 @@ from dataclasses import replace
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._pieces.data import FileBackedData
+from filecord._pieces.derived import Derived
 from filecord._plan.facts import is_clone_refusal
 from filecord._plan.types import BLOCK, CLONE_REFUSED, PAST_TAIL, PieceAction
 from filecord._txn import transfer, undo
@@ -43,7 +46,9 @@ def create_outputs(txn: Txn) -> None:
         temp = _names.sibling(out.target, txn.token, _names.TEMP)
         # The replaced file's permission bits from the first instant (the umask may narrow
         # them further); set-id bits and the owner only once the content is complete.
-        mode = 0o666 if st is None else stat_mod.S_IMODE(st.st_mode) & 0o777
+        # A discard output holds other files' bytes and is never published: owner only.
+        mode = (0o600 if out.discard else 0o666 if st is None
+                else stat_mod.S_IMODE(st.st_mode) & 0o777)
         fd = _sys.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
         txn.temps.append(temp)
         txn.fds.append(fd)
@@ -104,13 +109,37 @@ def fill(txn: Txn) -> None:
             if act.action == "moved":
                 txn.actions.append(act)
                 continue
-            if not isinstance(piece, FileBackedData):
+            if isinstance(piece, Derived):
+                _compute_piece(txn, piece, fd, dst_off)
+            elif not isinstance(piece, FileBackedData):
                 transfer.write_bytes(fd, piece, dst_off, txn.counters, txn.advance)
             else:
                 act = _copy_piece(txn, piece, fd, dst_off, act)
             txn.actions.append(act)
         if not out.direct:
             txn.dirty.add(fd)
+
+
+def _compute_piece(txn: Txn, piece: Derived, fd: int, dst_off: int | None) -> None:
+    """Write a derived piece a chunk at a time, reading its sources through the save's checked
+    descriptors (before any source is parked or cut: the fill comes first), then prove each
+    source did not change meanwhile, as for a copy."""
+    def read(r: FileBackedData, start: int, n: int) -> bytes:
+        return _sys.read_all(_source_fd(txn, r), r.offset + start, n)
+
+    pos = dst_off
+    try:
+        for out in piece.chunks(read):
+            transfer.write_bytes(fd, out, pos, txn.counters, txn.advance)
+            if pos is not None:
+                pos += len(out)
+    except OSError:
+        for r in piece.sources:
+            if (r.identity.dev, r.identity.ino) in txn.src_fds:
+                _recheck_source(txn, r)
+        raise
+    for r in piece.sources:
+        _recheck_source(txn, r)
 
 
 def _copy_piece(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from filecord._pieces.cord import Cord, PieceLike
 from filecord._pieces.data import FileBackedData
+from filecord._pieces.derived import Derived
 from filecord.executorch.errors import OverlapError, TruncatedError
 
 PTE_HEADER_MAGIC = b"eh00"
@@ -93,7 +94,8 @@ def segment_cord(segments: Sequence[Aligned], layout: Sequence[tuple[int, int]])
     for seg, (offset, _size) in zip(segments, layout, strict=True):
         zero_fill(cord, offset - len(cord))
         data = seg.data
-        cord.append(data if isinstance(data, (FileBackedData, Cord)) else memoryview(data))
+        cord.append(data if isinstance(data, (FileBackedData, Cord, Derived))
+                    else memoryview(data))
     return cord
 
 
