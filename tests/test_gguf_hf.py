@@ -199,8 +199,10 @@ def test_cast_chunks_are_bounded(tmp_path: Path) -> None:
     want = np.concatenate([data[i * 100:(i + 1) * 100] for i in (3, 1, 4, 0, 2)])
     assert got == want.astype(np.float16).tobytes()
     assert len(made["x"]) == len(got)
-    assert max(reads) <= 64 and sum(reads) == 2000  # never more than one chunk of source
-    assert np.diff([0, *seen]).max() <= 64 and seen[-1] == 2000
+    assert max(reads) <= 64  # never more than one chunk of source at a time
+    assert sum(reads) == 2000
+    assert np.diff([0, *seen]).max() <= 64
+    assert seen[-1] == 2000
     assert [p.name for p in tmp_path.iterdir()] == ["src.bin"]  # nothing is made on disk
 
 

@@ -50,7 +50,8 @@ def spawn(root: Path, spec_name: str, phase: str, at: int) -> subprocess.Complet
 
 # Floors near the real counts (about 90% of the kill points against the v2 core), so a broken
 # enumerator cannot pass by testing less.
-POINT_FLOOR = {"consume3": 55, "copy3": 25, "single": 6, "adopt2": 29, "onsrc": 46}
+POINT_FLOOR = {"consume3": 55, "copy3": 25, "single": 6, "adopt2": 29, "onsrc": 46,
+               "discard2": 40}
 RECOVER_POINT_FLOOR = 1130
 
 
@@ -77,7 +78,8 @@ def judge(lay: Layout, want: str) -> str | None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec_name", ["consume3", "copy3", "single", "adopt2", "onsrc"])
+@pytest.mark.parametrize("spec_name", ["consume3", "copy3", "single", "adopt2", "onsrc",
+                                       "discard2"])
 def test_sigkill_before_every_destructive_call(tmp_path: Path, spec_name: str) -> None:
     calls = trace_save(spec_name, tmp_path / "trace")
     points = destructive_points(calls)
