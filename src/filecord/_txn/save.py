@@ -270,7 +270,7 @@ def _run(
         for d in group:
             d.detach_cleanup()
     txn = Txn(prep, _names.new_token(), progress, durable=durable)
-    recorded, skipped = _removals(prep, remove)
+    recorded, skipped, given = _removals(prep, remove)
     txn.removals = recorded
     try:
         _execute(txn)
@@ -284,8 +284,10 @@ def _run(
         )
     if plan.window_choice.why == "shrunk":
         log.info("consume=True: sync window %s", plan.window_choice.note())
-    if removals_out is not None:
-        removals_out.append(Removals(txn.removed, txn.changed_removals, skipped))
+    if removals_out is not None:  # by the names the caller gave
+        removals_out.append(Removals(tuple(given.get(p, p) for p in txn.removed),
+                                     tuple(given.get(p, p) for p in txn.changed_removals),
+                                     skipped))
     return _report(
         plan, txn.actions, dry_run=False, elapsed=time.perf_counter() - start,
         fsyncs=txn.counters.fsyncs, used_journal=txn.record is not None,
@@ -294,27 +296,30 @@ def _run(
 
 
 def _removals(prep: Prepared, remove: Sequence[Removal]
-              ) -> tuple[tuple[journal.JournalRemoval, ...], tuple[str, ...]]:
-    """The removals the head records, and the paths left out because a source they go with is
-    not consumed by this plan (decided now, before anything is written)."""
+              ) -> tuple[tuple[journal.JournalRemoval, ...], tuple[str, ...], dict[str, str]]:
+    """The removals the head records, the paths left out because a source they go with is not
+    consumed by this plan (decided now, before anything is written), and each recorded path
+    (as the kernel resolves it) -> the name the caller gave."""
     keys = {d.path: key for key, ds in prep.datas.items() for d in ds}
     consumed = set(prep.plan.consumed)
     outputs = {o.target for o in prep.plan.outputs}
     recorded: list[journal.JournalRemoval] = []
     skipped: list[str] = []
+    given: dict[str, str] = {}
     for r in remove:
         try:
             path = kernel_path(r.path)
         except OSError:  # its directory is gone: nothing of it to record
             skipped.append(r.path)
             continue
-        if path in outputs:  # replaced by the commit: nothing to remove
-            continue
+        if path in outputs or r.identity[:2] in prep.datas:
+            continue  # replaced by the commit, or a source of the save: never a removal
         if any(keys.get(s) not in consumed for s in r.with_sources):
             skipped.append(r.path)
             continue
         recorded.append(journal.JournalRemoval(path, *r.identity))
-    return tuple(recorded), tuple(skipped)
+        given[path] = r.path
+    return tuple(recorded), tuple(skipped), given
 
 
 def _execute(txn: Txn) -> None:
