@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Each temp ``.NAME.TOKEN.partial`` is created ``O_CREAT|O_EXCL`` with the replaced file's
 permission bits (narrowed by the umask), so it is never readable beyond the old file from the
-first instant.  In-memory pieces are written, derived
+first instant; a discard output's temp (never published) is 0600.  In-memory pieces are written, derived
 ones computed (``_pieces.derived``: a chunk of their sources at a time, read here while every
 source is still whole) and file-backed ones cloned or copied at their final offsets, in output
 order (the kernel clones a source's partial EOF block only at the temp's end, so temps are not

@@ -35,7 +35,11 @@ held in ``Txn.stage`` and moves only along ``stages``'s table.
    single rename is).  RENAMED: each temp
    renamed onto its final name, directories fsynced; then the parked sources are unlinked, each
    compared with its look once more right before (a changed one is kept, under its own name if
-   free, and reported once the rest is done), the journal, then the lock files.
+   free, and reported once the rest is done), then the temps of *discard* outputs (built like
+   the others, never published) and the *removals* the head recorded (files that are not the
+   save's, each only while it is the recorded file: ``undo.discard_and_remove``, which
+   recover's finish runs too), the journal, then the lock files.  A discard output or a
+   removal makes the save journaled, so a crash past the commit point leaves neither undone.
 7. A failure before the commit point is undone by ``undo.roll_back`` on the live files, after
    the journal is renamed to ``.filecord-rollback`` (a crash then continues the rollback); a
    source another process changed mid-move is never rolled back over: the journal and temps

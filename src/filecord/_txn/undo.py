@@ -34,7 +34,9 @@ or a cut of one whose move never began, is refused even at a size a move could l
 
 *Finish* (after the commit point): each temp still holding the journaled inode is given its
 recorded mode and owner and renamed onto its final name; a final name already holding that
-inode is done; anything else is a lost output and stops recovery.  The directories are fsynced,
+inode is done; anything else is a lost output and stops recovery.  A discard output is never
+renamed: its temp is unlinked (``discard_and_remove``, after the parked sources), as are the
+head's removals still matching their recorded identity.  The directories are fsynced,
 then the parked sources (their names carry the token, so an inode number reused by a new file
 at the old path can never be mistaken for them) are unlinked and their directories fsynced.
 Recover has no in-memory look, and the journal is written before the moves, so it cannot hold
