@@ -52,7 +52,7 @@ def spawn(root: Path, spec_name: str, phase: str, at: int) -> subprocess.Complet
 # enumerator cannot pass by testing less.
 POINT_FLOOR = {"consume3": 55, "copy3": 25, "single": 6, "adopt2": 29, "onsrc": 46,
                "discard2": 40}
-RECOVER_POINT_FLOOR = {"consume3": 1130, "discard2": 300}
+RECOVER_POINT_FLOOR = {"consume3": 1130, "discard2": 670}
 
 
 def expected_after_kill(calls: list[Call], point: Call) -> str:
