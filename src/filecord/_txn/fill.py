@@ -4,11 +4,11 @@ Theory of operation
 -------------------
 Each temp ``.NAME.TOKEN.partial`` is created ``O_CREAT|O_EXCL`` with the replaced file's
 permission bits (narrowed by the umask), so it is never readable beyond the old file from the
-first instant; a discard output's temp (never published) is 0600.  In-memory pieces are written, derived
-ones computed (``_pieces.derived``: a chunk of their sources at a time, read here while every
-source is still whole) and file-backed ones cloned or copied at their final offsets, in output
-order (the kernel clones a source's partial EOF block only at the temp's end, so temps are not
-presized before the fill).  Clones and copies never shorten a
+first instant; a discard output's temp (never published) is 0600.  In-memory pieces are
+written, derived ones computed (``_pieces.derived``: a chunk of their sources at a time, read
+here while every source is still whole) and file-backed ones cloned or copied at their final
+offsets, in output order (the kernel clones a source's partial EOF block only at the temp's
+end, so temps are not presized before the fill).  Clones and copies never shorten a
 source, so rolling them back is deleting the temp.  After each file-backed piece the source's
 size, mtime and ctime are compared with what they were when it was opened, so a source
 rewritten during the copy is a ``DataChangedError``, never a silent mix.  Only then do the
