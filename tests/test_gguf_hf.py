@@ -182,22 +182,30 @@ def test_outtype_casts_in_bounded_chunks() -> None:
     assert np.array_equal(f16[1:], f32[1:].astype(np.float16))
 
 
-def test_cast_scratch_chunks_are_bounded(tmp_path: Path) -> None:
+def test_cast_chunks_are_bounded(tmp_path: Path) -> None:
     src = tmp_path / "src.bin"
     data = np.arange(5000, dtype=np.float32)
     src.write_bytes(data.tobytes())
     whole = FileBackedData(src)
     rows = [whole.slice(i * 400, 400) for i in (3, 1, 4, 0, 2)]
     seen: list[int] = []
-    made = _cast.cast_to_scratch(str(tmp_path), "t", [_cast.CastJob("x", rows, GGMLType.F32,
-                                                                     GGMLType.F16)],
-                                 chunk=64, progress=lambda done, total: seen.append(done))
-    assert made is not None
+    made = _cast.derived([_cast.CastJob("x", rows, GGMLType.F32, GGMLType.F16)],
+                         progress=lambda done, total: seen.append(done))
+    reads: list[int] = []
+
+    def read(r: FileBackedData, start: int, n: int) -> bytes:
+        reads.append(n)
+        return r.read_range(start, n)
+
+    got = b"".join(bytes(c) for c in made["x"].chunks(read, chunk=64))
     want = np.concatenate([data[i * 100:(i + 1) * 100] for i in (3, 1, 4, 0, 2)])
-    assert made["x"].to_bytes() == want.astype(np.float16).tobytes()
-    assert np.diff([0, *seen]).max() <= 64  # never more than one chunk of source at a time
-    made["x"].close()
-    assert [p.name for p in tmp_path.iterdir()] == ["src.bin"]
+    assert got == want.astype(np.float16).tobytes()
+    assert len(made["x"]) == len(got)
+    assert max(reads) <= 64  # never more than one chunk of source at a time
+    assert sum(reads) == 2000
+    assert np.diff([0, *seen]).max() <= 64
+    assert seen[-1] == 2000
+    assert [p.name for p in tmp_path.iterdir()] == ["src.bin"]  # nothing is made on disk
 
 
 def _refused(tmp_path: Path, model: Path, *args: str, code: int, says: list[str]) -> None:

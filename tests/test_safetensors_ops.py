@@ -414,6 +414,20 @@ def test_a_fully_consumed_checkpoint_loses_its_index_too(tmp_path, three_files):
     assert report.kept == ()
 
 
+def test_the_index_is_removed_by_the_save_and_reported_by_the_name_given(
+        tmp_path, three_files, monkeypatch):
+    """The index goes at the save's commit (a removal the journal records, by its resolved
+    path); the report names it as the caller did: relative, through a symlinked directory."""
+    index = _checkpoint(tmp_path / "ckpt", three_files)
+    os.symlink(index.parent, tmp_path / "via")
+    monkeypatch.chdir(tmp_path)
+    given = os.path.join("via", index.name)
+    report = merge(tmp_path / "m.safetensors", [given], consume=True)
+    assert list(index.parent.iterdir()) == []
+    assert report.removed == (given,)
+    assert report.journal  # the removal made the save journaled, so recover can finish it
+
+
 # --- a shard named by an index that is a FIFO or a device is refused, never waited on --------
 
 @contextlib.contextmanager

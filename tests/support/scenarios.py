@@ -74,6 +74,11 @@ class Spec:
     sources: Mapping[str, Src]
     outputs: tuple[tuple[str, tuple[Ref, ...]], ...]
     old: Mapping[str, bytes] = field(default_factory=dict)  # outputs that already exist
+    # Outputs built in a temp and unlinked at the commit, never published (``discard``), and
+    # files that exist before the save and that its commit removes (``removes``: rel -> bytes;
+    # each goes with every consumed source, as an index with its shards).
+    discard: frozenset[str] = frozenset()
+    removes: Mapping[str, bytes] = field(default_factory=dict)
 
 
 def _piece_bytes(spec: Spec, ref: Ref) -> bytes:
@@ -187,7 +192,29 @@ ONSRC = Spec(
     old={},
 )
 
-SPECS = {s.name: s for s in (COPY3, CONSUME3, SINGLE, ADOPT2, ONSRC)}
+# (f) consume mode with a discard output and a file removed at the commit (what ``convert
+# --consume`` does with the source bytes of cast tensors and the checkpoint's index): the
+# published output takes P above its first window and the head of Q; the discard output takes
+# the rest, so both sources are moved whole; an index naming P and Q goes at the commit.
+DISCARD2 = Spec(
+    name="discard2",
+    consume=True,
+    window=4096,
+    single=False,
+    sources={
+        "P": Src("src dir/P.bin", 3 * 4096 + 50, 51, owned=True),
+        "Q": Src("src dir/Q.bin", 2 * 4096 + 3, 52, owned=True),
+    },
+    outputs=(
+        ("out/kept.bin", (Ref(data=b"HDR"), Ref("P", offset=4096), Ref("Q", offset=0,
+                                                                      length=100))),
+        ("out/.drop.bin", (Ref("P", offset=0, length=4096), Ref("Q", offset=100))),
+    ),
+    discard=frozenset({"out/.drop.bin"}),
+    removes={"src dir/index.json": b'{"weight_map": {"p": "P.bin", "q": "Q.bin"}}'},
+)
+
+SPECS = {s.name: s for s in (COPY3, CONSUME3, SINGLE, ADOPT2, ONSRC, DISCARD2)}
 
 
 class Layout:
@@ -207,7 +234,8 @@ class Layout:
         return os.path.dirname(self.path(self.spec.outputs[0][0]))
 
     def dirs(self) -> list[str]:
-        rels = [s.rel for s in self.spec.sources.values()] + [o for o, _ in self.spec.outputs]
+        rels = ([s.rel for s in self.spec.sources.values()] + [o for o, _ in self.spec.outputs]
+                + list(self.spec.removes))
         return sorted({os.path.dirname(self.path(r)) for r in rels})
 
     def recover_all(self) -> list[filecord.Recovered]:
@@ -259,6 +287,20 @@ class Layout:
 
     def run(self, cords: Mapping[str, Cord]) -> filecord.SaveReport:
         s = self.spec
+        if s.discard or s.removes:
+            from filecord._kit.removal import identity
+            from filecord._txn.save import Removal, save_many_finishing
+
+            consumed = tuple(self.path(r) for r in sorted(self.consumed()))
+            remove = []
+            for rel in s.removes:
+                ident = identity(self.path(rel))
+                assert ident is not None
+                remove.append(Removal(self.path(rel), ident, with_sources=consumed))
+            report, _done = save_many_finishing(
+                dict(cords), consume=s.consume, window=s.window, progress=None,
+                discard=frozenset(self.path(r) for r in s.discard), remove=remove)
+            return report
         if s.single:
             ((path, cord),) = cords.items()
             return filecord.save(path, cord, consume=s.consume, window=s.window)
@@ -281,11 +323,13 @@ class Layout:
         return {s.rel for k, s in self.spec.sources.items() if s.owned and k in used}
 
     def pristine(self) -> dict[str, bytes]:
-        return {**self.source_bytes(), **self.spec.old}
+        return {**self.source_bytes(), **self.spec.old, **self.spec.removes}
 
     def done(self) -> dict[str, bytes]:
         kept = {r: b for r, b in self.source_bytes().items() if r not in self.consumed()}
-        return {**kept, **self.expected_outputs()}
+        published = {r: b for r, b in self.expected_outputs().items()
+                     if r not in self.spec.discard}
+        return {**kept, **published}
 
     # --- judging -----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, bytes]:

@@ -1,10 +1,12 @@
 """Damage to every record ``recover`` reads, at crash points that leave each kind of record.
 
-Two crashes: a consuming save of a.bin + b.bin killed mid-move of b.bin (the journal holds its
-head and a ``moved`` record), and one stopped just after its commit point (``moved``, ``moved``,
-``looked``).  In each, every byte of every progress record and of both lock-file records is
-flipped (xor 0xFF, and the lowest bit), and every decimal digit of every record, the head's
-included, is changed to another digit (a record that still parses and looks plausible: only
+Three crashes: a consuming save of a.bin + b.bin killed mid-move of b.bin (the journal holds
+its head and a ``moved`` record), one stopped just after its commit point (``moved``,
+``moved``, ``looked``), and the same with a discard output (a.bin's first window) and an index
+removed at the commit, so the head carries both (their digits are changed like the rest).
+In each, every byte of every progress record and of both lock-file records is flipped (xor
+0xFF, and the lowest bit), and every decimal digit of every record, the head's included, is
+changed to another digit (a record that still parses and looks plausible: only
 its checksum tells).  After each, ``recover``:
 
 * acts (restores or finishes) and the files are byte-exact, or
@@ -35,7 +37,7 @@ from support.killjob import fork_run
 W = 4096
 A, B = pattern(3 * W, "a"), pattern(2 * W, "b")
 # Cases actually run per crash point: about 90% of the 1,045 and 1,550 that run today.
-CASES_FLOOR = {"mid-move": 940, "committed": 1400}
+CASES_FLOOR = {"mid-move": 940, "committed": 1400, "committed-discard": 1520}
 
 
 def _sources(d: Path) -> Cord:
@@ -70,6 +72,40 @@ def committed(d: Path) -> None:
 
     with _sys.use(FailRename()), pytest.raises(SaveError, match="after its commit"):
         save(d / "out.bin", _sources(d), consume=True, window=W)
+
+
+INDEX = b'{"weight_map": {"a": "a.bin", "b": "b.bin"}}'
+
+
+def committed_discard(d: Path) -> None:
+    """As :func:`committed`, with a.bin's first window in a discard output and an index that
+    the commit removes."""
+    from filecord._kit.removal import identity
+    from filecord._txn.save import Removal, save_many_finishing
+
+    (d / "index.json").write_bytes(INDEX)
+    (d / "a.bin").write_bytes(A)
+    (d / "b.bin").write_bytes(B)
+    a = FileBackedData(d / "a.bin", owned=True)
+    b = FileBackedData(d / "b.bin", owned=True)
+    ident = identity(str(d / "index.json"))
+    assert ident is not None
+
+    class FailRename(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "rename" and str(args[1]) == str(d / "out.bin"):
+                raise OSError(errno.EIO, "injected after the commit point")
+
+    with _sys.use(FailRename()), pytest.raises(SaveError, match="after its commit"):
+        save_many_finishing(
+            {d / "out.bin": Cord([a.slice(W, 2 * W), b]), d / ".drop": Cord([a.slice(0, W)])},
+            consume=True, window=W, progress=None, discard=frozenset({str(d / ".drop")}),
+            remove=[Removal(str(d / "index.json"), ident,
+                            with_sources=(str(d / "a.bin"), str(d / "b.bin")))])
+
+
+def finished_discard(d: Path) -> bool:
+    return sorted(os.listdir(d)) == ["out.bin"] and (d / "out.bin").read_bytes() == A[W:] + B
 
 
 def restored(d: Path) -> bool:
@@ -128,6 +164,7 @@ def _apply(data: bytes, case: tuple[str, int, int]) -> bytes | None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("point", "crash", "done"), [
     ("mid-move", mid_move, restored), ("committed", committed, finished),
+    ("committed-discard", committed_discard, finished_discard),
 ])
 def test_every_damaged_record(tmp_path: Path, point: str,
                               crash: Callable[[Path], None],

@@ -4,9 +4,10 @@ Theory of operation
 -------------------
 An operation is: **inputs** (read headers only; with ``consume`` each data file is one owned
 whole-file piece, so the save may move its bytes and delete it) -> **job** (the outputs as
-Cords of ranges of those pieces, and the files the outputs make obsolete) -> **dry run**
-(``plan``: what would happen, nothing written) or **save** (``save_many``: one transaction) ->
-**settle** (after the commit: remove what the operation, not the save, must remove).
+Cords of ranges of those pieces, outputs to discard at the commit, and the files the outputs
+make obsolete) -> **dry run** (``plan``: what would happen, nothing written) or **save** (one
+transaction, which also removes at its commit the obsolete files and the index of a consumed
+set, so ``recover`` finishes those after a crash too) -> **settle** (the report).
 
 Deletion rights: whatever happens, every input piece gives up its deletion right on the way
 out (``detach_cleanup``), so only a committed consuming save removes a user's data file, never
@@ -21,9 +22,13 @@ index and its shards, a GGUF split set, one file given under two names).  Each k
 disowned, so the save copies it.  :func:`account` then computes ``kept`` and ``removed`` for
 the dry run and the run alike, so the forecast is the outcome.
 
-After the commit nothing raises (DESIGN invariant 8): an index is unlinked only when its
-shards were all consumed and it is still the file read (same identity, or byte-identical);
-a failed unlink is reported kept, with its errno.  ``removed`` lists only what was unlinked.
+Removal rides on the save (``handed_removals``): the head of its journal records each
+obsolete file and each index whose data files the decision lets the save take, with its
+identity (device, inode, size, mtime) as read; the save (or recover's finish) unlinks it after
+the commit point only if the save consumed every data file it names and it is still that file.
+After the commit nothing raises (DESIGN invariant 8): an index the save kept because another
+writer replaced it is unlinked by the kit only when it is byte-identical to the one read; a
+failed unlink is reported kept, with its errno.  ``removed`` lists only what was unlinked.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Generic, TypeVar
 
 from filecord._io import syscalls as _sys
 from filecord._kit.removal import (
+    Identity,
     KeepReason,
     KeptInput,
     identity,
@@ -55,13 +61,14 @@ from filecord._plan.types import (
     MOUNT_POINT,
     NOT_CARRIED,
     NOT_OUR_FILE,
+    NOT_OWNED,
     OTHER_FS,
     READ_ONLY,
     SYMLINK,
     Reason,
 )
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._txn.save import plan, save_many, save_many_disowned
+from filecord._txn.save import Removal, plan, save_many_finishing
 from filecord._txn.state import ProgressCallback as ProgressCallback
 from filecord.errors import SourceIsOutputError
 
@@ -104,6 +111,9 @@ class Job:
     # Input files whose non-tensor content (metadata, key-values) the outputs drop or override:
     # copied and kept, never consumed.
     uncarried: tuple[str, ...] = ()
+    # Outputs built like the others but never published (the save unlinks their temps at the
+    # commit): bytes of consumed inputs that no output keeps, so those inputs move whole.
+    discard: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,25 +185,55 @@ def operate(
             return OperationReport.of(report, removed=removed, kept=kept)
         # Inputs the kit kept are handed over unowned on purpose, their reasons reported by
         # the kit: the save's "not owned" warning would name the wrong cause.
-        report = _relabel(
-            save_many_disowned(job.outputs, window=window, progress=progress)
-            if consume and relabels
-            else save_many(job.outputs, consume=consume, window=window, progress=progress),
-            relabels)
+        saved, done = save_many_finishing(
+            job.outputs, consume=consume, window=window, progress=progress,
+            discard=frozenset(os.fspath(d) for d in job.discard),
+            remove=handed_removals(inputs, held, obsolete, seen, consume=consume),
+            quiet_reasons=frozenset({NOT_OWNED}) if consume and relabels else frozenset())
+        report = _relabel(saved, relabels)
     finally:
         for w in inputs.wholes:
             w.detach_cleanup()
-    # Committed: the outputs are complete under their final names.  Nothing below raises.
+    # Committed: the outputs are complete under their final names, and the save removed, at
+    # its commit, what the operation made obsolete (``done.removed``; after a crash, recover
+    # does).  Nothing below raises.
     try:
         doomed, kept = account(report, inputs, held, obsolete, consume=consume,
                                still_there=lambda f: identity(f) == seen.get(f))
-        seen_doomed = {p: seen.get(p) or identity(p) for p in doomed}
-        removed, failed = remove_after_commit(doomed, seen_doomed, texts)
+        # What the save did not remove: an index rewritten byte for byte by another writer
+        # (a new inode: the save kept it) still describes only what was consumed.
+        rest = [p for p in doomed if p not in done.removed]
+        seen_doomed = {p: seen.get(p) or identity(p) for p in rest}
+        late, failed = remove_after_commit(rest, seen_doomed, texts)
+        removed = tuple(p for p in doomed if p in done.removed or p in late)
         return OperationReport.of(report, removed=removed, kept=(*kept, *failed))
     except OSError as exc:  # e.g. the working directory vanished: keep, report, return
         log.warning("after the commit, the inputs could not be judged (%s): all are kept", exc)
         return OperationReport.of(report, kept=tuple(
             KeptInput(i.path, KeepReason.NOT_REMOVABLE, str(exc)) for i in inputs.indexes))
+
+
+def handed_removals(inputs: Inputs[T], held: Decision, obsolete: Sequence[str],
+                    seen: Mapping[str, Identity | None], *, consume: bool
+                    ) -> tuple[Removal, ...]:
+    """The files the save removes at its commit (journaled, so ``recover`` finishes it too):
+    the obsolete files there now, and, when consuming, each index whose data files the
+    decision lets the save take (it goes only if the save consumes them all), each with the
+    identity it has now or had when read."""
+    out: list[Removal] = []
+    for p in obsolete:
+        now = identity(p)
+        if now is not None:
+            out.append(Removal(p, now))
+    if not consume:
+        return tuple(out)
+    for index in inputs.indexes:
+        was = seen.get(index.path)
+        if (was is None or index.path not in held.indexes or held.indexes[index.path] is not None
+                or any(held.keeps(f) for f in index.files)):
+            continue
+        out.append(Removal(index.path, was, with_sources=index.files))
+    return tuple(out)
 
 
 def refuse_replacing_inputs(job: Job, inputs: Inputs[T]) -> None:
@@ -400,8 +440,7 @@ def _is_stream(output: str) -> bool:
 
 
 def _unlinkable_kind(path: str) -> bool:
-    """An obsolete name the operation may unlink: a file or a link, never a directory (one not
-    there yet may be an output of this very save, a hidden one removed after the commit)."""
+    """An obsolete name the operation may unlink: a file or a link, never a directory."""
     try:
         return not stat_mod.S_ISDIR(_sys.lstat(path).st_mode)
     except FileNotFoundError:

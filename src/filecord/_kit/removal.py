@@ -6,9 +6,11 @@ A consuming merge, reshard or convert hands its inputs' data files to ``save_man
 pieces; the save itself deletes, at its commit, the ones it moved or cloned, and keeps (copies
 from) the ones it may not delete: symlinks (a Hugging Face cache snapshot is all symlinks into
 ``blobs/``), files with another hard link, read-only files or directories or mounts, immutable
-or append-only files (``chattr +i``/``+a``), files on another file system.  What is left for
-the operation after the commit is the files that *describe* inputs (an ``*.index.json``) and
-the files the new outputs make obsolete (shards of another count, in a reshard).
+or append-only files (``chattr +i``/``+a``), files on another file system.  What is left is the
+files that *describe* inputs (an ``*.index.json``) and the files the new outputs make obsolete
+(shards of another count, in a reshard): the operation hands them to the save as removals at
+its commit (journaled, so ``recover`` finishes them after a crash), and what the save did not
+remove (an index another writer rewrote byte for byte) comes here after the commit.
 
 The rules, applied after the commit point, in this order:
 

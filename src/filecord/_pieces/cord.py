@@ -1,4 +1,4 @@
-"""Cord: an ordered sequence of pieces, in-memory bytes or file-backed ranges.
+"""Cord: an ordered sequence of pieces: in-memory bytes, file-backed ranges, derived bytes.
 
 A cord never copies file-backed bytes into memory on its own; only ``bytes(cord)`` (explicit,
 and documented as costly) does.  ``write_to_file`` streams into a file object the caller opened,
@@ -13,21 +13,23 @@ from collections.abc import Iterable, Iterator
 from typing import Protocol, Union
 
 from filecord._pieces.data import CHUNK, FileBackedData
+from filecord._pieces.derived import Derived
 from filecord._pieces.rows import FileRows
 
 log = logging.getLogger(__name__)
 
-Piece = Union[memoryview, FileBackedData, FileRows]  # noqa: UP007 - a runtime alias on 3.10
-PieceLike = Union[bytes, bytearray, memoryview, FileBackedData, FileRows, "Cord"]
+Piece = Union[memoryview, FileBackedData, FileRows, Derived]  # noqa: UP007 - a runtime alias on 3.10
+PieceLike = Union[bytes, bytearray, memoryview, FileBackedData, FileRows, Derived, "Cord"]
 
 
 class Writable(Protocol):
     def write(self, data: bytes | memoryview, /) -> object: ...
 
 
-def as_piece(item: bytes | bytearray | memoryview | FileBackedData | FileRows) -> Piece:
+def as_piece(item: bytes | bytearray | memoryview | FileBackedData | FileRows | Derived
+             ) -> Piece:
     """Normalize one piece; in-memory buffers become flat byte views (no copy)."""
-    if isinstance(item, (FileBackedData, FileRows)):
+    if isinstance(item, (FileBackedData, FileRows, Derived)):
         return item
     if isinstance(item, (bytes, bytearray, memoryview)):
         view = memoryview(item)
@@ -35,7 +37,8 @@ def as_piece(item: bytes | bytearray | memoryview | FileBackedData | FileRows) -
             raise ValueError("in-memory pieces must be contiguous buffers")
         return view.cast("B") if view.format != "B" or view.ndim != 1 else view
     raise TypeError(
-        f"a Cord piece must be bytes, bytearray, memoryview, FileBackedData, FileRows or Cord, "
+        f"a Cord piece must be bytes, bytearray, memoryview, FileBackedData, FileRows, Derived "
+        f"or Cord, "
         f"not {type(item).__name__}"
     )
 
@@ -102,9 +105,13 @@ class Cord:
         return list(seen.values())
 
     def check(self) -> None:
-        """Raise ``DataChangedError`` if any file-backed piece no longer holds its bytes."""
+        """Raise ``DataChangedError`` if any file-backed piece (or a derived piece's source) no
+        longer holds its bytes."""
         for p in self.file_backed_buffers():
             p.check()
+        for piece in self._pieces:
+            if isinstance(piece, Derived):
+                piece.check()
 
     def write_to_file(self, fileobj: Writable, *, chunk: int = CHUNK) -> int:
         """Stream every byte into ``fileobj`` (a copy, never a move); returns the bytes written.
@@ -124,6 +131,10 @@ class Cord:
                 for got in p.iter_chunks(chunk):
                     _write_fully(fileobj, memoryview(got))
                     written += len(got)
+            elif isinstance(p, Derived):
+                for view in p.chunks(chunk=chunk):
+                    _write_fully(fileobj, view)
+                    written += len(view)
             else:
                 for start in range(0, len(p), chunk):
                     part = p[start : start + chunk]

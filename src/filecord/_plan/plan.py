@@ -7,6 +7,9 @@ made under ``consume=True``) and the predicted peak disk per file system (counte
 ``space``).  Because every decision is a function of plain values, each rule is
 unit-testable without a disk.
 
+In-memory pieces are "written" and derived ones "computed" (new bytes the fill makes of its
+sources while they are whole: never moved or cloned, and no placement of a source).
+
 Decision rules (``consume=True``; without it, pieces are only cloned or copied):
 
 * clone: source and output on one file system that can clone, and the output offset and the
@@ -394,7 +397,8 @@ def make_plan(
     src_paths = {k: s.path for k, s in sources.items()}
     for i, r in enumerate(refs):
         if r.source is None:
-            add(PieceAction(paths[r.output], r.index, r.out_offset, r.length, "written"))
+            add(PieceAction(paths[r.output], r.index, r.out_offset, r.length,
+                            "computed" if r.computed else "written"))
             continue
         tail = tails[i]
         add(PieceAction(paths[r.output], r.index, r.out_offset, r.length, acts[i],

@@ -21,6 +21,7 @@ from filecord._io import syscalls as _sys
 from filecord._io.paths import kernel_path, resolve_target
 from filecord._pieces.cord import Cord, PieceLike
 from filecord._pieces.data import FileBackedData
+from filecord._pieces.derived import Derived
 from filecord._pieces.rows import FileRows
 from filecord._plan.facts import fs_facts, mount_id, mount_table
 from filecord._plan.types import BLOCK, FsFacts, OutputFacts, PieceRef, SourceFacts
@@ -101,13 +102,16 @@ def _dir_facts(path: str, target: str) -> str:
 
 
 def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
-           consume: bool = False) -> Facts:
+           consume: bool = False, discard: frozenset[str] = frozenset()) -> Facts:
     """Stat every output, source and file system of the save (see the module's docstring).
 
     ``probe_insert``: also try whether each output's file system inserts ranges, where an
     owned source shares it (``facts.probe_insert``; what adoption in place needs).
     ``consume``: an output may name a source every piece of which is owned, so the save may
-    consume it; :func:`refuse_replaced_sources` then checks, with the plan, that it does."""
+    consume it; :func:`refuse_replaced_sources` then checks, with the plan, that it does.
+    ``discard``: the paths of outputs that are never published (only their temps exist, and
+    are unlinked at the commit): their name is taken as given, never resolved or replaced, so
+    whatever is there now (a file, a symlink) is neither stat'ed nor touched."""
     outputs: list[OutputFacts] = []
     target_stats: list[os.stat_result | None] = []
     seen_targets: dict[str, str] = {}
@@ -118,7 +122,10 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
             # open() refuses a name that can only be a directory: so does a save.
             raise SaveError(f"cannot save {path}: it names a directory, not a file",
                             errno=errno.EISDIR)
-        target, st = _resolve(path)
+        if path in discard:
+            target, st = kernel_path(path), None  # the name itself, never followed
+        else:
+            target, st = _resolve(path)
         if target in seen_targets:
             raise ValueError(f"{path} and {seen_targets[target]} name the same file {target}")
         seen_targets[target] = path
@@ -133,7 +140,8 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
             dev = _sys.stat(directory).st_dev
         out_dirs.append(directory)
         mount = 0 if direct else mount_id(directory, mounts)
-        outputs.append(OutputFacts(path, target, dev, len(cord), direct, mount))
+        outputs.append(OutputFacts(path, target, dev, len(cord), direct, mount,
+                                   discard=path in discard))
         target_stats.append(st)
 
     refs: list[PieceRef] = []
@@ -169,6 +177,9 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
                     group.append(piece)
                 add(PieceRef(o, i, offset, n, key, piece.offset) if rows is None
                     else PieceRef(o, i, offset, n, key, piece.offset, rows))
+            elif isinstance(piece, Derived):
+                piece.check()  # its sources hold their bytes now; the fill reads them checked
+                add(PieceRef(o, i, offset, n, computed=True))
             else:
                 add(PieceRef(o, i, offset, n))
             offset += n

@@ -12,7 +12,9 @@ class SaveReport:
     """Every piece with its action, totals, peaks, and for a real save the time and fsyncs.
 
     ``dry_run`` is True for :func:`filecord.plan`.  ``actions`` lists in-memory pieces as
-    ``written`` and file-backed ones as ``copied``, ``cloned`` or ``moved``; a copy made under
+    ``written``, derived ones (bytes computed from file ranges, such as a dtype cast) as
+    ``computed`` (their bytes count in ``bytes_written``) and file-backed ones as ``copied``,
+    ``cloned`` or ``moved``; a copy made under
     ``consume=True`` carries its ``reason``; a cloned piece whose last partial block was copied
     says how many bytes (``tail``) and why (``tail_reason``).  A piece of rows
     (:class:`~filecord._pieces.rows.FileRows`, e.g. a GGUF Q/K permutation) is one action

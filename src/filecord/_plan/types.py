@@ -41,11 +41,13 @@ Reason = Literal[
     "the file system refused the clone", "kept with the set it belongs to",
     "content the output does not carry", "a mount point",
 ]
-# What happens to a piece: in-memory bytes are "written"; file-backed ones one of the others.
+# What happens to a piece: in-memory bytes are "written"; derived ones (``_pieces.derived``:
+# bytes a function makes of file ranges, a chunk at a time) "computed"; file-backed ones one of
+# the others.
 # "adopted": the source becomes its output's file in place (space inserted in front of its
 # blocks, nothing copied); planned only with ``make_plan(adopt=True)``, which no save asks
 # for until the transaction has that action (issue 26 item 1).
-Action = Literal["written", "copied", "cloned", "moved", "adopted"]
+Action = Literal["written", "computed", "copied", "cloned", "moved", "adopted"]
 ADOPTED: Action = "adopted"
 IN_PLACE_WHY = ("it lies whole at a block-aligned offset of its output, on a file system that "
                 "inserts ranges: space is inserted in front of its blocks, no byte copied")
@@ -115,6 +117,7 @@ class PieceRef:
     # A piece of rows (:class:`FileRows`): its bytes are these source ranges, in order, not
     # ``[src_offset, src_offset + length)``; the plan decides for the piece as one unit.
     rows: FileRows | None = None
+    computed: bool = False  # a derived piece: new bytes, never a placement of a source
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,7 @@ class OutputFacts:
     length: int
     direct: bool  # not a regular file (FIFO, device): written in place, streamed
     mount: int = 0  # mount id of its directory (see SourceFacts.mount)
+    discard: bool = False  # built in a temp that the commit unlinks: never published
 
 
 @dataclass(frozen=True, slots=True)

@@ -454,7 +454,8 @@ def check_committed(j: Journal, seen: Observed,
     for o, (out, of) in enumerate(zip(j.outputs, seen.outputs, strict=True)):
         # A temp not at the journaled length was cut or grown by someone else: never renamed
         # onto the final name (``undo.finish`` checks again right before its first rename).
-        if not out.direct and of.temp is not None and of.temp.size != out.length:
+        if (not out.direct and not out.discard and of.temp is not None
+                and of.temp.size != out.length):
             return RecoverError(f"{j.temp(o)}: the temp of {out.final} is {of.temp.size} bytes "
                                 f"where the journal says the complete output has {out.length}: "
                                 "another process changed it, so it is not renamed onto the "
@@ -537,7 +538,8 @@ def observe(j: Journal, records: Records) -> Observed:
                         probes.setdefault(d.output, set()).add(d.out_offset + a - d.src_offset)
         for o, out in enumerate(j.outputs):
             tmp = None if out.direct else _facts(j.temp(o), out.dev, out.ino)
-            final = _facts(out.final, out.dev, out.ino)
+            # A discard output is never published: its final name is no business of the save.
+            final = None if out.discard else _facts(out.final, out.dev, out.ino)
             at = j.temp(o) if tmp is not None else out.final if final is not None else None
             holes = _holes(at, out.dev, out.ino, sorted(probes.get(o, ()))) if at else ()
             outputs.append(OutputFacts(tmp, final, holes))

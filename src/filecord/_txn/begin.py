@@ -134,8 +134,10 @@ def _record(txn: Txn) -> journal.Journal:
             mode = 0o666 & ~_umask()  # what open() would have given a new file
         old = (0, 0) if tst is None else (tst.st_dev, tst.st_ino)
         outputs.append(journal.JournalOutput(out.target, dev, ino, out.length, mode, uid, gid,
-                                             old_dev=old[0], old_ino=old[1]))
-    return journal.Journal(txn.token, p.window, tuple(outputs), tuple(sources), ordered=True)
+                                             old_dev=old[0], old_ino=old[1],
+                                             discard=out.discard))
+    return journal.Journal(txn.token, p.window, tuple(outputs), tuple(sources), ordered=True,
+                           removals=txn.removals)
 
 
 def write_journal(txn: Txn) -> None:

@@ -4,13 +4,15 @@ Theory of operation
 -------------------
 Each temp ``.NAME.TOKEN.partial`` is created ``O_CREAT|O_EXCL`` with the replaced file's
 permission bits (narrowed by the umask), so it is never readable beyond the old file from the
-first instant.  In-memory pieces are written and file-backed ones cloned or copied at their
-final offsets, in output order (the kernel clones a source's partial EOF block only at the
-temp's end, so temps are not presized before the fill).  Clones and copies never shorten a
-source, so rolling them back is deleting the temp.  After each file-backed piece (a run of
-pieces adjacent in their source and in the output is copied as one, a piece of rows run by run)
-the source's size, mtime and ctime are compared with what they were when it was opened, so a
-source rewritten during the copy is a ``DataChangedError``, never a silent mix.  Only then do the
+first instant; a discard output's temp (never published) is 0600.  In-memory pieces are
+written, derived ones computed (``_pieces.derived``: a chunk of their sources at a time, read
+here while every source is still whole) and file-backed ones cloned or copied at their final
+offsets, in output order (the kernel clones a source's partial EOF block only at the temp's
+end, so temps are not presized before the fill).  Clones and copies never shorten a source, so
+rolling them back is deleting the temp.  After each file-backed piece (a run of pieces adjacent
+in their source and in the output is copied as one, a piece of rows run by run) the source's
+size, mtime and ctime are compared with what they were when it was opened, so a source
+rewritten during the copy is a ``DataChangedError``, never a silent mix.  Only then do the
 temps get the replaced file's owner, group and exact mode (set-id bits last, on complete
 content).  A crash here leaves temps that ``recover`` removes once the save's lock is free:
 nothing destructive has happened.
@@ -26,6 +28,7 @@ from dataclasses import dataclass, replace
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._pieces.data import FileBackedData
+from filecord._pieces.derived import Derived
 from filecord._pieces.rows import FileRows
 from filecord._plan.facts import is_clone_refusal
 from filecord._plan.types import BLOCK, CLONE_REFUSED, PAST_TAIL, PieceAction
@@ -45,7 +48,9 @@ def create_outputs(txn: Txn) -> None:
         temp = _names.sibling(out.target, txn.token, _names.TEMP)
         # The replaced file's permission bits from the first instant (the umask may narrow
         # them further); set-id bits and the owner only once the content is complete.
-        mode = 0o666 if st is None else stat_mod.S_IMODE(st.st_mode) & 0o777
+        # A discard output holds other files' bytes and is never published: owner only.
+        mode = (0o600 if out.discard else 0o666 if st is None
+                else stat_mod.S_IMODE(st.st_mode) & 0o777)
         fd = _sys.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
         txn.temps.append(temp)
         txn.fds.append(fd)
@@ -132,6 +137,8 @@ def fill(txn: Txn) -> None:
                 run = None
             if isinstance(piece, FileRows):
                 _copy_rows(txn, piece, fd, None if out.direct else act.out_offset)
+            elif isinstance(piece, Derived):
+                _compute_piece(txn, piece, fd, None if out.direct else act.out_offset)
             elif not isinstance(piece, FileBackedData):
                 dst = None if out.direct else act.out_offset
                 transfer.write_bytes(fd, piece, dst, txn.counters, txn.advance)
@@ -142,6 +149,28 @@ def fill(txn: Txn) -> None:
             _copy_run(txn, fd, run)
         if not out.direct:
             txn.dirty.add(fd)
+
+
+def _compute_piece(txn: Txn, piece: Derived, fd: int, dst_off: int | None) -> None:
+    """Write a derived piece a chunk at a time, reading its sources through the save's checked
+    descriptors (before any source is parked or cut: the fill comes first), then prove each
+    source did not change meanwhile, as for a copy."""
+    def read(r: FileBackedData, start: int, n: int) -> bytes:
+        return _sys.read_all(_source_fd(txn, r), r.offset + start, n)
+
+    pos = dst_off
+    try:
+        for out in piece.chunks(read):
+            transfer.write_bytes(fd, out, pos, txn.counters, txn.advance)
+            if pos is not None:
+                pos += len(out)
+    except OSError:
+        for r in piece.sources:
+            if (r.identity.dev, r.identity.ino) in txn.src_fds:
+                _recheck_source(txn, r)
+        raise
+    for r in piece.sources:
+        _recheck_source(txn, r)
 
 
 @dataclass(slots=True)

@@ -14,7 +14,8 @@ made to (a CRC is linear: one digit changed and a few bytes fixed up elsewhere w
 
 The records (``Kind``):
 
-* ``begin``: what the save is (outputs, sources, window: :class:`Journal`), written **twice**
+* ``begin``: what the save is (outputs, some marked *discard*, sources, window, the files the
+  commit removes with their identities: :class:`Journal`), written **twice**
   under the ``.filecord-pending`` name, fsynced, then renamed to the journal name: a journal
   name never holds a torn head, and one damaged copy leaves the other to read.
 * ``moved``: ``{"n": N}``, appended and fsynced once the first N moved sources (journal
@@ -96,6 +97,11 @@ class JournalOutput:
     direct: bool = False  # a FIFO or device written in place: no temp, nothing to recover
     old_dev: int = 0  # the file the save replaces (0, 0: the name was free)
     old_ino: int = 0
+    # Built like the others (a temp, filled, moved into, fsynced) but never published: at the
+    # commit its temp is unlinked instead of renamed, and ``final`` only names that temp.  It
+    # takes bytes of consumed sources that no published output holds, so those sources can be
+    # moved whole (and put back whole by a rollback).
+    discard: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +126,23 @@ class JournalSource:
 
 
 @dataclass(frozen=True, slots=True)
+class JournalRemoval:
+    """A file that is not the save's, unlinked after the commit point (by the save, or by
+    recover's finish) only while it is still the file recorded at the begin: same device,
+    inode, size and modification time.  Another file there, or this one changed, is kept."""
+
+    path: str
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+
+    @property
+    def identity(self) -> tuple[int, int, int, int]:
+        return (self.dev, self.ino, self.size, self.mtime_ns)
+
+
+@dataclass(frozen=True, slots=True)
 class Journal:
     token: str
     window: int
@@ -129,6 +152,8 @@ class Journal:
     # recover's move-order check (``assess.check_order``) relies on it.  Older records are sorted
     # by inode and carry no such promise.
     ordered: bool = False
+    # Files the commit removes (:class:`JournalRemoval`), in order.
+    removals: tuple[JournalRemoval, ...] = ()
 
     def temp(self, o: int) -> str:
         """Output ``o``'s temp path (derived, never stored)."""
@@ -153,8 +178,10 @@ def _body(j: Journal) -> dict[str, object]:
         **({"ordered": True} if j.ordered else {}),
         "outputs": [
             [o.final, o.dev, o.ino, o.length, o.mode, o.uid, o.gid, o.direct, o.old_dev,
-             o.old_ino] for o in j.outputs
+             o.old_ino, *([True] if o.discard else [])] for o in j.outputs
         ],
+        **({"removals": [[r.path, r.dev, r.ino, r.size, r.mtime_ns] for r in j.removals]}
+           if j.removals else {}),
         "sources": [
             {
                 "path": s.path, "dev": s.dev, "ino": s.ino, "size": s.size,
@@ -354,10 +381,10 @@ def _parse(body: object) -> Journal:
         raise TypeError("the head is not an object")
     if body["version"] != VERSION:
         raise ValueError(f"version {body['version']!r} is not {VERSION}")
-    outputs = tuple(
-        JournalOutput(_str(f), _int(d), _int(i), _int(n), _int(m), _int(u), _int(g), bool(x),
-                      _int(od), _int(oi))
-        for f, d, i, n, m, u, g, x, od, oi in body["outputs"]
+    outputs = tuple(_output(o) for o in body["outputs"])
+    removals = tuple(
+        JournalRemoval(_str(p), _int(d), _int(i), _int(n), _int(m))
+        for p, d, i, n, m in body.get("removals", [])
     )
     sources = []
     for s in body["sources"]:
@@ -376,7 +403,19 @@ def _parse(body: object) -> Journal:
     if not _names.is_token(token):
         raise ValueError(f"token {token!r} is malformed")
     return Journal(token, _int(body["window"]), outputs, tuple(sources),
-                   ordered=body.get("ordered") is True)
+                   ordered=body.get("ordered") is True, removals=removals)
+
+
+def _output(o: object) -> JournalOutput:
+    """One output entry: ten fields, and an eleventh ``true`` for a discard output (a head
+    written before discard outputs existed has ten)."""
+    if not isinstance(o, list) or len(o) not in (10, 11):
+        raise ValueError("an output entry is not a list of 10 or 11 fields")
+    f, d, i, n, m, u, g, x, od, oi = o[:10]
+    if len(o) == 11 and o[10] is not True:
+        raise ValueError("an output's discard mark is not true")
+    return JournalOutput(_str(f), _int(d), _int(i), _int(n), _int(m), _int(u), _int(g),
+                         bool(x), _int(od), _int(oi), discard=len(o) == 11)
 
 
 def _clean(path: str) -> bool:
@@ -413,6 +452,18 @@ def confine(j: Journal, journal_path: str) -> None:
             if d.out_offset + d.length > j.outputs[d.output].length:
                 raise JournalDamagedError(f"{journal_path}: {s.path}: range past the output")
     dirs = j.directories()
+    for o in j.outputs:
+        if o.discard and o.direct:
+            raise JournalDamagedError(f"{journal_path}: {o.final}: a discard output is direct")
+    # A file the commit removes is not named by the token, so it must at least sit where the
+    # save worked (beside an output or a source) and match its recorded identity when removed.
+    near = {os.path.dirname(o.final) for o in j.outputs} | {os.path.dirname(s.path)
+                                                            for s in j.sources}
+    for r in j.removals:
+        if not _clean(r.path) or os.path.dirname(r.path) not in near:
+            raise JournalDamagedError(f"{journal_path}: removal path {r.path!r} is not confined")
+        if r.path in {o.final for o in j.outputs} | {s.path for s in j.sources}:
+            raise JournalDamagedError(f"{journal_path}: {r.path} is both removed and saved")
     here = _sys.realpath(os.path.dirname(_sys.abspath(journal_path)))
     if not dirs or dirs[0] != here:
         raise JournalDamagedError(

@@ -4,8 +4,11 @@ Theory of operation
 -------------------
 What recover may touch is fixed by names: files whose names carry a save's token
 (``_names``), the final names of that save's outputs (a temp is renamed onto one), and a parked
-source's original name (given back with ``link``, never over an existing file).  Nothing else
-is created, changed or deleted, whatever a journal says.
+source's original name (given back with ``link``, never over an existing file), and, after
+the commit point only, the files the journal's head lists for removal at the commit (in a
+directory of the save's outputs or sources, unlinked only while their device, inode, size and
+mtime are the recorded ones).  Nothing else is created, changed or deleted, whatever a journal
+says.
 
 * **A file argument** must be named like a journal (``.NAME.TOKEN.filecord-journal``,
   ``-rollback`` or ``-committed``), be a regular file, and hold a record whose checksum holds
@@ -30,8 +33,11 @@ is created, changed or deleted, whatever a journal says.
   another process changed is refused, never "restored" with zeros; the move order and the
   journal's ``moved`` records are checked too), then the journal is
   renamed ``-rollback`` (fsynced) and the rollback runs.  ``-rollback``: the rollback runs
-  (it resumes from the files).  ``-committed``: ``undo.finish``.  Then temps, the journal and
-  the lock files are removed, in that order.
+  (it resumes from the files).  ``-committed``: ``undo.finish``, which also unlinks the temps
+  of the discard outputs and the files the head lists for removal at the commit (each only
+  while it is the file recorded: device, inode, size, mtime; those files, confined to the
+  save's directories, are the one thing recover removes that carries no token).  Then temps,
+  the journal and the lock files are removed, in that order.
 
 Every step is judged from the files, so recovery is idempotent and may be interrupted and run
 again.  Refusals keep every file and say which file holds which bytes.
@@ -77,6 +83,9 @@ class Recovered:
     detail: str = ""
     notes: tuple[str, ...] = field(default=(), repr=False)
     kept: tuple[str, ...] = ()
+    # For a finished save: files the commit was to remove (an index of consumed data files)
+    # that another process changed or replaced since; kept, never an error.
+    not_removed: tuple[str, ...] = ()
 
 
 def recover(path: str | os.PathLike[str]) -> list[Recovered]:
@@ -363,7 +372,7 @@ def _act(path: str, log_: journal.Log, stage: Stage) -> Recovered:
     try:
         if action is table.Action.FINISH:
             try:
-                undo.finish(j, path, log_.looked)
+                left = undo.finish(j, path, log_.looked)
             except DataChangedError as exc:
                 if not exc.committed:
                     raise
@@ -375,7 +384,9 @@ def _act(path: str, log_: journal.Log, stage: Stage) -> Recovered:
                 return Recovered(path, "finished", outputs, sources, detail=str(exc),
                                  notes=where, kept=tuple(getattr(exc, "kept", ())))
             _sys.unlink(path)
-            return Recovered(path, "finished", outputs, sources)
+            return Recovered(path, "finished", outputs, sources, detail="" if not left else
+                             "kept, as no longer the file the save recorded: "
+                             + ", ".join(left), not_removed=left)
         if stage is Stage.MOVING:  # ROLL_BACK from "-journal": first the name says so
             rollback = _names.restage(path, _names.ROLLBACK)
             _sys.rename(path, rollback)

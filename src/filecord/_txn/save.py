@@ -35,7 +35,11 @@ held in ``Txn.stage`` and moves only along ``stages``'s table.
    single rename is).  RENAMED: each temp
    renamed onto its final name, directories fsynced; then the parked sources are unlinked, each
    compared with its look once more right before (a changed one is kept, under its own name if
-   free, and reported once the rest is done), the journal, then the lock files.
+   free, and reported once the rest is done), then the temps of *discard* outputs (built like
+   the others, never published) and the *removals* the head recorded (files that are not the
+   save's, each only while it is the recorded file: ``undo.discard_and_remove``, which
+   recover's finish runs too), the journal, then the lock files.  A discard output or a
+   removal makes the save journaled, so a crash past the commit point leaves neither undone.
 7. A failure before the commit point is undone by ``undo.roll_back`` on the live files, after
    the journal is renamed to ``.filecord-rollback`` (a crash then continues the rollback); a
    source another process changed mid-move is never rolled back over: the journal and temps
@@ -48,10 +52,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
+from filecord._io.paths import kernel_path
 from filecord._pieces.cord import Cord
 from filecord._plan.plan import make_plan
 from filecord._plan.preflight import (
@@ -167,10 +173,53 @@ def _report(
     )
 
 
-def _needs_journal(prep: Prepared) -> bool:
-    p = prep.plan
-    # Direct outputs are never renamed: only several renames need a journal to finish them.
-    return bool(p.moves or p.consumed) or sum(not o.direct for o in p.outputs) > 1
+def _needs_journal(txn: Txn) -> bool:
+    p = txn.prep.plan
+    # Direct outputs are never renamed: only several renames need a journal to finish them,
+    # and so do a discard output and a file to remove (steps after the commit point).
+    return (bool(p.moves or p.consumed or txn.removals) or any(o.discard for o in p.outputs)
+            or sum(not o.direct for o in p.outputs) > 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Removal:
+    """A file that is not the save's, to unlink at its commit (an index of consumed data
+    files, a file the new outputs make obsolete): ``identity`` is (st_dev, st_ino, st_size,
+    st_mtime_ns) as the caller read it; the head records it and the file is unlinked after the
+    commit point only while it is still that file.  ``with_sources``: source files it
+    describes; it is removed only when the save consumes every one of them (decided with the
+    plan, before anything is written; otherwise it is not recorded at all)."""
+
+    path: str
+    identity: tuple[int, int, int, int]
+    with_sources: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Removals:
+    """What the commit did with the :class:`Removal` s: ``removed`` (unlinked), ``changed``
+    (kept: no longer the file read), ``skipped`` (not recorded: a source it goes with is not
+    consumed).  Files a crash left for ``recover`` are in none of them."""
+
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+
+
+def save_many_finishing(
+    outputs: Mapping[Target, CordLike], *, consume: bool, window: int,
+    progress: ProgressCallback | None, discard: frozenset[str] = frozenset(),
+    remove: Sequence[Removal] = (), quiet_reasons: frozenset[str] = frozenset(),
+) -> tuple[SaveReport, Removals]:
+    """``save_many`` with the steps after the commit point that the journal carries, so the
+    save and ``recover`` finish them alike: ``discard`` names outputs built like the others
+    and unlinked at the commit instead of published, ``remove`` files unlinked at the commit
+    (see :class:`Removal`).  Either makes the save journaled."""
+    txn_out: list[Removals] = []
+    report = _run(normalize(outputs, None), consume=consume, window=window, progress=progress,
+                  quiet_reasons=quiet_reasons, discard=discard, remove=remove,
+                  removals_out=txn_out)
+    return report, txn_out[0] if txn_out else Removals()
 
 
 def save_many_disowned(
@@ -193,13 +242,19 @@ def _run(
     progress: ProgressCallback | None,
     durable: bool = True,
     quiet_reasons: frozenset[str] = frozenset(),
+    discard: frozenset[str] = frozenset(),
+    remove: Sequence[Removal] = (),
+    removals_out: list[Removals] | None = None,
 ) -> SaveReport:
     if consume and not durable:
         raise ValueError("durable=False is for copy saves only: a consuming save deletes its "
                          "sources, so its outputs must be on disk first")
     start = time.perf_counter()
     try:
-        facts = gather(items, consume=consume)  # facts only: what is there
+        unknown = discard - {p for p, _c in items}
+        if unknown:
+            raise ValueError(f"discard names no output: {', '.join(sorted(unknown))}")
+        facts = gather(items, consume=consume, discard=discard)  # facts only: what is there
         plan = make_plan(facts.outputs, facts.refs, facts.sources, facts.filesystems,
                          consume=consume, window=window)  # every decision, made once
         refuse_replaced_sources(facts, plan.consumed)
@@ -219,6 +274,8 @@ def _run(
         for d in group:
             d.detach_cleanup()
     txn = Txn(prep, _names.new_token(), progress, durable=durable)
+    recorded, skipped, given = _removals(prep, remove)
+    txn.removals = recorded
     try:
         _execute(txn)
     except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
@@ -231,11 +288,42 @@ def _run(
         )
     if plan.window_choice.why == "shrunk":
         log.info("consume=True: sync window %s", plan.window_choice.note())
+    if removals_out is not None:  # by the names the caller gave
+        removals_out.append(Removals(tuple(given.get(p, p) for p in txn.removed),
+                                     tuple(given.get(p, p) for p in txn.changed_removals),
+                                     skipped))
     return _report(
         plan, txn.actions, dry_run=False, elapsed=time.perf_counter() - start,
         fsyncs=txn.counters.fsyncs, used_journal=txn.record is not None,
         counters=txn.counters,
     )
+
+
+def _removals(prep: Prepared, remove: Sequence[Removal]
+              ) -> tuple[tuple[journal.JournalRemoval, ...], tuple[str, ...], dict[str, str]]:
+    """The removals the head records, the paths left out because a source they go with is not
+    consumed by this plan (decided now, before anything is written), and each recorded path
+    (as the kernel resolves it) -> the name the caller gave."""
+    keys = {d.path: key for key, ds in prep.datas.items() for d in ds}
+    consumed = set(prep.plan.consumed)
+    outputs = {o.target for o in prep.plan.outputs}
+    recorded: list[journal.JournalRemoval] = []
+    skipped: list[str] = []
+    given: dict[str, str] = {}
+    for r in remove:
+        try:
+            path = kernel_path(r.path)
+        except OSError:  # its directory is gone: nothing of it to record
+            skipped.append(r.path)
+            continue
+        if path in outputs or r.identity[:2] in prep.datas:
+            continue  # replaced by the commit, or a source of the save: never a removal
+        if any(keys.get(s) not in consumed for s in r.with_sources):
+            skipped.append(r.path)
+            continue
+        recorded.append(journal.JournalRemoval(path, *r.identity))
+        given[path] = r.path
+    return tuple(recorded), tuple(skipped), given
 
 
 def _execute(txn: Txn) -> None:
@@ -245,7 +333,7 @@ def _execute(txn: Txn) -> None:
     fill.fill(txn)
     txn.to(Stage.FILLED)
     fill.finish_modes(txn)
-    if _needs_journal(txn.prep):
+    if _needs_journal(txn):
         begin.write_journal(txn)
         begin.park_sources(txn)
         looks.take(txn)
@@ -384,7 +472,7 @@ def _commit(txn: Txn) -> None:
                                           jout.uid, jout.gid)
     finals: list[str] = []
     for out, temp in zip(p.outputs, txn.temps, strict=True):
-        if temp is not None:
+        if temp is not None and not out.discard:  # a discard temp is unlinked below
             _sys.rename(temp, out.target)  # without a journal, this one rename is the commit
             finals.append(out.target)
     if txn.stage is not Stage.COMMITTED:
@@ -395,6 +483,7 @@ def _commit(txn: Txn) -> None:
     kept: list[tuple[str, str]] = []
     if record is not None and txn.journal_path is not None:
         kept = looks.unlink_consumed(txn, record)
+        txn.removed, txn.changed_removals = undo.discard_and_remove(record)
         _sys.unlink(txn.journal_path)
     txn.to(Stage.DONE)
     while txn.locks:

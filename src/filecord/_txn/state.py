@@ -66,6 +66,11 @@ class Txn:
     changed: tuple[int, int] | None = None  # a source found changed since that look
     moves_done: int = 0  # moved sources (journal order) whose moves finished, marked durably
     durable: bool = True  # False: no fsync of the outputs and their directories (copy only)
+    # Files the commit removes (recorded in the journal's head), and what became of them:
+    # ``removed`` unlinked, ``changed`` kept (no longer the recorded file).
+    removals: tuple[journal.JournalRemoval, ...] = ()
+    removed: tuple[str, ...] = ()
+    changed_removals: tuple[str, ...] = ()
     done: int = 0
     counters: transfer.Counters = field(default_factory=transfer.Counters)
     actions: list[PieceAction] = field(default_factory=list)

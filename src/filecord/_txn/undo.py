@@ -34,7 +34,9 @@ or a cut of one whose move never began, is refused even at a size a move could l
 
 *Finish* (after the commit point): each temp still holding the journaled inode is given its
 recorded mode and owner and renamed onto its final name; a final name already holding that
-inode is done; anything else is a lost output and stops recovery.  The directories are fsynced,
+inode is done; anything else is a lost output and stops recovery.  A discard output is never
+renamed: its temp is unlinked (``discard_and_remove``, after the parked sources), as are the
+head's removals still matching their recorded identity.  The directories are fsynced,
 then the parked sources (their names carry the token, so an inode number reused by a new file
 at the old path can never be mistaken for them) are unlinked and their directories fsynced.
 Recover has no in-memory look, and the journal is written before the moves, so it cannot hold
@@ -55,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import stat as stat_mod
 from collections.abc import Mapping
@@ -63,6 +66,8 @@ from filecord._io import syscalls as _sys
 from filecord._txn import transfer
 from filecord._txn.journal import Journal, JournalOutput, JournalSource
 from filecord.errors import DataChangedError, RecoverError, add_note
+
+log = logging.getLogger(__name__)
 
 
 def same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
@@ -108,7 +113,7 @@ def check_temp_lengths(j: Journal) -> None:
     it short or grew it, and renaming it would publish a wrong file under the final name.
     Checked for every temp before the first rename, so a refusal renames nothing."""
     for o, out in enumerate(j.outputs):
-        if out.direct:
+        if out.direct or out.discard:  # a discard temp is unlinked, whatever it holds
             continue
         st = same_file(j.temp(o), out.dev, out.ino)
         if st is not None and st.st_size != out.length:
@@ -159,7 +164,8 @@ def _open_outputs(j: Journal) -> list[int | None]:
     fds: list[int | None] = []
     try:
         for o, out in enumerate(j.outputs):
-            names = (out.final,) if out.direct else (j.temp(o), out.final)
+            names = ((out.final,) if out.direct else (j.temp(o),) if out.discard
+                     else (j.temp(o), out.final))
             at = next((n for n in names if same_file(n, out.dev, out.ino) is not None), None)
             fds.append(None if at is None else open_same(at, out.dev, out.ino, os.O_RDONLY))
     except BaseException:
@@ -278,11 +284,14 @@ def remove_temps(j: Journal) -> None:
 
 
 def finish(j: Journal, journal_path: str,
-           looked: Mapping[tuple[int, int], tuple[int, int]] | None = None) -> None:
+           looked: Mapping[tuple[int, int], tuple[int, int]] | None = None
+           ) -> tuple[str, ...]:
+    """Finish a committed save (see the module's notes); returns the files of the head's
+    ``removals`` kept because they are no longer the recorded file."""
     check_temp_lengths(j)  # again here: every path that renames a temp goes through finish
     finals: list[str] = []
     for o, out in enumerate(j.outputs):
-        if out.direct:
+        if out.direct or out.discard:
             continue
         temp = j.temp(o)
         if same_file(temp, out.dev, out.ino) is not None:
@@ -313,6 +322,10 @@ def finish(j: Journal, journal_path: str,
             continue
         _sys.unlink(p)
     _sys.fsync_parents(parked)
+    _removed, changed = discard_and_remove(j)
+    if changed:
+        log.warning("recover finished %s but kept %s: no longer the file the save recorded",
+                    journal_path, ", ".join(changed))
     if kept:
         s, st, _where = kept[0]
         err = DataChangedError(s.path, expected_size=s.run_start, found_size=st.st_size,
@@ -328,6 +341,35 @@ def finish(j: Journal, journal_path: str,
             for s, _st, _w in kept for p in (j.parked(s),)
         )
         raise err
+    return changed
+
+
+def discard_and_remove(j: Journal) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """After the commit point and the renames (the save's commit and recover's finish alike):
+    unlink each discard output's temp still holding its inode, then each file of the head's
+    ``removals`` still the recorded file (device, inode, size, modification time), and fsync
+    their directories.  A removal found changed or replaced is kept.  Judged from the files, so
+    it can be interrupted and run again.  Returns (removed, changed)."""
+    gone: list[str] = []
+    for o, out in enumerate(j.outputs):
+        if out.discard and same_file(j.temp(o), out.dev, out.ino) is not None:
+            _sys.unlink(j.temp(o))
+            gone.append(j.temp(o))
+    removed: list[str] = []
+    changed: list[str] = []
+    for r in j.removals:
+        try:
+            st = _sys.lstat(r.path)
+        except FileNotFoundError:
+            continue  # gone already (a finish that ran before, or someone else)
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != r.identity:
+            changed.append(r.path)
+            continue
+        _sys.unlink(r.path)
+        removed.append(r.path)
+    if gone or removed:
+        _sys.fsync_parents([*gone, *removed])
+    return tuple(removed), tuple(changed)
 
 
 def _check_replaceable(out: JournalOutput, journal_path: str) -> None:

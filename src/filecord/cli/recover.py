@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([
             {"journal": r.journal, "action": r.action, "outputs": list(r.outputs),
              "sources": list(r.sources), "detail": r.detail, "notes": list(r.notes),
-             "kept": list(r.kept)}
+             "kept": list(r.kept), "not_removed": list(r.not_removed)}
             for r in done
         ], indent=2))
     elif not done and error is None:

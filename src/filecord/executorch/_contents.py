@@ -19,6 +19,7 @@ from typing import Literal
 
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
+from filecord._pieces.derived import Derived
 from filecord._pieces.rows import FileRows
 from filecord.executorch import _fbread
 from filecord.executorch._delegates import XNNPACK_ID, xnnpack_keys
@@ -298,6 +299,8 @@ def _cord_prefix(cord: Cord, n: int) -> bytes:
     for piece in cord.pieces:
         if left <= 0:
             break
+        if isinstance(piece, Derived):
+            raise TypeError(f"{piece!r}: an ExecuTorch file cannot be read from a derived piece")
         chunk = (piece.prefix(left) if isinstance(piece, (FileBackedData, FileRows))
                  else bytes(piece[:left]))
         parts.append(chunk)

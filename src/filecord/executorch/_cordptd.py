@@ -10,8 +10,9 @@ file, or joined bytes when in-memory pieces had to be stitched together.
 
 from __future__ import annotations
 
-from filecord._pieces.cord import Cord, Piece
+from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
+from filecord._pieces.derived import Derived
 from filecord._pieces.rows import FileRows
 from filecord.executorch import _fbread
 from filecord.executorch._fbschema import Table
@@ -21,11 +22,15 @@ from filecord.executorch.schema import FLAT_TENSOR_SCHEMA
 from filecord.executorch.values import Blob, PtdEntry
 
 
-def _spans(cord: Cord, start: int, length: int) -> list[tuple[Piece, int, int]]:
-    """The pieces covering ``[start, start + length)``: (piece, offset in piece, length)."""
-    out: list[tuple[Piece, int, int]] = []
+def _spans(cord: Cord, start: int, length: int
+           ) -> list[tuple[FileBackedData | FileRows | memoryview, int, int]]:
+    """The pieces covering ``[start, start + length)``: (piece, offset in piece, length).  A
+    derived piece (computed bytes) is refused: a program's cords are bytes and file ranges."""
+    out: list[tuple[FileBackedData | FileRows | memoryview, int, int]] = []
     pos, end = 0, start + length
     for piece in cord.pieces:
+        if isinstance(piece, Derived):
+            raise TypeError(f"{piece!r}: an ExecuTorch file cannot be read from a derived piece")
         n = len(piece)
         if pos + n > start and pos < end and n:
             lo = max(start, pos) - pos

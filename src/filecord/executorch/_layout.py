@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from filecord._pieces.cord import Cord, PieceLike
 from filecord._pieces.data import FileBackedData
+from filecord._pieces.derived import Derived
 from filecord._pieces.rows import FileRows
 from filecord.executorch.errors import OverlapError, TruncatedError
 
@@ -94,7 +95,7 @@ def segment_cord(segments: Sequence[Aligned], layout: Sequence[tuple[int, int]])
     for seg, (offset, _size) in zip(segments, layout, strict=True):
         zero_fill(cord, offset - len(cord))
         data = seg.data
-        cord.append(data if isinstance(data, (FileBackedData, FileRows, Cord))
+        cord.append(data if isinstance(data, (FileBackedData, FileRows, Cord, Derived))
                     else memoryview(data))
     return cord
 

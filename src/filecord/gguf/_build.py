@@ -17,6 +17,7 @@ from typing import Union
 
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
+from filecord._pieces.derived import Derived
 from filecord._pieces.rows import FileRows
 from filecord.gguf._encode import (
     alignment_of,
@@ -30,7 +31,7 @@ from filecord.gguf._types import ALIGNMENT_KEY, SPLIT_KEYS, GGUFTensor, KeyValue
 from filecord.gguf.errors import DuplicateTensorError
 
 KVs = Union[Mapping[str, KeyValue], Iterable[KeyValue]]  # noqa: UP007 - runtime alias on 3.10
-Piece = Union[FileBackedData, FileRows, bytes, memoryview]  # noqa: UP007
+Piece = Union[FileBackedData, FileRows, Derived, bytes, memoryview]  # noqa: UP007
 
 
 def kv_list(kvs: KVs, alignment: int | None = None) -> list[KeyValue]:

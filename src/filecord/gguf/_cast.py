@@ -1,20 +1,19 @@
-"""Casts between F32, F16 and BF16, streamed from file ranges into one owned scratch file.
+"""Casts between F32, F16 and BF16, as derived pieces the save computes in bounded chunks.
 
 Theory of operation
 -------------------
 A tensor whose type changes (``--outtype``, or a norm widened to F32) cannot be a range of its
-input, so its new bytes are produced: the source ranges (whole rows, already in output order
-when rows are permuted) are read a bounded chunk at a time (at most :data:`CHUNK` bytes of
-source), converted with numpy and written at once with ``pwrite`` to one scratch file beside
-the output (``.NAME.TOKEN.gguf-cast``, created ``O_EXCL`` mode 0600).  Host memory is one
-chunk and its converted copy whatever the model's size.  The scratch file is then adopted as
-an owned :class:`~filecord.FileBackedData` whose slices are the produced tensors; the save
-moves them into the output (a rename or range move on the same file system), so the converted
-bytes reach the disk once.  The scratch file is not fsynced: the save syncs the output before
-it shortens the scratch, and a crash before that leaves only a garbage ``.gguf-cast`` file.
-If production fails the scratch file is removed before the error propagates; a value that F16
-cannot hold is such a failure (:class:`~filecord.gguf.errors.UnsupportedModelError` naming the
-tensor), found while casting, before the save has created any output file.
+input, so its new bytes are produced.  Each is a :class:`~filecord._pieces.derived.Derived`
+piece of the output: its source ranges (whole rows, already in output order when rows are
+permuted) and the cast, element for element.  Nothing is produced before the save: the save
+computes each such piece while it fills its temp, reading at most ``CHUNK`` bytes of source at
+a time (whole elements), converting them with numpy and writing them at once, before any
+source is parked or cut.  Host memory is one chunk and its converted copy whatever the model's
+size, and no file exists outside the save's transaction: a failure or a crash at any point
+leaves only the save's own temps, which its rollback or ``filecord recover`` removes.  A value
+that F16 cannot hold fails the cast
+(:class:`~filecord.gguf.errors.UnsupportedModelError` naming the tensor): the save stops in its
+fill, before its journal, and removes its temps.
 
 Rounding is llama.cpp's: F32 -> F16 is IEEE round-to-nearest-even (numpy ``astype``); F32 ->
 BF16 rounds to nearest even on the upper 16 bits and turns every NaN into a quiet NaN keeping
@@ -23,14 +22,12 @@ its sign and upper payload bits; BF16 -> F32 and F16 -> F32 are exact.
 
 from __future__ import annotations
 
-import os
-import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from filecord._io import syscalls as _sys
-from filecord._pieces.data import CHUNK, FileBackedData
+from filecord._pieces.data import FileBackedData
+from filecord._pieces.derived import Derived
 from filecord.gguf._types import GGMLType
 from filecord.gguf.errors import UnsupportedModelError
 
@@ -95,57 +92,27 @@ class CastJob:
         return n // ELEMENT[self.src] * ELEMENT[self.dst]
 
 
-def _pieces(ranges: Sequence[FileBackedData], item: int, chunk: int
-            ) -> Iterator[tuple[FileBackedData, int, int]]:
-    """(range, start, length) reads of at most ``chunk`` bytes, whole elements each."""
-    step = max(item, chunk // item * item)
-    for r in ranges:
-        for start in range(0, len(r), step):
-            yield r, start, min(step, len(r) - start)
-
-
-def cast_to_scratch(directory: str, stem: str, jobs: Sequence[CastJob], *,
-                    chunk: int = CHUNK,
-                    progress: Any = None) -> dict[str, FileBackedData] | None:
-    """Produce every job into one scratch file in ``directory``; each job's output range by
-    name (None when there are no jobs).  ``progress(done, total)`` after each chunk."""
-    if not jobs:
-        return None
-    path = os.path.join(directory, f".{stem}.{secrets.token_hex(6)}.gguf-cast")
-    fd = _sys.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    spans: list[tuple[str, int, int]] = []
+def derived(jobs: Sequence[CastJob], *, progress: Any = None) -> dict[str, Derived]:
+    """Each job's output as a :class:`~filecord._pieces.derived.Derived` piece, by name: no
+    byte is produced here; the save computes them while it fills its temps.
+    ``progress(done, total)`` (source bytes) after each chunk cast."""
     total = sum(sum(len(r) for r in j.ranges) for j in jobs)
-    done = 0
-    end = 0
-    try:
-        for job in jobs:
-            start = end
-            fds: dict[str, int] = {}
+    done = [0]
+
+    def one(job: CastJob) -> Derived:
+        def cast(raw: memoryview) -> memoryview:
             try:
-                for r, off, n in _pieces(job.ranges, ELEMENT[job.src], chunk):
-                    if r.path not in fds:
-                        fds[r.path] = r.open_checked()
-                    try:
-                        out = convert(_sys.read_all(fds[r.path], r.offset + off, n),
-                                      job.src, job.dst)
-                    except OverflowError as exc:
-                        raise UnsupportedModelError(
-                            f"{job.name}: {exc}; converting it to {job.dst.name} would write "
-                            f"inf (use --outtype bf16, f32 or source)") from None
-                    _sys.write_all(fd, out, end)
-                    end += len(out)
-                    done += n
-                    if progress is not None:
-                        progress(done, total)
-            finally:
-                _sys.close_each(list(fds.values()))
-            spans.append((job.name, start, end - start))
-        _sys.close(fd)
-        fd = -1
-        whole = FileBackedData._scratch(path)
-    except BaseException:
-        if fd >= 0:
-            _sys.close(fd)
-        _sys.unlink_missing_ok(path)
-        raise
-    return {name: whole.slice(start, n) for name, start, n in spans}
+                out = convert(raw, job.src, job.dst)
+            except OverflowError as exc:
+                raise UnsupportedModelError(
+                    f"{job.name}: {exc}; converting it to {job.dst.name} would write inf "
+                    f"(use --outtype bf16, f32 or source)") from None
+            if progress is not None:
+                done[0] += len(raw)
+                progress(done[0], total)
+            return out
+
+        return Derived(job.ranges, in_item=ELEMENT[job.src], out_item=ELEMENT[job.dst],
+                       transform=cast, label=job.name)
+
+    return {j.name: one(j) for j in jobs}

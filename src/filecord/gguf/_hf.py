@@ -17,26 +17,27 @@ Each output tensor is then one of:
   rows in llama.cpp's rotary order (see :func:`._hf_model.row_order`): still file-backed,
   never loaded, and one piece to the save (not one per row), so memory does not grow with
   the rows;
-* when the type changes (``--outtype``, norms widened to F32), bytes produced a chunk at a
-  time into one owned scratch file beside the output (:mod:`._cast`), which a consuming save
-  moves; without ``consume`` the operation only reads what it is given, so the scratch is
-  copied and then removed (its bytes are on disk twice for a moment).
+* when the type changes (``--outtype``, norms widened to F32), a derived piece
+  (:mod:`._cast`): the save computes its bytes from the source rows a bounded chunk at a time
+  while it fills its temps, before any source is cut, so no file exists outside the save's
+  transaction and the cast bytes reach the disk once.
 
 The output (or the shards of a split set, named and keyed as gguf-py splits) is saved by one
 transaction on the kit's operation skeleton (temp files, fsync, rename, directory fsync; then
 the inputs are judged and removed or kept, with reasons, when consuming).  With ``consume=True``
-the shards are read as owned, so their ranges are moved out of them and they (and the index)
-are deleted at the commit; ``config.json`` and the tokenizer files are kept.  A dry run plans
-without producing any cast (their bytes are counted as written) and writes nothing.  The
-bytes of cast tensors ride along as a hidden extra output (``.NAME.TOKEN.unused``, see
-:func:`_sidecar`) removed right after the commit; a crash between the two leaves it behind,
-garbage that holds nothing the GGUF needs.
+the shards are read as owned, so their ranges are moved out of them and they are deleted at
+the commit; the index is handed to the same save as a file to remove at its commit (recorded
+with its identity in the journal's head, so ``filecord recover`` removes it too after a crash
+past the commit point); ``config.json`` and the tokenizer files are kept.  A dry run plans
+without computing any cast (their bytes are counted as computed) and writes nothing.  The
+source bytes of cast tensors ride along as a *discard* output of the save (see
+:func:`_sidecar`): its temp takes them so every shard is moved whole, and the commit unlinks
+it instead of publishing it; a rollback puts them back like any moved bytes.
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import re
 import secrets
@@ -51,7 +52,7 @@ from filecord._pieces.rows import FileRows
 from filecord._plan.preflight import CordLike, Target
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord.gguf._build import build_split
-from filecord.gguf._cast import CastJob, cast_to_scratch
+from filecord.gguf._cast import CastJob, derived
 from filecord.gguf._hf_model import (
     FILE_TYPES,
     GGML_OF_DTYPE,
@@ -223,17 +224,11 @@ def file_type(planned: Sequence[Planned]) -> int:
     return FILE_TYPES[first]
 
 
-def _placeholder(n: int) -> memoryview:
-    """Zero bytes that cost no memory until read (a dry run only measures them)."""
-    if n == 0:
-        return memoryview(b"")
-    return memoryview(mmap.mmap(-1, n))
-
-
 def _sidecar(output: str, ordered: Sequence[NamedTensor], planned: Sequence[Planned]
              ) -> tuple[str, Cord] | None:
     """The checkpoint bytes no output tensor holds (sources of casts, skipped tensors), as a
-    hidden extra output of the same save, removed right after the commit.
+    discard output of the same save: built in a temp like the others, never published (the
+    commit unlinks the temp, and ``recover`` does after a crash past the commit point).
 
     A consuming save moves a source's ranges only when the ranges it is given cover the file
     up to its end without gaps (it shortens the source from the end as it goes); the bytes of
@@ -292,7 +287,6 @@ def convert_hf(
     check_index_complete(src.weights)
     vocab = read_vocab(src.directory, spec.vocab_size)
     model = name if name is not None else os.path.basename(_sys.abspath(src.directory))
-    made: dict[str, FileBackedData] = {}
 
     def build(files: list[SafetensorsFile]) -> Job:
         ordered = [t for f in sorted(files, key=lambda f: f.path)
@@ -300,14 +294,7 @@ def convert_hf(
         planned = plan_tensors(spec, ordered, outtype)
         kvs = hparam_kvs(spec, name=model, file_type=file_type(planned)) + list(vocab.kvs)
         jobs = [CastJob(p.name, _slices(p.ranges), p.src, p.type) for p in planned if p.cast]
-        cast: dict[str, FileBackedData | memoryview]
-        if dry_run:
-            cast = {j.name: _placeholder(j.out_nbytes) for j in jobs}
-        else:
-            directory = os.path.dirname(_sys.abspath(output))
-            made.update(cast_to_scratch(directory, os.path.basename(output), jobs,
-                                        progress=cast_progress) or {})
-            cast = dict(made)
+        cast = derived(jobs, progress=cast_progress)  # computed by the save, in its fill
         tensors: list[GGUFTensor] = []
         freqs = rope_freqs(spec)  # generated tensors come first, as llama.cpp's converter
         if freqs is not None:
@@ -315,7 +302,7 @@ def convert_hf(
                                       freqs))
         for p in planned:
             if p.cast:
-                tensors.append(GGUFTensor(p.name, p.type, p.dims, cast[p.name]))
+                tensors.append(GGUFTensor(p.name, p.type, p.dims, Cord([cast[p.name]])))
             elif len(p.ranges) == 1 and isinstance(p.ranges[0], FileBackedData):
                 tensors.append(GGUFTensor(p.name, p.type, p.dims, p.ranges[0]))
             else:
@@ -328,24 +315,7 @@ def convert_hf(
             outs[side[0]] = side[1]
         log.info("convert %s: %d tensors (%d cast), %s tokenizer, %d file(s)", source,
                  len(tensors), len(jobs), vocab.kind, len(outs))
-        return Job(outs, (side[0],) if side is not None else ())
+        return Job(outs, discard=(side[0],) if side is not None else ())
 
-    try:
-        report = operate(lambda: _read(src.weights, owned=consume), build, consume=consume,
-                         dry_run=dry_run, window=window, progress=progress)
-    except BaseException as exc:
-        # With a journal, ``filecord recover`` may need the scratch file: keep it.
-        if made and getattr(exc, "journal_path", None) is None:
-            _drop(made)
-        raise
-    if made and not consume:
-        _drop(made)  # copied into the output (a save that does not consume only reads it)
-    return report
-
-
-def _drop(made: dict[str, FileBackedData]) -> None:
-    first = next(iter(made.values()))
-    try:
-        first.close()
-    except OSError:  # left to the collector: the bytes were only ever ours
-        first._arm_scratch()
+    return operate(lambda: _read(src.weights, owned=consume), build, consume=consume,
+                   dry_run=dry_run, window=window, progress=progress)

@@ -25,7 +25,11 @@ def record() -> Journal:
         mtime_ns=6, mode=0o100644, dests=(PieceRef(0, 0, 4096, 20480, key, 0),), dense=True,
     )
     out = JournalOutput("/d/out.bin", 2049, 78, 24576, 0o100644, 0, 0)
-    return Journal(TOKEN, 4096, (out,), (src,), ordered=True)
+    # The head's later fields too (a discard output, a file removed at the commit): every
+    # byte of them is flipped below like the rest.
+    drop = JournalOutput("/d/.drop", 2049, 79, 4096, discard=True)
+    gone = journal.JournalRemoval("/d/index.json", 2049, 80, 311, 1_733_300_000_123_456_789)
+    return Journal(TOKEN, 4096, (out, drop), (src,), ordered=True, removals=(gone,))
 
 
 PROGRESS = [
