@@ -41,8 +41,7 @@ Reason = Literal[
 ]
 # What happens to a piece: in-memory bytes are "written"; file-backed ones one of the others.
 # "adopted": the source becomes its output's file in place (space inserted in front of its
-# blocks, nothing copied); planned only with ``make_plan(adopt=True)``, which no save asks
-# for until the transaction has that action (issue 26 item 1).
+# blocks, nothing copied); planned with ``make_plan(adopt=True)``.
 Action = Literal["written", "copied", "cloned", "moved", "adopted"]
 ADOPTED: Action = "adopted"
 IN_PLACE_WHY = ("it lies whole at a block-aligned offset of its output, on a file system that "
@@ -144,8 +143,10 @@ class PieceAction:
 class MoveSource:
     """A source shortened from its end down to ``run_start``; ``dests`` are its placements.
 
-    ``adopt``: the source is the whole of one output and nothing else, so it is not copied at
-    all: it is renamed onto that output's temp (no bytes move, no extra disk).
+    ``adopt``: the source is not copied at all: it is renamed onto its one destination's temp
+    (no bytes move, no extra disk).  Either it is the whole of that output and nothing else,
+    or it is adopted in place (:class:`InPlace`): its destination's ``out_offset`` bytes are
+    inserted in front of it and the rest of the output is written around it.
     """
 
     key: tuple[int, int]

@@ -6,11 +6,12 @@ Each temp ``.NAME.TOKEN.partial`` is created ``O_CREAT|O_EXCL`` with the replace
 permission bits (narrowed by the umask), so it is never readable beyond the old file from the
 first instant.  In-memory pieces are written and file-backed ones cloned or copied at their
 final offsets, in output order (the kernel clones a source's partial EOF block only at the
-temp's end, so temps are not presized before the fill).  Clones and copies never shorten a
-source, so rolling them back is deleting the temp.  After each file-backed piece the source's
-size, mtime and ctime are compared with what they were when it was opened, so a source
-rewritten during the copy is a ``DataChangedError``, never a silent mix.  Only then do the
-temps get the replaced file's owner, group and exact mode (set-id bits last, on complete
+temp's end, so temps are not presized before the fill).  An output a source is adopted into is
+filled after the adoption, around the source's blocks (``save._adopt``).  Clones and copies
+never shorten a source, so rolling them back is deleting the temp.  After each file-backed piece
+the source's size, mtime and ctime are compared with what they were when it was opened, so a
+source rewritten during the copy is a ``DataChangedError``, never a silent mix.  Only then do
+the temps get the replaced file's owner, group and exact mode (set-id bits last, on complete
 content).  A crash here leaves temps that ``recover`` removes once the save's lock is free:
 nothing destructive has happened.
 """
@@ -91,26 +92,39 @@ def _recheck_source(txn: Txn, data: FileBackedData) -> None:
 
 
 def fill(txn: Txn) -> None:
-    """Everything that is not moved, at its final offset."""
+    """Everything that is not moved, at its final offset; an output a source is adopted into
+    is filled later, around that source, by :func:`fill_output` (``save._adopt``)."""
     p = txn.prep.plan
+    adopted = {m.dests[0].output for m in p.moves if m.adopt}
     by_piece = {(a.output, a.index): a for a in p.actions}
-    for o, (out, cord) in enumerate(zip(p.outputs, txn.prep.cords, strict=True)):
-        fd = txn.fds[o]
-        if fd is None:
-            raise SaveError(f"{out.path}: output descriptor missing")
-        for i, piece in enumerate(cord.pieces):
-            act = by_piece[(out.path, i)]
-            dst_off = None if out.direct else act.out_offset  # None: append to a stream
-            if act.action == "moved":
-                txn.actions.append(act)
-                continue
-            if not isinstance(piece, FileBackedData):
-                transfer.write_bytes(fd, piece, dst_off, txn.counters, txn.advance)
-            else:
-                act = _copy_piece(txn, piece, fd, dst_off, act)
+    for o in range(len(p.outputs)):
+        if o not in adopted:
+            fill_output(txn, o, by_piece)
+
+
+def fill_output(txn: Txn, o: int, by_piece: dict[tuple[str, int], PieceAction] | None = None,
+                ) -> None:
+    """Output ``o``'s pieces that are not moved (nor adopted), at their final offsets."""
+    p = txn.prep.plan
+    if by_piece is None:
+        by_piece = {(a.output, a.index): a for a in p.actions if a.output == p.outputs[o].path}
+    out, cord = p.outputs[o], txn.prep.cords[o]
+    fd = txn.fds[o]
+    if fd is None:
+        raise SaveError(f"{out.path}: output descriptor missing")
+    for i, piece in enumerate(cord.pieces):
+        act = by_piece[(out.path, i)]
+        dst_off = None if out.direct else act.out_offset  # None: append to a stream
+        if act.action in ("moved", "adopted"):
             txn.actions.append(act)
-        if not out.direct:
-            txn.dirty.add(fd)
+            continue
+        if not isinstance(piece, FileBackedData):
+            transfer.write_bytes(fd, piece, dst_off, txn.counters, txn.advance)
+        else:
+            act = _copy_piece(txn, piece, fd, dst_off, act)
+        txn.actions.append(act)
+    if not out.direct:
+        txn.dirty.add(fd)
 
 
 def _copy_piece(
