@@ -13,8 +13,8 @@
 from __future__ import annotations
 
 import os
-import shutil
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
