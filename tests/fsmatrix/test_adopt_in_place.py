@@ -72,7 +72,10 @@ def test_a_blob_behind_a_header_is_adopted_in_place(mount, kind: str) -> None:
     report = filecord.save(str(out), _cord(blob), consume=True)
     assert [a.action for a in report.actions] == ["written", "adopted", "written"]
     assert report.bytes_copied == 0
+    assert report.bytes_moved == report.bytes_cloned == 0
     assert report.bytes_written == HEADER + 4000
+    assert report.adopt_note is None
+    assert f"adopted in place {BLOB} bytes" in report.summary()
     assert not blob.exists()
     data = out.read_bytes()
     assert len(data) == HEADER + BLOB + 4000
@@ -133,6 +136,15 @@ def test_file_systems_without_insert_range_fall_back(mount, kind: str) -> None:
     out = point / "model.ptd"
     report = filecord.save(str(out), _cord(blob), consume=True)
     assert "adopted" not in [a.action for a in report.actions]
-    assert report.actions[1].action == ("cloned" if kind == "btrfs" else "moved")
+    if kind == "btrfs":  # a clone shares the blocks: zero-copy already, nothing to explain
+        assert report.actions[1].action == "cloned"
+        assert report.adopt_note is None
+    else:
+        assert report.actions[1].action == "moved"
+        assert report.adopt_note == (
+            "not adopted in place (1 source(s) lie whole at a block-aligned offset): tmpfs "
+            "does not insert ranges, so they were moved")
+        assert report.adopt_note in report.summary()
+    assert report.bytes_copied <= 4096 if kind == "btrfs" else report.bytes_moved == BLOB
     assert not blob.exists()
     assert fskit.mismatch(out, HEADER, BLOB, seed=26) is None

@@ -365,6 +365,11 @@ def make_plan(
         outputs, moves, sources, filesystems,
         {m.key: [refs[i] for i in by_source[m.key]] for m in moves if not m.adopt},
     ) if any(f.can_insert for f in filesystems.values()) else ()
+    note = None
+    if adopt and consume and len(adoptable) < len({d.output for m in moves if not m.adopt
+                                                    for d in m.dests}):
+        note = _why_not_in_place(outputs, moves, sources, filesystems, by_source, refs,
+                                 {ip.output for ip in adoptable})
     if adopt and adoptable:
         chosen_keys = {ip.key for ip in adoptable}
         for ip in adoptable:
@@ -419,4 +424,25 @@ def make_plan(
         window=choice.used,
         window_choice=choice,
         in_place=adoptable,
+        in_place_note=note,
     )
+
+
+def _why_not_in_place(
+    outputs: Sequence[OutputFacts], moves: Sequence[MoveSource],
+    sources: Mapping[tuple[int, int], SourceFacts], filesystems: Mapping[int, FsFacts],
+    by_source: Mapping[tuple[int, int], list[int]], refs: Sequence[PieceRef], have: set[int],
+) -> str | None:
+    """Why an output that has a source lying whole at a block-aligned offset (as
+    :func:`in_place` would take it on a file system that inserts ranges) is not built around
+    it: its file system does not insert ranges.  None when there is no such output."""
+    able = {dev: replace(f, can_insert=True) for dev, f in filesystems.items()}
+    missed = [ip for ip in in_place(outputs, moves, sources, able,
+                                    {m.key: [refs[i] for i in by_source[m.key]]
+                                     for m in moves if not m.adopt})
+              if ip.output not in have]
+    if not missed:
+        return None
+    kinds = sorted({filesystems[outputs[ip.output].dev].fs_type for ip in missed})
+    return (f"not adopted in place ({len(missed)} source(s) lie whole at a block-aligned "
+            f"offset): {', '.join(kinds)} does not insert ranges, so they were moved")

@@ -12,7 +12,9 @@ class SaveReport:
     """Every piece with its action, totals, peaks, and for a real save the time and fsyncs.
 
     ``dry_run`` is True for :func:`filecord.plan`.  ``actions`` lists in-memory pieces as
-    ``written`` and file-backed ones as ``copied``, ``cloned`` or ``moved``; a copy made under
+    ``written`` and file-backed ones as ``copied``, ``cloned``, ``moved`` or ``adopted`` (in
+    place: the source became the output's file, space inserted in front of its blocks, no byte
+    of it copied, moved or cloned: it counts in none of the transfer counters); a copy made under
     ``consume=True`` carries its ``reason``; a cloned piece whose last partial block was copied
     says how many bytes (``tail``) and why (``tail_reason``).
 
@@ -42,6 +44,9 @@ class SaveReport:
     # Why ``window`` differs from the default ("shrunk from 64 MiB to 16 MiB: 20.6 MiB free
     # on ext4"); None when the window is the one asked for or the default unchanged.
     window_note: str | None = None
+    # Why no source was adopted in place where one lies whole at a block-aligned offset of its
+    # output under ``consume=True`` (its file system does not insert ranges); None otherwise.
+    adopt_note: str | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -87,6 +92,7 @@ class SaveReport:
             "consume": self.consume,
             "window": self.window,
             "window_note": self.window_note,
+            "adopt_note": self.adopt_note,
             "outputs": [
                 {"path": p, "bytes": n} for p, n in zip(self.outputs, self.sizes, strict=True)
             ],
@@ -133,7 +139,13 @@ class SaveReport:
             lines.append(f"  transfer: {self.bytes_copied} copied, {self.bytes_cloned} cloned, "
                          f"{self.bytes_moved} moved, {self.bytes_written} written")
         for action, n in sorted(self.bytes_by_action().items()):
+            if action == "adopted":
+                lines.append(f"  adopted in place {n} bytes (not copied: space inserted in "
+                             "front of them)")
+                continue
             lines.append(f"  {action:8} {n} bytes")
+        if self.adopt_note is not None:
+            lines.append(f"  {self.adopt_note}")
         for reason, n in sorted(self.copy_reasons().items()):
             lines.append(f"  copied because {reason}: {n} bytes")
         if self.window_note is not None:

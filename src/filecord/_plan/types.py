@@ -238,6 +238,9 @@ class SavePlan:
     # The sources that could be adopted in place (:class:`InPlace`), whether or not the plan
     # was asked to (``make_plan(adopt=...)``); only with it do their pieces say "adopted".
     in_place: tuple[InPlace, ...] = ()
+    # Why a source that lies whole at a block-aligned offset of its output is not adopted in
+    # place (its file system does not insert ranges, or was not asked); None when none is.
+    in_place_note: str | None = None
 
     @property
     def total_bytes(self) -> int:

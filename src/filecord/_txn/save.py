@@ -174,6 +174,7 @@ def _report(
         bytes_written=counters.written if counters else 0,
         bytes_moved=counters.moved if counters else 0,
         window_note=p.window_choice.note(),
+        adopt_note=p.in_place_note,
     )
 
 
