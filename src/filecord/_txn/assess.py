@@ -316,7 +316,8 @@ def _adopted(j: Journal, s: JournalSource, f: SourceFacts) -> DataChangedError |
     or at least its size plus the space inserted in front of it (the undo acts on that size
     alone).  Under its own name it was never adopted, or the undo finished: nothing to check
     (the undo does not touch it there)."""
-    if f.at_temp is not None:
+    whole = not s.inserted and j.outputs[s.dests[0].output].length == s.size
+    if f.at_temp is not None and not whole:  # a file adopted whole is only renamed back
         if s.adopted_size(f.at_temp.size):
             return None
         return DataChangedError(

@@ -363,13 +363,21 @@ def _adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
     fd = _sys.open(temp, os.O_RDWR)
     txn.fds[o] = fd
     txn.dirty.add(fd)  # whoever wrote the source may never have synced it
+    now = _sys.fstat(fd)  # the file as adopted: a cut or write since the look above would
+    if (now.st_size, now.st_mtime_ns) != (m.size, data.identity.mtime_ns):  # be built on
+        raise DataChangedError(temp, expected_size=m.size, found_size=now.st_size,
+                               reason="another process changed it as it was adopted")
     if src.inserted:
         _sys.insert_range(fd, 0, src.inserted)
         txn.counters.fsync(fd)
     fill.fill_output(txn, o)
-    length = txn.prep.plan.outputs[o].length
-    if _sys.fstat(fd).st_size < length:  # moved bytes of other sources follow: a hole first
-        _sys.ftruncate(fd, length)
+    # Moved bytes of other sources follow: the temp gets its final length (a hole) first.
+    # Only then: a file adopted whole, cut by someone else meanwhile, is never padded back.
+    p = txn.prep.plan
+    if any(d.output == o for mv in p.moves if not mv.adopt for d in mv.dests):
+        length = p.outputs[o].length
+        if _sys.fstat(fd).st_size < length:
+            _sys.ftruncate(fd, length)
 
 
 def _commit(txn: Txn) -> None:
