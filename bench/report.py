@@ -154,6 +154,22 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "(the tensors must be in memory). Peak allocated disk: `st_blocks` of the run's "
      "directory at every fsync, truncate, rename and unlink. Every cord output is checked byte "
      "for byte. Target: RSS growth from 1 to 16 GiB <= 16 MiB."),
+    ("adopt_bench.py", ["--sizes", "1G,16G", "--contrast", "1G"],
+     ["--sizes", "64M", "--contrast", "64M"],
+     "Issue 26: zero-copy adoption on ext4, 1 and 16 GiB",
+     'A blob behind a header saved to a `.ptd` with `consume=True` on ext4: a fresh sparse '
+     'loop-mounted ext4 image per size (removed afterwards), a blob of random bytes written '
+     'and fsynced, packed as the one entry of a `.ptd` with 4096 alignment (as `filecord pack '
+     '--align 4096`). Adopted in place (the default: renamed onto the temp, 4 KiB inserted in '
+     'front of its blocks, the header written there) and, at 1 GiB, with adoption off '
+     '(`ADOPT_IN_PLACE = False`: the window-by-window move every other file system gets). '
+     "Extents: `filefrag -v` rows of the blob before and of the output after; 'blob's blocks "
+     "unchanged' compares the logical-to-physical block mapping of every byte of the blob "
+     '(shifted by the header) before and after. Target (issue 26): under 1 s, independent of '
+     'size, `bytes_copied == 0`. The ExecuTorch runtime running a program whose weights are an'
+     ' adopted `.ptd` is a test (`tests/fsmatrix/test_clone_ready.py`, the ext4 case: an '
+     'XNNPACK program saved clone-ready with `consume=True`, its `.ptd` and `.pte` each built '
+     "around their largest segment, run to PyTorch's output)."),
     ("fits.py", ["--size", "512M"], ["--size", "128M"],
      "Issue 13: fits where nothing else fits",
      "A fresh size-limited file system per row (a loop-mounted ext4 image, and a tmpfs) whose "

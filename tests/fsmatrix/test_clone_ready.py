@@ -210,3 +210,35 @@ def test_a_fault_after_the_clones_rolls_back_to_exact_sources(mount, kind, op, e
     leftovers = [n for n in os.listdir(fs) if "filecord" in n and n != "parts"]
     assert leftovers == []
     assert sorted(os.listdir(fs / "parts")) == sorted(os.path.basename(p) for p in sources)
+
+
+def test_xnnpack_program_saved_clone_ready_on_ext4_is_adopted_in_place(mount, exported):
+    """Issue 26: on ext4 (no clones, but ranges insert) the clone-ready layout puts each
+    segment at a 4 KiB offset, so each output is built around its largest segment's file:
+    that file is adopted in place (0 bytes of it copied or moved), the others moved; the
+    runtime runs the result, the weights read from the adopted ``.ptd``."""
+    import torch
+
+    from filecord.executorch import read_ptd, read_pte
+
+    fs = mount("ext4", 512 * MiB)
+    program, sources, data = _file_backed_program(fs, exported)
+    out = fs / "out"
+    out.mkdir()
+    plan = program.plan(out / "m.pte", consume=True, clone_ready=True)
+    report = program.save(out / "m.pte", consume=True, clone_ready=True)
+    adopted = [a for a in report.file_actions() if a.action == "adopted"]
+    assert [a.action for a in plan.file_actions()] == [a.action for a in report.file_actions()]
+    assert sorted(os.path.basename(a.output) for a in adopted) == ["m.pte", "model.ptd"]
+    for a in adopted:  # each the largest segment of its output, at a 4 KiB offset
+        assert a.out_offset % B == 0
+        assert a.length == max(x.length for x in report.file_actions() if x.output == a.output)
+    assert {a.action for a in report.file_actions()} <= {"adopted", "moved"}
+    assert report.bytes_copied == 0
+    assert report.bytes_moved == data - sum(a.length for a in adopted)
+    assert not any(os.path.exists(p) for p in sources)
+    pte, ptd = read_pte(out / "m.pte"), read_ptd(out / "model.ptd")
+    got = sorted(s.data.to_bytes() for s in (*pte.segments, *ptd.segments) if s.size)
+    assert got == sorted(sources.values())
+    result = _run(out / "m.pte", out / "model.ptd", exported.x)
+    assert torch.allclose(result, exported.expected, atol=1e-5, rtol=0)

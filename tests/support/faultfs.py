@@ -22,10 +22,10 @@ READ_OPS = frozenset({"pread", "preadinto"})
 # The calls a crash point is placed before (issue 3): the ones that change what is durable, and
 # (as "create") every open that creates a name: the lock, a temp, the pending journal.
 DESTRUCTIVE_OPS = frozenset(
-    {"ftruncate", "rename", "link", "unlink", "fsync", "fsync_dir", "create"}
+    {"ftruncate", "rename", "link", "unlink", "fsync", "fsync_dir", "create", "insert_range"}
 )
 # Recovery and rollback also punch temps, put back the sources' times and modes, and owners.
-RECOVER_OPS = DESTRUCTIVE_OPS | {"punch_hole", "futimens", "fchmod", "fchown"}
+RECOVER_OPS = DESTRUCTIVE_OPS | {"punch_hole", "futimens", "fchmod", "fchown", "collapse_range"}
 
 ERRNOS = {"eio": errno.EIO, "enospc": errno.ENOSPC}
 KINDS = ("eio", "enospc", "short-write", "short-read")

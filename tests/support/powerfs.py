@@ -9,8 +9,9 @@ if the power failed now:
 
 Worst cases are chosen where the file system may legally do either:
 
-* ``ftruncate`` and ``punch_hole`` reach the disk at once, before any data written earlier
-  (metadata journaled ahead of data), so they shorten or zero the durable content too;
+* ``ftruncate``, ``punch_hole``, ``insert_range`` and ``collapse_range`` reach the disk at
+  once, before any data written earlier (metadata journaled ahead of data), so they shorten,
+  zero or shift the durable content too;
 * ``fsync`` of a file does not make its directory entry durable (POSIX does not promise it);
 * unsynced writes are dropped (``drop``), or all kept while name operations are still lost
   (``keep``: a kernel that flushed the data but not the directory).
@@ -195,6 +196,23 @@ class PowerFS(_sys.Backend):
             end = min(len(old), offset + length)
             if offset < end:
                 self.durable[ino] = old[:offset] + bytes(end - offset) + old[end:]
+
+    # Inserting and collapsing ranges are metadata, journaled ahead of data like a truncate:
+    # they reach the disk at once, shifting the durable content (the worst case for an undo
+    # that judges from the size: it meets the shift without the data written after it).
+    def insert_range(self, fd: int, offset: int, length: int) -> None:
+        super().insert_range(fd, offset, length)
+        ino = self.fd_ino.get(fd)
+        if ino is not None and offset < len(self.durable[ino]):
+            old = self.durable[ino]
+            self.durable[ino] = old[:offset] + bytes(length) + old[offset:]
+
+    def collapse_range(self, fd: int, offset: int, length: int) -> None:
+        super().collapse_range(fd, offset, length)
+        ino = self.fd_ino.get(fd)
+        if ino is not None:
+            old = self.durable[ino]
+            self.durable[ino] = old[:offset] + old[offset + length:]
 
     def fsync_dir(self, path: str) -> None:
         d = os.path.realpath(path)

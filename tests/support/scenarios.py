@@ -32,6 +32,7 @@ from pathlib import Path
 import filecord
 from filecord import Cord, FileBackedData
 from filecord._io import syscalls as _sys
+from filecord._plan import facts
 from support.faultfs import SRC_SUFFIX, TEMP_SUFFIX, Call, Tracer, is_filecord_name
 
 try:  # the v2 protocol's name builder
@@ -214,7 +215,27 @@ DISCARD2 = Spec(
     removes={"src dir/index.json": b'{"weight_map": {"p": "P.bin", "q": "Q.bin"}}'},
 )
 
-SPECS = {s.name: s for s in (COPY3, CONSUME3, SINGLE, ADOPT2, ONSRC, DISCARD2)}
+# (g) consume mode, adoption in place (issue 26): P lies whole behind an 8 KiB header (a block
+# multiple), so where the file system inserts ranges (ext4, XFS) the save renames P onto the
+# temp, inserts 8 KiB in front of it, writes the header, and Q is then moved window by window
+# into the same temp after it; the output replaces a file.  Elsewhere P is moved like Q.
+INPLACE = Spec(
+    name="inplace",
+    consume=True,
+    window=4096,
+    single=False,
+    sources={
+        "P": Src("src dir/P blob.bin", 5 * 4096 + 77, 51, owned=True),
+        "Q": Src("src dir/Q.bin", 2 * 4096 + 9, 52, owned=True),
+    },
+    outputs=(
+        ("out ü/inplace.ptd", (Ref(data=b"H" * 8000), Ref(data=b"\0" * 192), Ref("P"), Ref("Q"),
+                               Ref(data=b"end"))),
+    ),
+    old={"out ü/inplace.ptd": b"the old data file, kept on any failure before the commit"},
+)
+
+SPECS = {s.name: s for s in (COPY3, CONSUME3, SINGLE, ADOPT2, ONSRC, DISCARD2, INPLACE)}
 
 
 class Layout:
@@ -287,6 +308,11 @@ class Layout:
 
     def run(self, cords: Mapping[str, Cord]) -> filecord.SaveReport:
         s = self.spec
+        # The file-system probes are cached per process: every run probes afresh, so a traced
+        # run, a spawned child and a forked one make the same calls (else every crash point
+        # after the probes would be off by their count).
+        facts._insert_cache.clear()
+        facts._clone_cache.clear()
         if s.discard or s.removes:
             from filecord._kit.removal import identity
             from filecord._txn.save import Removal, save_many_finishing

@@ -215,6 +215,7 @@ MATRIX = [
     ("consume3", False, ("eio", "short-write", "short-read")),
     ("single", True, ("eio", "enospc", "short-write")),
     ("adopt2", True, ("eio", "enospc", "short-write")),
+    ("inplace", True, ("eio", "enospc", "short-write")),
 ]
 PARAMS = [
     pytest.param(
@@ -238,6 +239,8 @@ FLOOR: dict[tuple[str, bool, str], int] = {
     ("single", True, "short-write"): 2,
     ("adopt2", True, "eio"): 102, ("adopt2", True, "enospc"): 102,
     ("adopt2", True, "short-write"): 6,
+    ("inplace", True, "eio"): 134, ("inplace", True, "enospc"): 134,
+    ("inplace", True, "short-write"): 10,
 }
 
 

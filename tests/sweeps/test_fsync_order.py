@@ -25,6 +25,7 @@ import pytest
 from filecord import Cord, FileBackedData, save
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
+from filecord._txn import save as txn_save
 from filecord.errors import SaveError
 from filecord_testing import pattern
 from support.faultfs import Tracer
@@ -36,10 +37,16 @@ def _consume(d: Path, backend: _sys.Backend) -> tuple[bytes, bytes]:
     a, b = pattern(3 * W, "a"), pattern(2 * W, "b")
     (d / "a.bin").write_bytes(a)
     (d / "b.bin").write_bytes(b)
-    with _sys.use(backend):
-        save(d / "out.bin", Cord([FileBackedData(d / "a.bin", owned=True),
-                                  FileBackedData(d / "b.bin", owned=True)]),
-             consume=True, window=W)
+    # Two moves, whatever the file system: where ranges insert, a (whole, at offset 0) would
+    # be adopted in place instead of moved; this file checks the moves' fsync order.
+    was, txn_save.ADOPT_IN_PLACE = txn_save.ADOPT_IN_PLACE, False
+    try:
+        with _sys.use(backend):
+            save(d / "out.bin", Cord([FileBackedData(d / "a.bin", owned=True),
+                                      FileBackedData(d / "b.bin", owned=True)]),
+                 consume=True, window=W)
+    finally:
+        txn_save.ADOPT_IN_PLACE = was
     return a, b
 
 

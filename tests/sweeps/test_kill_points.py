@@ -31,6 +31,7 @@ import pytest
 
 import filecord
 import filecord.errors
+from filecord._plan import facts
 from support.faultfs import Call, commit_point, destructive_points
 from support.killjob import fork_run, job
 from support.scenarios import SPECS, Layout, trace_save
@@ -51,8 +52,8 @@ def spawn(root: Path, spec_name: str, phase: str, at: int) -> subprocess.Complet
 # Floors near the real counts (about 90% of the kill points against the v2 core), so a broken
 # enumerator cannot pass by testing less.
 POINT_FLOOR = {"consume3": 55, "copy3": 25, "single": 6, "adopt2": 29, "onsrc": 46,
-               "discard2": 40}
-RECOVER_POINT_FLOOR = {"consume3": 1130, "discard2": 670}
+               "discard2": 40, "inplace": 30}
+RECOVER_POINT_FLOOR = {"consume3": 1130, "discard2": 670, "inplace": 300}
 
 
 def expected_after_kill(calls: list[Call], point: Call) -> str:
@@ -77,9 +78,26 @@ def judge(lay: Layout, want: str) -> str | None:
     return None
 
 
+def test_the_inplace_scenario_adopts_where_the_file_system_inserts(tmp_path: Path) -> None:
+    """The sweeps' ``inplace`` runs are adoptions (rename, insert, header, then Q moved in)
+    wherever the probe says the file system inserts ranges, else a plain move of P."""
+    (tmp_path / "probe").mkdir()
+    calls = trace_save("inplace", tmp_path / "trace")
+    ops = [c.op for c in calls]
+    if not facts.probe_insert(str(tmp_path / "probe")):
+        assert "insert_range" not in ops
+        pytest.skip("this file system does not insert ranges: P is moved, not adopted")
+    # The last insert is the adoption's (a first one, where this process had not probed the
+    # file system yet, is the preflight's probe, collapsed again at once).
+    first = len(ops) - 1 - ops[::-1].index("insert_range")
+    assert "collapse_range" not in ops[first:]
+    assert ops[first + 1] == "fsync"  # the inserted space is durable before a byte lands
+    assert "pwrite" in ops[first:]  # the header, written into it
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("spec_name", ["consume3", "copy3", "single", "adopt2", "onsrc",
-                                       "discard2"])
+                                       "discard2", "inplace"])
 def test_sigkill_before_every_destructive_call(tmp_path: Path, spec_name: str) -> None:
     calls = trace_save(spec_name, tmp_path / "trace")
     points = destructive_points(calls)
@@ -112,9 +130,10 @@ def test_sigkill_before_every_destructive_call(tmp_path: Path, spec_name: str) -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec_name", ["consume3", "discard2"])
+@pytest.mark.parametrize("spec_name", ["consume3", "discard2", "inplace"])
 def test_sigkill_during_recover(tmp_path: Path, spec_name: str) -> None:
-    """Kill the save at each point, then kill recovery at each of its points, recover again."""
+    """Kill the save at each point, then kill recovery at each of its points (the collapse of
+    an adoption in place among them), recover again."""
     calls = trace_save(spec_name, tmp_path / "trace")
     points = destructive_points(calls)
     failures: list[str] = []

@@ -18,6 +18,7 @@ import pytest
 from filecord import Cord, FileBackedData, recover, save
 from filecord._io import syscalls as _sys
 from filecord._txn import journal as journal_codec
+from filecord._txn import save as txn_save
 from filecord.errors import DataChangedError, RecoverError, SaveError
 from filecord_testing import consume_killed_at_truncate, pattern
 
@@ -35,6 +36,14 @@ class FailRenameOnto(_sys.Backend):
     def hook(self, op: str, args: tuple[object, ...]) -> None:
         if op == "rename" and str(args[1]) == self.final:
             raise OSError(errno.EIO, "injected after the commit point")
+
+
+@pytest.fixture(autouse=True)
+def _moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These cases stop, change and recover *moves*: their first whole file at offset 0 would
+    be adopted in place where ranges insert (tests/fsmatrix/test_adopt_in_place.py and the
+    ``inplace`` sweeps cover that), so adoption is off here."""
+    monkeypatch.setattr(txn_save, "ADOPT_IN_PLACE", False)
 
 
 def _names(d: Path) -> list[str]:

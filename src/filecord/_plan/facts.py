@@ -3,13 +3,15 @@
 Theory of operation
 -------------------
 Only reads happen here, plus two optional probes.  The clone probe: two tiny files created
-``O_EXCL`` in the destination directory and unlinked at once, so that a file system that says
-it is XFS but was made without reflink is known before the plan promises a clone.  The insert
-probe (:func:`probe_insert`): one file of two blocks, ``O_EXCL``, a block inserted in front of
-its data and collapsed again, then unlinked: whether the file system shifts extents (ext4 and
-XFS do; btrfs and tmpfs refuse with EOPNOTSUPP), tried, not guessed from the type's name.  A
-crash during a probe can leave a ``.filecord-probe.*`` file of a few KiB; nothing else.
-Results are cached per device for the life of the process.
+``O_EXCL`` in the destination directory and unlinked at once, so that a file system that says it
+is XFS but was made without reflink is known before the plan promises a clone.  The insert probe
+(:func:`probe_insert`, run by every consuming save that could adopt a source in place): one file
+of two blocks without a name (``O_TMPFILE``; where that is refused, a named one ``O_EXCL``,
+unlinked after), a block inserted in front of its data and collapsed again: whether the file
+system shifts extents (ext4 and XFS do; btrfs and tmpfs refuse with EOPNOTSUPP), tried, not
+guessed from the type's name.  A crash during a probe can leave a ``.filecord-probe.*`` file of
+a few KiB (the insert probe's only where ``O_TMPFILE`` is refused); nothing else.  Results are
+cached per device for the life of the process.
 """
 
 from __future__ import annotations
@@ -122,7 +124,9 @@ def probe_insert(directory: str) -> bool:
     block = vfs.f_frsize or vfs.f_bsize or BLOCK
     path = os.path.join(directory, f".filecord-probe.{secrets.token_hex(6)}.i")
     ok = False
-    fd = _sys.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = _unnamed(directory)  # a save probes: a crash must leave no name behind
+    if fd is None:
+        fd = _sys.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         _sys.write_all(fd, bytes(2 * block), 0)
         try:
@@ -138,6 +142,20 @@ def probe_insert(directory: str) -> bool:
         _sys.unlink_missing_ok(path)
     _insert_cache[dev] = ok
     return ok
+
+
+def _unnamed(directory: str) -> int | None:
+    """A file without a name in ``directory`` (``O_TMPFILE``: gone with its last descriptor,
+    even after a crash), or None where the file system or platform cannot make one."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag:
+        return None
+    try:
+        return _sys.open(directory, os.O_RDWR | flag, 0o600)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+            return None
+        raise
 
 
 _INSERT_REFUSALS = frozenset(

@@ -33,8 +33,9 @@ Decision rules (``consume=True``; without it, pieces are only cloned or copied):
 * adopted in place (:func:`in_place`): a moved source that is used once, whole, at a multiple
   of the block of an output on a file system that inserts ranges (probed), on the output's
   mount, can become that output's file: the largest such source per output.  The plan always
-  lists them (``SavePlan.in_place``); its pieces say "adopted" only with ``adopt=True``,
-  which no save passes until the transaction has the action (they are moved until then).
+  lists them (``SavePlan.in_place``); with ``adopt=True`` (what a consuming save passes
+  where ``ADOPT_IN_PLACE`` is on) its pieces say "adopted" and the transaction builds the
+  output around it (``_txn.save``); without, they are moved.
 """
 
 from __future__ import annotations
@@ -281,7 +282,7 @@ def in_place(
         fs = filesystems.get(out.dev)
         if out.direct or fs is None or not fs.can_insert or out.mount != sources[m.key].mount:
             continue
-        if d.out_offset % (fs.block if fs.block > 0 else BLOCK):
+        if d.out_offset % BLOCK or d.out_offset % (fs.block if fs.block > 0 else BLOCK):
             continue
         have = best.get(d.output)
         if have is None or m.size > have.length:
@@ -302,8 +303,10 @@ def make_plan(
 ) -> SavePlan:
     """Decide every piece's action, the sync window and the peak disk per file system (pure).
 
-    ``adopt``: the pieces of the sources :func:`in_place` finds say "adopted" instead of
-    "moved".  False by default: no transaction executes that action yet.
+    ``adopt``: the sources :func:`in_place` finds are adopted in place: their pieces say
+    "adopted" instead of "moved", their :class:`MoveSource` has ``adopt`` set (the
+    transaction renames them onto the output's temp and inserts the space in front of them)
+    and they come first in ``moves``.
 
     ``window`` left at :data:`DEFAULT_WINDOW` may grow or shrink to the largest that fits the
     free space (``window.choose``); any other value is used as is.
@@ -385,11 +388,21 @@ def make_plan(
         outputs, moves, sources, filesystems,
         {m.key: [refs[i] for i in by_source[m.key]] for m in moves if not m.adopt},
     ) if any(f.can_insert for f in filesystems.values()) else ()
-    if adopt:
+    note = None
+    if adopt and consume and len(adoptable) < len({d.output for m in moves if not m.adopt
+                                                    for d in m.dests}):
+        note = _why_not_in_place(outputs, moves, sources, filesystems, by_source, refs,
+                                 {ip.output for ip in adoptable})
+    if adopt and adoptable:
+        chosen_keys = {ip.key for ip in adoptable}
         for ip in adoptable:
             for i in by_source[ip.key]:
                 if refs[i].length:
                     acts[i] = ADOPTED
+        # An adoption runs before every move: the other sources' bytes are moved into the
+        # adopted file, so their undo (newest first) runs before the adoption's own.
+        moves = ([replace(m, adopt=True) for m in moves if m.key in chosen_keys]
+                 + [m for m in moves if m.key not in chosen_keys])
 
     actions: list[PieceAction] = []
     add = actions.append
@@ -436,4 +449,25 @@ def make_plan(
         window=choice.used,
         window_choice=choice,
         in_place=adoptable,
+        in_place_note=note,
     )
+
+
+def _why_not_in_place(
+    outputs: Sequence[OutputFacts], moves: Sequence[MoveSource],
+    sources: Mapping[tuple[int, int], SourceFacts], filesystems: Mapping[int, FsFacts],
+    by_source: Mapping[tuple[int, int], list[int]], refs: Sequence[PieceRef], have: set[int],
+) -> str | None:
+    """Why an output that has a source lying whole at a block-aligned offset (as
+    :func:`in_place` would take it on a file system that inserts ranges) is not built around
+    it: its file system does not insert ranges.  None when there is no such output."""
+    able = {dev: replace(f, can_insert=True) for dev, f in filesystems.items()}
+    missed = [ip for ip in in_place(outputs, moves, sources, able,
+                                    {m.key: [refs[i] for i in by_source[m.key]]
+                                     for m in moves if not m.adopt})
+              if ip.output not in have]
+    if not missed:
+        return None
+    kinds = sorted({filesystems[outputs[ip.output].dev].fs_type for ip in missed})
+    return (f"not adopted in place ({len(missed)} source(s) lie whole at a block-aligned "
+            f"offset): {', '.join(kinds)} does not insert ranges, so they were moved")

@@ -14,7 +14,9 @@ class SaveReport:
     ``dry_run`` is True for :func:`filecord.plan`.  ``actions`` lists in-memory pieces as
     ``written``, derived ones (bytes computed from file ranges, such as a dtype cast) as
     ``computed`` (their bytes count in ``bytes_written``) and file-backed ones as ``copied``,
-    ``cloned`` or ``moved``; a copy made under
+    ``cloned``, ``moved`` or ``adopted`` (in place: the source became the output's file, space
+    inserted in front of its blocks, no byte of it copied, moved or cloned: it counts in none of
+    the transfer counters); a copy made under
     ``consume=True`` carries its ``reason``; a cloned piece whose last partial block was copied
     says how many bytes (``tail``) and why (``tail_reason``).  A piece of rows
     (:class:`~filecord._pieces.rows.FileRows`, e.g. a GGUF Q/K permutation) is one action
@@ -46,6 +48,9 @@ class SaveReport:
     # Why ``window`` differs from the default ("shrunk from 64 MiB to 16 MiB: 20.6 MiB free
     # on ext4"); None when the window is the one asked for or the default unchanged.
     window_note: str | None = None
+    # Why no source was adopted in place where one lies whole at a block-aligned offset of its
+    # output under ``consume=True`` (its file system does not insert ranges); None otherwise.
+    adopt_note: str | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -91,6 +96,7 @@ class SaveReport:
             "consume": self.consume,
             "window": self.window,
             "window_note": self.window_note,
+            "adopt_note": self.adopt_note,
             "outputs": [
                 {"path": p, "bytes": n} for p, n in zip(self.outputs, self.sizes, strict=True)
             ],
@@ -138,7 +144,13 @@ class SaveReport:
             lines.append(f"  transfer: {self.bytes_copied} copied, {self.bytes_cloned} cloned, "
                          f"{self.bytes_moved} moved, {self.bytes_written} written")
         for action, n in sorted(self.bytes_by_action().items()):
+            if action == "adopted":
+                lines.append(f"  adopted in place {n} bytes (not copied: space inserted in "
+                             "front of them)")
+                continue
             lines.append(f"  {action:8} {n} bytes")
+        if self.adopt_note is not None:
+            lines.append(f"  {self.adopt_note}")
         for reason, n in sorted(self.copy_reasons().items()):
             lines.append(f"  copied because {reason}: {n} bytes")
         if self.window_note is not None:

@@ -45,8 +45,7 @@ Reason = Literal[
 # bytes a function makes of file ranges, a chunk at a time) "computed"; file-backed ones one of
 # the others.
 # "adopted": the source becomes its output's file in place (space inserted in front of its
-# blocks, nothing copied); planned only with ``make_plan(adopt=True)``, which no save asks
-# for until the transaction has that action (issue 26 item 1).
+# blocks, nothing copied); planned with ``make_plan(adopt=True)``.
 Action = Literal["written", "computed", "copied", "cloned", "moved", "adopted"]
 ADOPTED: Action = "adopted"
 IN_PLACE_WHY = ("it lies whole at a block-aligned offset of its output, on a file system that "
@@ -156,8 +155,10 @@ class PieceAction:
 class MoveSource:
     """A source shortened from its end down to ``run_start``; ``dests`` are its placements.
 
-    ``adopt``: the source is the whole of one output and nothing else, so it is not copied at
-    all: it is renamed onto that output's temp (no bytes move, no extra disk).
+    ``adopt``: the source is not copied at all: it is renamed onto its one destination's temp
+    (no bytes move, no extra disk).  Either it is the whole of that output and nothing else,
+    or it is adopted in place (:class:`InPlace`): its destination's ``out_offset`` bytes are
+    inserted in front of it and the rest of the output is written around it.
     """
 
     key: tuple[int, int]
@@ -249,6 +250,9 @@ class SavePlan:
     # The sources that could be adopted in place (:class:`InPlace`), whether or not the plan
     # was asked to (``make_plan(adopt=...)``); only with it do their pieces say "adopted".
     in_place: tuple[InPlace, ...] = ()
+    # Why a source that lies whole at a block-aligned offset of its output is not adopted in
+    # place (its file system does not insert ranges, or was not asked); None when none is.
+    in_place_note: str | None = None
 
     @property
     def total_bytes(self) -> int:

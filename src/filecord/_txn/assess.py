@@ -307,6 +307,9 @@ def check_strict(j: Journal, seen: Observed, done: int = 0) -> DataChangedError 
         return bad
     for s, f in zip(j.sources, seen.sources, strict=True):
         if s.adopt:
+            bad = _adopted(j, s, f)
+            if bad is not None:
+                return bad
             continue
         if f.parked is None:
             if f.own is not None and f.own.size != s.size:  # never parked, so never moved
@@ -327,6 +330,23 @@ def check_strict(j: Journal, seen: Observed, done: int = 0) -> DataChangedError 
                 j.parked(s), expected_size=s.size, found_size=f.parked.size,
                 reason="its size is not one a move of this save leaves: another process "
                 "changed it")
+    return None
+
+
+def _adopted(j: Journal, s: JournalSource, f: SourceFacts) -> DataChangedError | None:
+    """An adopted source at its output's temp as this save can have left it: at its own size
+    or at least its size plus the space inserted in front of it (the undo acts on that size
+    alone).  Under its own name it was never adopted, or the undo finished: nothing to check
+    (the undo does not touch it there)."""
+    whole = not s.inserted and j.outputs[s.dests[0].output].length == s.size
+    if f.at_temp is not None and not whole:  # a file adopted whole is only renamed back
+        if s.adopted_size(f.at_temp.size):
+            return None
+        return DataChangedError(
+            j.temp(s.dests[0].output), expected_size=s.size + s.inserted,
+            found_size=f.at_temp.size,
+            reason="the adopted source is at a size this save does not leave: another "
+            "process changed it")
     return None
 
 
@@ -619,7 +639,8 @@ def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = 
         if s.adopt:
             temp = j.temp(s.dests[0].output)
             at = temp if f.at_temp is not None else s.path if f.own is not None else None
-            lines.append(f"{s.path}: the whole file ({s.size} bytes) is at {at}" if at else
+            off = f" (at offset {s.inserted})" if s.inserted and at == temp else ""
+            lines.append(f"{s.path}: the whole file ({s.size} bytes) is at {at}{off}" if at else
                          f"{s.path}: not found under its name or at {temp}")  # never a guess
             continue
         found = locate(j, s, f)

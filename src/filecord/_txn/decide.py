@@ -36,6 +36,14 @@ Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault 
    changed source (``committed=True``); row COMPLETE reports, never undoes.
    Tests: tests/sweeps/test_recover_acts_on_proof.py (Ctrl-C after completion),
    tests/sweeps/test_looks_order_and_records.py.
+9. An adopted source (renamed onto its output's temp, in place: space inserted in front of it,
+   the rest of the output written around it) is only ever at a size its adoption leaves: its
+   own, or at least its own plus the inserted space; the undo judges from that size alone
+   (truncate, collapse, times, rename back) and any other size is CHANGED, never cut.  The
+   space is fsynced before a byte lands in it.  Tests: tests/unit/txn/test_assess.py (the
+   adopted rows), tests/unit/txn/test_log.py, tests/fsmatrix/test_adopt_in_place.py, and the
+   ``inplace`` scenario of tests/sweeps/test_kill_points.py, test_fault_points.py and
+   test_power_cuts.py.
 """
 
 from __future__ import annotations

@@ -8,12 +8,14 @@ first instant; a discard output's temp (never published) is 0600.  In-memory pie
 written, derived ones computed (``_pieces.derived``: a chunk of their sources at a time, read
 here while every source is still whole) and file-backed ones cloned or copied at their final
 offsets, in output order (the kernel clones a source's partial EOF block only at the temp's
-end, so temps are not presized before the fill).  Clones and copies never shorten a source, so
-rolling them back is deleting the temp.  After each file-backed piece (a run of pieces adjacent
-in their source and in the output is copied as one, a piece of rows run by run) the source's
-size, mtime and ctime are compared with what they were when it was opened, so a source
-rewritten during the copy is a ``DataChangedError``, never a silent mix.  Only then do the
-temps get the replaced file's owner, group and exact mode (set-id bits last, on complete
+end, so temps are not presized before the fill).  An output a source is adopted into is
+filled after the adoption, around the source's blocks (``save._adopt``).  Clones and copies
+never shorten a source, so rolling them back is deleting the temp.  After each file-backed
+piece (a run of pieces adjacent in their source and in the output is copied as one, a piece of
+rows run by run) the source's size, mtime and ctime are compared with what they were when it
+was opened, so a source rewritten during the copy is a ``DataChangedError``, never a silent
+mix.  Only then do the temps get the replaced file's owner, group and exact mode (set-id bits
+last, on complete
 content).  A crash here leaves temps that ``recover`` removes once the save's lock is free:
 nothing destructive has happened.
 """
@@ -98,7 +100,8 @@ def _recheck_source(txn: Txn, data: FileBackedData) -> None:
 
 
 def fill(txn: Txn) -> None:
-    """Everything that is not moved, at its final offset.
+    """Everything that is not moved, at its final offset; an output a source is adopted into
+    is filled later, around that source, by :func:`fill_output` (``save._adopt``).
 
     Copies are batched: file-backed pieces that follow each other both in their source and
     in the output (slices of one file, in order) are one ``copy_file_range`` and one look at
@@ -109,46 +112,56 @@ def fill(txn: Txn) -> None:
     A piece of rows is its runs, copied in order, then that one look.
     """
     p = txn.prep.plan
-    acts = iter(p.actions)  # the plan lists every piece of every output, in output order
-    for o, (out, cord) in enumerate(zip(p.outputs, txn.prep.cords, strict=True)):
-        fd = txn.fds[o]
-        if fd is None:
-            raise SaveError(f"{out.path}: output descriptor missing")
-        run: _Run | None = None
-        for i, piece in enumerate(cord.pieces):
-            act = next(acts)
-            if (act.output, act.index) != (out.path, i):  # pragma: no cover - plan's order
-                raise SaveError(f"{out.path}: piece {i} has no action in the plan")
-            if act.action == "moved":
-                txn.actions.append(act)
-                continue
-            if isinstance(piece, FileBackedData) and act.action == "copied":
-                dst_off = None if out.direct else act.out_offset  # None: append to a stream
-                if run is not None and run.extends(piece, dst_off):
-                    run.n += len(piece)
-                else:
-                    if run is not None:
-                        _copy_run(txn, fd, run)
-                    run = _Run(piece, piece.offset, dst_off, len(piece))
-                txn.actions.append(act)
-                continue
-            if run is not None:
-                _copy_run(txn, fd, run)
-                run = None
-            if isinstance(piece, FileRows):
-                _copy_rows(txn, piece, fd, None if out.direct else act.out_offset)
-            elif isinstance(piece, Derived):
-                _compute_piece(txn, piece, fd, None if out.direct else act.out_offset)
-            elif not isinstance(piece, FileBackedData):
-                dst = None if out.direct else act.out_offset
-                transfer.write_bytes(fd, piece, dst, txn.counters, txn.advance)
-            else:
-                act = _copy_piece(txn, piece, fd, act)
+    adopted = {m.dests[0].output for m in p.moves if m.adopt}
+    for o in range(len(p.outputs)):
+        if o not in adopted:
+            fill_output(txn, o)
+
+
+def fill_output(txn: Txn, o: int) -> None:
+    """Output ``o``'s pieces that are not moved (nor adopted), at their final offsets."""
+    p = txn.prep.plan
+    out, cord = p.outputs[o], txn.prep.cords[o]
+    fd = txn.fds[o]
+    if fd is None:
+        raise SaveError(f"{out.path}: output descriptor missing")
+    # the plan lists every piece of every output, in output order
+    first = sum(len(c.pieces) for c in txn.prep.cords[:o])
+    acts = p.actions[first:first + len(cord.pieces)]
+    run: _Run | None = None
+    for i, (piece, act) in enumerate(zip(cord.pieces, acts, strict=True)):
+        if (act.output, act.index) != (out.path, i):  # pragma: no cover - plan's order
+            raise SaveError(f"{out.path}: piece {i} has no action in the plan")
+        if act.action in ("moved", "adopted"):
             txn.actions.append(act)
+            continue
+        if isinstance(piece, FileBackedData) and act.action == "copied":
+            dst_off = None if out.direct else act.out_offset  # None: append to a stream
+            if run is not None and run.extends(piece, dst_off):
+                run.n += len(piece)
+            else:
+                if run is not None:
+                    _copy_run(txn, fd, run)
+                run = _Run(piece, piece.offset, dst_off, len(piece))
+            txn.actions.append(act)
+            continue
         if run is not None:
             _copy_run(txn, fd, run)
-        if not out.direct:
-            txn.dirty.add(fd)
+            run = None
+        if isinstance(piece, FileRows):
+            _copy_rows(txn, piece, fd, None if out.direct else act.out_offset)
+        elif isinstance(piece, Derived):
+            _compute_piece(txn, piece, fd, None if out.direct else act.out_offset)
+        elif not isinstance(piece, FileBackedData):
+            dst = None if out.direct else act.out_offset
+            transfer.write_bytes(fd, piece, dst, txn.counters, txn.advance)
+        else:
+            act = _copy_piece(txn, piece, fd, act)
+        txn.actions.append(act)
+    if run is not None:
+        _copy_run(txn, fd, run)
+    if not out.direct:
+        txn.dirty.add(fd)
 
 
 def _compute_piece(txn: Txn, piece: Derived, fd: int, dst_off: int | None) -> None:

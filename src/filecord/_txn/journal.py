@@ -20,6 +20,12 @@ The records (``Kind``):
   name never holds a torn head, and one damaged copy leaves the other to read.
 * ``moved``: ``{"n": N}``, appended and fsynced once the first N moved sources (journal
   order) have finished their moves, after the last truncate of the Nth is fsynced.
+* ``adopt`` (in a head's source): the source becomes its output's file where it lies: it is
+  renamed onto the output's temp and, when its one destination's offset is not 0, that many
+  bytes (a multiple of the block) are inserted in front of it (``JournalSource.inserted``);
+  the rest of the output is written around it.  No progress record: the temp's size says how
+  far the adoption went (the source's size: not inserted, or collapsed back; at least the
+  source's size plus the inserted bytes: inserted, perhaps with the rest appended).
 * ``looked``: the save's last look at each parked source (dev, ino, size, mtime), appended
   and fsynced just before the commit point, for recover's finish.
 
@@ -52,7 +58,7 @@ from dataclasses import dataclass, field
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
-from filecord._plan.types import MoveSource, PieceRef
+from filecord._plan.types import BLOCK, MoveSource, PieceRef
 from filecord.errors import RecoverError
 
 VERSION = 3
@@ -119,6 +125,18 @@ class JournalSource:
     dests: tuple[PieceRef, ...]
     adopt: bool = False
     dense: bool = False  # no holes when journaled: a hole in a temp then proves tampering
+
+    @property
+    def inserted(self) -> int:
+        """For an adopted source, the bytes inserted in front of it in its output's temp (its
+        journaled offset there; 0: a whole-output rename, or one the output starts with)."""
+        return self.dests[0].out_offset if self.adopt and self.dests else 0
+
+    def adopted_size(self, size: int) -> bool:
+        """Whether an adoption of this save (or its undo) can have left this adopted source at
+        ``size`` at its output's temp: its own size, or at least its size plus the inserted
+        space (a size between is a cut or a write by someone else)."""
+        return size == self.size or size >= self.size + self.inserted
 
     def as_move(self) -> MoveSource:
         return MoveSource((self.dev, self.ino), self.path, self.size, self.run_start, self.dests,
@@ -442,6 +460,10 @@ def confine(j: Journal, journal_path: str) -> None:
             raise JournalDamagedError(f"{journal_path}: source path {s.path!r} is not confined")
         if not 0 <= s.run_start <= s.size:
             raise JournalDamagedError(f"{journal_path}: {s.path}: run start out of range")
+        if s.adopt and (len(s.dests) != 1 or s.dests[0].src_offset != 0
+                        or s.dests[0].length != s.size or s.dests[0].out_offset % BLOCK):
+            raise JournalDamagedError(f"{journal_path}: {s.path}: an adopted source must be "
+                                      "one whole range at a block-aligned offset")
         for d in s.dests:
             if not 0 <= d.output < len(j.outputs) or j.outputs[d.output].direct:
                 raise JournalDamagedError(f"{journal_path}: {s.path}: bad destination")

@@ -23,7 +23,9 @@ held in ``Txn.stage`` and moves only along ``stages``'s table.
    leaves no journal name, which proves nothing destructive happened.
 5. MOVING: every source the save will shorten or delete is renamed to
    ``.NAME.TOKEN.filecord-src`` (its directory fsynced), so nothing but this save's token names
-   it while it is incomplete; then adoption renames and moves (``transfer.move_source``: per
+   it while it is incomplete; then adoption (``_adopt``: the source renamed onto its output's
+   temp, the space in front of it inserted, the rest of that output written around it) and
+   the moves (``transfer.move_source``: per
    window copy, fsync the temps, check the source is still the size the move left it, truncate).
    The look at each parked source (``looks.take``) and each truncate's ``fstat`` are kept in
    ``Txn.looks``; a finished move is marked durably by a ``moved`` record appended to the
@@ -80,6 +82,12 @@ from filecord._txn.state import ProgressCallback as ProgressCallback
 from filecord.errors import ChangeKind, DataChangedError, FilecordError, SaveError, add_note
 
 log = logging.getLogger(__name__)
+
+# A consuming save adopts a source in place where the plan finds one (``plan.in_place``: a
+# moved source used once, whole, at a block-aligned offset of its output, on a file system
+# whose probe inserts ranges): the output is built around its blocks, no byte copied.  Off:
+# such a source is moved window by window, as on every other file system.
+ADOPT_IN_PLACE = True
 
 
 def save(
@@ -143,8 +151,10 @@ def plan(
     ``report.window`` is the sync window the save would use and ``report.window_note`` why it
     is smaller than the default, when it is.
     """
-    f = gather(normalize(target, cord), consume=consume)
-    p = make_plan(f.outputs, f.refs, f.sources, f.filesystems, consume=consume, window=window)
+    adopt = consume and ADOPT_IN_PLACE
+    f = gather(normalize(target, cord), consume=consume, probe_insert=adopt)
+    p = make_plan(f.outputs, f.refs, f.sources, f.filesystems, consume=consume, window=window,
+                  adopt=adopt)
     refuse_replaced_sources(f, p.consumed)
     return _report(p, p.actions, dry_run=True)
 
@@ -170,6 +180,7 @@ def _report(
         bytes_written=counters.written if counters else 0,
         bytes_moved=counters.moved if counters else 0,
         window_note=p.window_choice.note(),
+        adopt_note=p.in_place_note,
     )
 
 
@@ -254,9 +265,10 @@ def _run(
         unknown = discard - {p for p, _c in items}
         if unknown:
             raise ValueError(f"discard names no output: {', '.join(sorted(unknown))}")
-        facts = gather(items, consume=consume, discard=discard)  # facts only: what is there
+        adopt = consume and ADOPT_IN_PLACE
+        facts = gather(items, consume=consume, discard=discard, probe_insert=adopt)
         plan = make_plan(facts.outputs, facts.refs, facts.sources, facts.filesystems,
-                         consume=consume, window=window)  # every decision, made once
+                         consume=consume, window=window, adopt=adopt)  # every decision, once
         refuse_replaced_sources(facts, plan.consumed)
         check_space(plan)
     except OSError as exc:
@@ -280,6 +292,9 @@ def _run(
         _execute(txn)
     except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
         _fail(txn, exc)
+    # An output adopted into is filled after the others: the report lists pieces in order.
+    order = {o.path: n for n, o in enumerate(plan.outputs)}
+    txn.actions.sort(key=lambda a: (order[a.output], a.index))
     loud = [a for a in txn.actions if a.reason and a.reason not in quiet_reasons]
     if plan.consume and loud:
         log.warning(
@@ -400,11 +415,18 @@ def _move(txn: Txn, m: MoveSource) -> None:
 
 
 def _adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
-    """Rename the whole source onto its output's temp: the move of a file that is an output.
+    """Make the source its output's file: the move of a file that is (part of) an output.
 
-    The empty temp claimed the name (O_EXCL) and the journal names both paths, so a crash on
-    either side of the rename is undone or finished by ``recover``.  Both directories are
-    fsynced so the move is durable before the commit can be.
+    1. rename it onto the output's temp (the empty temp claimed the name, O_EXCL, and the
+       journal names both paths), both directories fsynced;
+    2. adopted in place (its offset ``src.inserted`` is not 0): insert that many bytes in
+       front of its blocks (``insert_range``, a block multiple) and fsync, so the temp's size
+       says durably that the space is there before any byte lands in it;
+    3. write the rest of the output around it (``fill.fill_output``: written, copied, cloned
+       pieces) and give the temp its final length for the moves that follow (a hole).
+
+    The undo at every step (``undo._put_back``): truncate to the inserted space plus the
+    source, collapse the space, restore the times, rename back; the temp's size says which.
     """
     o = m.dests[0].output
     temp = txn.temps[o]
@@ -429,6 +451,21 @@ def _adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
     fd = _sys.open(temp, os.O_RDWR)
     txn.fds[o] = fd
     txn.dirty.add(fd)  # whoever wrote the source may never have synced it
+    now = _sys.fstat(fd)  # the file as adopted: a cut or write since the look above would
+    if (now.st_size, now.st_mtime_ns) != (m.size, data.identity.mtime_ns):  # be built on
+        raise DataChangedError(temp, expected_size=m.size, found_size=now.st_size,
+                               reason="another process changed it as it was adopted")
+    if src.inserted:
+        _sys.insert_range(fd, 0, src.inserted)
+        txn.counters.fsync(fd)
+    fill.fill_output(txn, o)
+    # Moved bytes of other sources follow: the temp gets its final length (a hole) first.
+    # Only then: a file adopted whole, cut by someone else meanwhile, is never padded back.
+    p = txn.prep.plan
+    if any(d.output == o for mv in p.moves if not mv.adopt for d in mv.dests):
+        length = p.outputs[o].length
+        if _sys.fstat(fd).st_size < length:
+            _sys.ftruncate(fd, length)
 
 
 def _commit(txn: Txn) -> None:
@@ -443,7 +480,9 @@ def _commit(txn: Txn) -> None:
         st = _sys.fstat(fd)
         if o in adopted:  # someone else's write to the adopted file is a change, not an I/O
             was = txn.prep.datas[adopted[o]][0].identity   # error: keep it, claim nothing
-            if (st.st_size, st.st_mtime_ns) != (was.size, was.mtime_ns):
+            # (only a file adopted whole: one adopted in place was written around by the save)
+            if was.size == p.outputs[o].length and (
+                    st.st_size, st.st_mtime_ns) != (was.size, was.mtime_ns):
                 raise DataChangedError(p.outputs[o].path, expected_size=was.size,
                                        found_size=st.st_size, reason="another process "
                                        "changed the adopted file before the commit")

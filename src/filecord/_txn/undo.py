@@ -8,8 +8,10 @@ call and run again.
 
 *Roll back* (before the commit point), per source, newest first:
 
-1. an adopted source (renamed whole onto its output's temp) is found at the temp by device and
-   inode, its mode put back with ``fchmod``, and its name restored;
+1. an adopted source (renamed onto its output's temp) is found at the temp by device and
+   inode; adopted in place, what the save appended is truncated and the space inserted in
+   front of it collapsed (``_unadopt``: the temp's size says which step it reached), its
+   times put back and fsynced; its mode put back with ``fchmod``, and its name restored;
 2. a parked source (``.NAME.TOKEN.filecord-src``, renamed there before it was shortened) gets
    its moved bytes back from the temps (``transfer.restore_source``: copy back, ``fsync`` the
    source, then punch the temp), its times restored with ``futimens`` and ``fsync``ed;
@@ -208,8 +210,10 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
     if s.adopt:
         temp = j.temp(s.dests[0].output)
         if same_file(temp, s.dev, s.ino) is not None:
-            fd = open_same(temp, s.dev, s.ino, os.O_RDONLY)
+            fd = open_same(temp, s.dev, s.ino, os.O_RDWR)
             try:
+                if s.inserted or j.outputs[s.dests[0].output].length != s.size:
+                    _unadopt(fd, temp, s, c)  # adopted in place: the output was built on it
                 _sys.fchmod(fd, stat_mod.S_IMODE(s.mode))
             finally:
                 _sys.close(fd)
@@ -247,6 +251,32 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
         _sys.close(fd)
     _name_back(parked, s.path)
     return 1
+
+
+def _unadopt(fd: int, temp: str, s: JournalSource, c: transfer.Counters) -> None:
+    """Give an adopted source at its output's temp back its own bytes, and only those.
+
+    Judged from the temp's size alone (``JournalSource.adopted_size``; ``assess`` refused
+    any other first): the source's size (nothing was inserted, or the collapse below already
+    ran; nothing was appended, or the truncate below already ran): nothing to take back.  At
+    least the source plus the inserted space: truncate to that (what was appended goes),
+    collapse the space (what was written into it goes), fsync.  The source's blocks are
+    never written by the save, so they are its bytes.  Its journaled times are put back and
+    fsynced whenever the file was touched (an interrupted undo may have collapsed it
+    already: the times still go back).
+    """
+    size = _sys.fstat(fd).st_size
+    if not s.adopted_size(size):
+        raise DataChangedError(temp, expected_size=s.size + s.inserted, found_size=size,
+                               reason="the adopted source is at a size this save does not "
+                               "leave: another process changed it")
+    if size > s.size:
+        if size > s.size + s.inserted:
+            _sys.ftruncate(fd, s.size + s.inserted)
+        if s.inserted:
+            _sys.collapse_range(fd, 0, s.inserted)
+    _sys.futimens(fd, s.atime_ns, s.mtime_ns)
+    c.fsync(fd)
 
 
 def _name_back(src: str, dst: str) -> None:

@@ -305,6 +305,8 @@ def render_report(report: SaveReport, args: argparse.Namespace, out: TextIO) -> 
         why = f" ({a.reason})" if a.reason else ""
         if a.tail:
             why += f" (last {a.tail} bytes copied: {a.tail_reason})"
+        if a.action == "adopted":
+            why += " (in place: no byte copied)"
         print(f"  {a.action:7} {human(a.length):>12}  {a.source}{why}", file=out)
     for peak in report.peaks:
         verdict = "fits" if peak.fits else "DOES NOT FIT"

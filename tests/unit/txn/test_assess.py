@@ -270,3 +270,62 @@ def test_whereabouts_names_every_byte() -> None:
     assert "is 4101 bytes long, but the move had left it at 4096" in lines[0]
     gone = whereabouts(J, seen(None, Facts(2 * W, 200)))[0]
     assert gone == f"/d/a.bin: not found under its name or {J.parked(J.sources[0])}"
+
+
+# --- adoption in place (issue 26): the temp's size is the whole progress record ------------------
+
+def in_place() -> Journal:
+    """d (2 windows and 5 bytes) adopted at offset 2 windows of a 6-window output: 2 windows
+    inserted in front of it, the rest of the output appended after it."""
+    d = JournalSource("/d/d.bin", *A, size=2 * W + 5, run_start=0, atime_ns=1, mtime_ns=100,
+                      mode=0o100644, dests=(PieceRef(0, 1, 2 * W, 2 * W + 5, A, 0),),
+                      adopt=True)
+    return Journal(TOKEN, W, (JournalOutput("/d/out.ptd", *A, 6 * W),), (d,), ordered=True)
+
+
+def adopted_at(size: int | None, *, own: int | None = None) -> Observed:
+    at = None if size is None else Facts(size, 5)
+    return Observed((SourceFacts(own=None if own is None else Facts(own, 100), at_temp=at),),
+                    (OutputFacts(at),))
+
+
+@pytest.mark.parametrize(("size", "why"), [
+    (2 * W + 5, "renamed, nothing inserted yet (or the collapse of an undo done)"),
+    (4 * W + 5, "the space inserted, nothing appended yet"),
+    (6 * W, "inserted and the rest of the output appended (the temp complete)"),
+    (9 * W, "appended past the output's length: the undo's truncate takes it all"),
+])
+def test_an_adopted_source_at_any_size_an_adoption_leaves_is_rolled_back(size: int,
+                                                                         why: str) -> None:
+    j = in_place()
+    assert j.sources[0].inserted == 2 * W
+    for r in (SAVE, RECOVER):
+        got = assess(j, r, adopted_at(size))
+        assert got.found is Found.AS_LEFT, why
+        assert decide(r.actor, Stage.MOVING, got.found) is Action.ROLL_BACK
+    assert whereabouts(j, adopted_at(size)) == [
+        f"/d/d.bin: the whole file ({2 * W + 5} bytes) is at {j.temp(0)} (at offset {2 * W})"]
+
+
+@pytest.mark.parametrize("size", [2 * W + 4, 2 * W + 6, 4 * W + 4, 3 * W])
+def test_an_adopted_source_at_a_size_no_adoption_leaves_is_held(size: int) -> None:
+    """Shorter than the source, or longer but short of the inserted space: a cut or a write
+    by someone else; the undo (truncate, collapse) would cut the source's own bytes."""
+    j = in_place()
+    got = assess(j, SAVE, adopted_at(size))
+    assert got.found is Found.CHANGED
+    assert decide(Actor.SAVE, Stage.MOVING, got.found) is Action.HOLD
+    got = assess(j, RECOVER, adopted_at(size))
+    assert got.found is Found.CHANGED
+    assert "a size this save does not leave" in str(got.error)
+    assert decide(Actor.RECOVER, Stage.MOVING, got.found) is Action.REFUSE
+
+
+def test_an_adopted_source_back_under_its_name_needs_nothing_and_committed_needs_the_temp() -> None:
+    j = in_place()
+    assert assess(j, RECOVER, adopted_at(None, own=2 * W + 5)).found is Found.AS_LEFT
+    committed = Records(Actor.RECOVER, Stage.COMMITTED)
+    assert assess(j, committed, adopted_at(6 * W)).found is Found.AS_LEFT
+    got = assess(j, committed, adopted_at(4 * W + 5))  # never appended: not complete
+    assert got.found is Found.UNFINISHED
+    assert decide(Actor.RECOVER, Stage.COMMITTED, got.found) is Action.REFUSE

@@ -201,3 +201,31 @@ def test_lock_every_byte_flipped(mask: int) -> None:
 def test_a_version_2_journal_is_named_as_such_not_damaged() -> None:
     with pytest.raises(journal.JournalVersionError, match="older filecord"):
         journal.read_log(b'filecord-journal 2\n{"body": {}, "sha256": "00"}\n')
+
+
+def test_an_adopted_source_must_be_one_whole_range_at_a_block_offset(tmp_path) -> None:
+    """What the undo collapses is derived from the head: a record saying otherwise is damage."""
+    from filecord._io import names as _names
+    from filecord._plan.types import PieceRef
+    from filecord._txn.journal import (
+        Journal,
+        JournalDamagedError,
+        JournalOutput,
+        JournalSource,
+        confine,
+    )
+
+    token = "0123456789abcdef"  # noqa: S105 - a save token
+    d = str(tmp_path)
+    path = _names.sibling(f"{d}/out.ptd", token, _names.JOURNAL)
+
+    def head(out_offset: int, length: int = 5000, src_offset: int = 0) -> Journal:
+        s = JournalSource(f"{d}/blob", 1, 2, 5000, 0, 1, 1, 0o100644,
+                          (PieceRef(0, 1, out_offset, length, (1, 2), src_offset),), adopt=True)
+        return Journal(token, 4096, (JournalOutput(f"{d}/out.ptd", 1, 2, 20_000),), (s,))
+
+    confine(head(8192), path)
+    assert head(8192).sources[0].inserted == 8192
+    for bad in (head(8000), head(8192, 4000), head(8192, 4000, 1000)):
+        with pytest.raises(JournalDamagedError, match="block-aligned"):
+            confine(bad, path)

@@ -1,0 +1,150 @@
+"""Issue 26 item 1: zero-copy adoption, end to end on real file systems.
+
+* ext4 (and XFS where its probe says yes): a consumed blob behind a header becomes the
+  output's file where it lies: ``bytes_copied == 0`` for it, its physical extents unchanged
+  (``filefrag -v``: shifted logically by the header, same physical blocks), the output byte
+  for byte the header, the blob and the suffix at their offsets, ``st_blocks`` of the output
+  showing no second copy, the source gone.
+* A failure at each step of the adoption rolls back in process: the source comes back under
+  its name byte for byte with its mtime, its extents the ones it had, no temp left.
+* tmpfs and btrfs fall back to today's move/clone and the report says why (no "adopted").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import fskit
+import pytest
+
+import filecord
+from filecord import Cord, FileBackedData
+from filecord._io import syscalls as _sys
+from filecord.errors import SaveError
+
+pytestmark = pytest.mark.root
+
+MiB = fskit.MiB
+HEADER = 8192
+BLOB = 32 * MiB
+
+
+def physical(path: Path) -> list[tuple[int, int, int]]:
+    """``(logical start, physical start, length)`` in blocks, from ``filefrag -v``."""
+    if shutil.which("filefrag") is None:
+        pytest.skip("filefrag (e2fsprogs) is not installed")
+    text = subprocess.run(["filefrag", "-v", str(path)], capture_output=True, text=True,
+                          check=True).stdout
+    rows = []
+    for line in text.splitlines():
+        m = re.match(r"\s*\d+:\s+(\d+)\.\.\s*\d+:\s+(\d+)\.\.\s*\d+:\s+(\d+):", line)
+        if m:
+            rows.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
+    return rows
+
+
+def _blob(point: Path) -> tuple[Path, list[tuple[int, int, int]]]:
+    blob = point / "weights.bin"
+    fskit.write_pattern(blob, BLOB, seed=26)
+    fd = os.open(blob, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # allocate the extents before reading them
+    finally:
+        os.close(fd)
+    return blob, physical(blob)
+
+
+def _cord(blob: Path) -> Cord:
+    return Cord([b"H" * HEADER, FileBackedData(str(blob), owned=True), b"tail" * 1000])
+
+
+@pytest.mark.parametrize("kind", ["ext4", "xfs"])
+def test_a_blob_behind_a_header_is_adopted_in_place(mount, kind: str) -> None:
+    point = mount(kind, 256 * MiB)
+    blob, extents = _blob(point)
+    out = point / "model.ptd"
+    plan = filecord.plan(str(out), _cord(blob), consume=True)
+    assert [a.action for a in plan.actions] == ["written", "adopted", "written"]
+    report = filecord.save(str(out), _cord(blob), consume=True)
+    assert [a.action for a in report.actions] == ["written", "adopted", "written"]
+    assert report.bytes_copied == 0
+    assert report.bytes_moved == report.bytes_cloned == 0
+    assert report.bytes_written == HEADER + 4000
+    assert report.adopt_note is None
+    assert f"adopted in place {BLOB} bytes" in report.summary()
+    assert not blob.exists()
+    data = out.read_bytes()
+    assert len(data) == HEADER + BLOB + 4000
+    assert data[:HEADER] == b"H" * HEADER
+    assert fskit.mismatch(out, HEADER, BLOB, seed=26) is None
+    assert data[HEADER + BLOB:] == b"tail" * 1000
+    shift = HEADER // 4096
+    after = physical(out)
+    blob_rows = [(lo - shift, phys, n) for lo, phys, n in after if lo >= shift]
+    assert blob_rows[: len(extents)] == extents  # the blob's blocks, where they were
+    # One copy of the blob on disk: the output's blocks are the blob's plus header and tail.
+    assert os.stat(out).st_blocks * 512 < BLOB + HEADER + 3 * 4096 + 64 * 1024
+    assert sorted(os.listdir(point)) == sorted({"model.ptd", *(["lost+found"] if kind ==
+                                                                "ext4" else [])})
+
+
+@pytest.mark.parametrize("step", ["insert_range", "pwrite", "ftruncate", "fsync"])
+def test_a_failure_at_each_step_of_an_adoption_puts_the_source_back(mount, step: str) -> None:
+    point = mount("ext4", 256 * MiB)
+    blob, extents = _blob(point)
+    before = os.stat(blob)
+    out = point / "model.ptd"
+    out.write_bytes(b"old")
+
+    class Fail(_sys.Backend):
+        armed = False
+
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "insert_range":
+                self.armed = True
+            if self.armed and op == step:
+                self.armed = False  # once: the rollback's own calls succeed
+                raise OSError(5, f"injected at {step}")
+
+    cord = Cord([b"H" * HEADER, FileBackedData(str(blob), owned=True),
+                 FileBackedData(str(_tail(point)), owned=True)])
+    with _sys.use(Fail()), pytest.raises(SaveError):
+        filecord.save(str(out), cord, consume=True)
+    assert out.read_bytes() == b"old"
+    assert fskit.mismatch(blob, 0, BLOB, seed=26) is None
+    st = os.stat(blob)
+    assert (st.st_ino, st.st_size, st.st_mtime_ns) == (before.st_ino, BLOB, before.st_mtime_ns)
+    assert physical(blob) == extents
+    assert sorted(os.listdir(point)) == ["lost+found", "model.ptd", "tail.bin", "weights.bin"]
+
+
+def _tail(point: Path) -> Path:
+    tail = point / "tail.bin"
+    fskit.write_pattern(tail, 3 * MiB + 100, seed=27)
+    return tail
+
+
+@pytest.mark.parametrize("kind", ["tmpfs", "btrfs"])
+def test_file_systems_without_insert_range_fall_back(mount, kind: str) -> None:
+    point = mount(kind, 256 * MiB)
+    blob = point / "weights.bin"
+    fskit.write_pattern(blob, BLOB, seed=26)
+    out = point / "model.ptd"
+    report = filecord.save(str(out), _cord(blob), consume=True)
+    assert "adopted" not in [a.action for a in report.actions]
+    if kind == "btrfs":  # a clone shares the blocks: zero-copy already, nothing to explain
+        assert report.actions[1].action == "cloned"
+        assert report.adopt_note is None
+    else:
+        assert report.actions[1].action == "moved"
+        assert report.adopt_note == (
+            "not adopted in place (1 source(s) lie whole at a block-aligned offset): tmpfs "
+            "does not insert ranges, so they were moved")
+        assert report.adopt_note in report.summary()
+    assert report.bytes_copied <= 4096 if kind == "btrfs" else report.bytes_moved == BLOB
+    assert not blob.exists()
+    assert fskit.mismatch(out, HEADER, BLOB, seed=26) is None
