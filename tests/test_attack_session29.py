@@ -88,8 +88,8 @@ def test_attack_refusal_names_wrong_offset_of_adopted_bytes(tmp_path: Path) -> N
 # (the 2nd unlink), recover never finishes: it refuses ("the adopted source is still under its
 # own name: the commit never happened") with exit 1 on every run, keeps the committed journal
 # and lock, and says the 3 MiB source is whole at p, which now holds the new, longer output.
-@pytest.mark.xfail(strict=True, reason="attack: in-place adoption of a file onto its own name, "
-                   "killed after the commit: recover refuses forever (exit 1), journal left")
+# Fixed: a save whose output replaces one of its sources is not built in place (the plan
+# moves instead), so a committed save and an unmoved adopted source can no longer look alike.
 def test_attack_self_adoption_killed_after_commit_never_recovers(tmp_path: Path) -> None:
     path = tmp_path / "m.bin"
     path.write_bytes(DATA)
@@ -217,3 +217,25 @@ def test_control_other_file_system_kill_after_commit_keeps_checkpoint(base: Path
         assert snapshot(model) == before
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_a_save_onto_its_own_source_moves_where_another_name_adopts(tmp_path: Path) -> None:
+    """The fix of the self-adoption finding, in the plan: the same cord adopts its source in
+    place when the output has another name (where the file system inserts ranges), and moves
+    it when the output replaces the source."""
+    import filecord
+    from filecord._plan import facts
+
+    path = tmp_path / "m.bin"
+    path.write_bytes(DATA)
+    actions = {}
+    for name in ("other.bin", "m.bin"):
+        cord = filecord.Cord([b"H" * 4096, filecord.FileBackedData(path, owned=True)])
+        rep = filecord.plan(tmp_path / name, cord, consume=True)
+        actions[name] = [a.action for a in rep.file_actions()]
+    assert actions["m.bin"] == ["moved"]
+    if facts.probe_insert(str(tmp_path)):
+        assert actions["other.bin"] == ["adopted"]
+    else:
+        assert actions["other.bin"] == ["moved"]
+    assert path.read_bytes() == DATA  # a plan writes nothing

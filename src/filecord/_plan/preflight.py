@@ -217,6 +217,16 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
     )
 
 
+def replaces_a_source(facts: Facts) -> bool:
+    """Whether an output's final name holds one of the save's sources (allowed when consumed).
+
+    Such a save is not built in place around that file: after the commit the output holds the
+    name the source had, so nothing on disk would tell a committed save from one whose adopted
+    source was never moved, and ``recover`` could only refuse.  It moves instead."""
+    return any(st is not None and (st.st_dev, st.st_ino) in facts.datas
+               for st in facts.target_stats)
+
+
 def refuse_replaced_sources(facts: Facts, consumed: Iterable[tuple[int, int]]) -> None:
     """An output may replace a source only when the save consumes it: a consumed source is
     renamed to its token name (journaled) before the commit takes the output's name, so the

@@ -68,6 +68,7 @@ from filecord._plan.preflight import (
     gather,
     normalize,
     refuse_replaced_sources,
+    replaces_a_source,
 )
 from filecord._plan.report import SaveReport
 from filecord._plan.space import check_space
@@ -154,7 +155,7 @@ def plan(
     adopt = consume and ADOPT_IN_PLACE
     f = gather(normalize(target, cord), consume=consume, probe_insert=adopt)
     p = make_plan(f.outputs, f.refs, f.sources, f.filesystems, consume=consume, window=window,
-                  adopt=adopt)
+                  adopt=adopt and not replaces_a_source(f))
     refuse_replaced_sources(f, p.consumed)
     return _report(p, p.actions, dry_run=True)
 
@@ -268,7 +269,8 @@ def _run(
         adopt = consume and ADOPT_IN_PLACE
         facts = gather(items, consume=consume, discard=discard, probe_insert=adopt)
         plan = make_plan(facts.outputs, facts.refs, facts.sources, facts.filesystems,
-                         consume=consume, window=window, adopt=adopt)  # every decision, once
+                         consume=consume, window=window,
+                         adopt=adopt and not replaces_a_source(facts))  # every decision, once
         refuse_replaced_sources(facts, plan.consumed)
         check_space(plan)
     except OSError as exc:
