@@ -639,7 +639,11 @@ def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = 
         if s.adopt:
             temp = j.temp(s.dests[0].output)
             at = temp if f.at_temp is not None else s.path if f.own is not None else None
-            off = f" (at offset {s.inserted})" if s.inserted and at == temp else ""
+            # the space is in front of it only once inserted: a temp at the file's own size
+            # holds it at offset 0 (renamed, nothing inserted yet, or already collapsed)
+            shifted = (f.at_temp is not None and s.inserted
+                       and f.at_temp.size >= s.size + s.inserted)
+            off = f" (at offset {s.inserted})" if shifted and at == temp else ""
             lines.append(f"{s.path}: the whole file ({s.size} bytes) is at {at}{off}" if at else
                          f"{s.path}: not found under its name or at {temp}")  # never a guess
             continue
