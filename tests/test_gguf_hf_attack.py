@@ -363,8 +363,10 @@ def test_attack_kill_after_commit_leaves_index_and_unused(base: Path, tmp_path: 
                                                           outtype: str) -> None:
     model = fresh(base, tmp_path)
     out = tmp_path / "o.gguf"
-    # the first unlink comes after the commit (the consumed shards' removal)
-    assert _kill_at(model, out, "unlink", 1, "--outtype", outtype) != 0
+    # the first unlink is the insert probe's (it clears the name of its unnamed file, ENOENT);
+    # the second comes after the commit (the consumed shards' removal): out.is_file() below
+    # fails loudly should that ever move before the commit
+    assert _kill_at(model, out, "unlink", 2, "--outtype", outtype) != 0
     _recover(tmp_path)
     _recover(model)
     assert out.is_file()
