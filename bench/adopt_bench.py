@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -33,16 +31,7 @@ from filecord.executorch.values import PtdEntry
 CHUNK = 64 * MiB
 
 
-def physical(path: Path) -> list[tuple[int, int, int]]:
-    """``(logical, physical, length)`` in blocks per extent, from ``filefrag -v``."""
-    text = subprocess.run(["filefrag", "-v", str(path)], capture_output=True, text=True,
-                          check=True).stdout
-    rows = []
-    for line in text.splitlines():
-        m = re.match(r"\s*\d+:\s+(\d+)\.\.\s*\d+:\s+(\d+)\.\.\s*\d+:\s+(\d+):", line)
-        if m:
-            rows.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
-    return rows
+physical = fskit.physical_extents
 
 
 def covers(extents: list[tuple[int, int, int]], logical: int, phys: int, n: int) -> bool:

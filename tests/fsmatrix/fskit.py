@@ -22,6 +22,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -250,3 +251,18 @@ class Sampler(_sys.Backend):
     @property
     def peak(self) -> int:
         return max(v for _op, v in self.samples)
+
+
+def physical_extents(path: Path) -> list[tuple[int, int, int]]:
+    """``(logical start, physical start, length)`` in blocks per extent, from ``filefrag -v``
+    (e2fsprogs; raises ``FileNotFoundError`` where it is not installed)."""
+    if shutil.which("filefrag") is None:
+        raise FileNotFoundError("filefrag (e2fsprogs) is not installed")
+    text = subprocess.run(["filefrag", "-v", str(path)], capture_output=True, text=True,
+                          check=True).stdout
+    rows = []
+    for line in text.splitlines():
+        m = re.match(r"\s*\d+:\s+(\d+)\.\.\s*\d+:\s+(\d+)\.\.\s*\d+:\s+(\d+):", line)
+        if m:
+            rows.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
+    return rows

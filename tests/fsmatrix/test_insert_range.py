@@ -15,9 +15,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import fskit
@@ -37,17 +34,10 @@ GAP = 8192
 
 
 def physical_extents(path: Path) -> list[tuple[int, int, int]]:
-    """``(logical start, physical start, length)`` in blocks, from ``filefrag -v``."""
-    if shutil.which("filefrag") is None:
-        pytest.skip("filefrag (e2fsprogs) is not installed")
-    text = subprocess.run(["filefrag", "-v", str(path)], capture_output=True, text=True,
-                          check=True).stdout
-    rows = []
-    for line in text.splitlines():
-        m = re.match(r"\s*\d+:\s+(\d+)\.\.\s*\d+:\s+(\d+)\.\.\s*\d+:\s+(\d+):", line)
-        if m:
-            rows.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
-    return rows
+    try:
+        return fskit.physical_extents(path)
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
 
 
 def digest(path: Path, offset: int, n: int) -> str:
