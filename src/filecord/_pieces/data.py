@@ -26,6 +26,7 @@ import hashlib
 import os
 import stat as stat_mod
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from filecord._io import names as _names
@@ -270,9 +271,14 @@ class FileBackedData:
         """``n`` bytes starting ``start`` bytes into this piece."""
         if start < 0 or n < 0 or start + n > self._length:
             raise ValueError(f"range [{start}, {start + n}) outside a piece of {self._length}")
+        return self.read_segments([(self._offset + start, n)])[0]
+
+    def read_segments(self, segs: Iterable[tuple[int, int]]) -> list[bytes]:
+        """The bytes at each ``(file offset, length)``, through one checked open (a file
+        shortened while it is read is reported as the change it is)."""
         fd = self.open_checked()
         try:
-            return _sys.read_all(fd, self._offset + start, n)
+            return [_sys.read_all(fd, at, ln) for at, ln in segs]
         except OSError as exc:
             if exc.errno == errno.EIO:
                 self.check()  # shortened while we read: report the change

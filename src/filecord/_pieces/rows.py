@@ -22,12 +22,10 @@ not once per row (the identity is a fact of the file, the same for every row of 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 from array import array
 from collections.abc import Iterable, Iterator
 
-from filecord._io import syscalls as _sys
 from filecord._pieces.data import CHUNK, FileBackedData, FileIdentity
 
 
@@ -163,15 +161,7 @@ class FileRows:
         return b"".join(self._read_segments(self._segments(start, n)))
 
     def _read_segments(self, segs: Iterable[tuple[int, int]]) -> list[bytes]:
-        fd = self._base.open_checked()
-        try:
-            return [_sys.read_all(fd, at, ln) for at, ln in segs]
-        except OSError as exc:
-            if exc.errno == errno.EIO:
-                self.check()  # shortened while we read: report the change
-            raise
-        finally:
-            _sys.close(fd)
+        return self._base.read_segments(segs)
 
     def prefix(self, n: int) -> bytes:
         return self.read_range(0, min(max(n, 0), self._length))
