@@ -334,17 +334,17 @@ def main() -> int:
 def print_runs(runs: list[dict[str, Any]]) -> None:
     print("\nThe whole path at each size, each step in its own process; peak RSS is `VmHWM` "
           "(file pages included), anon is `RssAnon` at the step's end\n")
-    print("| weights | export s | exporter peak RSS / anon | emitted = blob | save s | saver "
-          "peak RSS (at start) | piece | bytes_copied | bytes_moved | blob's blocks unchanged "
+    print("| weights | export s | exporter peak RSS / anon | emitted = blob | save s | RSS at "
+          "save's start -> peak | piece | bytes_copied | bytes_moved | blob's blocks unchanged "
           "| source gone |")
     print("|---------|----------|--------------------------|----------------|--------|------"
-          "---------------------|-------|--------------|-------------|-------------------------"
+          "------------------|-------|--------------|-------------|-------------------------"
           "|-------------|")
     for r in runs:
         print(f"| {r['size'] / MiB:g} MiB ({r['rows']} x {DIM} float32) | {r['export_s']:.2f} "
               f"| {r['export_peak_rss'] / MiB:.0f} / {r['export_anon'] / MiB:.0f} MiB | "
               f"{'yes' if r['emitted_equal'] else 'NO'} | {r['save_s']:.3f} | "
-              f"{r['save_peak_rss'] / MiB:.0f} ({r['save_rss_at_start'] / MiB:.0f}) MiB | "
+              f"{r['save_rss_at_start'] / MiB:.0f} -> {r['save_peak_rss'] / MiB:.0f} MiB | "
               f"{r['action']} at {r['offset']} | {r['bytes_copied']} | {r['bytes_moved']} | "
               f"{'yes' if r['blob_blocks_unchanged'] else 'no'} | "
               f"{'yes' if r['source_gone'] else 'NO'} |")
@@ -357,7 +357,7 @@ def print_runs(runs: list[dict[str, Any]]) -> None:
             x = r[key]
             print(f"| {r['size'] / MiB:g} MiB | {how} | "
                   f"{'yes' if x['cap_ipc_lock'] else 'no, limit ' + str(x['memlock_limit'])} | "
-                  f"{x['load_s']:.3f} | {x['run_s']:.4f} | {x['peak_rss'] / MiB:.0f} / "
+                  f"{x['load_s']:.4f} | {x['run_s']:.4f} | {x['peak_rss'] / MiB:.0f} / "
                   f"{x['anon'] / MiB:.0f} MiB | {'yes' if x['output_matches'] else 'NO'} |")
 
 if __name__ == "__main__":
