@@ -154,22 +154,36 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "(the tensors must be in memory). Peak allocated disk: `st_blocks` of the run's "
      "directory at every fsync, truncate, rename and unlink. Every cord output is checked byte "
      "for byte. Target: RSS growth from 1 to 16 GiB <= 16 MiB."),
-    ("adopt_bench.py", ["--sizes", "1G,16G", "--contrast", "1G"],
-     ["--sizes", "64M", "--contrast", "64M"],
-     "Issue 26: zero-copy adoption on ext4, 1 and 16 GiB",
-     'A blob behind a header saved to a `.ptd` with `consume=True` on ext4: a fresh sparse '
-     'loop-mounted ext4 image per size (removed afterwards), a blob of random bytes written '
-     'and fsynced, packed as the one entry of a `.ptd` with 4096 alignment (as `filecord pack '
-     '--align 4096`). Adopted in place (the default: renamed onto the temp, 4 KiB inserted in '
-     'front of its blocks, the header written there) and, at 1 GiB, with adoption off '
-     '(`ADOPT_IN_PLACE = False`: the window-by-window move every other file system gets). '
-     "Extents: `filefrag -v` rows of the blob before and of the output after; 'blob's blocks "
-     "unchanged' compares the logical-to-physical block mapping of every byte of the blob "
-     '(shifted by the header) before and after. Target (issue 26): under 1 s, independent of '
-     'size, `bytes_copied == 0`. The ExecuTorch runtime running a program whose weights are an'
-     ' adopted `.ptd` is a test (`tests/fsmatrix/test_clone_ready.py`, the ext4 case: an '
-     'XNNPACK program saved clone-ready with `consume=True`, its `.ptd` and `.pte` each built '
-     "around their largest segment, run to PyTorch's output)."),
+    ("adopt_bench.py", ["--sizes", "1G,16G", "--contrast", "1G", "--runtime", "64M,1G"],
+     ["--sizes", "64M", "--contrast", "64M", "--runtime", "16M"],
+     'Issue 26: zero-copy adoption on ext4, 1 and 16 GiB, and the ExecuTorch runtime on the result',
+     'A blob behind a header saved to a `.ptd` with `consume=True` on ext4: a fresh sparse'
+     ' loop-mounted ext4 image per size (removed afterwards), a blob of random bytes '
+     'written and fsynced, packed as the one entry of a `.ptd` with 4096 alignment (as '
+     '`filecord pack --align 4096`). Adopted in place (the default: renamed onto the temp,'
+     ' 4 KiB inserted in front of its blocks, the header written there) and, at 1 GiB, '
+     'with adoption off (`ADOPT_IN_PLACE = False`: the window-by-window move every other '
+     'file system gets). Extents: `filefrag -v` rows of the blob before and of the output '
+     "after; 'blob's blocks unchanged' compares the logical-to-physical block mapping of "
+     'every byte of the blob (shifted by the header) before and after. Target (issue 26): '
+     'under 1 s, independent of size, `bytes_copied == 0`.'
+     '\n\n'
+     '`--runtime` runs the whole path with a real program, on a fresh image per size, in '
+     'two processes. The first writes the weights (seeded float32, 256 per row) and makes '
+     'that file the weight of an `nn.Embedding` (`torch.from_file(..., shared=True)`: the '
+     "file's pages, not anonymous memory). It exports the module with executorch 1.5.1 "
+     '(non-strict `torch.export`, `to_edge`, `to_executorch` with the weight as an '
+     'external constant tagged `weights` and `segment_alignment=4096`), checks that the '
+     "emitted weight bytes equal the file, and puts ExecuTorch's own "
+     "`FileBackedData.move_from(file)` into the manager's `weights` cord in their place. "
+     'It then calls `filecord.executorch.save(path, manager, consume=True)`. The second '
+     'process loads the `.pte` in the ExecuTorch runtime (`Runtime.load_program(pte, '
+     'data_path=ptd)`), looks up 6 rows (first, last, some in between), and compares the '
+     "output byte for byte with PyTorch's output for the same indices. That process runs "
+     'twice: as root, and as an unprivileged user would run it (`setpriv` drops '
+     '`CAP_IPC_LOCK`, `RLIMIT_MEMLOCK` set to 64 KiB). The same path at 16 MiB is a test '
+     '(`tests/executorch/test_et_adopt_runtime.py`: same inode, exact bytes at the '
+     "segment's offset, nothing copied or moved, the runtime's output equal to PyTorch's)."),
     ("fits.py", ["--size", "512M"], ["--size", "128M"],
      "Issue 13: fits where nothing else fits",
      "A fresh size-limited file system per row (a loop-mounted ext4 image, and a tmpfs) whose "
