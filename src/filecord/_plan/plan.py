@@ -64,7 +64,7 @@ from filecord._plan.types import (
     InPlace,
     MoveSource,
     OutputFacts,
-    PieceAction,
+    PieceActions,
     PieceRef,
     Reason,
     SavePlan,
@@ -286,9 +286,45 @@ def in_place(
             continue
         have = best.get(d.output)
         if have is None or m.size > have.length:
-            idx = tuple(r.index for r in pieces[m.key] if r.length)
+            idx = tuple(i for r in pieces[m.key] if r.length
+                        for i in range(r.index, r.index + r.count))
             best[d.output] = InPlace(d.output, m.key, m.path, d.out_offset, m.size, idx)
     return tuple(best[o] for o in sorted(best))
+
+
+def _by_source(
+    refs: Sequence[PieceRef],
+) -> tuple[dict[tuple[int, int], list[int]], dict[int, int]]:
+    """Positions in ``refs`` per source, and per output its pieces that hold bytes."""
+    by_source: dict[tuple[int, int], list[int]] = {}
+    nonempty: dict[int, int] = {}
+    for pos, r in enumerate(refs):
+        if r.source is not None:
+            by_source.setdefault(r.source, []).append(pos)
+        if r.length:
+            nonempty[r.output] = nonempty.get(r.output, 0) + r.count
+    return by_source, nonempty
+
+
+def _may_clone(
+    key: tuple[int, int], out_ids: Iterable[int], sources: Mapping[tuple[int, int], SourceFacts],
+    outputs: Sequence[OutputFacts], filesystems: Mapping[int, FsFacts],
+) -> bool:
+    """Whether one of these outputs could clone some piece of source ``key`` at all."""
+    return any(clone_tail(PieceRef(o, 0, 0, 1, key, 0), sources[key], outputs[o],
+                          filesystems.get(outputs[o].dev)) is not None for o in out_ids)
+
+
+def _pieces_of(r: PieceRef) -> Iterator[PieceRef]:
+    """A run's pieces as one-piece placements (a one-piece placement as it is)."""
+    if r.lengths is None:
+        yield r
+        return
+    at, src_at = r.out_offset, r.src_offset
+    for k, n in enumerate(r.lengths):
+        yield PieceRef(r.output, r.index + k, at, n, r.source, src_at)
+        at += n
+        src_at += n
 
 
 def make_plan(
@@ -318,13 +354,17 @@ def make_plan(
     """
     if window < BLOCK:
         raise ValueError(f"the sync window must be at least {BLOCK} bytes, got {window}")
-    by_source: dict[tuple[int, int], list[int]] = {}  # positions in ``refs``
-    nonempty: dict[int, int] = {}  # per output, its pieces that hold bytes
-    for pos, r in enumerate(refs):
-        if r.source is not None:
-            by_source.setdefault(r.source, []).append(pos)
-        if r.length:
-            nonempty[r.output] = nonempty.get(r.output, 0) + 1
+    by_source, nonempty = _by_source(refs)
+    # A clone is decided per piece (its offsets' alignment, its tail): the runs of a source
+    # some output could clone from are taken apart again, so a run decides as its pieces did.
+    split = {key for key, positions in by_source.items()
+             if any(refs[i].lengths is not None for i in positions)
+             and _may_clone(key, {refs[i].output for i in positions}, sources, outputs,
+                            filesystems)}
+    if split:
+        refs = tuple(one for r in refs
+                     for one in (_pieces_of(r) if r.source in split else (r,)))
+        by_source, nonempty = _by_source(refs)
 
     n = len(refs)
     acts: list[Action] = ["written"] * n
@@ -337,9 +377,7 @@ def make_plan(
         out_ids = {r.output for r in placements}
         outs = [outputs[o] for o in sorted(out_ids)]
         # clone_tail per piece only where some output could clone from this file at all.
-        clones = {o for o in out_ids if clone_tail(
-            PieceRef(o, 0, 0, 1, key, 0), src, outputs[o], filesystems.get(outputs[o].dev)
-        ) is not None}
+        clones = {o for o in out_ids if _may_clone(key, (o,), sources, outputs, filesystems)}
         if clones:
             clonable = [
                 clone_tail(r, src, outputs[r.output], filesystems.get(outputs[r.output].dev))
@@ -404,27 +442,16 @@ def make_plan(
         moves = ([replace(m, adopt=True) for m in moves if m.key in chosen_keys]
                  + [m for m in moves if m.key not in chosen_keys])
 
-    actions: list[PieceAction] = []
-    add = actions.append
-    paths = [o.path for o in outputs]
-    src_paths = {k: s.path for k, s in sources.items()}
-    for i, r in enumerate(refs):
-        if r.source is None:
-            add(PieceAction(paths[r.output], r.index, r.out_offset, r.length,
-                            "computed" if r.computed else "written"))
-            continue
-        tail = tails[i]
-        add(PieceAction(paths[r.output], r.index, r.out_offset, r.length, acts[i],
-                        src_paths[r.source], r.src_offset, whys[i] if r.length else None,
-                        tail, MID_TAIL if tail else None,
-                        0 if r.rows is None else r.rows.run_count))
+    actions = PieceActions(refs, acts, whys, tails, [o.path for o in outputs],
+                           {k: s.path for k, s in sources.items()})
 
     consumed = tuple(
         k for k, s in sources.items()
         if consume and k in by_source
         and _deletable(s, [outputs[o] for o in {refs[i].output for i in by_source[k]}])
     )
-    cloned = [a for a in actions if a.action == "cloned"]  # all peaks_at reads of the actions
+    # all peaks_at reads of the actions (clones are one-piece placements: see ``split``)
+    cloned = [actions.piece_action(i) for i, a in enumerate(acts) if a == "cloned"]
     choice, chosen = choose(
         lambda w: peaks_at(outputs, cloned, moves, sources, filesystems, w), window,
         moves=bool(moves), moved=sum(m.size - m.run_start for m in moves if not m.adopt),
@@ -441,7 +468,7 @@ def make_plan(
         peaks = tuple(replace(p, consume_needed=alt.get(p.dev)) for p in peaks)
     return SavePlan(
         outputs=tuple(outputs),
-        actions=tuple(actions),
+        actions=actions,
         moves=tuple(moves),
         consumed=consumed,
         peaks=peaks,

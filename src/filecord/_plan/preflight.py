@@ -34,7 +34,11 @@ CordLike = Cord | PieceLike | list[PieceLike] | tuple[PieceLike, ...]
 @dataclass(frozen=True, slots=True)
 class Facts:
     """What the preflight saw: the cords per output, the objects per source file, and the
-    plain values the plan decides on (``outputs``, ``refs``, ``sources``, ``filesystems``)."""
+    plain values the plan decides on (``outputs``, ``refs``, ``sources``, ``filesystems``).
+
+    ``refs`` holds one placement per run of adjacent slices (``PieceRef.lengths``), and
+    ``datas`` the first piece of each such run: the others share its file, identity and owner,
+    so what is asked of it (ownership, cleanup, checks) holds for them all."""
 
     cords: tuple[Cord, ...]
     datas: Mapping[tuple[int, int], tuple[FileBackedData, ...]]
@@ -151,38 +155,43 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
     # share both, and a stat says the same for all of them (100,000 slices: one stat).
     checked: set[tuple[str, int]] = set()  # (path, id() of the identity: alive, as above)
     add = refs.append
-    last: object = None  # the identity of the previous file-backed piece, and its path
-    last_path = ""
-    key: tuple[int, int] = (0, 0)
-    group: list[FileBackedData] = []
     for o, (_path, cord) in enumerate(items):
         offset = 0
+        # The run of adjacent slices being gathered (``FileBackedData.continues``): its first
+        # piece stands for all of them (same file, identity and owner), one placement.
+        first: FileBackedData | None = None
+        run_at = run_index = 0
+        lengths: list[int] = []
+        prev: FileBackedData | None = None
         for i, piece in enumerate(cord.pieces):
+            if prev is not None and isinstance(piece, FileBackedData) and piece.continues(prev):
+                n = len(piece)
+                lengths.append(n)
+                offset += n
+                prev = piece
+                continue
+            if first is not None:
+                add(_placement(o, run_index, run_at, first, lengths))
+                first = prev = None
             n = len(piece)
             rows = piece if isinstance(piece, FileRows) else None
             if rows is not None:  # one placement for all its rows, checked through its base
                 piece = rows.base
             if isinstance(piece, FileBackedData):
-                ident = piece.identity
-                path = piece.path
-                if ident is not last or path != last_path:  # slices in a row share both
-                    if (path, id(ident)) not in checked:
-                        piece.check()
-                        checked.add((path, id(ident)))
-                    key = (ident.dev, ident.ino)
-                    group = datas.setdefault(key, [])
-                    last, last_path = ident, path
-                if id(piece) not in seen:
-                    seen.add(id(piece))
-                    group.append(piece)
-                add(PieceRef(o, i, offset, n, key, piece.offset) if rows is None
-                    else PieceRef(o, i, offset, n, key, piece.offset, rows))
+                key = _grouped(piece, datas, seen, checked)
+                if rows is None and n:  # may start a run
+                    first = prev = piece
+                    run_at, run_index, lengths = offset, i, [n]
+                else:
+                    add(PieceRef(o, i, offset, n, key, piece.offset, rows))
             elif isinstance(piece, Derived):
                 piece.check()  # its sources hold their bytes now; the fill reads them checked
                 add(PieceRef(o, i, offset, n, computed=True))
             else:
                 add(PieceRef(o, i, offset, n))
             offset += n
+        if first is not None:
+            add(_placement(o, run_index, run_at, first, lengths))
 
     for out, st in zip(outputs, target_stats, strict=True):
         if st is not None and (st.st_dev, st.st_ino) in datas and not (
@@ -215,6 +224,33 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
         sources=MappingProxyType(sources),
         filesystems=MappingProxyType(filesystems),
     )
+
+
+def _grouped(
+    piece: FileBackedData, datas: dict[tuple[int, int], list[FileBackedData]], seen: set[int],
+    checked: set[tuple[str, int]],
+) -> tuple[int, int]:
+    """Check ``piece``'s file once per (path, captured identity), file the piece under its
+    source's key; the key."""
+    ident = piece.identity
+    if (piece.path, id(ident)) not in checked:
+        piece.check()
+        checked.add((piece.path, id(ident)))
+    key = (ident.dev, ident.ino)
+    if id(piece) not in seen:
+        seen.add(id(piece))
+        datas.setdefault(key, []).append(piece)
+    return key
+
+
+def _placement(o: int, index: int, at: int, first: FileBackedData, lengths: list[int]
+               ) -> PieceRef:
+    """The placement of a run of adjacent slices starting with ``first`` (one piece or many)."""
+    ident = first.identity
+    key = (ident.dev, ident.ino)
+    if len(lengths) == 1:
+        return PieceRef(o, index, at, lengths[0], key, first.offset)
+    return PieceRef(o, index, at, sum(lengths), key, first.offset, lengths=tuple(lengths))
 
 
 def replaces_a_source(facts: Facts) -> bool:

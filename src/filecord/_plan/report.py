@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from filecord._plan.types import FsPeak, PieceAction
@@ -33,7 +34,9 @@ class SaveReport:
 
     outputs: tuple[str, ...]
     sizes: tuple[int, ...]
-    actions: tuple[PieceAction, ...]
+    # One per piece, in output order; a sequence that reads like a tuple (a plan's or save's
+    # is a ``PieceActions``: its values are made when first read).
+    actions: Sequence[PieceAction]
     peaks: tuple[FsPeak, ...]
     consume: bool
     window: int

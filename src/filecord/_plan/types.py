@@ -11,8 +11,10 @@ types: with the types beside ``plan`` that was a cycle).
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, overload
 
 from filecord._pieces.rows import FileRows
 
@@ -117,6 +119,16 @@ class PieceRef:
     # ``[src_offset, src_offset + length)``; the plan decides for the piece as one unit.
     rows: FileRows | None = None
     computed: bool = False  # a derived piece: new bytes, never a placement of a source
+    # A run of pieces ``index, index + 1, ...`` of these lengths (each non-empty), adjacent in
+    # the output and in one source, read through one identity and one owner: the preflight
+    # hands them over as this one placement, decided as one unit (100,000 slices that follow
+    # each other in one file are one placement).  None: one piece of ``length`` bytes.
+    lengths: tuple[int, ...] | None = None
+
+    @property
+    def count(self) -> int:
+        """How many of the caller's pieces this placement stands for."""
+        return 1 if self.lengths is None else len(self.lengths)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +161,132 @@ class PieceAction:
     # For a piece of rows (:class:`FileRows`): the source ranges it reads (adjacent rows
     # count once), 0 for any other piece.  ``src_offset`` is then its base range's start.
     runs: int = 0
+
+
+def _output_of(r: PieceRef) -> int:
+    return r.output
+
+
+class PieceActions(Sequence[PieceAction]):
+    """Every piece's :class:`PieceAction`, in output order, kept as one decision per placement.
+
+    The plan decides per :class:`PieceRef`, and one stands for a whole run of adjacent pieces
+    (``PieceRef.lengths``), so a run's pieces share one action and reason and differ only in
+    index and offsets.  The per-piece values are made when first read (then kept): a save of
+    100,000 slices decides and fills in a few placements, and builds the 100,000 values only
+    for a caller that looks at them.  It reads as a tuple of them (length, index, slice,
+    iteration, equality with a tuple, hash).  ``outcomes``: position -> the action as the fill
+    carried it out, where that differs from the plan (a clone refused, so copied); only ever a
+    one-piece placement.
+    """
+
+    __slots__ = ("_acts", "_all", "_count", "_outcomes", "_paths", "_refs", "_src_paths",
+                 "_tails", "_whys")
+
+    def __init__(
+        self, refs: Sequence[PieceRef], acts: Sequence[Action],
+        whys: Sequence[Reason | None], tails: Sequence[int], paths: Sequence[str],
+        src_paths: Mapping[tuple[int, int], str],
+        outcomes: Mapping[int, PieceAction] | None = None,
+    ) -> None:
+        self._refs = tuple(refs)
+        self._acts = tuple(acts)
+        self._whys = tuple(whys)
+        self._tails = tuple(tails)
+        self._paths = tuple(paths)
+        self._src_paths = src_paths
+        self._outcomes: Mapping[int, PieceAction] = outcomes or {}
+        self._count = sum(r.count for r in self._refs)
+        self._all: tuple[PieceAction, ...] | None = None
+
+    @property
+    def refs(self) -> tuple[PieceRef, ...]:
+        """The placements decided, in output order."""
+        return self._refs
+
+    def positions(self, output: int) -> range:
+        """The positions of output ``output``'s placements (placements are in output order)."""
+        lo = bisect_left(self._refs, output, key=_output_of)
+        return range(lo, bisect_left(self._refs, output + 1, lo, key=_output_of))
+
+    def action_of(self, pos: int) -> Action:
+        """What the plan decided for placement ``pos`` (every piece of it)."""
+        return self._acts[pos]
+
+    def piece_action(self, pos: int) -> PieceAction:
+        """The action of one-piece placement ``pos`` (the first piece of a run)."""
+        return next(self._expand(pos))
+
+    def with_outcomes(self, outcomes: Mapping[int, PieceAction]) -> PieceActions:
+        """The same, with the actions the fill carried out differently (see the class)."""
+        if not outcomes:
+            return self
+        return PieceActions(self._refs, self._acts, self._whys, self._tails, self._paths,
+                            self._src_paths, {**self._outcomes, **outcomes})
+
+    def reasons(self) -> dict[Reason, int]:
+        """Pieces per reason for a copy (``reason``), counted without building them."""
+        out: dict[Reason, int] = {}
+        for pos, r in enumerate(self._refs):
+            done = self._outcomes.get(pos)
+            why = done.reason if done is not None else self._whys[pos] if r.length else None
+            if why is not None:
+                out[why] = out.get(why, 0) + r.count
+        return out
+
+    def _expand(self, pos: int) -> Iterator[PieceAction]:
+        done = self._outcomes.get(pos)
+        if done is not None:
+            yield done
+            return
+        r = self._refs[pos]
+        out = self._paths[r.output]
+        if r.source is None:
+            yield PieceAction(out, r.index, r.out_offset, r.length,
+                              "computed" if r.computed else "written")
+            return
+        act, src = self._acts[pos], self._src_paths[r.source]
+        why = self._whys[pos] if r.length else None
+        if r.lengths is None:
+            tail = self._tails[pos]
+            yield PieceAction(out, r.index, r.out_offset, r.length, act, src, r.src_offset,
+                              why, tail, MID_TAIL if tail else None,
+                              0 if r.rows is None else r.rows.run_count)
+            return
+        at, src_at = r.out_offset, r.src_offset
+        for k, n in enumerate(r.lengths):
+            yield PieceAction(out, r.index + k, at, n, act, src, src_at, why)
+            at += n
+            src_at += n
+
+    def _every(self) -> tuple[PieceAction, ...]:
+        if self._all is None:
+            self._all = tuple(a for pos in range(len(self._refs)) for a in self._expand(pos))
+        return self._all
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[PieceAction]:
+        return iter(self._every())
+
+    @overload
+    def __getitem__(self, i: int) -> PieceAction: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[PieceAction, ...]: ...
+    def __getitem__(self, i: int | slice) -> PieceAction | tuple[PieceAction, ...]:
+        return self._every()[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (PieceActions, tuple, list)):
+            return self._every() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._every())
+
+    def __repr__(self) -> str:
+        return repr(self._every())
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +377,7 @@ class WindowChoice:
 @dataclass(frozen=True, slots=True)
 class SavePlan:
     outputs: tuple[OutputFacts, ...]
-    actions: tuple[PieceAction, ...]
+    actions: PieceActions  # one per piece, read as a tuple; decided per placement
     moves: tuple[MoveSource, ...]
     # Owned sources deleted at commit (consume=True); never one written to a direct output.
     consumed: tuple[tuple[int, int], ...]

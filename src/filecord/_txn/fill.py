@@ -119,45 +119,47 @@ def fill(txn: Txn) -> None:
 
 
 def fill_output(txn: Txn, o: int) -> None:
-    """Output ``o``'s pieces that are not moved (nor adopted), at their final offsets."""
+    """Output ``o``'s pieces that are not moved (nor adopted), at their final offsets.
+
+    The plan's placements are walked, not the pieces: a run of adjacent slices is one
+    placement (``PieceRef.lengths``), copied as one range from its first piece's file."""
     p = txn.prep.plan
     out, cord = p.outputs[o], txn.prep.cords[o]
     fd = txn.fds[o]
     if fd is None:
         raise SaveError(f"{out.path}: output descriptor missing")
-    # the plan lists every piece of every output, in output order
-    first = sum(len(c.pieces) for c in txn.prep.cords[:o])
-    acts = p.actions[first:first + len(cord.pieces)]
+    pieces = cord.pieces
     run: _Run | None = None
-    for i, (piece, act) in enumerate(zip(cord.pieces, acts, strict=True)):
-        if (act.output, act.index) != (out.path, i):  # pragma: no cover - plan's order
-            raise SaveError(f"{out.path}: piece {i} has no action in the plan")
-        if act.action in ("moved", "adopted"):
-            txn.actions.append(act)
+    for pos in p.actions.positions(o):
+        r = p.actions.refs[pos]
+        action = p.actions.action_of(pos)
+        if action in ("moved", "adopted"):
             continue
-        if isinstance(piece, FileBackedData) and act.action == "copied":
-            dst_off = None if out.direct else act.out_offset  # None: append to a stream
+        piece = pieces[r.index]
+        if isinstance(piece, FileBackedData) and action == "copied":
+            dst_off = None if out.direct else r.out_offset  # None: append to a stream
             if run is not None and run.extends(piece, dst_off):
-                run.n += len(piece)
+                run.n += r.length
             else:
                 if run is not None:
                     _copy_run(txn, fd, run)
-                run = _Run(piece, piece.offset, dst_off, len(piece))
-            txn.actions.append(act)
+                run = _Run(piece, piece.offset, dst_off, r.length)
             continue
         if run is not None:
             _copy_run(txn, fd, run)
             run = None
         if isinstance(piece, FileRows):
-            _copy_rows(txn, piece, fd, None if out.direct else act.out_offset)
+            _copy_rows(txn, piece, fd, None if out.direct else r.out_offset)
         elif isinstance(piece, Derived):
-            _compute_piece(txn, piece, fd, None if out.direct else act.out_offset)
+            _compute_piece(txn, piece, fd, None if out.direct else r.out_offset)
         elif not isinstance(piece, FileBackedData):
-            dst = None if out.direct else act.out_offset
+            dst = None if out.direct else r.out_offset
             transfer.write_bytes(fd, piece, dst, txn.counters, txn.advance)
         else:
-            act = _copy_piece(txn, piece, fd, act)
-        txn.actions.append(act)
+            planned = p.actions.piece_action(pos)
+            done = _copy_piece(txn, piece, fd, planned)
+            if done != planned:
+                txn.outcomes[pos] = done
     if run is not None:
         _copy_run(txn, fd, run)
     if not out.direct:

@@ -72,7 +72,7 @@ from filecord._plan.preflight import (
 )
 from filecord._plan.report import SaveReport
 from filecord._plan.space import check_space
-from filecord._plan.types import NOT_OWNED, MoveSource, PieceAction, SavePlan
+from filecord._plan.types import NOT_OWNED, MoveSource, PieceActions, SavePlan
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord._txn import begin, fill, journal, liveness, looks, transfer, undo
 from filecord._txn.failure import close_descriptors, close_descriptors_quietly
@@ -161,14 +161,14 @@ def plan(
 
 
 def _report(
-    p: SavePlan, actions: tuple[PieceAction, ...] | list[PieceAction], *, dry_run: bool,
+    p: SavePlan, actions: PieceActions, *, dry_run: bool,
     elapsed: float = 0.0, fsyncs: int = 0, used_journal: bool = False,
     counters: transfer.Counters | None = None,
 ) -> SaveReport:
     return SaveReport(
         outputs=tuple(o.path for o in p.outputs),
         sizes=tuple(o.length for o in p.outputs),
-        actions=tuple(actions),
+        actions=actions,
         peaks=p.peaks,
         consume=p.consume,
         window=p.window,
@@ -294,14 +294,13 @@ def _run(
         _execute(txn)
     except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
         _fail(txn, exc)
-    # An output adopted into is filled after the others: the report lists pieces in order.
-    order = {o.path: n for n, o in enumerate(plan.outputs)}
-    txn.actions.sort(key=lambda a: (order[a.output], a.index))
-    loud = [a for a in txn.actions if a.reason and a.reason not in quiet_reasons]
+    # The plan's actions, in the plan's (output) order, with what the fill did otherwise.
+    actions = plan.actions.with_outcomes(txn.outcomes)
+    loud = {why: n for why, n in actions.reasons().items() if why not in quiet_reasons}
     if plan.consume and loud:
         log.warning(
             "consume=True copied %d file-backed piece(s) instead of moving them: %s",
-            len(loud), "; ".join(sorted({str(a.reason) for a in loud})),
+            sum(loud.values()), "; ".join(sorted(loud)),
         )
     if plan.window_choice.why == "shrunk":
         log.info("consume=True: sync window %s", plan.window_choice.note())
@@ -310,7 +309,7 @@ def _run(
                                      tuple(given.get(p, p) for p in txn.changed_removals),
                                      skipped))
     return _report(
-        plan, txn.actions, dry_run=False, elapsed=time.perf_counter() - start,
+        plan, actions, dry_run=False, elapsed=time.perf_counter() - start,
         fsyncs=txn.counters.fsyncs, used_journal=txn.record is not None,
         counters=txn.counters,
     )

@@ -73,7 +73,9 @@ class Txn:
     changed_removals: tuple[str, ...] = ()
     done: int = 0
     counters: transfer.Counters = field(default_factory=transfer.Counters)
-    actions: list[PieceAction] = field(default_factory=list)
+    # Position in the plan's placements -> the action as the fill carried it out, where that
+    # differs from the plan's (a refused clone copied): ``PieceActions.with_outcomes``.
+    outcomes: dict[int, PieceAction] = field(default_factory=dict)
 
     def to(self, stage: Stage) -> None:
         self.stage = advance(self.stage, stage)
