@@ -169,14 +169,19 @@ class FileBackedData:
             new._sha256 = self._sha256
         return new
 
-    def continues(self, other: FileBackedData) -> bool:
-        """Whether this piece is the bytes right after ``other`` in the same file, captured by
-        the same look and under the same ownership (slices of one piece, in order, non-empty):
-        the two can be planned, copied and moved as one range, and checked, owned and cleaned
-        up through either."""
+    def same_file_as(self, other: FileBackedData) -> bool:
+        """Whether this piece names the same file as ``other``, captured by the same look and
+        under the same ownership (slices of one piece): what is checked, owned or cleaned up
+        through one holds for the other."""
         return (self._identity is other._identity and self._owner is other._owner
-                and self._offset == other._offset + other._length and self._length > 0
                 and self._path == other._path)
+
+    def continues(self, other: FileBackedData) -> bool:
+        """Whether this piece is the bytes right after ``other`` of the same file as it
+        (:meth:`same_file_as`), and not empty: the two can be planned, copied and moved as
+        one range."""
+        return (self._offset == other._offset + other._length and self._length > 0
+                and self.same_file_as(other))
 
     @property
     def identity(self) -> FileIdentity:

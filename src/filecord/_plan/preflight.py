@@ -150,38 +150,43 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
 
     refs: list[PieceRef] = []
     datas: dict[tuple[int, int], list[FileBackedData]] = {}
-    seen: set[int] = set()  # id() of every piece object grouped (all alive: the cords hold them)
     # One stat per distinct (path, captured identity), not per piece: the slices of one file
-    # share both, and a stat says the same for all of them (100,000 slices: one stat).
-    checked: set[tuple[str, int]] = set()  # (path, id() of the identity: alive, as above)
+    # share both, and a stat says the same for all of them (100,000 slices: one stat).  Each
+    # holds the pieces filed in ``datas`` for it: one per owner (see ``_grouped``).
+    files: dict[tuple[str, int], list[FileBackedData]] = {}  # id(): alive (the cords hold it)
     add = refs.append
     for o, (_path, cord) in enumerate(items):
         offset = 0
         # The run of adjacent slices being gathered (``FileBackedData.continues``): its first
         # piece stands for all of them (same file, identity and owner), one placement.
         first: FileBackedData | None = None
-        run_at = run_index = 0
-        lengths: list[int] = []
         prev: FileBackedData | None = None
+        run_at = run_index = run_len = 0
+        run_key = (0, 0)
+        lengths: list[int] | None = None  # made when a second piece joins the run
         for i, piece in enumerate(cord.pieces):
             if prev is not None and isinstance(piece, FileBackedData) and piece.continues(prev):
                 n = len(piece)
+                if lengths is None:
+                    lengths = [run_len]
                 lengths.append(n)
+                run_len += n
                 offset += n
                 prev = piece
                 continue
             if first is not None:
-                add(_placement(o, run_index, run_at, first, lengths))
+                add(PieceRef(o, run_index, run_at, run_len, run_key, first.offset,
+                             lengths=None if lengths is None else tuple(lengths)))
                 first = prev = None
             n = len(piece)
             rows = piece if isinstance(piece, FileRows) else None
             if rows is not None:  # one placement for all its rows, checked through its base
                 piece = rows.base
             if isinstance(piece, FileBackedData):
-                key = _grouped(piece, datas, seen, checked)
+                key = _grouped(piece, files, datas)
                 if rows is None and n:  # may start a run
                     first = prev = piece
-                    run_at, run_index, lengths = offset, i, [n]
+                    run_at, run_index, run_len, run_key, lengths = offset, i, n, key, None
                 else:
                     add(PieceRef(o, i, offset, n, key, piece.offset, rows))
             elif isinstance(piece, Derived):
@@ -191,7 +196,8 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
                 add(PieceRef(o, i, offset, n))
             offset += n
         if first is not None:
-            add(_placement(o, run_index, run_at, first, lengths))
+            add(PieceRef(o, run_index, run_at, run_len, run_key, first.offset,
+                         lengths=None if lengths is None else tuple(lengths)))
 
     for out, st in zip(outputs, target_stats, strict=True):
         if st is not None and (st.st_dev, st.st_ino) in datas and not (
@@ -227,30 +233,24 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
 
 
 def _grouped(
-    piece: FileBackedData, datas: dict[tuple[int, int], list[FileBackedData]], seen: set[int],
-    checked: set[tuple[str, int]],
+    piece: FileBackedData, files: dict[tuple[str, int], list[FileBackedData]],
+    datas: dict[tuple[int, int], list[FileBackedData]],
 ) -> tuple[int, int]:
-    """Check ``piece``'s file once per (path, captured identity), file the piece under its
-    source's key; the key."""
+    """Check ``piece``'s file the first time its (path, captured identity) is seen, and file
+    it in ``datas`` under its source's key unless a piece of the same file under the same
+    owner already is (``same_file_as``: ownership and cleanup act through the owner, which
+    slices share); the key."""
     ident = piece.identity
-    if (piece.path, id(ident)) not in checked:
+    key = (ident.dev, ident.ino)
+    held = files.get((piece.path, id(ident)))
+    if held is None:
         piece.check()
-        checked.add((piece.path, id(ident)))
-    key = (ident.dev, ident.ino)
-    if id(piece) not in seen:
-        seen.add(id(piece))
+        files[(piece.path, id(ident))] = [piece]
         datas.setdefault(key, []).append(piece)
+    elif not piece.same_file_as(held[-1]) and not any(piece.same_file_as(h) for h in held):
+        held.append(piece)
+        datas[key].append(piece)
     return key
-
-
-def _placement(o: int, index: int, at: int, first: FileBackedData, lengths: list[int]
-               ) -> PieceRef:
-    """The placement of a run of adjacent slices starting with ``first`` (one piece or many)."""
-    ident = first.identity
-    key = (ident.dev, ident.ino)
-    if len(lengths) == 1:
-        return PieceRef(o, index, at, lengths[0], key, first.offset)
-    return PieceRef(o, index, at, sum(lengths), key, first.offset, lengths=tuple(lengths))
 
 
 def replaces_a_source(facts: Facts) -> bool:

@@ -12,9 +12,9 @@ end, so temps are not presized before the fill).  An output a source is adopted 
 filled after the adoption, around the source's blocks (``save._adopt``).  Clones and copies
 never shorten a source, so rolling them back is deleting the temp.  After each file-backed
 piece (a run of pieces adjacent in their source and in the output is copied as one, a piece of
-rows run by run) the source's size, mtime and ctime are compared with what they were when it
-was opened, so a source rewritten during the copy is a ``DataChangedError``, never a silent
-mix.  Only then do the temps get the replaced file's owner, group and exact mode (set-id bits
+rows run by run; the plain copies of one output are looked at once per source, after the
+last) the source's size, mtime and ctime are compared with what they were when it was opened,
+so a source rewritten during the copy is a ``DataChangedError``, never a silent mix.  Only then do the temps get the replaced file's owner, group and exact mode (set-id bits
 last, on complete
 content).  A crash here leaves temps that ``recover`` removes once the save's lock is free:
 nothing destructive has happened.
@@ -104,12 +104,14 @@ def fill(txn: Txn) -> None:
     is filled later, around that source, by :func:`fill_output` (``save._adopt``).
 
     Copies are batched: file-backed pieces that follow each other both in their source and
-    in the output (slices of one file, in order) are one ``copy_file_range`` and one look at
-    the source afterwards, not one of each per piece.  The look is the same comparison with
-    the same baseline (the source as it was opened), made once the run's last byte is copied:
-    a change at any moment of the run is still there to be seen then (a size or mtime
-    restored by hand still moves the ctime), and nothing of the output is final before it.
-    A piece of rows is its runs, copied in order, then that one look.
+    in the output (slices of one file, in order: one placement of the plan) are one
+    ``copy_file_range``, and every source an output's plain copies read is looked at once,
+    after the last of them (rows interleaved from two shards: two looks, not one per row).
+    The look is the same comparison with the same baseline (the source as it was opened),
+    made once the output's last byte from that source is copied: a change at any moment of
+    the copies is still there to be seen then (a size or mtime restored by hand still moves
+    the ctime), and nothing of the output is final before it.  A piece of rows is its runs,
+    copied in order, then one look.
     """
     p = txn.prep.plan
     adopted = {m.dests[0].output for m in p.moves if m.adopt}
@@ -130,6 +132,7 @@ def fill_output(txn: Txn, o: int) -> None:
         raise SaveError(f"{out.path}: output descriptor missing")
     pieces = cord.pieces
     run: _Run | None = None
+    copied: dict[tuple[int, int], FileBackedData] = {}  # sources of the runs copied (_copy_run)
     for pos in p.actions.positions(o):
         r = p.actions.refs[pos]
         action = p.actions.action_of(pos)
@@ -142,11 +145,11 @@ def fill_output(txn: Txn, o: int) -> None:
                 run.n += r.length
             else:
                 if run is not None:
-                    _copy_run(txn, fd, run)
+                    _copy_run(txn, fd, run, copied)
                 run = _Run(piece, piece.offset, dst_off, r.length)
             continue
         if run is not None:
-            _copy_run(txn, fd, run)
+            _copy_run(txn, fd, run, copied)
             run = None
         if isinstance(piece, FileRows):
             _copy_rows(txn, piece, fd, None if out.direct else r.out_offset)
@@ -161,7 +164,9 @@ def fill_output(txn: Txn, o: int) -> None:
             if done != planned:
                 txn.outcomes[pos] = done
     if run is not None:
-        _copy_run(txn, fd, run)
+        _copy_run(txn, fd, run, copied)
+    for data in copied.values():  # one look per source, once its last run is copied
+        _recheck_source(txn, data)
     if not out.direct:
         txn.dirty.add(fd)
 
@@ -200,14 +205,17 @@ class _Run:
     def extends(self, piece: FileBackedData, dst_off: int | None) -> bool:
         """Whether ``piece`` continues this run in its source and in the output."""
         d = self.data
-        return ((piece.identity is d.identity or piece.identity == d.identity)
-                and piece.path == d.path and piece.offset == self.src_off + self.n
+        return (piece.offset == self.src_off + self.n
+                and (piece.identity is d.identity or piece.identity == d.identity)
+                and piece.path == d.path
                 and (dst_off is None) == (self.dst_off is None)
                 and (dst_off is None or dst_off == (self.dst_off or 0) + self.n))
 
 
-def _copy_run(txn: Txn, fd: int, run: _Run) -> None:
-    """Copy a run of adjacent pieces, then prove its source did not change meanwhile.
+def _copy_run(txn: Txn, fd: int, run: _Run, copied: dict[tuple[int, int], FileBackedData]
+              ) -> None:
+    """Copy a run of adjacent pieces; its source is looked at once the output's last run is
+    copied (``copied``: the sources to look at then, by key).
 
     A copy that fails because the source shrank under it (EIO at an early end of file) is
     reported as the change it is, not as an I/O error.
@@ -222,7 +230,8 @@ def _copy_run(txn: Txn, fd: int, run: _Run) -> None:
     except OSError:
         _recheck_source(txn, run.data)
         raise
-    _recheck_source(txn, run.data)
+    ident = run.data.identity
+    copied.setdefault((ident.dev, ident.ino), run.data)
 
 
 def _copy_rows(txn: Txn, rows: FileRows, fd: int, dst_off: int | None) -> None:
