@@ -29,6 +29,8 @@ from filecord.errors import SaveError, SourceIsOutputError
 
 Target = str | os.PathLike[str]
 CordLike = Cord | PieceLike | list[PieceLike] | tuple[PieceLike, ...]
+# (path, id() of a captured identity) -> its source's key, and its pieces filed in ``datas``
+_Files = dict[tuple[str, int], tuple[tuple[int, int], list[FileBackedData]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +154,9 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
     datas: dict[tuple[int, int], list[FileBackedData]] = {}
     # One stat per distinct (path, captured identity), not per piece: the slices of one file
     # share both, and a stat says the same for all of them (100,000 slices: one stat).  Each
-    # holds the pieces filed in ``datas`` for it: one per owner (see ``_grouped``).
-    files: dict[tuple[str, int], list[FileBackedData]] = {}  # id(): alive (the cords hold it)
+    # holds its source's key and the pieces filed in ``datas`` for it: one per owner (see
+    # ``_grouped``).  id() of an identity: alive, the cords hold it.
+    files: _Files = {}
     add = refs.append
     for o, (_path, cord) in enumerate(items):
         offset = 0
@@ -183,7 +186,11 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
             if rows is not None:  # one placement for all its rows, checked through its base
                 piece = rows.base
             if isinstance(piece, FileBackedData):
-                key = _grouped(piece, files, datas)
+                held = files.get((piece.path, id(piece.identity)))
+                if held is not None and piece.same_file_as(held[1][-1]):
+                    key = held[0]  # a file seen, under an owner filed: nothing to do
+                else:
+                    key = _grouped(piece, files, datas)
                 if rows is None and n:  # may start a run
                     first = prev = piece
                     run_at, run_index, run_len, run_key, lengths = offset, i, n, key, None
@@ -233,7 +240,7 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
 
 
 def _grouped(
-    piece: FileBackedData, files: dict[tuple[str, int], list[FileBackedData]],
+    piece: FileBackedData, files: _Files,
     datas: dict[tuple[int, int], list[FileBackedData]],
 ) -> tuple[int, int]:
     """Check ``piece``'s file the first time its (path, captured identity) is seen, and file
@@ -245,10 +252,10 @@ def _grouped(
     held = files.get((piece.path, id(ident)))
     if held is None:
         piece.check()
-        files[(piece.path, id(ident))] = [piece]
+        files[(piece.path, id(ident))] = (key, [piece])
         datas.setdefault(key, []).append(piece)
-    elif not piece.same_file_as(held[-1]) and not any(piece.same_file_as(h) for h in held):
-        held.append(piece)
+    elif not any(piece.same_file_as(h) for h in held[1]):
+        held[1].append(piece)
         datas[key].append(piece)
     return key
 

@@ -14,9 +14,9 @@ never shorten a source, so rolling them back is deleting the temp.  After each f
 piece (a run of pieces adjacent in their source and in the output is copied as one, a piece of
 rows run by run; the plain copies of one output are looked at once per source, after the
 last) the source's size, mtime and ctime are compared with what they were when it was opened,
-so a source rewritten during the copy is a ``DataChangedError``, never a silent mix.  Only then do the temps get the replaced file's owner, group and exact mode (set-id bits
-last, on complete
-content).  A crash here leaves temps that ``recover`` removes once the save's lock is free:
+so a source rewritten during the copy is a ``DataChangedError``, never a silent mix.  Only
+then do the temps get the replaced file's owner, group and exact mode (set-id bits last, on
+complete content).  A crash here leaves temps that ``recover`` removes once the save's lock is free:
 nothing destructive has happened.
 """
 
