@@ -227,8 +227,9 @@ def coalesce(refs: Iterable[PieceRef]) -> tuple[PieceRef, ...]:
 
     The moves copy, journal and put back byte ranges, not pieces: 100,000 slices that follow
     each other in one file and in one output are one range to copy per window, one journal
-    entry, one segment to restore.  A merged placement keeps its first piece's index.  The
-    report is not touched: it still lists every piece the caller gave.
+    entry, one segment to restore.  A merged placement keeps its first piece's index and is one
+    range (no ``lengths``: a byte range, not pieces).  The report is not touched: it still
+    lists every piece the caller gave.
     """
     merged: list[PieceRef] = []
     first: PieceRef | None = None
@@ -249,7 +250,7 @@ def coalesce(refs: Iterable[PieceRef]) -> tuple[PieceRef, ...]:
 
 def _run_of(first: PieceRef, end_out: int) -> PieceRef:
     length = end_out - first.out_offset
-    if length == first.length:
+    if length == first.length and first.lengths is None:
         return first
     return PieceRef(first.output, first.index, first.out_offset, length, first.source,
                     first.src_offset)

@@ -595,3 +595,67 @@ def test_rows_below_the_moved_range_are_copied_with_the_reason(tmp_path: object)
     assert [(a.action, a.reason) for a in p.actions] == [
         ("written", None), ("copied", T.GAP), ("moved", None)]
     assert [(d.src_offset, d.length) for d in p.moves[0].dests] == [(5000, 5000)]
+
+
+def _run_and_pieces(lengths: tuple[int, ...], at: int = 100, src_at: int = 0
+                    ) -> tuple[list[PieceRef], list[PieceRef]]:
+    """The same pieces as one run placement (what the preflight hands over) and one by one."""
+    head = PieceRef(0, 0, 0, at)
+    run = PieceRef(0, 1, at, sum(lengths), KEY, src_at, lengths=lengths)
+    one_by_one = [head]
+    for k, n in enumerate(lengths):
+        one_by_one.append(PieceRef(0, 1 + k, at, n, KEY, src_at))
+        at, src_at = at + n, src_at + n
+    return [head, run], one_by_one
+
+
+def test_a_run_placement_is_decided_once_and_reported_piece_by_piece() -> None:
+    run, pieces = _run_and_pieces((4000, 6000))
+    p, q = decide(src(), refs=run), decide(src(), refs=pieces)
+    assert len(p.actions) == 3
+    assert [(a.index, a.out_offset, a.length, a.action, a.src_offset) for a in p.actions] == [
+        (0, 0, 100, "written", 0), (1, 100, 4000, "moved", 0), (2, 4100, 6000, "moved", 4000)]
+    # Exactly what the same pieces given one by one get, read every way a tuple reads.
+    assert p.actions == q.actions == tuple(q.actions)
+    assert tuple(q.actions) == p.actions
+    assert hash(p.actions) == hash(tuple(q.actions))
+    assert p.actions[1:] == tuple(q.actions)[1:]
+    assert p.actions[-1] == q.actions[2]
+    # The move is one byte range, with no trace of the pieces it was made of.
+    assert p.moves[0].dests == q.moves[0].dests == (PieceRef(0, 1, 100, 10_000, KEY, 0),)
+    assert p.moves == q.moves
+    assert p.peaks == q.peaks
+    assert p.consumed == q.consumed
+
+
+def test_a_copied_run_gives_every_piece_the_reason_and_counts_them() -> None:
+    run, pieces = _run_and_pieces((2500, 2500, 5000))
+    p, q = decide(src(owned=False), refs=run), decide(src(owned=False), refs=pieces)
+    assert p.actions == q.actions
+    assert [(a.action, a.reason) for a in p.actions[1:]] == [("copied", T.NOT_OWNED)] * 3
+    assert p.actions.reasons() == q.actions.reasons() == {T.NOT_OWNED: 3}
+
+
+def test_a_run_from_a_file_that_can_clone_is_decided_piece_by_piece() -> None:
+    # A short piece mid-source and an unaligned one are copied, an aligned one ending the file
+    # cloned, as if given one by one (clones are decided per piece: their offsets and tails
+    # are the piece's); owned, the unaligned piece sends the whole file down the move path.
+    cl = fs(can_clone=True, fs_type="xfs")
+    run, pieces = _run_and_pieces((100, 3996, 5904), at=4096)
+    for owned, want in ((False, ["copied", "copied", "cloned"]), (True, ["moved"] * 3)):
+        p = decide(src(owned=owned), o=out(14_096), f=cl, refs=run, consume=owned)
+        q = decide(src(owned=owned), o=out(14_096), f=cl, refs=pieces, consume=owned)
+        assert p.actions == q.actions
+        assert p.moves == q.moves
+        assert p.peaks == q.peaks
+        assert [a.action for a in p.actions] == ["written", *want]
+
+
+def test_adopting_a_run_in_place_names_every_piece_of_it() -> None:
+    run = [PieceRef(0, 0, 0, 4096),
+           PieceRef(0, 1, 4096, 10_000, KEY, 0, lengths=(1000, 2000, 7000))]
+    f = fs(can_insert=True)
+    p = make_plan([out(14_096)], run, {KEY: src()}, {DEV: f}, consume=True, window=4096,
+                  adopt=True)
+    assert [ip.pieces for ip in p.in_place] == [(1, 2, 3)]
+    assert [a.action for a in p.actions] == ["written", "adopted", "adopted", "adopted"]
