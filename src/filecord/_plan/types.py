@@ -278,7 +278,7 @@ class PieceActions(Sequence[PieceAction]):
         return self._every()[i]
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, (PieceActions, tuple, list)):
+        if isinstance(other, (PieceActions, tuple)):
             return self._every() == tuple(other)
         return NotImplemented
 
