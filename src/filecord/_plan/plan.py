@@ -218,10 +218,6 @@ def expand(refs: Iterable[PieceRef]) -> Iterator[PieceRef]:
             at += n
 
 
-def _lowest(r: PieceRef) -> int:
-    return r.src_offset if r.rows is None else r.rows.lowest
-
-
 def coalesce(refs: Iterable[PieceRef]) -> tuple[PieceRef, ...]:
     """Runs of placements adjacent both in their output and in their source, each as one.
 
@@ -414,7 +410,8 @@ def make_plan(
             continue
         moved: list[PieceRef] = []
         for i, r in zip(positions, placements, strict=True):
-            if r.length and _lowest(r) >= top[0]:
+            # its lowest source byte (a piece of rows: its lowest row's), inline: once a piece
+            if r.length and (r.src_offset if r.rows is None else r.rows.lowest) >= top[0]:
                 acts[i] = "moved"
                 moved.append(r)
             else:
