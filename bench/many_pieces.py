@@ -5,18 +5,19 @@
 
 One file of ``pieces x piece-size`` bytes is cut into ``--pieces`` slices
 (``FileBackedData.slice``), and the cord of all slices is planned and saved twice per round:
-by copy (``consume=False``, the source kept) and by move (``consume=True`` on an owned file:
-every slice moved into the output, the source deleted).  The two run in turn, rotated each
+by copy (``consume=False``, the source kept) and consumed (``consume=True`` on an owned file:
+every slice moved into the output, or, where the file system inserts ranges, the whole file
+adopted in place; the source's name gone).  The two run in turn, rotated each
 round, each on a freshly written source, and every output is checked byte for byte.  A
 smaller size (a tenth of the pieces) runs too: equal time per piece at both sizes is what
 O(N log N) looks like; the old quadratic planner took 6.8 s for 10,000 slices and did not
 finish 100,000 in two minutes.
 
 Then the row runs of a distributed checkpoint's consolidation (issue 26): ``--rows`` ranges of
-``--row-size`` bytes, first of one file and adjacent (a row-sharded tensor: the plan merges
-them into one range to move), then taken in turn from two shard files (a column-sharded
-tensor: every row of the output alternates between the shards, so nothing is adjacent and
-nothing merges).
+``--row-size`` bytes, first of one file and adjacent (a row-sharded tensor: the preflight
+hands the plan one placement for the run), then taken in turn from two shard files (a
+column-sharded tensor: every row of the output alternates between the shards, so nothing is
+adjacent and every row is its own placement).
 
 On a machine shared with other jobs the wall times swing by 2-3x between runs; the CPU column
 (``time.process_time`` of plan + save, this process only) is the steadier one to compare.

@@ -72,12 +72,15 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
     ("many_pieces.py", [], ["--pieces", "10000", "--rows", "9700", "--rounds", "1"],
      "Issues 10 and 26: plan and save of many pieces",
      "One file cut into 100,000 slices of 64 bytes, planned and saved by copy and with "
-     "`consume=True` (every slice moved, the source deleted), rotated rounds, every output "
-     "checked byte for byte; the same at 10,000 slices for the time per piece. Then the row "
-     "runs of a checkpoint consolidation: 97,000 ranges of 1 KiB, adjacent in one file (the "
-     "plan merges a moved run of adjacent slices into one range: one copy per window, one "
-     "journal entry; the report still lists every piece), and alternating between two shard "
-     "files (column-sharded: nothing is adjacent, nothing merges). Targets (issue 26): "
+     "`consume=True` (the source taken over: where the file system inserts ranges, ext4 and "
+     "XFS, the whole file is adopted in place and its pieces say `adopted`, elsewhere every "
+     "slice is moved), rotated rounds, every output checked byte for byte; the same at 10,000 "
+     "slices for the time per piece. Then the row runs of a checkpoint consolidation: 97,000 "
+     "ranges of 1 KiB, adjacent in one file, and alternating between two shard files "
+     "(column-sharded: nothing is adjacent, nothing merges). The preflight hands the plan one "
+     "placement per run of slices adjacent in the output and in one file: decided once, "
+     "copied as one range, one journal entry; the report still lists every piece, each made "
+     "when it is read. Targets (issue 26): "
      "100,000 pieces in 0.5 s, 97,000 row runs in 2 s. The CPU column (`process_time` of plan "
      "+ save) is the steadier figure on a shared machine. `tests/test_scale.py` checks the "
      "growth by counting executed lines, not by a clock."),
