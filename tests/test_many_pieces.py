@@ -131,3 +131,38 @@ def test_interleaved_sources_are_each_looked_at_after_their_last_copy(tmp_path: 
         body[i * 64:(i + 1) * 64] for i in range(1000)
         for body in (pattern(64_000, "a"), pattern(64_000, "b")))
     assert len(report.actions) == 2000
+
+
+def test_runs_into_several_outputs_are_reported_in_output_order(tmp_path: Path) -> None:
+    """Three outputs, one built around an adopted source (filled after the others where the
+    file system inserts ranges, moved otherwise): every piece is reported once, in the order
+    of the outputs and their pieces, with its own offsets, and every byte is where it goes."""
+    from filecord import save_many
+
+    x, y = tmp_path / "x", tmp_path / "y"
+    bx, by = pattern(8192, "x"), pattern(64 * 300, "y")
+    x.write_bytes(bx)
+    y.write_bytes(by)
+    wx, wy = FileBackedData(str(x), owned=True), FileBackedData(str(y), owned=True)
+    head = pattern(4096, "head")
+    outs = {
+        tmp_path / "a": Cord([head, wx.slice(0, 4096), wx.slice(4096, 4096)]),
+        tmp_path / "b": Cord([wy.slice(i * 64, 64) for i in range(150)]),
+        tmp_path / "c": Cord([b"c", *(wy.slice((150 + i) * 64, 64) for i in range(150))]),
+    }
+    report = save_many(outs, consume=True)
+    assert (tmp_path / "a").read_bytes() == head + bx
+    assert (tmp_path / "b").read_bytes() == by[:150 * 64]
+    assert (tmp_path / "c").read_bytes() == b"c" + by[150 * 64:]
+    assert not x.exists()
+    assert not y.exists()
+    got = [(a.output, a.index, a.out_offset, a.length, a.src_offset) for a in report.actions]
+    assert got == [
+        (str(tmp_path / "a"), 0, 0, 4096, 0), (str(tmp_path / "a"), 1, 4096, 4096, 0),
+        (str(tmp_path / "a"), 2, 8192, 4096, 4096),
+        *((str(tmp_path / "b"), i, i * 64, 64, i * 64) for i in range(150)),
+        (str(tmp_path / "c"), 0, 0, 1, 0),
+        *((str(tmp_path / "c"), 1 + i, 1 + i * 64, 64, (150 + i) * 64) for i in range(150))]
+    assert [a.action for a in report.actions][:3] in (
+        ["written", "adopted", "adopted"], ["written", "moved", "moved"])
+    assert {a.action for a in report.actions[3:]} - {"written"} == {"moved"}
