@@ -295,11 +295,17 @@ def _by_source(
     """Positions in ``refs`` per source, and per output its pieces that hold bytes."""
     by_source: dict[tuple[int, int], list[int]] = {}
     nonempty: dict[int, int] = {}
-    for pos, r in enumerate(refs):
-        if r.source is not None:
-            by_source.setdefault(r.source, []).append(pos)
+    for pos, r in enumerate(refs):  # once per placement: no list made per lookup
+        key = r.source
+        if key is not None:
+            held = by_source.get(key)
+            if held is None:
+                by_source[key] = [pos]
+            else:
+                held.append(pos)
         if r.length:
-            nonempty[r.output] = nonempty.get(r.output, 0) + r.count
+            o = r.output
+            nonempty[o] = nonempty.get(o, 0) + (1 if r.lengths is None else len(r.lengths))
     return by_source, nonempty
 
 
