@@ -127,7 +127,10 @@ def test_attack_rewrite_of_adopted_source_reported_byte_exact(tmp_path: Path) ->
 # ---------------------------------------------------------------------------------- controls
 
 
-@pytest.mark.parametrize(("syscall", "n"), [("fallocate", 3), ("fsync", 6), ("rename", 3)])
+# The last point, right before the commit: the temp's last fsync (9th).  It was the 3rd rename,
+# the journal's onto -committed, until the commit became an appended step record (the 3rd
+# rename is now the temp's onto its final name, after the commit).
+@pytest.mark.parametrize(("syscall", "n"), [("fallocate", 3), ("fsync", 6), ("fsync", 9)])
 def test_control_kill_during_in_place_adoption_rolls_back(tmp_path: Path, syscall: str,
                                                           n: int) -> None:
     src, out = kill_adopt(tmp_path, syscall, n)
@@ -141,7 +144,10 @@ def test_control_kill_during_in_place_adoption_rolls_back(tmp_path: Path, syscal
     assert os.stat(src).st_mtime == MTIME
 
 
-@pytest.mark.parametrize(("syscall", "n"), [("rename", 3), ("fsync", 5), ("pwrite64", 2)])
+# ("fsync", 9): right before the commit, the fsync of the last moving step.  It was the 3rd
+# rename, the journal's onto -committed, until the commit became an appended step record (the
+# 3rd rename is now the temp's onto the final name, after the commit).
+@pytest.mark.parametrize(("syscall", "n"), [("fsync", 9), ("fsync", 5), ("pwrite64", 2)])
 def test_control_self_adoption_killed_before_commit_rolls_back(tmp_path: Path, syscall: str,
                                                                n: int) -> None:
     path = tmp_path / "m.bin"

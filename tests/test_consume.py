@@ -14,6 +14,7 @@ from filecord import Cord, FileBackedData, recover, save, save_many
 from filecord._io import syscalls as _sys
 from filecord.errors import RecoverError, SaveError
 from filecord_testing import close_leaked, leftovers, pattern
+from support.faultfs import FailCommitStep
 
 W = 8192  # a small sync window: several windows per source
 
@@ -117,15 +118,13 @@ class FailAfterTruncates(_sys.Backend):
 
 
 def test_failed_consuming_save_rolls_back_byte_exact(tmp_path: Path) -> None:
-    # Fail before the commit point: the journal's rename to its committed name.
+    # Fail at the commit point: the write of the journal's committed step.
     a, b = pattern(50_000, "a"), pattern(12_345, "b")
     fa, fb = owned(tmp_path, "a", a), owned(tmp_path, "b", b)
     st_before = {d.path: os.stat(d.path) for d in (fa, fb)}
 
-    class FailLastFsync(_sys.Backend):
-        def hook(self, op: str, args: tuple[object, ...]) -> None:
-            if op == "rename" and str(args[1]).endswith(".filecord-committed"):
-                raise OSError(5, "injected EIO at the commit point")
+    def FailLastFsync() -> FailCommitStep:  # the committed step's write fails
+        return FailCommitStep(5, "injected EIO at the commit point")
 
     out = tmp_path / "o"
     out.write_bytes(b"old output")
@@ -269,10 +268,8 @@ def test_a_failed_adoption_renames_the_source_back(tmp_path: Path) -> None:
     fa = owned(tmp_path, "a", a)
     path, ino = fa.path, os.stat(fa.path).st_ino
 
-    class FailCommitLine(_sys.Backend):
-        def hook(self, op: str, args: tuple[object, ...]) -> None:
-            if op == "rename" and str(args[1]).endswith(".filecord-committed"):
-                raise OSError(5, "injected EIO at the commit point")
+    def FailCommitLine() -> FailCommitStep:  # the committed step's write fails
+        return FailCommitStep(5, "injected EIO at the commit point")
 
     with _sys.use(FailCommitLine()), pytest.raises(SaveError, match="injected"):
         save(tmp_path / "o", Cord([fa]), consume=True, window=W)

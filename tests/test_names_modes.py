@@ -13,6 +13,7 @@ from filecord import Cord, FileBackedData, save
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord_testing import leftovers, pattern
+from support.faultfs import FailCommitStep
 
 W = 8192
 
@@ -111,10 +112,8 @@ def test_a_failed_adoption_gives_the_source_its_own_mode_back(tmp_path: Path) ->
     os.chmod(src, 0o644)
     ino = os.stat(src).st_ino
 
-    class FailCommit(_sys.Backend):
-        def hook(self, op: str, args: tuple[object, ...]) -> None:
-            if op == "rename" and str(args[1]).endswith(_names.COMMITTED):
-                raise OSError(5, "injected")
+    def FailCommit() -> FailCommitStep:  # the committed step's write fails
+        return FailCommitStep(5, "injected")
 
     with _sys.use(FailCommit()), pytest.raises(OSError, match="injected"):
         save(out, Cord([FileBackedData(src, owned=True)]), consume=True)

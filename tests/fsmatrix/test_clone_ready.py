@@ -174,24 +174,32 @@ def test_xnnpack_program_saved_clone_ready_copies_nothing(mount, kind, exported)
 
 
 class _FailAfterClones(_sys.Backend):
-    """EIO at the first ``op`` call (a rename: the journal's onto ``-committed``, the commit
-    point) once ``clones`` clones ran."""
+    """EIO at the first ``op`` call (``commit``: the write of the journal's committed step, the
+    commit point) once ``clones`` clones ran."""
 
     def __init__(self, op: str, clones: int) -> None:
         self.op, self.want, self.seen = op, clones, 0
         self.fired_after: int | None = None
 
-    def hook(self, op: str, args: tuple[Any, ...]) -> None:
-        if op == "clone_range":
-            self.seen += 1
-        target = self.op == op and (op != "rename" or str(args[1]).endswith("-committed"))
-        if target and self.seen >= self.want and self.fired_after is None:
+    def _fire(self, op: str) -> None:
+        if self.seen >= self.want and self.fired_after is None:
             self.fired_after = self.seen
             raise OSError(errno.EIO, f"injected at {op} after {self.seen} clones")
 
+    def hook(self, op: str, args: tuple[Any, ...]) -> None:
+        if op == "clone_range":
+            self.seen += 1
+        if self.op == op:
+            self._fire(op)
+
+    def pwrite(self, fd: int, data: memoryview | bytes, offset: int) -> int:
+        if self.op == "commit" and b'"stage":"committed"' in bytes(data):
+            self._fire("the committed step")
+        return super().pwrite(fd, data, offset)
+
 
 @pytest.mark.parametrize("kind", ["xfs", "btrfs"])
-@pytest.mark.parametrize("op", ["fsync", "rename"])
+@pytest.mark.parametrize("op", ["fsync", "commit"])
 def test_a_fault_after_the_clones_rolls_back_to_exact_sources(mount, kind, op, exported):
     fs = mount(kind, 512 * MiB)
     program, sources, _data = _file_backed_program(fs, exported)

@@ -224,8 +224,10 @@ TEMP_SUFFIX = ".partial"
 PENDING_SUFFIX = ".filecord-pending"
 JOURNAL_SUFFIX = ".filecord-journal"
 SRC_SUFFIX = ".filecord-src"
+# Journal version 3's stage names (a rename each); version 4 appends step records instead, so
+# a save never makes these: they are kept so a leftover is still seen as filecord's.
 COMMITTED_SUFFIX = ".filecord-committed"
-ROLLBACK_SUFFIX = ".filecord-rollback"  # a rollback in progress (the journal renamed)
+ROLLBACK_SUFFIX = ".filecord-rollback"
 SUFFIXES = (LOCK_SUFFIX, TEMP_SUFFIX, PENDING_SUFFIX, JOURNAL_SUFFIX, SRC_SUFFIX,
             COMMITTED_SUFFIX, ROLLBACK_SUFFIX)
 # A crash point is also placed before each open that creates a name (the lock, the temps, the
@@ -254,20 +256,27 @@ def _dst(c: Call) -> str:
     return str(c.args[1]) if c.op == "rename" else ""
 
 
+def _journal_writes(calls: list[Call]) -> list[Call]:
+    """The writes to the journal: its head under the pending name, then each appended step
+    (through the same descriptor, so the tracer names it by the pending path it was opened
+    from)."""
+    return [c for c in calls if c.op == "pwrite" and c.path.endswith(PENDING_SUFFIX)]
+
+
 def commit_point(calls: list[Call]) -> int:
     """Index of the call that commits a traced successful save.
 
-    With a journal: the rename of the journal onto its ``.filecord-committed`` name.  Without
-    one: the rename of the (only) temp onto its final name.
+    With a journal: the write of its ``committed`` step, the last step appended before the
+    first rename onto a final name.  Without one: the rename of the (only) temp onto its final
+    name.
     """
-    for c in calls:
-        if c.op == "rename" and _dst(c).endswith(COMMITTED_SUFFIX):
-            return c.index
-    return final_renames(calls)[0]
+    first = final_renames(calls)[0]
+    steps = [c.index for c in _journal_writes(calls) if c.index < first]
+    return steps[-1] if steps else first
 
 
 def has_journal(calls: list[Call]) -> bool:
-    return any(c.op == "rename" and _dst(c).endswith(COMMITTED_SUFFIX) for c in calls)
+    return bool(_journal_writes(calls))
 
 
 def final_renames(calls: list[Call]) -> list[int]:
@@ -277,10 +286,16 @@ def final_renames(calls: list[Call]) -> list[int]:
 
 
 def commit_sync(calls: list[Call]) -> int:
-    """Index of the directory fsync that makes the commit rename durable."""
+    """Index of the fsync that makes the commit durable: the journal's, after its committed
+    step (without a journal, the fsync of the directory the temp was renamed in)."""
     cp = commit_point(calls)
-    dst = _dst(calls[cp - 1])
-    directory = os.path.dirname(dst)
+    hit = calls[cp - 1]
+    if hit.op == "pwrite":
+        for c in calls[cp:]:
+            if c.op == "fsync" and c.args[0] == hit.args[0]:
+                return c.index
+        raise AssertionError(f"no fsync of the journal after its committed step {cp}")
+    directory = os.path.dirname(_dst(hit))
     for c in calls[cp:]:
         if c.op == "fsync_dir" and os.path.realpath(str(c.args[0])) == os.path.realpath(
                 directory):
@@ -291,11 +306,12 @@ def commit_sync(calls: list[Call]) -> int:
 def commit_bounds(calls: list[Call]) -> tuple[int, int]:
     """``(last_pre, first_post)`` call indexes of a traced successful save.
 
-    A fault at a call ``<= last_pre`` happens at or before the commit point (a failed rename
-    changed nothing), so the save must leave everything as it was.  A fault at ``>=
+    A fault at a call ``<= last_pre`` happens at or before the commit point (a failed write of
+    the committed step, or a failed rename, leaves the save uncommitted), so the save must
+    leave everything as it was.  A fault at ``>=
     first_post`` happens after the commit is durable, so the outputs must end complete (after
-    ``recover``).  Between them lies only the directory fsync that makes the commit rename
-    durable (and anything up to it): the save may undo the rename or keep it, so both
+    ``recover``).  Between them lies only the fsync that makes the commit durable (and
+    anything up to it): the save may undo the rename or keep it, so both
     outcomes are accepted there, and each must be exact.
     """
     cp = commit_point(calls)
@@ -304,3 +320,21 @@ def commit_bounds(calls: list[Call]) -> tuple[int, int]:
 
 def destructive_points(calls: list[Call], ops: frozenset[str] = DESTRUCTIVE_OPS) -> list[Call]:
     return [c for c in calls if is_point(c.op, c.args, ops)]
+
+
+COMMITTED_STEP = b'"stage":"committed"'  # in the payload of the journal's committed step
+
+
+class FailCommitStep(SimFS):
+    """The write of the journal's ``committed`` step (the commit point) fails with ``errno``:
+    the save is not committed and must roll back."""
+
+    def __init__(self, err: int = errno.EIO, message: str = "injected EIO at the commit point"
+                 ) -> None:
+        super().__init__()
+        self.err, self.message = err, message
+
+    def pwrite(self, fd: int, data: memoryview | bytes, offset: int) -> int:
+        if COMMITTED_STEP in bytes(data):
+            raise OSError(self.err, self.message)
+        return super().pwrite(fd, data, offset)

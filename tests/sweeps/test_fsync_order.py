@@ -4,10 +4,11 @@ The power-cut model makes truncates durable at once and keeps no timestamps, so 
 a missing fsync on these three paths; the call order can.  Each test fails when the fsync it
 names is removed (the mutation audit of issue 22):
 
-* a moved source's last cut is fsynced before the journal's ``moved`` record is appended, and
-  that record is fsynced before the next source is cut;
-* the directory holding the journal is fsynced after the rename to ``-committed`` (the commit
-  point) and before any temp is renamed onto its final name;
+* a moved source's last cut is fsynced before the journal's ``moving`` step is appended, and
+  that step is fsynced before the next source is cut;
+* the journal is fsynced after its ``committed`` step is appended (the commit point: the last
+  append, at the end of the record before it) and before any temp is renamed onto its final
+  name;
 * a put-back fsyncs the source after restoring its times, before its name is given back;
 * a lock file's name is re-checked after ``flock``: a lock removed by a recover in between
   stops the save before any temp exists.
@@ -25,7 +26,9 @@ import pytest
 from filecord import Cord, FileBackedData, save
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
+from filecord._txn import journal
 from filecord._txn import save as txn_save
+from filecord._txn.stages import Stage
 from filecord.errors import SaveError
 from filecord_testing import pattern
 from support.faultfs import Tracer
@@ -74,22 +77,42 @@ def test_a_source_is_fsynced_after_its_last_cut_before_its_moved_record(tmp_path
             pending_record = True
         elif c.op == "fsync" and c.args[0] in journal_fd:
             pending_record = False
-    assert appends == 3  # moved 1, moved 2, looked
+    assert appends == 3  # moving 1, moving 2, committed
 
 
-def test_the_commit_rename_is_made_durable_before_any_final_name_changes(
+class _Writes(Tracer):
+    """A tracer that also keeps the bytes written to the journal (by call index)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data: dict[int, bytes] = {}
+
+    def pwrite(self, fd: int, data: memoryview | bytes, offset: int) -> int:
+        if self.paths.get(fd, "").endswith(_names.PENDING):
+            self.data[self.calls[-1].index] = bytes(data)
+        return super().pwrite(fd, data, offset)
+
+
+def test_the_committed_step_is_made_durable_before_any_final_name_changes(
     tmp_path: Path,
 ) -> None:
-    tracer = Tracer()
+    tracer = _Writes()
     _consume(tmp_path, tracer)
     calls = tracer.calls
-    commit = next(c for c in calls if c.op == "rename"
-                  and str(c.args[1]).endswith(_names.COMMITTED))
     final = next(c for c in calls if c.op == "rename"
                  and str(c.args[1]) == str(tmp_path / "out.bin"))
+    writes = [c for c in calls if c.index in tracer.data and c.index < final.index]
+    commit = writes[-1]
+    record = journal.unframe(tracer.data[commit.index].rstrip(b"\n"))
+    assert journal.stage_of(record) is Stage.COMMITTED
+    # Appended at the end of the record before it (the logical end), never over it.
+    before = writes[-2]
+    assert commit.args[2] == before.args[2] + before.args[1]
     between = [c for c in calls if commit.index < c.index < final.index]
-    assert any(c.op == "fsync_dir" and os.path.realpath(c.path) == os.path.realpath(tmp_path)
-               for c in between), "the commit point is not durable before the renames"
+    assert any(c.op == "fsync" and c.args[0] == commit.args[0] for c in between), (
+        "the commit point is not durable before the renames")
+    # No rename of the journal any more: its one name from the pending rename to its unlink.
+    assert not [c for c in calls if c.op == "rename" and _names.JOURNAL in str(c.args[0])]
 
 
 class _FailSecondMove(Tracer):

@@ -131,10 +131,11 @@ def copy_case(template: Layout, root: Path) -> tuple[Layout, Path, _journal.Jour
         if rel.endswith(LOCK_SUFFIX):  # (its records re-encoded: they are checksummed)
             lines, _torn = _journal.split_lines((root / rel).read_bytes())
             out = b""
-            for kind, body in _journal.replay(lines, torn_tail=False).records:
-                if isinstance(body, dict) and "journal" in body:
-                    body = {"journal": body["journal"].replace(str(template.root), str(root))}
-                out += _journal.frame(kind, body)
+            for step in _journal.replay(lines, torn_tail=False).records:
+                if isinstance(step.get("journal"), str):
+                    step = {**step, "journal": str(step["journal"]).replace(
+                        str(template.root), str(root))}
+                out += _journal.frame(step)
             (root / rel).write_bytes(out)
     jt = journal_file(template)
     j = repoint(_journal.decode(jt.read_bytes()), template.root, root)
@@ -406,12 +407,15 @@ def test_crafted_journals_reach_nothing_outside(tmp_path: Path, stage: str) -> N
     probe_lay, _jp, probe = copy_case(template, tmp_path / "probe")
     victims(outside, probe)
     cases = crafted_cases(probe, probe_lay.root, outside)
+    steps = progress_records(template)
     shutil.rmtree(probe_lay.root)
     for n, (label, _shape) in enumerate(cases):
         lay, jpath, j = copy_case(template, tmp_path / "case")
         (lay.root / "link").symlink_to(outside, target_is_directory=True)
         crafted = crafted_cases(j, lay.root, outside)[n][1]
-        jpath.write_bytes(_journal.encode(crafted))
+        # The steps after the head name no path: kept as written (after the commit they are
+        # what says "committed"; the stage is a step record, not the journal's name).
+        jpath.write_bytes(_journal.encode(crafted) + steps)
         before = tree(outside)
         results = []
         for target in (jpath, *{Path(d) for d in lay.dirs()}):

@@ -19,6 +19,7 @@ from filecord import Cord, FileBackedData, recover, save
 from filecord._io import syscalls as _sys
 from filecord._txn import journal as journal_codec
 from filecord._txn import save as txn_save
+from filecord._txn.stages import Stage
 from filecord.errors import DataChangedError, RecoverError, SaveError
 from filecord_testing import consume_killed_at_truncate, pattern
 
@@ -62,7 +63,8 @@ def _committed_then_stopped(d: Path, sources: dict[str, bytes], window: int = W)
     with _sys.use(FailRenameOnto(out)), pytest.raises(SaveError, match="after its commit"):
         save(out, Cord(datas), consume=True, window=window)
     assert out.read_bytes() == b"OLD"
-    assert any(n.endswith(".filecord-committed") for n in _names(d))
+    journal = next(d / n for n in _names(d) if n.endswith(".filecord-journal"))
+    assert journal_codec.read_log(journal.read_bytes()).stage is Stage.COMMITTED
     return out
 
 
@@ -87,7 +89,7 @@ def test_r4_1_recover_finishes_a_committed_save_of_1300_consumed_sources(
     out = _committed_then_stopped(tmp_path, sources)
     # The save's own "looked" record (the lock file held it as lines when this was found; the
     # journal holds it as one checksummed record since): more than the 64 KiB once read.
-    journal = next(tmp_path / n for n in _names(tmp_path) if n.endswith(".filecord-committed"))
+    journal = next(tmp_path / n for n in _names(tmp_path) if n.endswith(".filecord-journal"))
     assert journal.stat().st_size > 1 << 16
     try:
         recover(tmp_path)
@@ -158,7 +160,7 @@ def test_r4_3_recover_completes_when_the_kept_sources_name_is_taken(tmp_path: Pa
     assert out.read_bytes() == a + b
     assert parked_a.read_bytes() == SECOND  # the bytes are safe ...
     # ... but the save is never completed: the journal stays and recover refuses forever.
-    assert not any(n.endswith(".filecord-committed") for n in _names(tmp_path))
+    assert not any(n.endswith(".filecord-journal") for n in _names(tmp_path))
 
 
 # --- R4-4: a crafted "looked" line defeats check_committed's mid-move guard -----------------
@@ -173,6 +175,14 @@ def test_r4_3_recover_completes_when_the_kept_sources_name_is_taken(tmp_path: Pa
 BUG_4 = ("check_committed trusts an unchecksummed 'looked DEV INO RUN_START MTIME' lock-file "
          "line over the source's size: a journal renamed -committed mid-move is finished and "
          "the incomplete temp replaces the old output")
+
+
+def _append(journal: Path, record: bytes) -> None:
+    """Append a step at the journal's logical end, as a save would."""
+    end = journal_codec.read_log(journal.read_bytes()).end
+    with journal.open("r+b") as f:
+        f.seek(end)
+        f.write(record)
 
 
 def _killed_mid_move(d: Path, at_truncate: int) -> tuple[bytes, bytes]:
@@ -192,15 +202,14 @@ def test_r4_4_crafted_looked_lines_do_not_finish_a_save_killed_mid_move(tmp_path
     a, b = _killed_mid_move(tmp_path, 3)
     names = _names(tmp_path)
     journal = next(tmp_path / n for n in names if n.endswith(".filecord-journal"))
-    committed = Path(str(journal).removesuffix("-journal") + "-committed")
-    journal.rename(committed)  # the documented attack check_committed exists for
     looks = []
     for n in names:  # plus one plausible look per parked source (checksummed: crafted)
         if n.endswith(".filecord-src"):
             st = os.stat(tmp_path / n)
             looks.append((st.st_dev, st.st_ino, 0, st.st_mtime_ns))
-    with committed.open("ab") as f:
-        f.write(journal_codec.encode_looked(looks))
+    # The documented attack check_committed exists for: a committed step (checksummed:
+    # crafted) appended mid-move, with one plausible look per parked source.
+    _append(journal, journal_codec.encode_committed(looks))
     with pytest.raises(RecoverError):  # finish keeps the "changed" sources, and says so
         recover(tmp_path)
     got = (tmp_path / "out.bin").read_bytes()
@@ -210,10 +219,10 @@ def test_r4_4_crafted_looked_lines_do_not_finish_a_save_killed_mid_move(tmp_path
 def test_r4_4_control_without_crafted_lines_a_mid_move_committed_journal_is_refused(
     tmp_path: Path,
 ) -> None:
-    """Held: the same renamed journal without the lock-file lines is refused, untouched."""
+    """Held: the same crafted committed step without looks is refused, untouched."""
     _killed_mid_move(tmp_path, 3)
     journal = next(tmp_path / n for n in _names(tmp_path) if n.endswith(".filecord-journal"))
-    journal.rename(Path(str(journal).removesuffix("-journal") + "-committed"))
+    _append(journal, journal_codec.encode_committed([]))
     before = {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)}
     with pytest.raises(RecoverError, match="the commit never happened"):
         recover(tmp_path)
@@ -221,20 +230,20 @@ def test_r4_4_control_without_crafted_lines_a_mid_move_committed_journal_is_refu
 
 
 def test_r4_5_crafted_moved_line_only_makes_recover_refuse(tmp_path: Path) -> None:
-    """Held: a "moved 99" record (checksummed: crafted) appended to the journal of a save killed
+    """Held: a "moving 99" step (checksummed: crafted) appended to the journal of a save killed
     mid-move can only make recover refuse (nothing touched); without it the same state rolls
     back byte-exact."""
     a, b = _killed_mid_move(tmp_path, 3)
     lock = next(tmp_path / n for n in _names(tmp_path) if n.endswith(".filecord-journal"))
-    with lock.open("ab") as f:
-        f.write(journal_codec.encode_moved(99))
+    _append(lock, journal_codec.encode_moving(99))
     before = {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)}
     with pytest.raises(RecoverError, match="its move had finished"):
         recover(tmp_path)
     assert {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)} == before
     # Damage to the last record (a torn or garbled append) is ignored, not trusted.
-    crafted = journal_codec.encode_moved(99)
-    raw = lock.read_bytes().replace(crafted, crafted.replace(b'"n":99', b'"n":9x') + b"moved 1")
+    crafted = journal_codec.encode_moving(99)
+    raw = lock.read_bytes().replace(crafted,
+                                    crafted.replace(b'"moved":99', b'"moved":9x') + b"moved 1")
     lock.write_bytes(raw)
     recover(tmp_path)
     assert (tmp_path / "a.bin").read_bytes() == a

@@ -287,12 +287,12 @@ COMMIT_CHILD = CHILD.replace(
     textwrap.dedent(
         """
         import filecord._io.syscalls as _seam  # the test's kill switch, not the save's logic
-        _rename = _seam.rename
-        def _kill_after_commit(a, b):
-            _rename(a, b)
-            if b.endswith(".filecord-committed"):
+        _write_all = _seam.write_all
+        def _kill_after_commit(fd, data, offset):
+            _write_all(fd, data, offset)
+            if b'"stage":"committed"' in bytes(data):  # the journal's committed step
                 os.kill(os.getpid(), signal.SIGKILL)
-        _seam.rename = _kill_after_commit
+        _seam.write_all = _kill_after_commit
         calls = [0]
         """
     ),
@@ -300,7 +300,7 @@ COMMIT_CHILD = CHILD.replace(
 
 
 def killed_after_commit(tmp: Path, name: str, seed: int) -> tuple[Path, dict[str, bytes]]:
-    """A tree whose save was SIGKILLed right after its journal was renamed -committed."""
+    """A tree whose save was SIGKILLed right after its journal's committed step was written."""
     d = tmp / name
     files = make_tree(d, seed)
     child = tmp / "commit_child.py"
@@ -308,7 +308,8 @@ def killed_after_commit(tmp: Path, name: str, seed: int) -> tuple[Path, dict[str
     r = subprocess.run([sys.executable, str(child), str(d), "65536", "0"],
                        capture_output=True, env=_env(), timeout=120)
     assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr)
-    assert [p for p in d.iterdir() if p.name.endswith(".filecord-committed")]
+    assert [p for p in d.iterdir() if p.name.endswith(".filecord-journal")
+            and b'"stage":"committed"' in p.read_bytes()]
     return d, files
 
 

@@ -16,9 +16,10 @@ The disk models (``powerfs.MODES``):
 * ``eager-torn``: every name operation is durable at once, unsynced data is half-written (a
   name kept whose content is torn: the pending journal, a lock, a temp).
 
-With lazy names the commit is durable at the directory fsync after the rename to
-``.filecord-committed`` (or, without a journal, after the rename of the temp); with eager names
-at that rename itself.
+With a journal the commit is the journal's ``committed`` step (an appended record): durable at
+the journal's fsync after it, or at its write where unsynced data reaches the disk (``keep``).
+Without a journal it is the rename of the temp: durable at its directory's fsync, or at the
+rename itself with eager names.
 
 Killing the process alone keeps the page cache, so it cannot see a missing fsync; this model
 can, and ``test_model_catches_a_missing_fsync_before_truncate`` proves it on the fsync that
@@ -48,6 +49,7 @@ from support.faultfs import (
     commit_point,
     commit_sync,
     destructive_points,
+    has_journal,
 )
 from support.powerfs import MODES, Crash, PowerFS
 from support.scenarios import SPECS, Layout, detach_all, trace_save
@@ -65,8 +67,9 @@ def wanted(calls: list[Call], point: Call | None, mode: str) -> frozenset[str]:
     """The acceptable state for a crash right before ``point`` (None: after the save)."""
     if point is None:
         return DONE
-    names, _data = MODES[mode]
-    last = commit_point(calls) if names == "eager" else commit_sync(calls)
+    names, data = MODES[mode]
+    kept = data == "keep" if has_journal(calls) else names == "eager"
+    last = commit_point(calls) if kept else commit_sync(calls)
     return PRISTINE if point.index <= last else DONE
 
 

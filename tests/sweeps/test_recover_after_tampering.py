@@ -17,6 +17,8 @@ import pytest
 from filecord import Cord, recover, save, save_many
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
+from filecord._txn import journal
+from filecord._txn.stages import Stage
 from filecord.errors import RecoverError, SaveError
 from filecord_testing import close_leaked, files, leftovers, one, pattern
 from filecord_testing import owned_file as owned
@@ -102,7 +104,8 @@ def test_14_a_late_recover_keeps_the_newer_save(tmp_path: Path) -> None:
     assert (tmp_path / "b.ptd").read_bytes() == b"NEWER-B"
     assert (tmp_path / "a.pte").read_bytes() == b"OLD-SAVE-A"
     assert one(tmp_path, _names.TEMP).read_bytes() == b"OLD-SAVE-B"  # the dead save's output
-    one(tmp_path, _names.COMMITTED)
+    committed = journal.read_log(one(tmp_path, _names.JOURNAL).read_bytes())
+    assert committed.stage is Stage.COMMITTED
 
 
 # --- 02: a live save whose lock file was deleted ------------------------------------------
@@ -181,7 +184,9 @@ def test_31_a_deleted_journal_with_sources_elsewhere_is_refused(
         assert temp[1 + len(kept):] == data[len(kept):]
 
 
-# --- 26: the journal renamed to -committed mid-move ----------------------------------------
+# --- 26: a committed step appended mid-move ------------------------------------------------
+# (In journal version 3 the attack renamed the journal -committed; the stage is a step record
+# now, so the same lie is a well-formed, checksummed committed step appended by someone else.)
 
 def test_26_a_journal_renamed_committed_mid_move_is_refused(tmp_path: Path) -> None:
     data = pattern(4 * W, "26")
@@ -189,7 +194,11 @@ def test_26_a_journal_renamed_committed_mid_move_is_refused(tmp_path: Path) -> N
     crash(tmp_path, nth("ftruncate", 3),
           lambda: save(tmp_path / "out", Cord([b"H", f]), consume=True, window=W))
     j = one(tmp_path, _names.JOURNAL)
-    j.rename(_names.restage(str(j), _names.COMMITTED))
+    end = journal.read_log(j.read_bytes()).end
+    with j.open("r+b") as fh:
+        fh.seek(end)
+        fh.write(journal.encode_committed([]))
+    assert journal.read_log(j.read_bytes()).stage is Stage.COMMITTED
     before = files(tmp_path)
     with pytest.raises(RecoverError, match="commit never happened"):
         recover(tmp_path)
@@ -198,6 +207,25 @@ def test_26_a_journal_renamed_committed_mid_move_is_refused(tmp_path: Path) -> N
     kept = one(tmp_path, _names.SOURCE).read_bytes()
     assert kept == data[: 3 * W]
     assert one(tmp_path, _names.TEMP).read_bytes()[1 + 3 * W:] == data[3 * W:]
+
+
+@pytest.mark.parametrize("suffix", [_names.COMMITTED, _names.ROLLBACK, _names.HELD])
+def test_26_a_journal_under_a_version_3_stage_name_is_refused_naming_it(
+    tmp_path: Path, suffix: str,
+) -> None:
+    """The stage names of journal version 3 are never written now; a journal under one is
+    refused as an older version (never finished, never rolled back, never called damaged)."""
+    data = pattern(4 * W, "26")
+    f = owned(tmp_path / "src.bin", data)
+    crash(tmp_path, nth("ftruncate", 3),
+          lambda: save(tmp_path / "out", Cord([b"H", f]), consume=True, window=W))
+    j = one(tmp_path, _names.JOURNAL)
+    j.rename(_names.restage(str(j), suffix))
+    before = files(tmp_path)
+    with pytest.raises(RecoverError, match="version 3") as info:
+        recover(tmp_path)
+    assert "damaged" not in str(info.value)
+    assert files(tmp_path) == before
 
 
 # --- 32: the parked source swapped for a symlink while recover works -----------------------

@@ -24,14 +24,18 @@ LOCK = ".filecord-lock"
 TEMP = ".partial"
 PENDING = ".filecord-pending"
 JOURNAL = ".filecord-journal"
+SOURCE = ".filecord-src"
+OWNED = ".filecord-owned"
+# The names journal version 3 gave its stages (a rename each; version 4 appends a step record
+# instead).  Known here only so a scan finds such a journal and recover refuses it, naming its
+# version; nothing is ever created under them.
 COMMITTED = ".filecord-committed"
 ROLLBACK = ".filecord-rollback"
 HELD = ".filecord-held"
-SOURCE = ".filecord-src"
-OWNED = ".filecord-owned"
+OLD_JOURNALS = (COMMITTED, ROLLBACK, HELD)
 
 SUFFIXES = (LOCK, TEMP, PENDING, JOURNAL, COMMITTED, ROLLBACK, HELD, SOURCE)
-JOURNALS = (JOURNAL, COMMITTED, ROLLBACK, HELD)
+JOURNALS = (JOURNAL, *OLD_JOURNALS)
 TOKEN_LEN = 16
 _TOKEN_RE = re.compile(r"[0-9a-f]{16}")
 

@@ -12,10 +12,10 @@ Both paths that clean up after a save, the in-process failure path (``failure``)
    that would hold moved bytes (``SEEK_HOLE``).  It changes nothing.  An error while looking
    (or a name swapped for a symlink under it) is kept as ``unreadable``.
 2. :func:`assess` is pure: from the journal, its records (:class:`Records`: the stage, the
-   ``moved`` count, the ``looked`` record, and for a running save its own last looks and the
-   change it saw mid-move) and the :class:`Observed` facts it says, per source, where its
-   bytes are and whether it is as the save left it or changed (with a typed ``ChangeKind``),
-   and sums that up in one :class:`~filecord._txn.decide.Found`:
+   ``moving`` count, the ``committed`` step's looks, and for a running save its own last
+   looks and the change it saw mid-move) and the :class:`Observed` facts it says, per
+   source, where its bytes are and whether it is as the save left it or changed (with a typed
+   ``ChangeKind``), and sums that up in one :class:`~filecord._txn.decide.Found`:
 
    * a running save (``Actor.SAVE``): the change it saw mid-move (by its typed kind, never its
      message), then each parked source against the save's last look (size, mtime, ctime, or
@@ -301,7 +301,7 @@ def check_strict(j: Journal, seen: Observed, done: int = 0) -> DataChangedError 
     """A source not as this save can have left it (None: all are).
 
     ``done``: how many moved sources (in journal order) are known to have finished their
-    moves (the journal's durable ``moved`` record, or the save's own count)."""
+    moves (the journal's durable ``moving`` step, or the save's own count)."""
     bad = check_order(j, seen, done)
     if bad is not None:
         return bad

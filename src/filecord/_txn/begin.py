@@ -3,16 +3,17 @@
 Theory of operation
 -------------------
 1. Before any temp, a lock file per directory (``liveness.create``: ``O_EXCL``, ``flock``,
-   content = a checksummed pointer record naming the journal, ``fsync``): a temp's name then
-   implies its lock and pointer.
+   content = a checksummed ``created`` step naming the journal, ``fsync``): a temp's name then
+   implies its lock and that step.
 2. Each source's record says whether it is dense (FIEMAP, else ``SEEK_HOLE``, on a read-only
    descriptor closed again: reads only, so a crash here leaves what step 1 left).  The record
    goes to ``.filecord-pending``, is fsynced, every directory of the save is fsynced (temps and
    lock files are durable), then it is renamed to ``.filecord-journal`` and
    its directory fsynced: a journal name never holds a torn head.  Its descriptor stays open
-   (``Txn.journal_fd``): the progress records (``moved``, ``looked``) are appended to it and
-   fsynced.  Each lock file then gets a durable, checksummed "journaled" record, so a
-   journal that later goes missing is known to be removed, not never made.
+   (``Txn.journal_fd``): the later steps (``moving``, ``committed``, ``rolling back``,
+   ``held``) are appended to it at its logical end (``Txn.journal_end``) and fsynced.  Each
+   lock file then gets a durable ``journaled`` step, so a journal that later goes missing is
+   known to be removed, not never made.
 3. Every source the save will shorten or delete is renamed to ``.NAME.TOKEN.filecord-src`` in
    its own directory and the directories fsynced, before anything is truncated.  A crash
    between renames leaves each source at one of its two names, both known to ``recover``.
@@ -151,7 +152,8 @@ def write_journal(txn: Txn) -> None:
     except BaseException:
         _sys.close_each([fd])
         raise
-    txn.journal_fd = fd  # kept open: the progress records are appended through it
+    txn.journal_fd = fd  # kept open: the later steps are appended through it
+    txn.journal_end = len(journal.encode(txn.record))
     # Every name the rollback needs (temps, lock files) must be durable before the journal
     # name can be: fsyncing a file does not persist its directory entry.
     temps = [t for t in txn.temps if t is not None]
@@ -161,8 +163,9 @@ def write_journal(txn: Txn) -> None:
     txn.journal_path = final
     txn.to(Stage.JOURNALED)  # the rename is the transition; a failed fsync below rolls back
     txn.counters.fsyncs += _sys.fsync_parents([final])
+    created = len(liveness.pointer_record(final))
     for _path, lock_fd in txn.locks:
-        liveness.mark_journaled(lock_fd)
+        liveness.mark_journaled(lock_fd, created)
 
 
 def park_sources(txn: Txn) -> None:
@@ -185,12 +188,17 @@ def park_sources(txn: Txn) -> None:
     txn.counters.fsyncs += _sys.fsync_parents(parked)
 
 
-def append_record(txn: Txn, record: bytes) -> None:
-    """Append one progress record to the journal and fsync it, before the step it licenses."""
+def append_step(txn: Txn, record: bytes, stage: Stage | None = None) -> None:
+    """Append one step record at the journal's logical end and fsync it, before the step it
+    licenses.  ``stage``: the save enters it as soon as the write returns (a failed fsync
+    leaves the record in the page cache, where a crash without a power cut keeps it)."""
     fd = txn.journal_fd
-    if fd is None:  # pragma: no cover - records follow the journal's write
-        raise SaveError("a journal record without a journal")
-    _sys.write_all(fd, record, _sys.fstat(fd).st_size)
+    if fd is None:  # pragma: no cover - steps follow the journal's write
+        raise SaveError("a journal step without a journal")
+    _sys.write_all(fd, record, txn.journal_end)
+    txn.journal_end += len(record)
+    if stage is not None:
+        txn.to(stage)
     txn.counters.fsync(fd)
 
 

@@ -2,14 +2,14 @@
 
 The in-process failure path (``failure.fail``) and ``recover`` (``recover._act``) both ask
 :func:`decide`; neither branches on anything else.  The stage comes from the stage machine
-(``stages``: a running save's ``Txn.stage``, a crashed save's journal name), the finding from
-the assessment (``assess``: the journal's records and the facts observed on the files).
+(``stages``: a running save's ``Txn.stage``, a crashed save's last step record), the finding
+from the assessment (``assess``: the journal's records and the facts observed on the files).
 
 Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault point)
 -------------------------------------------------------------------------------------
 1. Every byte of every consumed source is durably in the source or at its journaled offset
    in a temp, at every instant, even after a crash that loses every unsynced write: a window
-   is fsynced in the temps before it is cut, a ``moved`` record only after the source's last
+   is fsynced in the temps before it is cut, a ``moving`` step only after the source's last
    cut is fsynced, a put-back fsynced before the temp lets go.
    Tests: tests/sweeps/test_power_cuts.py, tests/sweeps/test_fault_points.py,
    tests/sweeps/test_fsync_order.py.
@@ -22,9 +22,10 @@ Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault 
 4. ``recover`` is idempotent and crash-safe: every row is judged from the files, so running it
    again continues.  Tests: tests/sweeps/test_kill_points.py (recover killed too),
    tests/sweeps/test_recover_races.py.
-5. ``recover`` acts only on proof: a held lock is skipped; a record that does not check is
-   DAMAGED and refused, never blamed on another process; every path is derived from the
-   token.  Tests: tests/sweeps/test_hostile_journals.py, tests/unit/txn/test_log.py,
+5. ``recover`` acts only on proof: a held lock is skipped; a record that does not check (or
+   steps in an order the stage table forbids, or files past a last record that does not
+   check) is DAMAGED and refused, never blamed on another process; every path is derived
+   from the token.  Tests: tests/sweeps/test_hostile_journals.py, tests/unit/txn/test_log.py,
    tests/sweeps/test_damaged_records.py, tests/sweeps/test_recover_guards.py.
 6. Owned sources outlive a failed save: only a committed consuming save deletes them
    (rows FINISH only after the commit point).  Tests: tests/sweeps/test_recover_acts_on_proof.py.

@@ -5,14 +5,14 @@ Theory of operation
 * Before the journal (CREATED, FILLED): nothing destructive happened.  Descriptors are closed,
   the temps and a pending journal unlinked, then the lock files (last, so a crash in between
   leaves a lock file beside the garbage and ``recover`` may remove it).
-* JOURNALED, MOVING: the journal is first renamed to ``.filecord-rollback`` (directory
-  fsynced), so a crash during the undo continues it; then ``undo.roll_back`` runs on the live
+* JOURNALED, MOVING: a ``rolling back`` step is first appended to the journal (fsynced), so
+  a crash during the undo continues it; then ``undo.roll_back`` runs on the live
   files, exactly as ``recover`` would; then temps, journal and lock files are removed.  If the
   failure is a source changed by another process, or the undo itself fails, everything stays:
   the lock files are only closed (their ``flock`` dropped), and the error's notes say which
   file holds which bytes and which ``filecord recover`` command continues.
 * COMMITTED, RENAMED: nothing is undone.  Descriptors and locks are dropped (the files stay)
-  and the error names the committed journal that ``recover`` finishes.
+  and the error names the journal (its last step ``committed``) that ``recover`` finishes.
 
 ``_fail`` decides nothing itself: it asks ``decide`` (from the stage and, past the journal, the
 assessment of the files) and runs the one function ``_ACTIONS`` gives for that row.  The count
@@ -28,7 +28,7 @@ from typing import NoReturn, TypeVar
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
-from filecord._txn import assess, liveness, undo
+from filecord._txn import assess, begin, journal, liveness, undo
 from filecord._txn.decide import Action, Actor, Found, decide
 from filecord._txn.journal import Journal
 from filecord._txn.stages import Stage, StageError
@@ -130,16 +130,12 @@ def records_of(txn: Txn, exc: BaseException) -> assess.Records:
 
 
 def _hold(txn: Txn, notes: list[str]) -> None:
-    """A source changed under the move: rename the journal ``.filecord-held`` so no recover
-    ever rolls back over the change (it would fill the gap with whatever the temps hold).
-    Row HOLD is only reached from JOURNALED or MOVING, where the journal is ``-journal``."""
-    path = _journaled(txn)[1]
-    held = _names.restage(path, _names.HELD)
+    """A source changed under the move: append the ``held`` step so no recover ever rolls
+    back over the change (it would fill the gap with whatever the temps hold).  Row HOLD is
+    only reached from JOURNALED or MOVING, where the journal's descriptor is open."""
+    _journaled(txn)
     try:
-        _sys.rename(path, held)
-        txn.journal_path = held
-        txn.to(Stage.HELD)
-        _sys.fsync_parents([held])
+        begin.append_step(txn, journal.step(Stage.HELD), Stage.HELD)
     except OSError as exc:
         notes.append(f"could not mark the journal held ({exc}): recover refuses it anyway if "
                      "the change shows in the source's size")
@@ -247,16 +243,12 @@ def _hold_all(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
 
 
 def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
-    """Row ROLL_BACK: rename the journal ``-rollback`` (durable), put every byte back on the
+    """Row ROLL_BACK: append the ``rolling back`` step (durable), put every byte back on the
     live files exactly as recover would, then discard the rest.  A failure of the undo asks
     the table again, at the stage reached, with the files unreadable."""
-    record, path = _journaled(txn)
+    record, _path = _journaled(txn)
     try:
-        rollback = _names.restage(path, _names.ROLLBACK)
-        _sys.rename(path, rollback)
-        txn.journal_path = rollback
-        txn.to(Stage.ROLLING_BACK)
-        _sys.fsync_parents([rollback])
+        begin.append_step(txn, journal.step(Stage.ROLLING_BACK), Stage.ROLLING_BACK)
         _close(txn, notes)  # the undo opens what it needs by name, as recover does
         temps = undo.open_temps(record)
         try:

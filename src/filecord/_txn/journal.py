@@ -1,10 +1,10 @@
-"""The save's log (journal version 3): one file of length-prefixed, checksummed records.
+"""The save's log (journal version 4): one file of length-prefixed, checksummed step records.
 
 Theory of operation
 -------------------
 A journal file is a magic line and then records, one per line::
 
-    LLLLLLLL SSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSS {"body": ..., "kind": "begin"}
+    LLLLLLLL SSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSS {"moved": 1, "stage": "moving"}
 
 ``L`` is the payload's length (8 hex digits), ``S`` the first 16 bytes of the payload's
 sha256 (32 hex digits), the payload canonical JSON in ASCII (so no newline inside it).  Why
@@ -12,34 +12,41 @@ sha256 and not CRC32C: it is in the standard library (no dependency), it costs n
 few records per save, and a crafted or single-digit change can neither match by chance nor be
 made to (a CRC is linear: one digit changed and a few bytes fixed up elsewhere would pass).
 
-The records (``Kind``):
+There is one record kind, the *step*: a stage transition of the save (``stages.Stage``), in the
+order it happened, each appended and fsynced before what it licenses:
 
-* ``begin``: what the save is (outputs, some marked *discard*, sources, window, the files the
-  commit removes with their identities: :class:`Journal`), written **twice**
-  under the ``.filecord-pending`` name, fsynced, then renamed to the journal name: a journal
-  name never holds a torn head, and one damaged copy leaves the other to read.
-* ``moved``: ``{"n": N}``, appended and fsynced once the first N moved sources (journal
-  order) have finished their moves, after the last truncate of the Nth is fsynced.
-* ``adopt`` (in a head's source): the source becomes its output's file where it lies: it is
-  renamed onto the output's temp and, when its one destination's offset is not 0, that many
-  bytes (a multiple of the block) are inserted in front of it (``JournalSource.inserted``);
-  the rest of the output is written around it.  No progress record: the temp's size says how
-  far the adoption went (the source's size: not inserted, or collapsed back; at least the
-  source's size plus the inserted bytes: inserted, perhaps with the rest appended).
-* ``looked``: the save's last look at each parked source (dev, ino, size, mtime), appended
-  and fsynced just before the commit point, for recover's finish.
+* ``journaled`` with ``save``: the head, what the save is (outputs, some marked *discard*,
+  sources, window, the files the commit removes with their identities: :class:`Journal`),
+  written **twice** under the ``.filecord-pending`` name, fsynced, then renamed to the journal
+  name: a journal name never holds a torn head, and one damaged copy leaves the other to read.
+* ``moving`` with ``moved: N``: the first N moved sources (journal order) have finished their
+  moves, appended after the last truncate of the Nth is fsynced.
+* ``committed`` with ``looked``: the save's last look at each parked source (dev, ino, size,
+  mtime), for recover's finish.  The save is COMMITTED once this record's write returns (a
+  failure after that must never append a ``rolling back``), durably so at its fsync (a power
+  cut before it loses the record, and recover rolls back: nothing was renamed yet).
+* ``rolling back`` and ``held``: the failure path (or recover) undoes the save, or holds it
+  because another process changed a source mid-move.
+
+An ``adopt`` source (in the head) becomes its output's file where it lies: it is renamed onto
+the output's temp and, when its one destination's offset is not 0, that many bytes (a multiple
+of the block) are inserted in front of it (``JournalSource.inserted``).  No record of its own:
+the temp's size says how far the adoption went.
 
 Replay (:func:`read_log`) is WAL style: records after the head are read in order and stop at
 the first that does not check.  What follows it is a torn tail when no later record checks (an
 append a crash cut, or one damaged after it was written: the two cannot be told apart, and
 either way the save did not rely on it more than on the files, see ``undo``); a bad record
 *before* a good one is damage: appends are fsynced one after the other, so a crash cannot
-leave that (:class:`JournalDamagedError`, "damaged", never "another process").  The stage of
-the save is not a record but the file's *name* (``stages``): the rename is atomic, and damage
-to the bytes cannot turn "roll back" into "finish".
+leave that (:class:`JournalDamagedError`, "damaged", never "another process").  The succession
+of the steps that check must be one the stage table allows (``stages.may_follow``: a ``moving``
+after ``committed``, anything after ``rolling back`` or ``held``, is damage).  The stage of a
+crashed save is its last step.  Appends go at the logical end (the end of the last record that
+checks), never at the file's size: a torn append followed by the next would otherwise merge
+into one overlong line.
 
-The lock files (``liveness``) use the same framing for their two records, ``pointer`` (the
-journal's path) and ``journaled`` (the journal is durable under its name).
+The lock files (``liveness``) hold steps in the same framing: ``created`` with the journal's
+path, written before any temp, then ``journaled`` once the journal is durable under its name.
 
 Temp and renamed-source paths are not stored: they are derived from the final and source paths
 and the token (``_names``), so a crafted record cannot point recovery at other files.
@@ -49,7 +56,6 @@ journal sits in its first output's directory.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 import os
@@ -59,20 +65,17 @@ from dataclasses import dataclass, field
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._plan.types import BLOCK, MoveSource, PieceRef
+from filecord._txn.stages import Stage, may_follow
 from filecord.errors import RecoverError
 
-VERSION = 3
-MAGIC = b"filecord-journal 3\n"
-
-
-class Kind(enum.Enum):
-    """The checksummed record kinds (the journal's three, the lock file's two)."""
-
-    BEGIN = "begin"
-    MOVED = "moved"
-    LOOKED = "looked"
-    POINTER = "pointer"
-    JOURNALED = "journaled"
+VERSION = 4
+MAGIC = b"filecord-journal 4\n"
+# The stages a step record may name (the others are never written: FILLED, RENAMED and DONE
+# leave nothing a crash needs, FAILED is a running save's end).
+RECORDED = frozenset({Stage.CREATED, Stage.JOURNALED, Stage.MOVING, Stage.COMMITTED,
+                      Stage.ROLLING_BACK, Stage.HELD})
+# Older formats a file may still be in: recover refuses them naming their version.
+_OLDER = {b"filecord-journal 2\n": 2, b"filecord-journal 3\n": 3}
 
 
 class NotAJournalError(RecoverError):
@@ -80,7 +83,7 @@ class NotAJournalError(RecoverError):
 
 
 class JournalVersionError(RecoverError):
-    """A journal of an older format (version 2, before the log): never touched."""
+    """A journal of an older format (version 2 or 3): never touched."""
 
 
 class JournalDamagedError(RecoverError):
@@ -216,16 +219,28 @@ def _sum(payload: bytes) -> bytes:
     return hashlib.sha256(payload).hexdigest()[:32].encode()
 
 
-def frame(kind: Kind, body: object) -> bytes:
-    """One record: length, checksum and payload on one line."""
-    payload = json.dumps({"kind": kind.value, "body": body}, sort_keys=True,
-                         separators=(",", ":"), ensure_ascii=True).encode()
+Step = Mapping[str, object]
+
+
+def frame(step: Step) -> bytes:
+    """One step record: length, checksum and payload on one line."""
+    payload = json.dumps(dict(step), sort_keys=True, separators=(",", ":"),
+                         ensure_ascii=True).encode()
     return b"%08x %s %s\n" % (len(payload), _sum(payload), payload)
 
 
-def unframe(line: bytes) -> tuple[Kind, object]:
-    """The kind and body of one record line (without its newline); ValueError if it does not
-    check: wrong length, wrong checksum, not JSON, an unknown kind."""
+def step(stage: Stage, **fields: object) -> bytes:
+    """The framed step record of ``stage`` with its fields."""
+    return frame({"stage": stage.value, **fields})
+
+
+def stage_of(record: Step) -> Stage:
+    return Stage(record["stage"])
+
+
+def unframe(line: bytes) -> dict[str, object]:
+    """The step of one record line (without its newline); ValueError if it does not check:
+    wrong length, wrong checksum, not JSON, not a step of a recorded stage."""
     if len(line) < 42 or line[8:9] != b" " or line[41:42] != b" ":
         raise ValueError("not a record")
     length, digest, payload = line[:8], line[9:41], line[42:]
@@ -234,16 +249,18 @@ def unframe(line: bytes) -> tuple[Kind, object]:
     if digest != _sum(payload):
         raise ValueError("checksum mismatch")
     record = json.loads(payload)
-    if not isinstance(record, dict) or set(record) != {"kind", "body"}:
-        raise ValueError("not a record")
-    return Kind(record["kind"]), record["body"]
+    if isinstance(record, dict) and "kind" in record:
+        raise ValueError("a record of journal version 3")
+    if not isinstance(record, dict) or Stage(record.get("stage")) not in RECORDED:
+        raise ValueError("not a step record")
+    return record
 
 
 @dataclass(frozen=True, slots=True)
 class Replay:
     """The records of a log that check, in order, up to the first that does not."""
 
-    records: tuple[tuple[Kind, object], ...]
+    records: tuple[dict[str, object], ...]
     torn: bool = False  # a tail that does not check (cut by a crash): ignored
     damage: str | None = None  # a record that does not check before one that does: why
 
@@ -264,10 +281,12 @@ def _overlong(line: bytes) -> bool:
             and line[8:9] == b" " and len(line) > 42 + int(head, 16))
 
 
-def replay(lines: list[bytes], *, torn_tail: bool) -> Replay:
+def replay(lines: list[bytes], *, torn_tail: bool, after: Stage | None = None) -> Replay:
     """WAL replay of whole record lines: stop at the first that does not check; it is damage
-    when a later line checks or it runs into a record that followed it, else the torn tail."""
-    records: list[tuple[Kind, object]] = []
+    when a later line checks or it runs into a record that followed it, else the torn tail.
+    The steps that check must follow each other as the stage table allows (from ``after``,
+    the stage of the records before these, if any): a succession no save writes is damage."""
+    records: list[dict[str, object]] = []
     for n, line in enumerate(lines, start=1):
         try:
             records.append(unframe(line))
@@ -280,8 +299,18 @@ def replay(lines: list[bytes], *, torn_tail: bool) -> Replay:
             if _overlong(line):
                 return Replay(tuple(records), torn_tail,
                               f"record {n} ({exc}) runs into the record after it")
-            return Replay(tuple(records), torn=True)
-    return Replay(tuple(records), torn_tail)
+            return Replay(tuple(records), torn=True, damage=_succession(records, after))
+    return Replay(tuple(records), torn_tail, _succession(records, after))
+
+
+def _succession(records: list[dict[str, object]], after: Stage | None) -> str | None:
+    prev = after
+    for n, rec in enumerate(records, start=1):
+        now = stage_of(rec)
+        if prev is not None and not may_follow(prev, now):
+            return f"record {n} ({now.value}) cannot follow a {prev.value} step"
+        prev = now
+    return None
 
 
 def split_lines(data: bytes) -> tuple[list[bytes], bool]:
@@ -292,53 +321,62 @@ def split_lines(data: bytes) -> tuple[list[bytes], bool]:
 
 def encode(j: Journal) -> bytes:
     """The journal as written under its pending name: magic and the head, twice."""
-    head = frame(Kind.BEGIN, _body(j))
+    head = step(Stage.JOURNALED, save=_body(j))
     return MAGIC + head + head
 
 
-def encode_moved(done: int) -> bytes:
-    return frame(Kind.MOVED, {"n": done})
+def encode_moving(done: int) -> bytes:
+    return step(Stage.MOVING, moved=done)
 
 
-def encode_looked(looks: list[tuple[int, int, int, int]]) -> bytes:
-    return frame(Kind.LOOKED, [list(look) for look in looks])
+def encode_committed(looks: list[tuple[int, int, int, int]]) -> bytes:
+    return step(Stage.COMMITTED, looked=[list(look) for look in looks])
 
 
 @dataclass(frozen=True, slots=True)
 class Log:
-    """A journal read back: its head record and what its progress records say."""
+    """A journal read back: its head, its last step's stage and what its steps say."""
 
     journal: Journal
     moved: int = 0  # the first N moved sources (journal order) have finished, durably
     looked: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     torn: bool = False
+    # The stage of a crashed save: its last step (MOVING when the head is the last: whether
+    # a source was touched, the files tell).
+    stage: Stage = Stage.MOVING
+    end: int = 0  # the logical end: where the next step is appended
 
 
-def _head(data: bytes) -> tuple[Journal, list[bytes], bool]:
-    """The head record, the whole lines after the magic line, and whether a torn tail follows."""
+def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
+    """The head record, the whole lines after the magic line, whether a torn tail follows,
+    and the offset of the first of those lines."""
     lines, torn = split_lines(data)
+    start = 0
     if lines and not data.startswith(MAGIC):
         try:  # the magic line itself damaged: the checksum, not the position, is the proof
             unframe(lines[0])
         except (ValueError, KeyError, TypeError):
+            start = len(lines[0]) + 1
             lines = lines[1:]
     elif lines:
+        start = len(lines[0]) + 1
         lines = lines[1:]
     problems: list[str] = []
     for n, line in enumerate(lines[:2], start=1):
         try:
-            kind, body = unframe(line)
-            if kind is not Kind.BEGIN:
-                raise ValueError(f"a {kind.value} record where the head belongs")
-            return _parse(body), lines, torn
+            rec = unframe(line)
+            if stage_of(rec) is not Stage.JOURNALED or "save" not in rec:
+                raise ValueError(f"a {rec['stage']} step where the head belongs")
+            return _parse(rec["save"]), lines, torn, start
         except (ValueError, KeyError, TypeError, IndexError) as exc:  # noqa: PERF203 - two
             problems.append(f"copy {n}: {exc}")
+    for magic, version in _OLDER.items():
+        if data.startswith(magic):  # and no record of this version checks
+            raise JournalVersionError(
+                f"the journal was written by an older filecord (journal version {version}): "
+                "recover it with the filecord that wrote it; nothing was touched")
     if not data.startswith(MAGIC[:9]):
         raise NotAJournalError("the file is not a filecord journal (no magic line, no record)")
-    if data.startswith(b"filecord-journal 2\n"):  # and no record of this version checks
-        raise JournalVersionError(
-            "the journal was written by an older filecord (journal version 2, before the "
-            "checksummed log): recover it with the filecord that wrote it; nothing was touched")
     raise JournalDamagedError(
         "the journal is damaged: no copy of its head record checks out ("
         + "; ".join(problems or ["empty"]) + ")"
@@ -354,32 +392,56 @@ def decode(data: bytes) -> Journal:
 
 
 def read_log(data: bytes) -> Log:
-    """The head and the progress records (WAL replay); :class:`JournalDamagedError` when a
+    """The head and the steps after it (WAL replay); :class:`JournalDamagedError` when a
     record that does not check comes before one that does (damage, not a crash: a crash only
-    cuts the tail).  The head's second copy counts as such a record: a damaged newline merges
-    it with the first progress record, which must not vanish unnoticed."""
-    j, lines, torn = _head(data)
+    cuts the tail), or when the steps follow each other in a way no save writes.  The head's
+    second copy counts as such a record: a damaged newline merges it with the first step,
+    which must not vanish unnoticed."""
+    j, lines, torn, start = _head(data)
     rest = lines[2:]
     if len(lines) > 1 and not _checks(lines[1]) and (
         _overlong(lines[1]) or any(_checks(line) for line in rest)
     ):
         raise JournalDamagedError("the journal is damaged: the second copy of its head does "
                                   "not check out, and a later record does")
-    r = replay(rest, torn_tail=torn)
+    r = replay(rest, torn_tail=torn, after=Stage.JOURNALED)
     if r.damage is not None:
         raise JournalDamagedError(f"the journal is damaged: {r.damage}")
+    try:
+        moved, looked, stage = _steps(r.records)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise JournalDamagedError(f"the journal is damaged: a step that checks says {exc}") \
+            from None
+    end = start + sum(len(line) + 1 for line in lines[:2 + len(r.records)])
+    return Log(j, moved, looked, r.torn, stage, end)
+
+
+def _steps(records: tuple[dict[str, object], ...]
+           ) -> tuple[int, dict[tuple[int, int], tuple[int, int]], Stage]:
+    """What the steps after the head say: moves finished, last looks, the last stage."""
     moved = 0
     looked: dict[tuple[int, int], tuple[int, int]] = {}
-    for kind, body in r.records:
-        if kind is Kind.MOVED and isinstance(body, dict):
-            moved = max(moved, _int(body["n"]))
-        elif kind is Kind.LOOKED and isinstance(body, list):
-            for look in body:
-                dev, ino, size, mtime = (_int(v) for v in look)
+    stage = Stage.MOVING
+    for rec in records:
+        stage = stage_of(rec)
+        if stage is Stage.JOURNALED:
+            stage = Stage.MOVING
+        elif stage is Stage.MOVING:
+            n = _int(rec["moved"])
+            if n <= moved:
+                raise ValueError(f"moved {n} after moved {moved}")
+            moved = n
+        elif stage is Stage.COMMITTED:
+            for look in _list(rec["looked"]):
+                dev, ino, size, mtime = (_int(v) for v in _list(look))
                 looked[(dev, ino)] = (size, mtime)
-        else:
-            raise JournalDamagedError(f"the journal holds an unexpected {kind.value} record")
-    return Log(j, moved, looked, r.torn)
+    return moved, looked, stage
+
+
+def _list(v: object) -> list[object]:
+    if not isinstance(v, list):
+        raise TypeError(f"{v!r} is not a list")
+    return v
 
 
 def _int(v: object) -> int:

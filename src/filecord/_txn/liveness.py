@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._txn import journal
+from filecord._txn.stages import Stage
 
 
 class LockBusyError(OSError):
@@ -127,14 +128,15 @@ def acquire(path: str) -> int | None:
 
 
 def pointer_record(journal_path: str) -> bytes:
-    """A new lock file's content: the checksummed pointer to its save's journal."""
-    return journal.frame(journal.Kind.POINTER, {"journal": journal_path})
+    """A new lock file's content: the checksummed ``created`` step naming its save's journal."""
+    return journal.step(Stage.CREATED, journal=journal_path)
 
 
-def mark_journaled(fd: int) -> None:
-    """Record, durably, that the save's journal exists: from now on a missing journal beside
-    this lock means someone removed it, never that the save died before making it."""
-    _sys.write_all(fd, journal.frame(journal.Kind.JOURNALED, {}), _sys.fstat(fd).st_size)
+def mark_journaled(fd: int, end: int) -> None:
+    """Append, durably, the ``journaled`` step at ``end`` (the end of the ``created`` step):
+    from now on a missing journal beside this lock means someone removed it, never that the
+    save died before making it."""
+    _sys.write_all(fd, journal.step(Stage.JOURNALED), end)
     _sys.fsync(fd)
 
 
@@ -150,20 +152,22 @@ class Pointer:
 
 
 def read_pointer(raw: bytes, token: str) -> Pointer:
+    """The steps of a lock file: ``created`` (with the journal's path), then at most a
+    ``journaled``; anything else is damage."""
     lines, _torn = journal.split_lines(raw)
     r = journal.replay(lines, torn_tail=_torn)
     if r.damage is not None:
         return Pointer(None, damage=f"its lock file is damaged ({r.damage})")
     if not r.records:
         return Pointer(None)  # empty or torn: written before any temp, never fsynced
-    kind, body = r.records[0]
-    path = body.get("journal") if isinstance(body, dict) and kind is journal.Kind.POINTER \
-        else None
+    stages = [journal.stage_of(rec) for rec in r.records]
+    path = r.records[0].get("journal")
     parsed = _names.parse(os.path.basename(path)) if isinstance(path, str) else None
-    if not isinstance(path, str) or parsed != (token, _names.JOURNAL) or not os.path.isabs(path):
+    if (stages not in ([Stage.CREATED], [Stage.CREATED, Stage.JOURNALED])
+            or not isinstance(path, str) or parsed != (token, _names.JOURNAL)
+            or not os.path.isabs(path)):
         return Pointer(None, damage="its lock file does not point at a journal of its save")
-    journaled = any(k is journal.Kind.JOURNALED for k, _b in r.records[1:])
-    return Pointer(path, journaled)
+    return Pointer(path, len(stages) == 2)
 
 
 def release(path: str, fd: int) -> None:

@@ -14,19 +14,19 @@ size, mtime and ctime.
    (``transfer.move_source``), and before each truncate records the size that truncate
    leaves, so a failure between the truncate and its ``fstat`` is not taken for a change.
 2. Before the commit point (``check``, after the temps are fsynced and closed, just before the
-   journal is renamed ``-committed``): every parked source is re-stated by its parked name
+   ``committed`` step is appended): every parked source is re-stated by its parked name
    (``lstat``, no symlink followed, device and inode checked) and compared with its look.  A
    difference is a ``DataChangedError``; the failure path holds the journal (as for a source
-   changed mid-move) and puts nothing back over the change.  The looks are then appended to
-   the journal as one checksummed ``looked`` record (fsynced) for recover's finish.  A crash here
-   leaves the journal at ``-journal``: recover rolls back (strict checks).
+   changed mid-move) and puts nothing back over the change.  The looks then go into the
+   ``committed`` step (checksummed, fsynced) for recover's finish.  A crash before that step
+   leaves the journal's last step before it: recover rolls back (strict checks).
 3. At the unlink (``unlink_consumed``, after the commit point and the renames, so the outputs
    are final): each source is compared once more immediately before its unlink.  A changed one
    is not deleted: it gets its own name back (``link``, never over another file) or stays
    under its parked name, and the save raises ``DataChangedError`` once the rest of the commit
-   is done, saying where it is.  A crash here leaves the ``-committed`` journal; recover's
-   ``undo.finish`` keeps a parked source whose size or mtime differs from its ``looked``
-   record.
+   is done, saying where it is.  A crash here leaves the journal's ``committed`` step;
+   recover's ``undo.finish`` keeps a parked source whose size or mtime differs from the look
+   that step carries.
 4. On a failure before the commit point (``assess``, from the looks as ``Records.looks``), the
    rollback first proves each source is as last seen by size and times, not by size alone.
 
@@ -39,7 +39,7 @@ from __future__ import annotations
 from typing import NoReturn
 
 from filecord._io import syscalls as _sys
-from filecord._txn import assess, begin, journal, undo
+from filecord._txn import assess, undo
 from filecord._txn.assess import Facts
 from filecord._txn.journal import Journal
 from filecord._txn.state import Txn
@@ -71,11 +71,12 @@ def take(txn: Txn) -> None:
         txn.looks[key] = (st, None)
 
 
-def check(txn: Txn) -> None:
-    """Every parked source as last seen, just before the commit point (step 2)."""
+def check(txn: Txn) -> list[tuple[int, int, int, int]]:
+    """Every parked source as last seen, just before the commit point (step 2): the looks
+    (dev, ino, size, mtime) for the ``committed`` step."""
     record = txn.record
     if record is None:
-        return
+        return []
     seen: list[tuple[int, int, int, int]] = []
     for s in record.sources:
         key = (s.dev, s.ino)
@@ -93,8 +94,7 @@ def check(txn: Txn) -> None:
                                        "look, before the commit"), kind=kind)
         if st is not None:
             seen.append((s.dev, s.ino, st.st_size, st.st_mtime_ns))
-    if seen:  # for recover's finish, which has no look of its own
-        begin.append_record(txn, journal.encode_looked(seen))
+    return seen  # for recover's finish, which has no look of its own
 
 
 def unlink_consumed(txn: Txn, record: Journal) -> list[tuple[str, str]]:

@@ -10,10 +10,11 @@ directory of the save's outputs or sources, unlinked only while their device, in
 mtime are the recorded ones).  Nothing else is created, changed or deleted, whatever a journal
 says.
 
-* **A file argument** must be named like a journal (``.NAME.TOKEN.filecord-journal``,
-  ``-rollback`` or ``-committed``), be a regular file, and hold a record whose checksum holds
-  (one of its two copies) and whose paths ``journal.confine`` accepts.  Anything else is refused
-  with :class:`RecoverError` before a byte is changed.
+* **A file argument** must be named like a journal (``.NAME.TOKEN.filecord-journal``), be a
+  regular file, and hold a head whose checksum holds (one of its two copies) and whose paths
+  ``journal.confine`` accepts.  Anything else is refused with :class:`RecoverError` before a
+  byte is changed.  A journal of version 3 (its stage in its name: ``-committed``,
+  ``-rollback``, ``-held``) or older is refused naming its version.
 * **A directory** is scanned and its token-named files grouped by token.  Per save:
 
   - a journal here: handled as above;
@@ -28,12 +29,13 @@ says.
 * **Holding the locks.**  Before acting on a journal, recover takes the lock file of every
   directory the journal lists; a held one means a live save (or another recover): skipped.
 
-* **Stages** come from the journal's name (``stages``).  ``-journal``: every source must be
-  where and as long as this save's moves can have left it (``assess.check_strict``; a source
-  another process changed is refused, never "restored" with zeros; the move order and the
-  journal's ``moved`` records are checked too), then the journal is
-  renamed ``-rollback`` (fsynced) and the rollback runs.  ``-rollback``: the rollback runs
-  (it resumes from the files).  ``-committed``: ``undo.finish``, which also unlinks the temps
+* **Stages** come from the journal's last step record (``journal.read_log``).  ``journaled``
+  or ``moving``: every source must be where and as long as this save's moves can have left it
+  (``assess.check_strict``; a source another process changed is refused, never "restored"
+  with zeros; the move order and the journal's ``moving`` steps are checked too), then a
+  ``rolling back`` step is appended at the log's logical end (fsynced) and the rollback runs.
+  ``rolling back``: the rollback runs (it resumes from the files).  ``held``: refused.
+  ``committed``: ``undo.finish``, which also unlinks the temps
   of the discard outputs and the files the head lists for removal at the commit (each only
   while it is the file recorded: device, inode, size, mtime; those files, confined to the
   save's directories, are the one thing recover removes that carries no token).  Then temps,
@@ -55,7 +57,7 @@ from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._txn import assess, journal, liveness, transfer, undo
 from filecord._txn import decide as table
-from filecord._txn.stages import Stage, of_journal_suffix
+from filecord._txn.stages import Stage
 from filecord.errors import DataChangedError, RecoverError, add_note
 
 log = logging.getLogger(__name__)
@@ -152,7 +154,7 @@ def _recover_file(path: str, st: os.stat_result) -> Recovered:
     if parsed is None or parsed[1] not in _names.JOURNALS:
         raise journal.NotAJournalError(
             f"{path} is not a filecord journal (journals are named "
-            ".NAME.TOKEN.filecord-journal, -rollback or -committed); nothing was touched"
+            ".NAME.TOKEN.filecord-journal); nothing was touched"
         )
     if not stat_mod.S_ISREG(st.st_mode):  # named like a journal: refused, not a typo
         raise RecoverError(f"{path} is named like a journal but is not a regular file (a "
@@ -195,12 +197,8 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
             _sys.close(fd)
             return _refuse(lock, f"{said.damage or 'its lock file is damaged'} and other files "
                            "remain; nothing was touched")
-        if pointer is not None:
-            for suffix in _names.JOURNALS:
-                candidate = _names.restage(pointer, suffix)
-                if _exists(candidate):
-                    return _recover_journal(candidate, suffix,
-                                            {_real_dir(lock): (lock, fd)})
+        if pointer is not None and _exists(pointer):
+            return _recover_journal(pointer, _names.JOURNAL, {_real_dir(lock): (lock, fd)})
         if names.get(_names.SOURCE):
             _sys.close(fd)
             return _refuse(lock, "parked sources without a journal; nothing was touched")
@@ -319,12 +317,16 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
     locks = dict(held)
     try:
         try:
+            if suffix in _names.OLD_JOURNALS:  # version 3 named its stages
+                raise journal.JournalVersionError(
+                    f"named {suffix}: a journal of version 3 (its stage in its name), written "
+                    "by an older filecord; recover it with the filecord that wrote it")
             log_ = journal.read_log(_read(path))
             j = log_.journal
             journal.confine(j, path)
         except journal.JournalDamagedError as exc:  # a record does not check: damaged
             found = assess.damaged(exc)
-            table.decide(table.Actor.RECOVER, of_journal_suffix(suffix), found.found)  # REFUSE
+            table.decide(table.Actor.RECOVER, Stage.MOVING, found.found)  # REFUSE at any stage
             return _refuse(path, found.why)
         except (RecoverError, OSError) as exc:  # OSError: e.g. ELOOP, the name is a symlink
             return _refuse(path, f"{exc}; nothing was touched")
@@ -333,7 +335,7 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
             return _refuse(path, f"a lock file in {strays[0]} names this journal, but the "
                            "journal does not list that directory; nothing was touched")
         try:
-            locks = _lock_all(j, held, _names.restage(path, _names.JOURNAL))
+            locks = _lock_all(j, held, path)
         except _ForeignLockError as exc:
             return _refuse(path, f"the lock file {exc} belongs to another journal: this one "
                            "reaches beyond its save; nothing was touched")
@@ -347,7 +349,7 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
         except _MissingLockError as exc:
             return _refuse(path, f"its lock file {exc} is missing, so nothing proves the save "
                            "is over; nothing was touched")
-        result = _act(path, log_, of_journal_suffix(suffix))
+        result = _act(path, log_)
     except BaseException:
         for _p, fd in locks.values():
             _close_quietly(fd)
@@ -360,13 +362,24 @@ def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -
     return result
 
 
-def _act(path: str, log_: journal.Log, stage: Stage) -> Recovered:
-    j = log_.journal
+def _act(path: str, log_: journal.Log) -> Recovered:
+    j, stage = log_.journal, log_.stage
     outputs = tuple(o.final for o in j.outputs)
     sources = tuple(s.path for s in j.sources)
     records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.looked)
     found = assess.assess(j, records, assess.observe(j, records))
     action = table.decide(table.Actor.RECOVER, stage, found.found)
+    if action is table.Action.REFUSE and log_.torn and found.found is not table.Found.DAMAGED:
+        # The last record does not check: an append a crash cut (before its fsync, so the
+        # files cannot be past it) or a record damaged after it was written.  Files the whole
+        # records do not account for then say the record was damaged (e.g. a committed step
+        # whose save renamed its outputs): never another process's doing.
+        seen_why = found.why
+        found = assess.damaged(journal.JournalDamagedError(
+            "the journal is damaged: its last record does not check out and the files are "
+            "not as the records before it leave them"))
+        table.decide(table.Actor.RECOVER, stage, found.found)  # REFUSE
+        return _refuse(path, found.why, [f"the files: {seen_why}", *_whereabouts(j)])
     if action is table.Action.REFUSE:
         return _refuse(path, found.why, _whereabouts(j))
     try:
@@ -387,11 +400,8 @@ def _act(path: str, log_: journal.Log, stage: Stage) -> Recovered:
             return Recovered(path, "finished", outputs, sources, detail="" if not left else
                              "kept, as no longer the file the save recorded: "
                              + ", ".join(left), not_removed=left)
-        if stage is Stage.MOVING:  # ROLL_BACK from "-journal": first the name says so
-            rollback = _names.restage(path, _names.ROLLBACK)
-            _sys.rename(path, rollback)
-            _sys.fsync_parents([rollback])
-            path = rollback
+        if stage is Stage.MOVING:  # ROLL_BACK from journaled or moving: first the log says so
+            _append(path, log_.end, journal.step(Stage.ROLLING_BACK))
         temps = undo.open_temps(j)
         try:
             undo.roll_back(j, temps, transfer.Counters())
@@ -407,6 +417,16 @@ def _act(path: str, log_: journal.Log, stage: Stage) -> Recovered:
         return Recovered(path, "restored", outputs, sources)
     except (RecoverError, DataChangedError, OSError) as exc:
         return _refuse(path, f"{exc}; the journal and temps are kept", _whereabouts(j))
+
+
+def _append(path: str, end: int, record: bytes) -> None:
+    """Append a step at the log's logical end (over a torn tail, if any) and fsync it."""
+    fd = liveness.open_regular(path, os.O_WRONLY)
+    try:
+        _sys.write_all(fd, record, end)
+        _sys.fsync(fd)
+    finally:
+        _sys.close(fd)
 
 
 def _whereabouts(j: journal.Journal) -> list[str]:

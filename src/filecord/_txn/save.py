@@ -31,10 +31,10 @@ held in ``Txn.stage`` and moves only along ``stages``'s table.
    ``Txn.looks``; a finished move is marked durably by a ``moved`` record appended to the
    journal (checksummed, fsynced), so recover knows that source must be at its kept prefix.
 6. COMMITTED: temps fsynced, every parked source compared with its last look (size, mtime,
-   ctime: ``looks.check``; a change is a DataChangedError and the journal is held; the looks
-   are appended, fsynced, to the lock file for recover), the journal renamed to
-   ``.filecord-committed`` and its directory fsynced (the commit point; without a journal, the
-   single rename is).  RENAMED: each temp
+   ctime: ``looks.check``; a change is a DataChangedError and the journal is held), then the
+   ``committed`` step, carrying those looks for recover's finish, appended to the journal:
+   the save is COMMITTED when its write returns, durably at its fsync (the commit point;
+   without a journal, the single rename is).  RENAMED: each temp
    renamed onto its final name, directories fsynced; then the parked sources are unlinked, each
    compared with its look once more right before (a changed one is kept, under its own name if
    free, and reported once the rest is done), then the temps of *discard* outputs (built like
@@ -43,7 +43,7 @@ held in ``Txn.stage`` and moves only along ``stages``'s table.
    recover's finish runs too), the journal, then the lock files.  A discard output or a
    removal makes the save journaled, so a crash past the commit point leaves neither undone.
 7. A failure before the commit point is undone by ``undo.roll_back`` on the live files, after
-   the journal is renamed to ``.filecord-rollback`` (a crash then continues the rollback); a
+   a ``rolling back`` step is appended to the journal (a crash then continues the rollback); a
    source another process changed mid-move is never rolled back over: the journal and temps
    stay and the error says where every byte is.  After the commit point nothing is undone; the
    error names the journal ``recover`` finishes.
@@ -404,7 +404,7 @@ def _move(txn: Txn, m: MoveSource) -> None:
         # own inode (btrfs), the mark must never outlive the cut it speaks of.
         txn.moves_done += 1
         txn.counters.fsync(fd)
-        begin.append_record(txn, journal.encode_moved(txn.moves_done))
+        begin.append_step(txn, journal.encode_moving(txn.moves_done))
     except BaseException:
         close_descriptors_quietly([fd])  # never let a close error hide why the move stopped
         raise
@@ -497,13 +497,11 @@ def _commit(txn: Txn) -> None:
         raise errors[0]
     record = txn.record
     if record is not None and txn.journal_path is not None:
-        looks.check(txn)  # the last look, just before the commit point
-        begin.close_journal(txn)  # a close error here still rolls back
-        committed = begin.journal_name(txn, _names.COMMITTED)
-        _sys.rename(txn.journal_path, committed)
-        txn.journal_path = committed
-        txn.to(Stage.COMMITTED)
-        txn.counters.fsyncs += _sys.fsync_parents([committed])
+        seen = looks.check(txn)  # the last look, just before the commit point
+        # The commit point: the committed step (with the last looks, for recover's finish).
+        # The save is COMMITTED once its write returns, durably so once it is fsynced.
+        begin.append_step(txn, journal.encode_committed(seen), Stage.COMMITTED)
+        begin.close_journal(txn)
         for m in p.moves:  # adopted files take the replaced file's owner and mode now
             if m.adopt:
                 o = m.dests[0].output

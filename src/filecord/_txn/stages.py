@@ -1,21 +1,27 @@
 """The stages of a save and the one table of legal moves between them.
 
-A running save holds its stage in a variable; a crashed one is read back from the names of its
-files, because every stage that matters after a crash is entered by an atomic rename whose
-directory is fsynced:
+A running save holds its stage in a variable; a crashed one is read back from its journal,
+because every stage that matters after a crash is entered by a checksummed step record
+(``journal``: one kind, appended and fsynced; the lock files' ``created`` and ``journaled``,
+the journal's head, ``moving``, ``committed``, ``rolling back``, ``held``) whose succession
+must be one this table allows (:func:`may_follow`):
 
 =============  ==================================  ===========================================
 stage          what exists                          what a failure or crash is undone by
 =============  ==================================  ===========================================
-CREATED        lock files, empty temps              removing temps (nothing destructive yet)
+CREATED        lock files (a ``created`` step),     removing temps (nothing destructive yet)
+               empty temps
 FILLED         complete copies in the temps         removing temps
-JOURNALED      ``.filecord-journal`` (durable)      rolling back (sources still whole)
+JOURNALED      ``.filecord-journal`` (its head,     rolling back (sources still whole)
+               a ``journaled`` step, durable)
 MOVING         sources renamed, being shortened     rolling back: put bytes and names back
-ROLLING_BACK   ``.filecord-rollback``               rolling back, continued
-HELD           ``.filecord-held``                   nothing: another process changed a source
+               (a ``moving`` step per finished
+               move)
+ROLLING_BACK   a ``rolling back`` step              rolling back, continued
+HELD           a ``held`` step                      nothing: another process changed a source
                                                     mid-move; recover refuses and says where
                                                     every byte is
-COMMITTED      ``.filecord-committed``              finishing: renames, delete sources
+COMMITTED      a ``committed`` step                 finishing: renames, delete sources
 RENAMED        final names replaced                 finishing: delete sources
 DONE           nothing                              nothing
 =============  ==================================  ===========================================
@@ -26,8 +32,6 @@ DONE           nothing                              nothing
 from __future__ import annotations
 
 import enum
-
-from filecord._io import names as _names
 
 
 class Stage(enum.Enum):
@@ -61,11 +65,11 @@ _LEGAL: dict[Stage, frozenset[Stage]] = {
 #   FILLED        save._execute, once every temp is filled
 #   JOURNALED     begin.write_journal, at the journal's rename into place
 #   MOVING        begin.park_sources / save._move, before the first source is renamed or cut
-#   COMMITTED     save._commit, at the journal's rename to -committed (or the single rename)
+#   COMMITTED     save._commit, once the committed step's write returns (or the single rename)
 #   RENAMED       save._commit, once every temp is renamed onto its final name
 #   DONE          save._commit, once the sources, journal and locks are gone
-#   ROLLING_BACK  failure._roll_back, at the journal's rename to -rollback
-#   HELD          failure._hold, at the journal's rename to -held
+#   ROLLING_BACK  failure._roll_back, once the rolling back step's write returns
+#   HELD          failure._hold, once the held step's write returns
 #   FAILED        failure.fail, as the error leaves (every failure ends there)
 
 
@@ -79,11 +83,13 @@ def advance(current: Stage, new: Stage) -> Stage:
     return new
 
 
-def of_journal_suffix(suffix: str) -> Stage:
-    """The stage a crashed save was in, from its journal's name."""
-    return {
-        _names.JOURNAL: Stage.MOVING,  # moving or only journaled: the files tell which
-        _names.ROLLBACK: Stage.ROLLING_BACK,
-        _names.COMMITTED: Stage.COMMITTED,
-        _names.HELD: Stage.HELD,
-    }[suffix]
+# Stages no step record names: a crashed save's records skip them.
+_UNRECORDED = (Stage.FILLED,)
+
+
+def may_follow(prev: Stage, new: Stage) -> bool:
+    """Whether a step record of ``new`` may follow one of ``prev`` in a log: a legal move of
+    the table, possibly through a stage no record names (CREATED, then FILLED, then
+    JOURNALED), or another ``moving`` step (one per finished move)."""
+    return (new in _LEGAL[prev] or (prev is new is Stage.MOVING)
+            or any(u in _LEGAL[prev] and new in _LEGAL[u] for u in _UNRECORDED))

@@ -56,8 +56,9 @@ class Txn:
     dirty: set[int] = field(default_factory=set)
     src_fds: dict[tuple[int, int], tuple[int, os.stat_result]] = field(default_factory=dict)
     record: journal.Journal | None = None
-    journal_path: str | None = None  # the journal's current name, once it has one
-    journal_fd: int | None = None  # open from its write to the commit point: records append
+    journal_path: str | None = None  # the journal's name, once it has one
+    journal_fd: int | None = None  # open from its write to the commit point: steps append
+    journal_end: int = 0  # the end of its last whole record: where the next step goes
     moving: tuple[int, int] | None = None  # the source being moved right now
     # Per consumed source, the save's last look at it (after parking, after each truncate) and
     # the size a truncate in flight leaves (None when none is): the commit deletes, and the

@@ -42,12 +42,12 @@ head's removals still matching their recorded identity.  The directories are fsy
 then the parked sources (their names carry the token, so an inode number reused by a new file
 at the old path can never be mistaken for them) are unlinked and their directories fsynced.
 Recover has no in-memory look, and the journal is written before the moves, so it cannot hold
-their last stat: the save appends it, just before its commit point, to the journal
-journal as a checksummed ``looked`` record (fsynced; ``journal.read_log``).  A
+their last stat: the save puts it in the journal's ``committed`` step, the commit point
+itself (checksummed, fsynced; ``journal.read_log``).  A
 parked source whose size is not its kept prefix, or whose size and mtime are not the recorded
 ones, was written after the save's last look and is kept (named back if its name is free),
 never unlinked, and a ``DataChangedError`` says so after everything else is finished.  The
-``looked`` record was written by the save, but a crafted journal can carry one too, so it
+look was written by the save, but a crafted journal can carry one too, so it
 never proves a move finished (``assess.check_committed``): only the files do (a later move at its
 kept prefix, or the outputs holding every moved byte); without that proof a committed journal
 is refused.  Not
@@ -241,9 +241,9 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
         if size < s.size:
             transfer.restore_source(fd, s.as_move(), temps, j.window, c, punch=True,
                                     dense=s.dense)
-        # Whole with another mtime: in a rollback (the ``-rollback`` stage) that is this undo's
-        # own restore, stopped before this futimens.  A rewrite of a source the save never
-        # shortened is refused by ``check_strict`` before the journal becomes ``-rollback``,
+        # Whole with another mtime: in a rollback (the ``rolling back`` stage) that is this
+        # undo's own restore, stopped before this futimens.  A rewrite of a source the save never
+        # shortened is refused by ``check_strict`` before ``rolling back`` is appended,
         # so no one else's rewrite reaches here to be hidden.
         _sys.futimens(fd, s.atime_ns, s.mtime_ns)
         c.fsync(fd)
@@ -337,8 +337,8 @@ def finish(j: Journal, journal_path: str,
         finals.append(out.final)
     _sys.fsync_parents(finals)
     # A parked source not at the size its finished move leaves, or not at the size and mtime
-    # the save's last look recorded (the journal's ``looked`` record, written just before the
-    # commit point), was written by someone else and is kept, never deleted.
+    # the save's last look recorded (in the journal's ``committed`` step, the commit point),
+    # was written by someone else and is kept, never deleted.
     looked = looked or {}
     parked = [j.parked(s) for s in j.sources if not s.adopt]
     kept: list[tuple[JournalSource, os.stat_result, str]] = []

@@ -134,13 +134,19 @@ def test_no_dead_stage() -> None:
     assert not hasattr(stages, "undoes")  # the dead helper is gone
 
 
-def test_journal_names_map_to_stages() -> None:
-    from filecord._io import names as _names
-
-    assert stages.of_journal_suffix(_names.JOURNAL) is Stage.MOVING
-    assert stages.of_journal_suffix(_names.ROLLBACK) is Stage.ROLLING_BACK
-    assert stages.of_journal_suffix(_names.COMMITTED) is Stage.COMMITTED
-    assert stages.of_journal_suffix(_names.HELD) is Stage.HELD
+def test_the_succession_of_step_records_follows_the_table() -> None:
+    """The stage is a step record now, not the journal's name (the suffixes went with journal
+    version 3): which record may follow which is the table's, through FILLED (no record)."""
+    ok = [(Stage.CREATED, Stage.JOURNALED), (Stage.JOURNALED, Stage.MOVING),
+          (Stage.MOVING, Stage.MOVING), (Stage.MOVING, Stage.COMMITTED),
+          (Stage.JOURNALED, Stage.COMMITTED), (Stage.MOVING, Stage.ROLLING_BACK),
+          (Stage.MOVING, Stage.HELD)]
+    bad = [(Stage.COMMITTED, Stage.MOVING), (Stage.COMMITTED, Stage.ROLLING_BACK),
+           (Stage.ROLLING_BACK, Stage.COMMITTED), (Stage.HELD, Stage.ROLLING_BACK),
+           (Stage.ROLLING_BACK, Stage.ROLLING_BACK), (Stage.JOURNALED, Stage.JOURNALED),
+           (Stage.CREATED, Stage.MOVING), (Stage.COMMITTED, Stage.COMMITTED)]
+    assert all(stages.may_follow(a, b) for a, b in ok)
+    assert not any(stages.may_follow(a, b) for a, b in bad)
 
 
 def test_every_invariant_names_tests_that_exist() -> None:

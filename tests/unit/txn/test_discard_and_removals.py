@@ -94,7 +94,7 @@ def test_the_head_round_trips_both_notions() -> None:
     assert back.outputs[1].discard
     assert not back.outputs[0].discard
     assert back.removals == (JournalRemoval("/d/index.json", 1, 30, 50, 7),)
-    head = json.loads(data.split(b"\n")[1][42:])["body"]
+    head = json.loads(data.split(b"\n")[1][42:])["save"]
     assert head["removals"] == [["/d/index.json", 1, 30, 50, 7]]
     assert [len(o) for o in head["outputs"]] == [10, 11]
 
@@ -111,9 +111,9 @@ def test_a_head_without_the_notions_reads_as_before() -> None:
     [["/d/out.bin", 1, 20, W, -1, -1, -1, False, 0, 0, True, 1]],  # twelve fields
 ])
 def test_an_output_entry_of_another_shape_is_refused(bad: list[object]) -> None:
-    body = json.loads(journal.encode(J).split(b"\n")[1][42:])["body"]
+    body = json.loads(journal.encode(J).split(b"\n")[1][42:])["save"]
     body["outputs"] = bad
-    line = journal.frame(journal.Kind.BEGIN, body)
+    line = journal.step(Stage.JOURNALED, save=body)
     with pytest.raises(journal.JournalDamagedError):
         journal.decode(journal.MAGIC + line + line)
 

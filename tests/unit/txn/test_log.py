@@ -1,9 +1,10 @@
 """The log codec (``filecord._txn.journal``): framing, WAL replay, damage versus a torn tail.
 
-Pure: bytes in, records out, no file.  Every byte of a journal with progress records is
-flipped (all bits, and the lowest bit), every digit of every record changed, and the file cut
-at every length: the reader returns the head as written and a *prefix* of the progress records
-as written, or says "damaged"; it never returns a value that was not written.
+Pure: bytes in, records out, no file.  Every byte of a journal with step records after its
+head is flipped (all bits, and the lowest bit), every digit of every record changed, and the
+file cut at every length: the reader returns the head as written and a *prefix* of the steps
+as written, or says "damaged"; it never returns a value that was not written.  The succession
+of steps is checked against the stage table.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import pytest
 from filecord._io import names as _names
 from filecord._plan.types import PieceRef
 from filecord._txn import journal, liveness
-from filecord._txn.journal import Journal, JournalOutput, JournalSource, Kind
+from filecord._txn.journal import Journal, JournalOutput, JournalSource
+from filecord._txn.stages import Stage
 
 TOKEN = "0123456789abcdef"  # noqa: S105 - a save token, not a password
 
@@ -33,9 +35,9 @@ def record() -> Journal:
 
 
 PROGRESS = [
-    journal.encode_moved(1),
-    journal.encode_looked([(2049, 77, 0, 6)]),
-    journal.encode_moved(2),
+    journal.encode_moving(1),
+    journal.encode_moving(2),
+    journal.encode_committed([(2049, 77, 0, 6)]),
 ]
 WRITTEN = journal.encode(record()) + b"".join(PROGRESS)
 HEAD_END = len(journal.MAGIC) + len(journal.encode(record())[len(journal.MAGIC):]) // 2
@@ -46,11 +48,14 @@ def progress_of(log: journal.Log) -> list[bytes]:
     out: list[bytes] = []
     moved = 0
     for rec in PROGRESS:
-        kind, body = journal.unframe(rec[:-1])
-        if kind is Kind.MOVED and isinstance(body, dict) and body["n"] <= log.moved:
+        step = journal.unframe(rec[:-1])
+        stage = journal.stage_of(step)
+        if stage is Stage.MOVING and isinstance(step["moved"], int) \
+                and step["moved"] <= log.moved:
             out.append(rec)
-            moved = body["n"]
-        elif kind is Kind.LOOKED and log.looked:
+            moved = step["moved"]
+        elif stage is Stage.COMMITTED and log.stage is Stage.COMMITTED:
+            assert log.looked
             out.append(rec)
     assert moved == log.moved
     return out
@@ -65,13 +70,14 @@ def test_round_trip() -> None:
     log = journal.read_log(WRITTEN)
     assert log.journal == record()
     assert (log.moved, dict(log.looked), log.torn) == (2, {(2049, 77): (0, 6)}, False)
+    assert (log.stage, log.end) == (Stage.COMMITTED, len(WRITTEN))
     assert journal.decode(WRITTEN) == record()
     for rec in PROGRESS:  # one line each, length-prefixed, checksummed
-        kind, _body = journal.unframe(rec[:-1])
+        step = journal.unframe(rec[:-1])
         assert rec.endswith(b"\n")
         assert rec.count(b"\n") == 1
         assert int(rec[:8], 16) == len(rec) - 43
-        assert kind in (Kind.MOVED, Kind.LOOKED)
+        assert journal.stage_of(step) in (Stage.MOVING, Stage.COMMITTED)
 
 
 @pytest.mark.parametrize("mask", [0xFF, 0x01, 0x20])
@@ -130,7 +136,9 @@ def test_a_single_digit_changed_in_a_valid_looking_record() -> None:
                     journal.read_log(data)
             else:
                 log = journal.read_log(data)
-                assert (log.moved, log.torn) == (1, True)  # the changed "2" is never read
+                # the changed look is never read: not committed
+                assert (log.moved, log.torn, log.stage) == (2, True, Stage.MOVING)
+                assert not log.looked
 
 
 def test_every_cut() -> None:
@@ -159,7 +167,7 @@ def test_not_a_journal() -> None:
 
 
 def test_unframe_rejects_a_wrong_length() -> None:
-    rec = journal.encode_moved(3)[:-1]
+    rec = journal.encode_moving(3)[:-1]
     with pytest.raises(ValueError, match="length"):
         journal.unframe(b"%08x" % (int(rec[:8], 16) + 1) + rec[8:])
     with pytest.raises(ValueError, match="checksum"):
@@ -169,7 +177,7 @@ def test_unframe_rejects_a_wrong_length() -> None:
 # --- the lock file: liveness only, a checksummed pointer ----------------------------------------
 
 JPATH = "/d/" + _names.token_name("out.bin", TOKEN, _names.JOURNAL)
-LOCK = liveness.pointer_record(JPATH) + journal.frame(Kind.JOURNALED, {})
+LOCK = liveness.pointer_record(JPATH) + journal.step(Stage.JOURNALED)
 
 
 def test_lock_round_trip() -> None:
@@ -178,6 +186,10 @@ def test_lock_round_trip() -> None:
     assert liveness.read_pointer(first, TOKEN) == liveness.Pointer(JPATH, journaled=False)
     assert liveness.read_pointer(first[:-3], TOKEN) == liveness.Pointer(None)  # torn: no temp
     assert liveness.read_pointer(LOCK, "f" * 16).damage is not None  # another save's token
+    # Steps no save writes into a lock file: damage, never a pointer.
+    for extra in (journal.step(Stage.JOURNALED), journal.encode_moving(1)):
+        assert liveness.read_pointer(LOCK + extra, TOKEN).damage is not None
+    assert liveness.read_pointer(journal.step(Stage.JOURNALED) + first, TOKEN).damage is not None
 
 
 @pytest.mark.parametrize("mask", [0xFF, 0x01])
@@ -201,6 +213,58 @@ def test_lock_every_byte_flipped(mask: int) -> None:
 def test_a_version_2_journal_is_named_as_such_not_damaged() -> None:
     with pytest.raises(journal.JournalVersionError, match="older filecord"):
         journal.read_log(b'filecord-journal 2\n{"body": {}, "sha256": "00"}\n')
+
+
+def test_a_version_3_journal_is_named_as_such_not_damaged() -> None:
+    """Version 3 framed ``begin``/``moved``/``looked`` records with a ``kind``: the same
+    framing, another schema; refused naming its version."""
+    import hashlib
+    import json
+    payload = json.dumps({"kind": "begin", "body": {"version": 3}}, sort_keys=True,
+                         separators=(",", ":")).encode()
+    line = b"%08x %s %s\n" % (len(payload), hashlib.sha256(payload).hexdigest()[:32].encode(),
+                              payload)
+    with pytest.raises(journal.JournalVersionError, match="version 3"):
+        journal.read_log(b"filecord-journal 3\n" + line + line)
+
+
+HEAD = journal.encode(record())
+MOVING, COMMITTED = journal.encode_moving(1), journal.encode_committed([])
+ROLLING, HELD = journal.step(Stage.ROLLING_BACK), journal.step(Stage.HELD)
+
+
+@pytest.mark.parametrize(("steps", "stage"), [
+    ([], Stage.MOVING), ([MOVING], Stage.MOVING), ([COMMITTED], Stage.COMMITTED),
+    ([MOVING, COMMITTED], Stage.COMMITTED), ([ROLLING], Stage.ROLLING_BACK),
+    ([MOVING, ROLLING], Stage.ROLLING_BACK), ([MOVING, HELD], Stage.HELD),
+])
+def test_the_stage_is_the_last_step(steps: list[bytes], stage: Stage) -> None:
+    assert journal.read_log(HEAD + b"".join(steps)).stage is stage
+
+
+@pytest.mark.parametrize("steps", [
+    [COMMITTED, MOVING], [COMMITTED, ROLLING], [COMMITTED, COMMITTED], [ROLLING, COMMITTED],
+    [ROLLING, ROLLING], [HELD, ROLLING], [MOVING, HELD, COMMITTED], [HEAD[len(journal.MAGIC):]
+                                                                   .split(b"\n")[0] + b"\n"],
+    [liveness.pointer_record(JPATH)], [journal.encode_moving(2), journal.encode_moving(1)],
+])
+def test_a_succession_no_save_writes_is_damage(steps: list[bytes]) -> None:
+    """Each step checks on its own; their order is what no save (and no recover) writes."""
+    with pytest.raises(journal.JournalDamagedError, match="damaged"):
+        journal.read_log(HEAD + b"".join(steps))
+
+
+def test_a_step_appended_at_the_logical_end_over_a_torn_tail() -> None:
+    """A torn append (the committed step cut), then the rolling back step written at the end
+    of the last whole record: read back as rolling back; at the file's size instead, the two
+    would merge into one line that is damage."""
+    torn = HEAD + MOVING + COMMITTED[:-7]
+    log = journal.read_log(torn)
+    assert (log.stage, log.end, log.torn) == (Stage.MOVING, len(HEAD + MOVING), True)
+    after = torn[:log.end] + ROLLING + torn[log.end + len(ROLLING):]
+    assert journal.read_log(after).stage is Stage.ROLLING_BACK
+    with pytest.raises(journal.JournalDamagedError):
+        journal.read_log(torn + ROLLING)
 
 
 def test_an_adopted_source_must_be_one_whole_range_at_a_block_offset(tmp_path) -> None:
