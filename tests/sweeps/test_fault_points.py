@@ -9,8 +9,8 @@ k-th call or at it and every later call of the same operation.  What must hold:
   the best-effort read of ``/proc/self/mountinfo``; when the save succeeds its outputs are
   exact;
 * no descriptor leaks;
-* a fault at or before the commit point (the rename of the journal onto
-  ``.filecord-committed``; without a journal, the rename of the temp) leaves everything as it
+* a fault at or before the commit point (the write of the journal's ``committed`` step;
+  without a journal, the rename of the temp) leaves everything as it
   was: sources byte-exact and readable through the same ``FileBackedData`` objects, old
   outputs intact, nothing filecord-named (no lock, temp, pending, journal or ``.filecord-src``)
   -- with a persistent fault the rollback may itself fail: then the error names the journal

@@ -11,9 +11,9 @@ the save used, the journal's first, and the files must be exactly one of:
   pending or journal name, no ``.filecord-src``);
 * done: every output complete and exact, consumed sources gone, nothing else.
 
-Which one is also fixed: SIGKILL keeps the page cache, so a kill at or before the commit rename
-(the journal onto ``.filecord-committed``, or without a journal the temp onto its final name)
-must roll back and a kill after it must finish.  A second ``recover`` must find nothing to do.
+Which one is also fixed: SIGKILL keeps the page cache, so a kill at or before the commit point
+(the write of the journal's ``committed`` step, or without a journal the rename of the temp
+onto its final name) must roll back and a kill after it must finish.  A second ``recover`` must find nothing to do.
 Killing recovery itself at each of its destructive calls (and putting back a source's times,
 and punching a temp) and recovering again must end the same way.
 """
@@ -53,11 +53,15 @@ def spawn(root: Path, spec_name: str, phase: str, at: int) -> subprocess.Complet
 # enumerator cannot pass by testing less.
 POINT_FLOOR = {"consume3": 55, "copy3": 25, "single": 6, "adopt2": 29, "onsrc": 46,
                "discard2": 40, "inplace": 30}
-RECOVER_POINT_FLOOR = {"consume3": 1130, "discard2": 670, "inplace": 300}
+# discard2 lost its 670 with journal version 4: a rollback recover starts is one append and
+# its fsync (one crash point), where it was a rename and a directory fsync (two): 658 points
+# run now.
+RECOVER_POINT_FLOOR = {"consume3": 1130, "discard2": 590, "inplace": 300}
 
 
 def expected_after_kill(calls: list[Call], point: Call) -> str:
-    """A kill before the commit rename (or at it) rolls back; after it, finishes."""
+    """A kill before the commit point (the committed step's write, or without a journal the
+    rename; or at it) rolls back; after it, finishes."""
     return "pristine" if point.index <= commit_point(calls) else "done"
 
 
