@@ -274,7 +274,10 @@ def _discard(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
         notes.append(f"bytes already written to {', '.join(streams)} (not a regular file) "
                      "cannot be taken back")
     notes.append("no final name was changed and the sources are intact: the save can be retried")
-    _raise(f.exc, f"saving {f.names} failed", notes)
+    # A journal that could not be removed (its last step ``rolling back``: the rollback is
+    # done) is named, so the caller can have ``recover`` remove it.
+    kept = {"journal_path": txn.journal_path} if left else {}
+    _raise(f.exc, f"saving {f.names} failed", notes, **kept)
 
 
 _UNDOABLE = (Stage.JOURNALED, Stage.MOVING)
