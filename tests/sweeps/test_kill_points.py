@@ -11,11 +11,12 @@ the save used, the journal's first, and the files must be exactly one of:
   pending or journal name, no ``.filecord-src``);
 * done: every output complete and exact, consumed sources gone, nothing else.
 
-Which one is also fixed: SIGKILL keeps the page cache, so a kill at or before the commit point
-(the write of the journal's ``committed`` step, or without a journal the rename of the temp
-onto its final name) must roll back and a kill after it must finish.  A second ``recover`` must find nothing to do.
-Killing recovery itself at each of its destructive calls (and putting back a source's times,
-and punching a temp) and recovering again must end the same way.
+Which one is also fixed: SIGKILL keeps the page cache, so a kill at or before the commit
+point (the write of the journal's ``committed`` step, or without a journal the rename of the
+temp onto its final name) must roll back and a kill after it must finish.  A second
+``recover`` must find nothing to do.  Killing recovery itself at each of its destructive
+calls (and putting back a source's times, and punching a temp) and recovering again must end
+the same way.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """An outside attack on the promise of ``save_many(consume=True)`` and ``recover``.
 
 Written against the documents only (README, docs/guarantees.md, docs/reliability.md and the
-journal's on-disk format, version 3), not the code.  Each finding is an ``xfail(strict=True)``
-test that states the promise and fails today; the controls are attacks that held.
+journal's on-disk format, version 3, since moved to version 4), not the code.  Each finding is
+an ``xfail(strict=True)`` test that states the promise and fails today; the controls are
+attacks that held.
 
 One scenario throughout: ``save_many(consume=True, window=4096)`` of three outputs in two
 directories, from owned sources A (dense, 300,000 bytes, used three times in two outputs), S
@@ -32,7 +33,7 @@ from typing import Any
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-MAGIC = b"filecord-journal 3\n"
+MAGIC = b"filecord-journal 4\n"
 
 CHILD = textwrap.dedent(
     """
@@ -146,7 +147,7 @@ def cli_recover(path: Path, timeout: float = 30) -> tuple[int | str, str]:
     return r.returncode, (r.stdout + r.stderr).decode(errors="replace")
 
 
-# The journal's on-disk format (version 3), written from its documentation: a magic line, then
+# The journal's on-disk format (version 4), written from its documentation: a magic line, then
 # one record per line: 8 hex digits of payload length, 32 hex digits of the payload's sha256,
 # the payload (canonical JSON: sorted keys, no spaces, ASCII).
 def frame(record: dict[str, Any]) -> bytes:
@@ -168,7 +169,7 @@ def rewrite(path: Path, edit: Callable[[list[dict[str, Any]]], None]) -> None:
 
 
 def heads(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r["body"] for r in records if r["kind"] == "begin"]
+    return [r["save"] for r in records if r["stage"] == "journaled" and "save" in r]
 
 
 def source(body: dict[str, Any], base: str) -> dict[str, Any]:
@@ -422,7 +423,7 @@ def test_recover_killed_midway_then_again(tmp_path: Path) -> None:
 
 
 def _moved(n: object) -> Callable[[list[dict[str, Any]]], None]:
-    return lambda records: records.append({"kind": "moved", "body": {"n": n}})
+    return lambda records: records.append({"stage": "moving", "moved": n})
 
 
 def _each_head(f: Callable[[dict[str, Any]], None]) -> Callable[[list[dict[str, Any]]], None]:
@@ -443,7 +444,10 @@ def _dest(index: int, value: object) -> Callable[[dict[str, Any]], None]:
 REFUSED = {
     "moved-claims-S-finished": _moved(2),
     "moved-claims-more-than-exist": _moved(99),
-    "looked-before-commit": lambda r: r.append({"kind": "looked", "body": {"looks": []}}),
+    # (version 3 crafted a "looked" record here; its looks are the committed step's now)
+    "committed-mid-move": lambda r: r.append({"stage": "committed", "looked": []}),
+    "moving-after-committed": lambda r: r.extend([{"stage": "committed", "looked": []},
+                                                  {"stage": "moving", "moved": 2}]),
     "second-begin-after-progress": lambda r: r.append(dict(r[0])),
     "S-size-larger": _each_head(_set("S.bin", "size", 2_100_000)),
     "S-size-negative": _each_head(_set("S.bin", "size", -5)),
