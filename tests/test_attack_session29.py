@@ -200,6 +200,30 @@ def test_control_new_file_at_a_shard_name_is_refused_then_restored(base: Path,
     assert os.listdir(o) == []
 
 
+def test_recover_of_the_checkpoint_first_points_to_the_output_directory(
+        base: Path, tmp_path: Path) -> None:
+    """Killed mid-move; `recover` run on the checkpoint's directory first (where the parked
+    shard lies, but not the save's lock and journal) refuses, touches nothing, and says to
+    run it on the output's directory; done in that order, every byte is back."""
+    model, o = tmp_path / "m", tmp_path / "o"
+    shutil.copytree(base, model)
+    o.mkdir()
+    before = snapshot(model)
+    assert kill_convert(model, o / "o.gguf", "fsync", 20) != 0
+    parked = [p.name for p in model.iterdir() if p.name.endswith(".filecord-src")]
+    assert parked
+    left = {p.name: p.read_bytes() for p in model.iterdir()}
+    r = recover(model)
+    assert r.returncode == 1
+    assert "run `filecord recover` on that directory" in r.stderr
+    assert "filecord-journal" in r.stderr
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == left
+    assert recover(o).returncode == 0
+    assert recover(model).returncode == 0
+    assert snapshot(model) == before
+    assert os.listdir(o) == []
+
+
 def test_control_other_file_system_kill_after_commit_keeps_checkpoint(base: Path,
                                                                       tmp_path: Path) -> None:
     """Output on a tmpfs, checkpoint on the test's file system: the shards are copied and kept;
@@ -217,7 +241,11 @@ def test_control_other_file_system_kill_after_commit_keeps_checkpoint(base: Path
     try:
         before = snapshot(model)
         assert kill_convert(model, mnt / "o.gguf", "fsync", 10) != 0
-        assert recover(mnt).returncode == 0
+        r = recover(mnt)
+        assert r.returncode == 0
+        # The shards were copied across file systems, not consumed: the report says so.
+        assert "no source was consumed" in r.stdout
+        assert "consumed sources removed" not in r.stdout
         assert recover(model).returncode == 0
         assert os.listdir(mnt) == ["o.gguf"]
         assert len(gguf.GGUFReader(str(mnt / "o.gguf")).tensors) == 21

@@ -178,6 +178,15 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
     locks = names.get(_names.LOCK, [])
     others = [n for s, ns in names.items() if s != _names.LOCK for n in ns]
     if not locks:
+        parked = names.get(_names.SOURCE, [])
+        if parked:
+            # A consuming save parks its sources beside them but keeps its lock and journal
+            # beside its outputs: point there, the one place recover can act from.
+            return _refuse(os.path.join(directory, parked[0]),
+                           f"a source parked by save {token}, whose lock and journal are in "
+                           f"the directory of that save's output (named .OUTPUT.{token}"
+                           f"{_names.JOURNAL}): run `filecord recover` on that directory; "
+                           "nothing was touched")
         return _refuse(os.path.join(directory, others[0]),
                        "files of an interrupted save without its lock file: cannot prove the "
                        "save is over or that no journal needs them; nothing was touched")

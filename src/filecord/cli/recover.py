@@ -55,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{r.journal}: completed the save: outputs in place; kept "
                       f"{', '.join(r.kept)}, changed by another process after the commit "
                       "point, so not deleted")
+            elif r.action == "finished" and not r.sources:
+                # Nothing was consumed (e.g. sources on another file system are copied and
+                # kept): "consumed sources removed" would send a user looking for them.
+                print(f"{r.journal}: completed the save: outputs in place, no source was "
+                      f"consumed{detail}")
             elif r.action != "refused":
                 print(f"{r.journal}: {_WORDS[r.action]}{detail}")
     if error is not None:
