@@ -11,7 +11,9 @@ short count is continued, a zero count is an error, never silently accepted (F3)
 
 *Move* shortens a source from its end, one sync window at a time:
 
-1. copy the window's bytes to every destination that uses them, at their final offsets;
+1. copy the window's bytes to every destination that uses them, at their final offsets, in
+   parts of :data:`WRITE_BEHIND` bytes, starting each part's writeback once it is copied (a
+   hint that makes nothing durable: it only lets the disk write while the rest is copied);
 2. ``fsync`` every destination touched;
 3. ``fstat`` the source: it must still be exactly as long as the last truncate left it (an
    append or truncate by another process is a ``DataChangedError``, never silently cut);
@@ -45,6 +47,11 @@ log = logging.getLogger(__name__)
 
 SEGMENT = 256 << 20  # one copy_file_range call; also the progress granularity
 BUFFER = 8 << 20
+# A move copies a window in parts of this size and starts each part's writeback as soon as it
+# is copied (``start_writeback``), so the disk writes while the rest of the window is read and
+# copied, and the window's fsync waits only for the last part.  0: one part per window.
+# bench/consume_window.py measures it against 0 in the same run (docs/benchmarks.md).
+WRITE_BEHIND = 16 << 20
 
 _CFR_FALLBACK = frozenset(
     {errno.EXDEV, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF, errno.ETXTBSY}
@@ -202,13 +209,19 @@ def move_source(
     while pos > m.run_start:
         lo = max(m.run_start, pos - window)
         touched: set[int] = set()
+        parts = [(max(d.src_offset, lo), min(d.src_offset + d.length, pos), d)
+                 for d in buckets.get(k, ())]
+        parts = [(a, b, d) for a, b, d in parts if a < b]
         try:
-            for d in buckets.get(k, ()):
-                a, b = max(d.src_offset, lo), min(d.src_offset + d.length, pos)
-                if a < b:
-                    copy_range(src, temps[d.output], a, d.out_offset + (a - d.src_offset),
-                               b - a, c, kind="moved")
-                    touched.add(temps[d.output])
+            for i, (a, b, d) in enumerate(parts):
+                tfd, at = temps[d.output], d.out_offset + (a - d.src_offset)
+                step = WRITE_BEHIND or (b - a)
+                for x in range(a, b, step):
+                    n = min(step, b - x)
+                    copy_range(src, tfd, x, at + (x - a), n, c, kind="moved")
+                    if x + n < b or i + 1 < len(parts):  # more of the window to copy:
+                        _sys.start_writeback(tfd, at + (x - a), n)  # the disk writes meanwhile
+                touched.add(tfd)
         except OSError as exc:
             _check_unchanged(src, m, pos, seen, exc)
             raise
