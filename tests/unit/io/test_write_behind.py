@@ -125,3 +125,54 @@ def test_a_failure_injected_at_each_hint_rolls_the_move_back_byte_exact(
         assert [c.op for c in fault.fired] == ["start_writeback"]
         assert (run / "src.bin").read_bytes() == data  # every moved window put back
         assert sorted(p.name for p in run.iterdir()) == ["src.bin"]  # no output, no temp
+
+
+def _pieces_move(tmp_path: Path, backend: _Record, monkeypatch: pytest.MonkeyPatch,
+                 part: int) -> bytes:
+    """Eight 1000-byte slices of one owned source, moved into one output in 4 KiB windows."""
+    monkeypatch.setattr(transfer, "WRITE_BEHIND", part)
+    data = os.urandom(8000)
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    whole = filecord.FileBackedData(src, owned=True)
+    cord = filecord.Cord([HEAD, *(whole.slice(i * 1000, 1000) for i in range(8))])
+    with _sys.use(backend):
+        report = filecord.save(tmp_path / "out.bin", cord, consume=True, window=PART)
+    assert report.bytes_moved == len(data)
+    assert not src.exists()
+    assert (tmp_path / "out.bin").read_bytes() == HEAD + data
+    return data
+
+
+def test_a_window_no_larger_than_a_part_makes_no_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rec = _Record()
+    _pieces_move(tmp_path, rec, monkeypatch, PART)
+    assert [op for op, _a in rec.ops if op == "copy_file_range"]  # moved piece by piece
+    assert not any(op == "start_writeback" for op, _a in rec.ops)
+
+
+def test_hints_over_many_pieces_name_only_bytes_already_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rec = _Record()
+    _pieces_move(tmp_path, rec, monkeypatch, 1500)
+    hints = 0
+    copied: list[tuple[int, int]] = []  # output ranges copied in the current window
+    for op, a in rec.ops:
+        if op == "copy_file_range":
+            copied.append((a[4], a[4] + a[2]))
+        elif op == "start_writeback":
+            hints += 1
+            lo, hi = a[1], a[1] + a[2]
+            assert lo == min(p for p, _q in copied) and hi <= max(q for _p, q in copied)
+            assert hi - lo >= 1500
+            copied = []
+        elif op == "fsync":
+            copied = []
+    assert hints > 0
+    # a hint is never the last thing before a window's fsync: a copy always follows it
+    seq = [op for op, _a in rec.ops if op in ("copy_file_range", "start_writeback", "fsync")]
+    assert all(seq[i + 1] == "copy_file_range" for i, op in enumerate(seq)
+               if op == "start_writeback")
