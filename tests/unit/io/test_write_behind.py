@@ -166,7 +166,8 @@ def test_hints_over_many_pieces_name_only_bytes_already_copied(
         elif op == "start_writeback":
             hints += 1
             lo, hi = a[1], a[1] + a[2]
-            assert lo == min(p for p, _q in copied) and hi <= max(q for _p, q in copied)
+            assert lo == min(p for p, _q in copied)
+            assert hi <= max(q for _p, q in copied)
             assert hi - lo >= 1500
             copied = []
         elif op == "fsync":
