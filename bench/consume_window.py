@@ -126,11 +126,17 @@ def main() -> None:
     ap.add_argument("--size", type=parse_size, default=4 * GiB)
     ap.add_argument("--windows", default="8,64,128,256", help="MiB, comma separated")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--write-behind", type=int, default=None,
+                    help="MiB: the mover's WRITE_BEHIND for the moved rows (default: the "
+                    "library's)")
     ap.add_argument("--no-adopted", action="store_true",
                     help="leave out the two adopted rows (which move no byte)")
     ap.add_argument("--dir", help="run in this directory (ext4) instead of a fresh ext4 image")
     ap.add_argument("--image-base", default="/var/tmp", help="where the image file goes")
     args = ap.parse_args()
+    global WRITE_BEHIND
+    if args.write_behind is not None:
+        WRITE_BEHIND = args.write_behind * MiB
     windows = [int(w) * MiB for w in args.windows.split(",") if w]
     variants: list[int | None] = [None, *windows, DEFAULT_WHOLE, DEFAULT]
     if not args.no_adopted:
