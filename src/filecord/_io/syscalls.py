@@ -404,9 +404,9 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
     """Ask the kernel to start writing ``length`` dirty bytes at ``offset`` to the disk and
     return without waiting (``sync_file_range(SYNC_FILE_RANGE_WRITE)``): it makes nothing
     durable (no metadata, no cache flush; only a later ``fsync`` does), so it is a hint, and
-    a refusal is ignored.  A move starts the writeback of each part of a window as soon as it
-    is copied, so the disk writes while the rest of the window is read and copied, and the
-    window's fsync has less left to wait for."""
+    a refusal is ignored.  A move starts the writeback of each 16 MiB of a window it has
+    copied while more is left, so the disk writes while the rest of the window is read and
+    copied, and the window's fsync has less left to wait for."""
     _active.hook("start_writeback", (fd, offset, length))
     with contextlib.suppress(OSError):  # a hint: the fsync that follows does the real work
         _active.start_writeback(fd, offset, length)

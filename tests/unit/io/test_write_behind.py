@@ -1,7 +1,7 @@
-"""A move copies each window in parts and starts each part's writeback as soon as it is copied
-(all but the window's last part, whose fsync follows at once); the hint makes nothing durable,
-so every window is still fsynced before its source is cut, and a refused hint changes
-nothing."""
+"""A move copies each window in parts and starts the writeback of every ``WRITE_BEHIND`` bytes
+it has copied while more of the window is left (never right before the window's fsync); the
+hint makes nothing durable, so every window is still fsynced before its source is cut, a
+refused hint changes nothing, and a failure injected at one rolls the move back."""
 
 from __future__ import annotations
 
