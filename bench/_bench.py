@@ -176,18 +176,21 @@ def measured(job: Callable[[], object], *, durable: bool, written: Sequence[str]
     """Run ``job`` once, measured: ``seconds``, ``rss`` (peak above the start), ``fsyncs`` and
     ``durable`` (seconds until the output is durable: a filecord job, ``durable=True``, is
     when it returns; a peer's is followed by :func:`fsync_written` of ``written``), and with
-    ``disk_of`` the peak ``disk`` allocated under that directory (sampled every 5 ms)."""
+    ``disk_of`` the peak ``disk`` allocated under that directory (sampled every 5 ms); ``cpu``:
+    the process's CPU seconds until durable (the steadier figure on a shared machine)."""
     counter = FsyncCounter()
     disk = Timeline(lambda: fskit.allocated(disk_of)) if disk_of else None
     with disk or contextlib.nullcontext(), _sys.use(counter):
         rss_reset()
         base = rss_now()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         job()
         seconds = time.perf_counter() - t0
         rss = rss_peak() - base
         sync, fsyncs = (0.0, counter.fsyncs) if durable else fsync_written(*written)
-    out = {"seconds": seconds, "durable": seconds + sync, "rss": rss, "fsyncs": fsyncs}
+        cpu = time.process_time() - c0
+    out = {"seconds": seconds, "durable": seconds + sync, "rss": rss, "fsyncs": fsyncs,
+           "cpu": cpu}
     if disk is not None:
         out["disk"] = disk.peak
     return out
@@ -246,13 +249,15 @@ def durability_table(cases: Sequence[str], results: dict[str, list[dict[str, Any
     ``fsyncs`` (how many the case made, its own or the added ones) and ``disk`` (peak allocated
     bytes); a round that failed holds ``error``."""
     rows = []
+    with_cpu = any("cpu" in x for rs in results.values() for x in rs)
     durable = {c: med([x["durable"] for x in results[c] if "durable" in x])
                for c in cases if any("durable" in x for x in results[c])}
     for c in cases:
         ok = [x for x in results[c] if "error" not in x]
         if len(ok) < len(results[c]):
             err = next(x["error"] for x in results[c] if "error" in x)
-            rows.append([c, len(results[c]), f"failed: {err}", "", "", "", "", ""])
+            rows.append([c, len(results[c]), f"failed: {err}", "", "", "", "", ""]
+                        + ([""] if with_cpu else []))
             continue
         ref = reference.get(c)
         refs = set(reference.values())
@@ -267,11 +272,13 @@ def durability_table(cases: Sequence[str], results: dict[str, list[dict[str, Any
                      str(ok[0].get("fsyncs", "-")),
                      "-" if any(x.get("rss") is None for x in ok)
                      else f"{max(x['rss'] for x in ok) / MiB:.0f}",
-                     f"{max(disk) / data:.3f}" if disk else "-"])
+                     f"{max(disk) / data:.3f}" if disk else "-"]
+                    + ([f"{med([x['cpu'] for x in ok]):.2f}" if all("cpu" in x for x in ok)
+                        else "-"] if with_cpu else []))
     return table(["case", "n", "as written: median s (min-max)",
                   "durable (+ fsync): median s (min-max)", "durable vs", "fsyncs",
                   "peak RSS added, MiB",
-                  "peak disk / data"], rows)
+                  "peak disk / data"] + (["CPU s (median)"] if with_cpu else []), rows)
 
 
 def record(results: dict[str, list[dict[str, Any]]], r: int, case: str,

@@ -33,13 +33,17 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "Issue 3: consume against copy, per sync window",
      "4 GiB behind a 4 KiB header on a loop-mounted ext4 image. Copy: `save(consume=False)` "
      "then `unlink` the source. Consume: `save(consume=True, window=W)`, the weights moved "
-     "window by window; the last row saves the file alone, which is adopted by rename. Peak "
-     "allocated disk is the largest "
+     "window by window (`ADOPT_IN_PLACE = False`: on ext4 this layout is otherwise adopted in "
+     "place, the next-to-last row; the moved rows are the move any other layout gets); the "
+     "default window twice, with write-behind (the mover starts the writeback of each 16 MiB "
+     "copied while more of the window is left) and without it (the mover before issue 26); "
+     "the last row saves the file alone, which is adopted by rename. Peak allocated disk is "
+     "the largest "
      "sum of `st_blocks` of source, temp and journal, sampled through the `_sys` seam before "
-     "every truncate, fsync, rename and unlink. Targets at the default window: time within "
-     "1.10x of the copy, peak within 1.03x of the data. On the loop image every byte is cached "
-     "twice (the image's file system and the host's), which makes the 4 GiB copy baseline "
-     "CPU-bound here; the move holds only one window of dirty data at a time."),
+     "every truncate, fsync, rename and unlink. Targets at the default window (issue 26): "
+     "time within 1.05x of the copy, peak within 1.03x of the data. On the loop image every "
+     "byte is cached twice (the image's file system and the host's), which makes the 4 GiB "
+     "copy baseline CPU-bound here; the move holds only one window of dirty data at a time."),
     ("consume_window.py", ["--size", "1G", "--windows", "16,64,256,1024", "--rounds", "3"],
      ["--size", "256M", "--windows", "16,64,256", "--rounds", "1"],
      "Issue 26: windows above the default, at 1 GiB",
@@ -95,7 +99,10 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "directory sampled every 5 ms, over the data; peak RSS is above the tensors (save_file) or "
      "the start (merge, reshard). The packages never fsync: each of their rows is also timed "
      "until an fsync of every file it wrote and of their directories returns (the durable "
-     "column), which is what filecord's time always includes. The small-scale version of the "
+     "column), which is what filecord's time always includes. The consuming merge and reshard "
+     "also run with write-behind off (`transfer.WRITE_BEHIND = 0`: the mover before issue 26), "
+     "for before and after in one run; the CPU column is the process's CPU seconds until "
+     "durable. The small-scale version of the "
      "fits scenario is a test (`tests/fsmatrix/test_safetensors_space.py`: a merge on a "
      "200 MiB ext4 holding a 120 MiB checkpoint fails with the packages and succeeds with "
      "`consume=True`)."),
@@ -148,11 +155,16 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "97,024 row runs) saved by the HF writer and consolidated by torch and by filecord; rank "
      "0 also writes `safetensors.torch.save_file` of the full state dict and the bench fails "
      "unless filecord's output has its sha256."),
-    ("scale.py", [], ["--sizes", "64M,256M", "--torch-size", "256M"],
+    ("scale.py", ["--rounds", "2"], ["--sizes", "64M,256M", "--torch-size", "256M"],
      "Issue 13: memory at scale, 1 to 16 GiB",
      "A cord of a 4 KiB header and one file-backed source of 1, 4 and 16 GiB, saved by copy "
-     "and by consume (moved window by window on ext4, the source deleted), each in a fresh "
-     "process whose peak-RSS mark is reset right before the save; then a state dict through "
+     "(then the source unlinked, timed: copy + unlink) and by consume, each on a fresh source "
+     "in a fresh process whose peak-RSS mark is reset right before the save: by default (on "
+     "ext4 the source, whole at a 4 KiB offset, is adopted in place: the action column says "
+     "so), and moved window by window (`ADOPT_IN_PLACE = False`) with and without write-behind "
+     "(issue 26: the mover starts the writeback of each 16 MiB copied while more of the window "
+     "is left; without it, the mover before). Target (issue 26): moved <= 1.05x copy + unlink, "
+     "peak disk <= 1.03x; then a state dict through "
      "the torch path (`save_state_dict`, consume) at the largest size the memory allows "
      "(the tensors must be in memory). Peak allocated disk: `st_blocks` of the run's "
      "directory at every fsync, truncate, rename and unlink. Every cord output is checked byte "

@@ -8,6 +8,9 @@
   sampled every 5 ms), as a multiple of the data.
 * reshard of one file into shards: ``filecord.safetensors.reshard`` (consume) against
   ``load_file`` + ``huggingface_hub.save_torch_state_dict``.
+* the consuming merge and reshard again with ``transfer.WRITE_BEHIND = 0`` (", write-behind
+  off": each window's writeback starts at its fsync, as before issue 26), for before/after in
+  one run.
 
 The packages never fsync: each of their runs is timed as it returns and again once an fsync
 of every file it wrote and of their directories has returned (the durable column; filecord's
@@ -43,6 +46,10 @@ import json, os, sys
 import torch
 from _bench import measured
 case, size, work = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if case.endswith(WB_OFF):  # the mover before issue 26: one copy per window, no write-behind
+    from filecord._txn import transfer
+    transfer.WRITE_BEHIND = 0
+    case = case[: -len(WB_OFF)]
 n = max(4, size // (64 << 20))
 per = size // n // 4
 sd = None
@@ -77,7 +84,8 @@ def job():
 res = measured(job, durable="filecord" in case, written=[o if "reshard" in case else out],
                disk_of=work)
 print(json.dumps({"case": case, "data": n * per * 4, **res}))
-"""
+""".replace("WB_OFF", repr(", write-behind off"))
+WB_OFF = ", write-behind off"
 
 SETUP = r"""
 import os, sys
@@ -96,12 +104,15 @@ else:
 CASES = [
     ("save_file filecord", None), ("save_file safetensors", None),
     ("merge filecord copy", "sharded"), ("merge filecord consume", "sharded"),
-    ("merge packages", "sharded"),
-    ("reshard filecord consume", "single"), ("reshard packages", "single"),
+    ("merge filecord consume" + WB_OFF, "sharded"), ("merge packages", "sharded"),
+    ("reshard filecord consume", "single"), ("reshard filecord consume" + WB_OFF, "single"),
+    ("reshard packages", "single"),
 ]
 REFERENCE = {"save_file filecord": "save_file safetensors",
              "merge filecord copy": "merge packages", "merge filecord consume": "merge packages",
-             "reshard filecord consume": "reshard packages"}
+             "merge filecord consume" + WB_OFF: "merge packages",
+             "reshard filecord consume": "reshard packages",
+             "reshard filecord consume" + WB_OFF: "reshard packages"}
 MOVE_WHY = (
     "on ext4 (no reflink) a move copies one sync window, fsyncs it, then cuts it off the "
     "source, window by window (see the fsyncs column; the package + fsync row "
@@ -118,6 +129,11 @@ WHY = {
     "lock and the rename; the package + fsync row writes from memory it has already loaded",
     "merge filecord consume": MOVE_WHY,
     "reshard filecord consume": MOVE_WHY,
+    "merge filecord consume" + WB_OFF: MOVE_WHY + "; and here each window's writeback starts "
+    "only at its fsync (the mover before issue 26; the row above starts it part by part)",
+    "reshard filecord consume" + WB_OFF: MOVE_WHY + "; and here each window's writeback "
+    "starts only at its fsync (the mover before issue 26; the row above starts it part by "
+    "part)",
 }
 
 

@@ -49,15 +49,26 @@ _FALLOC_FL_PUNCH_HOLE = 0x02
 FALLOC_FL_COLLAPSE_RANGE = 0x08
 FALLOC_FL_INSERT_RANGE = 0x20
 
+# sync_file_range(2) flag: start writeback of the range's dirty pages, do not wait for it.
+SYNC_FILE_RANGE_WRITE = 0x2
+
 _libc: Any = None
 
 
-def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+def _c() -> Any:
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    if _libc.fallocate(fd, mode, offset, length) != 0:
+        if hasattr(_libc, "sync_file_range"):
+            _libc.sync_file_range.argtypes = [
+                ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint
+            ]
+    return _libc
+
+
+def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+    if _c().fallocate(fd, mode, offset, length) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
@@ -176,6 +187,14 @@ class Backend:
     def prefetch(self, fd: int, offset: int, length: int) -> None:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+
+    def start_writeback(self, fd: int, offset: int, length: int) -> None:
+        libc = _c()
+        if not hasattr(libc, "sync_file_range"):  # not Linux: nothing to start, fsync does it
+            return
+        if libc.sync_file_range(fd, offset, length, SYNC_FILE_RANGE_WRITE) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
 
     def collapse_range(self, fd: int, offset: int, length: int) -> None:
         _fallocate(fd, FALLOC_FL_COLLAPSE_RANGE, offset, length)
@@ -379,6 +398,18 @@ def prefetch(fd: int, offset: int, length: int) -> None:
     _active.hook("prefetch", (fd, offset, length))
     with contextlib.suppress(OSError):  # a hint: nothing depends on it being taken
         _active.prefetch(fd, offset, length)
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing ``length`` dirty bytes at ``offset`` to the disk and
+    return without waiting (``sync_file_range(SYNC_FILE_RANGE_WRITE)``): it makes nothing
+    durable (no metadata, no cache flush; only a later ``fsync`` does), so it is a hint, and
+    a refusal is ignored.  A move starts the writeback of each 16 MiB of a window it has
+    copied while more is left, so the disk writes while the rest of the window is read and
+    copied, and the window's fsync has less left to wait for."""
+    _active.hook("start_writeback", (fd, offset, length))
+    with contextlib.suppress(OSError):  # a hint: the fsync that follows does the real work
+        _active.start_writeback(fd, offset, length)
 
 
 def insert_range(fd: int, offset: int, length: int) -> None:

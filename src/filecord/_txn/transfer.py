@@ -11,7 +11,10 @@ short count is continued, a zero count is an error, never silently accepted (F3)
 
 *Move* shortens a source from its end, one sync window at a time:
 
-1. copy the window's bytes to every destination that uses them, at their final offsets;
+1. copy the window's bytes to every destination that uses them, at their final offsets, in
+   parts of at most :data:`WRITE_BEHIND` bytes, starting the writeback of each
+   :data:`WRITE_BEHIND` bytes copied while more are left (a hint that makes nothing durable:
+   it only lets the disk write while the rest is copied);
 2. ``fsync`` every destination touched;
 3. ``fstat`` the source: it must still be exactly as long as the last truncate left it (an
    append or truncate by another process is a ``DataChangedError``, never silently cut);
@@ -45,6 +48,13 @@ log = logging.getLogger(__name__)
 
 SEGMENT = 256 << 20  # one copy_file_range call; also the progress granularity
 BUFFER = 8 << 20
+# A move copies a window in parts of at most this size and, each time this many bytes have been
+# copied and more of the window is left, starts their writeback (``start_writeback``, one call
+# per temp over the range copied since the last), so the disk writes while the rest of the
+# window is read and copied, and the window's fsync waits for little more than the last part.
+# A window of at most this size makes no such call.  0: one copy per piece, no hint.
+# bench/consume_window.py measures it against 0 in the same run (docs/benchmarks.md).
+WRITE_BEHIND = 16 << 20
 
 _CFR_FALLBACK = frozenset(
     {errno.EXDEV, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF, errno.ETXTBSY}
@@ -202,13 +212,29 @@ def move_source(
     while pos > m.run_start:
         lo = max(m.run_start, pos - window)
         touched: set[int] = set()
+        parts = [(max(d.src_offset, lo), min(d.src_offset + d.length, pos), d)
+                 for d in buckets.get(k, ())]
+        parts = [(a, b, d) for a, b, d in parts if a < b]
+        left = sum(b - a for a, b, _d in parts)
+        behind: dict[int, tuple[int, int]] = {}  # temp -> its range copied since the last hint
+        since = 0
         try:
-            for d in buckets.get(k, ()):
-                a, b = max(d.src_offset, lo), min(d.src_offset + d.length, pos)
-                if a < b:
-                    copy_range(src, temps[d.output], a, d.out_offset + (a - d.src_offset),
-                               b - a, c, kind="moved")
-                    touched.add(temps[d.output])
+            for a, b, d in parts:
+                tfd, at = temps[d.output], d.out_offset + (a - d.src_offset)
+                step = WRITE_BEHIND or (b - a)
+                for x in range(a, b, step):
+                    n = min(step, b - x)
+                    o = at + (x - a)
+                    copy_range(src, tfd, x, o, n, c, kind="moved")
+                    lo_hi = behind.get(tfd, (o, o + n))
+                    behind[tfd] = (min(lo_hi[0], o), max(lo_hi[1], o + n))
+                    since, left = since + n, left - n
+                    if WRITE_BEHIND and since >= WRITE_BEHIND and left > 0:
+                        # a part's worth copied and more to come: the disk writes it meanwhile
+                        for fd, (p, q) in sorted(behind.items()):
+                            _sys.start_writeback(fd, p, q - p)
+                        behind, since = {}, 0
+                touched.add(tfd)
         except OSError as exc:
             _check_unchanged(src, m, pos, seen, exc)
             raise
