@@ -482,3 +482,43 @@ def test_control_recover_racing_a_live_save_skips_it(tmp_path: Path) -> None:
     assert seen
     assert all(rc == 0 for rc, _ in seen), seen
     assert any("skipped" in out for _, out in seen)
+
+
+ADOPT_CHILD = """
+import os, sys
+from filecord import Cord, FileBackedData, save_many
+d = sys.argv[1]
+M = 1 << 20
+def A(o, n=None):
+    return FileBackedData(os.path.join(d, "A.bin"), offset=o, length=n, owned=True)
+W = FileBackedData(os.path.join(d, "W.bin"), owned=True)
+r = save_many({os.path.join(d, "out.bin"): Cord([b"H" * 4096, W, A(0, M), b"T" * 10, A(M)])},
+              consume=True)
+print(r)
+"""
+W_DATA = RND.randbytes(2 * M + 3 * 4096)  # whole at offset 4096: adopted in place on ext4
+
+
+@pytest.mark.parametrize(("syscall", "n"), [
+    ("fallocate", 1), ("fallocate", 2), ("fallocate", 3), ("rename", 2), ("rename", 3),
+    ("rename", 4), ("ftruncate", 1), ("ftruncate", 2), ("fsync", 4), ("fsync", 8),
+    ("fsync", 11), ("unlink", 2)])
+def test_control_kill_during_adoption_in_place_and_a_sliced_move(tmp_path: Path, syscall: str,
+                                                                 n: int) -> None:
+    """W whole at offset 4096 (adopted in place where the file system can insert a range, as
+    ext4 can) and A in two slices around a 10-byte tail, moved: SIGKILL, recover twice."""
+    _strace()
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "A.bin").write_bytes(A_DATA)
+    (d / "W.bin").write_bytes(W_DATA)
+    r = subprocess.run(["strace", "-f", "-qq", "-o", os.devnull, "-e",
+                        f"inject={syscall}:signal=SIGKILL:when={n}", sys.executable, "-c",
+                        ADOPT_CHILD, str(d)], capture_output=True, env=ENV, timeout=120,
+                       check=False)
+    assert r.returncode != 0, r.stdout
+    first, second = recover(d), recover(d)
+    assert (first.returncode, second.returncode) == (0, 0), first.stderr + second.stderr
+    done = {"out.bin": b"H" * 4096 + W_DATA + A_DATA[:M] + b"T" * 10 + A_DATA[M:]}
+    assert state(d) in ({"A.bin": A_DATA, "W.bin": W_DATA}, done), {
+        k: len(v) for k, v in state(d).items()}
