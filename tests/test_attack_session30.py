@@ -522,3 +522,26 @@ def test_control_kill_during_adoption_in_place_and_a_sliced_move(tmp_path: Path,
     done = {"out.bin": b"H" * 4096 + W_DATA + A_DATA[:M] + b"T" * 10 + A_DATA[M:]}
     assert state(d) in ({"A.bin": A_DATA, "W.bin": W_DATA}, done), {
         k: len(v) for k, v in state(d).items()}
+
+
+@pytest.mark.parametrize("damage", ["cut mid-record", "flip a byte", "drop the record"])
+def test_control_torn_or_damaged_last_moving_step_rolls_back(moved1: Path, tmp_path: Path,
+                                                             damage: str) -> None:
+    """A's move finished (size 0) and its `moving` step is the last record: cut, flipped or
+    dropped, it reads as a torn tail; A at 0 is a size its move leaves, so recover rolls back
+    byte-exact."""
+    d = tmp_path / "d"
+    assert killed(d, "fsync", int(moved1.name.removeprefix("fsync"))) != 0
+    j = journal(d)
+    recs = lines(j)
+    assert json.loads(recs[-1][42:]) == {"moved": 1, "stage": "moving"}
+    if damage == "cut mid-record":
+        recs[-1] = recs[-1][:30]
+    elif damage == "flip a byte":
+        recs[-1] = recs[-1][:-5] + bytes([recs[-1][-5] ^ 0x10]) + recs[-1][-4:]
+    else:
+        recs.pop()
+    j.write_bytes(MAGIC + b"".join(recs))
+    first, second = recover(d), recover(d)
+    assert (first.returncode, second.returncode) == (0, 0), first.stderr
+    assert state(d) == PRISTINE
