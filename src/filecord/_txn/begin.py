@@ -190,16 +190,26 @@ def park_sources(txn: Txn) -> None:
 
 def append_step(txn: Txn, record: bytes, stage: Stage | None = None) -> None:
     """Append one step record at the journal's logical end and fsync it, before the step it
-    licenses.  ``stage``: the save enters it as soon as the write returns (a failed fsync
-    leaves the record in the page cache, where a crash without a power cut keeps it)."""
+    licenses.  ``stage``: the save enters it once the fsync returns.
+
+    A step whose write or fsync failed is not taken: the logical end stays before it, and the
+    next step (the failure path's ``rolling back`` or ``held``) first cuts the journal back
+    to that end, then is written there.  Until that cut the failed record may sit in the page
+    cache (a crash without a power cut keeps it): every step is appended before the action
+    it licenses, so the files are then as that record says too (a ``committed`` step: the
+    temps complete, nothing renamed; ``recover`` finishes), and the failure path touches no
+    file before its own step is durable."""
     fd = txn.journal_fd
     if fd is None:  # pragma: no cover - steps follow the journal's write
         raise SaveError("a journal step without a journal")
+    if txn.journal_tail > txn.journal_end:
+        _sys.ftruncate(fd, txn.journal_end)
+    txn.journal_tail = txn.journal_end + len(record)
     _sys.write_all(fd, record, txn.journal_end)
-    txn.journal_end += len(record)
+    txn.counters.fsync(fd)
+    txn.journal_end = txn.journal_tail
     if stage is not None:
         txn.to(stage)
-    txn.counters.fsync(fd)
 
 
 def close_journal(txn: Txn) -> None:

@@ -33,8 +33,9 @@ held in ``Txn.stage`` and moves only along ``stages``'s table.
 6. COMMITTED: temps fsynced, every parked source compared with its last look (size, mtime,
    ctime: ``looks.check``; a change is a DataChangedError and the journal is held), then the
    ``committed`` step, carrying those looks for recover's finish, appended to the journal:
-   the save is COMMITTED when its write returns, durably at its fsync (the commit point;
-   without a journal, the single rename is).  RENAMED: each temp
+   the save is COMMITTED when its fsync returns (the commit point; without a journal, the
+   single rename is).  A commit whose write or fsync failed is taken back: the failure path
+   cuts the journal back before it and rolls back (``begin.append_step``).  RENAMED: each temp
    renamed onto its final name, directories fsynced; then the parked sources are unlinked, each
    compared with its look once more right before (a changed one is kept, under its own name if
    free, and reported once the rest is done), then the temps of *discard* outputs (built like
@@ -499,7 +500,8 @@ def _commit(txn: Txn) -> None:
     if record is not None and txn.journal_path is not None:
         seen = looks.check(txn)  # the last look, just before the commit point
         # The commit point: the committed step (with the last looks, for recover's finish).
-        # The save is COMMITTED once its write returns, durably so once it is fsynced.
+        # The save is COMMITTED once it is fsynced; a failed fsync leaves it MOVING and the
+        # failure path writes its own step over this one.
         begin.append_step(txn, journal.encode_committed(seen), Stage.COMMITTED)
         begin.close_journal(txn)
         for m in p.moves:  # adopted files take the replaced file's owner and mode now
@@ -518,7 +520,7 @@ def _commit(txn: Txn) -> None:
     txn.to(Stage.RENAMED)
     if txn.durable:
         txn.counters.fsyncs += _sys.fsync_parents(finals)
-    kept: list[tuple[str, str]] = []
+    kept: list[looks.Kept] = []
     if record is not None and txn.journal_path is not None:
         kept = looks.unlink_consumed(txn, record)
         txn.removed, txn.changed_removals = undo.discard_and_remove(record)

@@ -59,6 +59,7 @@ class Txn:
     journal_path: str | None = None  # the journal's name, once it has one
     journal_fd: int | None = None  # open from its write to the commit point: steps append
     journal_end: int = 0  # the end of its last whole record: where the next step goes
+    journal_tail: int = 0  # the most written past it (a step whose write or fsync failed)
     moving: tuple[int, int] | None = None  # the source being moved right now
     # Per consumed source, the save's last look at it (after parking, after each truncate) and
     # the size a truncate in flight leaves (None when none is): the commit deletes, and the
