@@ -378,7 +378,8 @@ def check_order(j: Journal, seen: Observed, done: int = 0) -> DataChangedError |
             continue  # check_strict and the rollback say where it is not
         name, st = at
         if i < done and st.size != s.run_start:
-            why = "its move had finished (the lock file says so), so it must be at its kept prefix"
+            why = ("its move had finished (the journal's moving step says so), so it must be at "
+                   "its kept prefix")
         elif in_progress is not None and st.size != s.size:
             why = (f"its move never began ({in_progress.path} was being moved), so it must be "
                    "at its full size")
@@ -627,14 +628,20 @@ def _nearest_legal(s: JournalSource, size: int, window: int) -> int:
     return min(sorted(sizes, reverse=True), key=lambda x: abs(x - size))
 
 
-def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = None) -> list[str]:
+def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = None,
+                done: int = 0) -> list[str]:
     """One line per source: how many bytes are in it (and under which name), where the rest is.
 
     ``left_at`` gives, per source (dev, ino), the size the move last left it at when that is
-    known (the in-process error); otherwise a size no move leaves is reported as a change and
-    the nearest size a move leaves is taken as the boundary.
+    known (the in-process error); ``done``: the first ``done`` moved sources (journal order)
+    finished their moves (the journal's ``moving`` step), so each was left at its kept
+    prefix.  Otherwise a size no move leaves is reported as a change and the nearest size a
+    move leaves is taken as the boundary.
     """
     lines = []
+    finished = {(s.dev, s.ino): s.run_start for s in [
+        s for s in j.sources if not s.adopt and s.run_start < s.size][:done]}
+    left_at = {**finished, **(left_at or {})}
     for s, f in zip(j.sources, seen.sources, strict=True):
         if s.adopt:
             temp = j.temp(s.dests[0].output)
@@ -652,15 +659,17 @@ def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = 
             lines.append(f"{s.path}: not found under its name or {j.parked(s)}")
             continue
         name, size = found[0], found[1].size
-        boundary = (left_at or {}).get((s.dev, s.ino), size)
+        boundary = left_at.get((s.dev, s.ino), size)
         if not legal_size(s, boundary, j.window):
             boundary = _nearest_legal(s, size, j.window)
         if boundary == size:
             line = f"{s.path}: bytes [0, {size}) of {s.size} are in {name}"
         else:
+            kept = min(size, boundary)
             line = (f"{s.path}: {name} is {size} bytes long, but the move had left it at "
-                    f"{boundary}: another process changed it; its bytes [0, "
-                    f"{min(size, boundary)}) are there")
+                    f"{boundary}: another process changed it; " + (
+                        f"its bytes [0, {kept}) are there" if kept else
+                        "none of its bytes are there"))
         if boundary < s.size:
             try:
                 segs = cover(s.dests, max(boundary, s.run_start), s.size)

@@ -97,10 +97,13 @@ def check(txn: Txn) -> list[tuple[int, int, int, int]]:
     return seen  # for recover's finish, which has no look of its own
 
 
-def unlink_consumed(txn: Txn, record: Journal) -> list[tuple[str, str]]:
-    """Delete the parked sources still as last seen (step 3); returns (path, where) per kept
-    one."""
-    kept: list[tuple[str, str]] = []
+Kept = tuple[str, str, int, int]  # a kept source: its path, where it is, size seen, size found
+
+
+def unlink_consumed(txn: Txn, record: Journal) -> list[Kept]:
+    """Delete the parked sources still as last seen (step 3); returns (path, where, the size
+    the save last saw, the size found) per kept one."""
+    kept: list[Kept] = []
     parked = [record.parked(s) for s in record.sources if not s.adopt]
     for s, path in zip((s for s in record.sources if not s.adopt), parked, strict=True):
         st = undo.same_file(path, s.dev, s.ino)
@@ -109,20 +112,22 @@ def unlink_consumed(txn: Txn, record: Journal) -> list[tuple[str, str]]:
         look = txn.looks.get((s.dev, s.ino))
         if look is not None and not assess.as_seen(Facts.of(st), Facts.of(look[0])):
             kept.append((s.path, f"{s.path}: {st.st_size} bytes (the save last saw "
-                         f"{look[0].st_size}); " + undo.keep_changed(path, s.path)))
+                         f"{look[0].st_size}); " + undo.keep_changed(path, s.path),
+                         look[0].st_size, st.st_size))
             continue
         _sys.unlink(path)
     txn.counters.fsyncs += _sys.fsync_parents(parked)
     return kept
 
 
-def raise_kept(kept: list[tuple[str, str]]) -> NoReturn:
+def raise_kept(kept: list[Kept]) -> NoReturn:
     """The commit finished, but sources changed after the last look were kept (step 3)."""
-    err = DataChangedError(kept[0][0], expected_size=-1, found_size=None,
+    path, _where, seen, found = kept[0]
+    err = DataChangedError(path, expected_size=seen, found_size=found,
                            reason="another process changed a consumed source after the commit "
                            "point, so it was not deleted")
     err.committed = True
     add_note(err, "the outputs are complete under their final names")
-    for _path, where in kept:
+    for _path, where, _seen, _found in kept:
         add_note(err, where)
     raise err

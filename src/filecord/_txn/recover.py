@@ -388,9 +388,10 @@ def _act(path: str, log_: journal.Log) -> Recovered:
             "the journal is damaged: its last record does not check out and the files are "
             "not as the records before it leave them"))
         table.decide(table.Actor.RECOVER, stage, found.found)  # REFUSE
-        return _refuse(path, found.why, [f"the files: {seen_why}", *_whereabouts(j)])
+        return _refuse(path, found.why, [f"the files: {seen_why}",
+                                         *_whereabouts(j, log_.moved)])
     if action is table.Action.REFUSE:
-        return _refuse(path, found.why, _whereabouts(j))
+        return _refuse(path, found.why, _whereabouts(j, log_.moved))
     try:
         if action is table.Action.FINISH:
             try:
@@ -410,7 +411,7 @@ def _act(path: str, log_: journal.Log) -> Recovered:
                              "kept, as no longer the file the save recorded: "
                              + ", ".join(left), not_removed=left)
         if stage is Stage.MOVING:  # ROLL_BACK from journaled or moving: first the log says so
-            _append(path, log_.end, journal.step(Stage.ROLLING_BACK))
+            _append(path, log_, journal.step(Stage.ROLLING_BACK))
         temps = undo.open_temps(j)
         try:
             undo.roll_back(j, temps, transfer.Counters())
@@ -428,20 +429,26 @@ def _act(path: str, log_: journal.Log) -> Recovered:
         return _refuse(path, f"{exc}; the journal and temps are kept", _whereabouts(j))
 
 
-def _append(path: str, end: int, record: bytes) -> None:
-    """Append a step at the log's logical end (over a torn tail, if any) and fsync it."""
+def _append(path: str, log_: journal.Log, record: bytes) -> None:
+    """Append a step at the log's logical end and fsync it; a torn tail is cut off first (a
+    shorter step written over it would leave its rest behind as a record that does not
+    check)."""
     fd = liveness.open_regular(path, os.O_WRONLY)
     try:
-        _sys.write_all(fd, record, end)
+        if log_.torn:
+            _sys.ftruncate(fd, log_.end)
+        _sys.write_all(fd, record, log_.end)
         _sys.fsync(fd)
     finally:
         _sys.close(fd)
 
 
-def _whereabouts(j: journal.Journal) -> list[str]:
+def _whereabouts(j: journal.Journal, done: int = 0) -> list[str]:
     """Where every byte is now, for a refusal's notes (looked at afresh: the files may have
-    changed since the assessment, by this recover's own partial work)."""
+    changed since the assessment, by this recover's own partial work).  ``done``: the moves
+    the journal says finished, given only before recover touched a file (a rollback in
+    progress grows a finished source again)."""
     seen = assess.observe(j, assess.Records(table.Actor.RECOVER, Stage.ROLLING_BACK))
     if seen.unreadable is not None:
         return [f"could not look at the sources to say where their bytes are: {seen.unreadable}"]
-    return assess.whereabouts(j, seen)
+    return assess.whereabouts(j, seen, done=done)

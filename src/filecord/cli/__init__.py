@@ -27,7 +27,7 @@ from filecord.cli.common import Terminated, UsageError, sigterm_raises
 from filecord.cli.common import human as human  # part of this module's API
 from filecord.cli.common import parse_size as parse_size  # part of this module's API
 from filecord.cli.table import COMMANDS
-from filecord.errors import FilecordError
+from filecord.errors import DataChangedError, FilecordError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +65,15 @@ def _drop_stdout() -> None:
         pass
 
 
+
+def _failed(exc: BaseException) -> int:
+    """Exit 1: the message and its notes (where every byte is)."""
+    print(f"filecord: error: {exc}", file=sys.stderr)
+    for note in getattr(exc, "__notes__", []):
+        print(f"  {note}", file=sys.stderr)
+    return EXIT_FAIL
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _safe_streams()
     parser = build_parser()
@@ -93,11 +102,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"filecord {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (FilecordError, OSError) as exc:
-        print(f"filecord: error: {exc}", file=sys.stderr)
+    except DataChangedError as exc:
+        if not exc.committed:
+            return _failed(exc)
+        # Committed: the outputs are complete under their final names; only a consumed source
+        # another process changed after the commit point was kept.  The save succeeded (exit
+        # 0, as README promises: what happens after the commit never changes it); say what
+        # was kept, as a warning.
+        print(f"filecord: warning: {exc}", file=sys.stderr)
         for note in getattr(exc, "__notes__", []):
             print(f"  {note}", file=sys.stderr)
-        return EXIT_FAIL
+        return EXIT_OK
+    except (FilecordError, OSError) as exc:
+        return _failed(exc)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: never a traceback
         print(f"filecord {args.command}: internal error: {type(exc).__name__}: {exc}",
               file=sys.stderr)
