@@ -22,9 +22,10 @@ order it happened, each appended and fsynced before what it licenses:
 * ``moving`` with ``moved: N``: the first N moved sources (journal order) have finished their
   moves, appended after the last truncate of the Nth is fsynced.
 * ``committed`` with ``looked``: the save's last look at each parked source (dev, ino, size,
-  mtime), for recover's finish.  The save is COMMITTED once this record's write returns (a
-  failure after that must never append a ``rolling back``), durably so at its fsync (a power
-  cut before it loses the record, and recover rolls back: nothing was renamed yet).
+  mtime), for recover's finish.  The save is COMMITTED once this record's fsync returns; a
+  record whose write or fsync failed is cut off before the failure path's own step is
+  written (``begin.append_step``); until then a crash keeps it or not, and recover finishes
+  or rolls back (nothing was renamed yet).
 * ``rolling back`` and ``held``: the failure path (or recover) undoes the save, or holds it
   because another process changed a source mid-move.
 

@@ -65,11 +65,11 @@ _LEGAL: dict[Stage, frozenset[Stage]] = {
 #   FILLED        save._execute, once every temp is filled
 #   JOURNALED     begin.write_journal, at the journal's rename into place
 #   MOVING        begin.park_sources / save._move, before the first source is renamed or cut
-#   COMMITTED     save._commit, once the committed step's write returns (or the single rename)
+#   COMMITTED     save._commit, once the committed step's fsync returns (or the single rename)
 #   RENAMED       save._commit, once every temp is renamed onto its final name
 #   DONE          save._commit, once the sources, journal and locks are gone
-#   ROLLING_BACK  failure._roll_back, once the rolling back step's write returns
-#   HELD          failure._hold, once the held step's write returns
+#   ROLLING_BACK  failure._roll_back, once the rolling back step's fsync returns
+#   HELD          failure._hold, once the held step's fsync returns
 #   FAILED        failure.fail, as the error leaves (every failure ends there)
 
 
