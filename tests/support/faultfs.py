@@ -42,6 +42,17 @@ def count_arg(op: str, args: tuple[Any, ...]) -> int:
     return 0
 
 
+class Recorder(_sys.Backend):
+    """The real system calls, each recorded as (op, args): what a test of hints and their
+    order reads back."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[str, tuple[Any, ...]]] = []
+
+    def hook(self, op: str, args: tuple[Any, ...]) -> None:
+        self.ops.append((op, args))
+
+
 class SimFS(_sys.Backend):
     """The real system, optionally without ``copy_file_range`` (as across file systems).
 

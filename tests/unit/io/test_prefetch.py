@@ -6,26 +6,18 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
-from typing import Any
 
 import filecord
 from filecord._io import syscalls as _sys
+from support.faultfs import Recorder
 
 
-class _Record(_sys.Backend):
-    def __init__(self) -> None:
-        self.ops: list[tuple[str, tuple[Any, ...]]] = []
-
-    def hook(self, op: str, args: tuple[Any, ...]) -> None:
-        self.ops.append((op, args))
-
-
-class _Refuse(_Record):
+class _Refuse(Recorder):
     def prefetch(self, fd: int, offset: int, length: int) -> None:
         raise OSError(errno.EINVAL, "no hints here")
 
 
-def _move(tmp_path: Path, backend: _Record) -> tuple[bytes, filecord.SaveReport]:
+def _move(tmp_path: Path, backend: Recorder) -> tuple[bytes, filecord.SaveReport]:
     data = os.urandom(3 * 4096 + 100)
     src = tmp_path / "src.bin"
     src.write_bytes(data)
@@ -38,7 +30,7 @@ def _move(tmp_path: Path, backend: _Record) -> tuple[bytes, filecord.SaveReport]
 
 
 def test_each_window_but_the_last_prefetches_the_next_before_its_fsync(tmp_path: Path) -> None:
-    rec = _Record()
+    rec = Recorder()
     data, report = _move(tmp_path, rec)
     fds = {a[0] for op, a in rec.ops if op == "prefetch"}
     if not fds:  # adopted or cloned whole: nothing moved window by window

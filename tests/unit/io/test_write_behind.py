@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,27 +15,19 @@ import filecord
 from filecord._io import syscalls as _sys
 from filecord._txn import save as txn_save
 from filecord._txn import transfer
-from support.faultfs import FaultFS, Tracer
+from support.faultfs import FaultFS, Recorder, Tracer
 
 PART = 4096
 WINDOW = 3 * PART
 HEAD = b"H" * 10  # unaligned: the source is moved window by window, never adopted
 
 
-class _Record(_sys.Backend):
-    def __init__(self) -> None:
-        self.ops: list[tuple[str, tuple[Any, ...]]] = []
-
-    def hook(self, op: str, args: tuple[Any, ...]) -> None:
-        self.ops.append((op, args))
-
-
-class _Refuse(_Record):
+class _Refuse(Recorder):
     def start_writeback(self, fd: int, offset: int, length: int) -> None:
         raise OSError(errno.EINVAL, "no writeback hints here")
 
 
-def _move(tmp_path: Path, backend: _Record, monkeypatch: pytest.MonkeyPatch) -> bytes:
+def _move(tmp_path: Path, backend: Recorder, monkeypatch: pytest.MonkeyPatch) -> bytes:
     monkeypatch.setattr(transfer, "WRITE_BEHIND", PART)
     monkeypatch.setattr(txn_save, "ADOPT_IN_PLACE", False)
     data = os.urandom(2 * WINDOW + PART + 100)  # two whole windows and a short one
@@ -54,7 +45,7 @@ def _move(tmp_path: Path, backend: _Record, monkeypatch: pytest.MonkeyPatch) -> 
 def test_every_part_but_a_windows_last_starts_its_writeback_before_the_fsync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rec = _Record()
+    rec = Recorder()
     data = _move(tmp_path, rec, monkeypatch)
     # the windows, cut from the end: [size-W, size), [size-2W, size-W), [0, size-2W)
     size = len(data)
@@ -127,7 +118,7 @@ def test_a_failure_injected_at_each_hint_rolls_the_move_back_byte_exact(
         assert sorted(p.name for p in run.iterdir()) == ["src.bin"]  # no output, no temp
 
 
-def _pieces_move(tmp_path: Path, backend: _Record, monkeypatch: pytest.MonkeyPatch,
+def _pieces_move(tmp_path: Path, backend: Recorder, monkeypatch: pytest.MonkeyPatch,
                  part: int) -> bytes:
     """Eight 1000-byte slices of one owned source, moved into one output in 4 KiB windows."""
     monkeypatch.setattr(transfer, "WRITE_BEHIND", part)
@@ -147,7 +138,7 @@ def _pieces_move(tmp_path: Path, backend: _Record, monkeypatch: pytest.MonkeyPat
 def test_a_window_no_larger_than_a_part_makes_no_hint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rec = _Record()
+    rec = Recorder()
     _pieces_move(tmp_path, rec, monkeypatch, PART)
     assert [op for op, _a in rec.ops if op == "copy_file_range"]  # moved piece by piece
     assert not any(op == "start_writeback" for op, _a in rec.ops)
@@ -156,7 +147,7 @@ def test_a_window_no_larger_than_a_part_makes_no_hint(
 def test_hints_over_many_pieces_name_only_bytes_already_copied(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rec = _Record()
+    rec = Recorder()
     _pieces_move(tmp_path, rec, monkeypatch, 1500)
     hints = 0
     copied: list[tuple[int, int]] = []  # output ranges copied in the current window
