@@ -166,3 +166,44 @@ def test_runs_into_several_outputs_are_reported_in_output_order(tmp_path: Path) 
     assert [a.action for a in report.actions][:3] in (
         ["written", "adopted", "adopted"], ["written", "moved", "moved"])
     assert {a.action for a in report.actions[3:]} - {"written"} == {"moved"}
+
+
+@pytest.mark.parametrize("at", [1, 2, 3, 4, 5])
+def test_a_source_closed_for_the_descriptor_bound_is_held_to_its_first_baseline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: int) -> None:
+    """With one source descriptor open at a time, each interleaved slice closes the other
+    source and opens its own again; a same-size rewrite of A with its mtime put back (only
+    the change time moves), after the at-th copy, is still a DataChangedError, and without
+    it the output is exact."""
+    from filecord._txn import fill
+    monkeypatch.setattr(fill, "OPEN_SOURCES", 1)
+    m = 64 * 1024
+    a_data = bytes(range(256)) * (4 * m // 256)
+    b_data = bytes(reversed(range(256))) * (2 * m // 256)
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(a_data)
+    b.write_bytes(b_data)
+    st = a.stat()
+    pieces = [FileBackedData(a, offset=0, length=m), FileBackedData(b, offset=0, length=m),
+              FileBackedData(a, offset=m, length=m), FileBackedData(b, offset=m, length=m),
+              FileBackedData(a, offset=2 * m, length=2 * m)]
+    save(tmp_path / "plain.bin", Cord(pieces))
+    assert (tmp_path / "plain.bin").read_bytes() == (
+        a_data[:m] + b_data[:m] + a_data[m:2 * m] + b_data[m:] + a_data[2 * m:])
+    calls: list[int] = []
+
+    def progress(done: int, total: int) -> None:
+        calls.append(done)
+        if len(calls) == at:
+            with open(a, "r+b") as f:
+                f.write(bytes(x ^ 0x5A for x in a_data[:4096]))
+            os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    pieces = [FileBackedData(a, offset=0, length=m), FileBackedData(b, offset=0, length=m),
+              FileBackedData(a, offset=m, length=m), FileBackedData(b, offset=m, length=m),
+              FileBackedData(a, offset=2 * m, length=2 * m)]
+    with pytest.raises(DataChangedError):
+        save(tmp_path / "out.bin", Cord(pieces), progress=progress)
+    assert len(calls) >= at
+    assert not (tmp_path / "out.bin").exists()
+    assert b.read_bytes() == b_data

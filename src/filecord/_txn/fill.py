@@ -67,16 +67,30 @@ def finish_modes(txn: Txn) -> None:
         undo.apply_owner_mode(fd, st.st_mode, st.st_uid, st.st_gid)
 
 
+# Source descriptors a fill keeps open at once.  A copy into one output looks at each source
+# after its last copy, so without a bound a merge of more shards than the descriptor limit
+# (600 under `ulimit -n 256`) failed with EMFILE; past the bound the source opened first is
+# looked at and closed, and held to the same baseline when it is opened again.
+OPEN_SOURCES = 64
+
+
 def _source_fd(txn: Txn, data: FileBackedData) -> int:
     ident = data.identity
     key = (ident.dev, ident.ino)
     if key not in txn.src_fds:
+        if len(txn.src_fds) >= OPEN_SOURCES:
+            _close_oldest_source(txn)
         fd = data.open_checked()
         try:
             st = _sys.fstat(fd)
+            was = txn.src_closed.pop(key, None)
             # The baseline every later look is compared with must itself be the captured
-            # file, or a change between open_checked's look and this one would pass unseen.
-            if (st.st_size, st.st_mtime_ns) != (ident.size, ident.mtime_ns):
+            # file, or a change between open_checked's look and this one would pass unseen;
+            # a source opened again is held to its first baseline, change time included.
+            if was is not None:
+                _compare(data, was, st)
+                st = was
+            elif (st.st_size, st.st_mtime_ns) != (ident.size, ident.mtime_ns):
                 raise DataChangedError(data.path, expected_size=ident.size,
                                        found_size=st.st_size,
                                        reason="another process changed it as it was opened")
@@ -87,16 +101,30 @@ def _source_fd(txn: Txn, data: FileBackedData) -> int:
     return txn.src_fds[key][0]
 
 
-def _recheck_source(txn: Txn, data: FileBackedData) -> None:
-    """After copying from a source: it must be the file it was when we opened it (F-mix)."""
-    fd, was = txn.src_fds[(data.identity.dev, data.identity.ino)]
+def _close_oldest_source(txn: Txn) -> None:
+    key = next(iter(txn.src_fds))
+    fd, was = txn.src_fds[key]
     now = _sys.fstat(fd)
+    del txn.src_fds[key]
+    _sys.close(fd)
+    txn.src_closed[key] = was
+    _compare(txn.prep.datas[key][0], was, now)
+
+
+def _compare(data: FileBackedData, was: os.stat_result, now: os.stat_result) -> None:
     for what in ("st_size", "st_mtime_ns", "st_ctime_ns"):
         if getattr(now, what) != getattr(was, what):
             raise DataChangedError(
                 data.path, expected_size=was.st_size, found_size=now.st_size,
                 reason=f"another process changed it while it was copied ({what[3:]} differs)",
             )
+
+
+def _recheck_source(txn: Txn, data: FileBackedData) -> None:
+    """After copying from a source: it must be the file it was when we opened it (F-mix)."""
+    _source_fd(txn, data)  # opened again (and compared) if it was closed meanwhile
+    fd, was = txn.src_fds[(data.identity.dev, data.identity.ino)]
+    _compare(data, was, _sys.fstat(fd))
 
 
 def fill(txn: Txn) -> None:

@@ -55,6 +55,9 @@ class Txn:
     locks: list[tuple[str, int]] = field(default_factory=list)
     dirty: set[int] = field(default_factory=set)
     src_fds: dict[tuple[int, int], tuple[int, os.stat_result]] = field(default_factory=dict)
+    # Sources whose descriptor was closed to stay under the descriptor limit (fill: at most
+    # OPEN_SOURCES open): the baseline a reopened one is held to.
+    src_closed: dict[tuple[int, int], os.stat_result] = field(default_factory=dict)
     record: journal.Journal | None = None
     journal_path: str | None = None  # the journal's name, once it has one
     journal_fd: int | None = None  # open from its write to the commit point: steps append
