@@ -14,7 +14,7 @@ from filecord import Cord, FileBackedData, recover, save, save_many
 from filecord._io import syscalls as _sys
 from filecord.errors import RecoverError, SaveError
 from filecord_testing import close_leaked, leftovers, pattern
-from support.faultfs import FailCommitStep
+from support.faultfs import COMMITTED_STEP, FailCommitStep
 
 W = 8192  # a small sync window: several windows per source
 
@@ -141,6 +141,64 @@ def test_failed_consuming_save_rolls_back_byte_exact(tmp_path: Path) -> None:
     # ...and the retry gives the same output as a save that never failed.
     save(out, Cord([b"h", fa, fb]), consume=True, window=W)
     assert out.read_bytes() == b"h" + a + b
+
+
+class _CommitFsyncFailsThenUndoFails(FailCommitStep):
+    """The committed step is written but its fsync fails (EIO); once the failure path's
+    ``rolling back`` step is fsynced, every write into a source fails too, so the rollback
+    stops and keeps its journal for inspection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.journal_fd: int | None = None
+        self.rolling = False
+
+    def pwrite(self, fd: int, data: memoryview | bytes, offset: int) -> int:
+        if COMMITTED_STEP in bytes(data):
+            self.journal_fd = fd
+        elif self.rolling and fd != self.journal_fd:
+            raise OSError(5, "injected EIO in the undo")
+        elif b'"stage":"rolling back"' in bytes(data):
+            self.rolling = True
+        return _sys.Backend.pwrite(self, fd, data, offset)
+
+    def copy_file_range(self, src: int, dst: int, count: int, src_off: int, dst_off: int) -> int:
+        if self.rolling:
+            raise OSError(5, "injected EIO in the undo")
+        return super().copy_file_range(src, dst, count, src_off, dst_off)
+
+    def fsync(self, fd: int) -> None:
+        if fd == self.journal_fd and not self.rolling:
+            self.journal_fd = -1  # once
+            raise OSError(5, "injected EIO at the committed step's fsync")
+        super().fsync(fd)
+
+
+def test_a_commit_whose_fsync_failed_is_cut_off_the_journal(tmp_path: Path) -> None:
+    """The committed step's fsync fails: the save is not committed; the rolling-back step is
+    written where the committed one began, the committed step's bytes cut off (no record
+    that does not check after it); recover then rolls back byte-exact."""
+    from filecord._txn import journal
+    from filecord._txn.stages import Stage
+
+    a, b = pattern(50_000, "a"), pattern(12_345, "b")
+    fa, fb = owned(tmp_path, "a", a), owned(tmp_path, "b", b)
+    out = tmp_path / "o"
+    with _sys.use(_CommitFsyncFailsThenUndoFails()), pytest.raises(SaveError) as info:
+        save(out, Cord([b"h", fa, fb]), consume=True, window=W)
+    assert info.value.journal_path is not None
+    data = Path(info.value.journal_path).read_bytes()
+    assert COMMITTED_STEP not in data
+    log = journal.read_log(data)
+    assert log.stage is Stage.ROLLING_BACK
+    assert not log.torn
+    assert data.endswith(journal.step(Stage.ROLLING_BACK))
+    close_leaked(tmp_path)
+    recover(tmp_path)
+    assert leftovers(tmp_path) == []
+    assert Path(fa.path).read_bytes() == a
+    assert Path(fb.path).read_bytes() == b
+    assert not out.exists()
 
 
 def test_recover_finishes_a_committed_save(tmp_path: Path) -> None:

@@ -21,16 +21,22 @@ ORDER = "tests/sweeps/test_fsync_order.py"
 GUARDS = "tests/sweeps/test_recover_guards.py"
 R4 = "tests/sweeps/test_looks_order_and_records.py"
 INSTANTS = "tests/sweeps/test_second_party_instants.py"
+STOPS = "tests/test_safetensors_ops.py::test_a_consuming_merge_that_fails_anywhere_leaves_the_inputs_byte_exact"  # noqa: E501
+PIECES = "tests/test_many_pieces.py"
+CUT = "tests/test_consume.py::test_a_commit_whose_fsync_failed_is_cut_off_the_journal"
+NOTES = "tests/test_attack_session30.py::test_attack_notes_place_moved_bytes_in_a_foreign_append"
 
 MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     # --- the ones the issue lists -----------------------------------------------------------
     ("journal checksum compare removed", "journal.py",
      "    if digest != _sum(payload):\n", "    if False:\n", [UNIT]),
-    ("source fsync before its moved record removed", "save.py",
-     "        txn.counters.fsync(fd)\n        begin.append_record(",
-     "        begin.append_record(", [ORDER]),
-    ("directory fsync after the commit rename removed", "save.py",
-     "        txn.counters.fsyncs += _sys.fsync_parents([committed])\n", "", [ORDER]),
+    ("source fsync before its moving step removed", "save.py",
+     "        txn.counters.fsync(fd)\n        begin.append_step(txn, journal.encode_moving(",
+     "        begin.append_step(txn, journal.encode_moving(", [ORDER]),
+    # version 4: the commit is the committed step's fsync (no rename, no directory fsync)
+    ("a step's fsync removed (the committed step's included)", "begin.py",
+     "    _sys.write_all(fd, record, txn.journal_end)\n    txn.counters.fsync(fd)\n",
+     "    _sys.write_all(fd, record, txn.journal_end)\n", [ORDER]),
     ("fsync after restoring times in a put-back removed", "undo.py",
      "        _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n        c.fsync(fd)\n",
      "        _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n", [ORDER]),
@@ -102,6 +108,20 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("failure: a METADATA change held", "assess.py",
      "            ChangeKind.METADATA: Found.METADATA}.get(exc.kind, Found.CHANGED)",
      "            }.get(exc.kind, Found.CHANGED)", [UNIT, R4]),
+    # --- this session's changes --------------------------------------------------------------
+    ("a step taken at its write, before its fsync", "begin.py",
+     "    txn.counters.fsync(fd)\n    txn.journal_end = txn.journal_tail\n"
+     "    if stage is not None:\n        txn.to(stage)\n",
+     "    if stage is not None:\n        txn.to(stage)\n    txn.counters.fsync(fd)\n"
+     "    txn.journal_end = txn.journal_tail\n", [STOPS]),
+    ("a failed step not cut before the next", "begin.py",
+     "    if txn.journal_tail > txn.journal_end:\n        _sys.ftruncate(fd, txn.journal_end)\n",
+     "", [CUT]),
+    ("a reopened source held to a fresh baseline, not its first", "fill.py",
+     "                _compare(data, was, st)\n                st = was\n", "", [PIECES]),
+    ("notes ignore the moves the journal says finished", "recover.py",
+     "    return assess.whereabouts(j, seen, done=done)", "    return assess.whereabouts(j, seen)",
+     [NOTES]),
     ("failure: the change seen mid-move ignored", "assess.py",
      "    return exc if isinstance(exc, DataChangedError) and key is not None else None",
      "    return None", [INSTANTS]),
