@@ -30,6 +30,7 @@ import pytest
 
 from filecord import Cord, FileBackedData, save, save_many
 from filecord.errors import DataChangedError
+from filecord.executorch import read_ptd
 
 ROOT = Path(__file__).parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -213,6 +214,10 @@ def test_attack_pack_exits_1_after_its_commit(tmp_path: Path) -> None:
     r, data = pack_with_late_append(tmp_path)
     assert (tmp_path / "x.bin").read_bytes() == b"LATE-APPEND"  # kept: right
     assert data in (tmp_path / "out.ptd").read_bytes()  # committed and complete
+    parsed = read_ptd(tmp_path / "out.ptd")  # ...at exactly its segment's offset
+    (entry,) = parsed.entries.values()
+    at = parsed.segments[entry.segment_index].file_offset
+    assert (tmp_path / "out.ptd").read_bytes()[at:at + len(data)] == data
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.ptd", "x.bin"]
     assert r.returncode == 0, r.stderr
     assert "warning" in r.stderr, r.stderr

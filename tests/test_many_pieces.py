@@ -184,10 +184,13 @@ def test_a_source_closed_for_the_descriptor_bound_is_held_to_its_first_baseline(
     a.write_bytes(a_data)
     b.write_bytes(b_data)
     st = a.stat()
-    pieces = [FileBackedData(a, offset=0, length=m), FileBackedData(b, offset=0, length=m),
-              FileBackedData(a, offset=m, length=m), FileBackedData(b, offset=m, length=m),
-              FileBackedData(a, offset=2 * m, length=2 * m)]
-    save(tmp_path / "plain.bin", Cord(pieces))
+
+    def interleaved() -> Cord:  # A, B, A, B, A: every slice switches source
+        return Cord([FileBackedData(a, offset=0, length=m), FileBackedData(b, offset=0, length=m),
+                     FileBackedData(a, offset=m, length=m), FileBackedData(b, offset=m, length=m),
+                     FileBackedData(a, offset=2 * m, length=2 * m)])
+
+    save(tmp_path / "plain.bin", interleaved())
     assert (tmp_path / "plain.bin").read_bytes() == (
         a_data[:m] + b_data[:m] + a_data[m:2 * m] + b_data[m:] + a_data[2 * m:])
     calls: list[int] = []
@@ -199,11 +202,8 @@ def test_a_source_closed_for_the_descriptor_bound_is_held_to_its_first_baseline(
                 f.write(bytes(x ^ 0x5A for x in a_data[:4096]))
             os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns))
 
-    pieces = [FileBackedData(a, offset=0, length=m), FileBackedData(b, offset=0, length=m),
-              FileBackedData(a, offset=m, length=m), FileBackedData(b, offset=m, length=m),
-              FileBackedData(a, offset=2 * m, length=2 * m)]
     with pytest.raises(DataChangedError):
-        save(tmp_path / "out.bin", Cord(pieces), progress=progress)
+        save(tmp_path / "out.bin", interleaved(), progress=progress)
     assert len(calls) >= at
     assert not (tmp_path / "out.bin").exists()
     assert b.read_bytes() == b_data

@@ -196,7 +196,7 @@ class PieceActions(Sequence[PieceAction]):
         self._paths = tuple(paths)
         self._src_paths = src_paths
         self._outcomes: Mapping[int, PieceAction] = outcomes or {}
-        self._count = sum(1 if r.lengths is None else len(r.lengths) for r in self._refs)
+        self._count = sum(r.count for r in self._refs)
         self._all: tuple[PieceAction, ...] | None = None
 
     @property

@@ -145,15 +145,16 @@ def write_journal(txn: Txn) -> None:
     """Pending record, fsync, fsync every directory, rename to the journal name, fsync."""
     txn.record = _record(txn)
     pending = journal_name(txn, _names.PENDING)
+    head = journal.encode(txn.record)  # once: a head of 100,000 moved ranges is megabytes
     fd = _sys.open(pending, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        _sys.write_all(fd, journal.encode(txn.record), 0)
+        _sys.write_all(fd, head, 0)
         txn.counters.fsync(fd)
     except BaseException:
         _sys.close_each([fd])
         raise
     txn.journal_fd = fd  # kept open: the later steps are appended through it
-    txn.journal_end = len(journal.encode(txn.record))
+    txn.journal_end = txn.journal_tail = len(head)
     # Every name the rollback needs (temps, lock files) must be durable before the journal
     # name can be: fsyncing a file does not persist its directory entry.
     temps = [t for t in txn.temps if t is not None]

@@ -378,6 +378,9 @@ def _act(path: str, log_: journal.Log) -> Recovered:
     records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.looked)
     found = assess.assess(j, records, assess.observe(j, records))
     action = table.decide(table.Actor.RECOVER, stage, found.found)
+    # The moves the log says finished left their sources at the kept prefix, unless a
+    # rollback (which grows them back) has begun: then the notes judge by the files alone.
+    done = 0 if stage is Stage.ROLLING_BACK else log_.moved
     if action is table.Action.REFUSE and log_.torn and found.found is not table.Found.DAMAGED:
         # The last record does not check: an append a crash cut (before its fsync, so the
         # files cannot be past it) or a record damaged after it was written.  Files the whole
@@ -388,10 +391,9 @@ def _act(path: str, log_: journal.Log) -> Recovered:
             "the journal is damaged: its last record does not check out and the files are "
             "not as the records before it leave them"))
         table.decide(table.Actor.RECOVER, stage, found.found)  # REFUSE
-        return _refuse(path, found.why, [f"the files: {seen_why}",
-                                         *_whereabouts(j, log_.moved)])
+        return _refuse(path, found.why, [f"the files: {seen_why}", *_whereabouts(j, done)])
     if action is table.Action.REFUSE:
-        return _refuse(path, found.why, _whereabouts(j, log_.moved))
+        return _refuse(path, found.why, _whereabouts(j, done))
     try:
         if action is table.Action.FINISH:
             try:
