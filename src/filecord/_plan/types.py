@@ -21,11 +21,14 @@ from filecord._pieces.rows import FileRows
 MiB = 1 << 20
 BLOCK = 4096
 
-WindowWhy = Literal["asked", "default", "shrunk", "grown"]
+WindowWhy = Literal["asked", "default", "fitted", "shrunk", "grown"]
 
 
 def size_text(n: int) -> str:
-    """``n`` bytes in MiB for people: whole MiB exactly, else one decimal."""
+    """``n`` bytes in MiB for people: whole MiB exactly, else one decimal; under 1 MiB in
+    bytes (one decimal of a MiB would read 0.0)."""
+    if 0 < n < MiB:
+        return f"{n} bytes"
     return f"{n // MiB} MiB" if n % MiB == 0 else f"{n / MiB:.1f} MiB"
 
 # Why the last partial block of a cloned piece is copied rather than cloned.
@@ -349,10 +352,11 @@ class FsPeak:
 class WindowChoice:
     """The window a plan uses and why.
 
-    ``why``: "asked" (passed explicitly), "default" (the default, unchanged), "shrunk" (the
-    default halved to fit the free space) or "grown" (the default doubled: the save moves
-    enough bytes and the free space holds it with a window to spare).  ``free`` and
-    ``fs_type``: the file system whose free space decided (the tightest one).
+    ``why``: "asked" (passed explicitly), "default" (the default, unchanged), "fitted" (the
+    default cut to 1/36 of the ``moved`` bytes, so the window adds under 3% to the peak),
+    "shrunk" (the default halved to fit the free space) or "grown" (the default doubled: the
+    save moves enough bytes and the free space holds it with a window to spare).  ``free``
+    and ``fs_type``: the file system whose free space decided (the tightest one).
     ``default_fits``: for an explicit window that does not fit, the window the default would
     have shrunk to and that fits (None when none would, or when it fits).
     """
@@ -363,10 +367,15 @@ class WindowChoice:
     free: int | None = None
     fs_type: str | None = None
     default_fits: int | None = None
+    moved: int | None = None  # for "fitted": the bytes the save moves
 
     def note(self) -> str | None:
         """"shrunk from 64 MiB to 16 MiB: 20.6 MiB free on ext4", "grown from 64 MiB to
-        512 MiB: ...", or None when the window is the one asked for or the default."""
+        512 MiB: ...", "fitted from 64 MiB to 28 MiB: 1024 MiB moved", or None when the
+        window is the one asked for or the default."""
+        if self.why == "fitted" and self.moved is not None:
+            return (f"fitted from {size_text(self.asked)} to {size_text(self.used)}: "
+                    f"{size_text(self.moved)} moved")
         if self.why not in ("shrunk", "grown"):
             return None
         where = f" on {self.fs_type}" if self.fs_type else ""

@@ -6,15 +6,28 @@ may choose.  Bigger windows mean fewer fsyncs and extents; smaller ones need les
 
 * ``window=`` left at its default (:data:`DEFAULT_WINDOW`, an ``int`` marked as the default):
   the plan takes the largest window of the ladder (:func:`ladder`) with which every file
-  system's predicted peak fits its free space: from :data:`CAP` down through the base,
-  64 MiB, and its halvings to :data:`FLOOR`.  Only when even the floor does not fit is the
+  system's predicted peak fits its free space: from :data:`CAP` down through the base
+  (:func:`base`: 64 MiB, or 1/:data:`SHARE` of the bytes moved when that is less) and the
+  powers of two below it to :data:`FLOOR`.  Only when even the floor does not fit is the
   save refused, and the message says what the floor needs.
 * ``window=`` passed explicitly (any ``int`` that is not the marked default, even one equal
   to it): used as is; a save that does not fit is refused, and the message says whether the
   default would have fit.
 
+Fitting the base to the data.  A move's peak is the data plus one window (the window is the
+only part held twice), so a window of 1/:data:`SHARE` of the bytes moved keeps the peak at
+1.03x the data or under (1/36 is 2.8%; the metadata margin is far under the rest).  From
+2.25 GiB moved that is the 64 MiB default; below, the base is that share in whole 4 MiB
+(block-aligned on any file system whose block is at most 4 MiB), and never less than
+:data:`LOW`, 16 MiB: below 576 MiB moved the window adds at most 16 MiB rather than a share.
+Measured (bench/consume_window.py, 1 GiB on root ext4, write-behind on, 5 rounds, copy +
+unlink 1.30 s): 16 MiB 1.19x the copy's time, peak 1.016x; 24 MiB 1.04x, 1.023x; 28 MiB (the
+base at 1 GiB) 0.93x, 1.027x; 32 MiB 0.89x, 1.031x; 64 MiB 0.76x, 1.063x.  The windows
+shrink the time's lead over a copy, not below it, down to 28 MiB; 16 MiB is where the fsyncs
+start to cost more than the copy's second write (so the fitted base stops there).
+
 Growing (rungs above the base).  A rung above 64 MiB is on the ladder only while it is at most
-1/:data:`SHARE` of the bytes the save moves, so a grown window adds at most 2.5% of the data
+1/:data:`SHARE` of the bytes the save moves, so a grown window adds at most 2.8% of the data
 to the peak (the target is 1.03x, metadata margin included; 1/32 measured 1.0313x at 4 GiB),
 and a large move holds fewer windows, fsyncs and extents (16 GiB in 64 MiB windows: 256
 fsyncs; in 256 MiB windows: 64; at 4 GiB, one round on the busy machine: 128 MiB windows 40
@@ -60,7 +73,8 @@ from filecord._plan.types import MiB, WindowChoice, WindowWhy
 
 FLOOR = 4 * MiB
 CAP = 256 * MiB  # the largest window the default grows to (see the module's docstring)
-SHARE = 40  # a grown window is at most 1/SHARE of the bytes moved
+SHARE = 36  # the default window is at most 1/SHARE of the bytes moved (above LOW)
+LOW = 16 * MiB  # the smallest window the default is fitted down to by the data alone
 
 
 class _DefaultWindow(int):
@@ -78,10 +92,22 @@ def is_default(window: int) -> bool:
     return isinstance(window, _DefaultWindow)
 
 
+def base(window: int, moved: int = 0) -> int:
+    """The rung a save takes when its free space does not decide: ``window`` when asked
+    for, or when the save moves nothing (``moved`` 0: no window is held); for the default,
+    1/:data:`SHARE` of ``moved`` in whole 4 MiB (at least :data:`LOW`) while that is below
+    the default, else the default."""
+    if not is_default(window) or moved <= 0:
+        return int(window)
+    fit = max(LOW, moved // SHARE // FLOOR * FLOOR)
+    return min(int(window), fit)
+
+
 def ladder(window: int, moved: int = 0) -> tuple[int, ...]:
     """The windows a save may use, largest first: for the default, doublings of it up to
-    :data:`CAP` while at most 1/:data:`SHARE` of ``moved`` bytes, then the default and its
-    halvings down to the floor; only ``window`` itself when it was asked for."""
+    :data:`CAP` while at most 1/:data:`SHARE` of ``moved`` bytes, then its :func:`base` and
+    the powers of two below it down to the floor; only ``window`` itself when it was asked
+    for."""
     if not is_default(window):
         return (int(window),)
     grown: list[int] = []
@@ -89,9 +115,13 @@ def ladder(window: int, moved: int = 0) -> tuple[int, ...]:
     while w <= CAP and w * SHARE <= moved:
         grown.append(w)
         w *= 2
-    steps = [*reversed(grown), int(window)]
-    while steps[-1] // 2 >= FLOOR:
-        steps.append(steps[-1] // 2)
+    steps = [*reversed(grown), base(window, moved)]
+    below = FLOOR
+    while below * 2 < steps[-1]:
+        below *= 2
+    while below >= FLOOR and below < steps[-1]:
+        steps.append(below)
+        below //= 2
     return tuple(steps)
 
 
@@ -132,10 +162,13 @@ def choose(
         if all(p.fits for p in peaks) and all(p.fits for p in peaks_for(2 * w)):
             tight = min(peaks, key=lambda p: p.free - p.needed)
             return WindowChoice(w, asked, "grown", tight.free, tight.fs_type), peaks
-    first = peaks_for(asked)
+    start = base(window, moved if moves else 0)
+    first = peaks_for(start)
     if all(p.fits for p in first):
+        if start < asked:
+            return WindowChoice(start, asked, "fitted", moved=moved), first
         return WindowChoice(asked, asked, why), first
-    below = [w for w in steps if w < asked]
+    below = [w for w in steps if w < start]
     last, tight = first, _tightest(first)
     for w in below:
         peaks = peaks_for(w)
@@ -150,6 +183,8 @@ def choose(
                 break
         return WindowChoice(asked, asked, why, default_fits=hint), first
     if [p.needed for p in last] == [p.needed for p in first]:
+        if start < asked:
+            return WindowChoice(start, asked, "fitted", moved=moved), first
         return WindowChoice(asked, asked, why), first
     return WindowChoice(steps[-1], asked, "shrunk", tight.free, tight.fs_type), last
 

@@ -318,6 +318,7 @@ def test_cover_agrees_with_a_byte_by_byte_reference(
 
 MiB = T.MiB
 BIG = 40 * MiB  # one owned source, moved behind a 4096-byte header
+LARGE = 3 << 30  # moved bytes from which the default window is no longer fitted down
 
 
 def big_plan(free: int, window: int = _window.DEFAULT_WINDOW, size: int = BIG) -> T.SavePlan:
@@ -342,19 +343,30 @@ def test_the_default_window_is_a_marked_int_and_a_number_is_explicit() -> None:
 
 
 def test_default_window_fits_unchanged_when_there_is_room() -> None:
-    p = big_plan(1 << 40)
+    p = big_plan(1 << 40, size=LARGE)
     assert p.window == 64 * MiB
     assert type(p.window) is int
     assert p.window_choice.why == "default"
     assert p.window_choice.note() is None
 
 
+@pytest.mark.parametrize(("size", "want"), [(BIG, 16 * MiB), (1 << 30, 28 * MiB),
+                                            (2 << 30, 56 * MiB)])
+def test_below_2_25_gib_moved_the_default_is_fitted_to_a_36th(size: int, want: int) -> None:
+    p = big_plan(1 << 40, size=size)
+    assert (p.window, p.window_choice.why) == (want, "fitted")
+    assert p.window_choice.note() == (
+        f"fitted from 64 MiB to {want // MiB} MiB: {size // MiB} MiB moved")
+    # the window is the only part of the peak held twice: at most 1/36 of the data above LOW
+    assert p.peaks[0].needed - needed_at(4 * MiB, size=size) == want - 4 * MiB
+
+
 @pytest.mark.parametrize("want", [32 * MiB, 16 * MiB, 8 * MiB, 4 * MiB])
 def test_default_window_shrinks_to_the_largest_that_fits(want: int) -> None:
     # Free space exactly what ``want`` needs: the next larger window needs more, so not it.
-    free = needed_at(want)
-    assert needed_at(2 * want) > free
-    p = big_plan(free)
+    free = needed_at(want, size=LARGE)
+    assert needed_at(2 * want, size=LARGE) > free
+    p = big_plan(free, size=LARGE)
     assert p.window == want
     assert p.peaks[0].fits
     assert p.peaks[0].needed == free
@@ -407,8 +419,8 @@ def test_a_run_smaller_than_the_floor_never_says_it_shrank() -> None:
     # 10 000 bytes: every window holds the whole run, so shrinking changes nothing.
     p = big_plan(4096, size=10_000)
     assert not p.peaks[0].fits
-    assert p.window == 64 * MiB
-    assert p.window_choice.note() is None
+    assert (p.window, p.window_choice.why) == (16 * MiB, "fitted")
+    assert p.window_choice.note() == "fitted from 64 MiB to 16 MiB: 10000 bytes moved"
     with pytest.raises(OSError, match=r"needs \d+ bytes at its peak \(its data"):
         S.check_space(p)
 

@@ -99,14 +99,15 @@ def test_the_tightest_file_system_is_the_one_named() -> None:
 def test_size_text() -> None:
     assert size_text(64 * MiB) == "64 MiB"
     assert size_text(MiB + MiB // 2) == "1.5 MiB"
+    assert size_text(10_000) == "10000 bytes"
 
 
 def test_the_ladder_grows_with_the_bytes_moved_up_to_the_cap() -> None:
     d = window.DEFAULT_WINDOW
     below = (64 * MiB, 32 * MiB, 16 * MiB, 8 * MiB, 4 * MiB)
     assert window.ladder(d, 0) == below
-    assert window.ladder(d, 5120 * MiB - 1) == below  # 128 MiB would be over 1/40 of it
-    assert window.ladder(d, 5120 * MiB) == (128 * MiB, *below)
+    assert window.ladder(d, 4608 * MiB - 1) == below  # 128 MiB would be over 1/36 of it
+    assert window.ladder(d, 4608 * MiB) == (128 * MiB, *below)
     assert window.ladder(d, 10 * 1024 * MiB) == (256 * MiB, 128 * MiB, *below)
     assert window.ladder(d, 1 << 50) == (256 * MiB, 128 * MiB, *below)
     assert 256 * MiB == window.CAP
@@ -137,8 +138,33 @@ def test_without_room_to_grow_the_default_stays_and_says_nothing() -> None:
 
 def test_a_small_move_never_grows_the_window() -> None:
     choice, _ = window.choose(peaks(1 << 50), window.DEFAULT_WINDOW,  # type: ignore[arg-type]
-                              moves=True, moved=1024 * MiB)
+                              moves=True, moved=4 * 1024 * MiB)
     assert (choice.used, choice.why) == (64 * MiB, "default")
+
+
+@pytest.mark.parametrize(("moved", "rungs"), [
+    (1, (16, 8, 4)), (576 * MiB, (16, 8, 4)), (1024 * MiB, (28, 16, 8, 4)),
+    (2047 * MiB, (56, 32, 16, 8, 4)), (2304 * MiB - 1, (60, 32, 16, 8, 4)),
+    (2304 * MiB, (64, 32, 16, 8, 4)),
+])
+def test_below_the_default_the_base_is_a_36th_of_the_move_in_whole_4_mib(
+        moved: int, rungs: tuple[int, ...]) -> None:
+    assert window.ladder(window.DEFAULT_WINDOW, moved) == tuple(r * MiB for r in rungs)
+    assert window.base(window.DEFAULT_WINDOW, moved) == rungs[0] * MiB
+    assert window.base(64 * MiB, moved) == 64 * MiB  # asked: as is
+
+
+def test_a_fitted_base_shrinks_like_the_default_when_the_disk_is_short() -> None:
+    moved = 1024 * MiB  # fitted to 28 MiB
+    fitted, _ = window.choose(peaks(1 << 40), window.DEFAULT_WINDOW,  # type: ignore[arg-type]
+                              moves=True, moved=moved)
+    assert fitted == WindowChoice(28 * MiB, 64 * MiB, "fitted", moved=moved)
+    free = 100 * MiB + 2 * 16 * MiB  # 16 MiB fits, 28 MiB does not
+    at = peaks(free)
+    choice, _ = window.choose(at, window.DEFAULT_WINDOW,  # type: ignore[arg-type]
+                              moves=True, moved=moved)
+    assert choice == WindowChoice(16 * MiB, 64 * MiB, "shrunk", free, "ext4")
+    assert at.calls == [28 * MiB, 16 * MiB]  # type: ignore[attr-defined]
 
 
 def test_an_asked_window_is_never_grown() -> None:
