@@ -23,7 +23,7 @@ rows, compared byte for byte with PyTorch's output for the same indices; it runs
 root, and as an unprivileged user would (no ``CAP_IPC_LOCK``, a 64 KiB ``RLIMIT_MEMLOCK``), since
 the runtime ``mlock``s every segment it maps where it may.
 
-    python bench/adopt_bench.py [--sizes 1G,16G] [--contrast 1G] [--runtime 64M,1G] [--json]
+    python bench/adopt_bench.py [--sizes 1G,16G] [--contrast 1G] [--runtime 64M,1G,16G] [--json]
 """
 
 from __future__ import annotations

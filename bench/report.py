@@ -44,14 +44,17 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "time within 1.05x of the copy, peak within 1.03x of the data. On the loop image every "
      "byte is cached twice (the image's file system and the host's), which makes the 4 GiB "
      "copy baseline CPU-bound here; the move holds only one window of dirty data at a time."),
-    ("consume_window.py", ["--size", "1G", "--windows", "16,64,256,1024", "--rounds", "3"],
+    ("consume_window.py", ["--size", "1G", "--windows", "16,24,32,64,256", "--rounds", "3"],
      ["--size", "256M", "--windows", "16,64,256", "--rounds", "1"],
-     "Issue 26: windows above the default, at 1 GiB",
-     "The default window also grows: for a save that moves at least 40 times a larger window "
-     "(128 MiB from 5 GiB moved, 256 MiB from 10 GiB), where the file system's peak fits with "
-     "twice that window, capped at 256 MiB (`src/filecord/_plan/window.py`). At 1 GiB the "
-     "default stays 64 MiB; this run checks what windows above it buy (the cap is where they "
-     "stop buying time). Same setup as issue 3's table, 1 GiB."),
+     "Issue 26: the default window fitted to the data, and windows around it, at 1 GiB",
+     "The default window follows the bytes a save moves (`src/filecord/_plan/window.py`): "
+     "below 2.25 GiB it is 1/36 of them in whole 4 MiB, at least 16 MiB (28 MiB at 1 GiB), so "
+     "the one window held twice adds under 3% to the peak; from 2.25 GiB it is 64 MiB, and it "
+     "grows for a save that moves at least 36 times a larger window (128 MiB from 4.5 GiB "
+     "moved, 256 MiB from 9 GiB) where the file system's peak fits with twice that window, "
+     "capped at 256 MiB. This run puts the fitted default beside smaller and larger windows "
+     "(256 MiB: the cap, where larger windows stop buying time). Same setup as issue 3's "
+     "table, 1 GiB."),
     ("disk_timeline.py", [], ["--size", "256M"],
      "Allocated disk over time: copy, consume, clone",
      "One 1 GiB piece saved into a fresh file system; used space (`statvfs`) sampled every "
@@ -169,7 +172,7 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "(the tensors must be in memory). Peak allocated disk: `st_blocks` of the run's "
      "directory at every fsync, truncate, rename and unlink. Every cord output is checked byte "
      "for byte. Target: RSS growth from 1 to 16 GiB <= 16 MiB."),
-    ("adopt_bench.py", ["--sizes", "1G,16G", "--contrast", "1G", "--runtime", "64M,1G"],
+    ("adopt_bench.py", ["--sizes", "1G,16G", "--contrast", "1G", "--runtime", "64M,1G,16G"],
      ["--sizes", "64M", "--contrast", "64M", "--runtime", "16M"],
      'Issue 26: zero-copy adoption on ext4, 1 and 16 GiB, and the ExecuTorch runtime on the result',
      'A blob behind a header saved to a `.ptd` with `consume=True` on ext4: a fresh sparse'

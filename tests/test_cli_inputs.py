@@ -108,6 +108,10 @@ def test_a_key_that_is_not_utf8_is_a_usage_error(tmp_path: Path, cmd: bytes) -> 
         ([b"demo", b"--window", b"0"], b"the window must be at least 4096 bytes"),
         ([b"demo", b"--dir", BAD_MISSING], b"--dir nope\\udcfe\\udcc0\\udcaf: no such directory"),
         ([b"pack", b"-o", b"o.ptd", b"ok.bin", b"--window", b"1"], b"at least 4096 bytes"),
+        # every command takes the same --window (merge took any size before)
+        ([b"merge", b"ok.bin", b"-o", b"m.safetensors", b"--window", b"1"],
+         b"at least 4096 bytes"),
+        ([b"reshard", b"ok.bin", b"-o", b"d", b"--window", b"4095"], b"at least 4096 bytes"),
         ([b"demo", b"--size", b"1e400"], b"argument --size: not a size: '1e400' (too large)"),
         ([b"demo", b"--window", b"1e999"], b"not a size: '1e999' (too large)"),
         ([b"demo", b"--size", b"1e30", b"--dir", b"."], b"free in . (the copy holds"),

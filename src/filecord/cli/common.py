@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from filecord._io import syscalls as _sys
 from filecord._plan.types import BLOCK
-from filecord._plan.window import DEFAULT_WINDOW
+from filecord._plan.window import CAP, DEFAULT_WINDOW
 
 if TYPE_CHECKING:
     from filecord._plan.report import SaveReport
@@ -211,9 +211,16 @@ def add_operation_options(p: argparse.ArgumentParser, align_help: str) -> None:
     p.add_argument("-n", "--dry-run", action="store_true",
                    help="print what would be moved, cloned or copied (and why); write nothing")
     p.add_argument("--align", type=power_of_two, default=None, help=align_help)
-    p.add_argument("--window", type=parse_size, default=DEFAULT_WINDOW,
-                   help=f"consume sync window [{DEFAULT_WINDOW >> 20}MiB]")
+    add_window_option(p)
     add_common(p)
+
+
+def add_window_option(p: argparse.ArgumentParser) -> None:
+    """``--window``: the consume sync window, left at the library's default unless given (one
+    option for every command, so each refuses the same sizes)."""
+    p.add_argument("--window", type=parse_window, default=DEFAULT_WINDOW,
+                   help="consume sync window [about 1/36 of the bytes moved, from 16MiB "
+                   f"to {CAP >> 20}MiB; shrunk to fit the free space]")
 
 
 def _shell_word(token: str) -> str:

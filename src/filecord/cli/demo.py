@@ -31,15 +31,14 @@ from filecord._io import syscalls as _sys
 from filecord._io.measure import DiskSampler, rss_now, rss_peak, rss_reset
 from filecord._pieces.data import FileBackedData
 from filecord._plan.report import SaveReport
-from filecord._plan.window import DEFAULT_WINDOW
 from filecord._txn.save import save
 from filecord.cli.common import (
     Bar,
     UsageError,
     add_common,
+    add_window_option,
     human,
     parse_size,
-    parse_window,
     positive_int,
     raise_terminated,
 )
@@ -384,8 +383,7 @@ def build(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", type=parse_size, default=1 << 30, help="total engine bytes [1GiB]")
     p.add_argument("--pieces", type=positive_int, default=4, help="number of engine files [4]")
     p.add_argument("--dir", default=None, help="where to work [the system temp directory]")
-    p.add_argument("--window", type=parse_window, default=DEFAULT_WINDOW,
-                   help=f"consume sync window [{DEFAULT_WINDOW >> 20}MiB]")
+    add_window_option(p)
     p.add_argument("--keep", action="store_true", help="keep the generated files")
     p.add_argument("--no-model", action="store_true", help="skip the ExecuTorch model step")
     add_common(p)

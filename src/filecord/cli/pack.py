@@ -20,15 +20,14 @@ from typing import Any
 
 from filecord._io import syscalls as _sys
 from filecord._pieces.data import FileBackedData
-from filecord._plan.window import DEFAULT_WINDOW
 from filecord.cli.common import (
     Bar,
     UsageError,
     add_common,
     add_output,
+    add_window_option,
     finish,
     output_directory,
-    parse_window,
     require_output,
 )
 
@@ -151,8 +150,7 @@ def build(p: argparse.ArgumentParser, *, dry_run: bool) -> None:
     p.add_argument("--align", type=int, default=128,
                    help="entry alignment [128]; 4096 is clone-ready: on btrfs/XFS every "
                    "file is then cloned, not copied or moved")
-    p.add_argument("--window", type=parse_window, default=DEFAULT_WINDOW,
-                   help=f"consume sync window [{DEFAULT_WINDOW >> 20}MiB]")
+    add_window_option(p)
     if dry_run:
         p.set_defaults(dry_run=True)
     else:
