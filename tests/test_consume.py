@@ -317,8 +317,12 @@ def test_a_whole_owned_file_is_adopted_by_rename(tmp_path: Path) -> None:
     assert (tmp_path / "o").read_bytes() == a
     assert not os.path.exists(fa.path)
     assert leftovers(tmp_path) == []
-    # Nothing is held twice: only the margin (one file, a journal) is needed.
-    assert report.peaks[0].needed == report.peaks[0].margin == 5 * report.peaks[0].block
+    # Nothing is held twice: only the margin is needed (the output and its lock file, two
+    # blocks each, a block per 128 MiB of data, and the journal: its file and entry, and its
+    # head twice, a few KiB with this directory's paths).
+    peak = report.peaks[0]
+    assert peak.needed == peak.margin
+    assert 7 * peak.block < peak.margin <= 10 * peak.block
 
 
 def test_a_failed_adoption_renames_the_source_back(tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
-from filecord._plan.space import peaks_at
+from filecord._plan.space import peaks_at, shape_of
 from filecord._plan.types import (
     ADOPTED,
     BLOCK,
@@ -456,9 +456,26 @@ def make_plan(
     )
     # all peaks_at reads of the actions (clones are one-piece placements: see ``split``)
     cloned = [actions.piece_action(i) for i, a in enumerate(acts) if a == "cloned"]
+    moving = {m.key for m in moves}
+    shape = shape_of(
+        outputs, moves, refs=refs, acts=acts,
+        block={d: f.block if f.block > 0 else BLOCK for d, f in filesystems.items()},
+        journaled=bool(moves or consumed or any(o.discard for o in outputs)
+                       or sum(not o.direct for o in outputs) > 1),
+        consumed=[sources[k].path for k in consumed if k not in moving],
+    )
+    # One window serves every file system, so it is fitted to the one that moves least: a
+    # window of 1/36 of the bytes moved there keeps each file system's peak under 1.03x.
+    per_fs: dict[int, int] = {}
+    for m in moves:
+        if not m.adopt:
+            per_fs[m.key[0]] = per_fs.get(m.key[0], 0) + m.size - m.run_start
+    least = min(per_fs, key=lambda dev: per_fs[dev], default=None)
     choice, chosen = choose(
-        lambda w: peaks_at(outputs, cloned, moves, sources, filesystems, w), window,
-        moves=bool(moves), moved=sum(m.size - m.run_start for m in moves if not m.adopt),
+        lambda w: peaks_at(outputs, cloned, moves, sources, filesystems, w, shape), window,
+        moves=bool(moves), moved=0 if least is None else per_fs[least],
+        moved_on=(filesystems[least].fs_type if least is not None and len(per_fs) > 1
+                  and least in filesystems else None),
     )
     peaks = tuple(chosen)
     if not consume and any(s.owned for s in sources.values()) and not all(p.fits for p in peaks):

@@ -367,15 +367,18 @@ class WindowChoice:
     free: int | None = None
     fs_type: str | None = None
     default_fits: int | None = None
-    moved: int | None = None  # for "fitted": the bytes the save moves
+    # for "fitted": the bytes the save moves (on the file system that moves least, named by
+    # ``fs_type`` when it moves on several)
+    moved: int | None = None
 
     def note(self) -> str | None:
         """"shrunk from 64 MiB to 16 MiB: 20.6 MiB free on ext4", "grown from 64 MiB to
         512 MiB: ...", "fitted from 64 MiB to 28 MiB: 1024 MiB moved", or None when the
         window is the one asked for or the default."""
         if self.why == "fitted" and self.moved is not None:
+            on = f" on {self.fs_type}, the file system that moves least" if self.fs_type else ""
             return (f"fitted from {size_text(self.asked)} to {size_text(self.used)}: "
-                    f"{size_text(self.moved)} moved")
+                    f"{size_text(self.moved)} moved{on}")
         if self.why not in ("shrunk", "grown"):
             return None
         where = f" on {self.fs_type}" if self.fs_type else ""

@@ -24,7 +24,10 @@ Measured (bench/consume_window.py, 1 GiB on root ext4, write-behind on, 5 rounds
 unlink 1.30 s): 16 MiB 1.19x the copy's time, peak 1.016x; 24 MiB 1.04x, 1.023x; 28 MiB (the
 base at 1 GiB) 0.93x, 1.027x; 32 MiB 0.89x, 1.031x; 64 MiB 0.76x, 1.063x.  The windows
 shrink the time's lead over a copy, not below it, down to 28 MiB; 16 MiB is where the fsyncs
-start to cost more than the copy's second write (so the fitted base stops there).
+start to cost more than the copy's second write (so the fitted base stops there).  One
+window serves every file system of a save, so "the bytes moved" are those moved on the file
+system that moves least (a save moving 4 GiB on one and 100 MiB on another holds its window on
+both: fitted to the first, the second's peak would grow by 64 MiB).
 
 Growing (rungs above the base).  A rung above 64 MiB is on the ladder only while it is at most
 1/:data:`SHARE` of the bytes the save moves, so a grown window adds at most 2.8% of the data
@@ -140,11 +143,14 @@ P = TypeVar("P", bound=PeakLike)
 
 
 def choose(
-    peaks_for: Callable[[int], Sequence[P]], window: int, *, moves: bool, moved: int = 0
+    peaks_for: Callable[[int], Sequence[P]], window: int, *, moves: bool, moved: int = 0,
+    moved_on: str | None = None,
 ) -> tuple[WindowChoice, Sequence[P]]:
     """The largest window of :func:`ladder` whose peaks all fit, and those peaks.
 
-    ``moved``: the bytes the save moves (what a grown window is measured against).  Without
+    ``moved``: the bytes the save moves on the file system that moves least (what the window
+    is fitted to and a grown window is measured against: the one window is held on every file
+    system); ``moved_on``: that file system's type, when the save moves on several.  Without
     moves the window allocates nothing: it is kept as asked.  A rung above the default is
     taken only where the peaks at twice it fit too (one window of slack).  When no window
     fits, the smallest is used (the plan is refused with its peaks), unless it needs no less
@@ -166,7 +172,7 @@ def choose(
     first = peaks_for(start)
     if all(p.fits for p in first):
         if start < asked:
-            return WindowChoice(start, asked, "fitted", moved=moved), first
+            return WindowChoice(start, asked, "fitted", fs_type=moved_on, moved=moved), first
         return WindowChoice(asked, asked, why), first
     below = [w for w in steps if w < start]
     last, tight = first, _tightest(first)
@@ -184,7 +190,7 @@ def choose(
         return WindowChoice(asked, asked, why, default_fits=hint), first
     if [p.needed for p in last] == [p.needed for p in first]:
         if start < asked:
-            return WindowChoice(start, asked, "fitted", moved=moved), first
+            return WindowChoice(start, asked, "fitted", fs_type=moved_on, moved=moved), first
         return WindowChoice(asked, asked, why), first
     return WindowChoice(steps[-1], asked, "shrunk", tight.free, tight.fs_type), last
 

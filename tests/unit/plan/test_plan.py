@@ -137,9 +137,13 @@ def test_shared_range_is_moved_to_every_destination() -> None:
     assert [a.action for a in p.actions] == ["moved", "moved"]
     assert len(p.moves[0].dests) == 2
     # The second copy of the bytes is new data on disk; the first is moved (in whole blocks:
-    # 20 000 bytes take 5 blocks, the moved 10 000 free 2), and one window is held twice.
-    assert p.peaks[0].margin == S.space_margin(1, 20_000, 4096, journal=True) == 5 * 4096
-    assert p.peaks[0].needed == (5 - 2) * 4096 + 4096 + 5 * 4096
+    # 20 000 bytes take 5 blocks, the moved 10 000 free 2), and one window is held twice, one
+    # block more for the second copy, which lies off its source's block grid.  The margin:
+    # the output and its directory's lock file, and the journal (its file and its bytes).
+    margin = (S.space_margin(2, 20_000, 4096, journal=True)
+              + -(-S.journal_bytes(p.outputs, p.moves, ()) // 4096) * 4096)
+    assert p.peaks[0].margin == margin
+    assert p.peaks[0].needed == (5 - 2) * 4096 + 4096 + 4096 + margin
 
 
 def test_clone_needs_alignment_or_a_shared_end() -> None:
@@ -213,18 +217,26 @@ def test_owned_file_that_fully_clones_is_cloned_not_moved() -> None:
     assert p.moves == ()
     assert p.consumed == (KEY,)  # still deleted at commit
     # 14 096 bytes take 4 blocks; the clone shares 2 whole ones (its tail block is new).
-    assert p.peaks[0].needed == 2 * 4096 + S.space_margin(1, 14_096, 4096, journal=False)
+    # The journal records the source deleted at commit.
+    margin = (S.space_margin(2, 14_096, 4096, journal=True)
+              + -(-S.journal_bytes(p.outputs, (), ["/d/src"]) // 4096) * 4096)
+    assert p.peaks[0].needed == 2 * 4096 + margin
 
 
 def test_peak_copy_is_output_size_and_move_is_window() -> None:
     copy = decide(src(owned=False))
     move = decide(src())
     # 10 100 bytes are 3 blocks; the move frees the 2 whole blocks of its 10 000 bytes.
-    # One file: its directory entry and metadata (2), one block per started 128 MiB (1).
-    assert copy.peaks[0].margin == 3 * 4096
-    assert copy.peaks[0].needed == 3 * 4096 + 3 * 4096
-    assert move.peaks[0].margin == 5 * 4096  # and the journal's file and entry
-    assert move.peaks[0].needed == 1 * 4096 + 4096 + 5 * 4096
+    # Two files, the output and its directory's lock file: each its directory entry and
+    # metadata (2), and one block per started 128 MiB of data (1).
+    assert copy.peaks[0].margin == 5 * 4096
+    assert copy.peaks[0].needed == 3 * 4096 + 5 * 4096
+    # and the journal's file and entry (2) and its bytes
+    journal = -(-S.journal_bytes(move.outputs, move.moves, ()) // 4096)
+    assert move.peaks[0].margin == (7 + journal) * 4096
+    # The window's 4096 bytes held twice lie off the block grid in the output (at 100 + k *
+    # 4096): two blocks.
+    assert move.peaks[0].needed == 1 * 4096 + 2 * 4096 + (7 + journal) * 4096
     tight = decide(src(), f=fs(free=move.peaks[0].needed))
     assert tight.peaks[0].fits
     assert not decide(src(), f=fs(free=move.peaks[0].needed - 1)).peaks[0].fits
@@ -238,7 +250,7 @@ def big_refs() -> list[PieceRef]:
 
 def test_blocks_follow_the_file_system_and_the_margin_grows_with_the_data() -> None:
     big = decide(src(owned=False), f=fs(block=65536))
-    assert big.peaks[0].needed == 65536 + 3 * 65536
+    assert big.peaks[0].needed == 65536 + 5 * 65536
     assert S.space_margin(1, 10 * T.MiB << 10, 4096, journal=False) == (2 + 80) * 4096
 
 
@@ -247,13 +259,15 @@ def test_consume_hint_only_when_consume_was_worked_out_and_needs_less() -> None:
     big, o = src(size=T.MiB), out(T.MiB + 100)
     copy = decide(big, o, fs(free=8 * 4096), big_refs(), consume=False)
     (peak,) = copy.peaks
-    assert (peak.fits, peak.needed) == (False, 257 * 4096 + 3 * 4096)
-    moved = decide(big, o, fs(free=8 * 4096), big_refs()).peaks[0].needed
-    assert peak.consume_needed == moved == 4096 + 4096 + 5 * 4096
+    assert (peak.fits, peak.needed) == (False, 257 * 4096 + 5 * 4096)
+    consumed = decide(big, o, fs(free=8 * 4096), big_refs())
+    moved = consumed.peaks[0].needed
+    journal = -(-S.journal_bytes(consumed.outputs, consumed.moves, ()) // 4096)
+    assert peak.consume_needed == moved == 4096 + 2 * 4096 + (7 + journal) * 4096
     with pytest.raises(OSError, match=f"; consume=True would need {moved}$") as info:
         S.check_space(copy)
     assert f"needs {peak.needed} bytes at its peak (its data in 4096-byte blocks, plus a " \
-        f"margin of {3 * 4096} bytes for file-system metadata and the journal) and " \
+        f"margin of {5 * 4096} bytes for file-system metadata and the journal) and " \
         f"{8 * 4096} are free" in str(info.value)
     # 10 000 bytes: consume would need more (window, journal), so it is not suggested.
     small = decide(src(), f=fs(free=4096), consume=False)
@@ -359,6 +373,22 @@ def test_below_2_25_gib_moved_the_default_is_fitted_to_a_36th(size: int, want: i
         f"fitted from 64 MiB to {want // MiB} MiB: {size // MiB} MiB moved")
     # the window is the only part of the peak held twice: at most 1/36 of the data above LOW
     assert p.peaks[0].needed - needed_at(4 * MiB, size=size) == want - 4 * MiB
+
+
+def test_the_window_is_fitted_to_the_file_system_that_moves_least() -> None:
+    # 4 GiB moved on ext4 and 1 GiB on xfs: one window is held on both, so it is fitted to
+    # xfs's gigabyte (28 MiB), where 64 MiB would be 6% of the data moved there.
+    other, key2 = DEV + 1, (DEV + 1, 99)
+    big, small = src(size=4 << 30), src(key=key2, path="/x/w", size=1 << 30)
+    refs = [PieceRef(0, 0, 0, 100), PieceRef(0, 1, 100, 4 << 30, KEY, 0),
+            PieceRef(1, 0, 0, 1 << 30, key2, 0), PieceRef(1, 1, 1 << 30, 100)]
+    outs = [out((4 << 30) + 100), T.OutputFacts("/x/o", "/x/o", other, (1 << 30) + 100, False)]
+    filesystems = {DEV: fs(), other: fs(other, fs_type="xfs")}
+    p = make_plan(outs, refs, {KEY: big, key2: small}, filesystems, consume=True,
+                  window=_window.DEFAULT_WINDOW)
+    assert (p.window, p.window_choice.why) == (28 * MiB, "fitted")
+    assert p.window_choice.note() == (
+        "fitted from 64 MiB to 28 MiB: 1024 MiB moved on xfs, the file system that moves least")
 
 
 @pytest.mark.parametrize("want", [32 * MiB, 16 * MiB, 8 * MiB, 4 * MiB])

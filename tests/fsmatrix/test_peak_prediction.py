@@ -1,0 +1,135 @@
+"""The plan's predicted peak is an upper bound on the disk a consuming save really takes.
+
+Each case fills a fresh file system until its free space (``statvfs``, as the plan reads it) is
+exactly the plan's ``needed``, then saves with the same explicit window: the save must succeed,
+the used space sampled through the ``_sys`` seam before every truncate, fsync, rename and
+unlink must stay within ``needed``, and the output must hold every byte at its offset.
+
+The shapes are the ones an earlier prediction missed (the session 31 attack): in-memory pieces
+between moved files (the fill allocates the blocks they share with the moved runs before any
+move; 40 files of 1 MiB behind 100-byte headers overshot by 46 blocks on ext4), two files'
+row runs interleaved (the first file's runs allocate every boundary block, its truncations free
+only whole blocks), and XFS, which reserves extent-tree blocks for every range written before
+writeback (2.3 MiB beyond the data for the 40 files, before temps were presized before the
+fill).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import fskit
+import pytest
+
+import filecord
+from filecord import Cord, FileBackedData
+from filecord._io import syscalls as _sys
+from filecord._plan import space
+from filecord._plan.plan import make_plan
+from filecord._plan.preflight import gather, normalize
+
+pytestmark = [pytest.mark.root]
+
+MiB = fskit.MiB
+WINDOW = 4 * MiB
+
+
+def _headers_between(work: Path) -> tuple[list[object], list[tuple[int, int, int]]]:
+    pieces: list[object] = []
+    want = []
+    at = 0
+    for i in range(40):
+        p = work / f"s{i}.bin"
+        fskit.write_pattern(p, MiB, seed=i + 1)
+        head = fskit.pattern(100 + i, 0, 100)
+        pieces += [head, FileBackedData(p, owned=True)]
+        want.append((at + 100, i + 1, MiB))
+        at += 100 + MiB
+    return pieces, want
+
+
+def _rows_interleaved(work: Path) -> tuple[list[object], list[tuple[int, int, int]]]:
+    row, rows = 12 * 1024 + 100, 200  # off the block grid
+    for name, seed in (("a", 51), ("b", 52)):
+        fskit.write_pattern(work / f"{name}.bin", row * rows, seed=seed)
+    pieces: list[object] = []
+    for k in range(rows):
+        for name in ("a", "b"):
+            pieces.append(FileBackedData(work / f"{name}.bin", offset=k * row, length=row,
+                                         owned=True))
+    return pieces, []
+
+
+def _fill_to(fs: Path, free: int) -> None:
+    """Take the file system's free space down to ``free`` bytes (as ``statvfs`` counts it)."""
+    os.sync()
+    vfs = os.statvfs(fs)
+    have = vfs.f_bavail * vfs.f_frsize
+    assert have > free, f"the file system is too small for the case: {have} < {free}"
+    fd = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, have - free)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.sync()
+    for _ in range(64):  # metadata for the filler itself: trim until free is exact
+        vfs = os.statvfs(fs)
+        have = vfs.f_bavail * vfs.f_frsize
+        if have >= free:
+            break
+        os.truncate(fs / "filler", os.stat(fs / "filler").st_size - (free - have))
+        os.sync()
+    assert free <= have < free + 64 * 1024, (have, free)
+
+
+@pytest.mark.parametrize("kind", ["ext4", "xfs"])
+@pytest.mark.parametrize("shape", [_headers_between, _rows_interleaved],
+                         ids=["headers-between", "rows-interleaved"])
+def test_a_save_fits_the_free_space_its_plan_asks_for(mount, kind, shape):
+    fs = mount(kind, 512 * MiB)
+    work = fs / "w"
+    work.mkdir()
+    pieces, want = shape(work)
+    originals = {p: p.read_bytes() for p in work.iterdir()} if not want else {}
+    cord = Cord(pieces)
+    report = filecord.plan(work / "out.bin", cord, consume=True, window=WINDOW)
+    assert {a.action for a in report.file_actions()} == {"moved"}
+    (peak,) = report.peaks
+    # the plan itself, for the journal's bound
+    f = gather(normalize(work / "out.bin", cord), consume=True)
+    plan = make_plan(f.outputs, f.refs, f.sources, f.filesystems, consume=True, window=WINDOW)
+    outputs, moves = plan.outputs, plan.moves
+    _fill_to(fs, peak.needed)
+
+    start = fskit.fs_used(fs)  # a change in used is the same change in free
+    journal = [0]  # the longest the journal got
+
+    def used() -> int:
+        for p in work.iterdir():
+            if p.name.endswith((".filecord-journal", ".filecord-pending")):
+                journal[0] = max(journal[0], p.stat().st_size)
+        return fskit.fs_used(fs) - start
+
+    sampler = fskit.Sampler(used)
+    with _sys.use(sampler):
+        filecord.save(work / "out.bin", cord, consume=True, window=WINDOW)
+    sampler.sample()
+    assert 0 < journal[0] <= space.journal_bytes(outputs, moves, ())
+
+    assert sampler.peak <= peak.needed, (
+        f"{kind}: the save took {sampler.peak} bytes, the plan said {peak.needed} "
+        f"({(sampler.peak - peak.needed) // peak.block} blocks over)")
+    out = work / "out.bin"
+    for offset, seed, size in want:
+        assert fskit.mismatch(out, offset, size, seed) is None
+    if originals:  # the interleaved rows, each at its place
+        row = 12 * 1024 + 100
+        a, b = originals[work / "a.bin"], originals[work / "b.bin"]
+        data = out.read_bytes()
+        assert len(data) == len(a) + len(b)
+        for k in (0, 1, 99, 199):
+            assert data[2 * k * row:(2 * k + 1) * row] == a[k * row:(k + 1) * row]
+            assert data[(2 * k + 1) * row:(2 * k + 2) * row] == b[k * row:(k + 1) * row]
+    assert sorted(p.name for p in work.iterdir()) == ["out.bin"]
