@@ -147,3 +147,98 @@ def test_the_plan_lists_the_source_to_adopt_in_place_only_where_probed(mount) ->
     assert [a.action for a in asked.actions] == ["written", "adopted", "moved"]
     assert big.exists()
     assert small.exists()
+
+
+@pytest.mark.parametrize("kind", ["xfs", "btrfs"])
+def test_the_clone_probe_works_on_files_without_names(mount, kind: str) -> None:
+    # Killed at the clone (the process is gone before its finally runs), the probe left two
+    # named files that nothing removes (the session 31 attack); its files have no names now.
+    import subprocess
+    import sys
+
+    point = mount(kind, 320 * MiB)
+    there = sorted(os.listdir(point))
+    code = (
+        "import os, signal, sys\n"
+        "from filecord._io import syscalls as _sys\n"
+        "from filecord._plan import facts\n"
+        "class Kill(_sys.Backend):\n"
+        "    def hook(self, op, args):\n"
+        "        if op == 'clone_range':\n"
+        "            os.kill(os.getpid(), signal.SIGKILL)\n"
+        "with _sys.use(Kill()):\n"
+        "    facts.probe_clone(sys.argv[1])\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(point)], check=False)
+    assert r.returncode == -9
+    assert sorted(os.listdir(point)) == there
+    assert facts.probe_clone(str(point)) is True
+    assert sorted(os.listdir(point)) == there
+
+
+class _FailOn(_sys.Backend):
+    def __init__(self, op: str, err: int) -> None:
+        self.op, self.err = op, err
+
+    def hook(self, op: str, args: tuple[object, ...]) -> None:
+        if op == self.op:
+            raise OSError(self.err, os.strerror(self.err))
+
+
+def test_a_full_disk_makes_the_probes_say_no_without_caching_it(mount) -> None:
+    point = mount("ext4", 64 * MiB)
+    dev = os.stat(point).st_dev
+    facts._insert_cache.pop(dev, None)
+    facts._clone_cache.pop(dev, None)
+    with _sys.use(_FailOn("pwrite", errno.ENOSPC)):
+        assert facts.probe_insert(str(point)) is False
+        assert facts.probe_clone(str(point)) is False
+    assert dev not in facts._insert_cache
+    assert dev not in facts._clone_cache
+    assert facts.probe_insert(str(point)) is True  # asked again once there is room
+
+
+def test_a_collapse_refused_after_an_insert_means_no(mount) -> None:
+    # An adoption's undo is a collapse: a file system that inserts but cannot collapse is not
+    # one to adopt on, and the save moves instead of failing.
+    point = mount("ext4", 64 * MiB)
+    dev = os.stat(point).st_dev
+    facts._insert_cache.pop(dev, None)
+    with _sys.use(_FailOn("collapse_range", errno.EOPNOTSUPP)):
+        assert facts.probe_insert(str(point)) is False
+    facts._insert_cache.pop(dev, None)
+
+
+def test_a_consuming_save_on_a_full_disk_is_refused_for_space(mount) -> None:
+    # The preflight's insert probe hit ENOSPC and the save failed with a plain SaveError; the
+    # space check now says what is missing.
+    from filecord import Cord, FileBackedData, save
+    from filecord.errors import InsufficientSpaceError
+
+    point = mount("ext4", 64 * MiB)
+    src = point / "w.bin"
+    fskit.write_pattern(src, 8 * MiB, seed=5)
+    filler = point / "filler"
+    with open(filler, "wb") as f:
+        while True:
+            try:
+                f.write(bytes(1 << 20))
+                f.flush()
+            except OSError:
+                break
+    os.sync()
+    for n in (1 << 16, 1 << 12, 1 << 9, 1):
+        try:
+            with open(filler, "ab") as f:
+                while True:
+                    f.write(bytes(n))
+                    f.flush()
+        except OSError:
+            pass
+    dev = os.stat(point).st_dev
+    facts._insert_cache.pop(dev, None)
+    with pytest.raises(InsufficientSpaceError, match="not enough free space"):
+        save(point / "out.ptd", Cord([bytes(4096), FileBackedData(src, owned=True)]),
+             consume=True)
+    assert fskit.mismatch(src, 0, 8 * MiB, seed=5) is None
+    assert sorted(p.name for p in point.iterdir()) == ["filler", "lost+found", "w.bin"]

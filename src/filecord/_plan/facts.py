@@ -2,16 +2,18 @@
 
 Theory of operation
 -------------------
-Only reads happen here, plus two optional probes.  The clone probe: two tiny files created
-``O_EXCL`` in the destination directory and unlinked at once, so that a file system that says it
+Only reads happen here, plus two optional probes.  The clone probe: two tiny files in the
+destination directory, one cloned into the other, so that a file system that says it
 is XFS but was made without reflink is known before the plan promises a clone.  The insert probe
 (:func:`probe_insert`, run by every consuming save that could adopt a source in place): one file
 of two blocks without a name (``O_TMPFILE``; where that is refused, a named one ``O_EXCL``,
 unlinked after), a block inserted in front of its data and collapsed again: whether the file
 system shifts extents (ext4 and XFS do; btrfs and tmpfs refuse with EOPNOTSUPP), tried, not
-guessed from the type's name.  A crash during a probe can leave a ``.filecord-probe.*`` file of
-a few KiB (the insert probe's only where ``O_TMPFILE`` is refused); nothing else.  Results are
-cached per device for the life of the process.
+guessed from the type's name.  Both probes make their files without a name (``O_TMPFILE``) where
+the file system can, so a crash during a probe leaves nothing; only where ``O_TMPFILE`` is refused
+can a crash leave a ``.filecord-probe.*`` file of a few KiB.  A probe that finds the disk full
+says "no" without caching it: the plan counts the save without that capability and the space
+check refuses it with the numbers.  Results are cached per device for the life of the process.
 """
 
 from __future__ import annotations
@@ -86,26 +88,32 @@ def probe_clone(directory: str) -> bool:
     if dev in _clone_cache:
         return _clone_cache[dev]
     token = secrets.token_hex(6)
-    a = os.path.join(directory, f".filecord-probe.{token}.a")
-    b = os.path.join(directory, f".filecord-probe.{token}.b")
-    ok = False
+    named: list[str] = []
     fds: list[int] = []
+    ok = False
     try:
-        fa = _sys.open(a, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        fds.append(fa)
-        fb = _sys.open(b, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        fds.append(fb)
-        _sys.write_all(fa, bytes(4096), 0)
+        for end in ("a", "b"):
+            fd = _unnamed(directory)  # a crash must leave no name behind
+            if fd is None:
+                path = os.path.join(directory, f".filecord-probe.{token}.{end}")
+                fd = _sys.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                named.append(path)
+            fds.append(fd)
+        _sys.write_all(fds[0], bytes(4096), 0)
         try:
-            _sys.clone_range(fa, 0, 4096, fb, 0)
+            _sys.clone_range(fds[0], 0, 4096, fds[1], 0)
             ok = True
         except OSError as exc:
             if exc.errno not in _CLONE_REFUSALS:
                 raise
+    except OSError as exc:
+        if exc.errno not in _FULL:
+            raise
+        return False  # no room for the probe: not cached, and the space check will say why
     finally:
         for fd in fds:
             _sys.close(fd)
-        for p in (a, b):
+        for p in named:
             _sys.unlink_missing_ok(p)
     _clone_cache[dev] = ok
     return ok
@@ -124,22 +132,26 @@ def probe_insert(directory: str) -> bool:
     block = vfs.f_frsize or vfs.f_bsize or BLOCK
     path = os.path.join(directory, f".filecord-probe.{secrets.token_hex(6)}.i")
     ok = False
-    fd = _unnamed(directory)  # a save probes: a crash must leave no name behind
-    if fd is None:
-        fd = _sys.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        _sys.write_all(fd, bytes(2 * block), 0)
+        fd = _unnamed(directory)  # a save probes: a crash must leave no name behind
+        if fd is None:
+            fd = _sys.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            _sys.insert_range(fd, 0, block)
-        except OSError as exc:
-            if exc.errno not in _INSERT_REFUSALS:
-                raise
-        else:
-            _sys.collapse_range(fd, 0, block)
-            ok = True
-    finally:
-        _sys.close(fd)
-        _sys.unlink_missing_ok(path)
+            _sys.write_all(fd, bytes(2 * block), 0)
+            try:
+                _sys.insert_range(fd, 0, block)
+                _sys.collapse_range(fd, 0, block)  # an adoption's undo: both, or neither
+                ok = True
+            except OSError as exc:
+                if exc.errno not in _INSERT_REFUSALS:
+                    raise
+        finally:
+            _sys.close(fd)
+            _sys.unlink_missing_ok(path)
+    except OSError as exc:
+        if exc.errno not in _FULL:
+            raise
+        return False  # no room for the probe: not cached, and the space check will say why
     _insert_cache[dev] = ok
     return ok
 
@@ -161,6 +173,11 @@ def _unnamed(directory: str) -> int | None:
 _INSERT_REFUSALS = frozenset(
     {errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS, errno.EPERM, errno.ENOTTY}
 )
+
+
+# A probe that finds no room says "no" for now (it is not cached): the plan then counts the
+# save without that capability, and the space check refuses it with the numbers.
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 _CLONE_REFUSALS = frozenset(
