@@ -149,3 +149,33 @@ def test_file_systems_without_insert_range_fall_back(mount, kind: str) -> None:
     assert report.bytes_copied <= 4096 if kind == "btrfs" else report.bytes_moved == BLOB
     assert not blob.exists()
     assert fskit.mismatch(out, HEADER, BLOB, seed=26) is None
+
+
+@pytest.mark.parametrize("when", ["pwrite", "fsync"])
+def test_a_name_linked_to_the_adopted_file_stops_the_save_and_gets_the_source_back(
+        mount, when: str) -> None:
+    # The session 31 attack: `ln` to the file while it was adopted in place left the other
+    # name holding the output (header, blob, tail) and the save reported success.  Now the
+    # save stops (LINKED) and its rollback gives the inode its bytes back: both names hold
+    # the source.
+    from filecord.errors import ChangeKind, DataChangedError
+
+    point = mount("ext4", 320 * MiB)
+    blob, _extents = _blob(point)
+    backup = point / "backup.bin"
+
+    class Link(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == when and not backup.exists():
+                temps = [p for p in point.iterdir() if p.name.endswith(".partial")]
+                if temps and temps[0].stat().st_size > BLOB:  # the blob was adopted
+                    os.link(temps[0], backup)
+
+    with pytest.raises(DataChangedError) as info, _sys.use(Link()):
+        filecord.save(str(point / "model.ptd"), _cord(blob), consume=True)
+    assert info.value.kind is ChangeKind.LINKED
+    assert backup.exists()
+    for name in (blob, backup):
+        assert name.stat().st_size == BLOB
+        assert fskit.mismatch(name, 0, BLOB, seed=26) is None
+    assert sorted(p.name for p in point.iterdir()) == ["backup.bin", "lost+found", "weights.bin"]

@@ -473,6 +473,7 @@ def _adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
     if (now.st_size, now.st_mtime_ns) != (m.size, data.identity.mtime_ns):  # be built on
         raise DataChangedError(temp, expected_size=m.size, found_size=now.st_size,
                                reason="another process changed it as it was adopted")
+    _refuse_linked(now, m.path)
     if src.inserted:
         _sys.insert_range(fd, 0, src.inserted)
         txn.counters.fsync(fd)
@@ -486,6 +487,16 @@ def _adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
             _sys.ftruncate(fd, length)
 
 
+def _refuse_linked(st: os.stat_result, path: str) -> None:
+    """An adopted file is the output's inode: another name linked to it meanwhile would see
+    the output's bytes in place of the source's (a moved source is checked after each cut,
+    ``transfer.move_source``).  Nothing is lost: the rollback gives that inode its bytes back."""
+    if st.st_nlink != 1:
+        raise DataChangedError(path, expected_size=st.st_size, found_size=st.st_size,
+                               reason="another name was linked to it while it was adopted",
+                               kind=ChangeKind.LINKED)
+
+
 def _commit(txn: Txn) -> None:
     p = txn.prep.plan
     adopted = {m.dests[0].output: m.key for m in p.moves if m.adopt}
@@ -497,6 +508,7 @@ def _commit(txn: Txn) -> None:
             txn.dirty.discard(fd)
         st = _sys.fstat(fd)
         if o in adopted:  # someone else's write to the adopted file is a change, not an I/O
+            _refuse_linked(st, p.outputs[o].path)
             was = txn.prep.datas[adopted[o]][0].identity   # error: keep it, claim nothing
             # (only a file adopted whole: one adopted in place was written around by the save)
             if was.size == p.outputs[o].length and (
