@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import math
 import os
@@ -29,9 +30,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 from filecord._io import syscalls as _sys
 from filecord._plan.types import BLOCK
 from filecord._plan.window import CAP, DEFAULT_WINDOW
+from filecord.errors import add_note
 
 if TYPE_CHECKING:
     from filecord._plan.report import SaveReport
+
+    Operation = Callable[[argparse.Namespace], SaveReport]
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -401,3 +405,19 @@ def data_beside(pte: str) -> list[str]:
         except OSError:
             continue
     return found
+
+
+def note_consume(exc: BaseException, op: Operation, args: argparse.Namespace) -> None:
+    """On a save refused for lack of space without ``--consume``: say whether ``--consume``
+    would fit, from ``op`` run again with it as a dry run (nothing is written or moved)."""
+    alt = copy.copy(args)
+    alt.consume, alt.dry_run, alt.quiet = True, True, True
+    try:
+        report = op(alt)
+    except (OSError, ValueError):  # the note is a hint: without it the refusal still stands
+        return
+    if report.peaks and all(p.fits for p in report.peaks):
+        needs = ", ".join(f"{human(p.needed)} on {p.fs_type} ({human(p.free)} free)"
+                          for p in report.peaks)
+        add_note(exc, f"--consume would fit: it needs {needs} at its peak, moving the inputs' "
+                      "bytes into the output instead of copying them (the inputs are deleted)")

@@ -16,7 +16,7 @@ import argparse
 import os
 import stat as stat_mod
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filecord._io import syscalls as _sys
 from filecord._pieces.data import FileBackedData
@@ -27,9 +27,13 @@ from filecord.cli.common import (
     add_output,
     add_window_option,
     finish,
+    note_consume,
     output_directory,
     require_output,
 )
+
+if TYPE_CHECKING:
+    from filecord._plan.report import SaveReport
 
 MAX_ALIGN = 1 << 30  # an entry's alignment is padding written into the file
 
@@ -118,27 +122,37 @@ def _refuse_replacing_other_files(out: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from filecord._txn.save import plan, save
+    from filecord.errors import InsufficientSpaceError
 
     out = require_output(args, args.files, old_first=True, placeholder="OUT.ptd")
     _refuse_replacing_other_files(out)  # before any input is taken over
-    cord, datas = _cord(args)  # a UsageError is rendered by main (exit 2)
     # The report goes to stderr when the artifact itself goes to stdout, never into the stream.
     report_to = sys.stderr if _is_stdout(out) else sys.stdout
     try:
+        report = _pack(out, args)
+    except InsufficientSpaceError as exc:
+        if not args.consume:
+            note_consume(exc, lambda alt: _pack(out, alt), args)
+        raise
+    return finish(report, args, report_to)
+
+
+def _pack(out: str, args: argparse.Namespace) -> SaveReport:
+    from filecord._txn.save import plan, save
+
+    cord, datas = _cord(args)  # a UsageError is rendered by main (exit 2)
+    try:
         if args.dry_run:
-            report = plan(out, cord, consume=args.consume, window=args.window)
-        else:
-            with output_directory(os.path.dirname(out), dry_run=False), \
-                    Bar(f"pack {os.path.basename(out)}", quiet=args.quiet or args.json) as bar:
-                report = save(out, cord, consume=args.consume, window=args.window,
-                              progress=bar.callback)
+            return plan(out, cord, consume=args.consume, window=args.window)
+        with output_directory(os.path.dirname(out), dry_run=False), \
+                Bar(f"pack {os.path.basename(out)}", quiet=args.quiet or args.json) as bar:
+            return save(out, cord, consume=args.consume, window=args.window,
+                        progress=bar.callback)
     finally:
         # The user's files are ours to delete only through a save that succeeded (which has
         # already removed them): after a dry run or a failure they must stay where they are.
         for d in datas:
             d.detach_cleanup()
-    return finish(report, args, report_to)
 
 
 def build(p: argparse.ArgumentParser, *, dry_run: bool) -> None:

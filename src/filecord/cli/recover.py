@@ -2,8 +2,9 @@
 :func:`filecord.recover`.
 
 Exit 0 when every journal found was handled (or there was none), 1 when one was refused or
-could not be handled, or was finished but kept a consumed source another process changed after
-the commit point (look at it), 2 when PATH is a file that is not a journal (nothing was touched).
+could not be handled (a file named like a journal that holds none included: it may be one
+destroyed), or was finished but kept a consumed source another process changed after the commit
+point (look at it), 2 when PATH is a file not named like a journal (nothing was touched).
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ for ``inspect`` and by suffix for the others.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -37,14 +36,14 @@ from filecord.cli.common import (
     add_output,
     count,
     finish,
-    human,
     not_regular,
+    note_consume,
     odd_member,
     output_directory,
     parse_size,
     require_output,
 )
-from filecord.errors import FormatError, InsufficientSpaceError, add_note
+from filecord.errors import FormatError, InsufficientSpaceError
 
 Operation = Callable[[argparse.Namespace], SaveReport]
 
@@ -90,26 +89,12 @@ def _save(op: Operation, args: argparse.Namespace, directory: str,
             report = op(args)
         except InsufficientSpaceError as exc:
             if not args.consume:
-                _note_consume(exc, op, args)
+                note_consume(exc, op, args)
             raise
     if render is None:
         return finish(report, args)
     render(report, args, sys.stdout)
     return EXIT_OK if not report.dry_run or all(p.fits for p in report.peaks) else EXIT_FAIL
-
-
-def _note_consume(exc: InsufficientSpaceError, op: Operation, args: argparse.Namespace) -> None:
-    alt = copy.copy(args)
-    alt.consume, alt.dry_run, alt.quiet = True, True, True
-    try:
-        report = op(alt)
-    except (OSError, ValueError):  # the note is a hint: without it the refusal still stands
-        return
-    if report.peaks and all(p.fits for p in report.peaks):
-        needs = ", ".join(f"{human(p.needed)} on {p.fs_type} ({human(p.free)} free)"
-                          for p in report.peaks)
-        add_note(exc, f"--consume would fit: it needs {needs} at its peak, moving the inputs' "
-                     "bytes into the output instead of copying them (the inputs are deleted)")
 
 
 def _by_suffix(table: dict[str, Operation], path: str, what: str) -> Operation:
