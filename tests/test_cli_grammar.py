@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from filecord import cli
+from filecord import FileBackedData, cli
 from filecord.cli.table import COMMANDS
+from filecord.executorch.ptd import read_ptd
 
 st_numpy = pytest.importorskip("safetensors.numpy")
 
@@ -204,19 +205,27 @@ def test_a_convert_refused_for_space_says_that_consume_fits(tmp_path: Path) -> N
         rng = np.random.default_rng(7)
         st_numpy.save_file({f"t{i}": rng.standard_normal((256, 1024)).astype(np.float32)
                             for i in range(30)}, str(small / "big.safetensors"))
-        before = (small / "big.safetensors").read_bytes()
-        r = run("convert", "big.safetensors", "-o", "big.ptd", cwd=small)
-        assert r.returncode == 1, r.stderr
-        err = r.stderr.decode()
-        assert "not enough free space" in err
         # one 16 MiB window held twice, the metadata margin and the journal: just over 16 MiB
-        assert re.search(r"--consume would fit: it needs 16\.[0-9]+ MiB on tmpfs \(18\.00 MiB "
-                         r"free\)", err), err
-        assert sorted(os.listdir(small)) == ["big.safetensors"]
-        assert (small / "big.safetensors").read_bytes() == before
-        r = run("convert", "big.safetensors", "-o", "big.ptd", "--consume", cwd=small)
-        assert r.returncode == 0, r.stderr
-        assert sorted(os.listdir(small)) == ["big.ptd"]
+        _refused_then_moved(small, ["convert", "big.safetensors", "-o", "big.ptd"],
+                            "big.safetensors", "big.ptd", r"16\.[0-9]+")
+
+
+def _refused_then_moved(small: Path, argv: list[str], source: str, out: str,
+                        needs: str) -> None:
+    """A copy refused for space names what --consume needs (``needs``, a regex of MiB) on a
+    48 MiB tmpfs with 18 MiB free, touches nothing, and --consume then moves the source."""
+    before = (small / source).read_bytes()
+    r = run(*argv, cwd=small)
+    assert r.returncode == 1, r.stderr
+    err = r.stderr.decode()
+    assert "not enough free space" in err
+    assert re.search(rf"--consume would fit: it needs {needs} MiB on tmpfs \(18\.00 MiB "
+                     r"free\)", err), err
+    assert sorted(os.listdir(small)) == [source]
+    assert (small / source).read_bytes() == before
+    r = run(*argv, "--consume", cwd=small)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(small)) == [out]
 
 
 @pytest.mark.root
@@ -227,19 +236,16 @@ def test_a_pack_refused_for_space_says_that_consume_fits(tmp_path: Path) -> None
     with tmpfs(tmp_path, 48 << 20) as small:
         body = np.random.default_rng(8).bytes(30 << 20)
         (small / "w.bin").write_bytes(body)
-        r = run("pack", "w=w.bin", "-o", "w.ptd", cwd=small)
-        assert r.returncode == 1, r.stderr
-        err = r.stderr.decode()
-        assert "not enough free space" in err
-        assert re.search(r"--consume would fit: it needs [0-9.]+ MiB on tmpfs \(18\.00 MiB "
-                         r"free\)", err), err
-        assert sorted(os.listdir(small)) == ["w.bin"]
-        assert (small / "w.bin").read_bytes() == body
-        r = run("pack", "w=w.bin", "-o", "w.ptd", "--consume", cwd=small)
-        assert r.returncode == 0, r.stderr
-        assert sorted(os.listdir(small)) == ["w.ptd"]
-        data = (small / "w.ptd").read_bytes()
-        assert body in data
+        _refused_then_moved(small, ["pack", "w=w.bin", "-o", "w.ptd"], "w.bin", "w.ptd",
+                            r"[0-9.]+")
+        # the segment's bytes where the file's own index puts them
+        ptd = read_ptd(small / "w.ptd")
+        data = ptd.entries["w"].data
+        assert isinstance(data, FileBackedData)
+        assert data.to_bytes() == body
+        with open(small / "w.ptd", "rb") as f:
+            f.seek(data.offset)
+            assert f.read(len(body)) == body
 
 
 @pytest.mark.root

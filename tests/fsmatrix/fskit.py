@@ -145,6 +145,36 @@ def allocated(directory: str | os.PathLike[str]) -> int:
     return total
 
 
+def free_bytes(path: str | os.PathLike[str]) -> int:
+    """The bytes an unprivileged writer may still allocate there (what the planner reads)."""
+    v = os.statvfs(path)
+    return v.f_bavail * v.f_frsize
+
+
+def leave_free(fs: Path, free: int) -> None:
+    """Take the file system's free space down to ``free`` bytes with a preallocated ``filler``.
+
+    The filler's own metadata takes blocks too, so it is trimmed until the free space is
+    ``free`` to within 64 KiB (never below it)."""
+    os.sync()
+    have = free_bytes(fs)
+    assert have > free, f"the file system is too small for the case: {have} < {free}"
+    fd = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, have - free)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.sync()
+    for _ in range(64):
+        have = free_bytes(fs)
+        if have >= free:
+            break
+        os.truncate(fs / "filler", os.stat(fs / "filler").st_size - (free - have))
+        os.sync()
+    assert free <= have < free + 64 * 1024, (have, free)
+
+
 def fs_used(path: str | os.PathLike[str]) -> int:
     """Bytes in use on the file system holding ``path`` (``statvfs``: blocks - free blocks)."""
     v = os.statvfs(path)

@@ -31,17 +31,6 @@ MiB = fskit.MiB
 ROOT = Path(__file__).parents[2]
 
 
-def _leave_free(fs: Path, free: int) -> None:
-    st = os.statvfs(fs)
-    have = st.f_bavail * st.f_frsize
-    filler = fs / "filler"
-    with open(filler, "wb") as f:
-        os.posix_fallocate(f.fileno(), 0, have - free)
-
-
-def _free(fs: Path) -> int:
-    st = os.statvfs(fs)
-    return st.f_bavail * st.f_frsize
 
 
 def test_convert_fits_only_by_moving(mount, tmp_path):
@@ -61,10 +50,10 @@ def test_convert_fits_only_by_moving(mount, tmp_path):
     convert(want, made, name="m")  # the same conversion by copying, off the small file system
 
     fs = mount("ext4", 300 * MiB)
-    _leave_free(fs, int(1.06 * data) + 2 * MiB)  # the checkpoint's small files and metadata
+    fskit.leave_free(fs, int(1.06 * data) + 2 * MiB)  # the checkpoint's small files and metadata
     model = fs / "model"
     shutil.copytree(made, model)
-    left = _free(fs)
+    left = fskit.free_bytes(fs)
     print(f"checkpoint {data / MiB:.1f} MiB; free after it: {left / data:.3f}x the data")
     assert left < 0.1 * data
 

@@ -16,7 +16,6 @@ fill).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import fskit
@@ -61,28 +60,6 @@ def _rows_interleaved(work: Path) -> tuple[list[object], list[tuple[int, int, in
     return pieces, []
 
 
-def _fill_to(fs: Path, free: int) -> None:
-    """Take the file system's free space down to ``free`` bytes (as ``statvfs`` counts it)."""
-    os.sync()
-    vfs = os.statvfs(fs)
-    have = vfs.f_bavail * vfs.f_frsize
-    assert have > free, f"the file system is too small for the case: {have} < {free}"
-    fd = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        os.posix_fallocate(fd, 0, have - free)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.sync()
-    for _ in range(64):  # metadata for the filler itself: trim until free is exact
-        vfs = os.statvfs(fs)
-        have = vfs.f_bavail * vfs.f_frsize
-        if have >= free:
-            break
-        os.truncate(fs / "filler", os.stat(fs / "filler").st_size - (free - have))
-        os.sync()
-    assert free <= have < free + 64 * 1024, (have, free)
-
 
 @pytest.mark.parametrize("kind", ["ext4", "xfs"])
 @pytest.mark.parametrize("shape", [_headers_between, _rows_interleaved],
@@ -101,7 +78,7 @@ def test_a_save_fits_the_free_space_its_plan_asks_for(mount, kind, shape):
     f = gather(normalize(work / "out.bin", cord), consume=True)
     plan = make_plan(f.outputs, f.refs, f.sources, f.filesystems, consume=True, window=WINDOW)
     outputs, moves = plan.outputs, plan.moves
-    _fill_to(fs, peak.needed)
+    fskit.leave_free(fs, peak.needed)
 
     start = fskit.fs_used(fs)  # a change in used is the same change in free
     journal = [0]  # the longest the journal got

@@ -62,28 +62,12 @@ def _expected_ptd() -> bytes:
                                           segment_alignment=128))).digest()
 
 
-def _leave_free(fs: Path, want: int) -> None:
-    """Fill the file system with a preallocated file until ``want`` bytes are free."""
-    v = os.statvfs(fs)
-    free = v.f_bavail * v.f_frsize
-    assert free > want, f"the image is too small: {free} free, {want} wanted"
-    fd = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        os.posix_fallocate(fd, 0, free - want)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _free(fs: Path) -> int:
-    v = os.statvfs(fs)
-    return v.f_bavail * v.f_frsize
 
 
 def _setup(mount: Any, ratio: float) -> tuple[Path, Path, bytes]:
     fs = mount("ext4", 400 * MiB)
     data = sum(SIZES)
-    _leave_free(fs, int(ratio * data) + 64 * 1024)  # + the checkpoint's header and metadata
+    fskit.leave_free(fs, int(ratio * data) + 64 * 1024)  # + the checkpoint's header and metadata
     src, digest = _checkpoint(fs)
     return fs, src, digest
 
@@ -96,7 +80,7 @@ def test_default_window_shrinks_where_it_would_not_fit_and_the_peak_holds(mount)
     fs, src, _digest_before = _setup(mount, 1.06)
     out = fs / "model.ptd"
     before = _names(fs)
-    free = _free(fs)
+    free = fskit.free_bytes(fs)
     assert 8 * MiB < free < 16 * MiB  # the layout this test is about
 
     # The old behaviour, now only when asked for: an explicit 64 MiB window is refused,
@@ -105,7 +89,7 @@ def test_default_window_shrinks_where_it_would_not_fit_and_the_peak_holds(mount)
                        r"8 MiB and fit$"):
         convert(out, src, consume=True, window=64 * MiB)
     assert _names(fs) == before
-    assert _free(fs) == free
+    assert fskit.free_bytes(fs) == free
 
     predicted = convert(out, src, consume=True, dry_run=True)
     assert predicted.window == 8 * MiB
@@ -142,11 +126,11 @@ def test_even_the_floor_does_not_fit_refused_before_anything_is_created(mount):
     fs, src, digest = _setup(mount, 1.02)  # ~3.2 MiB free: less than the 4 MiB floor
     out = fs / "model.ptd"
     before = _names(fs)
-    free = _free(fs)
+    free = fskit.free_bytes(fs)
     with pytest.raises(InsufficientSpaceError, match=r"with the smallest sync window, 4 MiB,"):
         convert(out, src, consume=True)
     assert _names(fs) == before
-    assert _free(fs) == free
+    assert fskit.free_bytes(fs) == free
     assert _digest(src) == digest
 
 
@@ -217,7 +201,7 @@ def test_cli_plan_json_and_summary_say_the_window_and_why(mount):
 
     fs = mount("ext4", 400 * MiB)
     size = sum(SIZES)
-    _leave_free(fs, int(1.06 * size) + 64 * 1024)
+    fskit.leave_free(fs, int(1.06 * size) + 64 * 1024)
     fskit.write_pattern(fs / "blob.bin", size, seed=5)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
 
