@@ -211,9 +211,9 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "(`statvfs`) sampled every 20 ms. The table says whether it succeeded, with what error, "
      "and what was left on the file system; the plot below shows used space over time per "
      "tool, with the file system's size as a line. filecord runs with its default window, "
-     "which adapts to the free space: at 512 MiB, 5% of the input (25.6 MiB) cannot hold the "
-     "64 MiB default, so the window shrinks (the plan says to what; `python bench/fits.py "
-     "--size 2G` keeps the default). The filecord program row hands its sources over with "
+     "which is fitted to the bytes moved (at 512 MiB, 16 MiB: held twice, it fits the 5% "
+     "left) and shrinks further only where the free space cannot hold it (the last column "
+     "says which, and why). The filecord program row hands its sources over with "
      "ExecuTorch's "
      "`FileBackedData.move_from` (renamed to a temp name it owns and deletes when released)."),
 ]
