@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import fskit
@@ -179,3 +181,52 @@ def test_a_name_linked_to_the_adopted_file_stops_the_save_and_gets_the_source_ba
         assert name.stat().st_size == BLOB
         assert fskit.mismatch(name, 0, BLOB, seed=26) is None
     assert sorted(p.name for p in point.iterdir()) == ["backup.bin", "lost+found", "weights.bin"]
+
+
+@pytest.mark.parametrize("fault", [None, "fsync"])
+def test_bytes_appended_to_the_adopted_file_are_never_cut(mount, fault: str | None) -> None:
+    # The session 32 attack: a writer that kept an O_APPEND descriptor to the blob appended
+    # after the space was inserted; the rollback truncated its bytes away and said "byte-exact".
+    # Now the commit refuses the longer file, the rollback keeps it, and recover refuses too.
+    from filecord.errors import DataChangedError
+
+    point = mount("ext4", 320 * MiB)
+    blob, _extents = _blob(point)
+    extra = b"appended by the writer" * 4
+    writer = os.open(blob, os.O_WRONLY | os.O_APPEND)
+
+    class Append(_sys.Backend):
+        appended = False
+
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            # at the first fsync after the output was written around the blob
+            if op == "fsync" and not self.appended and (
+                    os.fstat(writer).st_size == HEADER + BLOB + 4000):
+                os.write(writer, extra)
+                self.appended = True
+                if fault:
+                    raise OSError(5, "injected EIO")
+
+    cord = Cord([b"H" * HEADER, FileBackedData(str(blob), owned=True), b"tail" * 1000])
+    try:
+        with pytest.raises((SaveError, DataChangedError)) as info, _sys.use(Append()):
+            filecord.save(str(point / "model.ptd"), cord, consume=True)
+    finally:
+        os.close(writer)
+    # without a fault the commit sees the change; with one, the rollback sees it (a note)
+    assert isinstance(info.value, DataChangedError) is (fault is None)
+    text = "\n".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    assert "appended 88 bytes past the output's end" in text
+    (temp,) = [p for p in point.iterdir() if p.name.endswith(".partial")]
+    length = HEADER + BLOB + 4000
+    with open(temp, "rb") as f:
+        assert f.read(HEADER) == b"H" * HEADER
+        assert fskit.mismatch(temp, HEADER, BLOB, seed=26) is None
+        f.seek(length)
+        assert f.read() == extra
+    assert temp.stat().st_size == length + len(extra)
+    r = subprocess.run([sys.executable, "-m", "filecord", "recover", str(point)],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 1, r.stderr
+    assert temp.stat().st_size == length + len(extra)  # recover cut nothing either
+    assert not (point / "model.ptd").exists()

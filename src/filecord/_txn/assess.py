@@ -338,15 +338,15 @@ def _adopted(j: Journal, s: JournalSource, f: SourceFacts) -> DataChangedError |
     or at least its size plus the space inserted in front of it (the undo acts on that size
     alone).  Under its own name it was never adopted, or the undo finished: nothing to check
     (the undo does not touch it there)."""
-    whole = not s.inserted and j.outputs[s.dests[0].output].length == s.size
+    length = j.outputs[s.dests[0].output].length
+    whole = not s.inserted and length == s.size
     if f.at_temp is not None and not whole:  # a file adopted whole is only renamed back
-        if s.adopted_size(f.at_temp.size):
+        if s.adopted_size(f.at_temp.size, length):
             return None
         return DataChangedError(
             j.temp(s.dests[0].output), expected_size=s.size + s.inserted,
             found_size=f.at_temp.size,
-            reason="the adopted source is at a size this save does not leave: another "
-            "process changed it")
+            reason=s.adopted_change(f.at_temp.size, length))
     return None
 
 

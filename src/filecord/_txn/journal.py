@@ -136,11 +136,23 @@ class JournalSource:
         journaled offset there; 0: a whole-output rename, or one the output starts with)."""
         return self.dests[0].out_offset if self.adopt and self.dests else 0
 
-    def adopted_size(self, size: int) -> bool:
+    def adopted_size(self, size: int, length: int) -> bool:
         """Whether an adoption of this save (or its undo) can have left this adopted source at
-        ``size`` at its output's temp: its own size, or at least its size plus the inserted
-        space (a size between is a cut or a write by someone else)."""
-        return size == self.size or size >= self.size + self.inserted
+        ``size`` at its output's temp, whose complete ``length`` is given: its own size, or
+        from its size plus the inserted space up to that length.  A size between is a cut or a
+        write by someone else, and so is one past the output's end: the save never writes
+        there, so those bytes are another process's (appended through a descriptor it kept),
+        which an undo must not cut off."""
+        return size == self.size or self.size + self.inserted <= size <= length
+
+    def adopted_change(self, size: int, length: int) -> str:
+        """Why ``size`` is refused by :meth:`adopted_size`, for the error."""
+        if size > length:
+            return (f"another process appended {size - length} bytes past the output's end; "
+                    "nothing was cut: the source's bytes are at offset "
+                    f"{self.inserted} of this file, the appended ones at {length}")
+        return "the adopted source is at a size this save does not leave: another process " \
+               "changed it"
 
     def as_move(self) -> MoveSource:
         return MoveSource((self.dev, self.ino), self.path, self.size, self.run_start, self.dests,

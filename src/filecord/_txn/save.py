@@ -516,6 +516,10 @@ def _commit(txn: Txn) -> None:
                 raise DataChangedError(p.outputs[o].path, expected_size=was.size,
                                        found_size=st.st_size, reason="another process "
                                        "changed the adopted file before the commit")
+            if st.st_size != p.outputs[o].length:  # the save sized it: another writer did not
+                raise DataChangedError(p.outputs[o].path, expected_size=p.outputs[o].length,
+                                       found_size=st.st_size, reason="another process "
+                                       "wrote to the adopted file during the save")
         if st.st_size != p.outputs[o].length:
             raise SaveError(f"{p.outputs[o].path}: temp is {st.st_size} bytes, expected "
                             f"{p.outputs[o].length}")

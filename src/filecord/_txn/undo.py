@@ -213,7 +213,8 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
             fd = open_same(temp, s.dev, s.ino, os.O_RDWR)
             try:
                 if s.inserted or j.outputs[s.dests[0].output].length != s.size:
-                    _unadopt(fd, temp, s, c)  # adopted in place: the output was built on it
+                    # adopted in place: the output was built on it
+                    _unadopt(fd, temp, s, j.outputs[s.dests[0].output].length, c)
                 _sys.fchmod(fd, stat_mod.S_IMODE(s.mode))
             finally:
                 _sys.close(fd)
@@ -253,7 +254,7 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
     return 1
 
 
-def _unadopt(fd: int, temp: str, s: JournalSource, c: transfer.Counters) -> None:
+def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Counters) -> None:
     """Give an adopted source at its output's temp back its own bytes, and only those.
 
     Judged from the temp's size alone (``JournalSource.adopted_size``; ``assess`` refused
@@ -266,10 +267,9 @@ def _unadopt(fd: int, temp: str, s: JournalSource, c: transfer.Counters) -> None
     already: the times still go back).
     """
     size = _sys.fstat(fd).st_size
-    if not s.adopted_size(size):
+    if not s.adopted_size(size, length):
         raise DataChangedError(temp, expected_size=s.size + s.inserted, found_size=size,
-                               reason="the adopted source is at a size this save does not "
-                               "leave: another process changed it")
+                               reason=s.adopted_change(size, length))
     if size > s.size:
         if size > s.size + s.inserted:
             _sys.ftruncate(fd, s.size + s.inserted)

@@ -293,7 +293,6 @@ def adopted_at(size: int | None, *, own: int | None = None) -> Observed:
     (2 * W + 5, "renamed, nothing inserted yet (or the collapse of an undo done)"),
     (4 * W + 5, "the space inserted, nothing appended yet"),
     (6 * W, "inserted and the rest of the output appended (the temp complete)"),
-    (9 * W, "appended past the output's length: the undo's truncate takes it all"),
 ])
 def test_an_adopted_source_at_any_size_an_adoption_leaves_is_rolled_back(size: int,
                                                                          why: str) -> None:
@@ -321,6 +320,19 @@ def test_an_adopted_source_at_a_size_no_adoption_leaves_is_held(size: int) -> No
     assert got.found is Found.CHANGED
     assert "a size this save does not leave" in str(got.error)
     assert decide(Actor.RECOVER, Stage.MOVING, got.found) is Action.REFUSE
+
+
+def test_an_adopted_source_longer_than_its_output_is_held_not_cut() -> None:
+    """The save never writes past the output's length: more is another writer's append (the
+    session 32 attack: the undo's truncate took it and said byte-exact)."""
+    j = in_place()
+    for r, held in ((SAVE, Action.HOLD), (RECOVER, Action.REFUSE)):
+        got = assess(j, r, adopted_at(6 * W + 1))
+        assert got.found is Found.CHANGED
+        assert decide(r.actor, Stage.MOVING, got.found) is held
+        assert (f"appended 1 bytes past the output's end; nothing was cut: the source's bytes "
+                f"are at offset {2 * W} of this file, the appended ones at {6 * W}"
+                in "\n".join([str(got.error), *got.notes]))
 
 
 def test_an_adopted_source_back_under_its_name_needs_nothing_and_committed_needs_the_temp() -> None:
