@@ -246,6 +246,27 @@ SUFFIXES = (LOCK_SUFFIX, TEMP_SUFFIX, PENDING_SUFFIX, JOURNAL_SUFFIX, SRC_SUFFIX
 CREATE = "create"
 
 
+_PROBE_OPS = frozenset({"open", "pwrite", "write", "insert_range", "collapse_range",
+                        "clone_range", "close"})
+
+
+def in_probe(calls: list[Call], k: int) -> bool:
+    """Whether call k belongs to a file-system probe (``facts.probe_clone``/``probe_insert``):
+    a call on a ``.filecord-probe.*`` name, or one of the run of calls on a directory that an
+    ``O_TMPFILE`` open of it begins (the probe's unnamed files carry the directory's path)."""
+    hit = calls[k - 1]
+    if os.path.basename(hit.path).startswith(".filecord-probe."):
+        return True
+    tmpfile = getattr(os, "O_TMPFILE", 0)
+    for c in reversed(calls[:k]):
+        if c.path != hit.path or c.op not in _PROBE_OPS:
+            return False
+        if (c.op == "open" and tmpfile and len(c.args) > 1 and isinstance(c.args[1], int)
+                and c.args[1] & tmpfile == tmpfile):
+            return True
+    return False
+
+
 def is_filecord_name(name: str) -> bool:
     """Whether a file name is one a save or recover of the v2 protocol creates."""
     base = os.path.basename(name)

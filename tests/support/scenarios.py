@@ -32,7 +32,6 @@ from pathlib import Path
 import filecord
 from filecord import Cord, FileBackedData
 from filecord._io import syscalls as _sys
-from filecord._plan import facts
 from support.faultfs import SRC_SUFFIX, TEMP_SUFFIX, Call, Tracer, is_filecord_name
 
 try:  # the v2 protocol's name builder
@@ -308,11 +307,6 @@ class Layout:
 
     def run(self, cords: Mapping[str, Cord]) -> filecord.SaveReport:
         s = self.spec
-        # The file-system probes are cached per process: every run probes afresh, so a traced
-        # run, a spawned child and a forked one make the same calls (else every crash point
-        # after the probes would be off by their count).
-        facts._insert_cache.clear()
-        facts._clone_cache.clear()
         if s.discard or s.removes:
             from filecord._kit.removal import identity
             from filecord._txn.save import Removal, save_many_finishing
