@@ -16,6 +16,7 @@ fill).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import fskit
@@ -110,3 +111,56 @@ def test_a_save_fits_the_free_space_its_plan_asks_for(mount, kind, shape):
             assert data[2 * k * row:(2 * k + 1) * row] == a[k * row:(k + 1) * row]
             assert data[(2 * k + 1) * row:(2 * k + 2) * row] == b[k * row:(k + 1) * row]
     assert sorted(p.name for p in work.iterdir()) == ["out.bin"]
+
+
+@pytest.mark.parametrize("consume", [False, True], ids=["copy", "consume"])
+def test_a_clone_on_xfs_fits_the_free_space_its_plan_asks_for(mount, consume):
+    # The session 32 attack: an XFS remap transaction reserves blocks for the extent and
+    # reference-count trees it may split; with exactly the plan's need free, the clone of a
+    # 16 MiB file behind a 4 KiB header failed ENOSPC (it fitted with 40 blocks more).
+    fs = mount("xfs", 320 * MiB)
+    src = fs / "w.bin"
+    fskit.write_pattern(src, 16 * MiB, seed=32)
+    head = fskit.pattern(7, 0, 4096)
+    cord = Cord([head, FileBackedData(src, owned=consume)])
+    report = filecord.plan(fs / "out.bin", cord, consume=consume)
+    assert [a.action for a in report.file_actions()] == ["cloned"]
+    (peak,) = report.peaks
+    fskit.leave_free(fs, peak.needed)
+    filecord.save(fs / "out.bin", cord, consume=consume)
+    with open(fs / "out.bin", "rb") as f:
+        assert f.read(4096) == head
+    assert fskit.mismatch(fs / "out.bin", 4096, 16 * MiB, seed=32) is None
+    assert src.exists() is not consume
+
+
+@pytest.mark.parametrize(("kind", "reflinked"), [("xfs", True), ("btrfs", True),
+                                                 ("btrfs", False)])
+def test_a_move_that_frees_late_fits_the_free_space_its_plan_asks_for(mount, kind, reflinked):
+    # The session 32 attack: a source sharing its extents with another file (`cp --reflink`,
+    # the default of coreutils 9 on XFS and btrfs) frees nothing as it is cut, and btrfs frees
+    # an extent only when no byte of it is referred to; both moves ran out of space mid-move
+    # at exactly the plan's need. The plan now counts what FIEMAP says the cuts give back.
+    fs = mount(kind, 320 * MiB)
+    src = fs / "w.bin"
+    size = 40 * MiB
+    if reflinked:
+        fskit.write_pattern(fs / "orig.bin", size, seed=33)
+        import subprocess
+        subprocess.run(["cp", "--reflink=always", str(fs / "orig.bin"), str(src)], check=True)
+    else:
+        fskit.write_pattern(src, size, seed=33)
+    os.sync()
+    head = fskit.pattern(8, 0, 100)  # off the block grid: moved, not cloned
+    cord = Cord([head, FileBackedData(src, owned=True)])
+    report = filecord.plan(fs / "out.bin", cord, consume=True, window=WINDOW)
+    assert [a.action for a in report.file_actions()] == ["moved"]
+    (peak,) = report.peaks
+    if reflinked:
+        assert peak.needed > size  # cutting a shared file frees nothing
+    fskit.leave_free(fs, peak.needed)
+    filecord.save(fs / "out.bin", cord, consume=True, window=WINDOW)
+    with open(fs / "out.bin", "rb") as f:
+        assert f.read(100) == head
+    assert fskit.mismatch(fs / "out.bin", 100, size, seed=33) is None
+    assert not src.exists()

@@ -180,6 +180,41 @@ _CLONE_REFUSALS = frozenset(
 )
 
 
+# FIEMAP_EXTENT_SHARED: the extent's blocks are shared with another file (a reflink copy, a
+# snapshot); cutting this file frees none of them.
+_EXTENT_SHARED = 0x2000
+# btrfs frees a data extent only when no file refers to any of it; it writes extents of at
+# most 128 MiB (256 MiB when preallocated), and its FIEMAP may report neighbours as one.
+_BTRFS_EXTENT_MAX = 256 * 1024 * 1024
+
+
+def freeable(path: str, allocated: int, fs_type: str) -> int:
+    """A lower bound on the bytes that cutting the file at ``path`` from its end gives back,
+    where the file system shares extents (``CLONING_FILESYSTEMS``; elsewhere ``allocated``,
+    from ``st_blocks``, is the answer).  Extents shared with another file give nothing back;
+    on btrfs a cut frees an extent only once it is past the extent's start, so the extent the
+    cut is in holds on: the largest is taken off (as if it were cut last).  The planner
+    counts the rest as freed late in the move (``space._highest``), so this bound is safe
+    wherever in the file the shared extents lie.  A file system that will not map its
+    extents (FIEMAP refused) keeps ``allocated``."""
+    if fs_type not in CLONING_FILESYSTEMS or allocated <= 0:
+        return allocated
+    fd = _sys.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        size = _sys.fstat(fd).st_size
+        try:
+            found = _sys.extents(fd, 0, size)
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.ENOSYS):
+                return allocated
+            raise
+    finally:
+        _sys.close(fd)
+    own = [n for _lo, n, flags in found if not flags & _EXTENT_SHARED]
+    held = min(max(own, default=0), _BTRFS_EXTENT_MAX) if fs_type == "btrfs" else 0
+    return max(0, min(allocated, sum(own)) - held)
+
+
 def fs_facts(directory: str, *, want_clone: bool, want_insert: bool = False) -> FsFacts:
     st = _sys.stat(directory)
     vfs = _sys.statvfs(directory)

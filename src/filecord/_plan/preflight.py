@@ -14,7 +14,7 @@ import errno
 import os
 import stat as stat_mod
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from filecord._io import syscalls as _sys
@@ -23,7 +23,7 @@ from filecord._pieces.cord import Cord, PieceLike
 from filecord._pieces.data import FileBackedData
 from filecord._pieces.derived import Derived
 from filecord._pieces.rows import FileRows
-from filecord._plan.facts import fs_facts, mount_id, mount_table
+from filecord._plan.facts import freeable, fs_facts, mount_id, mount_table
 from filecord._plan.types import BLOCK, FsFacts, OutputFacts, PieceRef, SourceFacts
 from filecord.errors import SaveError, SourceIsOutputError
 
@@ -228,6 +228,12 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
         )
         filesystems[out.dev] = fs_facts(directory, want_clone=want_clone,
                                         want_insert=want_insert)
+    for key, src in sources.items():  # what a move's cuts give back, where extents are shared
+        fs = filesystems.get(key[0])
+        if fs is not None and src.owned and src.regular and not src.symlink:
+            freed = freeable(src.path, src.allocated, fs.fs_type)
+            if freed != src.allocated:
+                sources[key] = replace(src, allocated=freed)
     return Facts(
         cords=tuple(c for _p, c in items),
         datas=MappingProxyType({k: tuple(v) for k, v in datas.items()}),

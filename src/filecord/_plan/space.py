@@ -25,7 +25,17 @@ tree blocks its worst case could need (about one block per 250 of the range, plu
 level) until writeback allocates it; every range the fill leaves dirty in an output that
 receives moves, and every run a window writes, holds such a reservation at the first window's
 fsync (measured on a 1 GiB XFS: 16 MiB window 21 blocks, each 1 MiB run 5).  An adoption's
-insert range splits extent-tree blocks too (32 to 48 blocks measured).
+insert range splits extent-tree blocks too (32 to 48 blocks measured), and so does a clone:
+each remap transaction reserves blocks for the extent and reference-count trees it may split
+(a 16 MiB clone at exactly the rest of the plan's need failed until 33 to 40 blocks more
+were free).  Transactions run one at a time and give back what they did not use, so one
+clone's reservation is counted per file system, not one per clone.
+
+btrfs writes every change of metadata to new blocks, from the pool ``statvfs`` counts free
+when the file system is small enough to mix data and metadata (under 1 GiB by default): a
+move of a file that shares its extents, at exactly the rest of the plan's need, failed to
+append its journal step until 8 blocks more were free; :data:`BTRFS_BLOCKS` are kept for it.
+What a cut gives back on btrfs (only whole extents) comes from ``facts.freeable``.
 """
 
 from __future__ import annotations
@@ -62,6 +72,8 @@ MARGIN_JOURNAL_BLOCKS = 2
 XFS_BLOCKS_PER_RANGE = 6
 XFS_RANGE_BLOCKS_PER_BLOCK = 250
 XFS_INSERT_BLOCKS = 64
+XFS_REMAP_BLOCKS = 64
+BTRFS_BLOCKS = 16
 # A bound on the journal's bytes (``_txn.journal``: the head written twice, then the steps):
 # fixed fields per output, per source and per destination, beside the paths themselves.
 JOURNAL_FIXED = 1024
@@ -270,12 +282,14 @@ def peaks_at(
             if o not in receiving:  # written whole, dirty until its fsync
                 ranges[out.dev] = ranges.get(out.dev, 0) + 1
     dev_of = {o.path: o.dev for o in outputs}
+    clones: set[int] = set()
     for a in actions:
         if a.action == "cloned":
             # Whole blocks only: a partial last block is copied (a tail), or cloned and then
             # unshared by the kernel as soon as the output grows past it.
             dev = dev_of[a.output]
             needed[dev] -= a.length // block_of(dev) * block_of(dev)
+            clones.add(dev)
     inserts: dict[int, int] = {}
     for m in moves:
         dev = m.key[0]
@@ -303,7 +317,10 @@ def peaks_at(
         if fs is not None and fs.fs_type == "xfs":
             margin += b * (XFS_BLOCKS_PER_RANGE * (sh.dirty + ranges.get(dev, 0))
                            + -(-held // b) // XFS_RANGE_BLOCKS_PER_BLOCK
-                           + XFS_INSERT_BLOCKS * inserts.get(dev, 0))
+                           + XFS_INSERT_BLOCKS * inserts.get(dev, 0)
+                           + XFS_REMAP_BLOCKS * (dev in clones))
+        elif fs is not None and fs.fs_type == "btrfs":
+            margin += b * BTRFS_BLOCKS
         peaks.append(
             FsPeak(
                 dev=dev,

@@ -91,7 +91,9 @@ class SourceFacts:
     regular: bool
     writable: bool
     deletable: bool = True  # its directory is writable on a read-write mount
-    allocated: int = -1  # bytes the file system holds for it (st_blocks); -1: unknown
+    # bytes that cutting it gives back (st_blocks, less what it shares with other files and,
+    # on btrfs, its largest extent: ``facts.freeable``); -1: unknown
+    allocated: int = -1
     mount: int = 0  # mount id (two mounts of one file system share st_dev but not renames)
 
 
