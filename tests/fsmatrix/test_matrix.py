@@ -145,6 +145,11 @@ def test_move_peak_is_data_plus_one_window_by_statvfs(mount, kind):
     fskit.write_pattern(src, size, seed=13)
     header = fskit.pattern(10, 0, 1000)  # unaligned: nothing clones, the CoW systems move too
     before = _sync_used(fs)
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        largest = max(n for _lo, n, _flags in _sys.extents(fd, 0, size))
+    finally:
+        os.close(fd)
     sampler = fskit.Sampler(lambda: fskit.fs_used(fs))
     with _sys.use(sampler):
         report = filecord.save(fs / "model.pte", Cord([header, FileBackedData(src, owned=True)]),
@@ -156,4 +161,8 @@ def test_move_peak_is_data_plus_one_window_by_statvfs(mount, kind):
     _check_output(fs / "model.pte", header, [(13, size)])
     assert not src.exists()
     extra = sampler.peak - before
-    assert extra <= WINDOW + MiB, f"{kind}: peak {1 + extra / size:.4f}x the data"
+    # btrfs frees an extent only once no byte of it is referred to: the extent the cut is in
+    # is held too (how large writeback made them varies with the machine's load)
+    held = largest if kind == "btrfs" else 0
+    assert extra <= WINDOW + MiB + held, f"{kind}: peak {1 + extra / size:.4f}x the data"
+    assert extra <= report.peaks[0].needed  # and the plan said as much
