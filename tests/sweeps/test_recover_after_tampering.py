@@ -266,8 +266,8 @@ def test_32_a_parked_source_swapped_for_a_symlink_is_never_written_through(
 
 @pytest.mark.parametrize(("op", "k", "newsize"), [
     ("rename", 2, 0),          # at the park: nothing moved yet
-    ("ftruncate", 1, 0),       # journal durable, the temp about to be presized
-    ("ftruncate", 1, 2 * W),
+    ("prefetch", 1, 0),        # journal durable, the source parked, nothing copied yet
+    ("prefetch", 1, 2 * W),    # (the temps are presized before the fill, before the journal)
     ("ftruncate", 2, W),       # one window copied, not yet truncated
 ])
 def test_11_a_source_shortened_after_the_crash_is_refused_not_zero_filled(
@@ -303,7 +303,7 @@ def _save06(tmp: Path, d1: bytes, d2: bytes) -> None:
 
 
 @pytest.mark.parametrize(("when", "want", "done"), [
-    pytest.param(nth("ftruncate", 1), "restored", False, id="journaled"),
+    pytest.param(nth("prefetch", 1), "restored", False, id="journaled"),
     pytest.param(nth("ftruncate", 3), "restored", False, id="mid-move"),
     pytest.param(nth("fsync", 1), "discarded", False, id="copying"),
     pytest.param(lambda op, args, _n: op == "unlink" and str(args[0]).endswith(_names.LOCK),
