@@ -230,3 +230,56 @@ def test_bytes_appended_to_the_adopted_file_are_never_cut(mount, fault: str | No
     assert r.returncode == 1, r.stderr
     assert temp.stat().st_size == length + len(extra)  # recover cut nothing either
     assert not (point / "model.ptd").exists()
+
+
+@pytest.mark.parametrize("how", ["fault", "crash"])
+def test_bytes_appended_before_the_insert_are_never_taken_for_it(mount, how: str) -> None:
+    # The session 33 attack: a writer appended as many bytes as the insert adds (header 8 KiB,
+    # tail 16 KiB; 10,000 appended) after the blob became the temp and before its insert; the
+    # size looked like an insert, so the undo (in process, or recover after a crash) collapsed
+    # the blob's own first 8 KiB and said byte-exact. The insert is recorded in the journal
+    # now: without its step, bytes past the source are another writer's and nothing is cut.
+    from filecord.errors import DataChangedError
+
+    point = mount("ext4", 320 * MiB)
+    blob, _extents = _blob(point)
+    extra = b"W" * 10_000
+    writer = os.open(blob, os.O_WRONLY | os.O_APPEND)
+    ino = os.stat(blob).st_ino
+
+    class Append(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "insert_range" and isinstance(args[0], int) and (
+                    os.fstat(args[0]).st_ino == ino):
+                os.write(writer, extra)
+                if how == "crash":
+                    os._exit(9)
+                raise OSError(5, "injected EIO")
+
+    cord = Cord([b"H" * HEADER, FileBackedData(str(blob), owned=True), b"T" * 16384])
+    try:
+        if how == "crash":
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child dies at the insert
+                with _sys.use(Append()):
+                    filecord.save(str(point / "model.ptd"), cord, consume=True)
+                os._exit(0)
+            assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 9
+            r = subprocess.run([sys.executable, "-m", "filecord", "recover", str(point)],
+                               capture_output=True, text=True, check=False)
+            assert r.returncode == 1, r.stderr
+            said = r.stderr
+        else:
+            with pytest.raises((SaveError, DataChangedError)) as info, _sys.use(Append()):
+                filecord.save(str(point / "model.ptd"), cord, consume=True)
+            said = "\n".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    finally:
+        os.close(writer)
+    assert "the journal does not record the space inserted" in said
+    (temp,) = [p for p in point.iterdir() if p.name.endswith(".partial")]
+    assert temp.stat().st_size == BLOB + len(extra)  # nothing cut, nothing inserted
+    assert fskit.mismatch(temp, 0, BLOB, seed=26) is None
+    with open(temp, "rb") as f:
+        f.seek(BLOB)
+        assert f.read() == extra
+    assert not (point / "model.ptd").exists()

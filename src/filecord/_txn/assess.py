@@ -113,6 +113,7 @@ class Records:
     actor: Actor
     stage: Stage
     moved: int = 0
+    inserted: frozenset[Key] = frozenset()  # adopted sources whose insert is recorded
     looked: Mapping[Key, tuple[int, int]] = field(default_factory=dict)
     looks: Mapping[Key, Look] = field(default_factory=dict)
     during: DataChangedError | None = None  # the change a running save saw mid-move
@@ -234,7 +235,7 @@ def _running(j: Journal, r: Records, seen: Observed) -> Assessment:
                "are kept (not held)") if found is Found.METADATA else HELD_WHY
         first = () if r.cause is None else (f"the save had failed first: {r.cause}",)
         return Assessment(found, err, first, why, changed=key)
-    bad = check_strict(j, seen, r.moved)
+    bad = check_strict(j, seen, r.moved, r.inserted)
     if bad is not None:
         return Assessment(Found.CHANGED, notes=(f"{bad}",), why=HELD_WHY)
     return Assessment(Found.AS_LEFT)
@@ -260,7 +261,8 @@ def _crashed(j: Journal, r: Records, seen: Observed) -> Assessment:
         if unfinished is not None:
             return Assessment(Found.UNFINISHED, unfinished, why=f"{unfinished}; {KEPT_WHY}")
         return Assessment(Found.AS_LEFT)
-    bad = check_strict(j, seen, r.moved) or check_temps_hold(j, seen) or check_findable(j, seen)
+    bad = (check_strict(j, seen, r.moved, r.inserted) or check_temps_hold(j, seen)
+           or check_findable(j, seen))
     if isinstance(bad, OSError) and not isinstance(bad, DataChangedError):
         return Assessment(Found.UNREADABLE, bad, why=f"{bad}; {KEPT_WHY}")
     if bad is not None:
@@ -297,7 +299,8 @@ def legal_size(s: JournalSource, size: int, window: int) -> bool:
     ) % window == 0
 
 
-def check_strict(j: Journal, seen: Observed, done: int = 0) -> DataChangedError | None:
+def check_strict(j: Journal, seen: Observed, done: int = 0,
+                 inserted: frozenset[Key] = frozenset()) -> DataChangedError | None:
     """A source not as this save can have left it (None: all are).
 
     ``done``: how many moved sources (in journal order) are known to have finished their
@@ -307,7 +310,7 @@ def check_strict(j: Journal, seen: Observed, done: int = 0) -> DataChangedError 
         return bad
     for s, f in zip(j.sources, seen.sources, strict=True):
         if s.adopt:
-            bad = _adopted(j, s, f)
+            bad = _adopted(j, s, f, inserted=(s.dev, s.ino) in inserted)
             if bad is not None:
                 return bad
             continue
@@ -333,7 +336,8 @@ def check_strict(j: Journal, seen: Observed, done: int = 0) -> DataChangedError 
     return None
 
 
-def _adopted(j: Journal, s: JournalSource, f: SourceFacts) -> DataChangedError | None:
+def _adopted(j: Journal, s: JournalSource, f: SourceFacts, *,
+             inserted: bool) -> DataChangedError | None:
     """An adopted source at its output's temp as this save can have left it: at its own size
     or at least its size plus the space inserted in front of it (the undo acts on that size
     alone).  Under its own name it was never adopted, or the undo finished: nothing to check
@@ -341,12 +345,12 @@ def _adopted(j: Journal, s: JournalSource, f: SourceFacts) -> DataChangedError |
     length = j.outputs[s.dests[0].output].length
     whole = not s.inserted and length == s.size
     if f.at_temp is not None and not whole:  # a file adopted whole is only renamed back
-        if s.adopted_size(f.at_temp.size, length):
+        if s.adopted_size(f.at_temp.size, length, inserted=inserted):
             return None
         return DataChangedError(
             j.temp(s.dests[0].output), expected_size=s.size + s.inserted,
             found_size=f.at_temp.size,
-            reason=s.adopted_change(f.at_temp.size, length))
+            reason=s.adopted_change(f.at_temp.size, length, inserted=inserted))
     return None
 
 
@@ -629,14 +633,16 @@ def _nearest_legal(s: JournalSource, size: int, window: int) -> int:
 
 
 def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = None,
-                done: int = 0) -> list[str]:
+                done: int = 0, inserted: frozenset[Key] = frozenset()) -> list[str]:
     """One line per source: how many bytes are in it (and under which name), where the rest is.
 
     ``left_at`` gives, per source (dev, ino), the size the move last left it at when that is
     known (the in-process error); ``done``: the first ``done`` moved sources (journal order)
     finished their moves (the journal's ``moving`` step), so each was left at its kept
     prefix.  Otherwise a size no move leaves is reported as a change and the nearest size a
-    move leaves is taken as the boundary.
+    move leaves is taken as the boundary.  ``inserted``: the adopted sources whose insert the
+    journal records (the others hold the file at offset 0, unless the insert's record is all
+    that is missing).
     """
     lines = []
     finished = {(s.dev, s.ino): s.run_start for s in [
@@ -650,7 +656,11 @@ def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = 
             # holds it at offset 0 (renamed, nothing inserted yet, or already collapsed)
             shifted = (f.at_temp is not None and s.inserted
                        and f.at_temp.size >= s.size + s.inserted)
-            off = f" (at offset {s.inserted})" if shifted and at == temp else ""
+            off = ""
+            if shifted and at == temp:
+                off = (f" (at offset {s.inserted})" if (s.dev, s.ino) in inserted else
+                       f" (at offset 0, or at {s.inserted} if the space in front of it was "
+                       "inserted before its record was written)")
             lines.append(f"{s.path}: the whole file ({s.size} bytes) is at {at}{off}" if at else
                          f"{s.path}: not found under its name or at {temp}")  # never a guess
             continue

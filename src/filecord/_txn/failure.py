@@ -124,7 +124,8 @@ def records_of(txn: Txn, exc: BaseException) -> assess.Records:
     """What a running save knows, as the records a crashed one leaves: its stage, its count of
     finished moves, its last looks, and the change it saw mid-move."""
     looks = {k: assess.Look(assess.Facts.of(st), pending) for k, (st, pending) in txn.looks.items()}
-    return assess.Records(Actor.SAVE, txn.stage, txn.moves_done, looks=looks,
+    return assess.Records(Actor.SAVE, txn.stage, txn.moves_done, frozenset(txn.inserted),
+                          looks=looks,
                           during=assess.seen_mid_move(exc, txn.moving or txn.changed),
                           cause=exc)
 
@@ -161,7 +162,8 @@ def _keep_all(txn: Txn, exc: BaseException, names: str, notes: list[str], why: s
         notes.append("could not look at the sources to say where their bytes are: "
                      f"{seen.unreadable}")
     else:
-        notes.extend(assess.whereabouts(record, seen, left_at))
+        notes.extend(assess.whereabouts(record, seen, left_at,
+                                        inserted=frozenset(txn.inserted)))
         states = _states(record, seen)
     notes.append(f"{why}; run `filecord recover {path}` once the cause is fixed")
     _raise(exc, f"saving {names} failed", notes, journal_path=path, sources=states)
@@ -252,7 +254,7 @@ def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
         _close(txn, notes)  # the undo opens what it needs by name, as recover does
         temps = undo.open_temps(record)
         try:
-            restored = undo.roll_back(record, temps, txn.counters)
+            restored = undo.roll_back(record, temps, txn.counters, frozenset(txn.inserted))
         finally:
             undo.close_all(temps)
     except BaseException as rexc:  # noqa: BLE001 - any failure here leaves the journal in charge

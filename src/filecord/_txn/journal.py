@@ -31,8 +31,14 @@ order it happened, each appended and fsynced before what it licenses:
 
 An ``adopt`` source (in the head) becomes its output's file where it lies: it is renamed onto
 the output's temp and, when its one destination's offset is not 0, that many bytes (a multiple
-of the block) are inserted in front of it (``JournalSource.inserted``).  No record of its own:
-the temp's size says how far the adoption went.
+of the block) are inserted in front of it (``JournalSource.inserted``), then a ``moving`` step
+with ``inserted: [dev, ino]`` is appended once the insert is fsynced, before anything is
+written into that space.  The size alone cannot say whether the insert happened: a writer that
+kept a descriptor could have appended as many bytes before it (the session 33 attack: the
+undo then collapsed the source's own first bytes).  Without the step, the temp may be the
+source as renamed (its size) or, in the window between the insert's fsync and the step's, the
+source behind the inserted space; the undo collapses only when that space is a hole
+(``undo._unadopt``).  With it, the temp's size says how far the adoption went.
 
 Replay (:func:`read_log`) is WAL style: records after the head are read in order and stop at
 the first that does not check.  What follows it is a torn tail when no later record checks (an
@@ -136,17 +142,30 @@ class JournalSource:
         journaled offset there; 0: a whole-output rename, or one the output starts with)."""
         return self.dests[0].out_offset if self.adopt and self.dests else 0
 
-    def adopted_size(self, size: int, length: int) -> bool:
+    def adopted_size(self, size: int, length: int, *, inserted: bool) -> bool:
         """Whether an adoption of this save (or its undo) can have left this adopted source at
-        ``size`` at its output's temp, whose complete ``length`` is given: its own size, or
-        from its size plus the inserted space up to that length.  A size between is a cut or a
-        write by someone else, and so is one past the output's end: the save never writes
-        there, so those bytes are another process's (appended through a descriptor it kept),
-        which an undo must not cut off."""
-        return size == self.size or self.size + self.inserted <= size <= length
+        ``size`` at its output's temp, whose complete ``length`` is given; ``inserted``: the
+        journal records the insert.  Its own size always; with the insert recorded, from its
+        size plus the inserted space up to that length; without, only its size plus the
+        inserted space (the insert done, its step not yet: the undo checks the space is a
+        hole).  Any other size is a cut or a write by someone else: past the output's end
+        the save never writes, and without the insert recorded every byte past the source's
+        own is another process's (appended through a descriptor it kept); an undo must not
+        cut them off."""
+        if size == self.size:
+            return True
+        if inserted or not self.inserted:  # nothing to insert: nothing to record
+            return self.size + self.inserted <= size <= length
+        return size == self.size + self.inserted
 
-    def adopted_change(self, size: int, length: int) -> str:
+    def adopted_change(self, size: int, length: int, *, inserted: bool = True) -> str:
         """Why ``size`` is refused by :meth:`adopted_size`, for the error."""
+        if not inserted and self.inserted and size > self.size:
+            return (f"{size - self.size} bytes follow the source's {self.size}, and the journal "
+                    "does not record the space inserted in front of it: another process "
+                    "appended them; nothing was cut (the source's bytes are at offset 0 of "
+                    "this file, or at "
+                    f"{self.inserted} if the insert was done and its record lost)")
         if size > length:
             return (f"another process appended {size - length} bytes past the output's end; "
                     "nothing was cut: the source's bytes are at offset "
@@ -342,6 +361,11 @@ def encode_moving(done: int) -> bytes:
     return step(Stage.MOVING, moved=done)
 
 
+def encode_inserted(done: int, key: tuple[int, int]) -> bytes:
+    """The adopted source ``key`` has the space inserted in front of it, durably."""
+    return step(Stage.MOVING, moved=done, inserted=list(key))
+
+
 def encode_committed(looks: list[tuple[int, int, int, int]]) -> bytes:
     return step(Stage.COMMITTED, looked=[list(look) for look in looks])
 
@@ -352,6 +376,8 @@ class Log:
 
     journal: Journal
     moved: int = 0  # the first N moved sources (journal order) have finished, durably
+    # adopted sources whose inserted space is durable (their ``inserted`` steps)
+    inserted: frozenset[tuple[int, int]] = frozenset()
     looked: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     torn: bool = False
     # The stage of a crashed save: its last step (MOVING when the head is the last: whether
@@ -421,18 +447,21 @@ def read_log(data: bytes) -> Log:
     if r.damage is not None:
         raise JournalDamagedError(f"the journal is damaged: {r.damage}")
     try:
-        moved, looked, stage = _steps(r.records)
+        moved, inserted, looked, stage = _steps(r.records)
     except (ValueError, KeyError, TypeError) as exc:
         raise JournalDamagedError(f"the journal is damaged: a step that checks says {exc}") \
             from None
     end = start + sum(len(line) + 1 for line in lines[:2 + len(r.records)])
-    return Log(j, moved, looked, r.torn, stage, end)
+    return Log(j, moved, inserted, looked, r.torn, stage, end)
 
 
 def _steps(records: tuple[dict[str, object], ...]
-           ) -> tuple[int, dict[tuple[int, int], tuple[int, int]], Stage]:
-    """What the steps after the head say: moves finished, last looks, the last stage."""
+           ) -> tuple[int, frozenset[tuple[int, int]], dict[tuple[int, int], tuple[int, int]],
+                      Stage]:
+    """What the steps after the head say: moves finished, inserts done, last looks, the last
+    stage."""
     moved = 0
+    inserted: set[tuple[int, int]] = set()
     looked: dict[tuple[int, int], tuple[int, int]] = {}
     stage = Stage.MOVING
     for rec in records:
@@ -441,11 +470,14 @@ def _steps(records: tuple[dict[str, object], ...]
             stage = Stage.MOVING
         elif stage is Stage.MOVING:  # the most any says: the files decide the rest
             moved = max(moved, _int(rec["moved"]))
+            if "inserted" in rec:
+                dev, ino = (_int(v) for v in _list(rec["inserted"]))
+                inserted.add((dev, ino))
         elif stage is Stage.COMMITTED:
             for look in _list(rec["looked"]):
                 dev, ino, size, mtime = (_int(v) for v in _list(look))
                 looked[(dev, ino)] = (size, mtime)
-    return moved, looked, stage
+    return moved, frozenset(inserted), looked, stage
 
 
 def _list(v: object) -> list[object]:

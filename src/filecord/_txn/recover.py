@@ -375,7 +375,8 @@ def _act(path: str, log_: journal.Log) -> Recovered:
     j, stage = log_.journal, log_.stage
     outputs = tuple(o.final for o in j.outputs)
     sources = tuple(s.path for s in j.sources)
-    records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.looked)
+    records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
+                             log_.looked)
     found = assess.assess(j, records, assess.observe(j, records))
     action = table.decide(table.Actor.RECOVER, stage, found.found)
     # The moves the log says finished left their sources at the kept prefix, unless a
@@ -391,9 +392,10 @@ def _act(path: str, log_: journal.Log) -> Recovered:
             "the journal is damaged: its last record does not check out and the files are "
             "not as the records before it leave them"))
         table.decide(table.Actor.RECOVER, stage, found.found)  # REFUSE
-        return _refuse(path, found.why, [f"the files: {seen_why}", *_whereabouts(j, done)])
+        return _refuse(path, found.why, [f"the files: {seen_why}",
+                                         *_whereabouts(j, done, log_.inserted)])
     if action is table.Action.REFUSE:
-        return _refuse(path, found.why, _whereabouts(j, done))
+        return _refuse(path, found.why, _whereabouts(j, done, log_.inserted))
     try:
         if action is table.Action.FINISH:
             try:
@@ -416,7 +418,7 @@ def _act(path: str, log_: journal.Log) -> Recovered:
             _append(path, log_, journal.step(Stage.ROLLING_BACK))
         temps = undo.open_temps(j)
         try:
-            undo.roll_back(j, temps, transfer.Counters())
+            undo.roll_back(j, temps, transfer.Counters(), log_.inserted)
         finally:
             undo.close_all(temps)
         undo.remove_temps(j)
@@ -424,11 +426,13 @@ def _act(path: str, log_: journal.Log) -> Recovered:
         left = assess.token_files(j)
         if left:
             return _refuse(path, f"the sources are restored, but {', '.join(left)} still "
-                           "carr(ies) this save's token; the journal is kept", _whereabouts(j))
+                           "carr(ies) this save's token; the journal is kept",
+                           _whereabouts(j, inserted=log_.inserted))
         _sys.unlink(path)
         return Recovered(path, "restored", outputs, sources)
     except (RecoverError, DataChangedError, OSError) as exc:
-        return _refuse(path, f"{exc}; the journal and temps are kept", _whereabouts(j))
+        return _refuse(path, f"{exc}; the journal and temps are kept",
+                       _whereabouts(j, inserted=log_.inserted))
 
 
 def _append(path: str, log_: journal.Log, record: bytes) -> None:
@@ -445,7 +449,8 @@ def _append(path: str, log_: journal.Log, record: bytes) -> None:
         _sys.close(fd)
 
 
-def _whereabouts(j: journal.Journal, done: int = 0) -> list[str]:
+def _whereabouts(j: journal.Journal, done: int = 0,
+                 inserted: frozenset[tuple[int, int]] = frozenset()) -> list[str]:
     """Where every byte is now, for a refusal's notes (looked at afresh: the files may have
     changed since the assessment, by this recover's own partial work).  ``done``: the moves
     the journal says finished, given only before recover touched a file (a rollback in
@@ -453,4 +458,4 @@ def _whereabouts(j: journal.Journal, done: int = 0) -> list[str]:
     seen = assess.observe(j, assess.Records(table.Actor.RECOVER, Stage.ROLLING_BACK))
     if seen.unreadable is not None:
         return [f"could not look at the sources to say where their bytes are: {seen.unreadable}"]
-    return assess.whereabouts(j, seen, done=done)
+    return assess.whereabouts(j, seen, done=done, inserted=inserted)

@@ -477,6 +477,15 @@ def _adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
     if src.inserted:
         _sys.insert_range(fd, 0, src.inserted)
         txn.counters.fsync(fd)
+        now = _sys.fstat(fd)  # a write between the look above and the insert grew it
+        if now.st_size != m.size + src.inserted:
+            raise DataChangedError(temp, expected_size=m.size + src.inserted,
+                                   found_size=now.st_size, reason="another process wrote to "
+                                   "it as the space in front of it was inserted")
+        # Recorded before a byte is written into the space: the size alone cannot tell an
+        # insert from another writer's append of as many bytes (``journal``).
+        begin.append_step(txn, journal.encode_inserted(txn.moves_done, m.key))
+        txn.inserted.add(m.key)
     fill.fill_output(txn, o)
     # Moved bytes of other sources follow: the temp gets its final length (a hole) first.
     # Only then: a file adopted whole, cut by someone else meanwhile, is never padded back.

@@ -70,6 +70,8 @@ class Txn:
     looks: dict[tuple[int, int], tuple[os.stat_result, int | None]] = field(default_factory=dict)
     changed: tuple[int, int] | None = None  # a source found changed since that look
     moves_done: int = 0  # moved sources (journal order) whose moves finished, marked durably
+    # adopted sources whose inserted space is durable and recorded (the journal's step)
+    inserted: set[tuple[int, int]] = field(default_factory=set)
     durable: bool = True  # False: no fsync of the outputs and their directories (copy only)
     # Files the commit removes (recorded in the journal's head), and what became of them:
     # ``removed`` unlinked, ``changed`` kept (no longer the recorded file).

@@ -198,15 +198,18 @@ def close_all(fds: list[int | None]) -> None:
         raise errors[0]
 
 
-def roll_back(j: Journal, temps: list[int | None], c: transfer.Counters) -> int:
-    """Put every source back, byte-exact under its own name; returns how many moved back."""
+def roll_back(j: Journal, temps: list[int | None], c: transfer.Counters,
+              inserted: frozenset[tuple[int, int]] = frozenset()) -> int:
+    """Put every source back, byte-exact under its own name; returns how many moved back.
+    ``inserted``: the adopted sources whose insert the journal records."""
     restored = 0
     for s in reversed(j.sources):
-        restored += _put_back(j, s, temps, c)
+        restored += _put_back(j, s, temps, c, inserted=(s.dev, s.ino) in inserted)
     return restored
 
 
-def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer.Counters) -> int:
+def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer.Counters, *,
+              inserted: bool) -> int:
     if s.adopt:
         temp = j.temp(s.dests[0].output)
         if same_file(temp, s.dev, s.ino) is not None:
@@ -214,7 +217,8 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
             try:
                 if s.inserted or j.outputs[s.dests[0].output].length != s.size:
                     # adopted in place: the output was built on it
-                    _unadopt(fd, temp, s, j.outputs[s.dests[0].output].length, c)
+                    _unadopt(fd, temp, s, j.outputs[s.dests[0].output].length, c,
+                             inserted=inserted)
                 _sys.fchmod(fd, stat_mod.S_IMODE(s.mode))
             finally:
                 _sys.close(fd)
@@ -254,22 +258,32 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
     return 1
 
 
-def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Counters) -> None:
+def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Counters, *,
+             inserted: bool) -> None:
     """Give an adopted source at its output's temp back its own bytes, and only those.
 
-    Judged from the temp's size alone (``JournalSource.adopted_size``; ``assess`` refused
-    any other first): the source's size (nothing was inserted, or the collapse below already
-    ran; nothing was appended, or the truncate below already ran): nothing to take back.  At
-    least the source plus the inserted space: truncate to that (what was appended goes),
-    collapse the space (what was written into it goes), fsync.  The source's blocks are
+    Judged from the temp's size and whether the journal records the insert
+    (``JournalSource.adopted_size``; ``assess`` refused any other first): the source's size
+    (nothing was inserted, or the collapse below already ran; nothing was appended, or the
+    truncate below already ran): nothing to take back.  At least the source plus the inserted
+    space, the insert recorded (or, unrecorded, exactly that and a hole in front): truncate to
+    that (what the save appended goes), collapse the space (what was written into it goes),
+    fsync.  The source's blocks are
     never written by the save, so they are its bytes.  Its journaled times are put back and
     fsynced whenever the file was touched (an interrupted undo may have collapsed it
     already: the times still go back).
     """
     size = _sys.fstat(fd).st_size
-    if not s.adopted_size(size, length):
+    if not s.adopted_size(size, length, inserted=inserted):
         raise DataChangedError(temp, expected_size=s.size + s.inserted, found_size=size,
-                               reason=s.adopted_change(size, length))
+                               reason=s.adopted_change(size, length, inserted=inserted))
+    if not inserted and s.inserted and size > s.size and (
+            not s.dense or _sys.extents(fd, 0, s.inserted)):
+        # The insert is not recorded: only a hole in front of a source that had none proves
+        # it was done (nothing is written there before its step); else the bytes past the
+        # source's are another process's append.
+        raise DataChangedError(temp, expected_size=s.size, found_size=size,
+                               reason=s.adopted_change(size, length, inserted=inserted))
     if size > s.size:
         if size > s.size + s.inserted:
             _sys.ftruncate(fd, s.size + s.inserted)

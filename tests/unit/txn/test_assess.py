@@ -8,6 +8,7 @@ row of the decision table each one selects.
 from __future__ import annotations
 
 import errno
+from dataclasses import replace
 
 import pytest
 
@@ -289,23 +290,34 @@ def adopted_at(size: int | None, *, own: int | None = None) -> Observed:
                     (OutputFacts(at),))
 
 
-@pytest.mark.parametrize(("size", "why"), [
-    (2 * W + 5, "renamed, nothing inserted yet (or the collapse of an undo done)"),
-    (4 * W + 5, "the space inserted, nothing appended yet"),
-    (6 * W, "inserted and the rest of the output appended (the temp complete)"),
+def marked(r: Records) -> Records:
+    """The records with the adopted source's ``inserted`` step."""
+    return replace(r, inserted=frozenset({A}))
+
+
+@pytest.mark.parametrize(("size", "marks", "why"), [
+    (2 * W + 5, (False, True), "renamed, nothing inserted yet (or the collapse of an undo done)"),
+    (4 * W + 5, (True,), "the space inserted and recorded, nothing appended yet"),
+    (4 * W + 5, (False,), "the space inserted, its step not yet (the undo checks the hole)"),
+    (6 * W, (True,), "inserted and the rest of the output appended (the temp complete)"),
 ])
-def test_an_adopted_source_at_any_size_an_adoption_leaves_is_rolled_back(size: int,
-                                                                         why: str) -> None:
+def test_an_adopted_source_at_any_size_an_adoption_leaves_is_rolled_back(
+        size: int, marks: tuple[bool, ...], why: str) -> None:
     j = in_place()
     assert j.sources[0].inserted == 2 * W
     for r in (SAVE, RECOVER):
-        got = assess(j, r, adopted_at(size))
-        assert got.found is Found.AS_LEFT, why
-        assert decide(r.actor, Stage.MOVING, got.found) is Action.ROLL_BACK
+        for mark in marks:
+            got = assess(j, marked(r) if mark else r, adopted_at(size))
+            assert got.found is Found.AS_LEFT, why
+            assert decide(r.actor, Stage.MOVING, got.found) is Action.ROLL_BACK
     # the offset is named only once the space is in front of it; before, the temp is the file
-    off = f" (at offset {2 * W})" if size >= (2 * W + 5) + 2 * W else ""
-    assert whereabouts(j, adopted_at(size)) == [
-        f"/d/d.bin: the whole file ({2 * W + 5} bytes) is at {j.temp(0)}{off}"]
+    for mark in marks:
+        off = ""
+        if size >= (2 * W + 5) + 2 * W:
+            off = (f" (at offset {2 * W})" if mark else f" (at offset 0, or at {2 * W} if the "
+                   "space in front of it was inserted before its record was written)")
+        got = whereabouts(j, adopted_at(size), inserted=frozenset({A} if mark else ()))
+        assert got == [f"/d/d.bin: the whole file ({2 * W + 5} bytes) is at {j.temp(0)}{off}"]
 
 
 @pytest.mark.parametrize("size", [2 * W + 4, 2 * W + 6, 4 * W + 4, 3 * W])
@@ -313,13 +325,32 @@ def test_an_adopted_source_at_a_size_no_adoption_leaves_is_held(size: int) -> No
     """Shorter than the source, or longer but short of the inserted space: a cut or a write
     by someone else; the undo (truncate, collapse) would cut the source's own bytes."""
     j = in_place()
-    got = assess(j, SAVE, adopted_at(size))
-    assert got.found is Found.CHANGED
-    assert decide(Actor.SAVE, Stage.MOVING, got.found) is Action.HOLD
-    got = assess(j, RECOVER, adopted_at(size))
-    assert got.found is Found.CHANGED
-    assert "a size this save does not leave" in str(got.error)
-    assert decide(Actor.RECOVER, Stage.MOVING, got.found) is Action.REFUSE
+    for mark in (False, True):
+        for r, act in ((SAVE, Action.HOLD), (RECOVER, Action.REFUSE)):
+            got = assess(j, marked(r) if mark else r, adopted_at(size))
+            assert got.found is Found.CHANGED
+            assert decide(r.actor, Stage.MOVING, got.found) is act
+            said = "\n".join([str(got.error), *got.notes])
+            if mark or size < 2 * W + 5:
+                assert "a size this save does not leave" in said
+            else:  # bytes past the source and no insert recorded: another writer's append
+                assert (f"{size - (2 * W + 5)} bytes follow the source's {2 * W + 5}, and the "
+                        "journal does not record the space inserted in front of it" in said)
+
+
+@pytest.mark.parametrize("size", [3 * W, 4 * W + 6, 6 * W])
+def test_bytes_after_an_adopted_source_without_its_insert_recorded_are_held(size: int) -> None:
+    """The session 33 attack: a writer appended as many bytes as the insert adds (or more)
+    before the insert; judged by the size alone the undo collapsed the source's own first
+    bytes. Without the ``inserted`` step only the size plus the inserted space is taken for
+    the insert (and the undo then checks the hole); any other size past the source is held."""
+    j = in_place()
+    for r in (SAVE, RECOVER):
+        got = assess(j, r, adopted_at(size))
+        assert got.found is Found.CHANGED
+        assert "does not record the space inserted" in "\n".join([str(got.error), *got.notes])
+        got = assess(j, marked(r), adopted_at(size))
+        assert (got.found is Found.AS_LEFT) is (4 * W + 5 <= size <= 6 * W)
 
 
 def test_an_adopted_source_longer_than_its_output_is_held_not_cut() -> None:
@@ -327,7 +358,7 @@ def test_an_adopted_source_longer_than_its_output_is_held_not_cut() -> None:
     session 32 attack: the undo's truncate took it and said byte-exact)."""
     j = in_place()
     for r, held in ((SAVE, Action.HOLD), (RECOVER, Action.REFUSE)):
-        got = assess(j, r, adopted_at(6 * W + 1))
+        got = assess(j, marked(r), adopted_at(6 * W + 1))
         assert got.found is Found.CHANGED
         assert decide(r.actor, Stage.MOVING, got.found) is held
         assert (f"appended 1 bytes past the output's end; nothing was cut: the source's bytes "
