@@ -181,8 +181,11 @@ _CLONE_REFUSALS = frozenset(
 
 
 # FIEMAP_EXTENT_SHARED: the extent's blocks are shared with another file (a reflink copy, a
-# snapshot); cutting this file frees none of them.
+# snapshot); cutting this file frees none of them.  FIEMAP_EXTENT_ENCODED: compressed (btrfs),
+# its length the uncompressed one; cutting it frees only what it holds on disk, unknown here,
+# so nothing is counted.
 _EXTENT_SHARED = 0x2000
+_EXTENT_ENCODED = 0x8
 # btrfs frees a data extent only when no file refers to any of it; it writes extents of at
 # most 128 MiB (256 MiB when preallocated), and its FIEMAP may report neighbours as one.
 _BTRFS_EXTENT_MAX = 256 * 1024 * 1024
@@ -191,7 +194,8 @@ _BTRFS_EXTENT_MAX = 256 * 1024 * 1024
 def freeable(path: str, allocated: int, fs_type: str) -> int:
     """A lower bound on the bytes that cutting the file at ``path`` from its end gives back,
     where the file system shares extents (``CLONING_FILESYSTEMS``; elsewhere ``allocated``,
-    from ``st_blocks``, is the answer).  Extents shared with another file give nothing back;
+    from ``st_blocks``, is the answer).  Extents shared with another file, or compressed,
+    are counted as giving nothing back;
     on btrfs a cut frees an extent only once it is past the extent's start, so the extent the
     cut is in holds on: the largest is taken off (as if it were cut last).  The planner
     counts the rest as freed late in the move (``space._highest``), so this bound is safe
@@ -210,7 +214,7 @@ def freeable(path: str, allocated: int, fs_type: str) -> int:
             raise
     finally:
         _sys.close(fd)
-    own = [n for _lo, n, flags in found if not flags & _EXTENT_SHARED]
+    own = [n for _lo, n, flags in found if not flags & (_EXTENT_SHARED | _EXTENT_ENCODED)]
     held = min(max(own, default=0), _BTRFS_EXTENT_MAX) if fs_type == "btrfs" else 0
     return max(0, min(allocated, sum(own)) - held)
 

@@ -290,6 +290,8 @@ def peaks_at(
             dev = dev_of[a.output]
             needed[dev] -= a.length // block_of(dev) * block_of(dev)
             clones.add(dev)
+            # what is written between two clones is a range of its own (XFS reserves per range)
+            ranges[dev] = ranges.get(dev, 0) + 1
     inserts: dict[int, int] = {}
     for m in moves:
         dev = m.key[0]
