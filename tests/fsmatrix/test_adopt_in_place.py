@@ -283,3 +283,31 @@ def test_bytes_appended_before_the_insert_are_never_taken_for_it(mount, how: str
         f.seek(BLOB)
         assert f.read() == extra
     assert not (point / "model.ptd").exists()
+
+
+def test_a_file_mapped_by_blocks_is_moved_not_adopted(tmp_path) -> None:
+    # The session 33 attack: a file written before ext4's extent feature was turned on keeps
+    # its block lists; the probe's new file has extents and said yes, the plan promised an
+    # adoption, and every save failed EOPNOTSUPP at the file's own insert. It is moved now.
+    image, point = tmp_path / "e.img", tmp_path / "mnt"
+    point.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(200 * MiB)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-b", "4096", "-O", "^extent,^64bit", str(image)],
+                   check=True, capture_output=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(point)], check=True)
+    try:
+        blob = point / "weights.bin"
+        fskit.write_pattern(blob, 8 * MiB, seed=5)
+        subprocess.run(["umount", str(point)], check=True)
+        subprocess.run(["tune2fs", "-O", "extent", str(image)], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", "loop", str(image), str(point)], check=True)
+        cord = Cord([b"H" * HEADER, FileBackedData(str(blob), owned=True), b"T" * 100])
+        plan = filecord.plan(str(point / "m.ptd"), cord, consume=True)
+        assert [a.action for a in plan.file_actions()] == ["moved"]
+        report = filecord.save(str(point / "m.ptd"), cord, consume=True)
+        assert [a.action for a in report.file_actions()] == ["moved"]
+        assert fskit.mismatch(point / "m.ptd", HEADER, 8 * MiB, seed=5) is None
+        assert sorted(p.name for p in point.iterdir()) == ["lost+found", "m.ptd"]
+    finally:
+        subprocess.run(["umount", str(point)], check=False, capture_output=True)

@@ -41,6 +41,7 @@ _FIEMAP_EXTENT_LAST = 0x1
 FIEMAP_EXTENT_UNWRITTEN = 0x800
 FS_IMMUTABLE_FL = 0x10
 FS_APPEND_FL = 0x20
+FS_EXTENT_FL = 0x80000  # ext4: mapped by extents (INSERT_RANGE needs it)
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
 # fallocate(2) modes that shift a file's extents instead of its bytes (ext4, XFS; not btrfs,

@@ -265,8 +265,9 @@ def in_place(
     that is not already a whole-output rename, whose one destination (adjacent slices merged)
     is the whole source, non-empty, at a multiple of the file system's block, in an output on
     a file system that inserts ranges and on the source's mount (the file is renamed to the
-    output's temp).  ``pieces[key]``: the placements of each source (their indexes are
-    reported).  Ties go to the first in the plan's order.
+    output's temp), mapped by extents (``SourceFacts.block_mapped``).  ``pieces[key]``: the
+    placements of each source (their indexes are reported).  Ties go to the first in the
+    plan's order.
     """
     best: dict[int, InPlace] = {}
     for m in moves:
@@ -277,7 +278,9 @@ def in_place(
             continue
         out = outputs[d.output]
         fs = filesystems.get(out.dev)
-        if out.direct or fs is None or not fs.can_insert or out.mount != sources[m.key].mount:
+        src = sources[m.key]
+        if (out.direct or fs is None or not fs.can_insert or out.mount != src.mount
+                or src.block_mapped):
             continue
         if d.out_offset % BLOCK or d.out_offset % (fs.block if fs.block > 0 else BLOCK):
             continue

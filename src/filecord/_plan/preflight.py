@@ -232,8 +232,9 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
         fs = filesystems.get(key[0])
         if fs is not None and src.owned and src.regular and not src.symlink:
             freed = freeable(src.path, src.allocated, fs.fs_type)
-            if freed != src.allocated:
-                sources[key] = replace(src, allocated=freed)
+            mapped = fs.can_insert and fs.fs_type == "ext4" and _block_mapped(src.path)
+            if freed != src.allocated or mapped:
+                sources[key] = replace(src, allocated=freed, block_mapped=mapped)
     return Facts(
         cords=tuple(c for _p, c in items),
         datas=MappingProxyType({k: tuple(v) for k, v in datas.items()}),
@@ -340,6 +341,20 @@ def _append_only_or_immutable(path: str, st: os.stat_result) -> bool:
     finally:
         _sys.close(fd)
     return bool(flags & (_sys.FS_APPEND_FL | _sys.FS_IMMUTABLE_FL))
+
+
+def _block_mapped(path: str) -> bool:
+    """An ext4 file without the extent flag: the probe's new file has extents, this one
+    not, and INSERT_RANGE refuses it (EOPNOTSUPP)."""
+    fd = _sys.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        return not _sys.inode_flags(fd) & _sys.FS_EXTENT_FL
+    except OSError as exc:
+        if exc.errno in (errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            return False
+        raise
+    finally:
+        _sys.close(fd)
 
 
 def _read_only_mount(directory: str) -> bool:

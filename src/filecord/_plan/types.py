@@ -95,6 +95,9 @@ class SourceFacts:
     # on btrfs, its largest extent: ``facts.freeable``); -1: unknown
     allocated: int = -1
     mount: int = 0  # mount id (two mounts of one file system share st_dev but not renames)
+    # an ext4 file mapped by block lists, not extents (made before the extent feature was on):
+    # ext4 inserts no range into it, so it is never adopted in place
+    block_mapped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
