@@ -25,6 +25,8 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+from collections.abc import Callable
+from typing import TypeVar
 
 from filecord._io import syscalls as _sys
 from filecord._plan.types import BLOCK, CLONING_FILESYSTEMS, NO_HOLE_FILESYSTEMS, FsFacts
@@ -206,17 +208,40 @@ def freeable(path: str, allocated: int, fs_type: str) -> int:
     fd = _sys.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         size = _sys.fstat(fd).st_size
-        try:
-            found = _sys.extents(fd, 0, size)
-        except OSError as exc:
-            if exc.errno in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.ENOSYS):
-                return allocated
-            raise
+        found = _unless_unsupported(lambda: _sys.extents(fd, 0, size))
     finally:
         _sys.close(fd)
+    if found is None:
+        return allocated
     own = [n for _lo, n, flags in found if not flags & (_EXTENT_SHARED | _EXTENT_ENCODED)]
     held = min(max(own, default=0), _BTRFS_EXTENT_MAX) if fs_type == "btrfs" else 0
     return max(0, min(allocated, sum(own)) - held)
+
+
+def inode_flags(path: str, st: os.stat_result) -> int | None:
+    """The file's attribute flags (``FS_IOC_GETFLAGS``), or None where the file system keeps
+    none or the name holds another file than ``st`` now (the save's own checks see that)."""
+    fd = _sys.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if (_sys.fstat(fd).st_ino, st.st_dev) != (st.st_ino, st.st_dev):
+            return None
+        return _unless_unsupported(lambda: _sys.inode_flags(fd))
+    finally:
+        _sys.close(fd)
+
+
+_UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.ENOSYS})
+T = TypeVar("T")
+
+
+def _unless_unsupported(call: Callable[[], T]) -> T | None:
+    """``call()``, or None where the file system does not answer that ioctl at all."""
+    try:
+        return call()
+    except OSError as exc:
+        if exc.errno in _UNSUPPORTED:
+            return None
+        raise
 
 
 def fs_facts(directory: str, *, want_clone: bool, want_insert: bool = False) -> FsFacts:

@@ -23,7 +23,7 @@ from filecord._pieces.cord import Cord, PieceLike
 from filecord._pieces.data import FileBackedData
 from filecord._pieces.derived import Derived
 from filecord._pieces.rows import FileRows
-from filecord._plan.facts import freeable, fs_facts, mount_id, mount_table
+from filecord._plan.facts import freeable, fs_facts, inode_flags, mount_id, mount_table
 from filecord._plan.types import BLOCK, FsFacts, OutputFacts, PieceRef, SourceFacts
 from filecord.errors import SaveError, SourceIsOutputError
 
@@ -232,7 +232,10 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
         fs = filesystems.get(key[0])
         if fs is not None and src.owned and src.regular and not src.symlink:
             freed = freeable(src.path, src.allocated, fs.fs_type)
-            mapped = fs.can_insert and fs.fs_type == "ext4" and _block_mapped(src.path)
+            # an ext4 file without the extent flag: the probe's new file has extents, this
+            # one block lists, and INSERT_RANGE refuses it (EOPNOTSUPP)
+            mapped = (fs.fs_type == "ext4" and src.flags >= 0
+                      and not src.flags & _sys.FS_EXTENT_FL)
             if freed != src.allocated or mapped:
                 sources[key] = replace(src, allocated=freed, block_mapped=mapped)
     return Facts(
@@ -306,9 +309,10 @@ def _source_facts(
     owned = all(d.owned for d in group)
     writable = dir_ok and _sys.access(path, os.W_OK)
     symlink = stat_mod.S_ISLNK(lst.st_mode)  # never moved or deleted: nothing to ask it
-    if owned and not symlink and stat_mod.S_ISREG(st.st_mode) and _append_only_or_immutable(
-        path, st
-    ):
+    flags = None
+    if owned and not symlink and stat_mod.S_ISREG(st.st_mode):
+        flags = inode_flags(path, st)
+    if flags is not None and flags & (_sys.FS_APPEND_FL | _sys.FS_IMMUTABLE_FL):
         # chattr +a / +i: no truncate, rename or unlink, even as root; copied and kept, as a
         # read-only file, instead of a save that fails at parking whenever it is retried.
         writable = dir_ok = False
@@ -324,37 +328,8 @@ def _source_facts(
         deletable=dir_ok,
         mount=mount_id(directory, mounts),
         allocated=getattr(st, "st_blocks", -1) * 512 if hasattr(st, "st_blocks") else -1,
+        flags=-1 if flags is None else flags,
     )
-
-
-def _append_only_or_immutable(path: str, st: os.stat_result) -> bool:
-    fd = _sys.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if (_sys.fstat(fd).st_ino, st.st_dev) != (st.st_ino, st.st_dev):
-            return False  # replaced since the stat: the save's own checks will see it
-        try:
-            flags = _sys.inode_flags(fd)
-        except OSError as exc:
-            if exc.errno in (errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                return False  # a file system without attributes has none of these
-            raise
-    finally:
-        _sys.close(fd)
-    return bool(flags & (_sys.FS_APPEND_FL | _sys.FS_IMMUTABLE_FL))
-
-
-def _block_mapped(path: str) -> bool:
-    """An ext4 file without the extent flag: the probe's new file has extents, this one
-    not, and INSERT_RANGE refuses it (EOPNOTSUPP)."""
-    fd = _sys.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        return not _sys.inode_flags(fd) & _sys.FS_EXTENT_FL
-    except OSError as exc:
-        if exc.errno in (errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            return False
-        raise
-    finally:
-        _sys.close(fd)
 
 
 def _read_only_mount(directory: str) -> bool:

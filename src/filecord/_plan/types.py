@@ -98,6 +98,7 @@ class SourceFacts:
     # an ext4 file mapped by block lists, not extents (made before the extent feature was on):
     # ext4 inserts no range into it, so it is never adopted in place
     block_mapped: bool = False
+    flags: int = -1  # its attribute flags (FS_IOC_GETFLAGS) for an owned file; -1: not read
 
 
 @dataclass(frozen=True, slots=True)
