@@ -99,6 +99,10 @@ class Tracer(SimFS):
         self.paths[fd] = path
         return fd
 
+    def link_fd(self, fd: int, dst: str) -> None:
+        super().link_fd(fd, dst)
+        self.paths[fd] = dst  # an unnamed file (a lock file) is known by its name from here
+
 
 class FaultFS(SimFS):
     """Fail (or shorten) the ``at``-th call; with ``persistent``, also every later call of its op.
@@ -258,12 +262,14 @@ def in_probe(calls: list[Call], k: int) -> bool:
     if os.path.basename(hit.path).startswith(".filecord-probe."):
         return True
     tmpfile = getattr(os, "O_TMPFILE", 0)
-    for c in reversed(calls[:k]):
+    for i in range(k - 1, -1, -1):
+        c = calls[i]
         if c.path != hit.path or c.op not in _PROBE_OPS:
             return False
         if (c.op == "open" and tmpfile and len(c.args) > 1 and isinstance(c.args[1], int)
                 and c.args[1] & tmpfile == tmpfile):
-            return True
+            # a lock file is made unnamed too, and locked at once: not a probe
+            return not (i + 1 < len(calls) and calls[i + 1].op == "flock")
     return False
 
 

@@ -222,6 +222,15 @@ class Backend:
     def link(self, src: str, dst: str) -> None:
         os.link(src, dst, follow_symlinks=False)
 
+    def link_fd(self, fd: int, dst: str) -> None:
+        # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N: the unprivileged way to give an
+        # O_TMPFILE file a name (os.link uses plain link(2) unless a directory fd is given)
+        proc = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.link(str(fd), dst, src_dir_fd=proc, follow_symlinks=True)
+        finally:
+            os.close(proc)
+
     def stat(self, path: str) -> os.stat_result:
         return os.stat(path)
 
@@ -456,6 +465,26 @@ def unlink(path: str) -> None:
 def link(src: str, dst: str) -> None:
     _active.hook("link", (src, dst))
     _active.link(src, dst)
+
+
+def link_fd(fd: int, dst: str) -> None:
+    """Give the file open at ``fd`` (made ``O_TMPFILE``) the name ``dst``; EEXIST if taken."""
+    _active.hook("link", (f"/proc/self/fd/{fd}", dst))
+    _active.link_fd(fd, dst)
+
+
+def open_unnamed(directory: str) -> int | None:
+    """A file without a name in ``directory`` (``O_TMPFILE``: gone with its last descriptor,
+    even after a crash), or None where the file system or platform cannot make one."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag:
+        return None
+    try:
+        return open(directory, os.O_RDWR | flag, 0o600)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+            return None
+        raise
 
 
 def stat(path: str) -> os.stat_result:

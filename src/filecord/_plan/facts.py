@@ -93,7 +93,7 @@ def probe_clone(directory: str) -> bool:
     ok = False
     try:
         for end in ("a", "b"):
-            fd = _unnamed(directory)  # a crash must leave no name behind
+            fd = _sys.open_unnamed(directory)  # a crash must leave no name behind
             if fd is None:
                 path = os.path.join(directory, f".filecord-probe.{token}.{end}")
                 fd = _sys.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -129,7 +129,7 @@ def probe_insert(directory: str) -> bool:
     named: str | None = None
     ok = False
     try:
-        fd = _unnamed(directory)  # a save probes: a crash must leave no name behind
+        fd = _sys.open_unnamed(directory)  # a save probes: a crash must leave no name behind
         if fd is None:
             named = os.path.join(directory, f".filecord-probe.{secrets.token_hex(6)}.i")
             fd = _sys.open(named, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -151,20 +151,6 @@ def probe_insert(directory: str) -> bool:
             raise
         return False  # no room for the probe: the space check will say why
     return ok
-
-
-def _unnamed(directory: str) -> int | None:
-    """A file without a name in ``directory`` (``O_TMPFILE``: gone with its last descriptor,
-    even after a crash), or None where the file system or platform cannot make one."""
-    flag = getattr(os, "O_TMPFILE", 0)
-    if not flag:
-        return None
-    try:
-        return _sys.open(directory, os.O_RDWR | flag, 0o600)
-    except OSError as exc:
-        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
-            return None
-        raise
 
 
 _INSERT_REFUSALS = frozenset(

@@ -75,7 +75,25 @@ def _names_same(fd: int, path: str) -> bool:
 
 
 def create(path: str, content: bytes) -> int:
-    """Create and lock a new lock file (the save's side); the caller closes the descriptor."""
+    """Create and lock a new lock file (the save's side); the caller closes the descriptor.
+
+    Made without a name (``O_TMPFILE``), locked, written and fsynced, then linked to its name
+    (EEXIST if taken): a recover never finds it unlocked or empty.  Where the file system
+    cannot make an unnamed file, it is made under its name (``O_EXCL``) and locked at once,
+    and a recover that takes it in that instant removes it: the save then stops, having
+    written nothing, and says to retry."""
+    fd = _sys.open_unnamed(os.path.dirname(path) or ".")
+    if fd is not None:
+        try:
+            _sys.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else can reach it yet
+            _sys.write_all(fd, content, 0)
+            _sys.fsync(fd)
+            _sys.link_fd(fd, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                _sys.close(fd)
+            raise
+        return fd
     fd = _sys.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         try:
