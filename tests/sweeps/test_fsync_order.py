@@ -17,6 +17,7 @@ names is removed (the mutation audit of issue 22):
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 from pathlib import Path
 from typing import Any
@@ -145,13 +146,17 @@ def test_a_put_back_fsyncs_the_restored_times_before_the_name_comes_back(
 
 class _RemoveLockAtFlock(_sys.Backend):
     """A recover that found the new lock file unlocked and removed it, between the save's
-    ``open`` and its ``flock``."""
+    ``open`` and its ``flock``: only where the lock is made under its name, so unnamed files
+    (``O_TMPFILE``) are refused here as a file system without them refuses them."""
 
     def __init__(self) -> None:
         self.paths: dict[int, str] = {}
         self.done = False
 
     def open(self, path: str, flags: int, mode: int) -> int:
+        tmpfile = getattr(os, "O_TMPFILE", 0)
+        if tmpfile and flags & tmpfile == tmpfile:
+            raise OSError(errno.EOPNOTSUPP, "no unnamed files here")
         fd = super().open(path, flags, mode)
         self.paths[fd] = path
         return fd
@@ -169,3 +174,46 @@ def test_a_lock_removed_between_open_and_flock_stops_the_save(tmp_path: Path) ->
         _consume(tmp_path, _RemoveLockAtFlock())
     assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]  # no temp, sources whole
     assert (tmp_path / "a.bin").read_bytes() == pattern(3 * W, "a")
+
+
+class _LookAtTheLock(_sys.Backend):
+    """At each ``link`` and right after it, what a recover would find under the lock's name."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[bool, bool, int]] = []  # (exists, locked, size)
+
+    def hook(self, op: str, args: tuple[Any, ...]) -> None:
+        if op == "link" and str(args[1]).endswith(_names.LOCK):
+            self.found.append(self._look(str(args[1])))
+
+    def link_fd(self, fd: int, dst: str) -> None:
+        super().link_fd(fd, dst)
+        self.found.append(self._look(dst))
+
+    @staticmethod
+    def _look(path: str) -> tuple[bool, bool, int]:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return (False, False, 0)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return (True, True, os.fstat(fd).st_size)
+            return (True, False, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+
+
+def test_a_lock_file_has_its_name_only_once_locked_and_written(tmp_path: Path) -> None:
+    # The fresh-clone CI run: a recover took a just-made lock file in the instant before its
+    # save locked it, and removed it. Made unnamed, locked, written, fsynced, then linked, the
+    # name never shows an unlocked or empty lock file.
+    look = _LookAtTheLock()
+    _consume(tmp_path, look)
+    assert look.found
+    assert look.found[0] == (False, False, 0)  # no name before the link
+    assert all(locked and size > 0 for exists, locked, size in look.found[1:] if exists)
+    assert (True, True) in {(e, locked) for e, locked, _size in look.found}
+
