@@ -167,7 +167,9 @@ class PowerFS(_sys.Backend):
     # --- calls that change the model -----------------------------------------------------------
     def open(self, path: str, flags: int, mode: int) -> int:
         fd = super().open(path, flags, mode)
-        if self._watched(path):
+        tmpfile = getattr(os, "O_TMPFILE", 0)
+        unnamed = bool(tmpfile) and flags & tmpfile == tmpfile
+        if self._watched(path) or (unnamed and os.path.realpath(path) in self.names):
             ino = os.fstat(fd).st_ino
             self.durable.setdefault(ino, b"")  # a new file: nothing of it is on disk yet
             self.fd_ino[fd] = ino
