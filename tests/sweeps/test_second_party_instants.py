@@ -162,13 +162,16 @@ class InterruptReleasing(_sys.Backend):
     the save is complete by then."""
 
     def __init__(self, k: int) -> None:
-        self.k, self.lstats, self.after = k, 0, -1
+        self.k, self.named, self.after = k, False, -1
 
     def hook(self, op: str, args: tuple[object, ...]) -> None:
-        if op == "lstat" and str(args[0]).endswith(_names.LOCK):
-            self.lstats += 1
-            if self.lstats == 2:  # the 1st is the check when the lock file is made
+        if op == "link" and str(args[1]).endswith(_names.LOCK):
+            self.named = True  # the unnamed lock file was linked to its name
+        elif op == "lstat" and str(args[0]).endswith(_names.LOCK) and self.after < 0:
+            if self.named:  # the first look at the named lock is its release's
                 self.after = 0
+            else:  # made under its name (O_EXCL): this lstat is the check as it was made
+                self.named = True
         if self.after >= 0:
             self.after += 1
             if self.after == self.k:
