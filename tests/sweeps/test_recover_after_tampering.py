@@ -379,3 +379,28 @@ def test_05_newlines_in_names_do_not_break_the_lock_files_pointer(
     # A's own files: handled with B's (restored) or its own dead save's garbage (discarded).
     assert [r.action for r in recover(a)] == ([] if want == "restored" else ["discarded"])
     assert files(tmp_path) == {"d\nir/o\nut\n": b"old", "B/s\nrc": data}
+
+
+# --- a refusal reached through another directory's lock lets go of that lock -------------
+
+
+def test_a_refusal_through_a_lock_lets_go_of_it(tmp_path: Path) -> None:
+    """recover on a directory holding only a lock file (and parked sources) follows the lock to
+    the journal beside the first output; that journal refused (overwritten), the lock it took
+    must
+    be let go: a second recover in the same process refuses again, never says 'skipped: its
+    save is running' (a lock this process still held)."""
+    a, b = dirs(tmp_path, "AB")
+    d1, d2 = pattern(3 * W, "lk1"), pattern(2 * W, "lk2")
+    f, g = owned(a / "s1", d1), owned(b / "s2", d2)
+    crash(tmp_path, nth("prefetch", 1),
+          lambda: save_many({a / "o1": Cord([b"H", f]), b / "o2": Cord([b"h", g])},
+                            consume=True, window=W))
+    assert [n.endswith(_names.JOURNAL) for n in os.listdir(b)].count(True) == 0
+    one(a, _names.JOURNAL).write_bytes(b"overwritten by another program\n")
+    before = files(tmp_path)
+    for _ in range(2):
+        with pytest.raises(RecoverError) as info:
+            recover(b)
+        assert [r.action for r in info.value.results] == ["refused"]  # type: ignore[attr-defined]
+    assert files(tmp_path) == before

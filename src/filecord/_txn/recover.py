@@ -149,7 +149,7 @@ def _refuse(where: str, why: str, notes: list[str] | None = None) -> Recovered:
     return Recovered(where, "refused", detail=why, notes=tuple(notes or ()))
 
 
-def _recover_file(path: str, st: os.stat_result) -> Recovered:
+def _recover_file(path: str, st: os.stat_result) -> Recovered | None:
     parsed = _names.parse(os.path.basename(path))
     if parsed is None or parsed[1] not in _names.JOURNALS:
         raise journal.NotAJournalError(
@@ -171,7 +171,11 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
     if journals:
         name, suffix = journals[0]
         path = os.path.join(directory, name)
-        if not stat_mod.S_ISREG(_sys.lstat(path).st_mode):
+        try:
+            st = _sys.lstat(path)
+        except FileNotFoundError:
+            return None  # removed since the scan: its save (or another recover) ended it
+        if not stat_mod.S_ISREG(st.st_mode):
             return _refuse(path, "named like a journal but not a regular file (a symlink?); "
                            "nothing was touched")
         return _recover_journal(path, suffix, {})
@@ -259,15 +263,25 @@ def _close_quietly(fd: int) -> None:
         log.debug("closing a lock: %s", exc)
 
 
-def _read(path: str) -> bytes:
+def _read(path: str) -> tuple[bytes, os.stat_result]:
+    """A journal's bytes and the file they were read from."""
     fd = liveness.open_regular(path)
     try:
-        size = _sys.fstat(fd).st_size
-        if size > JOURNAL_LIMIT:
-            raise journal.NotAJournalError(f"{path} is {size} bytes: not a filecord journal")
-        return _sys.read_all(fd, 0, size)
+        st = _sys.fstat(fd)
+        if st.st_size > JOURNAL_LIMIT:
+            raise journal.NotAJournalError(
+                f"{path} is {st.st_size} bytes: not a filecord journal")
+        return _sys.read_all(fd, 0, st.st_size), st
     finally:
         _sys.close(fd)
+
+
+def _same_file(path: str, seen: os.stat_result) -> bool:
+    try:
+        st = _sys.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (seen.st_dev, seen.st_ino)
 
 
 class _MissingLockError(Exception):
@@ -320,55 +334,76 @@ def _lock_all(
     return locks
 
 
-def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -> Recovered:
+def _recover_journal(
+    path: str, suffix: str, held: dict[str, tuple[str, int]]
+) -> Recovered | None:
     """Recover the save whose journal is ``path``.  (Its record's token is the one in its name:
-    ``confine`` refuses any other.)"""
+    ``confine`` refuses any other.)  None when the journal is gone: its save ended (or another
+    recover ended it) while this one looked.
+
+    Every lock taken here, and those in ``held``, is let go on every path: removed after the
+    save was finished, restored or discarded, only closed otherwise (a refused or skipped save
+    keeps its lock files)."""
     locks = dict(held)
     try:
-        try:
-            if suffix in _names.OLD_JOURNALS:  # version 3 named its stages
-                raise journal.JournalVersionError(
-                    f"named {suffix}: a journal of version 3 (its stage in its name), written "
-                    "by an older filecord; recover it with the filecord that wrote it")
-            log_ = journal.read_log(_read(path))
-            j = log_.journal
-            journal.confine(j, path)
-        except journal.JournalDamagedError as exc:  # a record does not check: damaged
-            found = assess.damaged(exc)
-            table.decide(table.Actor.RECOVER, Stage.MOVING, found.found)  # REFUSE at any stage
-            return _refuse(path, found.why)
-        except (RecoverError, OSError) as exc:  # OSError: e.g. ELOOP, the name is a symlink
-            return _refuse(path, f"{exc}; nothing was touched")
-        strays = [d for d in held if d not in j.directories()]
-        if strays:
-            return _refuse(path, f"a lock file in {strays[0]} names this journal, but the "
-                           "journal does not list that directory; nothing was touched")
-        try:
-            locks = _lock_all(j, held, path)
-        except _ForeignLockError as exc:
-            return _refuse(path, f"the lock file {exc} belongs to another journal: this one "
-                           "reaches beyond its save; nothing was touched")
-        except liveness.LockBusyError:
-            return Recovered(path, "skipped", detail="its save is running (a lock is held)")
-        except liveness.NotALockFileError as exc:
-            return _refuse(path, f"its lock file is not a regular file ({exc.strerror}); "
-                           "nothing was touched")
-        except _DamagedLockError as exc:
-            return _refuse(path, f"{exc}; nothing was touched")
-        except _MissingLockError as exc:
-            return _refuse(path, f"its lock file {exc} is missing, so nothing proves the save "
-                           "is over; nothing was touched")
-        result = _act(path, log_)
+        result = _judge(path, suffix, locks)
     except BaseException:
         for _p, fd in locks.values():
             _close_quietly(fd)
         raise
     for lock, fd in locks.values():
-        if result.action == "refused":
-            _close_quietly(fd)
-        else:
+        if result is not None and result.action in ("finished", "restored", "discarded"):
             liveness.release(lock, fd)
+        else:
+            _close_quietly(fd)
     return result
+
+
+def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recovered | None:
+    """The body of :func:`_recover_journal`; adds the lock files it takes to ``locks``."""
+    held = dict(locks)
+    try:
+        if suffix in _names.OLD_JOURNALS:  # version 3 named its stages
+            raise journal.JournalVersionError(
+                f"named {suffix}: a journal of version 3 (its stage in its name), written "
+                "by an older filecord; recover it with the filecord that wrote it")
+        raw, seen = _read(path)
+        log_ = journal.read_log(raw)
+        j = log_.journal
+        journal.confine(j, path)
+    except FileNotFoundError:
+        return None  # removed since the scan: its save (or another recover) ended it
+    except journal.JournalDamagedError as exc:  # a record does not check: damaged
+        found = assess.damaged(exc)
+        table.decide(table.Actor.RECOVER, Stage.MOVING, found.found)  # REFUSE at any stage
+        return _refuse(path, found.why)
+    except (RecoverError, OSError) as exc:  # OSError: e.g. ELOOP, the name is a symlink
+        return _refuse(path, f"{exc}; nothing was touched")
+    strays = [d for d in held if d not in j.directories()]
+    if strays:
+        return _refuse(path, f"a lock file in {strays[0]} names this journal, but the "
+                       "journal does not list that directory; nothing was touched")
+    try:
+        locks.update(_lock_all(j, held, path))
+    except _ForeignLockError as exc:
+        return _refuse(path, f"the lock file {exc} belongs to another journal: this one "
+                       "reaches beyond its save; nothing was touched")
+    except liveness.LockBusyError:
+        return Recovered(path, "skipped", detail="its save is running (a lock is held)")
+    except liveness.NotALockFileError as exc:
+        return _refuse(path, f"its lock file is not a regular file ({exc.strerror}); "
+                       "nothing was touched")
+    except _DamagedLockError as exc:
+        return _refuse(path, f"{exc}; nothing was touched")
+    except _MissingLockError as exc:
+        # A save removes its journal before its lock files: a lock gone while the journal
+        # read is still there is proof of nothing; the journal gone too is a save that ended
+        # after the scan.
+        if not _same_file(path, seen):
+            return None
+        return _refuse(path, f"its lock file {exc} is missing, so nothing proves the save "
+                       "is over; nothing was touched")
+    return _act(path, log_)
 
 
 def _act(path: str, log_: journal.Log) -> Recovered:
