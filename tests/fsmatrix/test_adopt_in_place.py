@@ -311,3 +311,64 @@ def test_a_file_mapped_by_blocks_is_moved_not_adopted(tmp_path) -> None:
         assert sorted(p.name for p in point.iterdir()) == ["lost+found", "m.ptd"]
     finally:
         subprocess.run(["umount", str(point)], check=False, capture_output=True)
+
+
+@pytest.mark.parametrize("header", [HEADER, 0])
+def test_a_source_cut_while_written_around_is_never_committed(mount, header: int) -> None:
+    # The session 34 attack: a writer holding the blob open cut it while the save wrote the
+    # output around it; the tail written after the blob grew the file back to its length, so
+    # size and times matched and the save committed zeros as the blob.  The commit now finds
+    # the blob's range off the blocks adopted, holds the journal, and recover refuses.
+    from filecord.errors import DataChangedError
+
+    point = mount("ext4", 320 * MiB)  # (XFS here has reflink: the blob is cloned there)
+    blob, _extents = _blob(point)
+    writer = os.open(blob, os.O_WRONLY)
+    tail = b"tail" * 1000
+    cord = Cord([b"H" * header, FileBackedData(str(blob), owned=True), tail])
+
+    class Cut(_sys.Backend):
+        def __init__(self) -> None:
+            self.done = False
+
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            # right before the tail is written (at its offset, past the blob)
+            if op == "pwrite" and not self.done and args[2] == header + BLOB:
+                os.ftruncate(writer, 1000)
+                self.done = True
+
+    cut = Cut()
+    try:
+        with pytest.raises(DataChangedError) as info, _sys.use(cut):
+            filecord.save(str(point / "model.ptd"), cord, consume=True)
+    finally:
+        os.close(writer)
+    assert cut.done
+    text = "\n".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    assert "not on the blocks adopted" in text
+    assert "held" in text
+    assert "can be retried" not in text
+    assert not (point / "model.ptd").exists()
+    (temp,) = [p for p in point.iterdir() if p.name.endswith(".partial")]
+    assert temp.stat().st_size == header + BLOB + len(tail)  # as the cut and the tail left it
+    with open(temp, "rb") as f:
+        f.seek(header + BLOB)
+        assert f.read() == tail
+    r = subprocess.run([sys.executable, "-m", "filecord", "recover", str(point)],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 1, r.stderr  # held: nothing is put back over the cut
+    assert temp.stat().st_size == header + BLOB + len(tail)
+
+
+@pytest.mark.parametrize("header", [HEADER, 0])
+def test_the_blocks_adopted_are_the_blocks_committed(mount, header: int) -> None:
+    # The check above must never fire on a save nobody touched: the blob's range is looked
+    # at after its fsync and again after the commit's, with the header and tail written.
+    point = mount("ext4", 320 * MiB)
+    blob, extents = _blob(point)
+    cord = Cord([b"H" * header, FileBackedData(str(blob), owned=True), b"tail" * 1000])
+    report = filecord.save(str(point / "model.ptd"), cord, consume=True)
+    assert report.actions[1].action == "adopted"
+    assert report.bytes_copied == 0  # the header and tail are written, not copied
+    assert fskit.mismatch(point / "model.ptd", header, BLOB, seed=26) is None
+    assert {e[1] for e in physical(point / "model.ptd")} >= {e[1] for e in extents}  # in place

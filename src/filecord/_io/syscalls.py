@@ -28,9 +28,20 @@ import stat as _stat_mod
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 # --- constants the os module lacks, and fallocate through libc ------------------------------
+
+
+class Extent(NamedTuple):
+    """One extent FIEMAP reports: where it is in the file, where on the device (``physical``,
+    meaningful only without FIEMAP_EXTENT_UNKNOWN/DELALLOC), how long, its flags."""
+
+    logical: int
+    length: int
+    flags: int
+    physical: int = 0
+
 
 # FICLONERANGE = _IOW(0x94, 13, struct file_clone_range); Python 3.11 has no constant for it.
 _FICLONERANGE = 0x4020940D
@@ -38,6 +49,8 @@ _FICLONERANGE = 0x4020940D
 _FS_IOC_FIEMAP = 0xC020660B
 _FIEMAP_EXTENTS = 64
 _FIEMAP_EXTENT_LAST = 0x1
+FIEMAP_EXTENT_UNKNOWN = 0x2  # no physical address (yet)
+FIEMAP_EXTENT_DELALLOC = 0x4  # delayed allocation: no block yet
 FIEMAP_EXTENT_UNWRITTEN = 0x800
 FS_IMMUTABLE_FL = 0x10
 FS_APPEND_FL = 0x20
@@ -153,10 +166,9 @@ class Backend:
         fcntl.ioctl(fd, 0x80086601, buf)
         return int.from_bytes(buf[:4], "little")
 
-    def extents(self, fd: int, offset: int, length: int) -> list[tuple[int, int, int]]:
-        """``(logical offset, length, FIEMAP_EXTENT_* flags)`` of every extent the file has
-        in the range (FIEMAP); a hole has none."""
-        found: list[tuple[int, int, int]] = []
+    def extents(self, fd: int, offset: int, length: int) -> list[Extent]:
+        """Every extent the file has in the range (FIEMAP); a hole has none."""
+        found: list[Extent] = []
         pos, end = offset, offset + length
         while pos < end:
             head = (pos.to_bytes(8, "little") + (end - pos).to_bytes(8, "little")
@@ -172,7 +184,7 @@ class Backend:
                 e = buf[32 + 56 * i : 32 + 56 * (i + 1)]
                 logical, n = int.from_bytes(e[0:8], "little"), int.from_bytes(e[16:24], "little")
                 flags = int.from_bytes(e[40:44], "little")
-                found.append((logical, n, flags))
+                found.append(Extent(logical, n, flags, int.from_bytes(e[8:16], "little")))
                 pos = max(pos, logical + n)
                 last = last or bool(flags & _FIEMAP_EXTENT_LAST)
             if last:
@@ -390,7 +402,7 @@ def inode_flags(fd: int) -> int:
     return _active.inode_flags(fd)
 
 
-def extents(fd: int, offset: int, length: int) -> list[tuple[int, int, int]]:
+def extents(fd: int, offset: int, length: int) -> list[Extent]:
     _active.hook("extents", (fd, offset, length))
     return _active.extents(fd, offset, length)
 

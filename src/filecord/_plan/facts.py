@@ -194,12 +194,12 @@ def freeable(path: str, allocated: int, fs_type: str) -> int:
     fd = _sys.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         size = _sys.fstat(fd).st_size
-        found = _unless_unsupported(lambda: _sys.extents(fd, 0, size))
+        found = unless_unsupported(lambda: _sys.extents(fd, 0, size))
     finally:
         _sys.close(fd)
     if found is None:
         return allocated
-    own = [n for _lo, n, flags in found if not flags & (_EXTENT_SHARED | _EXTENT_ENCODED)]
+    own = [e.length for e in found if not e.flags & (_EXTENT_SHARED | _EXTENT_ENCODED)]
     held = min(max(own, default=0), _BTRFS_EXTENT_MAX) if fs_type == "btrfs" else 0
     return max(0, min(allocated, sum(own)) - held)
 
@@ -211,7 +211,7 @@ def inode_flags(path: str, st: os.stat_result) -> int | None:
     try:
         if (_sys.fstat(fd).st_ino, st.st_dev) != (st.st_ino, st.st_dev):
             return None
-        return _unless_unsupported(lambda: _sys.inode_flags(fd))
+        return unless_unsupported(lambda: _sys.inode_flags(fd))
     finally:
         _sys.close(fd)
 
@@ -220,7 +220,7 @@ _UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.EN
 T = TypeVar("T")
 
 
-def _unless_unsupported(call: Callable[[], T]) -> T | None:
+def unless_unsupported(call: Callable[[], T]) -> T | None:
     """``call()``, or None where the file system does not answer that ioctl at all."""
     try:
         return call()

@@ -84,7 +84,7 @@ def _dense(path: str, st: os.stat_result) -> bool:
             return False  # replaced meanwhile: the weaker claim, the checks at rollback decide
         try:
             pos = 0
-            for lo, n, flags in sorted(_sys.extents(fd, 0, st.st_size)):
+            for lo, n, flags, _at in sorted(_sys.extents(fd, 0, st.st_size)):
                 if lo > pos or flags & _sys.FIEMAP_EXTENT_UNWRITTEN:
                     return False
                 pos = max(pos, lo + n)

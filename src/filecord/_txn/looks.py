@@ -30,6 +30,16 @@ size, mtime and ctime.
 4. On a failure before the commit point (``assess``, from the looks as ``Records.looks``), the
    rollback first proves each source is as last seen by size and times, not by size alone.
 
+5. An adopted file that the save writes around (adopted in place, or followed by more of its
+   output) is its output's inode, so size and times cannot tell another process's cut from
+   the save's own writes: a truncate followed by the save's tail write leaves the size right
+   and the source's bytes gone.  Once its blocks are allocated and durable (after the
+   insert's fsync, or an fsync of its own), the save records where the source's range lies on
+   the device (``placed``: FIEMAP, clipped and merged); the commit, after its fsync, requires
+   the same.  A cut frees those blocks; anything the save writes lies outside the range.  A
+   same-size rewrite in place keeps them (guarantees.md, "What cannot be seen").  Where
+   FIEMAP is refused, or reports blocks not yet placed, there is no record and no check.
+
 A write by a process that keeps its descriptor open after the unlink is lost by any tool that
 deletes a file (guarantees.md, "What cannot be seen").
 """
@@ -39,6 +49,7 @@ from __future__ import annotations
 from typing import NoReturn
 
 from filecord._io import syscalls as _sys
+from filecord._plan.facts import unless_unsupported
 from filecord._txn import assess, undo
 from filecord._txn.assess import Facts
 from filecord._txn.journal import Journal
@@ -131,3 +142,33 @@ def raise_kept(kept: list[Kept]) -> NoReturn:
     for _path, where, _seen, _found in kept:
         add_note(err, where)
     raise err
+
+
+Placed = tuple[tuple[int, int, int], ...]  # (offset in the range, device offset, length)
+_UNPLACED = _sys.FIEMAP_EXTENT_UNKNOWN | _sys.FIEMAP_EXTENT_DELALLOC
+
+
+def placed(extents: list[_sys.Extent], start: int, size: int) -> Placed | None:
+    """Where the bytes ``[start, start + size)`` lie on the device: the extents clipped to the
+    range and merged where they continue each other (file systems report one stretch split
+    or joined as they like); None when an extent has no device offset yet."""
+    out: list[tuple[int, int, int]] = []
+    end = start + size
+    for e in sorted(extents):
+        lo, hi = max(e.logical, start), min(e.logical + e.length, end)
+        if hi <= lo:
+            continue
+        if e.flags & _UNPLACED:
+            return None
+        at, phys, n = lo - start, e.physical + (lo - e.logical), hi - lo
+        if out and out[-1][0] + out[-1][2] == at and out[-1][1] + out[-1][2] == phys:
+            at, phys, n = out[-1][0], out[-1][1], out[-1][2] + n
+            out.pop()
+        out.append((at, phys, n))
+    return tuple(out)
+
+
+def blocks(fd: int, start: int, size: int) -> Placed | None:
+    """:func:`placed` of the open file; None where FIEMAP is refused."""
+    found = unless_unsupported(lambda: _sys.extents(fd, start, size))
+    return None if found is None else placed(found, start, size)

@@ -474,22 +474,30 @@ def _adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
         raise DataChangedError(temp, expected_size=m.size, found_size=now.st_size,
                                reason="another process changed it as it was adopted")
     _refuse_linked(now, m.path)
+    p = txn.prep.plan
+    where = None
     if src.inserted:
         _sys.insert_range(fd, 0, src.inserted)
+    if src.inserted or p.outputs[o].length > m.size:
+        # Written around: size and times cannot tell another process's cut from the save's
+        # own writes, the blocks can (``looks``, step 5); fsynced first so they are placed.
         txn.counters.fsync(fd)
-        now = _sys.fstat(fd)  # a write between the look above and the insert grew it
+        where = looks.blocks(fd, src.inserted, m.size)
+        now = _sys.fstat(fd)  # a write or cut since the look above (before the blocks')
         if now.st_size != m.size + src.inserted:
             raise DataChangedError(temp, expected_size=m.size + src.inserted,
                                    found_size=now.st_size, reason="another process wrote to "
-                                   "it as the space in front of it was inserted")
+                                   "or cut it as it was adopted")
+    if src.inserted:
         # Recorded before a byte is written into the space: the size alone cannot tell an
         # insert from another writer's append of as many bytes (``journal``).
         begin.append_step(txn, journal.encode_inserted(txn.moves_done, m.key))
         txn.inserted.add(m.key)
+    if where is not None:
+        txn.adopted_blocks[o] = (src.inserted, m.size, where)
     fill.fill_output(txn, o)
     # Moved bytes of other sources follow: the temp gets its final length (a hole) first.
     # Only then: a file adopted whole, cut by someone else meanwhile, is never padded back.
-    p = txn.prep.plan
     if any(d.output == o for mv in p.moves if not mv.adopt for d in mv.dests):
         length = p.outputs[o].length
         if _sys.fstat(fd).st_size < length:
@@ -525,6 +533,15 @@ def _commit(txn: Txn) -> None:
                 raise DataChangedError(p.outputs[o].path, expected_size=was.size,
                                        found_size=st.st_size, reason="another process "
                                        "changed the adopted file before the commit")
+            placed = txn.adopted_blocks.get(o)
+            if placed is not None and looks.blocks(fd, placed[0], placed[1]) != placed[2]:
+                # Size and times are as the save left them: only this says the source's bytes
+                # are gone, so the failure holds (never puts the cut file back as the source).
+                txn.changed = adopted[o]
+                raise DataChangedError(p.outputs[o].path, expected_size=p.outputs[o].length,
+                                       found_size=st.st_size, reason="another process cut "
+                                       "or rewrote the adopted file during the save: its "
+                                       "bytes are not on the blocks adopted")
             if st.st_size != p.outputs[o].length:  # the save sized it: another writer did not
                 raise DataChangedError(p.outputs[o].path, expected_size=p.outputs[o].length,
                                        found_size=st.st_size, reason="another process "

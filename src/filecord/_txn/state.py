@@ -72,6 +72,11 @@ class Txn:
     moves_done: int = 0  # moved sources (journal order) whose moves finished, marked durably
     # adopted sources whose inserted space is durable and recorded (the journal's step)
     inserted: set[tuple[int, int]] = field(default_factory=set)
+    # per output an adopted file is written around in: the source's range in the temp
+    # (offset, size) and where its bytes lie on the device once durable (``looks.blocks``),
+    # required again at the commit
+    adopted_blocks: dict[int, tuple[int, int, tuple[tuple[int, int, int], ...]]] = field(
+        default_factory=dict)
     durable: bool = True  # False: no fsync of the outputs and their directories (copy only)
     # Files the commit removes (recorded in the journal's head), and what became of them:
     # ``removed`` unlinked, ``changed`` kept (no longer the recorded file).
