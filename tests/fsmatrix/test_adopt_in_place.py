@@ -348,6 +348,8 @@ def test_a_source_cut_while_written_around_is_never_committed(mount, header: int
     assert "not on the blocks adopted" in text
     assert "held" in text
     assert "can be retried" not in text
+    assert "the whole file" not in text  # zeros there now: never claimed as the source
+    assert f"was adopted as {point}" in text
     assert not (point / "model.ptd").exists()
     (temp,) = [p for p in point.iterdir() if p.name.endswith(".partial")]
     assert temp.stat().st_size == header + BLOB + len(tail)  # as the cut and the tail left it

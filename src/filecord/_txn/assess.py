@@ -633,7 +633,8 @@ def _nearest_legal(s: JournalSource, size: int, window: int) -> int:
 
 
 def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = None,
-                done: int = 0, inserted: frozenset[Key] = frozenset()) -> list[str]:
+                done: int = 0, inserted: frozenset[Key] = frozenset(), *,
+                held: bool = False) -> list[str]:
     """One line per source: how many bytes are in it (and under which name), where the rest is.
 
     ``left_at`` gives, per source (dev, ino), the size the move last left it at when that is
@@ -642,7 +643,9 @@ def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = 
     prefix.  Otherwise a size no move leaves is reported as a change and the nearest size a
     move leaves is taken as the boundary.  ``inserted``: the adopted sources whose insert the
     journal records (the others hold the file at offset 0, unless the insert's record is all
-    that is missing).
+    that is missing).  ``held``: another process changed a source during the save; an adopted
+    file is then named as where its bytes were put, not claimed whole (a writer that cut it
+    may have left zeros there).
     """
     lines = []
     finished = {(s.dev, s.ino): s.run_start for s in [
@@ -661,6 +664,11 @@ def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = 
                 off = (f" (at offset {s.inserted})" if (s.dev, s.ino) in inserted else
                        f" (at offset 0, or at {s.inserted} if the space in front of it was "
                        "inserted before its record was written)")
+            if at and held:
+                lines.append(f"{s.path}: the file ({s.size} bytes) was adopted as {at}{off}; "
+                             "another process changed a source during the save, so that "
+                             "range holds what it left")
+                continue
             lines.append(f"{s.path}: the whole file ({s.size} bytes) is at {at}{off}" if at else
                          f"{s.path}: not found under its name or at {temp}")  # never a guess
             continue

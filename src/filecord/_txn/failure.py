@@ -151,7 +151,8 @@ def _journaled(txn: Txn) -> tuple[Journal, str]:
     return record, path
 
 
-def _keep_all(txn: Txn, exc: BaseException, names: str, notes: list[str], why: str) -> NoReturn:
+def _keep_all(txn: Txn, exc: BaseException, names: str, notes: list[str], why: str, *,
+              held: bool = False) -> NoReturn:
     _close(txn, notes)
     _drop_locks(txn, remove=False)
     record, path = _journaled(txn)
@@ -163,7 +164,7 @@ def _keep_all(txn: Txn, exc: BaseException, names: str, notes: list[str], why: s
                      f"{seen.unreadable}")
     else:
         notes.extend(assess.whereabouts(record, seen, left_at,
-                                        inserted=frozenset(txn.inserted)))
+                                        inserted=frozenset(txn.inserted), held=held))
         states = _states(record, seen)
     notes.append(f"{why}; run `filecord recover {path}` once the cause is fixed")
     _raise(exc, f"saving {names} failed", notes, journal_path=path, sources=states)
@@ -241,7 +242,7 @@ def _keep(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
 def _hold_all(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row HOLD: a source changed mid-move: the journal is held, then kept with the temps."""
     _hold(txn, notes)
-    _keep_all(txn, f.exc, f.names, notes, f.why)
+    _keep_all(txn, f.exc, f.names, notes, f.why, held=True)
 
 
 def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:

@@ -428,9 +428,9 @@ def _act(path: str, log_: journal.Log) -> Recovered:
             "not as the records before it leave them"))
         table.decide(table.Actor.RECOVER, stage, found.found)  # REFUSE
         return _refuse(path, found.why, [f"the files: {seen_why}",
-                                         *_whereabouts(j, done, log_.inserted)])
+                                         *_whereabouts(j, done, log_.inserted, stage)])
     if action is table.Action.REFUSE:
-        return _refuse(path, found.why, _whereabouts(j, done, log_.inserted))
+        return _refuse(path, found.why, _whereabouts(j, done, log_.inserted, stage))
     try:
         if action is table.Action.FINISH:
             try:
@@ -485,7 +485,8 @@ def _append(path: str, log_: journal.Log, record: bytes) -> None:
 
 
 def _whereabouts(j: journal.Journal, done: int = 0,
-                 inserted: frozenset[tuple[int, int]] = frozenset()) -> list[str]:
+                 inserted: frozenset[tuple[int, int]] = frozenset(),
+                 stage: Stage | None = None) -> list[str]:
     """Where every byte is now, for a refusal's notes (looked at afresh: the files may have
     changed since the assessment, by this recover's own partial work).  ``done``: the moves
     the journal says finished, given only before recover touched a file (a rollback in
@@ -493,4 +494,4 @@ def _whereabouts(j: journal.Journal, done: int = 0,
     seen = assess.observe(j, assess.Records(table.Actor.RECOVER, Stage.ROLLING_BACK))
     if seen.unreadable is not None:
         return [f"could not look at the sources to say where their bytes are: {seen.unreadable}"]
-    return assess.whereabouts(j, seen, done=done, inserted=inserted)
+    return assess.whereabouts(j, seen, done=done, inserted=inserted, held=stage is Stage.HELD)

@@ -374,3 +374,13 @@ def test_an_adopted_source_back_under_its_name_needs_nothing_and_committed_needs
     got = assess(j, committed, adopted_at(4 * W + 5))  # never appended: not complete
     assert got.found is Found.UNFINISHED
     assert decide(Actor.RECOVER, Stage.COMMITTED, got.found) is Action.REFUSE
+
+
+def test_a_held_save_names_where_an_adopted_file_was_put_without_claiming_it_whole() -> None:
+    # the session 34 attack: a writer cut the adopted file, the tail grew it back; the notes
+    # said "the whole file is at" a range of zeros
+    j = in_place()
+    got = whereabouts(j, adopted_at(6 * W), inserted=frozenset({A}), held=True)
+    assert got == [f"/d/d.bin: the file ({2 * W + 5} bytes) was adopted as {j.temp(0)} (at "
+                   f"offset {2 * W}); another process changed a source during the save, so "
+                   "that range holds what it left"]
