@@ -40,7 +40,7 @@ class Extent(NamedTuple):
     logical: int
     length: int
     flags: int
-    physical: int = 0
+    physical: int
 
 
 # FICLONERANGE = _IOW(0x94, 13, struct file_clone_range); Python 3.11 has no constant for it.

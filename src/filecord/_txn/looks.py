@@ -53,7 +53,7 @@ from filecord._plan.facts import unless_unsupported
 from filecord._txn import assess, undo
 from filecord._txn.assess import Facts
 from filecord._txn.journal import Journal
-from filecord._txn.state import Txn
+from filecord._txn.state import Placed, Txn
 from filecord._txn.transfer import METADATA_ONLY
 from filecord.errors import ChangeKind, DataChangedError, add_note
 
@@ -144,7 +144,6 @@ def raise_kept(kept: list[Kept]) -> NoReturn:
     raise err
 
 
-Placed = tuple[tuple[int, int, int], ...]  # (offset in the range, device offset, length)
 _UNPLACED = _sys.FIEMAP_EXTENT_UNKNOWN | _sys.FIEMAP_EXTENT_DELALLOC
 
 

@@ -276,14 +276,6 @@ def _read(path: str) -> tuple[bytes, os.stat_result]:
         _sys.close(fd)
 
 
-def _same_file(path: str, seen: os.stat_result) -> bool:
-    try:
-        st = _sys.lstat(path)
-    except FileNotFoundError:
-        return False
-    return (st.st_dev, st.st_ino) == (seen.st_dev, seen.st_ino)
-
-
 class _MissingLockError(Exception):
     """A directory of the save has no lock file: nothing proves the save is over."""
 
@@ -399,7 +391,7 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
         # A save removes its journal before its lock files: a lock gone while the journal
         # read is still there is proof of nothing; the journal gone too is a save that ended
         # after the scan.
-        if not _same_file(path, seen):
+        if undo.same_file(path, seen.st_dev, seen.st_ino) is None:
             return None
         return _refuse(path, f"its lock file {exc} is missing, so nothing proves the save "
                        "is over; nothing was touched")

@@ -20,6 +20,8 @@ from filecord._txn import journal, transfer
 from filecord._txn.stages import Stage, advance
 
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
+# where a range of a file lies on the device: (offset in the range, device offset, length)
+Placed = tuple[tuple[int, int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +77,7 @@ class Txn:
     # per output an adopted file is written around in: the source's range in the temp
     # (offset, size) and where its bytes lie on the device once durable (``looks.blocks``),
     # required again at the commit
-    adopted_blocks: dict[int, tuple[int, int, tuple[tuple[int, int, int], ...]]] = field(
-        default_factory=dict)
+    adopted_blocks: dict[int, tuple[int, int, Placed]] = field(default_factory=dict)
     durable: bool = True  # False: no fsync of the outputs and their directories (copy only)
     # Files the commit removes (recorded in the journal's head), and what became of them:
     # ``removed`` unlinked, ``changed`` kept (no longer the recorded file).
