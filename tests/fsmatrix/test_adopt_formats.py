@@ -74,3 +74,38 @@ def test_gguf_with_4096_alignment_adopts_the_largest_tensor_file(mount) -> None:
         assert isinstance(data, FileBackedData)
         assert fskit.mismatch(fs / "m.gguf", data.offset, size, seed=10 + n) is None
     assert sorted(os.listdir(fs)) == ["lost+found", "m.gguf"]
+
+
+def _pack(fs: Path, *inputs: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "filecord.cli", "pack", *inputs,
+                           "-o", "out.ptd", "--consume", "--align", "4096"],
+                          capture_output=True, text=True, env=ENV, cwd=fs, timeout=120,
+                          check=False)
+
+
+@pytest.mark.parametrize("why", ["hard-link", "other-fs"])
+def test_pack_align_copies_an_ineligible_largest_file_with_its_reason(mount, why: str) -> None:
+    """The largest file cannot be adopted (a second hard link; another file system): the plan
+    says so and copies it, and the next largest is adopted in place; never a DataChangedError
+    for a file nobody touched (the copy reads it wherever the save parked it)."""
+    fs = mount("ext4", 128 * MiB)
+    where = fs if why == "hard-link" else mount("ext4", 64 * MiB)
+    fskit.write_pattern(where / "big.bin", 6 * MiB + 11, seed=1)
+    fskit.write_pattern(fs / "small.bin", 100_003, seed=2)
+    if why == "hard-link":
+        os.link(where / "big.bin", where / "big2.bin")
+    r = _pack(fs, "small=small.bin", f"big={where / 'big.bin'}")
+    assert r.returncode == 0, r.stderr
+    reason = "another hard link" if why == "hard-link" else "another file system"
+    assert any("copied" in line and "big.bin" in line and reason in line
+               for line in r.stdout.splitlines()), r.stdout
+    assert any("adopted" in line and "small.bin" in line for line in r.stdout.splitlines())
+    ptd = read_ptd(fs / "out.ptd")
+    seg = {k: ptd.segments[e.segment_index] for k, e in ptd.entries.items()}
+    assert fskit.mismatch(fs / "out.ptd", seg["big"].file_offset, 6 * MiB + 11, seed=1) is None
+    assert fskit.mismatch(fs / "out.ptd", seg["small"].file_offset, 100_003, seed=2) is None
+    assert not (fs / "small.bin").exists()
+    if why == "hard-link":  # the other name still holds the bytes
+        assert fskit.mismatch(where / "big2.bin", 0, 6 * MiB + 11, seed=1) is None
+    assert [n for n in os.listdir(fs) if ".filecord-" in n] == []
+    assert [n for n in os.listdir(where) if ".filecord-" in n] == []

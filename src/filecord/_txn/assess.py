@@ -468,6 +468,17 @@ def token_files(j: Journal) -> tuple[str, ...]:
                  and p[1] in (_names.TEMP, _names.SOURCE))
 
 
+def renamed(j: Journal, seen: Observed) -> bool:
+    """Whether an output of the save is under its final name (its journaled inode there): the
+    save renames only after its ``committed`` step is fsynced, so the commit point was passed
+    whatever the records after the head still say.  An output at a source's own name is no
+    proof (that inode was the source's before it was the output's)."""
+    own = {s.path for s in j.sources}
+    return any(of.final is not None and not out.direct and not out.discard
+               and out.final not in own
+               for out, of in zip(j.outputs, seen.outputs, strict=False))
+
+
 def check_committed(j: Journal, seen: Observed,
                     looked: Mapping[Key, tuple[int, int]]) -> RecoverError | None:
     """Every move had completed (None), or why the commit never happened: a committed save

@@ -35,6 +35,7 @@ from filecord._pieces.rows import FileRows
 from filecord._plan.facts import is_clone_refusal
 from filecord._plan.types import BLOCK, CLONE_REFUSED, PAST_TAIL, PieceAction
 from filecord._txn import transfer, undo
+from filecord._txn.stages import Stage
 from filecord._txn.state import Txn
 from filecord.errors import DataChangedError, SaveError
 
@@ -80,7 +81,7 @@ def _source_fd(txn: Txn, data: FileBackedData) -> int:
     if key not in txn.src_fds:
         if len(txn.src_fds) >= OPEN_SOURCES:
             _close_oldest_source(txn)
-        fd = data.open_checked()
+        fd = _open_source(txn, data)
         try:
             st = _sys.fstat(fd)
             was = txn.src_closed.pop(key, None)
@@ -99,6 +100,31 @@ def _source_fd(txn: Txn, data: FileBackedData) -> int:
             _sys.close(fd)
             raise
     return txn.src_fds[key][0]
+
+
+def _open_source(txn: Txn, data: FileBackedData) -> int:
+    """Open a source to copy from, checked through the descriptor.  An output built around
+    an adopted file is filled after the journal, when every consumed source that is not
+    adopted is parked (``begin.park_sources``): one copied there (another hard link, another
+    file system) is read at its parked name, never reported gone."""
+    ident = data.identity
+    record = txn.record
+    parked = None if record is None or txn.stage is not Stage.MOVING else next(
+        (record.parked(s) for s in record.sources
+         if (s.dev, s.ino) == (ident.dev, ident.ino) and not s.adopt), None)
+    if parked is None:
+        return data.open_checked()
+    try:
+        fd = _sys.open(parked, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise DataChangedError(parked, expected_size=ident.size, found_size=None,
+                               reason="the parked source is gone") from None
+    st = _sys.fstat(fd)
+    if (st.st_dev, st.st_ino) != (ident.dev, ident.ino):
+        _sys.close(fd)
+        raise DataChangedError(parked, expected_size=ident.size, found_size=st.st_size,
+                               reason="the parked name now holds another file")
+    return fd
 
 
 def _close_oldest_source(txn: Txn) -> None:

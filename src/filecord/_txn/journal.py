@@ -582,9 +582,9 @@ def confine(j: Journal, journal_path: str) -> None:
         if o.discard and o.direct:
             raise JournalDamagedError(f"{journal_path}: {o.final}: a discard output is direct")
     # A file the commit removes is not named by the token, so it must at least sit where the
-    # save worked (beside an output or a source) and match its recorded identity when removed.
-    near = {os.path.dirname(o.final) for o in j.outputs} | {os.path.dirname(s.path)
-                                                            for s in j.sources}
+    # save worked: beside an output with a temp (a direct output's directory holds no lock
+    # file of the save) or a source (``undo.discard_and_remove`` asks recover for proof there).
+    near = set(dirs) | {os.path.dirname(s.path) for s in j.sources}
     for r in j.removals:
         if not _clean(r.path) or os.path.dirname(r.path) not in near:
             raise JournalDamagedError(f"{journal_path}: removal path {r.path!r} is not confined")

@@ -5,10 +5,10 @@ Theory of operation
 What recover may touch is fixed by names: files whose names carry a save's token
 (``_names``), the final names of that save's outputs (a temp is renamed onto one), and a parked
 source's original name (given back with ``link``, never over an existing file), and, after
-the commit point only, the files the journal's head lists for removal at the commit (in a
-directory of the save's outputs or sources, unlinked only while their device, inode, size and
-mtime are the recorded ones).  Nothing else is created, changed or deleted, whatever a journal
-says.
+the commit point only, the files the journal's head lists for removal at the commit (unlinked
+only in a directory where recover holds the save's lock or finds a parked source of the save,
+and only while their device, inode, size and mtime are the recorded ones).  Nothing else is
+created, changed or deleted, whatever a journal says.
 
 * **A file argument** must be named like a journal (``.NAME.TOKEN.filecord-journal``), be a
   regular file, and hold a head whose checksum holds (one of its two copies) and whose paths
@@ -39,7 +39,10 @@ says.
   of the discard outputs and the files the head lists for removal at the commit (each only
   while it is the file recorded: device, inode, size, mtime; those files, confined to the
   save's directories, are the one thing recover removes that carries no token).  Then temps,
-  the journal and the lock files are removed, in that order.
+  the journal and the lock files are removed, in that order.  A last step that is
+  ``journaled`` or ``moving`` while an output is under its final name is a ``committed`` step
+  damaged or lost (a rename comes only after its fsync): finished the same way, from the
+  files, and the result says so (``LOST_COMMIT``).
 
 Every step is judged from the files, so recovery is idempotent and may be interrupted and run
 again.  Refusals keep every file and say which file holds which bytes.
@@ -64,6 +67,9 @@ log = logging.getLogger(__name__)
 
 Action = Literal["finished", "restored", "discarded", "skipped", "refused"]
 JOURNAL_LIMIT = 1 << 30  # a journal is a few bytes per piece; anything larger is not ours
+LOST_COMMIT = ("its committed step is damaged or lost, but its outputs were under their final "
+               "names (renamed only after that step's fsync): finished from the files, the "
+               "parked sources judged by their size alone")
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +322,9 @@ def _lock_all(
             said = _read_pointer(fd, j.token)
             if said.damage is not None:
                 raise _DamagedLockError(f"{path}: {said.damage}")
+            if said.journal is None:  # emptied or zeroed: a lock file is linked whole
+                raise _DamagedLockError(f"{path}: its lock file is damaged (it names no "
+                                        "journal: emptied or zeroed after it was written)")
             if said.journal != pointer:
                 raise _ForeignLockError(path)
     except BaseException:
@@ -404,12 +413,21 @@ def _act(path: str, log_: journal.Log) -> Recovered:
     sources = tuple(s.path for s in j.sources)
     records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
                              log_.looked)
-    found = assess.assess(j, records, assess.observe(j, records))
+    seen = assess.observe(j, records)
+    # An output under its final name proves the commit point was passed (a rename comes only
+    # after the committed step's fsync): that step is damaged or lost, the files decide.
+    lost = stage is Stage.MOVING and assess.renamed(j, seen)
+    if lost:
+        stage = Stage.COMMITTED
+        records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted)
+        seen = assess.observe(j, records)
+    found = assess.assess(j, records, seen)
     action = table.decide(table.Actor.RECOVER, stage, found.found)
     # The moves the log says finished left their sources at the kept prefix, unless a
     # rollback (which grows them back) has begun: then the notes judge by the files alone.
     done = 0 if stage is Stage.ROLLING_BACK else log_.moved
-    if action is table.Action.REFUSE and log_.torn and found.found is not table.Found.DAMAGED:
+    if action is table.Action.REFUSE and (log_.torn or lost) and \
+            found.found is not table.Found.DAMAGED:
         # The last record does not check: an append a crash cut (before its fsync, so the
         # files cannot be past it) or a record damaged after it was written.  Files the whole
         # records do not account for then say the record was damaged (e.g. a committed step
@@ -438,9 +456,13 @@ def _act(path: str, log_: journal.Log) -> Recovered:
                 return Recovered(path, "finished", outputs, sources, detail=str(exc),
                                  notes=where, kept=tuple(getattr(exc, "kept", ())))
             _sys.unlink(path)
-            return Recovered(path, "finished", outputs, sources, detail="" if not left else
-                             "kept, as no longer the file the save recorded: "
-                             + ", ".join(left), not_removed=left)
+            detail = [LOST_COMMIT] if lost else []
+            if left:
+                detail.append("kept, as no longer the file the save recorded (or not in a "
+                              "directory the save's lock or parked files prove its own): "
+                              + ", ".join(left))
+            return Recovered(path, "finished", outputs, sources, detail="; ".join(detail),
+                             not_removed=left)
         if stage is Stage.MOVING:  # ROLL_BACK from journaled or moving: first the log says so
             _append(path, log_, journal.step(Stage.ROLLING_BACK))
         temps = undo.open_temps(j)

@@ -580,8 +580,10 @@ def _commit(txn: Txn) -> None:
         txn.counters.fsyncs += _sys.fsync_parents(finals)
     kept: list[looks.Kept] = []
     if record is not None and txn.journal_path is not None:
-        kept = looks.unlink_consumed(txn, record)
+        # The removals before the parked sources go: a crash between leaves recover the
+        # parked files that prove a source's directory is the save's (``undo.finish``).
         txn.removed, txn.changed_removals = undo.discard_and_remove(record)
+        kept = looks.unlink_consumed(txn, record)
         _sys.unlink(txn.journal_path)
     txn.to(Stage.DONE)
     while txn.locks:

@@ -23,7 +23,8 @@ The caller then removes the temps, fsyncs their directories, and removes the jou
 lock files.  A crash anywhere leaves each source at one of its two names with a size between
 its kept prefix and its full size, and the bytes above that size still in the temps.
 
-*Strict* mode (``assess.check_strict``, for a journal found at the ``-journal`` stage) first
+*Strict* mode (``assess.check_strict``, for a journal whose last step is ``journaled`` or
+``moving``) first
 checks every source is where and how long a move of this save can have left it: at a window
 boundary of its run.
 Any other size means someone else changed the file; nothing is done and the caller refuses.
@@ -36,24 +37,24 @@ or a cut of one whose move never began, is refused even at a size a move could l
 
 *Finish* (after the commit point): each temp still holding the journaled inode is given its
 recorded mode and owner and renamed onto its final name; a final name already holding that
-inode is done; anything else is a lost output and stops recovery.  A discard output is never
-renamed: its temp is unlinked (``discard_and_remove``, after the parked sources), as are the
-head's removals still matching their recorded identity.  The directories are fsynced,
-then the parked sources (their names carry the token, so an inode number reused by a new file
-at the old path can never be mistaken for them) are unlinked and their directories fsynced.
-Recover has no in-memory look, and the journal is written before the moves, so it cannot hold
-their last stat: the save puts it in the journal's ``committed`` step, the commit point
-itself (checksummed, fsynced; ``journal.read_log``).  A
-parked source whose size is not its kept prefix, or whose size and mtime are not the recorded
-ones, was written after the save's last look and is kept (named back if its name is free),
-never unlinked, and a ``DataChangedError`` says so after everything else is finished.  The
-look was written by the save, but a crafted journal can carry one too, so it
-never proves a move finished (``assess.check_committed``): only the files do (a later move at its
-kept prefix, or the outputs holding every moved byte); without that proof a committed journal
-is refused.  Not
-ctime: a restore or copy of a crashed tree changes every ctime, mtime survives it.  A rewrite
-that keeps size and mtime (``utime``, or within one timestamp tick) is not seen by recover.
-"""
+inode is done; anything else is a lost output and stops recovery. A discard output is never
+renamed: its temp is unlinked (``discard_and_remove``, before the parked sources), as are the
+head's removals still matching their recorded identity and in a directory proven the save's
+(``proven_directories``: its lock is held there, or a parked source of it is there; a journal
+is untrusted for what it may touch). The directories are fsynced, then the parked sources
+(their names carry the token, so an inode number reused by a new file at the old path can never
+be mistaken for them) are unlinked and their directories fsynced. Recover has no in-memory
+look, and the journal is written before the moves, so it cannot hold their last stat: the save
+puts it in the journal's ``committed`` step, the commit point itself (checksummed, fsynced;
+``journal.read_log``). A parked source whose size is not its kept prefix, or whose size and
+mtime are not the recorded ones, was written after the save's last look and is kept (named back
+if its name is free), never unlinked, and a ``DataChangedError`` says so after everything else
+is finished. The look was written by the save, but a crafted journal can carry one too, so it
+never proves a move finished (``assess.check_committed``): only the files do (a later move at
+its kept prefix, or the outputs holding every moved byte); without that proof a committed
+journal is refused. Not ctime: a restore or copy of a crashed tree changes every ctime, mtime
+survives it. A rewrite that keeps size and mtime (``utime``, or within one timestamp tick) is
+not seen by recover. """
 
 from __future__ import annotations
 
@@ -124,56 +125,6 @@ def check_temp_lengths(j: Journal) -> None:
                 f"says the complete output has {out.length}: another process changed it, so it "
                 "is not renamed onto the final name"
             )
-
-
-def _vouched(j: Journal) -> set[tuple[int, int]]:
-    """The sources whose finished move the files themselves prove, in an ``ordered`` journal's
-    move order: a moved source is finished when it is at its parked name at exactly its kept
-    prefix, or when the outputs (temps, or final names once renamed) hold data for every byte
-    it moves (``transfer.check_moved``: the output is whole without it); moves run one at a
-    time in that order, so every one before a finished one is finished too.  The never-moved
-    ones are added: their bytes stayed whole, so their size proves nothing either way (a move
-    not proven still refuses).  Older journals: none."""
-    if not j.ordered:
-        return set()
-    moved = [s for s in j.sources if not s.adopt and s.run_start < s.size]
-    last = -1
-    outs: list[int | None] | None = None
-    try:
-        for i in reversed(range(len(moved))):
-            s = moved[i]
-            st = same_file(j.parked(s), s.dev, s.ino)
-            if st is None:
-                continue
-            if st.st_size != s.run_start:
-                outs = _open_outputs(j) if outs is None else outs
-                try:
-                    transfer.check_moved(s.as_move(), outs, s.run_start, dense=s.dense)
-                except (OSError, DataChangedError):
-                    continue
-            last = i
-            break
-    finally:
-        if outs is not None:
-            close_all(outs)
-    keys = {(s.dev, s.ino) for s in moved[: last + 1]}
-    return keys | {(s.dev, s.ino) for s in j.sources if not s.adopt and s.run_start >= s.size}
-
-
-def _open_outputs(j: Journal) -> list[int | None]:
-    """Read-only descriptors of this save's outputs, at their temps or final names (None where
-    neither holds the journaled inode)."""
-    fds: list[int | None] = []
-    try:
-        for o, out in enumerate(j.outputs):
-            names = ((out.final,) if out.direct else (j.temp(o),) if out.discard
-                     else (j.temp(o), out.final))
-            at = next((n for n in names if same_file(n, out.dev, out.ino) is not None), None)
-            fds.append(None if at is None else open_same(at, out.dev, out.ino, os.O_RDONLY))
-    except BaseException:
-        close_all(fds)
-        raise
-    return fds
 
 
 def open_temps(j: Journal) -> list[int | None]:
@@ -350,6 +301,11 @@ def finish(j: Journal, journal_path: str,
             )
         finals.append(out.final)
     _sys.fsync_parents(finals)
+    # The removals first, while the parked sources prove their directories are the save's.
+    _removed, changed = discard_and_remove(j, proven_directories(j))
+    if changed:
+        log.warning("recover finished %s but kept %s: not provably the file the save recorded",
+                    journal_path, ", ".join(changed))
     # A parked source not at the size its finished move leaves, or not at the size and mtime
     # the save's last look recorded (in the journal's ``committed`` step, the commit point),
     # was written by someone else and is kept, never deleted.
@@ -366,10 +322,6 @@ def finish(j: Journal, journal_path: str,
             continue
         _sys.unlink(p)
     _sys.fsync_parents(parked)
-    _removed, changed = discard_and_remove(j)
-    if changed:
-        log.warning("recover finished %s but kept %s: no longer the file the save recorded",
-                    journal_path, ", ".join(changed))
     if kept:
         s, st, _where = kept[0]
         err = DataChangedError(s.path, expected_size=s.run_start, found_size=st.st_size,
@@ -388,12 +340,25 @@ def finish(j: Journal, journal_path: str,
     return changed
 
 
-def discard_and_remove(j: Journal) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """After the commit point and the renames (the save's commit and recover's finish alike):
-    unlink each discard output's temp still holding its inode, then each file of the head's
-    ``removals`` still the recorded file (device, inode, size, modification time), and fsync
-    their directories.  A removal found changed or replaced is kept.  Judged from the files, so
-    it can be interrupted and run again.  Returns (removed, changed)."""
+def proven_directories(j: Journal) -> frozenset[str]:
+    """The directories recover may remove a file without the token from: those whose lock
+    file it holds (each names this journal), and those holding a parked source of this save
+    (a token-named file of the journaled inode: only someone who may write there put it
+    there).  A journal is untrusted for what it may touch: a removal anywhere else is kept."""
+    parked = {os.path.dirname(j.parked(s)) for s in j.sources
+              if not s.adopt and same_file(j.parked(s), s.dev, s.ino) is not None}
+    return frozenset(j.directories()) | parked
+
+
+def discard_and_remove(j: Journal, proven: frozenset[str] | None = None
+                       ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """After the commit point and the renames (the save's commit and recover's finish alike),
+    before the parked sources are unlinked: unlink each discard output's temp still holding its
+    inode, then each file of the head's ``removals`` still the recorded file (device, inode,
+    size, modification time) and, for recover, in a ``proven`` directory
+    (:func:`proven_directories`; None: the running save, which recorded them itself), and
+    fsync their directories.  A removal found changed, replaced or unproven is kept.  Judged
+    from the files, so it can be interrupted and run again.  Returns (removed, kept)."""
     gone: list[str] = []
     for o, out in enumerate(j.outputs):
         if out.discard and same_file(j.temp(o), out.dev, out.ino) is not None:
@@ -406,7 +371,8 @@ def discard_and_remove(j: Journal) -> tuple[tuple[str, ...], tuple[str, ...]]:
             st = _sys.lstat(r.path)
         except FileNotFoundError:
             continue  # gone already (a finish that ran before, or someone else)
-        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != r.identity:
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != r.identity or (
+                proven is not None and os.path.dirname(r.path) not in proven):
             changed.append(r.path)
             continue
         _sys.unlink(r.path)

@@ -1,0 +1,122 @@
+"""A save that completed is finished by ``recover`` even when its last records are damaged.
+
+Once the outputs hold their final names, the commit point was passed (a rename comes only
+after the ``committed`` step's fsync): the files and the records that check decide, and a
+damaged or lost ``committed`` step does not make recover refuse forever with the data on disk
+twice.  What cannot be proven is refused as damage, naming the file, never blamed on another
+process: an emptied or zeroed lock file is such damage.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from filecord import Cord, FileBackedData, recover, save
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
+from filecord.errors import RecoverError, SaveError
+from filecord_testing import pattern
+
+W = 4096
+A, B = pattern(3 * W, "a"), pattern(2 * W, "b")
+
+
+def renamed(d: Path, fail_at: int = 1) -> None:
+    """A consuming save of a.bin + b.bin past its commit and the rename onto out.bin: the
+    ``fail_at``-th unlink of a parked source fails (the ones before it are done)."""
+    (d / "a.bin").write_bytes(A)
+    (d / "b.bin").write_bytes(B)
+    # The header puts both at offsets no block divides: both are moved (and parked), never
+    # adopted in place.
+    cord = Cord([b"hdr", FileBackedData(d / "a.bin", owned=True),
+                 FileBackedData(d / "b.bin", owned=True)])
+
+    class FailUnlink(_sys.Backend):
+        n = 0
+
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "unlink" and str(args[0]).endswith(_names.SOURCE):
+                self.n += 1
+                if self.n == fail_at:
+                    raise OSError(errno.EIO, "injected after the commit point")
+
+    with _sys.use(FailUnlink()), pytest.raises(SaveError, match="after its commit"):
+        save(d / "out.bin", cord, consume=True, window=W)
+    assert (d / "out.bin").read_bytes() == b"hdr" + A + B
+
+
+def journal_of(d: Path) -> Path:
+    return next(d / n for n in os.listdir(d) if n.endswith(_names.JOURNAL))
+
+
+def lock_of(d: Path) -> Path:
+    return next(d / n for n in os.listdir(d) if n.endswith(_names.LOCK))
+
+
+def last_record(data: bytes) -> tuple[int, int]:
+    """Where the last record's line starts and ends (its newline included)."""
+    end = len(data)
+    start = data.rindex(b"\n", 0, end - 1) + 1
+    assert b'"stage":"committed"' in data[start:end]
+    return start, end
+
+
+def finished(d: Path) -> bool:
+    return sorted(os.listdir(d)) == ["out.bin"] and (d / "out.bin").read_bytes() == b"hdr" + A + B
+
+
+@pytest.mark.parametrize("fail_at", [1, 2])
+@pytest.mark.parametrize("damage", ["flip-payload", "flip-checksum", "cut-midway", "lost"])
+def test_damaged_committed_step_after_the_rename_finishes(tmp_path: Path, damage: str,
+                                                          fail_at: int) -> None:
+    renamed(tmp_path, fail_at)
+    j = journal_of(tmp_path)
+    data = j.read_bytes()
+    start, end = last_record(data)
+    if damage == "flip-payload":
+        at = end - 5
+        data = data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:]
+    elif damage == "flip-checksum":
+        at = start + 12
+        data = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+    elif damage == "cut-midway":
+        data = data[:(start + end) // 2]
+    else:
+        data = data[:start]  # the whole step gone: the journal ends after the moving steps
+    j.write_bytes(data)
+    got = recover(tmp_path)
+    assert finished(tmp_path), (got, os.listdir(tmp_path))
+    assert [r.action for r in got] == ["finished"]
+    assert "damaged" in got[0].detail
+    assert recover(tmp_path) == []  # nothing left to do
+
+
+def test_the_lost_step_never_loops_on_a_missing_temp(tmp_path: Path) -> None:
+    renamed(tmp_path)
+    j = journal_of(tmp_path)
+    data = j.read_bytes()
+    j.write_bytes(data[:last_record(data)[0]])
+    got = recover(tmp_path)  # it refused saying "the temp file ... is missing", every time
+    assert [r.action for r in got] == ["finished"]
+    assert finished(tmp_path)
+    assert recover(tmp_path) == []
+
+
+@pytest.mark.parametrize("how", ["emptied", "zeroed"])
+def test_a_damaged_lock_file_is_damage_not_another_journal(tmp_path: Path, how: str) -> None:
+    renamed(tmp_path)
+    lock = lock_of(tmp_path)
+    size = lock.stat().st_size
+    lock.write_bytes(b"" if how == "emptied" else b"\0" * size)
+    before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}
+    with pytest.raises(RecoverError) as info:
+        recover(tmp_path)
+    story = " ".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    assert "damaged" in story, story
+    assert "another journal" not in story, story
+    assert lock.name in story, story
+    assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before

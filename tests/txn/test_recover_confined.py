@@ -1,0 +1,127 @@
+"""``recover`` removes nothing outside the save, whatever a journal says.
+
+A journal is untrusted input for *what* it may touch: a file without the save's token is
+removed only in a directory whose lock file recover holds (and which names this journal), or
+one holding a parked source of this save (a token-named file someone with write access to the
+directory put there).  A crafted committed journal that lists a direct output, or a source
+that was never moved, in another directory and a removal beside it must leave that removal
+alone, however well its recorded identity matches.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from filecord import Cord, FileBackedData, recover, save
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
+from filecord._txn import journal
+from filecord._txn.stages import Stage
+from filecord.errors import RecoverError, SaveError
+from filecord_testing import pattern
+
+W = 4096
+A, B = pattern(3 * W, "a"), pattern(2 * W, "b")
+PRECIOUS = b"not the save's file"
+
+
+def committed(d: Path) -> Path:
+    """A consuming save of a.bin + b.bin stopped after its commit point (the rename onto
+    out.bin fails); returns its journal."""
+    (d / "a.bin").write_bytes(A)
+    (d / "b.bin").write_bytes(B)
+    cord = Cord([FileBackedData(d / "a.bin", owned=True), FileBackedData(d / "b.bin", owned=True)])
+
+    class FailRename(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "rename" and str(args[1]) == str(d / "out.bin"):
+                raise OSError(errno.EIO, "injected after the commit point")
+
+    with _sys.use(FailRename()), pytest.raises(SaveError, match="after its commit"):
+        save(d / "out.bin", cord, consume=True, window=W)
+    return next(d / n for n in os.listdir(d) if n.endswith(_names.JOURNAL))
+
+
+def craft(path: Path, edit: dict[str, object]) -> None:
+    """Rewrite both copies of the head with ``edit`` applied, every checksum made to hold."""
+    data = path.read_bytes()
+    lines = data[len(journal.MAGIC):].split(b"\n")[:-1]
+    out = [journal.MAGIC]
+    for line in lines:
+        rec = json.loads(line[42:])
+        if rec.get("stage") == "journaled" and "save" in rec:
+            body = rec["save"]
+            for key, value in edit.items():
+                body[key] = [*body.get(key, []), *value]  # type: ignore[misc]
+            out.append(journal.step(Stage.JOURNALED, save=body))
+        else:
+            out.append(line + b"\n")
+    path.write_bytes(b"".join(out))
+
+
+def removal(p: Path) -> list[object]:
+    st = os.stat(p)
+    return [str(p), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _recover_quietly(d: Path) -> str:
+    try:
+        got = recover(d)
+    except RecoverError as exc:
+        return " ".join([str(exc), *getattr(exc, "__notes__", [])])
+    return repr(got)
+
+
+def test_a_removal_beside_a_direct_output_is_never_unlinked(tmp_path: Path) -> None:
+    d, elsewhere = tmp_path / "save", tmp_path / "elsewhere"
+    d.mkdir()
+    elsewhere.mkdir()
+    j = committed(d)
+    victim = elsewhere / "precious.txt"
+    victim.write_bytes(PRECIOUS)
+    os.mkfifo(elsewhere / "pipe")
+    # A direct output (written in place: no temp, so no lock file there) in another directory,
+    # and a removal beside it whose identity is the victim's own.
+    craft(j, {"outputs": [[str(elsewhere / "pipe"), 0, 0, 0, -1, -1, -1, True, 0, 0]],
+              "removals": [removal(victim)]})
+    story = _recover_quietly(d)
+    assert victim.read_bytes() == PRECIOUS, story
+
+
+def test_a_removal_beside_a_source_never_moved_is_never_unlinked(tmp_path: Path) -> None:
+    d, elsewhere = tmp_path / "save", tmp_path / "elsewhere"
+    d.mkdir()
+    elsewhere.mkdir()
+    j = committed(d)
+    victim = elsewhere / "precious.txt"
+    victim.write_bytes(PRECIOUS)
+    decoy = elsewhere / "decoy.bin"
+    decoy.write_bytes(b"d" * W)
+    st = os.stat(decoy)
+    # A source the save "kept whole" (nothing moved, so nothing of the save is beside it).
+    source = {"path": str(decoy), "dev": st.st_dev, "ino": st.st_ino, "size": W,
+              "run_start": W, "atime_ns": st.st_atime_ns, "mtime_ns": st.st_mtime_ns,
+              "mode": st.st_mode, "adopt": False, "dense": True, "dests": []}
+    craft(j, {"sources": [source], "removals": [removal(victim)]})
+    story = _recover_quietly(d)
+    assert victim.read_bytes() == PRECIOUS, story
+    assert decoy.read_bytes() == b"d" * W, story
+
+
+def test_a_removal_beside_the_outputs_is_unlinked_at_the_finish(tmp_path: Path) -> None:
+    """The control: the same crafted removal in the directory whose lock recover holds is the
+    save's to remove (the identity matches), and the save finishes."""
+    d = tmp_path / "save"
+    d.mkdir()
+    j = committed(d)
+    index = d / "index.json"
+    index.write_bytes(b"{}")
+    craft(j, {"removals": [removal(index)]})
+    recover(d)
+    assert sorted(os.listdir(d)) == ["out.bin"]
+    assert (d / "out.bin").read_bytes() == A + B
