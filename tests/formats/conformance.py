@@ -19,9 +19,6 @@ What every format must do (issue 23):
 * promises -- a dry run changes nothing (names, sizes, mtimes, inodes); the exit status is 0
   exactly when the output was committed; a SIGKILL at a few steps of a consuming merge,
   then ``filecord recover``, gives back the inputs byte-exact or the complete output.
-
-A scenario that fails because of library behaviour the format kit owns is marked
-``xfail(strict=True, reason=KIT)`` in the format's class, so it flips when the kit lands.
 """
 
 from __future__ import annotations
@@ -35,9 +32,9 @@ import subprocess
 import sys
 import tracemalloc
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -46,7 +43,6 @@ from filecord import cli
 from filecord.cli.table import _describe
 from filecord.errors import FormatError
 
-KIT = "issue 23: kit"
 # Cases collected per format (filled by this folder's conftest before -k/--deselect apply).
 COLLECTED: Counter[str] = Counter()
 SRC = str(Path(__file__).parents[2] / "src")
@@ -632,23 +628,3 @@ class Conformance:
     def test_the_suite_keeps_its_size(self) -> None:
         assert COLLECTED[self.fmt] >= self.floor, (self.fmt, COLLECTED[self.fmt])
 
-
-def expect_kit(*names: str) -> Callable[[type[Any]], type[Any]]:
-    """Mark the named inherited scenarios of a format's class ``xfail(strict=True)``: they
-    fail because of library behaviour the format kit owns, and must flip when it lands."""
-    def mark(cls: type[Any]) -> type[Any]:
-        for name in names:
-            base = getattr(cls, name)
-            func = getattr(base, "__func__", base)
-
-            def wrapper(self: Any, *a: Any, _f: Any = func, **k: Any) -> Any:
-                return _f(self, *a, **k)
-
-            wrapper.__name__ = name
-            wrapper.__doc__ = func.__doc__
-            wrapper.__wrapped__ = func  # type: ignore[attr-defined]
-            wrapper.pytestmark = [*getattr(func, "pytestmark", []),  # type: ignore[attr-defined]
-                                  pytest.mark.xfail(strict=True, reason=KIT)]
-            setattr(cls, name, wrapper)
-        return cls
-    return mark

@@ -2,9 +2,10 @@
 
 Theory of operation
 -------------------
-1. Before any temp, a lock file per directory (``liveness.create``: ``O_EXCL``, ``flock``,
-   content = a checksummed ``created`` step naming the journal, ``fsync``): a temp's name then
-   implies its lock and that step.
+1. Before any temp, a lock file per directory (``liveness.create``: made unnamed, ``flock``ed,
+   its content a checksummed ``created`` step naming the journal, ``fsync``ed, then linked to
+   its name): a temp's name then implies its lock and that step, and a lock file is never
+   seen under its name empty.
 2. Each source's record says whether it is dense (FIEMAP, else ``SEEK_HOLE``, on a read-only
    descriptor closed again: reads only, so a crash here leaves what step 1 left).  The record
    goes to ``.filecord-pending``, is fsynced, every directory of the save is fsynced (temps and

@@ -1,5 +1,23 @@
 """The decision table: (who asks, stage, what the assessment found) -> what to do.  Pure.
 
+The trust rule
+--------------
+A journal is **untrusted input for what it may touch** and **trusted for what happened once
+its records check** (SQLite's rule: a journal that checks is played back).
+
+* *What it may touch*: every path it names is confined (``journal.confine``) and every act is
+  bound to proof on the files: a file is changed or removed only if its name carries the
+  save's token in a directory whose lock file recover holds (and which names this journal),
+  or it is a parked source of the save (token-named, its inode the journaled one), or it is
+  a file the save recorded for removal, in such a directory or beside such a parked source,
+  and still the recorded file (``undo.proven_directories``).  A checksum proves a record
+  intact, not who wrote it, so no record widens this.
+* *What happened*: the stage is the last step that checks; the ``moving`` count, the
+  ``inserted`` steps and the ``committed`` step's looks are taken as written.  The files
+  decide what the records cannot say (a torn or lost last step): an output under its final
+  name proves the commit point was passed (``assess.renamed``).  What neither proves is
+  refused as damage, naming the files, never blamed on another process.
+
 The in-process failure path (``failure.fail``) and ``recover`` (``recover._act``) both ask
 :func:`decide`; neither branches on anything else.  The stage comes from the stage machine
 (``stages``: a running save's ``Txn.stage``, a crashed save's last step record), the finding
@@ -95,7 +113,9 @@ TABLE: dict[tuple[Actor, Stage, Found], Action] = {
     (Actor.SAVE, Stage.ROLLING_BACK, Found.UNREADABLE): Action.KEEP,  # the undo itself failed
     **{(Actor.SAVE, s, Found.AS_LEFT): Action.FINISH for s in _AFTER_COMMIT},
     (Actor.SAVE, Stage.DONE, Found.AS_LEFT): Action.COMPLETE,
-    # recover: a crashed save's stage is its journal's name (MOVING covers "journaled")
+    # recover: a crashed save's stage is its journal's last step that checks (MOVING covers
+    # "journaled"; a save whose outputs are under their final names is past COMMITTED, lost
+    # step or not: ``assess.renamed``)
     (Actor.RECOVER, Stage.MOVING, Found.AS_LEFT): Action.ROLL_BACK,
     (Actor.RECOVER, Stage.ROLLING_BACK, Found.AS_LEFT): Action.ROLL_BACK,
     (Actor.RECOVER, Stage.COMMITTED, Found.AS_LEFT): Action.FINISH,

@@ -2,13 +2,16 @@
 
 Theory of operation
 -------------------
-A save creates ``.STEM.TOKEN.filecord-lock`` with ``O_CREAT|O_EXCL`` in every directory where
-it will create a temp, *before* the temp, takes ``flock(LOCK_EX|LOCK_NB)`` on it, and then checks
-that the name still names the locked inode (a recover may have removed a lock file it found
-unlocked in the instant between ``open`` and ``flock``; the save then stops before creating
-anything else).  The descriptors stay open until the save has removed everything else; the
-lock files are unlinked last.  The kernel drops an ``flock`` when its holder dies (SIGKILL,
-crash), so "the lock can be taken" proves the save is no longer running.
+A save creates ``.STEM.TOKEN.filecord-lock`` in every directory where it will create a temp,
+*before* the temp: made without a name (``O_TMPFILE``), locked (``flock(LOCK_EX|LOCK_NB)``),
+written and fsynced, then linked to its name (:func:`create`), so no recover ever finds it
+unlocked or empty; an emptied or zeroed one is damage. Where the file system cannot make an
+unnamed file it is made under its name (``O_EXCL``), locked at once, and the save checks the
+name still names the locked inode (a recover may have removed one it found unlocked in the
+instant between ``open`` and ``flock``; the save then stops before creating anything else). The
+descriptors stay open until the save has removed everything else; the lock files are unlinked
+last. The kernel drops an ``flock`` when its holder dies (SIGKILL, crash), so "the lock can be
+taken" proves the save is no longer running.
 
 ``recover`` acts on a save's files only while it holds that save's lock, taken the same way
 (open without creating, ``LOCK_NB``, re-check the name).  A held lock means a live save (or
