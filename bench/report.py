@@ -89,7 +89,7 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "copied as one range, one journal entry; the report still lists every piece, each made "
      "when it is read. Targets (issue 26): "
      "100,000 pieces in 0.5 s, 97,000 row runs in 2 s. The CPU column (`process_time` of plan "
-     "+ save) is the steadier figure on a shared machine. `tests/test_scale.py` checks the "
+     "+ save) is the steadier figure on a shared machine. `tests/plan/test_scale.py` checks the "
      "growth by counting executed lines, not by a clock."),
     ("safetensors_bench.py", ["--size", "2GiB", "--rounds", "3"],
      ["--size", "128MiB", "--rounds", "1"],

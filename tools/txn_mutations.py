@@ -20,11 +20,15 @@ UNIT = "tests/unit/txn"
 ORDER = "tests/sweeps/test_fsync_order.py"
 GUARDS = "tests/sweeps/test_recover_guards.py"
 R4 = "tests/sweeps/test_looks_order_and_records.py"
-INSTANTS = "tests/sweeps/test_second_party_instants.py"
+INSTANTS = "tests/sweeps/test_second_party_at_each_instant.py"
 STOPS = "tests/test_safetensors_ops.py::test_a_consuming_merge_that_fails_anywhere_leaves_the_inputs_byte_exact"  # noqa: E501
-PIECES = "tests/test_many_pieces.py"
-CUT = "tests/test_consume.py::test_a_commit_whose_fsync_failed_is_cut_off_the_journal"
-NOTES = "tests/test_attack_session30.py::test_attack_notes_place_moved_bytes_in_a_foreign_append"
+PIECES = "tests/txn/test_many_pieces.py"
+CUT = "tests/txn/test_consume.py::test_a_commit_whose_fsync_failed_is_cut_off_the_journal"
+DECISIONS = "tests/txn/test_finish_and_rollback_decisions.py"
+CONFINED = "tests/txn/test_recover_confined.py"
+COMPLETED = "tests/txn/test_recover_completed_save.py"
+NOTES = ("tests/txn/test_journal_steps_and_recover_notes.py::"
+         "test_notes_never_place_moved_bytes_in_a_foreign_append")
 
 MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     # --- the ones the issue lists -----------------------------------------------------------
@@ -125,6 +129,26 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("failure: the change seen mid-move ignored", "assess.py",
      "    return exc if isinstance(exc, DataChangedError) and key is not None else None",
      "    return None", [INSTANTS]),
+    # --- issue 36: the findings and the decisions no test checked ----------------------------
+    ("finish: a temp lost while the final name holds the old file is finished", "undo.py",
+     "        elif same_file(out.final, out.dev, out.ino) is None:\n            raise",
+     "        elif False:\n            raise", [DECISIONS]),
+    ("finish: only the first moved source checked after the commit", "undo.py",
+     "        if st.st_size != s.run_start or (st.st_size, st.st_mtime_ns) != was:",
+     "        if s is j.sources[0] and (st.st_size != s.run_start\n"
+     "                                  or (st.st_size, st.st_mtime_ns) != was):", [DECISIONS]),
+    ("name back without fsyncing its directory", "undo.py",
+     "    _sys.unlink(src)\n    _sys.fsync_parents([dst, src])\n", "    _sys.unlink(src)\n",
+     [DECISIONS]),
+    ("removals unproven: any directory recover holds no lock in", "undo.py",
+     "                proven is not None and os.path.dirname(r.path) not in proven):",
+     "                False):", [CONFINED]),
+    ("a renamed output does not prove the commit", "recover.py",
+     "    lost = stage is Stage.MOVING and assess.renamed(j, seen)",
+     "    lost = False", [COMPLETED]),
+    ("an emptied lock file taken for another journal's", "recover.py",
+     "            if said.journal is None:  # emptied or zeroed",
+     "            if False:  # emptied or zeroed", [COMPLETED]),
 ]
 
 

@@ -20,7 +20,7 @@ FLOORS = {
     "test_gguf_fault_points.py": 1,
     "test_shrunk_window_faults.py": 1,
     "test_recover_acts_on_proof.py": 14,
-    "test_second_party_instants.py": 6,
+    "test_second_party_at_each_instant.py": 6,
     "test_recover_after_tampering.py": 11,
     "test_clones_and_windows.py": 14,
     "test_looks_order_and_records.py": 13,

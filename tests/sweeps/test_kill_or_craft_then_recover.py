@@ -1,4 +1,5 @@
-"""An outside attack on the promise of ``save_many(consume=True)`` and ``recover``.
+"""A consuming save killed at any point, or its journal crafted, then ``recover``: all or
+nothing, byte for byte, and nothing outside the save touched.
 
 Written against the documents only (README, docs/guarantees.md, docs/reliability.md and the
 journal's on-disk format, version 3, since moved to version 4), not the code.  Each finding is

@@ -1,4 +1,6 @@
-"""Attacks from outside on consuming saves and ``filecord recover`` (README, docs/guarantees.md,
+"""A consuming save killed at any system call, adopting in place or converting a sharded
+checkpoint, is recovered to the sources byte-exact or the complete output; every refusal says
+where the bytes are.  Written from the documents (README, docs/guarantees.md,
 ``convert``/``recover``/``pack --help``): SIGKILL at chosen system calls (``strace -e inject``)
 of ``filecord convert --consume`` (Hugging Face -> GGUF, ``--outtype f16``, a sharded checkpoint
 with its index) and of a save that adopts a source in place (a file whole at offset 4096 of
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
 ADOPT = """
 import sys
@@ -71,7 +73,7 @@ def kill_adopt(tmp_path: Path, syscall: str, n: int) -> tuple[Path, Path]:
 # bytes are "at offset 4096" of the temp, but the temp is the source unshifted: they sit at 0.
 # Fixed: the note names an offset only once the space is inserted (the temp is then at least
 # the file's size plus that space); before, the bytes are the temp from offset 0.
-def test_attack_refusal_names_wrong_offset_of_adopted_bytes(tmp_path: Path) -> None:
+def test_a_refusal_names_the_true_offset_of_adopted_bytes(tmp_path: Path) -> None:
     src, out = kill_adopt(tmp_path, "fallocate", 3)
     src.write_bytes(b"NEW")
     r = recover(out.parent)
@@ -91,7 +93,7 @@ def test_attack_refusal_names_wrong_offset_of_adopted_bytes(tmp_path: Path) -> N
 # and lock, and says the 3 MiB source is whole at p, which now holds the new, longer output.
 # Fixed: a save whose output replaces one of its sources is not built in place (the plan
 # moves instead), so a committed save and an unmoved adopted source can no longer look alike.
-def test_attack_self_adoption_killed_after_commit_never_recovers(tmp_path: Path) -> None:
+def test_a_save_onto_its_own_source_killed_after_commit_recovers(tmp_path: Path) -> None:
     path = tmp_path / "m.bin"
     path.write_bytes(DATA)
     assert killed(["-c", ADOPT, str(path), str(path)], "unlink", 2) != 0
@@ -110,7 +112,7 @@ def test_attack_self_adoption_killed_after_commit_never_recovers(tmp_path: Path)
 # modification time, and a state it cannot prove is never reported "byte-exact".
 @pytest.mark.xfail(strict=True, reason="attack: a same-size rewrite of an adopted-in-place "
                    "source after a kill is rolled back as 'byte-exact', its mtime reset")
-def test_attack_rewrite_of_adopted_source_reported_byte_exact(tmp_path: Path) -> None:
+def test_a_rewritten_adopted_source_is_never_reported_byte_exact(tmp_path: Path) -> None:
     src, out = kill_adopt(tmp_path, "fsync", 7)
     (temp,) = [p for p in out.parent.iterdir() if p.name.endswith(".partial")]
     before = temp.stat()
@@ -131,7 +133,7 @@ def test_attack_rewrite_of_adopted_source_reported_byte_exact(tmp_path: Path) ->
 # the journal's onto -committed, until the commit became an appended step record (the 3rd
 # rename is now the temp's onto its final name, after the commit).
 @pytest.mark.parametrize(("syscall", "n"), [("fallocate", 3), ("fsync", 6), ("fsync", 9)])
-def test_control_kill_during_in_place_adoption_rolls_back(tmp_path: Path, syscall: str,
+def test_kill_during_in_place_adoption_rolls_back(tmp_path: Path, syscall: str,
                                                           n: int) -> None:
     src, out = kill_adopt(tmp_path, syscall, n)
     for _ in range(2):  # recover is idempotent
@@ -148,7 +150,7 @@ def test_control_kill_during_in_place_adoption_rolls_back(tmp_path: Path, syscal
 # rename, the journal's onto -committed, until the commit became an appended step record (the
 # 3rd rename is now the temp's onto the final name, after the commit).
 @pytest.mark.parametrize(("syscall", "n"), [("fsync", 9), ("fsync", 5), ("pwrite64", 2)])
-def test_control_self_adoption_killed_before_commit_rolls_back(tmp_path: Path, syscall: str,
+def test_self_adoption_killed_before_commit_rolls_back(tmp_path: Path, syscall: str,
                                                                n: int) -> None:
     path = tmp_path / "m.bin"
     path.write_bytes(DATA)
@@ -179,7 +181,7 @@ def kill_convert(model: Path, out: Path, syscall: str, n: int) -> int:
                    "--outtype", "f16"], syscall, n)
 
 
-def test_control_new_file_at_a_shard_name_is_refused_then_restored(base: Path,
+def test_new_file_at_a_shard_name_is_refused_then_restored(base: Path,
                                                                    tmp_path: Path) -> None:
     """Killed mid-move (the 20th fsync); a new file takes a consumed shard's name: recover
     refuses (exit 1), and once it is gone rolls back every byte."""
@@ -224,7 +226,7 @@ def test_recover_of_the_checkpoint_first_points_to_the_output_directory(
     assert os.listdir(o) == []
 
 
-def test_control_other_file_system_kill_after_commit_keeps_checkpoint(base: Path,
+def test_other_file_system_kill_after_commit_keeps_checkpoint(base: Path,
                                                                       tmp_path: Path) -> None:
     """Output on a tmpfs, checkpoint on the test's file system: the shards are copied and kept;
     killed after the commit (10th fsync), recover publishes a GGUF that loads and leaves the

@@ -378,7 +378,7 @@ def test_a_failed_save_that_ends_the_script_keeps_every_owned_file(
     import subprocess
     import sys
 
-    src = Path(__file__).resolve().parents[1] / "src"
+    src = Path(__file__).resolve().parents[2] / "src"
     a, b = pattern(50_000, "a"), pattern(30_000, "b")
     (tmp_path / "a").write_bytes(a)
     (tmp_path / "b").write_bytes(b)

@@ -1,4 +1,5 @@
-"""The second outside attack (attacks/), one test per attack that found a problem.
+"""A second party acting at each instant a save is exposed (mid-move, mid-copy, between a
+check and a truncate, as the lock is let go) is reported, never papered over.
 
 Each test builds the attack's layout on real files, lets a second party act (or the save die)
 through ``_sys.use`` at the instant the attack chose, and checks the promise of
@@ -33,7 +34,7 @@ W = 4096
 # --- 22: a same-size rewrite during a move -----------------------------------------------
 
 @pytest.mark.parametrize("op", ["copy_file_range", "fsync"])
-def test_22_a_rewrite_during_a_move_is_reported_and_nothing_is_papered_over(
+def test_a_rewrite_during_a_move_is_reported_and_nothing_is_papered_over(
     tmp_path: Path, op: str
 ) -> None:
     data = pattern(4 * W, "22")
@@ -68,7 +69,7 @@ def test_22_a_rewrite_during_a_move_is_reported_and_nothing_is_papered_over(
     assert temp[1 + kept :] == data[kept:]
 
 
-def test_22_a_rewrite_during_a_copy_is_reported(tmp_path: Path) -> None:
+def test_a_rewrite_during_a_copy_is_reported(tmp_path: Path) -> None:
     data = pattern(4 * W, "22c")
     (tmp_path / "src.bin").write_bytes(data)
     f = FileBackedData(tmp_path / "src.bin")  # not owned: copied
@@ -88,7 +89,7 @@ def test_22_a_rewrite_during_a_copy_is_reported(tmp_path: Path) -> None:
 @pytest.mark.xfail(strict=True, reason="documented limit (guarantees.md, 'What cannot be seen'): "
                    "a write between the last check and the truncate is overwritten in mtime "
                    "and ctime by the truncate itself; no stat field tells them apart")
-def test_22_a_rewrite_between_the_check_and_the_truncate(tmp_path: Path) -> None:
+def test_a_rewrite_between_the_check_and_the_truncate(tmp_path: Path) -> None:
     data = pattern(4 * W, "22t")
     f = owned(tmp_path / "src.bin", data)
     writer = os.open(tmp_path / "src.bin", os.O_RDWR)
@@ -104,7 +105,7 @@ def test_22_a_rewrite_between_the_check_and_the_truncate(tmp_path: Path) -> None
 # --- 15: a hard link made during a move ----------------------------------------------------
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
-def test_15_a_hard_link_made_during_a_move_keeps_every_byte(tmp_path: Path, k: int) -> None:
+def test_a_hard_link_made_during_a_move_keeps_every_byte(tmp_path: Path, k: int) -> None:
     data = pattern(4 * W, "15")
     f = owned(tmp_path / "src.bin", data)
     backup = tmp_path / "backup-of-src.bin"
@@ -129,7 +130,7 @@ def test_15_a_hard_link_made_during_a_move_keeps_every_byte(tmp_path: Path, k: i
 # --- 20: odd outputs -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("out", ["NEWDIR/", "DIR/", "DIR", "", "."])
-def test_20_an_output_naming_a_directory_is_refused_and_touches_nothing(
+def test_an_output_naming_a_directory_is_refused_and_touches_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out: str
 ) -> None:
     monkeypatch.chdir(tmp_path)
@@ -179,7 +180,7 @@ class InterruptReleasing(_sys.Backend):
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
-def test_04_ctrl_c_while_the_lock_is_let_go_says_the_save_completed(
+def test_ctrl_c_while_the_lock_is_let_go_says_the_save_completed(
     tmp_path: Path, k: int
 ) -> None:
     outs = _build(tmp_path)

@@ -1,7 +1,7 @@
-"""Attacks from outside on journal version 4 (one checksummed ``step`` record kind), on the copy
-of adjacent and interleaved slices (one placement, one look per source and output), and on
-``filecord recover`` (README, docs/guarantees.md, docs/reliability.md, ``recover --help``; not
-the code).
+"""Journal version 4's steps, damaged, forged or torn, never make ``recover`` lose a byte or
+tell a wrong story; copies of adjacent and interleaved slices see a change between copies.
+Written from the documents (README, docs/guarantees.md, docs/reliability.md, ``recover
+--help``; not the code).
 
 One scenario for the kills: ``save_many(consume=True, window=1 MiB)`` of one output
 ``hdr + A[0:1M] + B[0:1M] + A[1M:] + B[1M:]`` from two owned sources A (3 MiB + 17) and B
@@ -32,7 +32,7 @@ from filecord import Cord, FileBackedData, save, save_many
 from filecord.errors import DataChangedError
 from filecord.executorch import read_ptd
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
 M = 1 << 20
 RND = random.Random(30)  # noqa: S311 - test data, not secrets
@@ -145,7 +145,7 @@ def committed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # was a finding (fixed): the notes took the nearest size a move leaves (17), not the
 # kept prefix the journal's moving step proves (0)
-def test_attack_notes_place_moved_bytes_in_a_foreign_append(moved1: Path, tmp_path: Path) -> None:
+def test_notes_never_place_moved_bytes_in_a_foreign_append(moved1: Path, tmp_path: Path) -> None:
     d = tmp_path / "d"
     assert killed(d, "fsync", int(moved1.name.removeprefix("fsync"))) != 0
     assert stages(journal(d))[-1] == {"moved": 1, "stage": "moving"}
@@ -207,7 +207,7 @@ def pack_with_late_append(tmp_path: Path) -> tuple[subprocess.CompletedProcess[s
 
 
 # was a finding (fixed)
-def test_attack_pack_exits_1_after_its_commit(tmp_path: Path) -> None:
+def test_pack_exits_1_after_its_commit(tmp_path: Path) -> None:
     """`filecord pack --consume` whose consumed source another process appends to after the
     commit point: the output is complete, the source kept, and the exit status 0 (README:
     what happens after the commit never changes it), with a warning saying what was kept."""
@@ -225,7 +225,7 @@ def test_attack_pack_exits_1_after_its_commit(tmp_path: Path) -> None:
 
 
 # was a finding (fixed)
-def test_attack_post_commit_change_message_says_missing(tmp_path: Path) -> None:
+def test_a_change_after_the_commit_says_missing(tmp_path: Path) -> None:
     """The warning for that kept source gives its real sizes (it said 'expected -1 bytes,
     found missing' while the file was there, 11 bytes)."""
     r, _ = pack_with_late_append(tmp_path)
@@ -240,7 +240,7 @@ def test_attack_post_commit_change_message_says_missing(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("change", ["rewrite", "truncate-restore"])
 @pytest.mark.parametrize("at", [1, 2, 3, 4, 5])
-def test_control_interleaved_slices_changed_between_copies(tmp_path: Path, change: str,
+def test_interleaved_slices_changed_between_copies(tmp_path: Path, change: str,
                                                            at: int) -> None:
     """A[0:1M], B[0:1M], A[1M:2M], B[1M:2M], A[2M:]: A changed (same size, mtime put back; or
     cut to 0 and grown back) from the progress callback after the at-th copy: a
@@ -274,7 +274,7 @@ def test_control_interleaved_slices_changed_between_copies(tmp_path: Path, chang
 
 
 @pytest.mark.parametrize("at", [1, 2, 3, 4])
-def test_control_consuming_save_with_a_rewritten_unowned_slice_rolls_back(tmp_path: Path,
+def test_consuming_save_with_a_rewritten_unowned_slice_rolls_back(tmp_path: Path,
                                                                           at: int) -> None:
     """U copied in three slices into two outputs in two directories while A moves: U rewritten
     (mtime put back) after the at-th copy is a DataChangedError; A comes back byte-exact."""
@@ -311,7 +311,7 @@ def test_control_consuming_save_with_a_rewritten_unowned_slice_rolls_back(tmp_pa
 @pytest.mark.parametrize(("syscall", "n"), [("rename", 2), ("rename", 3), ("ftruncate", 3),
                                             ("ftruncate", 6), ("fsync", 12), ("fsync", 17),
                                             ("unlink", 3), ("pwrite64", 5)])
-def test_control_kill_then_recover_twice_is_all_or_nothing(tmp_path: Path, syscall: str,
+def test_kill_then_recover_twice_is_all_or_nothing(tmp_path: Path, syscall: str,
                                                            n: int) -> None:
     d = tmp_path / "d"
     assert killed(d, syscall, n) != 0
@@ -320,7 +320,7 @@ def test_control_kill_then_recover_twice_is_all_or_nothing(tmp_path: Path, sysca
     assert state(d) in (PRISTINE, DONE), {k: len(v) for k, v in state(d).items()}
 
 
-def test_control_forged_committed_step_mid_move_is_refused_with_true_notes(tmp_path: Path
+def test_forged_committed_step_mid_move_is_refused_with_true_notes(tmp_path: Path
                                                                           ) -> None:
     """Killed at the 3rd ftruncate (A cut by one window, no `moving` step): a `committed` step
     that checks, its `looked` the files as they are now, is appended.  recover refuses, touches
@@ -360,7 +360,7 @@ def test_control_forged_committed_step_mid_move_is_refused_with_true_notes(tmp_p
     ("looked null, re-checksummed", "damaged"),
     ("held after committed, re-checksummed", "damaged"),
 ])
-def test_control_damaged_steps_of_a_committed_journal(committed: Path, tmp_path: Path,
+def test_damaged_steps_of_a_committed_journal(committed: Path, tmp_path: Path,
                                                       damage: str, expect: str) -> None:
     d = tmp_path / "d"
     assert killed(d, "rename", int(committed.name.removeprefix("rename"))) != 0
@@ -402,7 +402,7 @@ def test_control_damaged_steps_of_a_committed_journal(committed: Path, tmp_path:
 
 
 @pytest.mark.parametrize("temp", ["removed", "renamed elsewhere", "renamed to its final name"])
-def test_control_committed_journal_and_its_temp(committed: Path, tmp_path: Path,
+def test_committed_journal_and_its_temp(committed: Path, tmp_path: Path,
                                                 temp: str) -> None:
     d = tmp_path / "d"
     assert killed(d, "rename", int(committed.name.removeprefix("rename"))) != 0
@@ -432,7 +432,7 @@ def test_control_committed_journal_and_its_temp(committed: Path, tmp_path: Path,
     ("remove the lock file", "missing"),
     ("remove the journal", "without a journal"),
 ])
-def test_control_damaged_lock_file_mid_move(tmp_path: Path, damage: str, expect: str) -> None:
+def test_damaged_lock_file_mid_move(tmp_path: Path, damage: str, expect: str) -> None:
     d = tmp_path / "d"
     assert killed(d, "ftruncate", 3) != 0
     lk = next(p for p in d.iterdir() if p.name.endswith(".filecord-lock"))
@@ -461,7 +461,7 @@ def test_control_damaged_lock_file_mid_move(tmp_path: Path, damage: str, expect:
         assert state(d) == before
 
 
-def test_control_recover_racing_a_live_save_skips_it(tmp_path: Path) -> None:
+def test_recover_racing_a_live_save_skips_it(tmp_path: Path) -> None:
     (tmp_path / "o2").mkdir()
     a, b = tmp_path / "A.bin", tmp_path / "B.bin"
     a.write_bytes(A_DATA)
@@ -508,7 +508,7 @@ W_DATA = RND.randbytes(2 * M + 3 * 4096)  # whole at offset 4096: adopted in pla
     ("fallocate", 1), ("fallocate", 2), ("fallocate", 3), ("rename", 2), ("rename", 3),
     ("rename", 4), ("ftruncate", 1), ("ftruncate", 2), ("fsync", 4), ("fsync", 8),
     ("fsync", 11), ("unlink", 2)])
-def test_control_kill_during_adoption_in_place_and_a_sliced_move(tmp_path: Path, syscall: str,
+def test_kill_during_adoption_in_place_and_a_sliced_move(tmp_path: Path, syscall: str,
                                                                  n: int) -> None:
     """W whole at offset 4096 (adopted in place where the file system can insert a range, as
     ext4 can) and A in two slices around a 10-byte tail, moved: SIGKILL, recover twice."""
@@ -530,7 +530,7 @@ def test_control_kill_during_adoption_in_place_and_a_sliced_move(tmp_path: Path,
 
 
 @pytest.mark.parametrize("damage", ["cut mid-record", "flip a byte", "drop the record"])
-def test_control_torn_or_damaged_last_moving_step_rolls_back(moved1: Path, tmp_path: Path,
+def test_torn_or_damaged_last_moving_step_rolls_back(moved1: Path, tmp_path: Path,
                                                              damage: str) -> None:
     """A's move finished (size 0) and its `moving` step is the last record: cut, flipped or
     dropped, it reads as a torn tail; A at 0 is a size its move leaves, so recover rolls back

@@ -1,0 +1,116 @@
+"""Decisions of the finish and the rollback that no other test checked (issue 36's mutation
+audit), each on real files, each failing when its decision is broken:
+
+* a temp lost after the commit point while the final name still holds the old file: the
+  output is lost, so nothing is finished, the parked sources are not deleted and the journal
+  is kept;
+* a later (not the first) moved source changed after the commit point: kept, never deleted,
+  while the first is deleted and the save still finishes;
+* a rollback that gives a source its name back fsyncs that source's directory, even where the
+  directory holds no temp of the save.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from filecord import Cord, FileBackedData, recover, save
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
+from filecord.errors import RecoverError, SaveError
+from filecord_testing import pattern
+from support.faultfs import Tracer
+
+W = 4096
+A, B = pattern(3 * W, "a"), pattern(2 * W, "b")
+
+
+def _cord(src: Path) -> Cord:
+    (src / "a.bin").write_bytes(A)
+    (src / "b.bin").write_bytes(B)
+    # The header puts both at offsets no block divides: both moved and parked, never adopted.
+    return Cord([b"hdr", FileBackedData(src / "a.bin", owned=True),
+                 FileBackedData(src / "b.bin", owned=True)])
+
+
+def committed(d: Path) -> None:
+    """Stopped after the commit point: the rename onto out.bin fails."""
+    cord = _cord(d)
+
+    class FailRename(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "rename" and str(args[1]) == str(d / "out.bin"):
+                raise OSError(errno.EIO, "injected after the commit point")
+
+    with _sys.use(FailRename()), pytest.raises(SaveError, match="after its commit"):
+        save(d / "out.bin", cord, consume=True, window=W)
+
+
+def named(d: Path, suffix: str) -> list[Path]:
+    return sorted(d / n for n in os.listdir(d) if n.endswith(suffix))
+
+
+def test_a_temp_lost_after_the_commit_keeps_the_sources(tmp_path: Path) -> None:
+    (tmp_path / "out.bin").write_bytes(b"the old file")
+    committed(tmp_path)
+    (temp,) = named(tmp_path, _names.TEMP)
+    os.unlink(temp)
+    parked = named(tmp_path, _names.SOURCE)
+    assert len(parked) == 2
+    with pytest.raises(RecoverError):
+        recover(tmp_path)
+    assert (tmp_path / "out.bin").read_bytes() == b"the old file"
+    assert named(tmp_path, _names.SOURCE) == parked  # the only copy of the bytes: kept
+    assert len(named(tmp_path, _names.JOURNAL)) == 1
+    assert sorted(p.stat().st_size for p in parked) == [0, 0]  # moved whole, into the temp
+
+
+def test_a_later_moved_source_changed_after_the_commit_is_kept(tmp_path: Path) -> None:
+    committed(tmp_path)
+    (pa,) = [p for p in named(tmp_path, _names.SOURCE) if p.name.startswith(".a.bin.")]
+    (pb,) = [p for p in named(tmp_path, _names.SOURCE) if p.name.startswith(".b.bin.")]
+    with open(pb, "ab") as f:  # the second moved source, written after the commit point
+        f.write(b"NEW")
+    with pytest.raises(RecoverError, match="kept"):
+        recover(tmp_path)
+    assert (tmp_path / "out.bin").read_bytes() == b"hdr" + A + B
+    assert (tmp_path / "b.bin").read_bytes() == b"NEW"  # its own name back, never deleted
+    assert not pa.exists()
+    assert not (tmp_path / "a.bin").exists()
+    assert named(tmp_path, _names.JOURNAL) == []
+
+
+def test_a_rollback_fsyncs_the_directory_a_source_is_named_back_in(tmp_path: Path) -> None:
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    cord = _cord(src)
+
+    class FailMidMove(Tracer):
+        cuts = 0
+
+        def hook(self, op: str, args: tuple[Any, ...]) -> None:
+            super().hook(op, args)
+            if op == "ftruncate" and self.paths.get(args[0], "").endswith(_names.SOURCE):
+                self.cuts += 1
+                if self.cuts == 2:
+                    raise OSError(errno.EIO, "injected mid-move")
+
+    tracer = FailMidMove()
+    with _sys.use(tracer), pytest.raises(SaveError):
+        save(out / "out.bin", cord, consume=True, window=W)
+    assert (src / "a.bin").read_bytes() == A
+    assert (src / "b.bin").read_bytes() == B
+    # The last time a parked name left src/ (its unlink after the link back), and after it a
+    # fsync of src/, which holds no temp of the save.
+    gone = [c.index for c in tracer.calls if c.op == "unlink" and str(c.args[0]).startswith(
+        str(src)) and str(c.args[0]).endswith(_names.SOURCE)]
+    assert gone
+    synced = [c.index for c in tracer.calls if c.op == "fsync_dir"
+              and os.path.realpath(str(c.args[0])) == os.path.realpath(src)]
+    assert any(n > max(gone) for n in synced), (gone, synced)
