@@ -368,25 +368,6 @@ def restore_source(
     return m.size - start
 
 
-def check_moved(m: MoveSource, temps: Sequence[int | None], start: int, *, dense: bool) -> None:
-    """Raise unless the temps reach every byte of ``m`` from ``start`` on and, with ``dense``,
-    hold data there (no hole): the checks of :func:`restore_source`, before anything is
-    written."""
-    for a, b, d in cover(m.dests, start, m.size) if start < m.size else []:
-        tfd = temps[d.output]
-        if tfd is None:
-            raise OSError(errno.ENOENT, f"the temp file holding {m.path}[{a}:{b}] is missing")
-        at = d.out_offset + (a - d.src_offset)
-        if _sys.fstat(tfd).st_size < at + (b - a):
-            raise DataChangedError(
-                m.path, expected_size=m.size, found_size=start,
-                reason=f"the temp ends before its bytes [{a}, {b}): they were never moved, so "
-                "the source was shortened by someone else",
-            )
-        if dense:
-            _check_holds_data(tfd, at, b - a, m, a)
-
-
 def _check_holds_data(fd: int, offset: int, n: int, m: MoveSource, src_at: int) -> None:
     try:
         hole = _sys.lseek(fd, offset, getattr(os, "SEEK_HOLE", 4))
