@@ -27,6 +27,9 @@ CUT = "tests/txn/test_consume.py::test_a_commit_whose_fsync_failed_is_cut_off_th
 DECISIONS = "tests/txn/test_finish_and_rollback_decisions.py"
 CONFINED = "tests/txn/test_recover_confined.py"
 COMPLETED = "tests/txn/test_recover_completed_save.py"
+APPENDED = ("tests/fsmatrix/test_adopt_in_place.py::"
+            "test_bytes_appended_before_the_insert_are_never_taken_for_it")
+WINDOW2 = "tests/sweeps/test_power_cuts.py::test_power_cut_at_every_destructive_call[discard2-drop]"
 NOTES = ("tests/txn/test_journal_steps_and_recover_notes.py::"
          "test_notes_never_place_moved_bytes_in_a_foreign_append")
 
@@ -143,6 +146,15 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("removals unproven: any directory recover holds no lock in", "undo.py",
      "                proven is not None and os.path.dirname(r.path) not in proven):",
      "                False):", [CONFINED]),
+    ("a content change mid-move taken for metadata (kept, not held)", "assess.py",
+     "            ChangeKind.METADATA: Found.METADATA}.get(exc.kind, Found.CHANGED)",
+     "            ChangeKind.METADATA: Found.METADATA}.get(exc.kind, Found.METADATA)",
+     [DECISIONS]),
+    ("an unrecorded insert: bytes past the source collapsed without a hole in front", "undo.py",
+     "    if not inserted and s.inserted and size > s.size and (",
+     "    if False and (", [APPENDED]),
+    ("a window feeding two temps fsyncs only the first", "transfer.py",
+     "        for fd in sorted(touched):\n", "        for fd in sorted(touched)[:1]:\n", [WINDOW2]),
     ("a renamed output does not prove the commit", "recover.py",
      "    lost = stage is Stage.MOVING and assess.renamed(j, seen)",
      "    lost = False", [COMPLETED]),

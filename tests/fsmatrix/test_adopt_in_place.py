@@ -232,18 +232,22 @@ def test_bytes_appended_to_the_adopted_file_are_never_cut(mount, fault: str | No
     assert not (point / "model.ptd").exists()
 
 
+@pytest.mark.parametrize("appended", [10_000, HEADER])
 @pytest.mark.parametrize("how", ["fault", "crash"])
-def test_bytes_appended_before_the_insert_are_never_taken_for_it(mount, how: str) -> None:
+def test_bytes_appended_before_the_insert_are_never_taken_for_it(mount, how: str,
+                                                                 appended: int) -> None:
     # The session 33 attack: a writer appended as many bytes as the insert adds (header 8 KiB,
     # tail 16 KiB; 10,000 appended) after the blob became the temp and before its insert; the
     # size looked like an insert, so the undo (in process, or recover after a crash) collapsed
     # the blob's own first 8 KiB and said byte-exact. The insert is recorded in the journal
     # now: without its step, bytes past the source are another writer's and nothing is cut.
+    # An append of exactly the inserted length leaves the size an insert leaves: only the
+    # hole an insert makes in front (none here: the blob's own bytes) tells them apart.
     from filecord.errors import DataChangedError
 
     point = mount("ext4", 320 * MiB)
     blob, _extents = _blob(point)
-    extra = b"W" * 10_000
+    extra = b"W" * appended
     writer = os.open(blob, os.O_WRONLY | os.O_APPEND)
     ino = os.stat(blob).st_ino
 

@@ -60,7 +60,8 @@ DONE = frozenset({"done"})
 # Floors near the real counts (about 90% of what the suite runs against the v2 core), so a
 # broken enumerator cannot pass by testing less: crash points per scenario (the same in every
 # mode), and per mode the points on each side of the commit.
-POINT_FLOOR = {"consume3": 56, "copy3": 26, "single": 7, "adopt2": 30, "inplace": 33}
+POINT_FLOOR = {"consume3": 56, "copy3": 26, "single": 7, "adopt2": 30, "inplace": 33,
+               "discard2": 44}
 
 
 def wanted(calls: list[Call], point: Call | None, mode: str) -> frozenset[str]:
@@ -154,7 +155,10 @@ def sweep(tmp_path: Path, spec_name: str, *, mode: str) -> tuple[int, Counter[st
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("spec_name", ["consume3", "copy3", "single", "adopt2", "inplace"])
+# discard2: Q's first window feeds two temps (100 bytes to kept.bin, the rest to the discard
+# output): both must be durable before Q is cut.
+@pytest.mark.parametrize("spec_name", ["consume3", "copy3", "single", "adopt2", "inplace",
+                                       "discard2"])
 def test_power_cut_at_every_destructive_call(tmp_path: Path, spec_name: str, mode: str) -> None:
     n, outcomes, failures = sweep(tmp_path, spec_name, mode=mode)
     print(f"\n{spec_name}: power cut ({mode}) at {n - len(failures)}/{n} points recovered "

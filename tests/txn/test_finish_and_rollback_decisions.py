@@ -22,7 +22,7 @@ import pytest
 from filecord import Cord, FileBackedData, recover, save
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
-from filecord.errors import RecoverError, SaveError
+from filecord.errors import ChangeKind, DataChangedError, RecoverError, SaveError
 from filecord_testing import pattern
 from support.faultfs import Tracer
 
@@ -114,3 +114,51 @@ def test_a_rollback_fsyncs_the_directory_a_source_is_named_back_in(tmp_path: Pat
     synced = [c.index for c in tracer.calls if c.op == "fsync_dir"
               and os.path.realpath(str(c.args[0])) == os.path.realpath(src)]
     assert any(n > max(gone) for n in synced), (gone, synced)
+
+
+def _snapshot(d: Path) -> dict[str, tuple[bytes, int]]:
+    return {n: ((d / n).read_bytes(), (d / n).stat().st_mode) for n in sorted(os.listdir(d))}
+
+
+@pytest.mark.parametrize("kind", ["rewrite", "chmod"])
+def test_the_kind_of_a_change_mid_move_decides_what_recover_does(tmp_path: Path,
+                                                                 kind: str) -> None:
+    """A same-size rewrite of the source being moved is a content change: the journal is held
+    and recover refuses, touching nothing.  A chmod changed no byte: the journal is kept (not
+    held) and recover rolls back, byte-exact."""
+    cord = _cord(tmp_path)
+
+    class ChangeMidMove(_sys.Backend):
+        copies = 0
+
+        def hook(self, op: str, args: tuple[Any, ...]) -> None:
+            if op != "copy_file_range":
+                return
+            self.copies += 1
+            if self.copies != 2:  # the second window: after the first source's first cut
+                return
+            (path,) = [p for p in named(tmp_path, _names.SOURCE) if p.name.startswith(".a.")]
+            if kind == "rewrite":  # same size, another mtime
+                fd = os.open(path, os.O_WRONLY)
+                os.pwrite(fd, b"X", 0)
+                st = os.fstat(fd)
+                os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns + 10_000_000))
+                os.close(fd)
+            else:
+                os.chmod(path, 0o600)
+
+    with _sys.use(ChangeMidMove()), pytest.raises(DataChangedError) as info:
+        save(tmp_path / "out.bin", cord, consume=True, window=W)
+    assert info.value.kind is (ChangeKind.CONTENT if kind == "rewrite" else ChangeKind.METADATA)
+    assert len(named(tmp_path, _names.JOURNAL)) == 1
+    before = _snapshot(tmp_path)
+    if kind == "rewrite":
+        with pytest.raises(RecoverError):
+            recover(tmp_path)
+        assert _snapshot(tmp_path) == before
+        return
+    got = recover(tmp_path)
+    assert [r.action for r in got] == ["restored"]
+    assert (tmp_path / "a.bin").read_bytes() == A
+    assert (tmp_path / "b.bin").read_bytes() == B
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]
