@@ -208,7 +208,7 @@ def test_every_damaged_record(tmp_path: Path, point: str,
     """``undone``: what a damaged last step may also end as, byte-exact: a committed step
     that does not check is an append a crash may have cut (before its fsync: nothing was
     renamed yet), so recover rolls back.  Once the outputs were renamed (``renamed``) the
-    files are past such a step, and recover refuses, saying "damaged"."""
+    files prove the commit point was passed, and recover finishes, byte-exact."""
     d = tmp_path / "t"
     fresh = True
     outcomes: Counter[str] = Counter()
