@@ -185,21 +185,17 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
             return _refuse(path, "named like a journal but not a regular file (a symlink?); "
                            "nothing was touched")
         return _recover_journal(path, suffix, {})
+    return _recover_journal_less(directory, token, names)
+
+
+def _recover_journal_less(directory: str, token: str,
+                          names: dict[str, list[str]]) -> Recovered | None:
+    """A save without a journal in ``directory``: its lock file says whether one was made
+    (and where), or that nothing destructive happened and the rest is garbage."""
     locks = names.get(_names.LOCK, [])
     others = [n for s, ns in names.items() if s != _names.LOCK for n in ns]
     if not locks:
-        parked = names.get(_names.SOURCE, [])
-        if parked:
-            # A consuming save parks its sources beside them but keeps its lock and journal
-            # beside its outputs: point there, the one place recover can act from.
-            return _refuse(os.path.join(directory, parked[0]),
-                           f"a source parked by save {token}, whose lock and journal are in "
-                           f"the directory of that save's output (named .OUTPUT.{token}"
-                           f"{_names.JOURNAL}): run `filecord recover` on that directory; "
-                           "nothing was touched")
-        return _refuse(os.path.join(directory, others[0]),
-                       "files of an interrupted save without its lock file: cannot prove the "
-                       "save is over or that no journal needs them; nothing was touched")
+        return _refuse_lockless(directory, token, names.get(_names.SOURCE, []), others)
     lock = _sys.abspath(os.path.join(directory, locks[0]))
     try:
         fd = liveness.acquire(lock)
@@ -237,6 +233,21 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
     _sys.fsync_parents([lock])
     liveness.release(lock, fd)
     return Recovered(lock, "discarded", detail=f"removed {len(garbage)} temp file(s)")
+
+
+def _refuse_lockless(directory: str, token: str, parked: list[str],
+                     others: list[str]) -> Recovered:
+    if parked:
+        # A consuming save parks its sources beside them but keeps its lock and journal
+        # beside its outputs: point there, the one place recover can act from.
+        return _refuse(os.path.join(directory, parked[0]),
+                       f"a source parked by save {token}, whose lock and journal are in "
+                       f"the directory of that save's output (named .OUTPUT.{token}"
+                       f"{_names.JOURNAL}): run `filecord recover` on that directory; "
+                       "nothing was touched")
+    return _refuse(os.path.join(directory, others[0]),
+                   "files of an interrupted save without its lock file: cannot prove the "
+                   "save is over or that no journal needs them; nothing was touched")
 
 
 _LOCK_LIMIT = 1 << 16  # bytes of a lock file read: two short records, far below this
@@ -408,20 +419,8 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
 
 
 def _act(path: str, log_: journal.Log) -> Recovered:
-    j, stage = log_.journal, log_.stage
-    outputs = tuple(o.final for o in j.outputs)
-    sources = tuple(s.path for s in j.sources)
-    records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
-                             log_.looked)
-    seen = assess.observe(j, records)
-    # An output under its final name proves the commit point was passed (a rename comes only
-    # after the committed step's fsync): that step is damaged or lost, the files decide.
-    lost = stage is Stage.MOVING and assess.renamed(j, seen)
-    if lost:
-        stage = Stage.COMMITTED
-        records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted)
-        seen = assess.observe(j, records)
-    found = assess.assess(j, records, seen)
+    j = log_.journal
+    stage, found, lost = _assess(log_)
     action = table.decide(table.Actor.RECOVER, stage, found.found)
     # The moves the log says finished left their sources at the kept prefix, unless a
     # rollback (which grows them back) has begun: then the notes judge by the files alone.
@@ -443,45 +442,72 @@ def _act(path: str, log_: journal.Log) -> Recovered:
         return _refuse(path, found.why, _whereabouts(j, done, log_.inserted, stage))
     try:
         if action is table.Action.FINISH:
-            try:
-                left = undo.finish(j, path, log_.looked)
-            except DataChangedError as exc:
-                if not exc.committed:
-                    raise
-                # Everything else is finished and the changed source is kept where the notes
-                # say (a name the journal does not need): the save is over, not refused.
-                _sys.unlink(path)
-                where = tuple(getattr(exc, "__notes__", ()))
-                log.warning("recover finished %s but kept a changed source: %s", path, exc)
-                return Recovered(path, "finished", outputs, sources, detail=str(exc),
-                                 notes=where, kept=tuple(getattr(exc, "kept", ())))
-            _sys.unlink(path)
-            detail = [LOST_COMMIT] if lost else []
-            if left:
-                detail.append("kept, as no longer the file the save recorded (or not in a "
-                              "directory the save's lock or parked files prove its own): "
-                              + ", ".join(left))
-            return Recovered(path, "finished", outputs, sources, detail="; ".join(detail),
-                             not_removed=left)
-        if stage is Stage.MOVING:  # ROLL_BACK from journaled or moving: first the log says so
-            _append(path, log_, journal.step(Stage.ROLLING_BACK))
-        temps = undo.open_temps(j)
-        try:
-            undo.roll_back(j, temps, transfer.Counters(), log_.inserted)
-        finally:
-            undo.close_all(temps)
-        undo.remove_temps(j)
-        # The claim "temps removed" is checked against the directories, not the journal.
-        left = assess.token_files(j)
-        if left:
-            return _refuse(path, f"the sources are restored, but {', '.join(left)} still "
-                           "carr(ies) this save's token; the journal is kept",
-                           _whereabouts(j, inserted=log_.inserted))
-        _sys.unlink(path)
-        return Recovered(path, "restored", outputs, sources)
+            return _finish(path, log_, lost=lost)
+        return _roll_back(path, log_, stage)
     except (RecoverError, DataChangedError, OSError) as exc:
         return _refuse(path, f"{exc}; the journal and temps are kept",
                        _whereabouts(j, inserted=log_.inserted))
+
+
+def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, bool]:
+    """The stage, what the files say, and whether the ``committed`` step is damaged or lost:
+    an output under its final name proves the commit point was passed (a rename comes only
+    after that step's fsync), whatever the records after the head still say."""
+    j, stage = log_.journal, log_.stage
+    records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
+                             log_.looked)
+    seen = assess.observe(j, records)
+    lost = stage is Stage.MOVING and assess.renamed(j, seen)
+    if lost:
+        stage = Stage.COMMITTED
+        records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted)
+        seen = assess.observe(j, records)
+    return stage, assess.assess(j, records, seen), lost
+
+
+def _finish(path: str, log_: journal.Log, *, lost: bool) -> Recovered:
+    j = log_.journal
+    outputs, sources = tuple(o.final for o in j.outputs), tuple(s.path for s in j.sources)
+    try:
+        left = undo.finish(j, path, log_.looked)
+    except DataChangedError as exc:
+        if not exc.committed:
+            raise
+        # Everything else is finished and the changed source is kept where the notes say (a
+        # name the journal does not need): the save is over, not refused.
+        _sys.unlink(path)
+        log.warning("recover finished %s but kept a changed source: %s", path, exc)
+        return Recovered(path, "finished", outputs, sources, detail=str(exc),
+                         notes=tuple(getattr(exc, "__notes__", ())),
+                         kept=tuple(getattr(exc, "kept", ())))
+    _sys.unlink(path)
+    detail = [LOST_COMMIT] if lost else []
+    if left:
+        detail.append("kept, as no longer the file the save recorded (or not in a directory "
+                      "the save's lock or parked files prove its own): " + ", ".join(left))
+    return Recovered(path, "finished", outputs, sources, detail="; ".join(detail),
+                     not_removed=left)
+
+
+def _roll_back(path: str, log_: journal.Log, stage: Stage) -> Recovered:
+    j = log_.journal
+    if stage is Stage.MOVING:  # ROLL_BACK from journaled or moving: first the log says so
+        _append(path, log_, journal.step(Stage.ROLLING_BACK))
+    temps = undo.open_temps(j)
+    try:
+        undo.roll_back(j, temps, transfer.Counters(), log_.inserted)
+    finally:
+        undo.close_all(temps)
+    undo.remove_temps(j)
+    # The claim "temps removed" is checked against the directories, not the journal.
+    left = assess.token_files(j)
+    if left:
+        return _refuse(path, f"the sources are restored, but {', '.join(left)} still "
+                       "carr(ies) this save's token; the journal is kept",
+                       _whereabouts(j, inserted=log_.inserted))
+    _sys.unlink(path)
+    return Recovered(path, "restored", tuple(o.final for o in j.outputs),
+                     tuple(s.path for s in j.sources))
 
 
 def _append(path: str, log_: journal.Log, record: bytes) -> None:
