@@ -43,8 +43,10 @@ Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault 
 5. ``recover`` acts only on proof: a held lock is skipped; a record that does not check (or
    steps in an order the stage table forbids, or files past a last record that does not
    check) is DAMAGED and refused, never blamed on another process; every path is derived
-   from the token.  Tests: tests/sweeps/test_hostile_journals.py, tests/unit/txn/test_log.py,
-   tests/sweeps/test_damaged_records.py, tests/sweeps/test_recover_guards.py.
+   from the token, and a file without the token is removed only in a directory proven the
+   save's (the trust rule above).  Tests: tests/sweeps/test_hostile_journals.py,
+   tests/unit/txn/test_log.py, tests/sweeps/test_damaged_records.py,
+   tests/sweeps/test_recover_guards.py, tests/txn/test_recover_confined.py.
 6. Owned sources outlive a failed save: only a committed consuming save deletes them
    (rows FINISH only after the commit point).  Tests: tests/sweeps/test_recover_acts_on_proof.py.
 7. A source changed by someone else is an error with a typed kind (``ChangeKind``), never
@@ -52,9 +54,11 @@ Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault 
    METADATA keep it for recover.  Tests: tests/sweeps/test_second_party.py,
    tests/sweeps/test_looks_order_and_records.py, tests/unit/txn/test_decide.py.
 8. A save that committed never raises for what comes after its commit point but a kept,
-   changed source (``committed=True``); row COMPLETE reports, never undoes.
+   changed source (``committed=True``); row COMPLETE reports, never undoes; recover finishes
+   a save whose outputs are under their final names even when its last steps are damaged.
    Tests: tests/sweeps/test_recover_acts_on_proof.py (Ctrl-C after completion),
-   tests/sweeps/test_looks_order_and_records.py.
+   tests/sweeps/test_looks_order_and_records.py, tests/txn/test_recover_completed_save.py,
+   tests/txn/test_finish_and_rollback_decisions.py.
 9. An adopted source (renamed onto its output's temp, in place: space inserted in front of it,
    the rest of the output written around it) is only ever at a size its adoption leaves: its
    own, or at least its own plus the inserted space; the undo judges from that size alone
