@@ -95,7 +95,7 @@ class Counter(torch.nn.Module):
 
 class Convs(torch.nn.Module):
     """Weights XNNPACK computes: channels-last conv weights (one over 1 MiB: a scratch file),
-    a depthwise one (in/out swapped) and a half-precision linear it keeps as it is."""
+    a small depthwise one (in/out swapped: kept as bytes) and a 1x1 one (its own storage)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -290,13 +290,20 @@ class Wide(torch.nn.Module):
         return self.lin(x)
 
 
-def _mmapped_wide(tmp_path: Path) -> tuple[Wide, Path]:
-    ckpt = tmp_path / "weights.pt"
+def _mmapped_wide(tmp_path: Path, how: str) -> tuple[Wide, Path]:
     torch.manual_seed(4)
-    torch.save({"lin.weight": torch.randn(2048, 2048)}, ckpt)
+    weight = torch.randn(2048, 2048)
     with torch.device("meta"):
         model = Wide()
-    model.load_state_dict(torch.load(ckpt, mmap=True, weights_only=True), assign=True)
+    if how == "torch.load":
+        ckpt = tmp_path / "weights.pt"
+        torch.save({"lin.weight": weight}, ckpt)
+        state = torch.load(ckpt, mmap=True, weights_only=True)
+    else:
+        ckpt = tmp_path / "weights.bin"
+        ckpt.write_bytes(weight.numpy().tobytes())
+        state = {"lin.weight": torch.from_file(str(ckpt), size=weight.numel()).view(2048, 2048)}
+    model.load_state_dict(state, assign=True)
     return model.eval(), ckpt
 
 
@@ -312,11 +319,12 @@ def _never_whole(monkeypatch: pytest.MonkeyPatch) -> None:
         real_prefix(self, n) if n <= 64 else refuse(self)))
 
 
-@pytest.mark.parametrize("flow", ["portable", "xnnpack"])
+@pytest.mark.parametrize(("flow", "how"), [("portable", "torch.load"), ("xnnpack", "torch.load"),
+                                          ("portable", "torch.from_file")])
 def test_a_mapped_weight_reaches_the_ptd_as_a_kernel_copy_of_its_file(
-    flow: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    flow: str, how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    model, ckpt = _mmapped_wide(tmp_path)
+    model, ckpt = _mmapped_wide(tmp_path, how)
     weight = model.lin.weight
     x = torch.randn(1, 2048)
     _never_whole(monkeypatch)
@@ -417,3 +425,55 @@ def test_an_untested_executorch_is_refused_before_anything_is_patched(
 
 def test_the_installed_version_is_a_tested_one() -> None:
     assert _lean.executorch_version() in _lean.TESTED_VERSIONS
+
+
+def test_a_written_page_of_a_private_mapping_makes_the_save_stream_from_memory(
+    tmp_path: Path,
+) -> None:
+    """A copy-on-write page holds what the tensor says, not the file: the file is not used."""
+    model, ckpt = _mmapped_wide(tmp_path, "torch.from_file")
+    with torch.no_grad():
+        model.lin.weight[0, 0] = 42.0  # one private page now differs from the file
+    x = torch.randn(1, 2048)
+    with fe.lean_export(scratch_dir=str(tmp_path)):
+        manager = to_edge(export(model, (x,))).to_executorch(
+            ExecutorchBackendConfig(external_constants=True))
+    reference = to_edge(export(model, (x,))).to_executorch(
+        ExecutorchBackendConfig(external_constants=True))
+    out = tmp_path / "out"
+    out.mkdir()
+    with _sys.use(KernelCopies()) as seen:
+        fe.save(out / "m.pte", manager)
+    assert [c for c in seen.copied if c[0] == os.path.realpath(ckpt)] == []
+    expected = save_executorch(reference, tmp_path / "reference")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == expected
+
+
+# --- the README ---------------------------------------------------------------------------------
+
+
+def test_the_readmes_three_line_recipe_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## For ExecuTorch users\n", 1)[1]
+    recipe = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "fe.lean_export()" in recipe
+    assert len([line for line in recipe.splitlines() if not line.startswith(" ")]) == 3
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(5)
+    torch.save({"lin.weight": torch.randn(2048, 2048)}, "weights.pt")
+    with torch.device("meta"):
+        model = Wide()
+    args = (torch.randn(1, 2048),)
+    namespace = {"torch": torch, "fe": fe, "export": export, "model": model, "args": args,
+                 "to_edge_transform_and_lower": to_edge_transform_and_lower,
+                 "XnnpackPartitioner": XnnpackPartitioner}
+    exec(recipe, namespace)  # noqa: S102 - the README's own text, run as a user would
+    eager = Wide().eval()
+    eager.load_state_dict(torch.load("weights.pt", weights_only=True))
+    theirs = to_edge_transform_and_lower(
+        export(eager, args), partitioner=[XnnpackPartitioner()]).to_executorch()
+    assert Path("model.pte").read_bytes() == theirs.buffer
+    torch.testing.assert_close(run_program("model.pte", args[0]), eager(*args), rtol=1e-4,
+                               atol=1e-4)
