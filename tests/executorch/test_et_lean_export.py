@@ -108,6 +108,33 @@ class Convs(torch.nn.Module):
         return self.small(self.depthwise(self.big(x)))
 
 
+class Quantizable(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(6)
+        self.lin = torch.nn.Linear(512, 1024)
+        self.conv = torch.nn.Conv2d(8, 16, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.lin(x), self.conv(y)
+
+
+def _quantized(*, dynamic: bool) -> tuple[Any, tuple[torch.Tensor, ...]]:
+    """XNNPACK's quantizer (per channel, static or dynamic): int8 weights and their scales."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    args = (torch.randn(2, 512), torch.randn(1, 8, 8, 8))
+    quantizer = XNNPACKQuantizer().set_global(
+        get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic))
+    prepared = prepare_pt2e(export(Quantizable().eval(), args).module(), quantizer)
+    prepared(*args)
+    return convert_pt2e(prepared), args
+
+
 def _tagged(gm: torch.nn.Module, x: torch.Tensor, tag_of: Callable[[Any], str]) -> Any:
     delegate_external_constants_pass_unlifted(module=gm, gen_tag_fn=tag_of)
     return export(gm, (x,))
@@ -129,7 +156,16 @@ def flows() -> dict[str, tuple[Make, torch.Tensor]]:
         return to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch(
             external)
 
+    static, qargs = _quantized(dynamic=False)
+    dynamic, _ = _quantized(dynamic=True)
+
+    def xnn(gm: Any, args: tuple[torch.Tensor, ...]) -> Any:
+        return to_edge_transform_and_lower(
+            export(gm, args), partitioner=[XnnpackPartitioner()]).to_executorch()
+
     return {
+        "xnnpack_quantized_static": (lambda: xnn(static, qargs), qargs[0]),
+        "xnnpack_quantized_dynamic": (lambda: xnn(dynamic, qargs), qargs[0]),
         "portable_in_pte": (lambda: to_edge(export(two, (x64,))).to_executorch(), x64),
         "portable_external": (lambda: to_edge(export(two, (x64,))).to_executorch(external),
                               x64),
