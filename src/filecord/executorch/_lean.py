@@ -200,14 +200,14 @@ def _lean_xnnpack(original: Callable[..., Any], nv: Any, directory: str) -> Call
         groups: int = 1,
     ) -> int:
         source = tensor if quant_params is None else quant_params.q_input
-        if (not nv.is_param_node(self.exported_program, source)
-                or not isinstance(nv.get_param_tensor(self.exported_program, source),
-                                  torch.Tensor)):
+        program = self.exported_program
+        param = (nv.get_param_tensor(program, source) if nv.is_param_node(program, source)
+                 else None)
+        if not isinstance(param, torch.Tensor):  # no constant: ExecuTorch's checks and answer
             return original(self, tensor, xnn_graph, vals_to_ids, convert_to_nhwc,  # type: ignore[no-any-return]
                             swap_in_out_for_weights, quant_params, force_fp32, groups)
         nv.check_or_raise(swap_in_out_for_weights or groups == 1,
                           "groups applies only with swap_in_out_for_weights")
-        param = nv.get_param_tensor(self.exported_program, source)
         value = _prepared(self, param, nhwc=convert_to_nhwc, swap=swap_in_out_for_weights,
                           quant=quant_params, force_fp32=force_fp32, groups=groups)
         storage = value.untyped_storage()
