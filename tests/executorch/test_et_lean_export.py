@@ -513,3 +513,47 @@ def test_the_readmes_three_line_recipe_runs_as_written(
     assert Path("model.pte").read_bytes() == theirs.buffer
     torch.testing.assert_close(run_program("model.pte", args[0]), eager(*args), rtol=1e-4,
                                atol=1e-4)
+
+
+# --- reading /proc/self/smaps ---------------------------------------------------------------------
+
+SMAPS_SAMPLE = """\
+7f0000000000-7f0000400000 r--p 00001000 fd:01 4242                       /data/weights.pt
+Size:               4096 kB
+Anonymous:             0 kB
+VmFlags: rd mr mw me
+7f0000400000-7f0000800000 rw-p 00000000 fd:01 4343                       /data/other file.bin
+Size:               4096 kB
+Anonymous:             8 kB
+VmFlags: rd wr mr mw me
+7f0000800000-7f0000900000 rw-p 00000000 00:00 0
+Anonymous:          1024 kB
+"""
+
+
+def test_smaps_parsing_keeps_file_mappings_with_their_anonymous_pages() -> None:
+    from filecord.executorch._mapped import Mapping, parse_smaps
+
+    assert parse_smaps(SMAPS_SAMPLE) == [
+        Mapping(0x7F0000000000, 0x7F0000400000, 0x1000, (0xFD, 1), 4242, "/data/weights.pt", 0),
+        Mapping(0x7F0000400000, 0x7F0000800000, 0, (0xFD, 1), 4343, "/data/other file.bin", 8),
+    ]
+
+
+def test_a_range_is_the_file_only_while_it_is_the_mapped_file(tmp_path: Path) -> None:
+    from filecord.executorch._mapped import MappedFiles
+
+    path = tmp_path / "w.bin"
+    path.write_bytes(bytes(range(256)) * 64)
+    st = path.stat()
+    line = (f"7f0000000000-7f0000004000 r--p 00000100 {os.major(st.st_dev):x}:"
+            f"{os.minor(st.st_dev):x} {st.st_ino} {path}\nAnonymous: 0 kB\n")
+    found = MappedFiles(line).range_of(0x7F0000000010, 32)
+    assert found is not None
+    assert (found.offset, len(found), found.to_bytes()) == (0x110, 32, bytes(range(16, 48)))
+    assert MappedFiles(line).range_of(0x7F0000003FF0, 32) is None  # runs past the mapping
+    dirty = line.replace("Anonymous: 0 kB", "Anonymous: 4 kB")
+    assert MappedFiles(dirty).range_of(0x7F0000000010, 32) is None
+    path.rename(tmp_path / "moved.bin")
+    path.write_bytes(bytes(range(256)) * 64)  # same name and bytes, another inode
+    assert MappedFiles(line).range_of(0x7F0000000010, 32) is None

@@ -68,8 +68,12 @@ class MappedFiles:
     """Answers :meth:`range_of` from one reading of ``/proc/self/smaps``."""
 
     def __init__(self, text: str | None = None) -> None:
-        self._maps = parse_smaps(_sys.read_text(SMAPS, limit=256 << 20) if text is None
-                                 else text)
+        if text is None:
+            try:
+                text = _sys.read_text(SMAPS, limit=256 << 20)
+            except FileNotFoundError:  # no /proc: no mapping is known, every storage streams
+                text = ""
+        self._maps = parse_smaps(text)
 
     def range_of(self, address: int, size: int) -> FileBackedData | None:
         """The file range holding ``size`` bytes at ``address``, or None (see module doc)."""
