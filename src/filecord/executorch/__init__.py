@@ -9,6 +9,9 @@ One verb per act:
   pieces you gave by reference;
 * **merge**: ``merge(output, inputs)`` (``.ptd`` files into one, saved, as every format's
   ``merge`` saves; ``consume=True`` moves their data);
+* **export**: ``lean_export()`` (a context manager: ExecuTorch's lowering and emission keep
+  each weight as a reference to its storage instead of a copy; ``LeanExportError`` when it
+  cannot run);
 * **save**: ``Program`` (a ``.pte`` plus its ``.ptd`` files in one transaction), also straight
   from ExecuTorch's ``ExecutorchProgramManager`` or ``ExportSession`` (``from_manager``,
   ``save``); from torch, ``save_state_dict`` and ``save_external_data`` (torch imported on use);
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from filecord.executorch._build import SerializedProgram, build_program
 from filecord.executorch._contents import external_tensors
+from filecord.executorch._lean import LeanExportError, lean_export
 from filecord.executorch._merge import merge
 from filecord.executorch._verify import Verification, verify
 from filecord.executorch.adapter import from_manager, save
@@ -65,6 +69,9 @@ __all__ = [
     "SerializedProgram",
     # merge
     "merge",
+    # export
+    "lean_export",
+    "LeanExportError",
     # save
     "Program",
     "from_manager",

@@ -23,6 +23,12 @@ truncated file behind; the manager's ``save``, ``write_to_file`` and
 ``write_tensor_data_to_file`` are therefore wrapped (on that one manager object) to check every
 taken-over file first and raise ``DataChangedError`` before ExecuTorch opens anything.
 
+A manager exported under ``lean_export()`` holds, beside those, references to tensor storages
+(``_storage.StorageRef``).  Each becomes the file range the storage is a clean mapping of
+(``_mapped``: the kernel copies it, memory is never read) or else a view of the storage's
+memory, streamed by the save.  They are not taken over: nothing owns a storage's memory but
+torch.
+
 ``from_manager`` (and ``save(path, manager)``) also take ExecuTorch's ``ExportSession`` (the
 ``executorch.export`` recipe API): its ``get_executorch_program_manager()`` is used.
 """
@@ -32,6 +38,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from filecord._io import syscalls as _sys
@@ -41,6 +48,8 @@ from filecord._pieces.data import FileBackedData
 from filecord._plan.report import SaveReport
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord.errors import DataChangedError, add_note
+from filecord.executorch import _storage
+from filecord.executorch._mapped import MappedFiles
 from filecord.executorch.program import Program
 
 log = logging.getLogger(__name__)
@@ -135,7 +144,8 @@ def _take_over(item: Any) -> FileBackedData:
     return data
 
 
-def _adopt_cord(et_cord: Any, what: str, stand_ins: dict[int, Any]) -> Cord:
+def _adopt_cord(et_cord: Any, what: str, stand_ins: dict[int, Any],
+                mapped: Callable[[], MappedFiles]) -> Cord:
     buffers = getattr(et_cord, "_buffers", None)
     if not isinstance(buffers, list):
         raise TypeError(f"{what}: expected an ExecuTorch Cord, got {type(et_cord).__name__}")
@@ -143,6 +153,10 @@ def _adopt_cord(et_cord: Any, what: str, stand_ins: dict[int, Any]) -> Cord:
     for i, item in enumerate(buffers):
         if isinstance(item, bytes):
             cord.append(item)
+            continue
+        if _storage.is_ref(item):  # lean_export(): a tensor's storage, seen in place
+            found = mapped().range_of(item.data_ptr, len(item))
+            cord.append(item.view if found is None else found)
             continue
         if not hasattr(item, "_path") or not hasattr(item, "_size"):
             raise TypeError(f"{what}[{i}]: unsupported piece {type(item).__name__}")
@@ -180,9 +194,10 @@ def from_manager(manager: Any) -> Program:
             f"to_executorch()), got {type(manager).__name__} without its serialized program"
         )
     stand_ins: dict[int, Any] = {}
-    pte = _adopt_cord(pte_data, "_pte_data", stand_ins)
+    mapped = functools.cache(MappedFiles)  # /proc/self/smaps read once, if a storage asks
+    pte = _adopt_cord(pte_data, "_pte_data", stand_ins, mapped)
     data = {
-        tag: _adopt_cord(cord, f"_tensor_data[{tag!r}]", stand_ins)
+        tag: _adopt_cord(cord, f"_tensor_data[{tag!r}]", stand_ins, mapped)
         for tag, cord in (tensor_data or {}).items()
     }
     taken = [d for cord in (pte, *data.values()) for d in cord.file_backed_buffers()]
