@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -73,9 +74,22 @@ def rss_anon() -> int:
 def load_model(ckpt: Path, layers: int) -> Any:
     import torch
 
+    class Linears(torch.nn.Module):  # type: ignore[misc]
+        # A named list, not nn.Sequential: ExecuTorch's delegate_external_constants_pass_unlifted
+        # loses its tag on the re-export of a weight whose attribute name starts with a digit
+        # (the weights stayed in the .pte), so the layers are ``layers.{i}``.
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(
+                torch.nn.Linear(DIM, DIM, bias=False) for _ in range(layers))
+
+        def forward(self, x: Any) -> Any:
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
     with torch.device("meta"):
-        model = torch.nn.Sequential(
-            *(torch.nn.Linear(DIM, DIM, bias=False) for _ in range(layers)))
+        model = Linears()
     state = torch.load(ckpt, mmap=True, weights_only=True)
     model.load_state_dict(state, assign=True)
     return model.eval().requires_grad_(False)
@@ -136,11 +150,10 @@ def fsync_dir(out: Path) -> float:
 def child_row(ckpt: Path, layers: int, backend: str, flow: str, out: Path) -> dict[str, Any]:
     model = load_model(ckpt, layers)
     # Imported first: module imports are neither the export's memory nor its time.
-    import executorch.backends.xnnpack.partition.xnnpack_partitioner  # noqa: F401
-    import executorch.exir  # noqa: F401
-    import executorch.exir.passes.external_constants_pass  # noqa: F401
-
-    import filecord.executorch  # noqa: F401
+    for name in ("executorch.backends.xnnpack.partition.xnnpack_partitioner",
+                 "executorch.exir", "executorch.exir.passes.external_constants_pass",
+                 "filecord.executorch"):
+        importlib.import_module(name)
 
     base = rss_anon()
     t0 = time.perf_counter()
@@ -195,7 +208,7 @@ def write_checkpoint(work: Path, size: int) -> Path:
     state = {}
     for i in range(layers):
         view = np.memmap(raw, dtype=np.float32, mode="c", offset=i * LAYER, shape=(DIM, DIM))
-        state[f"{i}.weight"] = torch.from_numpy(view)
+        state[f"layers.{i}.weight"] = torch.from_numpy(view)
     ckpt = work / "ckpt.pt"
     torch.save(state, ckpt)
     del state
@@ -361,13 +374,15 @@ def main() -> None:
         ratio = ("-" if "error" in et or "error" in lean or not et["anon"] else
                  f"{lean['anon'] / et['anon']:.3f}x")
         tratio = ("-" if "error" in et or "error" in lean else
-                  f"{lean['seconds'] / et['seconds']:.2f}x / {lean['seconds'] / et['durable']:.2f}x")
+                  f"{lean['seconds'] / et['seconds']:.2f}x / "
+                  f"{lean['seconds'] / et['durable']:.2f}x")
         lines.append([f"{size / GiB:g}", backend,
                       et.get("error") or f"{anon(et)}",
                       lean.get("error") or f"{anon(lean)}",
                       ratio, f"{secs(et, 'seconds')} ({secs(et, 'durable')})",
                       secs(lean, "seconds"), tratio, same])
-    print(f"{machine()}; torch {torch.__version__}, executorch {importlib.metadata.version('executorch')}; work "
+    et_version = importlib.metadata.version("executorch")
+    print(f"{machine()}; torch {torch.__version__}, executorch {et_version}; work "
           f"directory on the root file system; each row's flows in fresh processes under a "
           f"memory cgroup capped at {', '.join(f'{c:g}' for c in sorted(caps))} GiB\n")
     print(table(["weights GiB", "backend", "ExecuTorch: RssAnon added, MiB",
