@@ -305,6 +305,11 @@ def main() -> None:
     ap.add_argument("--runtime", action="store_true",
                     help="load each lean output in the ExecuTorch runtime and run a forward")
     ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--flows", default=",".join(FLOWS),
+                    help="which flows to run (a row with one flow has no identity check)")
+    ap.add_argument("--checkpoint",
+                    help="with one size: use this checkpoint (written there if absent) and "
+                         "keep it, so two invocations can share one")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -328,13 +333,19 @@ def main() -> None:
         for size in sizes:
             layers = size // LAYER
             t0 = time.perf_counter()
-            ckpt = write_checkpoint(work, size)
+            kept = Path(args.checkpoint) if args.checkpoint else None
+            if kept is not None and kept.exists():
+                ckpt = kept
+            else:
+                ckpt = write_checkpoint(work, size)
+                if kept is not None:
+                    ckpt = ckpt.rename(kept)
             print(f"{size / GiB:g} GiB checkpoint written in {time.perf_counter() - t0:.0f} s",
                   file=sys.stderr)
             for backend in backends:
                 got: dict[str, dict[str, Any]] = {}
                 sha: dict[str, dict[str, str]] = {}
-                for flow in FLOWS:
+                for flow in [f for f in FLOWS if f in args.flows.split(",")]:
                     out = work / f"{backend}-{flow}"
                     out.mkdir()
                     cap = min(args.cap, mem_available() - HEADROOM)
@@ -355,7 +366,8 @@ def main() -> None:
                     shutil.rmtree(out)
                     os.sync()
                 rows.append((size, backend, got, sha))
-            ckpt.unlink()
+            if kept is None:
+                ckpt.unlink()
 
     def anon(res: dict[str, Any]) -> str:
         return "-" if "error" in res else f"{res['anon'] / MiB:,.0f}"
@@ -365,7 +377,8 @@ def main() -> None:
 
     lines = []
     for size, backend, got, sha in rows:
-        et, lean = got["executorch"], got["lean"]
+        absent = {"error": "not run in this invocation"}
+        et, lean = got.get("executorch", absent), got.get("lean", absent)
         if "error" in et or "error" in lean:
             same = "n/a (a flow did not finish)"
         else:
