@@ -262,11 +262,13 @@ class Cgroup:
 
 
 def run_child(args: list[str], cap: int, timeout: float) -> dict[str, Any]:
+    t0 = time.perf_counter()
     with Cgroup(cap) as cg:
         proc = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True,
                               text=True, check=False, timeout=timeout, preexec_fn=cg.join)
         if proc.returncode != 0 and cg.oom_killed():
-            return {"error": f"out of memory (killed at the {cap / GiB:.1f} GiB cap)"}
+            return {"error": f"out of memory (killed at the {cap / GiB:.1f} GiB cap after "
+                             f"{time.perf_counter() - t0:.0f} s)"}
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
     if proc.returncode == 0 and lines:
         out: dict[str, Any] = json.loads(lines[-1])
