@@ -269,10 +269,10 @@ def test_library_rows_are_one_piece_of_row_ranges(llama: Path) -> None:
     (never loaded): one object for all its rows, whose bytes are those rows."""
     from filecord._pieces.rows import FileRows
     from filecord.gguf._hf import plan_tensors
-    from filecord.gguf._hf_model import OutType, llama_spec, row_order
+    from filecord.gguf._hf_model import OutType, model_spec, row_order
     from filecord.safetensors import read_safetensors
 
-    spec = llama_spec(json.loads((llama / "config.json").read_text()))
+    spec = model_spec(json.loads((llama / "config.json").read_text()))
     got = read_safetensors(llama / "model.safetensors.index.json")
     ordered = [t for f in sorted(got.shards, key=lambda f: f.path)  # type: ignore[union-attr]
                for _, t in sorted(f.tensors.items())]
