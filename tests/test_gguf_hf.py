@@ -225,15 +225,15 @@ def test_refusals_name_what_is_supported(llama: Path, tmp_path: Path) -> None:
     def edit(**changes: object) -> None:
         (model / "config.json").write_text(json.dumps({**config, **changes}))
 
-    edit(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+    edit(architectures=["GPT2LMHeadModel"], model_type="gpt2")
     _refused(tmp_path, model, "--consume", code=1,
-             says=["'Qwen2ForCausalLM'", "LlamaForCausalLM, MistralForCausalLM"])
+             says=["'GPT2LMHeadModel'", "LlamaForCausalLM (llama), MistralForCausalLM"])
     edit(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 5e5})
     _refused(tmp_path, model, "--consume", code=1, says=["'yarn'", "supported: none"])
     edit(num_local_experts=8)
     _refused(tmp_path, model, code=1, says=["mixture-of-experts"])
     edit(hidden_size=128)
-    _refused(tmp_path, model, code=1, says=["do not match config.json"])
+    _refused(tmp_path, model, code=1, says=["config.json: 1 tensor(s) do not match it"])
     edit()
     (model / "tokenizer.model").rename(model / "tokenizer.bak")
     _refused(tmp_path, model, "--consume", code=1,

@@ -43,6 +43,7 @@ from filecord.gguf.errors import UnsupportedModelError
 
 ELEMENT = {GGMLType.F32: 4, GGMLType.F16: 2, GGMLType.BF16: 2}
 Q8_0_VALUES, Q8_0_BYTES = 32, 34  # one block: 32 values -> an F16 scale and 32 int8
+SLICE = 1 << 18  # values quantized at once (whole blocks): 1 MiB of F32
 
 
 def _q8_0(values: Any) -> Any:
@@ -110,8 +111,29 @@ def convert(raw: memoryview | bytes, src: GGMLType, dst: GGMLType, *, shift: flo
         raise ValueError(f"no cast from {src.name} to {dst.name}")
     if src is dst and not shift:
         return memoryview(raw).cast("B")
+    if dst is GGMLType.Q8_0:
+        return _quantize(raw, src, shift)
     values = _shift(raw, src, shift) if shift else _to_f32(raw, src)
-    out: Any = _q8_0(values) if dst is GGMLType.Q8_0 else _from_f32(values, dst)
+    out: Any = _from_f32(values, dst)
+    return memoryview(out).cast("B")
+
+
+def _quantize(raw: memoryview | bytes, src: GGMLType, shift: float) -> memoryview:
+    """Q8_0 a slice at a time: the F32 values and the rounding's temporaries are a few
+    times the slice, so a chunk's peak stays a small multiple of ``SLICE`` whatever the
+    chunk size."""
+    import numpy as np
+
+    view = memoryview(raw).cast("B")
+    step = SLICE * ELEMENT[src]
+    out: Any = np.empty(len(view) // (Q8_0_VALUES * ELEMENT[src]) * Q8_0_BYTES, dtype=np.uint8)
+    done = 0
+    for start in range(0, len(view), step):
+        part = view[start:start + step]
+        values = _shift(part, src, shift) if shift else _to_f32(part, src)
+        q = _q8_0(values)
+        out[done:done + len(q)] = q
+        done += len(q)
     return memoryview(out).cast("B")
 
 

@@ -196,8 +196,8 @@ def plan_tensors(spec: ModelSpec, ordered: Sequence[NamedTensor], outtype: OutTy
         out.append(Planned(m.name, out_type(m.name, t.shape, src, outtype),
                            tuple(reversed(t.shape)), ranges, src, m.source, m.shift))
     if shapes:
-        raise UnsupportedModelError(f"{len(shapes)} tensor(s) do not match config.json: "
-                                    + "; ".join(shapes[:4]))
+        raise CheckpointFileError(f"{len(shapes)} tensor(s) do not match it: "
+                                  + "; ".join(shapes[:4]), field="config.json")
     return out
 
 

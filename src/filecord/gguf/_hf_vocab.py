@@ -375,7 +375,10 @@ def _spm_json(directory: str, vocab_size: int) -> list[KeyValue]:
         raise _bad(path, "model.vocab", f"{len(vocab)} pieces for ids 0..{n - 1}: ids must "
                    f"be unique and without gaps")
     special = {e["id"] for e in spec.get("added_tokens") or () if e.get("special")}
-    unk = model.get("unk_token")
+    config = os.path.join(directory, "tokenizer_config.json")
+    # transformers 5 leaves the BPE model's unk_token empty and names it in the config
+    unk = model.get("unk_token") or (_token_text(config, "unk_token", check_tokenizer_config(
+        config).get("unk_token")) if _sys.isfile(config) else None)
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]
     scores = [SPM_UNSET_SCORE] * vocab_size
     types = [UNUSED] * vocab_size

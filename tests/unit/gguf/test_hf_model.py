@@ -209,3 +209,38 @@ def test_biases_must_match_attention_bias_and_untied_needs_lm_head() -> None:
     untied = map_names(model_spec({**CONFIG, "tie_word_embeddings": False}),
                        [*_names(2), "lm_head.weight"])
     assert "output.weight" in {m.name for m in untied}
+
+
+def test_q8_0_blocks_are_gguf_pys() -> None:
+    """Byte for byte what gguf-py's quantizer (the reference converter's) makes, ties to .5
+    and all-zero blocks included, for each source type."""
+    np = pytest.importorskip("numpy")
+    quants = pytest.importorskip("gguf.quants")
+    gguf = pytest.importorskip("gguf")
+    from filecord.gguf._cast import convert
+
+    rng = np.random.default_rng(3)
+    values = rng.standard_normal(32 * 64).astype(np.float32) * 3
+    values[:32] = 0  # a zero block: scale 0, no division
+    values[32:64] = np.arange(32) - 15.5  # max 16.5: x / d lands on .5 ties
+    values[64:96] = np.float32(127) * (np.arange(32) % 3 - 1) / 2
+    want = quants.quantize(values.reshape(8, -1), gguf.GGMLQuantizationType.Q8_0).tobytes()
+    assert bytes(convert(values.tobytes(), GGMLType.F32, GGMLType.Q8_0)) == want
+    half = values.astype(np.float16)
+    want16 = quants.quantize(half.astype(np.float32).reshape(8, -1),
+                             gguf.GGMLQuantizationType.Q8_0).tobytes()
+    assert bytes(convert(half.tobytes(), GGMLType.F16, GGMLType.Q8_0)) == want16
+
+
+def test_gemma_norm_offset_is_added_in_the_sources_precision() -> None:
+    np = pytest.importorskip("numpy")
+    from filecord.gguf._cast import convert
+
+    w = np.array([0.5, -1.0, 1e-4, 2048.5], dtype=np.float16)
+    got = np.frombuffer(bytes(convert(w.tobytes(), GGMLType.F16, GGMLType.F32, shift=1.0)),
+                        np.float32)
+    assert got.tolist() == (w + np.float16(1)).astype(np.float32).tolist()  # F16 sum
+    f = np.array([0.5, 1e-4], dtype=np.float32)
+    got32 = np.frombuffer(bytes(convert(f.tobytes(), GGMLType.F32, GGMLType.F32, shift=1.0)),
+                          np.float32)
+    assert got32.tolist() == (f + np.float32(1)).tolist()
