@@ -233,16 +233,17 @@ def test_refusals_name_what_is_supported(llama: Path, tmp_path: Path) -> None:
     edit(num_local_experts=8)
     _refused(tmp_path, model, code=1, says=["mixture-of-experts"])
     edit(hidden_size=128)
-    _refused(tmp_path, model, code=1, says=["config.json: 1 tensor(s) do not match it"])
+    _refused(tmp_path, model, code=1, says=["config.json: ", "tensor(s) do not match it"])
     edit()
     (model / "tokenizer.model").rename(model / "tokenizer.bak")
     _refused(tmp_path, model, "--consume", code=1,
              says=["no tokenizer.model or tokenizer.json", "SentencePiece tokenizer.model"])
-    (model / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordPiece"}}))
+    (model / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordPiece",
+                                                                "vocab": {"a": 0}}}))
     _refused(tmp_path, model, code=1, says=["'WordPiece' tokenizer is not supported"])
     (model / "tokenizer.json").unlink()
     (model / "tokenizer.bak").rename(model / "tokenizer.model")
-    _refused(tmp_path, model, "--outtype", "q8_0", code=2, says=["invalid choice: 'q8_0'"])
+    _refused(tmp_path, model, "--outtype", "q4_0", code=2, says=["invalid choice: 'q4_0'"])
     _refused(tmp_path, model / "config.json", code=1, says=["give a model directory"])
     pickles = tmp_path / "pickles"
     pickles.mkdir()
