@@ -56,6 +56,7 @@ from filecord.gguf._cast import CastJob, derived
 from filecord.gguf._hf_model import (
     FILE_TYPES,
     GGML_OF_DTYPE,
+    OUT_GGML,
     SOURCE_DTYPES,
     ModelSpec,
     OutType,
@@ -215,8 +216,7 @@ def file_type(planned: Sequence[Planned], outtype: OutType) -> int:
     first = next((p.src for p in planned if len(p.dims) >= 2), None)
     kind = resolve(outtype, first)
     if kind is not OutType.SOURCE:
-        return FILE_TYPES[{OutType.F32: GGMLType.F32, OutType.F16: GGMLType.F16,
-                           OutType.BF16: GGMLType.BF16, OutType.Q8_0: GGMLType.Q8_0}[kind]]
+        return FILE_TYPES[OUT_GGML[kind]]
     return FILE_TYPES[first or GGMLType.F32]
 
 

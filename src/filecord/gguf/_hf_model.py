@@ -62,7 +62,7 @@ class OutType(enum.Enum):
 
 
 GGML_OF_DTYPE = {DType.F32: GGMLType.F32, DType.F16: GGMLType.F16, DType.BF16: GGMLType.BF16}
-_OUT_GGML = {OutType.F32: GGMLType.F32, OutType.F16: GGMLType.F16, OutType.BF16: GGMLType.BF16,
+OUT_GGML = {OutType.F32: GGMLType.F32, OutType.F16: GGMLType.F16, OutType.BF16: GGMLType.BF16,
              OutType.Q8_0: GGMLType.Q8_0}
 # general.file_type (llama_ftype): what most weights are
 FILE_TYPES = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.Q8_0: 7, GGMLType.BF16: 32}
@@ -631,7 +631,7 @@ def out_type(gguf_name: str, shape: Sequence[int], src: GGMLType, outtype: OutTy
         raise ValueError("resolve auto first")
     if outtype is OutType.Q8_0 and shape[-1] % Q8_0_BLOCK:
         return GGMLType.F16
-    return src if outtype is OutType.SOURCE else _OUT_GGML[outtype]
+    return src if outtype is OutType.SOURCE else OUT_GGML[outtype]
 
 
 def row_order(rows: int, heads: int) -> list[int]:
