@@ -143,7 +143,12 @@ class Family:
     softcap: bool = False  # attention and final logit softcapping keys (Gemma 2)
     drop: tuple[str, ...] = ()  # checkpoint tensors llama.cpp's converter leaves out
     rope_key: bool = True  # rope.freq_base written (Gemma 2's converter writes none)
-    eps_default: float | None = None  # rms_norm_eps when config.json leaves it out
+    # what AutoConfig fills when config.json leaves a key out (the reference writes these)
+    ctx_default: int = 2048  # max_position_embeddings
+    eps_default: float = 1e-6  # rms_norm_eps
+    theta_default: float = 10000.0  # rope_theta
+    kv_heads_default: int | None = None  # num_key_value_heads (None: num_attention_heads)
+    window_default: int | None = None  # sliding_window when the key is absent (not null)
     space_prefix: bool | None = None  # tokenizer.ggml.add_space_prefix for a SentencePiece
     prefix_from_config: bool = False  # ... or tokenizer_config.json's add_prefix_space
     swa_every: int = 0  # Window.KEY: llama.cpp makes layer i local when (i + 1) % swa_every
@@ -159,19 +164,21 @@ FAMILIES: tuple[Family, ...] = (
     Family("llama", ("MistralForCausalLM",), "mistral", {**_ATTN, **_FFN_NORM},
            {**_QKV_BIAS, **_O_BIAS}, Bias.CONFIG, rope_permute=True, head_dim=HeadDim.FILLED,
            window=Window.CAP, activations=("silu",), tied_default=False, llama_keys=True,
-           prefix_from_config=True),
+           prefix_from_config=True, ctx_default=4096 * 32, window_default=4096,
+           kv_heads_default=8),
     Family("qwen2", ("Qwen2ForCausalLM",), "qwen2", {**_ATTN, **_FFN_NORM}, _QKV_BIAS,
            Bias.QKV, rope_permute=False, head_dim=HeadDim.OPTIONAL, window=Window.REFUSED,
-           activations=("silu",), tied_default=False),
+           activations=("silu",), tied_default=False, ctx_default=32768,
+           kv_heads_default=32),
     Family("qwen3", ("Qwen3ForCausalLM",), "qwen3", {**_ATTN, **_FFN_NORM, **_QK_NORM},
            {**_QKV_BIAS, **_O_BIAS}, Bias.CONFIG, rope_permute=False,
            head_dim=HeadDim.REQUIRED, window=Window.REFUSED, activations=("silu",),
-           tied_default=False),
+           tied_default=False, ctx_default=32768, kv_heads_default=32),
     Family("gemma2", ("Gemma2ForCausalLM",), "gemma2", {**_ATTN, **_SANDWICH}, {},
            Bias.CONFIG, rope_permute=False, head_dim=HeadDim.REQUIRED, window=Window.KEY,
            activations=("gelu_pytorch_tanh",), tied_default=True, norm_shift=True,
            softcap=True, drop=("lm_head.weight",), rope_key=False, space_prefix=False,
-           swa_every=2, wide_scale_layers=(46,)),
+           swa_every=2, wide_scale_layers=(46,), ctx_default=8192, kv_heads_default=4),
 )
 
 
@@ -366,7 +373,7 @@ def _eps(config: Mapping[str, Any], family: Family) -> float:
 
 def _window(config: Mapping[str, Any], family: Family, n_ctx: int) -> tuple[int, int | None]:
     """(context length, sliding window key) as the family's rule says."""
-    window = config.get("sliding_window")
+    window = config.get("sliding_window", family.window_default)
     if window is not None and (not isinstance(window, int) or isinstance(window, bool)
                                or not 0 < window < COUNT_LIMIT):
         raise _bad("sliding_window", f"must be a positive integer or null, got {window!r}")
@@ -428,7 +435,8 @@ def model_spec(config: Mapping[str, Any]) -> ModelSpec:
                                     "are not supported: F32, F16 and BF16 weights only")
     n_embd = _need(config, "hidden_size")
     n_head = _need(config, "num_attention_heads")
-    n_head_kv = _int(config, "num_key_value_heads", required=False) or n_head
+    n_head_kv = (_int(config, "num_key_value_heads", required=False)
+                 or family.kv_heads_default or n_head)
     given = _int(config, "head_dim", required=family.head_dim is HeadDim.REQUIRED)
     head_dim = given or n_embd // n_head
     if head_dim % 2 or n_head % n_head_kv:
@@ -444,7 +452,8 @@ def model_spec(config: Mapping[str, Any]) -> ModelSpec:
     if _bool(config, "mlp_bias", default=False):
         raise UnsupportedModelError(f"config.json: mlp_bias is not supported (llama.cpp's "
                                     f"{family.arch} has no feed-forward biases)")
-    n_ctx, window = _window(config, family, _need(config, "max_position_embeddings"))
+    n_ctx, window = _window(config, family, _int(config, "max_position_embeddings",
+                                                 required=False) or family.ctx_default)
     n_layer = _need(config, "num_hidden_layers")
     if family.wide_scale_layers is not None:
         scalar = config.get("query_pre_attn_scalar", head_dim)
@@ -462,7 +471,8 @@ def model_spec(config: Mapping[str, Any]) -> ModelSpec:
         n_ff=_need(config, "intermediate_size"), n_head=n_head, n_head_kv=n_head_kv,
         head_dim=head_dim,
         head_dim_written=given is not None or family.head_dim is HeadDim.FILLED,
-        rms_eps=_eps(config, family), rope_theta=theta, rope_linear=linear,
+        rms_eps=_eps(config, family),
+        rope_theta=theta if theta is not None else family.theta_default, rope_linear=linear,
         rope_llama3=llama3, vocab_size=_need(config, "vocab_size"),
         tied=_bool(config, "tie_word_embeddings", default=family.tied_default), window=window,
         softcaps=_softcaps(config, family))

@@ -244,3 +244,30 @@ def test_gemma_norm_offset_is_added_in_the_sources_precision() -> None:
     got32 = np.frombuffer(bytes(convert(f.tobytes(), GGMLType.F32, GGMLType.F32, shift=1.0)),
                           np.float32)
     assert got32.tolist() == (f + np.float32(1)).tolist()
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3", "gemma2"])
+def test_defaults_are_what_autoconfig_fills(model_type: str) -> None:
+    """llama.cpp's converter reads config.json through transformers' AutoConfig, so a key the
+    file leaves out is written with AutoConfig's default; filecord writes the same."""
+    transformers = pytest.importorskip("transformers")
+    arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+            "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+            "gemma2": "Gemma2ForCausalLM"}[model_type]
+    given: dict[str, Any] = {
+        "architectures": [arch], "model_type": model_type, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 32,
+        "vocab_size": 300, "head_dim": 16, "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 16}
+    if model_type == "gemma2":
+        given["sliding_window"] = 4096
+    filled = transformers.AutoConfig.for_model(
+        model_type, **{k: v for k, v in given.items() if k != "model_type"}).to_dict()
+    spec = model_spec(given)
+    params = filled.get("rope_parameters") or {}
+    window = filled.get("sliding_window") if model_type == "mistral" else None
+    assert spec.n_ctx == min(filled["max_position_embeddings"], window or 1 << 40)
+    assert spec.rms_eps == filled["rms_norm_eps"]
+    assert spec.rope_theta == params.get("rope_theta", filled.get("rope_theta"))
+    assert spec.tied == filled["tie_word_embeddings"]
+    assert spec.n_head_kv == filled["num_key_value_heads"]
