@@ -139,7 +139,7 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "its durable column adds an fsync of its output. The second table runs each tool once "
      "on a loop-mounted ext4 that had 1.06x the checkpoint free before it was written (the "
      "filler file is taken off the disk column)."),
-    ("hf_gguf_families.py", ["--size", "1GiB"], ["--size", "64MiB", "--families", "qwen2"],
+    ("hf_gguf_families.py", ["--size", "512MiB"], ["--size", "64MiB", "--families", "qwen2"],
      "Issue 35: every family of the converter, and q8_0, against llama.cpp's converter",
      "`bench/hf_gguf.py` once per family of the converter's table (Llama, Mistral with its "
      "window, Qwen2 with q/k/v biases and its byte-level BPE tokenizer, Qwen3 with q/k norms, "
