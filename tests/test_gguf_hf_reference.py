@@ -154,14 +154,17 @@ def test_llama_cpp_agrees_with_transformers(tmp_path: Path, rope: dict[str, Any]
     assert np.allclose(ours, want, atol=1e-4, rtol=0), float(np.abs(ours - want).max())
 
 
-@pytest.mark.parametrize(("arch", "tokenizer", "extra"), [
-    ("qwen2", "qwen2", {"pad_vocab": 4}),  # byte-level BPE, q/k/v biases
-    ("qwen3", "qwen2", {"pad_vocab": 4}),  # q/k norms
-    ("gemma2", "spm", {"tied": True}),  # SentencePiece, norms +1, softcapping, window 4 < 6
+@pytest.mark.parametrize(("arch", "tokenizer", "extra", "atol"), [
+    ("qwen2", "qwen2", {"pad_vocab": 4}, 1e-4),  # byte-level BPE, q/k/v biases
+    ("qwen3", "qwen2", {"pad_vocab": 4}, 1e-4),  # q/k norms
+    # SentencePiece, norms +1, softcapping, window 4 < 6 tokens.  ggml's CPU GELU reads an F16
+    # table (GGML_GELU_FP16 in ggml-cpu/vec.h), so Gemma's MLP is F16-exact at best: 3.6e-3
+    # measured here (the file itself is byte-identical to the reference's: test_gguf_hf_families)
+    ("gemma2", "spm", {"tied": True}, 1e-2),
 ])
 def test_llama_cpp_agrees_with_transformers_per_family(tmp_path: Path, arch: str,
-                                                       tokenizer: str, extra: dict[str, Any]
-                                                       ) -> None:
+                                                       tokenizer: str, extra: dict[str, Any],
+                                                       atol: float) -> None:
     """Each family's file computes transformers' logits in llama.cpp (F32 weights and an F32
     KV cache), and llama.cpp tokenizes as the tokenizer's own library does."""
     import torch
@@ -176,7 +179,7 @@ def test_llama_cpp_agrees_with_transformers_per_family(tmp_path: Path, arch: str
                                               attn_implementation="eager")
     with torch.no_grad():
         want = hf(torch.tensor([TOKENS])).logits[0].numpy()
-    assert np.allclose(ours, want, atol=1e-4, rtol=0), float(np.abs(ours - want).max())
+    assert np.allclose(ours, want, atol=atol, rtol=0), float(np.abs(ours - want).max())
     if tokenizer == "spm":
         import sentencepiece as spm
 
