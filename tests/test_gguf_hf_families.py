@@ -83,8 +83,8 @@ CASES = {
                            ("--outtype", "q8_0"), ("--outtype", "q8_0"), pre="qwen2"),
     "qwen3-bpe-tied": Case({"arch": "qwen3", "tokenizer": "qwen2", "pad_vocab": 4,
                             "tied": True}, pre="qwen2"),
-    "gemma2-spm": Case({"arch": "gemma2", "tokenizer": "spm", "tied": True}),
-    "gemma2-spm-f16-q8_0": Case({"arch": "gemma2", "tokenizer": "spm", "tied": True,
+    "gemma2-spm": Case({"arch": "gemma2", "tokenizer": "gemma", "tied": True}),
+    "gemma2-spm-f16-q8_0": Case({"arch": "gemma2", "tokenizer": "gemma", "tied": True,
                                  "dtype": "float16"}, ("--outtype", "q8_0"),
                                 ("--outtype", "q8_0")),
 }

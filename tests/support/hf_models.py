@@ -24,7 +24,8 @@ def corpus(lines: int = 400, seed: int = 7) -> list[str]:
             for _ in range(lines)]
 
 
-def spm_tokenizer(directory: Path, vocab_size: int = 320) -> int:
+def spm_tokenizer(directory: Path, vocab_size: int = 320, *, dummy_prefix: bool = True,
+                  tokenizer_class: str = "LlamaTokenizer") -> int:
     """A SentencePiece BPE model with byte fallback; returns its vocabulary size."""
     import sentencepiece as spm
 
@@ -33,13 +34,19 @@ def spm_tokenizer(directory: Path, vocab_size: int = 320) -> int:
     spm.SentencePieceTrainer.train(
         input=str(text), model_prefix=str(directory / "tokenizer"), vocab_size=vocab_size,
         model_type="bpe", byte_fallback=True, character_coverage=1.0, bos_id=1, eos_id=2,
-        unk_id=0, pad_id=-1, minloglevel=2)
+        unk_id=0, pad_id=-1, minloglevel=2, add_dummy_prefix=dummy_prefix)
     text.unlink()
     (directory / "tokenizer.vocab").unlink()
     (directory / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "add_bos_token": True, "add_eos_token": False, "tokenizer_class": "LlamaTokenizer"}))
+        "add_bos_token": True, "add_eos_token": False, "tokenizer_class": tokenizer_class}))
     return vocab_size
+
+
+def gemma_tokenizer(directory: Path) -> int:
+    """SentencePiece as Gemma ships it: no dummy prefix (llama.cpp's converter writes
+    add_space_prefix false for every Gemma)."""
+    return spm_tokenizer(directory, dummy_prefix=False, tokenizer_class="GemmaTokenizer")
 
 
 QWEN2_REGEX = LLAMA3_REGEX.replace("\\p{N}{1,3}", "\\p{N}")
@@ -125,7 +132,7 @@ def bpe_tokenizer(directory: Path, vocab_size: int = 300) -> int:
 
 
 TOKENIZERS = {"spm": spm_tokenizer, "bpe": bpe_tokenizer, "qwen2": qwen2_tokenizer,
-              "spm-json": spm_json_tokenizer}
+              "spm-json": spm_json_tokenizer, "gemma": gemma_tokenizer}
 # what each family's published configs give beside the common hyperparameters
 FAMILY_CONFIG: dict[str, dict[str, Any]] = {
     "qwen3": {"head_dim": 32},
@@ -144,7 +151,7 @@ def tiny_model(directory: Path, *, arch: str = "llama", tokenizer: str = "spm",
 
     directory.mkdir(parents=True, exist_ok=True)
     vocab = TOKENIZERS[tokenizer](directory)
-    if tokenizer in ("spm", "spm-json"):
+    if tokenizer in ("spm", "spm-json", "gemma"):
         ids: dict[str, Any] = {"bos_token_id": 1, "eos_token_id": 2}
     elif tokenizer == "qwen2":
         ids = {"bos_token_id": None, "eos_token_id": vocab - 1, "pad_token_id": vocab - 3}
