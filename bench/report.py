@@ -150,7 +150,11 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "the save fills its temp), against `convert_hf_to_gguf.py` (llama-cpp-python 0.3.36) in "
      "its default mode and with `--outtype q8_0`. The files of each pair hold the same "
      "tensors byte for byte (`tests/test_gguf_hf_families.py`). Columns as in issue 24's "
-     "table."),
+     "table. Run at 512 MiB per family, not 1 GiB, for the session's time; the machine was "
+     "shared (load average about 17 on 2 cores), so the wall times are indicative: the CPU "
+     "column is the fairer comparison of the q8_0 rows, where both tools spend their time "
+     "quantizing in numpy (filecord 1 MiB of F32 at a time inside the save's fill, the "
+     "reference a tensor at a time)."),
     ("dcp_bench.py", ["--size", "1GiB", "--columns", "256MiB"],
      ["--size", "128MiB", "--columns", "32MiB"],
      "Issue 25: torch.distributed.checkpoint into one safetensors file",
