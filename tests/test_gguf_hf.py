@@ -225,24 +225,25 @@ def test_refusals_name_what_is_supported(llama: Path, tmp_path: Path) -> None:
     def edit(**changes: object) -> None:
         (model / "config.json").write_text(json.dumps({**config, **changes}))
 
-    edit(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+    edit(architectures=["GPT2LMHeadModel"], model_type="gpt2")
     _refused(tmp_path, model, "--consume", code=1,
-             says=["'Qwen2ForCausalLM'", "LlamaForCausalLM, MistralForCausalLM"])
+             says=["'GPT2LMHeadModel'", "LlamaForCausalLM (llama), MistralForCausalLM"])
     edit(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 5e5})
     _refused(tmp_path, model, "--consume", code=1, says=["'yarn'", "supported: none"])
     edit(num_local_experts=8)
     _refused(tmp_path, model, code=1, says=["mixture-of-experts"])
     edit(hidden_size=128)
-    _refused(tmp_path, model, code=1, says=["do not match config.json"])
+    _refused(tmp_path, model, code=1, says=["config.json: ", "tensor(s) do not match it"])
     edit()
     (model / "tokenizer.model").rename(model / "tokenizer.bak")
     _refused(tmp_path, model, "--consume", code=1,
              says=["no tokenizer.model or tokenizer.json", "SentencePiece tokenizer.model"])
-    (model / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordPiece"}}))
+    (model / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordPiece",
+                                                                "vocab": {"a": 0}}}))
     _refused(tmp_path, model, code=1, says=["'WordPiece' tokenizer is not supported"])
     (model / "tokenizer.json").unlink()
     (model / "tokenizer.bak").rename(model / "tokenizer.model")
-    _refused(tmp_path, model, "--outtype", "q8_0", code=2, says=["invalid choice: 'q8_0'"])
+    _refused(tmp_path, model, "--outtype", "q4_0", code=2, says=["invalid choice: 'q4_0'"])
     _refused(tmp_path, model / "config.json", code=1, says=["give a model directory"])
     pickles = tmp_path / "pickles"
     pickles.mkdir()
@@ -269,10 +270,10 @@ def test_library_rows_are_one_piece_of_row_ranges(llama: Path) -> None:
     (never loaded): one object for all its rows, whose bytes are those rows."""
     from filecord._pieces.rows import FileRows
     from filecord.gguf._hf import plan_tensors
-    from filecord.gguf._hf_model import OutType, llama_spec, row_order
+    from filecord.gguf._hf_model import OutType, model_spec, row_order
     from filecord.safetensors import read_safetensors
 
-    spec = llama_spec(json.loads((llama / "config.json").read_text()))
+    spec = model_spec(json.loads((llama / "config.json").read_text()))
     got = read_safetensors(llama / "model.safetensors.index.json")
     ordered = [t for f in sorted(got.shards, key=lambda f: f.path)  # type: ignore[union-attr]
                for _, t in sorted(f.tensors.items())]

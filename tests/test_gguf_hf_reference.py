@@ -154,6 +154,53 @@ def test_llama_cpp_agrees_with_transformers(tmp_path: Path, rope: dict[str, Any]
     assert np.allclose(ours, want, atol=1e-4, rtol=0), float(np.abs(ours - want).max())
 
 
+@pytest.mark.parametrize(("arch", "tokenizer", "extra", "atol"), [
+    ("qwen2", "qwen2", {"pad_vocab": 4}, 1e-4),  # byte-level BPE, q/k/v biases
+    ("qwen3", "qwen2", {"pad_vocab": 4}, 1e-4),  # q/k norms
+    # SentencePiece, norms +1, softcapping, window 4 < 6 tokens.  ggml's CPU GELU reads an F16
+    # table (GGML_GELU_FP16 in ggml-cpu/vec.h), so Gemma's MLP is F16-exact at best: 3.6e-3
+    # measured here (the file itself is byte-identical to the reference's: test_gguf_hf_families)
+    ("gemma2", "gemma", {"tied": True}, 1e-2),
+])
+def test_llama_cpp_agrees_with_transformers_per_family(tmp_path: Path, arch: str,
+                                                       tokenizer: str, extra: dict[str, Any],
+                                                       atol: float) -> None:
+    """Each family's file computes transformers' logits in llama.cpp (F32 weights and an F32
+    KV cache), and llama.cpp tokenizes as the tokenizer's own library does."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_model(tmp_path / "m", arch=arch, tokenizer=tokenizer, dtype="float32",
+                       **extra)
+    out = tmp_path / "m.gguf"
+    filecord(str(model), "-o", str(out))
+    ours, m = llama_logits(out, type_k=0, type_v=0)
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32,
+                                              attn_implementation="eager")
+    with torch.no_grad():
+        want = hf(torch.tensor([TOKENS])).logits[0].numpy()
+    assert np.allclose(ours, want, atol=atol, rtol=0), float(np.abs(ours - want).max())
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(model)(TEXT, add_special_tokens=False)["input_ids"]
+    assert m.tokenize(TEXT.encode(), add_bos=False, special=False) == ids
+
+
+def test_llama_cpp_tokenizes_a_tokenizer_json_only_llama_as_transformers(tmp_path: Path
+                                                                         ) -> None:
+    """transformers 5's tokenizer.json-only SentencePiece Llama: llama.cpp on filecord's file
+    tokenizes as transformers does."""
+    from transformers import AutoTokenizer
+
+    model = tiny_model(tmp_path / "m", arch="llama", tokenizer="spm-json", dtype="float32")
+    out = tmp_path / "m.gguf"
+    filecord(str(model), "-o", str(out))
+    _, m = llama_logits(out)
+    text = TEXT + " Llama GGUF 12345 !?"
+    want = AutoTokenizer.from_pretrained(model)(text, add_special_tokens=False)["input_ids"]
+    assert m.tokenize(text.encode(), add_bos=False, special=False) == want
+
+
 @pytest.mark.parametrize("split", [("--split-max-tensors", "7"), ("--split-max-size", "60K")])
 def test_split_set_matches_reference_and_loads(tmp_path: Path, split: tuple[str, str]) -> None:
     model = tiny_model(tmp_path / "m", arch="llama", tokenizer="spm", dtype="bfloat16")

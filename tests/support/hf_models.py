@@ -24,7 +24,8 @@ def corpus(lines: int = 400, seed: int = 7) -> list[str]:
             for _ in range(lines)]
 
 
-def spm_tokenizer(directory: Path, vocab_size: int = 320) -> int:
+def spm_tokenizer(directory: Path, vocab_size: int = 320, *, dummy_prefix: bool = True,
+                  tokenizer_class: str = "LlamaTokenizer") -> int:
     """A SentencePiece BPE model with byte fallback; returns its vocabulary size."""
     import sentencepiece as spm
 
@@ -33,13 +34,73 @@ def spm_tokenizer(directory: Path, vocab_size: int = 320) -> int:
     spm.SentencePieceTrainer.train(
         input=str(text), model_prefix=str(directory / "tokenizer"), vocab_size=vocab_size,
         model_type="bpe", byte_fallback=True, character_coverage=1.0, bos_id=1, eos_id=2,
-        unk_id=0, pad_id=-1, minloglevel=2)
+        unk_id=0, pad_id=-1, minloglevel=2, add_dummy_prefix=dummy_prefix)
     text.unlink()
     (directory / "tokenizer.vocab").unlink()
     (directory / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "add_bos_token": True, "add_eos_token": False, "tokenizer_class": "LlamaTokenizer"}))
+        "add_bos_token": True, "add_eos_token": False, "tokenizer_class": tokenizer_class}))
     return vocab_size
+
+
+def gemma_tokenizer(directory: Path) -> int:
+    """SentencePiece as Gemma ships it: no dummy prefix (llama.cpp's converter writes
+    add_space_prefix false for every Gemma)."""
+    return spm_tokenizer(directory, dummy_prefix=False, tokenizer_class="GemmaTokenizer")
+
+
+QWEN2_REGEX = LLAMA3_REGEX.replace("\\p{N}{1,3}", "\\p{N}")
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                 "<|im_end|>\n{% endfor %}")
+
+
+def qwen2_tokenizer(directory: Path, vocab_size: int = 300) -> int:
+    """A byte-level BPE ``tokenizer.json`` as Qwen2 ships it (its split regex, NFC, no BOS,
+    ChatML specials and template); returns its size."""
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(specials), special_tokens=[],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(corpus(), trainer)
+    tok.add_special_tokens(specials)
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+        "add_bos_token": False, "add_prefix_space": False, "chat_template": CHAT_TEMPLATE,
+        "tokenizer_class": "Qwen2Tokenizer", "errors": "replace"}))
+    return tok.get_vocab_size()
+
+
+def spm_json_tokenizer(directory: Path) -> int:
+    """The SentencePiece tokenizer as transformers 5 saves it: ``tokenizer.json`` (a
+    byte-fallback BPE) and its ``tokenizer_config.json``, no ``tokenizer.model``."""
+    from transformers import AutoTokenizer
+
+    vocab = spm_tokenizer(directory)
+    tok = AutoTokenizer.from_pretrained(directory)
+    (directory / "tokenizer.model").unlink()
+    (directory / "tokenizer_config.json").unlink()
+    tok.save_pretrained(directory)
+    assert not (directory / "tokenizer.model").exists()
+    return vocab
 
 
 def bpe_tokenizer(directory: Path, vocab_size: int = 300) -> int:
@@ -70,27 +131,41 @@ def bpe_tokenizer(directory: Path, vocab_size: int = 300) -> int:
     return tok.get_vocab_size()
 
 
+TOKENIZERS = {"spm": spm_tokenizer, "bpe": bpe_tokenizer, "qwen2": qwen2_tokenizer,
+              "spm-json": spm_json_tokenizer, "gemma": gemma_tokenizer}
+# what each family's published configs give beside the common hyperparameters
+FAMILY_CONFIG: dict[str, dict[str, Any]] = {
+    "qwen3": {"head_dim": 32},
+    "gemma2": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 4,
+               "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+}
+
+
 def tiny_model(directory: Path, *, arch: str = "llama", tokenizer: str = "spm",
                dtype: str = "float32", shard: str = "40KB", seed: int = 0,
-               tied: bool = False, **config: Any) -> Path:
-    """A random tiny checkpoint saved by ``save_pretrained`` (sharded) with its tokenizer."""
+               tied: bool = False, pad_vocab: int = 0, **config: Any) -> Path:
+    """A random tiny checkpoint saved by ``save_pretrained`` (sharded) with its tokenizer;
+    ``arch`` is a transformers ``model_type`` (llama, mistral, qwen2, qwen3, gemma2)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     directory.mkdir(parents=True, exist_ok=True)
-    vocab = (spm_tokenizer if tokenizer == "spm" else bpe_tokenizer)(directory)
-    ids = {"bos_token_id": 1, "eos_token_id": 2} if tokenizer == "spm" else {
-        "bos_token_id": vocab - 2, "eos_token_id": vocab - 1}
-    params: dict[str, Any] = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128,
-                                  num_hidden_layers=2, num_attention_heads=4,
-                                  num_key_value_heads=2, max_position_embeddings=256,
-                                  rms_norm_eps=1e-5, tie_word_embeddings=tied, **ids)
+    vocab = TOKENIZERS[tokenizer](directory)
+    if tokenizer in ("spm", "spm-json", "gemma"):
+        ids: dict[str, Any] = {"bos_token_id": 1, "eos_token_id": 2}
+    elif tokenizer == "qwen2":
+        ids = {"bos_token_id": None, "eos_token_id": vocab - 1, "pad_token_id": vocab - 3}
+    else:
+        ids = {"bos_token_id": vocab - 2, "eos_token_id": vocab - 1}
+    params: dict[str, Any] = dict(vocab_size=vocab + pad_vocab, hidden_size=64,
+                                  intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2,
+                                  max_position_embeddings=256, rms_norm_eps=1e-5,
+                                  tie_word_embeddings=tied, **ids)
+    params.update(FAMILY_CONFIG.get(arch, {}))
     params.update(config)
     torch.manual_seed(seed)
-    if arch == "llama":
-        model: Any = LlamaForCausalLM(LlamaConfig(**params))
-    else:
-        model = MistralForCausalLM(MistralConfig(**params))
+    model: Any = AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **params))
     with torch.no_grad():
         for p in model.parameters():  # norms too: a norm of ones would hide a wrong order
             p.copy_(torch.randn_like(p) * (0.2 if p.dim() > 1 else 0.3) + (1.0 if p.dim() == 1

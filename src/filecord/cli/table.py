@@ -239,8 +239,11 @@ def build_convert(c: argparse.ArgumentParser) -> None:
     c.add_argument("inputs", nargs="+", metavar="IN",
                    help="MODEL_DIR, INDEX.json, IN.safetensors or IN.ptd")
     add_output(c, "OUT", "OUT.gguf, OUT.ptd or OUT.safetensors (its directory is created)")
-    c.add_argument("--outtype", choices=["source", "f32", "f16", "bf16"], default=None,
-                   help="GGUF: type of 2-D weights [source: each keeps its own dtype]")
+    c.add_argument("--outtype", choices=["source", "auto", "f32", "f16", "bf16", "q8_0"],
+                   default=None,
+                   help="GGUF: type of 2-D weights [source: each keeps its own dtype; auto: "
+                   "llama.cpp's, the first weight's F16/BF16, else F16; q8_0: ggml's 8-bit "
+                   "blocks]")
     c.add_argument("--split-max-tensors", "--max-tensors", dest="max_tensors", type=count,
                    default=0, help="GGUF: split the output, at most this many tensors per shard")
     c.add_argument("--split-max-size", "--max-shard-size", dest="max_shard_size",
@@ -308,12 +311,13 @@ COMMANDS: tuple[Command, ...] = (
         "a Hugging Face model directory, *.index.json or .safetensors (to .gguf); "
         ".safetensors or *.index.json (to .ptd); .ptd (to .safetensors)",
         "-o OUT.gguf (or split shards), -o OUT.ptd or -o OUT.safetensors",
-        "To .gguf: IN is a Hugging Face model directory (LlamaForCausalLM or "
-        "MistralForCausalLM, GQA included), its model.safetensors.index.json or a .safetensors "
-        "file, with config.json and tokenizer.model (SentencePiece) or a byte-level BPE "
-        "tokenizer.json beside it. The output is what llama.cpp loads: hyperparameters from "
-        "config.json, llama.cpp's tensor names, Q/K rows reordered as file ranges (never "
-        "loaded), the tokenizer's llama.cpp keys. Weights keep their dtype (bytes moved with "
+        "To .gguf: IN is a Hugging Face model directory (Llama 1/2/3, Mistral, Qwen2/2.5, "
+        "Qwen3, Gemma 2; GQA included), its model.safetensors.index.json or a .safetensors "
+        "file, with config.json and tokenizer.model (SentencePiece), a SentencePiece-converted "
+        "tokenizer.json or a byte-level BPE tokenizer.json beside it. The output is what "
+        "llama.cpp loads: hyperparameters from config.json, llama.cpp's tensor names, Q/K rows "
+        "reordered as file ranges (never loaded), Gemma's norms offset in the fill, the "
+        "tokenizer's llama.cpp keys. Weights keep their dtype (bytes moved with "
         "--consume, else cloned or copied) unless --outtype converts them (in bounded chunks); "
         "norms are F32. Anything else (architecture, tokenizer, dtype, RoPE scaling) is refused "
         "before anything is written. To/from .ptd: every tensor's bytes are kept; tensors the "

@@ -1,4 +1,5 @@
-"""Casts between F32, F16 and BF16, as derived pieces the save computes in bounded chunks.
+"""Casts between F32, F16 and BF16, Q8_0 quantization and Gemma's norm offset, as derived
+pieces the save computes in bounded chunks.
 
 Theory of operation
 -------------------
@@ -18,6 +19,15 @@ fill, before its journal, and removes its temps.
 Rounding is llama.cpp's: F32 -> F16 is IEEE round-to-nearest-even (numpy ``astype``); F32 ->
 BF16 rounds to nearest even on the upper 16 bits and turns every NaN into a quiet NaN keeping
 its sign and upper payload bits; BF16 -> F32 and F16 -> F32 are exact.
+
+Q8_0 is ggml's block format: each run of 32 values (never across a row: rows are whole blocks
+or the tensor is not quantized) becomes an F16 scale ``d = max|x| / 127`` and 32 signed bytes
+``round(x / d)``, rounded half away from zero, computed in F32 as ggml's reference quantizer
+does (so the blocks are byte-identical to llama.cpp's converter's).  A chunk is whole blocks.
+
+Gemma stores each norm's weight minus one; llama.cpp wants the weight itself, so ``shift``
+adds 1 in the precision the reference converter adds it (the source's, F16 included; BF16 is
+widened first), then casts.
 """
 
 from __future__ import annotations
@@ -32,6 +42,33 @@ from filecord.gguf._types import GGMLType
 from filecord.gguf.errors import UnsupportedModelError
 
 ELEMENT = {GGMLType.F32: 4, GGMLType.F16: 2, GGMLType.BF16: 2}
+Q8_0_VALUES, Q8_0_BYTES = 32, 34  # one block: 32 values -> an F16 scale and 32 int8
+SLICE = 1 << 18  # values quantized at once (whole blocks): 1 MiB of F32
+
+
+def _q8_0(values: Any) -> Any:
+    import numpy as np
+
+    blocks = values.astype(np.float32, copy=False).reshape(-1, Q8_0_VALUES)
+    d = np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    x = blocks * inv
+    # half away from zero: rint breaks ties to even, so ties (an exact .5 fraction) are redone
+    whole = np.trunc(x)
+    r = np.where(np.abs(x - whole) == np.float32(0.5), whole + np.sign(x), np.rint(x))
+    out = np.empty((blocks.shape[0], Q8_0_BYTES), dtype=np.uint8)
+    out[:, :2] = d.astype("<f2").view(np.uint8)
+    out[:, 2:] = r.astype(np.int8).view(np.uint8)
+    return out.reshape(-1)
+
+
+def _shift(raw: memoryview | bytes, src: GGMLType, shift: float) -> Any:
+    import numpy as np
+
+    if src is GGMLType.F16:
+        return (np.frombuffer(raw, dtype="<f2") + np.float16(shift)).astype(np.float32)
+    return _to_f32(raw, src) + np.float32(shift)
 
 
 def _to_f32(raw: memoryview | bytes, src: GGMLType) -> Any:
@@ -67,14 +104,44 @@ def _from_f32(values: Any, dst: GGMLType) -> Any:
     return out.astype("<u2")
 
 
-def convert(raw: memoryview | bytes, src: GGMLType, dst: GGMLType) -> memoryview:
-    """``raw`` (elements of ``src``) as ``dst`` bytes."""
-    if src not in ELEMENT or dst not in ELEMENT:
+def convert(raw: memoryview | bytes, src: GGMLType, dst: GGMLType, *, shift: float = 0.0
+            ) -> memoryview:
+    """``raw`` (elements of ``src``) as ``dst`` bytes, ``shift`` added first."""
+    if src not in ELEMENT or (dst not in ELEMENT and dst is not GGMLType.Q8_0):
         raise ValueError(f"no cast from {src.name} to {dst.name}")
-    if src is dst:
+    if src is dst and not shift:
         return memoryview(raw).cast("B")
-    out: Any = _from_f32(_to_f32(raw, src), dst)
+    if dst is GGMLType.Q8_0:
+        return _quantize(raw, src, shift)
+    values = _shift(raw, src, shift) if shift else _to_f32(raw, src)
+    out: Any = _from_f32(values, dst)
     return memoryview(out).cast("B")
+
+
+def _quantize(raw: memoryview | bytes, src: GGMLType, shift: float) -> memoryview:
+    """Q8_0 a slice at a time: the F32 values and the rounding's temporaries are a few
+    times the slice, so a chunk's peak stays a small multiple of ``SLICE`` whatever the
+    chunk size."""
+    import numpy as np
+
+    view = memoryview(raw).cast("B")
+    step = SLICE * ELEMENT[src]
+    out: Any = np.empty(len(view) // (Q8_0_VALUES * ELEMENT[src]) * Q8_0_BYTES, dtype=np.uint8)
+    done = 0
+    for start in range(0, len(view), step):
+        part = view[start:start + step]
+        values = _shift(part, src, shift) if shift else _to_f32(part, src)
+        q = _q8_0(values)
+        out[done:done + len(q)] = q
+        done += len(q)
+    return memoryview(out).cast("B")
+
+
+def item_sizes(src: GGMLType, dst: GGMLType) -> tuple[int, int]:
+    """(source bytes, output bytes) of the smallest unit a chunk may hold."""
+    if dst is GGMLType.Q8_0:
+        return ELEMENT[src] * Q8_0_VALUES, Q8_0_BYTES
+    return ELEMENT[src], ELEMENT[dst]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +152,13 @@ class CastJob:
     ranges: Sequence[FileBackedData]
     src: GGMLType
     dst: GGMLType
+    shift: float = 0.0
 
     @property
     def out_nbytes(self) -> int:
         n = sum(len(r) for r in self.ranges)
-        return n // ELEMENT[self.src] * ELEMENT[self.dst]
+        i, o = item_sizes(self.src, self.dst)
+        return n // i * o
 
 
 def derived(jobs: Sequence[CastJob], *, progress: Any = None) -> dict[str, Derived]:
@@ -102,7 +171,7 @@ def derived(jobs: Sequence[CastJob], *, progress: Any = None) -> dict[str, Deriv
     def one(job: CastJob) -> Derived:
         def cast(raw: memoryview) -> memoryview:
             try:
-                out = convert(raw, job.src, job.dst)
+                out = convert(raw, job.src, job.dst, shift=job.shift)
             except OverflowError as exc:
                 raise UnsupportedModelError(
                     f"{job.name}: {exc}; converting it to {job.dst.name} would write inf "
@@ -112,7 +181,7 @@ def derived(jobs: Sequence[CastJob], *, progress: Any = None) -> dict[str, Deriv
                 progress(done[0], total)
             return out
 
-        return Derived(job.ranges, in_item=ELEMENT[job.src], out_item=ELEMENT[job.dst],
-                       transform=cast, label=job.name)
+        i, o = item_sizes(job.src, job.dst)
+        return Derived(job.ranges, in_item=i, out_item=o, transform=cast, label=job.name)
 
     return {j.name: one(j) for j in jobs}

@@ -56,20 +56,23 @@ from filecord.gguf._cast import CastJob, derived
 from filecord.gguf._hf_model import (
     FILE_TYPES,
     GGML_OF_DTYPE,
+    OUT_GGML,
     SOURCE_DTYPES,
-    LlamaSpec,
+    ModelSpec,
     OutType,
     Permute,
+    expected_shape,
     hparam_kvs,
-    llama_spec,
     map_names,
+    model_spec,
     out_type,
+    resolve,
     rope_freqs,
     row_order,
 )
 from filecord.gguf._hf_vocab import read_vocab
 from filecord.gguf._types import GGMLType, GGUFTensor
-from filecord.gguf.errors import UnsupportedModelError
+from filecord.gguf.errors import CheckpointFileError, UnsupportedModelError
 from filecord.safetensors._read import SafetensorsFile
 from filecord.tensors import NamedTensor
 
@@ -77,6 +80,7 @@ log = logging.getLogger(__name__)
 ProgressCallback = Callable[[int, int], None]
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+CONFIG_LIMIT = 16 << 20  # a config.json is a few KiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,25 +138,6 @@ def check_index_complete(weights: str) -> None:
                                     f"the index and the shards disagree")
 
 
-def _expected(spec: LlamaSpec, name: str) -> tuple[int, ...] | None:
-    """The shape llama.cpp's loader checks for a tensor (None for names it does not check)."""
-    q, kv = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
-    part = name.split(".")
-    base = ".".join(part[2:]) if part[0] == "blk" else name
-    table = {
-        "token_embd.weight": (spec.vocab_size, spec.n_embd),
-        "output.weight": (spec.vocab_size, spec.n_embd),
-        "output_norm.weight": (spec.n_embd,), "attn_norm.weight": (spec.n_embd,),
-        "ffn_norm.weight": (spec.n_embd,), "attn_q.weight": (q, spec.n_embd),
-        "attn_k.weight": (kv, spec.n_embd), "attn_v.weight": (kv, spec.n_embd),
-        "attn_output.weight": (spec.n_embd, q), "attn_q.bias": (q,), "attn_k.bias": (kv,),
-        "attn_v.bias": (kv,), "attn_output.bias": (spec.n_embd,),
-        "ffn_gate.weight": (spec.n_ff, spec.n_embd), "ffn_up.weight": (spec.n_ff, spec.n_embd),
-        "ffn_down.weight": (spec.n_embd, spec.n_ff),
-    }
-    return table.get(base)
-
-
 @dataclass(frozen=True, slots=True)
 class Planned:
     """One output tensor before any byte is produced."""
@@ -163,10 +148,11 @@ class Planned:
     ranges: tuple[FileBackedData, ...] | tuple[FileRows]  # in output order
     src: GGMLType
     source: str  # the checkpoint's name for it
+    shift: bool = False  # Gemma's norms: +1 in the fill
 
     @property
     def cast(self) -> bool:
-        return self.type is not self.src
+        return self.type is not self.src or self.shift
 
 
 def _rows(t: NamedTensor, heads: int) -> tuple[FileRows]:
@@ -178,9 +164,11 @@ def _rows(t: NamedTensor, heads: int) -> tuple[FileRows]:
     return (FileRows(data, len(data) // rows, row_order(rows, heads)),)
 
 
-def plan_tensors(spec: LlamaSpec, ordered: Sequence[NamedTensor], outtype: OutType
+def plan_tensors(spec: ModelSpec, ordered: Sequence[NamedTensor], outtype: OutType
                  ) -> list[Planned]:
-    """Every output tensor, in the reference converter's order; refusals collected first."""
+    """Every output tensor, in the reference converter's order; refusals collected first.
+    Every shape is checked against ``config.json`` here, before the tokenizer or any list
+    sized by a hyperparameter is made."""
     bad = [f"{t.name} ({t.dtype.value})" for t in ordered if t.dtype not in SOURCE_DTYPES]
     if bad:
         raise UnsupportedModelError(
@@ -189,9 +177,13 @@ def plan_tensors(spec: LlamaSpec, ordered: Sequence[NamedTensor], outtype: OutTy
     by_name = {t.name: t for t in ordered}
     out: list[Planned] = []
     shapes: list[str] = []
-    for m in map_names(spec, [t.name for t in ordered]):
+    mapped = map_names(spec, [t.name for t in ordered])
+    first = next((GGML_OF_DTYPE[by_name[m.source].dtype] for m in mapped
+                  if len(by_name[m.source].shape) >= 2), None)
+    outtype = resolve(outtype, first)
+    for m in mapped:
         t = by_name[m.source]
-        want = _expected(spec, m.name)
+        want = expected_shape(spec, m.name)
         if want is not None and tuple(t.shape) != want:
             shapes.append(f"{m.source} is {list(t.shape)}, llama.cpp expects {list(want)}")
             continue
@@ -202,11 +194,11 @@ def plan_tensors(spec: LlamaSpec, ordered: Sequence[NamedTensor], outtype: OutTy
             ranges: tuple[FileBackedData, ...] | tuple[FileRows] = (t.data,)
         else:
             ranges = _rows(t, spec.n_head if m.permute is Permute.Q else spec.n_head_kv)
-        out.append(Planned(m.name, out_type(m.name, len(t.shape), src, outtype),
-                           tuple(reversed(t.shape)), ranges, src, m.source))
+        out.append(Planned(m.name, out_type(m.name, t.shape, src, outtype),
+                           tuple(reversed(t.shape)), ranges, src, m.source, m.shift))
     if shapes:
-        raise UnsupportedModelError(f"{len(shapes)} tensor(s) do not match config.json: "
-                                    + "; ".join(shapes[:4]))
+        raise CheckpointFileError(f"{len(shapes)} tensor(s) do not match it: "
+                                  + "; ".join(shapes[:4]), field="config.json")
     return out
 
 
@@ -218,10 +210,14 @@ def _slices(ranges: tuple[FileBackedData, ...] | tuple[FileRows]) -> list[FileBa
     return out
 
 
-def file_type(planned: Sequence[Planned]) -> int:
-    """``general.file_type``: the type of the first tensor of two or more dims."""
-    first = next((p.type for p in planned if len(p.dims) >= 2), GGMLType.F32)
-    return FILE_TYPES[first]
+def file_type(planned: Sequence[Planned], outtype: OutType) -> int:
+    """``general.file_type``: the type asked for (``auto`` resolved); for ``source``, the
+    type of the first tensor of two or more dims."""
+    first = next((p.src for p in planned if len(p.dims) >= 2), None)
+    kind = resolve(outtype, first)
+    if kind is not OutType.SOURCE:
+        return FILE_TYPES[OUT_GGML[kind]]
+    return FILE_TYPES[first or GGMLType.F32]
 
 
 def _sidecar(output: str, ordered: Sequence[NamedTensor], planned: Sequence[Planned]
@@ -280,20 +276,23 @@ def convert_hf(
         raise UnsupportedModelError(f"{src.directory}: no config.json (the hyperparameters "
                                     f"come from it)")
     try:
-        config = json.loads(_sys.read_text(config_path))
+        config = json.loads(_sys.read_text(config_path, limit=CONFIG_LIMIT))
     except ValueError as exc:
-        raise UnsupportedModelError(f"{config_path}: not valid JSON: {exc}") from None
-    spec = llama_spec(config)
+        raise CheckpointFileError(f"not valid JSON: {exc}", field="config.json") from None
+    spec = model_spec(config)
     check_index_complete(src.weights)
-    vocab = read_vocab(src.directory, spec.vocab_size)
     model = name if name is not None else os.path.basename(_sys.abspath(src.directory))
 
     def build(files: list[SafetensorsFile]) -> Job:
         ordered = [t for f in sorted(files, key=lambda f: f.path)
                    for _, t in sorted(f.tensors.items())]
         planned = plan_tensors(spec, ordered, outtype)
-        kvs = hparam_kvs(spec, name=model, file_type=file_type(planned)) + list(vocab.kvs)
-        jobs = [CastJob(p.name, _slices(p.ranges), p.src, p.type) for p in planned if p.cast]
+        # the tokenizer after the shapes: vocab_size is the embedding's rows by now
+        vocab = read_vocab(src.directory, spec.vocab_size, spec.family)
+        kvs = (hparam_kvs(spec, name=model, file_type=file_type(planned, outtype))
+               + list(vocab.kvs))
+        jobs = [CastJob(p.name, _slices(p.ranges), p.src, p.type, 1.0 if p.shift else 0.0)
+                for p in planned if p.cast]
         cast = derived(jobs, progress=cast_progress)  # computed by the save, in its fill
         tensors: list[GGUFTensor] = []
         freqs = rope_freqs(spec)  # generated tensors come first, as llama.cpp's converter

@@ -5,15 +5,26 @@ Two kinds are written, each by the library made for reading it:
 * SentencePiece (``tokenizer.model``) -> ``tokenizer.ggml.model = "llama"``: pieces, scores and
   piece kinds come from ``sentencepiece`` itself (the ``.model`` file is a protobuf whose
   reading rules -- byte pieces, control and unused pieces -- belong to that library);
+* a SentencePiece model converted to ``tokenizer.json`` (a byte-fallback BPE, what
+  transformers 5 saves without ``tokenizer.model``) -> ``"llama"`` with the keys llama.cpp's
+  converter writes from the ``.model``: pieces by id, kinds from the tokenizer's own marks
+  (unknown, special, ``<0xNN>`` bytes), and the scores the SentencePiece BPE trainer gives
+  (0 for the special and byte pieces, minus the rank for the others, which is the merge order
+  the ``tokenizer.json`` applies);
 * byte-level BPE (``tokenizer.json``, no ``tokenizer.model``) -> ``"gpt2"``: the vocabulary and
   the added tokens come from Hugging Face ``tokenizers``, which owns that JSON format; the
   pre-tokenizer name (``tokenizer.ggml.pre``) is recognised from the pre-tokenizer's structure
   (its split regex and byte-level step), since llama.cpp hard-codes one regex per name.
 
+Every JSON file is checked field by field before any library reads it: a value of the wrong
+type is a :class:`~filecord.gguf.errors.CheckpointFileError` naming the file and the field.
+
 Special token ids, ``add_bos``/``add_eos``, merges and the chat template come from gguf-py's
 ``SpecialVocab`` (gguf 0.19), the helper llama.cpp's own converter uses, so they follow the same
-rules for ``tokenizer_config.json``, ``config.json`` and post-processor templates.  Anything
-else is refused by name before a byte is written.
+rules for ``tokenizer_config.json``, ``config.json`` and post-processor templates; where the
+post-processor says whether BOS/EOS are added, its word wins over ``tokenizer_config.json``
+(what transformers does, and what llama.cpp's bundled gguf-py does).  Anything else is refused
+by name before a byte is written.
 """
 
 from __future__ import annotations
@@ -21,13 +32,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from filecord._io import syscalls as _sys
+from filecord.gguf._hf_model import Family
 from filecord.gguf._types import KeyValue, ValueType
-from filecord.gguf.errors import UnsupportedModelError
+from filecord.gguf.errors import CheckpointFileError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +54,17 @@ ADDED_SCORE = -1000.0  # user-defined and control tokens added on top of the .mo
 _LLAMA3_REGEX = (
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
     "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
-SUPPORTED = ("SentencePiece tokenizer.model", "byte-level BPE tokenizer.json with the GPT-2 or "
-             "the Llama 3 pre-tokenizer")
+# Qwen2's: as Llama 3's, but digits one at a time
+_QWEN2_REGEX = _LLAMA3_REGEX.replace("\\p{N}{1,3}", "\\p{N}")
+_PRE_REGEX = {_LLAMA3_REGEX: "llama-bpe", _QWEN2_REGEX: "qwen2"}
+SUPPORTED = ("SentencePiece tokenizer.model", "a SentencePiece BPE converted to tokenizer.json "
+             "(byte_fallback)", "byte-level BPE tokenizer.json with the GPT-2, Llama 3 or "
+             "Qwen2 pre-tokenizer")
+# What llama.cpp's SentencePiece loader assumes unless told: the tokenizer.json spells them
+# out, a tokenizer.model does not, so they are left out to write what the reference writes.
+SPM_IMPLIED: dict[str, object] = {"tokenizer.ggml.unknown_token_id": 0,
+                                  "tokenizer.ggml.add_sep_token": False}
+_SPECIAL_TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +82,135 @@ def _looks_special(text: str) -> bool:
             or (text.startswith("<unused") and text.endswith(">")))
 
 
-def _json(path: str) -> Any:
+def _bad(path: str, key: str, why: str) -> CheckpointFileError:
+    name = os.path.basename(path)
+    return CheckpointFileError(why, field=f"{name}: {key}" if key else name)
+
+
+def _json(path: str) -> dict[str, Any]:
+    """A JSON object file (every file a tokenizer comes in is one)."""
     try:
-        return json.loads(_sys.read_text(path, limit=JSON_LIMIT))
+        value = json.loads(_sys.read_text(path, limit=JSON_LIMIT))
     except ValueError as exc:
-        raise UnsupportedModelError(f"{path}: not valid JSON: {exc}") from None
+        raise _bad(path, "", f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise _bad(path, "", f"must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _of(path: str, key: str, value: Any, kinds: tuple[type, ...], what: str) -> Any:
+    if value is not None and (not isinstance(value, kinds)
+                              or (isinstance(value, bool) and bool not in kinds)):
+        raise _bad(path, key, f"must be {what}, got {json.dumps(value)[:80]}")
+    return value
+
+
+def _token_text(path: str, key: str, value: Any) -> str | None:
+    """A ``*_token`` entry: a string, or an object whose ``content`` is one."""
+    if isinstance(value, dict):
+        return cast("str | None", _of(path, f"{key}.content", value.get("content"), (str,),
+                                      "a string"))
+    return cast("str | None", _of(path, key, value, (str,),
+                                  "a string or an object with a content string"))
+
+
+def check_tokenizer_config(path: str) -> dict[str, Any]:
+    """``tokenizer_config.json``, every field the conversion reads checked for its type."""
+    config = _json(path)
+    for key in ("add_bos_token", "add_eos_token", "add_sep_token", "add_prefix_space"):
+        _of(path, key, config.get(key), (bool,), "true, false or null")
+    for typ in (*_SPECIAL_TYPES, "eot", "eom"):
+        _token_text(path, f"{typ}_token", config.get(f"{typ}_token"))
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        for i, entry in enumerate(template):
+            if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
+                    and isinstance(entry.get("template"), str)):
+                raise _bad(path, f"chat_template[{i}]", "must be an object with name and "
+                           "template strings")
+    else:
+        _of(path, "chat_template", template, (str,), "a string or a list of templates")
+    decoder = _of(path, "added_tokens_decoder", config.get("added_tokens_decoder"), (dict,),
+                  "an object")
+    for key, entry in (decoder or {}).items():
+        where = f"added_tokens_decoder.{key}"
+        if not key.isdecimal() or len(key) > 10:
+            raise _bad(path, where, "keys must be token ids")
+        if not isinstance(entry, dict):
+            raise _bad(path, where, "must be an object")
+        _of(path, f"{where}.content", entry.get("content"), (str,), "a string")
+        if entry.get("content") is None:
+            raise _bad(path, f"{where}.content", "missing")
+        _of(path, f"{where}.special", entry.get("special"), (bool,), "true or false")
+    return config
+
+
+def check_tokenizer_json(path: str) -> dict[str, Any]:
+    """``tokenizer.json``, the parts the conversion reads checked for their types."""
+    spec = _json(path)
+    model = _of(path, "model", spec.get("model"), (dict,), "an object")
+    if model is None:
+        raise _bad(path, "model", "missing")
+    _of(path, "model.type", model.get("type"), (str,), "a string")
+    _of(path, "model.byte_fallback", model.get("byte_fallback"), (bool,), "true or false")
+    _of(path, "model.unk_token", model.get("unk_token"), (str,), "a string")
+    vocab = model.get("vocab")
+    if isinstance(vocab, dict):
+        bad = next((k for k, v in vocab.items()
+                    if not isinstance(v, int) or isinstance(v, bool) or v < 0), None)
+        if bad is not None:
+            raise _bad(path, f"model.vocab.{bad}", "ids must be non-negative integers")
+    elif isinstance(vocab, list):
+        if not all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], str)
+                   and isinstance(e[1], (int, float)) for e in vocab):
+            raise _bad(path, "model.vocab", "entries must be [piece, score] pairs")
+    else:
+        raise _bad(path, "model.vocab", "must be an object of ids (or a list of pairs)")
+    merges = _of(path, "model.merges", model.get("merges"), (list,), "a list")
+    for i, m in enumerate(merges or ()):
+        if not (isinstance(m, str) or (isinstance(m, list) and len(m) == 2
+                                       and all(isinstance(x, str) for x in m))):
+            raise _bad(path, f"model.merges[{i}]", "must be 'a b' or [a, b]")
+    added = _of(path, "added_tokens", spec.get("added_tokens"), (list,), "a list")
+    for i, entry in enumerate(added or ()):
+        if not (isinstance(entry, dict) and isinstance(entry.get("content"), str)
+                and isinstance(entry.get("id"), int) and not isinstance(entry.get("id"), bool)
+                and entry["id"] >= 0):
+            raise _bad(path, f"added_tokens[{i}]", "must be an object with an id and a "
+                       "content")
+        for flag in ("special", "normalized"):
+            _of(path, f"added_tokens[{i}].{flag}", entry.get(flag), (bool,), "true or false")
+    for key in ("normalizer", "pre_tokenizer", "post_processor", "decoder"):
+        _of(path, key, spec.get(key), (dict,), "an object or null")
+    _check_processor(path, spec.get("post_processor"))
+    _check_steps(path, "pre_tokenizer", spec.get("pre_tokenizer"), "pretokenizers")
+    return spec
+
+
+def _check_steps(path: str, key: str, value: Any, list_key: str) -> None:
+    if isinstance(value, dict) and value.get("type") == "Sequence":
+        steps = _of(path, f"{key}.{list_key}", value.get(list_key), (list,), "a list")
+        for i, step in enumerate(steps or ()):
+            _of(path, f"{key}.{list_key}[{i}]", step, (dict,), "an object")
+
+
+def _check_processor(path: str, pp: Any) -> None:
+    _check_steps(path, "post_processor", pp, "processors")
+    procs = (pp.get("processors") or []) if isinstance(pp, dict) and pp.get(
+        "type") == "Sequence" else [pp] if pp is not None else []
+    for i, proc in enumerate(procs):
+        if proc.get("type") != "TemplateProcessing":
+            continue
+        for part in ("single", "pair"):
+            where = f"post_processor.{part}" if len(procs) == 1 else (
+                f"post_processor.processors[{i}].{part}")
+            items = _of(path, where, proc.get(part), (list,), "a list")
+            for j, item in enumerate(items or ()):
+                inner = next(iter(item.values()), None) if isinstance(item, dict) and len(
+                    item) == 1 else None
+                if not (isinstance(inner, dict) and isinstance(inner.get("id"), str)):
+                    raise _bad(path, f"{where}[{j}]", "must be a SpecialToken or a Sequence "
+                               "with an id string")
 
 
 def _import(name: str) -> Any:
@@ -78,19 +224,189 @@ def _import(name: str) -> Any:
             f"'filecord[hf]')") from None
 
 
-def _special_kvs(directory: str, *, merges: bool, n_vocab: int | None) -> list[KeyValue]:
-    """gguf-py's SpecialVocab, run against a key collector (our writer, never saved)."""
+def _check_config_ids(directory: str) -> None:
+    """``config.json``'s ``*_token_id`` fields (gguf-py's SpecialVocab reads them)."""
+    path = os.path.join(directory, "config.json")
+    config = _json(path)
+    for typ in (*_SPECIAL_TYPES, "eot", "eom"):
+        v = config.get(f"{typ}_token_id")
+        ids = v if isinstance(v, list) else [v]
+        if not all(i is None or (isinstance(i, int) and not isinstance(i, bool) and i >= 0)
+                   for i in ids):
+            raise _bad(path, f"{typ}_token_id", f"must be a token id or a list of them, got "
+                       f"{json.dumps(v)[:80]}")
+
+
+def _special(item: Any) -> str | None:
+    inner = item.get("SpecialToken") if isinstance(item, dict) else None
+    return inner.get("id") if isinstance(inner, dict) else None
+
+
+def post_processor_adds(spec: Mapping[str, Any] | None, config: Mapping[str, Any]
+                        ) -> dict[str, bool]:
+    """Which of BOS/EOS/SEP the tokenizer's post-processor adds, where it says (the rules of
+    llama.cpp's bundled gguf-py: a byte-level step adds none unless a template does; a
+    template's leading special token is BOS (or CLS), its trailing one EOS; a pair template
+    with a special token between A and B adds SEP)."""
+    pp = (spec or {}).get("post_processor")
+    if not isinstance(pp, Mapping):
+        return {}
+    names = {typ: _token_text("tokenizer_config.json", typ, config.get(f"{typ}_token"))
+             for typ in ("bos", "eos", "sep", "cls")}
+    out: dict[str, bool] = {}
+    procs = pp.get("processors") if pp.get("type") == "Sequence" else [pp]
+    for proc in procs or ():
+        kind = proc.get("type")
+        if kind == "ByteLevel":
+            out.setdefault("bos", False)
+            out.setdefault("eos", False)
+        elif kind == "RobertaProcessing":
+            out.update(bos=True, eos=True, sep=True)
+        elif kind == "TemplateProcessing":
+            single, pair = list(proc.get("single") or ()), list(proc.get("pair") or ())
+            first = _special(single[0]) if len(single) > 1 else None
+            last = _special(single[-1]) if len(single) > 1 else None
+            if first:
+                out["bos"] = (not config or first in (names["bos"], names["cls"])
+                              or not names["bos"] or not names["cls"])
+            if last:
+                out["eos"] = True  # the trailing token is the EOS llama.cpp is told of
+            start = 1 if first and pair and _special(pair[0]) == first else 0
+            stop = -1 if last and pair and _special(pair[-1]) == last else None
+            body = pair[start:stop]
+            seqs = [(b.get("Sequence") or {}).get("id") if isinstance(b, dict) else None
+                    for b in body[:1] + body[-1:]]
+            if len(body) > 2 and seqs == ["A", "B"]:
+                middle = body[1:-1]
+                seps = (names["sep"], names["eos"])
+                add = bool(_special(middle[0]) in seps and not last)
+                if len(middle) == 2 and _special(middle[1]) in seps:
+                    add = True
+                out["sep"] = add
+    return out
+
+
+def _special_kvs(directory: str, *, merges: bool, n_vocab: int | None,
+                 default_eos: bool = False) -> list[KeyValue]:
+    """gguf-py's SpecialVocab, run against a key collector (our writer, never saved), with
+    the post-processor's word on BOS/EOS/SEP put over ``tokenizer_config.json``'s."""
     from filecord.gguf._writer import GGUFWriter
 
+    config_path = os.path.join(directory, "tokenizer_config.json")
+    config = check_tokenizer_config(config_path) if _sys.isfile(config_path) else {}
+    tok_path = os.path.join(directory, "tokenizer.json")
+    spec = check_tokenizer_json(tok_path) if _sys.isfile(tok_path) else None
+    if _sys.isfile(os.path.join(directory, "config.json")):
+        _check_config_ids(directory)
     gguf = _import("gguf")
     collector = GGUFWriter(os.path.join(directory, "unused.gguf"), "llama")
     special = gguf.SpecialVocab(directory, load_merges=merges, n_vocab=n_vocab)
     special.add_to_gguf(collector, quiet=True)
-    return [kv for k, kv in collector.kv_data.items() if k != "general.architecture"]
+    kvs = {k: kv for k, kv in collector.kv_data.items() if k != "general.architecture"}
+    adds = post_processor_adds(spec, config)
+    if default_eos:
+        adds.setdefault("eos", False)
+    for typ, flag in adds.items():
+        key = f"tokenizer.ggml.add_{typ}_token"
+        kvs[key] = KeyValue(key, ValueType.BOOL, flag)
+    return list(kvs.values())
 
 
 def _arr(key: str, values: list[Any], sub: ValueType) -> KeyValue:
     return KeyValue(key, ValueType.ARRAY, tuple(values), sub)
+
+
+def _added(directory: str, vocab_size: int, tokens: list[str], scores: list[float],
+           types: list[int]) -> None:
+    """Tokens added on top of a SentencePiece vocabulary (``added_tokens.json``, then
+    ``tokenizer_config.json``'s ``added_tokens_decoder``), written over the lists in place."""
+    added = os.path.join(directory, "added_tokens.json")
+    if _sys.isfile(added):
+        for text, i in _json(added).items():
+            if not isinstance(i, int) or isinstance(i, bool):
+                raise _bad(added, text, f"must be a token id, got {json.dumps(i)[:40]}")
+            if 0 <= i < vocab_size:
+                tokens[i], scores[i], types[i] = text, ADDED_SCORE, USER_DEFINED
+    config = os.path.join(directory, "tokenizer_config.json")
+    if _sys.isfile(config):
+        decoder = check_tokenizer_config(config).get("added_tokens_decoder") or {}
+        for key, entry in decoder.items():
+            i = int(key)
+            if not 0 <= i < vocab_size:
+                continue
+            text = str(entry["content"])
+            if entry.get("special") or _looks_special(text):
+                types[i] = CONTROL
+            else:
+                text = text.replace("\u2581", " ")  # llama.cpp wants user tokens pre-normalized
+                types[i] = USER_DEFINED
+            tokens[i], scores[i] = text, ADDED_SCORE
+
+
+_BYTE_PIECE = re.compile(r"^<0x[0-9A-F]{2}>$")
+
+
+def is_spm_json(spec: Mapping[str, Any]) -> bool:
+    """A ``tokenizer.json`` converted from a SentencePiece BPE model: byte fallback and the
+    Metaspace pre-tokenizer (no byte-level step)."""
+    model = spec.get("model") or {}
+    pre = spec.get("pre_tokenizer") or {}
+    normalizer = spec.get("normalizer") or {}
+    metaspace = pre.get("type") == "Metaspace" or any(
+        isinstance(n, Mapping) and n.get("type") in ("Prepend", "Replace")
+        for n in normalizer.get("normalizers") or ())
+    return model.get("type") == "BPE" and bool(model.get("byte_fallback")) and metaspace
+
+
+def _spm_json(directory: str, vocab_size: int) -> list[KeyValue]:
+    """The keys llama.cpp's converter writes from a ``tokenizer.model``, made from the
+    ``tokenizer.json`` transformers converted it to (see the module notes)."""
+    path = os.path.join(directory, "tokenizer.json")
+    spec = check_tokenizer_json(path)
+    model = spec["model"]
+    vocab: dict[str, int] = model["vocab"] if isinstance(model["vocab"], dict) else {}
+    if not vocab:
+        raise _bad(path, "model.vocab", "must be an object of piece ids for a BPE model")
+    n = max(vocab.values()) + 1
+    if n > vocab_size:
+        raise UnsupportedModelError(f"{path}: token id {n - 1} is outside config.json "
+                                    f"vocab_size {vocab_size} (the embedding's rows)")
+    if len(vocab) != n:
+        raise _bad(path, "model.vocab", f"{len(vocab)} pieces for ids 0..{n - 1}: ids must "
+                   f"be unique and without gaps")
+    special = {e["id"] for e in spec.get("added_tokens") or () if e.get("special")}
+    config = os.path.join(directory, "tokenizer_config.json")
+    # transformers 5 leaves the BPE model's unk_token empty and names it in the config
+    unk = model.get("unk_token") or (_token_text(config, "unk_token", check_tokenizer_config(
+        config).get("unk_token")) if _sys.isfile(config) else None)
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    scores = [SPM_UNSET_SCORE] * vocab_size
+    types = [UNUSED] * vocab_size
+    by_id = sorted(vocab.items(), key=lambda kv: kv[1])
+    first = None
+    for piece, i in by_id:
+        kind = (UNKNOWN if piece == unk else CONTROL if i in special
+                else BYTE if _BYTE_PIECE.match(piece) else NORMAL)
+        if kind == NORMAL and first is None:
+            first = i
+        # the SentencePiece BPE trainer scores a piece minus its rank among the normal ones
+        # (the order of tokenizer.json's merges), and 0 for the others
+        tokens[i], types[i] = piece, kind
+        scores[i] = -float(i - first) if kind == NORMAL and first is not None else 0.0
+    for entry in spec.get("added_tokens") or ():
+        i = entry["id"]
+        if i >= vocab_size:
+            raise UnsupportedModelError(f"{path}: added token id {i} is outside config.json "
+                                        f"vocab_size {vocab_size}")
+        if i >= n:  # added on top of the SentencePiece pieces
+            tokens[i], scores[i] = entry["content"], ADDED_SCORE
+            types[i] = CONTROL if entry.get("special") else USER_DEFINED
+    _added(directory, vocab_size, tokens, scores, types)
+    return [KeyValue("tokenizer.ggml.model", ValueType.STRING, "llama"),
+            KeyValue("tokenizer.ggml.pre", ValueType.STRING, "default"),
+            _arr("tokenizer.ggml.tokens", tokens, ValueType.STRING),
+            _arr("tokenizer.ggml.scores", scores, ValueType.FLOAT32),
+            _arr("tokenizer.ggml.token_type", types, ValueType.INT32)]
 
 
 def _spm(directory: str, vocab_size: int) -> list[KeyValue]:
@@ -114,25 +430,7 @@ def _spm(directory: str, vocab_size: int) -> list[KeyValue]:
         kind = (UNKNOWN if proc.IsUnknown(i) else CONTROL if proc.IsControl(i)
                 else UNUSED if proc.IsUnused(i) else BYTE if proc.IsByte(i) else NORMAL)
         tokens[i], scores[i], types[i] = proc.IdToPiece(i), float(proc.GetScore(i)), kind
-    added = os.path.join(directory, "added_tokens.json")
-    if _sys.isfile(added):
-        for text, i in dict(_json(added)).items():
-            if isinstance(i, int) and 0 <= i < vocab_size:
-                tokens[i], scores[i], types[i] = text, ADDED_SCORE, USER_DEFINED
-    config = os.path.join(directory, "tokenizer_config.json")
-    if _sys.isfile(config):
-        decoder = dict(_json(config)).get("added_tokens_decoder", {}) or {}
-        for key, entry in decoder.items():
-            i = int(key)
-            if not 0 <= i < vocab_size:
-                continue
-            text = str(entry["content"])
-            if entry.get("special") or _looks_special(text):
-                types[i] = CONTROL
-            else:
-                text = text.replace("\u2581", " ")  # llama.cpp wants user tokens pre-normalized
-                types[i] = USER_DEFINED
-            tokens[i], scores[i] = text, ADDED_SCORE
+    _added(directory, vocab_size, tokens, scores, types)
     return [KeyValue("tokenizer.ggml.model", ValueType.STRING, "llama"),
             KeyValue("tokenizer.ggml.pre", ValueType.STRING, "default"),
             _arr("tokenizer.ggml.tokens", tokens, ValueType.STRING),
@@ -158,14 +456,14 @@ def pre_tokenizer_name(spec: Mapping[str, Any] | None) -> str | None:
     if (isinstance(byte, Mapping) and byte.get("type") == "ByteLevel"
             and not byte.get("use_regex", True) and not byte.get("add_prefix_space")
             and split.get("type") == "Split" and split.get("behavior") == "Isolated"
-            and not split.get("invert") and pattern == _LLAMA3_REGEX):
-        return "llama-bpe"
+            and not split.get("invert")):
+        return _PRE_REGEX.get(pattern) if isinstance(pattern, str) else None
     return None
 
 
 def _bpe(directory: str, vocab_size: int) -> list[KeyValue]:
     path = os.path.join(directory, "tokenizer.json")
-    spec = dict(_json(path))
+    spec = check_tokenizer_json(path)
     model = spec.get("model") or {}
     if model.get("type") != "BPE" or model.get("byte_fallback"):
         fallback = (" with byte_fallback (converted from SentencePiece)"
@@ -173,17 +471,20 @@ def _bpe(directory: str, vocab_size: int) -> list[KeyValue]:
         raise UnsupportedModelError(
             f"{path}: a {model.get('type')!r} tokenizer{fallback} is not supported without "
             f"tokenizer.model; supported: {'; '.join(SUPPORTED)}")
-    if spec.get("normalizer") is not None:
+    pre = pre_tokenizer_name(spec.get("pre_tokenizer"))
+    if spec.get("normalizer") is not None and not (
+            pre == "qwen2" and spec.get("normalizer") == {"type": "NFC"}):
+        # Qwen2's NFC is the one normalizer let through: it changes only text that is not
+        # already NFC, and llama.cpp's qwen2 tokenizer is the one its authors ship with it
         # llama.cpp's BPE tokenizer applies no normalizer: it would tokenize differently
         raise UnsupportedModelError(
             f"{path}: a normalizer ({json.dumps(spec.get('normalizer'))[:80]}) is not "
             f"supported for a byte-level BPE tokenizer.json (llama.cpp applies none); "
             f"supported: {'; '.join(SUPPORTED)}")
-    pre = pre_tokenizer_name(spec.get("pre_tokenizer"))
     if pre is None:
         raise UnsupportedModelError(
             f"{path}: this pre-tokenizer is not one filecord recognises (supported: GPT-2's "
-            f"ByteLevel, Llama 3's Split + ByteLevel): "
+            f"ByteLevel, Llama 3's or Qwen2's Split + ByteLevel): "
             f"{json.dumps(spec.get('pre_tokenizer'))[:200]}")
     tok = _import("tokenizers").Tokenizer.from_file(path)
     vocab: dict[str, int] = tok.get_vocab(with_added_tokens=True)
@@ -248,7 +549,7 @@ def _same_pieces(directory: str) -> None:
             "the one that is wrong")
 
 
-def read_vocab(directory: str, vocab_size: int) -> Vocab:
+def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
     """The tokenizer's key-values in llama.cpp's converter's order, or
     :class:`UnsupportedModelError` naming what is supported."""
     if vocab_size in (32016, 49152):
@@ -259,19 +560,30 @@ def read_vocab(directory: str, vocab_size: int) -> Vocab:
     head: list[KeyValue] = []
     config = os.path.join(directory, "tokenizer_config.json")
     if _sys.isfile(config):
-        prefix = dict(_json(config)).get("add_prefix_space")
-        if isinstance(prefix, bool):
+        prefix = check_tokenizer_config(config).get("add_prefix_space")
+        if isinstance(prefix, bool) and family.prefix_from_config:
             head.append(KeyValue("tokenizer.ggml.add_space_prefix", ValueType.BOOL, prefix))
+    tok_json = os.path.join(directory, "tokenizer.json")
     if _sys.isfile(os.path.join(directory, "tokenizer.model")):
         body = _spm(directory, vocab_size)
         _same_pieces(directory)
         tail = _special_kvs(directory, merges=False, n_vocab=vocab_size)
         kind = "sentencepiece"
-    elif _sys.isfile(os.path.join(directory, "tokenizer.json")):
+    elif _sys.isfile(tok_json) and is_spm_json(check_tokenizer_json(tok_json)):
+        body = _spm_json(directory, vocab_size)
+        tail = [kv for kv in _special_kvs(directory, merges=False, n_vocab=vocab_size,
+                                          default_eos=True)
+                if SPM_IMPLIED.get(kv.key, ()) != kv.value]
+        kind = "sentencepiece (tokenizer.json)"
+    elif _sys.isfile(tok_json):
         body = _bpe(directory, vocab_size)
         tail = _special_kvs(directory, merges=True, n_vocab=None)
         kind = "bpe"
     else:
         raise UnsupportedModelError(f"{directory}: no tokenizer.model or tokenizer.json "
                                     f"(supported: {'; '.join(SUPPORTED)})")
+    if family.space_prefix is not None and kind.startswith("sentencepiece"):
+        head = [kv for kv in head if kv.key != "tokenizer.ggml.add_space_prefix"]
+        tail.append(KeyValue("tokenizer.ggml.add_space_prefix", ValueType.BOOL,
+                             family.space_prefix))
     return Vocab(kind, tuple(head + body + tail))

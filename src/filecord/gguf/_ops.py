@@ -179,21 +179,26 @@ def convert(
     cast_progress: ProgressCallback | None = None,
     name: str | None = None,
 ) -> OperationReport:
-    """A Hugging Face Llama-family checkpoint (``LlamaForCausalLM``, ``MistralForCausalLM``;
-    GQA included) to a GGUF that llama.cpp loads: ``source`` is the model directory, its
-    ``model.safetensors.index.json`` or a ``.safetensors`` file, with ``config.json`` and the
-    tokenizer (``tokenizer.model`` or a byte-level BPE ``tokenizer.json``) beside it.
+    """A Hugging Face checkpoint of a family in the converter's table (Llama 1/2/3,
+    Mistral, Qwen2/2.5, Qwen3, Gemma 2; GQA included) to a GGUF that llama.cpp loads:
+    ``source`` is the model directory, its ``model.safetensors.index.json`` or a
+    ``.safetensors`` file, with ``config.json`` and the tokenizer (``tokenizer.model``, a
+    SentencePiece-converted ``tokenizer.json``, or a byte-level BPE ``tokenizer.json``) beside
+    it.
 
     Hyperparameters come from ``config.json``, tensor names are mapped to llama.cpp's
-    (``blk.N.attn_q.weight``, ...), Q/K rows are reordered as file ranges, never loaded.
-    ``outtype``: ``"source"`` keeps each weight's dtype (its bytes moved, cloned or copied),
-    ``"f32"``/``"f16"``/``"bf16"`` convert 2-D weights in bounded chunks; 1-D tensors and
-    norms are F32 either way, as llama.cpp's converter writes them.  ``max_tensors`` /
-    ``max_shard_size`` split the output as gguf-py splits (``<stem>-00001-of-0000N.gguf``).
-    With ``consume=True`` the checkpoint's bytes are moved and its safetensors files and index
-    removed after the commit (``config.json`` and the tokenizer stay).  ``dry_run`` plans and
-    writes nothing.  Anything unsupported raises
-    :class:`~filecord.gguf.errors.UnsupportedModelError` before anything is written.  The
+    (``blk.N.attn_q.weight``, ...), Llama's Q/K rows are reordered as file ranges, never
+    loaded.  ``outtype``: ``"source"`` keeps each weight's dtype (its bytes moved, cloned or
+    copied), ``"auto"`` is llama.cpp's default (the first weight's F16/BF16, else F16),
+    ``"f32"``/``"f16"``/``"bf16"``/``"q8_0"`` convert 2-D weights in bounded chunks; 1-D
+    tensors and norms are F32 either way, as llama.cpp's converter writes them.
+    ``max_tensors`` / ``max_shard_size`` split the output as gguf-py splits
+    (``<stem>-00001-of-0000N.gguf``).  With ``consume=True`` the checkpoint's bytes are moved
+    and its safetensors files and index removed after the commit (``config.json`` and the
+    tokenizer stay).  ``dry_run`` plans and writes nothing.  A malformed ``config.json`` or
+    tokenizer file raises :class:`~filecord.gguf.errors.CheckpointFileError` naming the file
+    and field; anything unsupported raises
+    :class:`~filecord.gguf.errors.UnsupportedModelError`; both before anything is written.  The
     output (``*.gguf``) comes first; the old order is refused before anything is read.
     """
     from filecord.gguf._hf import convert_hf

@@ -80,3 +80,10 @@ class UnsupportedModelError(UnrepresentableError):
     """A Hugging Face checkpoint this converter does not write: an architecture, tokenizer,
     dtype or setting outside what it supports (the message names what is supported).  Raised
     before anything is written."""
+
+
+class CheckpointFileError(FormatError, UnsupportedModelError):
+    """A checkpoint's ``config.json``, ``tokenizer.json``, ``tokenizer_config.json`` or
+    ``added_tokens.json`` holds a value of the wrong type, or one no model can have (a NaN or
+    negative epsilon, a count the tensors contradict).  ``field`` names the file and the key
+    (``"config.json: num_hidden_layers"``); raised before anything is written."""
