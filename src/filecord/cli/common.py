@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from filecord._io import syscalls as _sys
 from filecord._plan.types import BLOCK
 from filecord._plan.window import CAP, DEFAULT_WINDOW
-from filecord.errors import add_note
+from filecord.errors import FormatError, add_note
 
 if TYPE_CHECKING:
     from filecord._plan.report import SaveReport
@@ -339,6 +339,14 @@ def finish(report: SaveReport, args: argparse.Namespace, out: TextIO | None = No
     raised) and for a dry run that fits, 1 for a dry run that does not fit."""
     render_report(report, args, sys.stdout if out is None else out)
     return EXIT_OK if not report.dry_run or all(p.fits for p in report.peaks) else EXIT_FAIL
+
+
+def about(path: str, exc: BaseException) -> str:
+    """``exc`` as one line about ``path``: a format error that names its own file (a shard an
+    index names, say) is shown as it is, anything else after ``path``."""
+    if isinstance(exc, FormatError) and exc.path is not None:
+        return str(exc)
+    return f"{path}: {exc}"
 
 
 # --- inputs --------------------------------------------------------------------------------------
