@@ -110,6 +110,7 @@ def test_a_missing_output_names_the_option(ckpt: Path, command: str) -> None:
     (["reshard", "a.safetensors", "--max-shard-size", "200"], "new/shards"),
     (["merge", "a.safetensors", "b.safetensors"], "new/one/m.safetensors"),
     (["convert", "a.safetensors"], "new/et/m.ptd"),
+    (["pack", "a.safetensors", "b.safetensors"], "new/p/m.ptd"),
 ])
 def test_a_dry_run_into_a_missing_directory_plans_what_the_real_run_does(
     ckpt: Path, command: list[str], out: str,

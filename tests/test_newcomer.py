@@ -272,6 +272,11 @@ def test_merged_and_resharded_folders_load_with_from_pretrained_and_give_the_sam
         assert np.array_equal(_logits(tmp_path / out), want), out
     r = run("verify", "rs/model.safetensors.index.json", "--load", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+    assert run("verify", "rs", cwd=tmp_path).stdout.splitlines()[0] == (
+        "ok: rs/model.safetensors.index.json: safetensors index, 6 file(s), 21 tensors (21 "
+        "F32); every byte accounted for:")
+    empty = run("verify", "ckpt-missing", cwd=tmp_path)
+    assert empty.returncode == 1
     assert ("ok: transformers loaded LlamaForCausalLM from rs (115008 parameters; no weight "
             "missing, unexpected or mismatched)") in r.stdout.splitlines()
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from filecord._io import syscalls as _sys
@@ -57,12 +58,24 @@ def build(v: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from filecord._formats import sniff
 
+    if _sys.isdir(args.pte):
+        args.pte = _checkpoint_in(args.pte)
     fmt = sniff(args.pte) if not_regular(args.pte) is None else None
     if fmt is not None and fmt.name != "executorch-pte":
         if args.data or args.no_runtime:
             raise UsageError("--data and --no-runtime apply to a program (.pte) only")
         return _run_file(args)
     return _run_pte(args)
+
+
+def _checkpoint_in(directory: str) -> str:
+    """A folder stands for the checkpoint in it (a Hugging Face folder, a consolidated one)."""
+    for name in ("model.safetensors.index.json", "model.safetensors"):
+        path = os.path.join(directory, name)
+        if _sys.isfile(path):
+            return path
+    raise UsageError(f"{directory}: a directory without model.safetensors.index.json or "
+                     "model.safetensors; give the file to verify")
 
 
 def _run_file(args: argparse.Namespace) -> int:
