@@ -332,3 +332,25 @@ def test_pyproject_license_is_an_spdx_string() -> None:
     project = tomllib.loads((SRC.parent / "pyproject.toml").read_text())
     assert project["project"]["license"] == "BSD-3-Clause"
     assert project["build-system"]["requires"] == ["setuptools>=77"]
+
+
+@pytest.mark.slow
+def test_verify_load_has_llama_cpp_load_a_converted_model_whole_and_split(
+    hf: Path, tmp_path: Path,
+) -> None:
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("gguf")
+    for out, extra, first in (("m.gguf", [], "m.gguf"),
+                              ("s/m.gguf", ["--split-max-tensors", "8"],
+                               "s/m-00001-of-00003.gguf")):
+        r = run("convert", str(hf), "-o", out, "-q", *extra, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        r = run("verify", first, "--load", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        shards = 1 if not extra else 3
+        assert lines[0] == (f"ok: {first}: gguf, {shards} file(s), 21 tensors (21 F32); every "
+                            "byte accounted for:")
+        assert "ok: gguf-py read 21 tensors at the offsets and sizes filecord found" in lines
+        assert "ok: llama.cpp loaded the model: 320 tokens in its vocabulary, 64 embedding " \
+            "width" in lines
