@@ -178,6 +178,23 @@ def test_a_malformed_input_names_the_file_and_the_suffix_that_chose_its_format(
                         ".gguf\n")
 
 
+def test_reshard_says_which_suffix_chose_the_format(files: Path) -> None:
+    _gguf(files / "x.gguf", {"t": np.ones(4, np.float32)})
+    r = run("reshard", "a.safetensors", "x.gguf", "-o", "rr", cwd=files)
+    assert r.returncode == 2
+    assert r.stderr == (
+        "filecord reshard: error: x.gguf is a GGUF file, but the inputs' suffix chose "
+        "safetensors: reshard reads its inputs as GGUF only when every one ends in .gguf, else "
+        "as safetensors\n")
+    (files / "bad.gguf").write_bytes(b"GGUF\x09\0\0\0" + bytes(24))
+    r = run("reshard", "bad.gguf", "-o", "rr", cwd=files)
+    assert r.returncode == 1
+    assert r.stderr == ("filecord: error: bad.gguf: version at offset 4: version 9: filecord "
+                        "reads versions 2 and 3\n  read as GGUF because every input's suffix "
+                        "is .gguf\n")
+    assert not (files / "rr").exists()
+
+
 def test_merge_names_a_repeated_tensor_and_both_files(files: Path) -> None:
     r = run("merge", "a.safetensors", "c.safetensors", "-o", "m.safetensors", cwd=files)
     assert r.returncode == 1

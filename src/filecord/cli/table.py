@@ -132,7 +132,8 @@ def _suffix_of(out: str, table: dict[str, Operation]) -> str:
     return next(s for s in table if out.endswith(s))
 
 
-def _read_as(command: str, suffix: str, reads: str, inputs: list[str]) -> None:
+def _read_as(command: str, suffix: str, reads: str, inputs: list[str], *,
+             chooser: str = "output's suffix") -> None:
     """Every input is in the format the output's suffix chose, or the command is refused
     before anything is read: an input that is plainly another format would otherwise fail
     deep in the reader, with a message about a magic number."""
@@ -140,6 +141,11 @@ def _read_as(command: str, suffix: str, reads: str, inputs: list[str]) -> None:
     for p in inputs:
         got = sniff(p)
         if got is not None and got.name != name:
+            if chooser != "output's suffix":
+                raise UsageError(
+                    f"{p} is {_TITLES.get(got.name, got.name)}, but the {chooser} chose "
+                    f"{title}: {command} reads its inputs as GGUF only when every one ends in "
+                    ".gguf, else as safetensors")
             hint = ("merge keeps the format; convert changes it" if command == "merge"
                     else "convert --help names the pairs it converts")
             raise UsageError(
@@ -148,13 +154,13 @@ def _read_as(command: str, suffix: str, reads: str, inputs: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def _suffix_chose(suffix: str, reads: str) -> Iterator[None]:
-    """A format error in an input says that the output's suffix chose the format it was
-    read as."""
+def _suffix_chose(suffix: str, reads: str, *, why: str | None = None) -> Iterator[None]:
+    """A format error in an input says which suffix chose the format it was read as."""
     try:
         yield
     except FormatError as exc:
-        add_note(exc, f"read as {_READS_AS[reads][1]} because the output's suffix is {suffix}")
+        because = why or f"the output's suffix is {suffix}"
+        add_note(exc, f"read as {_READS_AS[reads][1]} because {because}")
         raise
 
 
@@ -187,7 +193,13 @@ def run_reshard(args: argparse.Namespace) -> int:
     pairs = [] if args.weights_only or op is gguf.reshard else safetensors.companions(
         args.inputs, outdir)
     safetensors.check_companions(pairs)
-    return _save(op, args, outdir, carry=pairs)
+    # The inputs' suffix chooses here: GGUF when every input ends in .gguf, else safetensors.
+    reads = ".gguf" if op is gguf.reshard else ".safetensors"
+    _read_as("reshard", reads, reads, args.inputs, chooser="inputs' suffix")
+    why = ("every input's suffix is .gguf" if reads == ".gguf"
+           else "not every input's suffix is .gguf")
+    with _suffix_chose(reads, reads, why=why):
+        return _save(op, args, outdir, carry=pairs)
 
 
 def run_convert(args: argparse.Namespace) -> int:
