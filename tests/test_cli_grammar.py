@@ -106,20 +106,46 @@ def test_a_missing_output_names_the_option(ckpt: Path, command: str) -> None:
         r.stderr)
 
 
-def test_reshard_creates_its_output_directory_and_a_dry_run_into_none_is_refused(
-    ckpt: Path,
+@pytest.mark.parametrize(("command", "out"), [
+    (["reshard", "a.safetensors", "--max-shard-size", "200"], "new/shards"),
+    (["merge", "a.safetensors", "b.safetensors"], "new/one/m.safetensors"),
+    (["convert", "a.safetensors"], "new/et/m.ptd"),
+    (["pack", "a.safetensors", "b.safetensors"], "new/p/m.ptd"),
+])
+def test_a_dry_run_into_a_missing_directory_plans_what_the_real_run_does(
+    ckpt: Path, command: list[str], out: str,
 ) -> None:
-    before = listing(ckpt)
-    r = run("reshard", "a.safetensors", "-o", "new/shards", "--max-shard-size", "200", "-n",
-            cwd=ckpt)
-    assert r.returncode == 2
-    assert b"new/shards: no such directory; without --dry-run it is created" in r.stderr
-    assert listing(ckpt) == before
-    r = run("reshard", "a.safetensors", "-o", "new/shards", "--max-shard-size", "200",
-            cwd=ckpt)
-    assert r.returncode == 0, r.stderr
-    index = json.loads((ckpt / "new/shards/model.safetensors.index.json").read_text())
-    assert sorted(index["weight_map"]) == [f"w{i}" for i in range(4)]
+    """The real run creates its output directory, so the dry run plans into it too: the same
+    exit status and the same plan (per piece, what happens to how many bytes of which file),
+    and nothing left behind (the directory that held the new one keeps a new mtime)."""
+    before = [e for e in listing(ckpt) if e[0] != "."]
+    dry = run(*command, "-o", out, "-n", "--json", cwd=ckpt)
+    assert dry.returncode == 0, dry.stderr
+    assert [e for e in listing(ckpt) if e[0] != "."] == before
+    assert not (ckpt / "new").exists()
+    real = run(*command, "-o", out, "--json", cwd=ckpt)
+    assert real.returncode == 0, real.stderr
+    planned, done = json.loads(dry.stdout), json.loads(real.stdout)
+    assert planned["dry_run"] is True
+    assert done["dry_run"] is False
+
+    def fates(report: dict[str, object]) -> list[tuple[object, ...]]:
+        return [(a["action"], a["source"], a["bytes"], a["output"], a["offset"])  # type: ignore[index]
+                for a in report["pieces"]]  # type: ignore[attr-defined]
+
+    assert fates(planned) == fates(done)
+    assert planned["outputs"] == done["outputs"]
+
+
+def test_a_dry_run_is_refused_where_the_real_run_is(ckpt: Path) -> None:
+    """A directory that cannot be created (a file is in the way) refuses both, with one exit
+    status."""
+    (ckpt / "plain").write_bytes(b"x")
+    dry = run("merge", "a.safetensors", "-o", "plain/sub/m.safetensors", "-n", cwd=ckpt)
+    real = run("merge", "a.safetensors", "-o", "plain/sub/m.safetensors", cwd=ckpt)
+    assert dry.returncode == real.returncode == 1, (dry.stderr, real.stderr)
+    assert b"plain" in dry.stderr
+    assert dry.stderr == real.stderr
 
 
 def test_a_failed_command_removes_the_directories_it_made(ckpt: Path) -> None:
@@ -285,5 +311,9 @@ def test_created_output_directories_are_made_durable(ckpt: Path) -> None:
     synced = [a[0] for op, a in rec.calls if op == "fsync_dir"]
     assert made == [str(ckpt / "new"), str(ckpt / "new" / "dir")]
     assert synced[:2] == [str(ckpt), str(ckpt / "new")]
-    first_open = next(i for i, (op, _a) in enumerate(rec.calls) if op == "open")
+    # The inputs are opened first (their format is checked against the output's suffix);
+    # the save's first open comes after the directories are made.
+    last_mkdir = max(i for i, (op, _a) in enumerate(rec.calls) if op == "mkdir")
+    first_open = next(i for i, (op, _a) in enumerate(rec.calls) if op == "open"
+                      and i > last_mkdir)
     assert rec.calls.index(("fsync_dir", (str(ckpt / "new"),))) < first_open

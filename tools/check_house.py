@@ -88,7 +88,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("txn", ("_txn",)),                             # the save transaction
     ("kit", ("_kit",)),                             # what every format shares
     ("formats", ("executorch", "safetensors", "gguf", "dcp", "torch")),
-    ("face", ("", "_formats")),                     # ``filecord/__init__``: re-exports;
+    ("face", ("", "_formats", "_verify")),          # ``filecord/__init__``: re-exports;
                                                     # ``_formats``: the formats' registrations
     ("cli", ("cli", "__main__")),                   # on the public API: parsing, rendering;
                                                     # ``python -m filecord`` runs it

@@ -8,7 +8,9 @@ human-readable story goes into ``add_note`` so tracebacks show it.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -160,7 +162,13 @@ class FormatError(FilecordError, ValueError):
     both, so a report on a multi-gigabyte file says where to look.  Every format's error base
     (``ExecutorchFormatError``, ``SafetensorsFormatError``, ``GGUFFormatError``) derives from
     this class and adds nothing to it.
+
+    ``path`` names the file the problem is in, set by the reader that read it (the innermost
+    one: a shard an index names is named itself, not the index), and the message then starts
+    with it: ``shard.safetensors: header_size at offset 0: ...``.
     """
+
+    path: str | None = None
 
     def __init__(self, message: str, *, field: str | None = None,
                  offset: int | None = None) -> None:
@@ -170,15 +178,35 @@ class FormatError(FilecordError, ValueError):
         self.field = field
         self.offset = offset
 
+    def in_file(self, path: str) -> None:
+        """Name the file the problem is in, once (a reader further out leaves it be)."""
+        if self.path is None:
+            self.path = path
+            self.args = (f"{path}: {self.args[0]}", *self.args[1:]) if self.args else (path,)
+
     def __reduce__(self) -> tuple[object, ...]:
         # keyword-only fields: pickling (multiprocessing, pytest-xdist) must pass them again
-        return (_rebuild_format_error, (type(self), self.message, self.field, self.offset),
-                dict(self.__dict__))
+        return (_rebuild_format_error,
+                (type(self), self.message, self.field, self.offset, self.path),
+                {k: v for k, v in self.__dict__.items() if k != "path"})
 
 
 def _rebuild_format_error(cls: type[FormatError], message: str, field: str | None,
-                          offset: int | None) -> FormatError:
-    return cls(message, field=field, offset=offset)
+                          offset: int | None, path: str | None = None) -> FormatError:
+    exc = cls(message, field=field, offset=offset)
+    if path is not None:
+        exc.in_file(path)
+    return exc
+
+
+@contextlib.contextmanager
+def reading(path: str) -> Iterator[None]:
+    """A format error raised inside names ``path`` as its file (see :attr:`FormatError.path`)."""
+    try:
+        yield
+    except FormatError as exc:
+        exc.in_file(path)
+        raise
 
 
 class NotRegularFileError(FormatError):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from filecord._io import syscalls as _sys
 from filecord._plan.types import BLOCK
 from filecord._plan.window import CAP, DEFAULT_WINDOW
-from filecord.errors import add_note
+from filecord.errors import FormatError, add_note
 
 if TYPE_CHECKING:
     from filecord._plan.report import SaveReport
@@ -269,16 +269,16 @@ def require_output(args: argparse.Namespace, positionals: list[str], *, old_firs
 @contextlib.contextmanager
 def output_directory(directory: str, *, dry_run: bool) -> Iterator[None]:
     """Create ``directory`` and its missing parents, durably (each new entry's parent is
-    fsynced).  Not in a dry run: that writes nothing, and
-    the plan needs the directory's file system, so a dry run into a missing one is refused.  If
-    the command fails, the directories it created are removed again when they are still empty,
-    so a refused command leaves no trace."""
+    fsynced).  If the command fails, the directories it created are removed again when they
+    are still empty, so a refused command leaves no trace.
+
+    A dry run plans exactly what the real run does, and the plan needs the directory itself
+    (its file system, its free space, whether it is writable): so a dry run creates the
+    missing directories too, as the real run would (refused where the real run is refused),
+    and removes them again when the plan is made (no fsync: nothing of them is meant to
+    last).  A dry run leaves nothing behind but what was there."""
     made: list[str] = []
-    if dry_run and directory and not _sys.lexists(directory):
-        raise UsageError(f"{directory}: no such directory; without --dry-run it is created, but a "
-                         "dry run writes nothing and plans only into an existing directory "
-                         f"(mkdir -p {shlex.quote(directory)} first)")
-    if not dry_run and directory:
+    if directory:
         missing: list[str] = []
         d = _sys.abspath(directory)
         while not _sys.lexists(d):
@@ -290,15 +290,24 @@ def output_directory(directory: str, *, dry_run: bool) -> Iterator[None]:
         # The save fsyncs the directory that holds its output, not that directory's own entry
         # in its parent: without these a power cut could lose a committed output with the new
         # directory that holds it.
-        for d in made:
-            _sys.fsync_dir(os.path.dirname(d))
+        if not dry_run:
+            for d in made:
+                _sys.fsync_dir(os.path.dirname(d))
     try:
         yield
     except BaseException:
-        for d in reversed(made):
-            with contextlib.suppress(OSError):
-                _sys.rmdir(d)
+        _remove_empty(made)
         raise
+    if dry_run:
+        _remove_empty(made)
+
+
+def _remove_empty(made: list[str]) -> None:
+    """Remove the directories ``made`` (deepest first) that are still empty; a directory
+    something else wrote into meanwhile is left alone."""
+    for d in reversed(made):
+        with contextlib.suppress(OSError):
+            _sys.rmdir(d)
 
 
 # --- a save's report -----------------------------------------------------------------------------
@@ -330,6 +339,14 @@ def finish(report: SaveReport, args: argparse.Namespace, out: TextIO | None = No
     raised) and for a dry run that fits, 1 for a dry run that does not fit."""
     render_report(report, args, sys.stdout if out is None else out)
     return EXIT_OK if not report.dry_run or all(p.fits for p in report.peaks) else EXIT_FAIL
+
+
+def about(path: str, exc: BaseException) -> str:
+    """``exc`` as one line about ``path``: a format error that names its own file (a shard an
+    index names, say) is shown as it is, anything else after ``path``."""
+    if isinstance(exc, FormatError) and exc.path is not None:
+        return str(exc)
+    return f"{path}: {exc}"
 
 
 # --- inputs --------------------------------------------------------------------------------------

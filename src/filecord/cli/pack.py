@@ -142,8 +142,9 @@ def _pack(out: str, args: argparse.Namespace) -> SaveReport:
 
     cord, datas = _cord(args)  # a UsageError is rendered by main (exit 2)
     try:
-        if args.dry_run:
-            return plan(out, cord, consume=args.consume, window=args.window)
+        if args.dry_run:  # into the directory the real run would create, as it would
+            with output_directory(os.path.dirname(out), dry_run=True):
+                return plan(out, cord, consume=args.consume, window=args.window)
         with output_directory(os.path.dirname(out), dry_run=False), \
                 Bar(f"pack {os.path.basename(out)}", quiet=args.quiet or args.json) as bar:
             return save(out, cord, consume=args.consume, window=args.window,

@@ -10,9 +10,10 @@ import json
 import os
 from typing import Any
 
+from filecord._io import syscalls as _sys
 from filecord._pieces.data import FileBackedData
 from filecord._plan.report import SaveReport
-from filecord.cli.common import Bar
+from filecord.cli.common import Bar, UsageError
 
 
 def merge(args: argparse.Namespace) -> SaveReport:
@@ -91,3 +92,65 @@ def sniff(path: str, head: bytes) -> bool:
     if path.endswith((".safetensors", ".index.json")):
         return True
     return len(head) >= 9 and head[8:9] == b"{"
+
+
+# --- the files of a Hugging Face folder that are not weights -------------------------------------
+# ``from_pretrained(DIR)`` needs config.json, and a model is used with its tokenizer and
+# generation config: a merge or reshard of a Hugging Face folder carries them to the output
+# folder (``--weights-only`` does not).  A folder is a Hugging Face one when it holds
+# config.json; the files carried are its regular files that are not weights or indexes (which
+# the operation writes itself) and not hidden.
+
+_WEIGHTS = (".safetensors", ".index.json", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".ptd",
+            ".pte", ".h5", ".msgpack", ".onnx")
+
+
+def companions(inputs: list[str], outdir: str) -> list[tuple[str, str]]:
+    """``(source, destination)`` for every non-weight file of the inputs' Hugging Face
+    folder, when the inputs are all in one such folder and it is not the output folder."""
+    folders = {os.path.dirname(_sys.abspath(p)) for p in inputs}
+    if len(folders) != 1:
+        return []
+    folder = folders.pop()
+    if not _sys.isfile(os.path.join(folder, "config.json")):
+        return []
+    if _sys.lexists(outdir or "."):
+        a, b = _sys.stat(folder), _sys.stat(outdir or ".")
+        if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+            return []
+    pairs = []
+    for name in sorted(_sys.listdir(folder)):
+        src = os.path.join(folder, name)
+        if name.startswith(".") or name.endswith(_WEIGHTS) or not _sys.isfile(src):
+            continue
+        pairs.append((src, os.path.join(outdir, name)))
+    return pairs
+
+
+def check_companions(pairs: list[tuple[str, str]]) -> None:
+    """Refuse, before anything is written, to replace a file of another content."""
+    for src, dst in pairs:
+        if _sys.lexists(dst) and not _same_bytes(src, dst):
+            raise UsageError(f"{dst} exists and differs from {src}; remove it, or give "
+                             "--weights-only to write the weights alone")
+
+
+def _same_bytes(a: str, b: str) -> bool:
+    try:
+        return FileBackedData(a).to_bytes() == FileBackedData(b).to_bytes()
+    except (OSError, ValueError):
+        return False
+
+
+def carry(pairs: list[tuple[str, str]], args: argparse.Namespace) -> None:
+    """Copy the companions in one atomic save (after the weights committed), and say so."""
+    from filecord import Cord, save_many
+
+    if not pairs:
+        return
+    if not args.dry_run:
+        save_many({dst: Cord([FileBackedData(src)]) for src, dst in pairs})
+    if not (args.json or args.quiet):
+        verb = "would carry" if args.dry_run else "carried"
+        print(f"{verb} {len(pairs)} non-weight file(s) of the Hugging Face folder "
+              f"(--weights-only: none): {', '.join(os.path.basename(s) for s, _ in pairs)}")

@@ -18,13 +18,15 @@ for ``inspect`` and by suffix for the others.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from filecord._formats import sniff
 from filecord._io import syscalls as _sys
 from filecord._plan.report import SaveReport
 from filecord.cli import demo, executorch, gguf, pack, recover, safetensors, verify
@@ -32,6 +34,7 @@ from filecord.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
     UsageError,
+    about,
     add_operation_options,
     add_output,
     count,
@@ -43,7 +46,7 @@ from filecord.cli.common import (
     parse_size,
     require_output,
 )
-from filecord.errors import FormatError, InsufficientSpaceError
+from filecord.errors import FormatError, InsufficientSpaceError, add_note
 
 Operation = Callable[[argparse.Namespace], SaveReport]
 
@@ -80,8 +83,10 @@ def _check_inputs(paths: list[str]) -> None:
 
 
 def _save(op: Operation, args: argparse.Namespace, directory: str,
-          render: Callable[[SaveReport, argparse.Namespace, TextIO], None] | None = None) -> int:
-    """Run one format's operation with its output directory created; render its report.  A
+          render: Callable[[SaveReport, argparse.Namespace, TextIO], None] | None = None,
+          carry: list[tuple[str, str]] | None = None) -> int:
+    """Run one format's operation with its output directory created; render its report; then
+    copy ``carry`` (a Hugging Face folder's non-weight files) beside the output.  A
     save refused for lack of space says when ``--consume`` would fit (the plan worked out with
     consume, as a dry run: nothing is written or moved)."""
     with output_directory(directory, dry_run=args.dry_run):
@@ -91,10 +96,16 @@ def _save(op: Operation, args: argparse.Namespace, directory: str,
             if not args.consume:
                 note_consume(exc, op, args)
             raise
-    if render is None:
-        return finish(report, args)
-    render(report, args, sys.stdout)
-    return EXIT_OK if not report.dry_run or all(p.fits for p in report.peaks) else EXIT_FAIL
+        if report.dry_run and not all(p.fits for p in report.peaks):
+            carry = []
+        if render is None:
+            status = finish(report, args)
+        else:
+            render(report, args, sys.stdout)
+            status = EXIT_OK if not report.dry_run or all(p.fits for p in report.peaks) \
+                else EXIT_FAIL
+        safetensors.carry(carry or [], args)
+    return status
 
 
 def _by_suffix(table: dict[str, Operation], path: str, what: str) -> Operation:
@@ -107,13 +118,63 @@ def _by_suffix(table: dict[str, Operation], path: str, what: str) -> Operation:
 _MERGE: dict[str, Operation] = {
     ".safetensors": safetensors.merge, ".ptd": executorch.merge, ".gguf": gguf.merge,
 }
+# What an output's suffix makes a command read its inputs as: (the format's registered name,
+# how a person calls it).
+_READS_AS: dict[str, tuple[str, str]] = {
+    ".safetensors": ("safetensors", "safetensors"), ".ptd": ("executorch-ptd", "ExecuTorch .ptd"),
+    ".gguf": ("gguf", "GGUF"),
+}
+_TITLES = {"safetensors": "a safetensors file or index", "executorch-ptd": "an ExecuTorch .ptd",
+           "executorch-pte": "an ExecuTorch program (.pte)", "gguf": "a GGUF file"}
+
+
+def _suffix_of(out: str, table: dict[str, Operation]) -> str:
+    return next(s for s in table if out.endswith(s))
+
+
+def _read_as(command: str, suffix: str, reads: str, inputs: list[str], *,
+             chooser: str = "output's suffix") -> None:
+    """Every input is in the format the output's suffix chose, or the command is refused
+    before anything is read: an input that is plainly another format would otherwise fail
+    deep in the reader, with a message about a magic number."""
+    name, title = _READS_AS[reads]
+    for p in inputs:
+        got = sniff(p)
+        if got is not None and got.name != name:
+            if chooser != "output's suffix":
+                raise UsageError(
+                    f"{p} is {_TITLES.get(got.name, got.name)}, but the {chooser} chose "
+                    f"{title}: {command} reads its inputs as GGUF only when every one ends in "
+                    ".gguf, else as safetensors")
+            hint = ("merge keeps the format; convert changes it" if command == "merge"
+                    else "convert --help names the pairs it converts")
+            raise UsageError(
+                f"{p} is {_TITLES.get(got.name, got.name)}, but the output's suffix {suffix} "
+                f"chose {title}: {command} -o OUT{suffix} reads its inputs as {title} ({hint})")
+
+
+@contextlib.contextmanager
+def _suffix_chose(suffix: str, reads: str, *, why: str | None = None) -> Iterator[None]:
+    """A format error in an input says which suffix chose the format it was read as."""
+    try:
+        yield
+    except FormatError as exc:
+        because = why or f"the output's suffix is {suffix}"
+        add_note(exc, f"read as {_READS_AS[reads][1]} because {because}")
+        raise
 
 
 def run_merge(args: argparse.Namespace) -> int:
     out = require_output(args, args.inputs, old_first=True, placeholder="OUT.safetensors")
     op = _by_suffix(_MERGE, out, "merge")
     _check_inputs(args.inputs)
-    return _save(op, args, os.path.dirname(out))
+    suffix = _suffix_of(out, _MERGE)
+    _read_as("merge", suffix, suffix, args.inputs)
+    pairs = [] if args.weights_only or suffix != ".safetensors" else safetensors.companions(
+        args.inputs, os.path.dirname(out))
+    safetensors.check_companions(pairs)
+    with _suffix_chose(suffix, suffix):
+        return _save(op, args, os.path.dirname(out), carry=pairs)
 
 
 def run_reshard(args: argparse.Namespace) -> int:
@@ -129,7 +190,16 @@ def run_reshard(args: argparse.Namespace) -> int:
         raise UsageError("--max-tensors applies to GGUF inputs only")
     else:
         op = safetensors.reshard
-    return _save(op, args, outdir)
+    pairs = [] if args.weights_only or op is gguf.reshard else safetensors.companions(
+        args.inputs, outdir)
+    safetensors.check_companions(pairs)
+    # The inputs' suffix chooses here: GGUF when every input ends in .gguf, else safetensors.
+    reads = ".gguf" if op is gguf.reshard else ".safetensors"
+    _read_as("reshard", reads, reads, args.inputs, chooser="inputs' suffix")
+    why = ("every input's suffix is .gguf" if reads == ".gguf"
+           else "not every input's suffix is .gguf")
+    with _suffix_chose(reads, reads, why=why):
+        return _save(op, args, outdir, carry=pairs)
 
 
 def run_convert(args: argparse.Namespace) -> int:
@@ -144,7 +214,9 @@ def run_convert(args: argparse.Namespace) -> int:
                              "model.safetensors.index.json or a .safetensors file")
         if not _sys.isdir(source):  # a model directory: the library reads what it needs
             _check_inputs([source])
-        return _save(gguf.convert, args, os.path.dirname(out), gguf.render_grouped)
+            _read_as("convert", ".gguf", ".safetensors", [source])
+        with _suffix_chose(".gguf", ".safetensors"):
+            return _save(gguf.convert, args, os.path.dirname(out), gguf.render_grouped)
     _check_inputs([source])
     if args.outtype is not None or args.max_tensors or args.max_shard_size:
         raise UsageError("--outtype, --split-max-tensors and --split-max-size apply to "
@@ -152,7 +224,11 @@ def run_convert(args: argparse.Namespace) -> int:
     if not (out.endswith(".ptd") or (source.endswith(".ptd") and out.endswith(".safetensors"))):
         raise UsageError("convert .safetensors (or an index .json) to .ptd or .gguf, or .ptd to "
                          ".safetensors")
-    return _save(safetensors.convert, args, os.path.dirname(out))
+    suffix = ".ptd" if out.endswith(".ptd") else ".safetensors"
+    reads = ".safetensors" if suffix == ".ptd" else ".ptd"
+    _read_as("convert", suffix, reads, [source])
+    with _suffix_chose(suffix, reads):
+        return _save(safetensors.convert, args, os.path.dirname(out))
 
 
 def _head(path: str) -> bytes:
@@ -189,7 +265,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     try:
         got = _describe(path, args.verbose)
     except (FormatError, OSError) as exc:
-        print(f"filecord inspect: {path}: {exc}", file=sys.stderr)
+        print(f"filecord inspect: {about(path, exc)}", file=sys.stderr)
         return EXIT_FAIL
     if got is None:
         print(f"filecord inspect: {path}: not a .pte, .ptd, .safetensors, safetensors index or "
@@ -220,6 +296,15 @@ def build_merge(m: argparse.ArgumentParser) -> None:
     add_operation_options(m, "safetensors: data-start alignment [8; 4096 lets later saves "
                           "clone]; .ptd: segment alignment [128]; .gguf: general.alignment "
                           "[the input's]")
+    _add_weights_only(m)
+
+
+def _add_weights_only(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--weights-only", action="store_true",
+                   help="safetensors from a Hugging Face folder (one holding config.json): do "
+                   "not carry its other files (config.json, generation_config.json, the "
+                   "tokenizer files, ...) to the output folder [they are carried, so that "
+                   "from_pretrained(OUTDIR) works]")
 
 
 def build_reshard(r: argparse.ArgumentParser) -> None:
@@ -233,6 +318,7 @@ def build_reshard(r: argparse.ArgumentParser) -> None:
                    help="shard file name pattern [model{suffix}.safetensors; GGUF: the input's "
                    "stem, shards <stem>-00001-of-0000N.gguf]")
     add_operation_options(r, "data-start alignment of each shard [8]")
+    _add_weights_only(r)
 
 
 def build_convert(c: argparse.ArgumentParser) -> None:
@@ -344,12 +430,18 @@ COMMANDS: tuple[Command, ...] = (
         "set, is shown as its layout: key-values, every tensor and its byte range.",
         build_inspect, run_inspect),
     Command(
-        "verify", "check an ExecuTorch program and its data files (and load it, if executorch "
-        "is installed)",
-        ".pte and .ptd (the .ptd beside the program unless --data is given)", "nothing",
-        "Structural checks of a .pte and its .ptd files (every segment in bounds, every "
-        "external tensor's key present with a matching layout), then, when the executorch "
-        "package is installed, a load of every method in its runtime. Exit 0 when everything "
-        "checks, 1 otherwise.",
+        "verify", "check a file of any format filecord reads: structure, offsets, dtypes, "
+        "every byte; --load also loads it with its real client",
+        ".pte (with its .ptd files), .ptd, .safetensors, *.index.json, .gguf (a split set "
+        "from its first shard)", "nothing",
+        "A program (.pte): structural checks of it and its .ptd files (every segment in "
+        "bounds, every external tensor's key present with a matching layout), then, when the "
+        "executorch package is installed, a load of every method in its runtime "
+        "(--no-runtime: structure only). Any other file: read with filecord's reader (every "
+        "rule of the format), every byte of every file accounted for as header, tensor or "
+        "zero padding, the dtypes counted; with --load the safetensors package, or gguf-py "
+        "and llama.cpp (for a model with a tokenizer), load it and must find the same "
+        "tensors at the same bytes. Exit 0 when everything checks, 1 otherwise (a client that "
+        "is not installed is a note), 2 for a usage error.",
         verify.build, verify.run),
 )

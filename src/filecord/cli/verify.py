@@ -1,6 +1,14 @@
-"""``filecord verify PROGRAM.pte [--data FILE.ptd]... [--no-runtime] [--json]``: check a program
-and its data files (every segment in bounds, every external tensor's key present with a
-matching layout), then load it in the ExecuTorch runtime when that is installed.
+"""``filecord verify FILE [--load] [--json]``: check a file of any format filecord reads.
+
+A program, ``verify PROGRAM.pte [--data FILE.ptd]... [--no-runtime]``: every segment in
+bounds, every external tensor's key present with a matching layout, then a load in the
+ExecuTorch runtime when that is installed (``--load`` asks for what is the default here).
+A ``.safetensors`` file, a safetensors index, a ``.gguf`` file (a split set from its first
+shard) or a ``.ptd``: read with filecord's reader, every byte of every file accounted for as
+header, tensor or zero padding, the dtypes counted; ``--load`` also loads it with the client
+its users load it with (the ``safetensors`` package; gguf-py and llama.cpp), which must find
+the same tensors at the same bytes.  Exit 0 when everything checks, 1 otherwise (a client
+that is not installed is a note, not a failure), 2 for a usage error.
 
 Without ``--data`` the data files ExecuTorch writes beside a program (``<stem>.ptd``,
 ``_default_external_constant.ptd``) are used when they are there, and the output says so.
@@ -11,26 +19,117 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from filecord._io import syscalls as _sys
-from filecord.cli.common import data_beside, not_regular
+from filecord.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    UsageError,
+    about,
+    data_beside,
+    not_regular,
+    odd_member,
+)
 from filecord.errors import FormatError
 
 
 def build(v: argparse.ArgumentParser) -> None:
-    v.add_argument("pte", metavar="PROGRAM.pte", help="the program (.pte)")
+    v.add_argument("pte", metavar="FILE",
+                   help="a program (.pte), a .ptd, a .safetensors file, a safetensors index "
+                   "(.json), or a .gguf file (a split set's first shard stands for the set); "
+                   "the format is found from its first bytes")
     v.add_argument(
         "--data", action="append", default=[], metavar="FILE.ptd",
         help="a data file of the program (repeat for several) [the .ptd files ExecuTorch "
         "writes beside it: <stem>.ptd, _default_external_constant.ptd]",
     )
-    v.add_argument("--no-runtime", action="store_true", help="structural checks only")
+    v.add_argument("--no-runtime", action="store_true",
+                   help=".pte: structural checks only (no load in the ExecuTorch runtime)")
+    v.add_argument("--load", action="store_true",
+                   help="also load the file with its real client where installed: the "
+                   "safetensors package, gguf-py and llama.cpp (a .pte is loaded in the "
+                   "ExecuTorch runtime unless --no-runtime)")
     v.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     v.add_argument("-v", "--verbose", action="count", default=0, help="more log detail")
 
 
 def run(args: argparse.Namespace) -> int:
+    from filecord._formats import sniff
+
+    if _sys.isdir(args.pte):
+        args.pte = _checkpoint_in(args.pte)
+    fmt = sniff(args.pte) if not_regular(args.pte) is None else None
+    if fmt is not None and fmt.name != "executorch-pte":
+        if args.data or args.no_runtime:
+            raise UsageError("--data and --no-runtime apply to a program (.pte) only")
+        return _run_file(args)
+    return _run_pte(args)
+
+
+def _checkpoint_in(directory: str) -> str:
+    """A folder stands for the checkpoint in it (a Hugging Face folder, a consolidated one)."""
+    for name in ("model.safetensors.index.json", "model.safetensors"):
+        path = os.path.join(directory, name)
+        if _sys.isfile(path):
+            return path
+    raise UsageError(f"{directory}: a directory without model.safetensors.index.json or "
+                     "model.safetensors; give the file to verify")
+
+
+def _run_file(args: argparse.Namespace) -> int:
+    from filecord._verify import Kind, LoadStatus, check
+
+    odd = odd_member(args.pte)
+    if odd is not None:
+        print(f"filecord verify: {odd}", file=sys.stderr)
+        return EXIT_FAIL
+    try:
+        got = check(args.pte, load=args.load)
+    except (FormatError, OSError) as exc:
+        print(f"filecord verify: {about(args.pte, exc)}", file=sys.stderr)
+        return EXIT_FAIL
+    if args.json:
+        print(json.dumps({
+            "ok": got.ok, "format": got.format, "path": got.path,
+            "files": [{
+                "path": f.path, "size": f.size,
+                "bytes": {k.value: f.bytes_of(k) for k in Kind},
+                "regions": [{"start": r.start, "end": r.end, "kind": r.kind.value,
+                             "name": r.name} for r in f.regions],
+                "problems": list(f.problems),
+            } for f in got.files],
+            "dtypes": got.dtypes,
+            "loads": [{"client": x.client, "status": x.status.value, "note": x.note}
+                      for x in got.loads],
+        }, indent=2, ensure_ascii=False))
+        return EXIT_OK if got.ok else EXIT_FAIL
+    for p in got.problems:
+        print(f"filecord verify: {p}", file=sys.stderr)
+    for x in got.loads:
+        if x.status is LoadStatus.FAILED:
+            print(f"filecord verify: {got.path}: {x.client} failed to load it: {x.note}",
+                  file=sys.stderr)
+    if got.problems:
+        return EXIT_FAIL
+    dtypes = ", ".join(f"{n} {k}" for k, n in sorted(got.dtypes.items()))
+    print(f"ok: {got.path}: {got.format}, {len(got.files)} file(s), {got.tensors} tensors "
+          f"({dtypes or 'none'}); every byte accounted for:")
+    for f in got.files:
+        print(f"  {f.path}: {f.size} bytes = {f.bytes_of(Kind.HEADER)} header + "
+              f"{f.bytes_of(Kind.TENSOR)} tensor + {f.bytes_of(Kind.PADDING)} zero padding")
+    for x in got.loads:
+        if x.status is LoadStatus.LOADED:
+            print(f"ok: {x.note}")
+        elif x.status is LoadStatus.SKIPPED:
+            print(f"note: not loaded in {x.client}: {x.note}")
+    if not args.load:
+        print("NOT loaded by a client: give --load to load it as its users do")
+    return EXIT_OK if got.ok else EXIT_FAIL
+
+
+def _run_pte(args: argparse.Namespace) -> int:
     from filecord.executorch import verify
 
     found_beside = not args.data and not_regular(args.pte) is None
@@ -44,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = verify(args.pte, data, runtime=not args.no_runtime)
     except (FormatError, OSError) as exc:  # verify reports problems; this is a last guard
-        print(f"filecord verify: {args.pte}: {exc}", file=sys.stderr)
+        print(f"filecord verify: {about(args.pte, exc)}", file=sys.stderr)
         return 1
     rt = result.runtime
     if args.json:

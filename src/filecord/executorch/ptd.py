@@ -27,6 +27,7 @@ from filecord._io import syscalls as _sys
 from filecord._kit.readfile import open_regular
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
+from filecord.errors import reading
 from filecord.executorch import _fbread, _fbwrite
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import (
@@ -174,6 +175,16 @@ def parse_ptd(
 
 
 def read_ptd(path: str | os.PathLike[str]) -> PtdFile:
+    """Read a ``.ptd``: header, entries and segments, each segment a file-backed range.
+
+    Entries that share a segment share one ``FileBackedData`` object.  Malformed input raises
+    an :class:`~filecord.executorch.errors.ExecutorchFormatError` subclass naming the file.
+    """
+    with reading(os.fspath(path)):
+        return _read_ptd(path)
+
+
+def _read_ptd(path: str | os.PathLike[str]) -> PtdFile:
     """Read a ``.ptd``: header, entries and segments, each segment a file-backed range.
 
     Entries that share a segment share one ``FileBackedData`` object.  Malformed input raises

@@ -21,6 +21,7 @@ from filecord._io import syscalls as _sys
 from filecord._kit.readfile import open_regular
 from filecord._pieces.cord import Cord, PieceLike
 from filecord._pieces.data import FileBackedData
+from filecord.errors import reading
 from filecord.executorch import _fbread
 from filecord.executorch._fbschema import Table
 from filecord.executorch._layout import (
@@ -189,6 +190,16 @@ def strip_header(region: bytes, padded_length: int) -> bytes:
 
 
 def read_pte(path: str | os.PathLike[str]) -> PteFile:
+    """Read a ``.pte``: header, decoded program, and every segment as a file-backed range.
+
+    Raises a :class:`~filecord.executorch.errors.ExecutorchFormatError` subclass naming the
+    file, the field and the offset for any malformed, truncated or inconsistent input.
+    """
+    with reading(os.fspath(path)):
+        return _read_pte(path)
+
+
+def _read_pte(path: str | os.PathLike[str]) -> PteFile:
     """Read a ``.pte``: header, decoded program, and every segment as a file-backed range.
 
     Raises a :class:`~filecord.executorch.errors.ExecutorchFormatError` subclass naming the

@@ -213,15 +213,24 @@ def _check_processor(path: str, pp: Any) -> None:
                                "with an id string")
 
 
+HF_EXTRA = ("gguf", "sentencepiece", "tokenizers", "numpy")  # pyproject.toml's hf extra
+
+
 def _import(name: str) -> Any:
     import importlib
+    import importlib.util
 
     try:
         return importlib.import_module(name)
     except ImportError:
+        # Every package of the hf extra that is missing, named at once: one install, not one
+        # per try; the advice works from a checkout and from PyPI alike.
+        missing = [m for m in HF_EXTRA if importlib.util.find_spec(m) is None] or [name]
         raise UnsupportedModelError(
-            f"reading this tokenizer needs the {name!r} package (pip install "
-            f"'filecord[hf]')") from None
+            f"reading this tokenizer needs the {name!r} package; of the hf extra, "
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: "
+            f"pip install {' '.join(missing)} (or the extra: pip install -e '.[hf]' in a "
+            "checkout of filecord, pip install 'filecord[hf]' from PyPI)") from None
 
 
 def _check_config_ids(directory: str) -> None:

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from filecord._io import syscalls as _sys
 from filecord._kit.readfile import open_regular
 from filecord._pieces.data import FileBackedData
-from filecord.errors import DataChangedError
+from filecord.errors import DataChangedError, reading
 from filecord.gguf._parse import Header, NeedMore, parse_header
 from filecord.gguf._types import (
     SPLIT_KEYS,
@@ -115,6 +115,12 @@ def _read_header(path: str) -> tuple[int, Header]:
 
 
 def read_gguf_file(path: str | os.PathLike[str], *, owned: bool = False) -> GGUFFile:
+    """Read one ``.gguf`` file (a shard is read alone); see :func:`read_gguf`."""
+    with reading(os.fspath(path)):
+        return _read_gguf_file(path, owned=owned)
+
+
+def _read_gguf_file(path: str | os.PathLike[str], *, owned: bool = False) -> GGUFFile:
     """Read one ``.gguf`` file (a shard is read alone); see :func:`read_gguf`."""
     p = os.fspath(path)
     size, header = _read_header(p)

@@ -105,7 +105,9 @@ def header_size(first: bytes, file_size: int) -> int:
 def _key_offset(raw: bytes, key: str) -> int:
     """Where ``key`` first appears as a JSON string in the header (8 when not found)."""
     for ascii_only in (False, True):
-        at = raw.find(json.dumps(key, ensure_ascii=ascii_only).encode())
+        # errors="surrogatepass": a key holding a lone surrogate is looked up (and found in
+        # its escaped, ASCII spelling) rather than failing the lookup of where it is
+        at = raw.find(json.dumps(key, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass"))
         if at >= 0:
             return 8 + at
     return 8
@@ -120,11 +122,33 @@ class _Reject(Exception):
         self.key = key
 
 
+def _text(s: str, key: str, what: str) -> None:
+    """A JSON escape may spell half of a surrogate pair alone (``\\ud800``): Python decodes it
+    to a lone surrogate, which is not Unicode text, no UTF-8 writer can write it again and the
+    safetensors package refuses the header.  Refused here too, at read, so that inspect,
+    merge, reshard and convert all say the same thing."""
+    if s.isascii():
+        return
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _Reject(InvalidHeaderError,
+                      f"{what} {key!r} holds {s[exc.start]!a} (a JSON escape of half a "
+                      "surrogate pair): not Unicode text", key) from None
+
+
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
             raise _Reject(DuplicateKeyError, f"key {k!r} appears twice in one object", k)
+        _text(k, k, "the key")
+        if isinstance(v, str):
+            _text(v, k, "the value of")
+        elif isinstance(v, list):
+            for x in v:
+                if isinstance(x, str):
+                    _text(x, k, "the value of")
         out[k] = v
     return out
 

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from filecord._io import syscalls as _sys
 from filecord._kit.readfile import open_regular
 from filecord._pieces.data import FileBackedData
-from filecord.errors import DataChangedError, NotRegularFileError
+from filecord.errors import DataChangedError, NotRegularFileError, reading
 from filecord.safetensors._format import Header, decode_json, header_size, parse_header
 from filecord.safetensors.errors import InvalidIndexError
 from filecord.tensors import NamedTensor
@@ -79,6 +79,12 @@ def _read_prefix(path: str) -> tuple[int, bytes, bytes]:
 
 
 def read_file(path: str | os.PathLike[str], *, owned: bool = False) -> SafetensorsFile:
+    """Read one ``.safetensors`` file; see :func:`read_safetensors` (a format error names it)."""
+    with reading(os.fspath(path)):
+        return _read_file(path, owned=owned)
+
+
+def _read_file(path: str | os.PathLike[str], *, owned: bool = False) -> SafetensorsFile:
     """Read one ``.safetensors`` file; see :func:`read_safetensors`."""
     p = os.fspath(path)
     size, _first, raw = _read_prefix(p)
@@ -120,6 +126,13 @@ def _read_shard(directory: str, name: str, *, owned: bool) -> SafetensorsFile:
 
 
 def read_index(path: str | os.PathLike[str], *, owned: bool = False) -> SafetensorsIndex:
+    """Read a ``*.index.json`` and every shard it names (file names beside the index only);
+    a format error names the file it is in."""
+    with reading(os.fspath(path)):
+        return _read_index(path, owned=owned)
+
+
+def _read_index(path: str | os.PathLike[str], *, owned: bool = False) -> SafetensorsIndex:
     """Read a ``*.index.json`` and every shard it names (file names beside the index only)."""
     p = os.fspath(path)
     fd = open_regular(p)
