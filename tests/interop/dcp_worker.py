@@ -408,6 +408,59 @@ def scenario_hf(rank: int, world: int, out: str, arg: str) -> dict[str, Any]:
     return {}
 
 
+def _recipe_rank(rank: int, world: int, out: str, port: int) -> None:
+    """One rank of the documented recipe (docs/dcp.md, "Ending the ranks"): init, a
+    shard-mode save, destroy_process_group in a finally, then a normal interpreter exit."""
+    import datetime
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        sd = {f"w{i}": torch.full((16, 8), float(i)) for i in range(6)}
+        fdcp.save(sd, out, max_shard_size=1200)
+    finally:
+        dist.destroy_process_group()
+
+
+def exits(runs: int, world: int, base: str) -> None:
+    """``runs`` saves, each by ``world`` ranks forked from this process (torch imported once,
+    so a run costs the save, not the imports); each rank ends by leaving the interpreter
+    normally (finalization and all), as a script does.  Writes ``base/result.json``: per run,
+    every rank's exit status and whether its stderr says ``terminate called``."""
+    fdcp.save  # noqa: B018 - the lazy import, done once before forking
+    found: list[dict[str, Any]] = []
+    for n in range(runs):
+        out = os.path.join(base, f"run{n}")
+        os.makedirs(out)
+        port = _free_port()
+        pids = []
+        for rank in range(world):
+            pid = os.fork()
+            if pid == 0:  # the rank: stderr to a file, then out through SystemExit
+                fd = os.open(os.path.join(base, f"run{n}.{rank}.err"),
+                             os.O_WRONLY | os.O_CREAT, 0o644)
+                os.dup2(fd, 2)
+                code = 0
+                try:
+                    _recipe_rank(rank, world, out, port)
+                except BaseException:
+                    import traceback
+                    traceback.print_exc()
+                    code = 1
+                sys.exit(code)
+            pids.append(pid)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
+        errs = []
+        for rank in range(world):
+            with open(os.path.join(base, f"run{n}.{rank}.err")) as f:
+                errs.append(f.read())
+        found.append({"codes": codes, "terminate": ["terminate called" in e for e in errs],
+                      "stderr": [e[-800:] for e in errs], "files": _listing(out)})
+    with open(os.path.join(base, "result.json"), "w") as f:
+        json.dump(found, f, indent=1)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -434,6 +487,9 @@ def main() -> None:
     scenario, world, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     arg = sys.argv[4] if len(sys.argv) > 4 else ""
     torch.set_num_threads(1)
+    if scenario == "exits":  # ARG runs of the documented recipe, ranks forked per run
+        exits(int(arg), world, out)
+        return
     if world == 1:
         _run(0, 1, scenario, out, arg, _free_port())
         return

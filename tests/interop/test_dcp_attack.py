@@ -135,7 +135,7 @@ def test_shape_mismatch_across_ranks_is_refused(world: tuple[Path, dict[str, Any
 
 
 # was a finding (fixed): rank 1's plan with the offsets of two items swapped is accepted: the
-# file commits with a's and b's second halves exchanged and save returns normally (the CRC-32s
+# file commits with a's and b's second halves exchanged and save returns normally (the bytes
 # are not checked)
 def test_tampered_offsets_are_refused(world: tuple[Path, dict[str, Any]]) -> None:
     _, r = world

@@ -26,6 +26,7 @@ moved (journaled, recoverable), and the shards are gone after the commit.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -33,18 +34,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from filecord._io import syscalls as _sys
+from filecord._kit.jsondepth import first_too_deep
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
 from filecord._plan.report import SaveReport
 from filecord._txn.save import save
 from filecord.dcp import _layout
 from filecord.dcp.errors import ShardSetError
+from filecord.errors import SaveError
 from filecord.safetensors._format import canonical_order, encode_header
 from filecord.safetensors._read import SafetensorsFile, read_file
 from filecord.safetensors._write import remove_files
 
 SHARD_RE = re.compile(r"shard-(\d{5})-model-(\d{5})-of-(\d{5})\.safetensors")
 SHARDING_KEY = "DCP_SHARDING_INFO"
+SHARDING_DEPTH = 8  # torch writes {fqn: {"saved_offsets": [...]}}: 3 deep
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,13 +93,19 @@ def _shards(directory: str, world_size: int | None) -> list[tuple[int, str]]:
 def _chunks(f: SafetensorsFile, rank: int) -> list[Chunk]:
     info: dict[str, object] = {}
     raw = (f.metadata or {}).get(SHARDING_KEY)
+    field = f"__metadata__.{SHARDING_KEY}"
     if raw is not None:
+        deep = first_too_deep(raw, SHARDING_DEPTH)
+        if deep is not None:  # json.loads would recurse once per level: checked first
+            raise ShardSetError(f"nested more than {SHARDING_DEPTH} deep (character {deep} "
+                                f"of the string) in {f.path}; torch writes it 3 deep (an "
+                                "object of objects of offset lists)", field=field)
         try:
             info = json.loads(raw)
         except ValueError as exc:
-            raise ShardSetError(f"{f.path}: {SHARDING_KEY} is not JSON ({exc})") from None
+            raise ShardSetError(f"not JSON ({exc}) in {f.path}", field=field) from None
         if not isinstance(info, dict):
-            raise ShardSetError(f"{f.path}: {SHARDING_KEY} is not an object")
+            raise ShardSetError(f"not an object in {f.path}", field=field)
     out: list[Chunk] = []
     for name, t in f.tensors.items():
         entry = info.get(name)
@@ -134,6 +144,7 @@ def consolidate(
     if directory.endswith(".safetensors"):
         raise ValueError(f"consolidate(out, checkpoint_dir) takes the output first; "
                          f"{directory!r} looks like the output; nothing was written")
+    _output_directory(os.fspath(out))
     shards = _shards(directory, world_size)
     files: list[SafetensorsFile] = []
     try:
@@ -147,6 +158,21 @@ def consolidate(
     if consume:
         remove_files([p for _, p in shards if _sys.lexists(p)])
     return report
+
+
+def _output_directory(out: str) -> None:
+    """Refuse, before a shard is read, an output whose directory is missing: as
+    ``filecord.save`` and ``save_file``, ``consolidate`` writes into an existing directory
+    (it fsyncs that directory, and a directory it made would need its own parent fsynced);
+    the command-line tools are the ones that create theirs."""
+    directory = os.path.dirname(out) or "."
+    if not _sys.lexists(directory):
+        raise SaveError(f"cannot consolidate into {out}: the directory {directory} does not "
+                        "exist (create it first); no shard was read, nothing was written",
+                        errno=errno.ENOENT)
+    if not _sys.isdir(directory):
+        raise SaveError(f"cannot consolidate into {out}: {directory} is not a directory; no "
+                        "shard was read, nothing was written", errno=errno.ENOTDIR)
 
 
 def _consolidate(out: str, shards: list[tuple[int, str]], files: list[SafetensorsFile], *,

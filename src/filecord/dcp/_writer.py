@@ -31,9 +31,10 @@ coordinator ``prepare_global_plan`` (inside a gather/scatter: its return value, 
    (no create, no truncate), writes each chunk's runs with ``pwrite`` straight from the
    tensor's memory (a view or an off-host tensor is staged through bounded row-major blocks,
    ``_kit.torch_stream.row_major_blocks``), fsyncs, and returns per item the temp, offset and
-   bytes written and a CRC-32 of the chunk.
+   bytes written.  No checksum is taken: nothing could check it without re-reading every
+   byte, and a pass over the data costs as much as the writes (issue 37's profile).
 4. ``finish`` (coordinator) checks that each rank reported exactly the items it assigned that
-   rank, at the temp, offset and byte count it laid out (the CRC-32s are kept, not re-read),
+   rank, at the temp, offset and byte count it laid out (the bytes are not re-read),
    and commits the temps with ONE ``filecord.save_many`` transaction, each temp an owned
    whole-file piece under ``consume=True`` (adopted: fsynced, renamed, journaled, recoverable;
    nothing is copied), the index as bytes.  Then the lock goes.
@@ -52,7 +53,6 @@ import dataclasses
 import errno
 import logging
 import os
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,7 +132,6 @@ class ItemResult:
     offset: int
     nbytes: int
     runs: int
-    crc32: int
 
 
 def dtype_code(dtype: torch.dtype, fqn: str) -> DType:
@@ -386,8 +385,8 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
         """Each rank must report exactly the items the coordinator assigned it, each written
         into the temp the coordinator created, at the offset it laid out, with the byte count
         of the chunk: a plan changed on its way to a rank (offsets swapped between two items
-        of the same size, a temp renamed) is refused here, before the commit.  The CRC-32s are
-        kept (``results``) but not checked against the file: that would re-read every byte."""
+        of the same size, a temp renamed) is refused here, before the commit.  The bytes
+        themselves are not checked: that would re-read every byte."""
         if len(results) != len(self._assigned):
             raise UnsupportedStateError(f"{len(results)} ranks reported, {len(self._assigned)} "
                                         "were planned; nothing was committed")
@@ -485,7 +484,7 @@ def _write_item(fd: int, tensor: torch.Tensor, item: WriteItem, place: ItemPlace
         raise UnsupportedStateError(f"{item.index.fqn!r}: the data has shape "
                                     f"{list(tensor.shape)}, the plan says {list(box.sizes)}")
     runs = _layout.runs(place.shape, box.offsets, box.sizes, place.itemsize)
-    crc = 0
+    base = place.offset
     done = 0
     count = 0
     run_dst, run_left = 0, 0
@@ -493,21 +492,21 @@ def _write_item(fd: int, tensor: torch.Tensor, item: WriteItem, place: ItemPlace
         if block.numel() == 0:
             continue
         view = host_view(block.reshape(-1).view(torch.uint8))
-        crc = zlib.crc32(view, crc)
+        size = len(view)
         pos = 0
-        while pos < len(view):
+        while pos < size:
             if run_left == 0:
                 run_dst, run_left = next(runs)
                 count += 1
-            n = min(run_left, len(view) - pos)
+            n = run_left if run_left <= size - pos else size - pos
             piece = view[pos:pos + n]
-            if _sys.pwrite(fd, piece, place.offset + run_dst) != n:  # short: finish it
-                _sys.write_all(fd, piece, place.offset + run_dst)
+            if _sys.pwrite(fd, piece, base + run_dst) != n:  # short: finish it
+                _sys.write_all(fd, piece, base + run_dst)
             run_dst += n
             run_left -= n
             pos += n
-        done += len(view)
+        done += size
     if done != place.nbytes:
         raise UnsupportedStateError(f"{item.index.fqn!r}: {done} bytes for a "
                                     f"{place.nbytes}-byte chunk")
-    return ItemResult(token, temp, place.file, place.offset, done, count, crc)
+    return ItemResult(token, temp, place.file, place.offset, done, count)
