@@ -410,6 +410,13 @@ def _spm_json(directory: str, vocab_size: int) -> list[KeyValue]:
         if i >= n:  # added on top of the SentencePiece pieces
             tokens[i], scores[i] = entry["content"], ADDED_SCORE
             types[i] = CONTROL if entry.get("special") else USER_DEFINED
+    return _spm_keys(directory, vocab_size, tokens, scores, types)
+
+
+def _spm_keys(directory: str, vocab_size: int, tokens: list[str], scores: list[float],
+              types: list[int]) -> list[KeyValue]:
+    """The SentencePiece keys, whether the pieces came from tokenizer.model or from the
+    tokenizer.json transformers converts it to: one writer, so the two forms cannot drift."""
     _added(directory, vocab_size, tokens, scores, types)
     return [KeyValue("tokenizer.ggml.model", ValueType.STRING, "llama"),
             KeyValue("tokenizer.ggml.pre", ValueType.STRING, "default"),
@@ -439,12 +446,7 @@ def _spm(directory: str, vocab_size: int) -> list[KeyValue]:
         kind = (UNKNOWN if proc.IsUnknown(i) else CONTROL if proc.IsControl(i)
                 else UNUSED if proc.IsUnused(i) else BYTE if proc.IsByte(i) else NORMAL)
         tokens[i], scores[i], types[i] = proc.IdToPiece(i), float(proc.GetScore(i)), kind
-    _added(directory, vocab_size, tokens, scores, types)
-    return [KeyValue("tokenizer.ggml.model", ValueType.STRING, "llama"),
-            KeyValue("tokenizer.ggml.pre", ValueType.STRING, "default"),
-            _arr("tokenizer.ggml.tokens", tokens, ValueType.STRING),
-            _arr("tokenizer.ggml.scores", scores, ValueType.FLOAT32),
-            _arr("tokenizer.ggml.token_type", types, ValueType.INT32)]
+    return _spm_keys(directory, vocab_size, tokens, scores, types)
 
 
 def pre_tokenizer_name(spec: Mapping[str, Any] | None) -> str | None:
