@@ -96,6 +96,8 @@ class Transcript:
         out = (r.stdout + r.stderr).replace(str(self.work), "$WORK")
         if self.clients:
             out = out.replace(self.clients, "$CLIENTS")
+        # the demo works in the temp directory: no machine path goes into the committed doc
+        out = out.replace(tempfile.gettempdir().rstrip("/") + "/", "$TMPDIR/")
         out = out.rstrip("\n")
         self.lines.append("```console")
         self.lines.append(f"$ {shown or command}")
