@@ -141,8 +141,10 @@ def test_verify_of_a_broken_file_names_it_and_exits_1(files: Path) -> None:
                         "reads versions 2 and 3\n")
     r = run("verify", "a.safetensors", "--data", "x.ptd", cwd=files)
     assert r.returncode == 2
-    assert r.stderr == ("filecord verify: error: --data and --no-runtime apply to a program "
-                        "(.pte) only\n")
+    assert r.stderr == "filecord verify: error: --data applies to a program (.pte) only\n"
+    r = run("verify", "bad.gguf", "--no-runtime", cwd=files)  # a no-op beside a non-program
+    assert r.returncode == 1
+    assert r.stderr.startswith("filecord verify: bad.gguf: version at offset 4")
 
 
 def test_verify_of_a_program_still_reads_a_pte(files: Path) -> None:

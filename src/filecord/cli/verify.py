@@ -62,8 +62,10 @@ def run(args: argparse.Namespace) -> int:
         args.pte = _checkpoint_in(args.pte)
     fmt = sniff(args.pte) if not_regular(args.pte) is None else None
     if fmt is not None and fmt.name != "executorch-pte":
-        if args.data or args.no_runtime:
-            raise UsageError("--data and --no-runtime apply to a program (.pte) only")
+        # --no-runtime asks for less than these formats do anyway (their runtime is --load),
+        # so scripts that pass it to every file keep working; --data would be silently ignored
+        if args.data:
+            raise UsageError("--data applies to a program (.pte) only")
         return _run_file(args)
     return _run_pte(args)
 
