@@ -293,3 +293,22 @@ def test_library_rows_are_one_piece_of_row_ranges(llama: Path) -> None:
     # first) are one range; the rest are not
     assert not q.cast
     assert planned["blk.0.attn_norm.weight"].cast
+
+
+@pytest.mark.parametrize("consume", [False, True], ids=["copy", "consume"])
+@pytest.mark.parametrize("target", ["config.json", "tokenizer.model", "tokenizer_config.json"])
+def test_an_output_that_is_a_link_to_a_file_the_converter_reads_is_refused(
+        llama: Path, tmp_path: Path, target: str, consume: bool) -> None:
+    """The folder's non-weight files are read and never consumed: an output linked to one of
+    them would be renamed over it (the outside attack wrote a GGUF over config.json)."""
+    model = fresh(llama, tmp_path)
+    link = tmp_path / "out.gguf"
+    link.symlink_to(model / target)
+    before = snapshot(model)
+    r = run(str(model), "-o", str(link), "-q", *(["--consume"] if consume else []))
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert (f"is also one of the inputs ({model / target}); that file is read, never consumed: "
+            "write the output elsewhere") in r.stderr, r.stderr
+    assert snapshot(model) == before  # every input byte-exact, nothing consumed
+    assert link.is_symlink()
+    assert os.readlink(link) == str(model / target)

@@ -79,24 +79,27 @@ def require_directory(function: str, usage: str, directory: str) -> None:
 
 
 def not_an_input(function: str, output: str, inputs: Iterable[str], *,
-                 consume: bool = False) -> None:
+                 consume: bool = False, consumable: bool = True) -> None:
     """Refuse an output that names one of the inputs (by name, or the same file by inode),
     unless consuming: then the save parks the consumed input before its commit takes the name
     (and refuses itself an input it would not consume: a symlink, one it may not delete).
 
     The save refuses an output that is a source of tensor bytes; an index JSON is read but is
     no source of the save, so only this check keeps an operation from writing over it.
+    ``consumable=False`` for inputs no save consumes (a model folder's config and tokenizer):
+    they are refused with or without ``consume``.
     """
-    if consume:
+    if consume and consumable:
         return
     out_abs = _sys.abspath(output)
     out_id = _identity(output)
     for p in inputs:
         if _sys.abspath(p) == out_abs or (out_id is not None and _identity(p) == out_id):
+            hint = ("consume=True (--consume) makes this possible: the input is then taken "
+                    "into the new output" if consumable else
+                    "that file is read, never consumed: write the output elsewhere")
             raise SourceIsOutputError(
-                f"{function}: the output {output} is also one of the inputs ({p}); "
-                f"consume=True (--consume) makes this possible: the input is then taken "
-                f"into the new output",
+                f"{function}: the output {output} is also one of the inputs ({p}); {hint}",
                 errno=errno.EINVAL)
 
 

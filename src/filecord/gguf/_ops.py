@@ -218,6 +218,14 @@ def convert(
         raise ValueError(f"convert to .gguf takes a model directory, its index .json or a "
                          f".safetensors file, not {src!r}: arguments go output first: {CONVERT}")
     not_an_input("convert", out, [src], consume=consume)
+    # the folder's other files (config, tokenizer, index) are read too and never consumed: an
+    # output naming one of them, a symlink included, would be written over an input
+    folder = src if _sys.isdir(src) else os.path.dirname(_sys.abspath(src))
+    if _sys.isdir(folder):
+        read = [os.path.join(folder, n) for n in _sys.listdir(folder)
+                if not n.endswith((".safetensors", ".gguf"))
+                and _sys.isfile(os.path.join(folder, n))]
+        not_an_input("convert", out, read, consumable=False)
     return convert_hf(out, src, outtype=kind, consume=consume, alignment=alignment,
                       max_tensors=max_tensors, max_size=max_shard_size, dry_run=dry_run,
                       window=window, progress=progress, cast_progress=cast_progress,
