@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from filecord._io import syscalls as _sys
@@ -72,10 +71,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _checkpoint_in(directory: str) -> str:
     """A folder stands for the checkpoint in it (a Hugging Face folder, a consolidated one)."""
-    for name in ("model.safetensors.index.json", "model.safetensors"):
-        path = os.path.join(directory, name)
-        if _sys.isfile(path):
-            return path
+    from filecord.safetensors._read import checkpoint_in
+
+    found = checkpoint_in(directory)
+    if found is not None:
+        return found
     raise UsageError(f"{directory}: a directory without model.safetensors.index.json or "
                      "model.safetensors; give the file to verify")
 

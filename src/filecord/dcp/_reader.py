@@ -32,7 +32,7 @@ from torch.futures import Future
 
 from filecord._io import syscalls as _sys
 from filecord.dcp.errors import UnsupportedStateError
-from filecord.safetensors._read import SafetensorsFile, read_safetensors
+from filecord.safetensors._read import SafetensorsFile, checkpoint_in, read_safetensors
 from filecord.safetensors._torch import torch_dtype
 from filecord.tensors import NamedTensor
 
@@ -49,10 +49,9 @@ class Stored:
 
 def _resolve(path: str) -> str:
     if _sys.isdir(path):
-        for name in ("model.safetensors.index.json", "model.safetensors"):
-            candidate = os.path.join(path, name)
-            if _sys.exists(candidate):
-                return candidate
+        found = checkpoint_in(path)
+        if found is not None:
+            return found
         raise FileNotFoundError(f"{path} holds neither model.safetensors nor "
                                 "model.safetensors.index.json")
     return path

@@ -78,6 +78,16 @@ def _read_prefix(path: str) -> tuple[int, bytes, bytes]:
     return size, first, raw
 
 
+def checkpoint_in(directory: str) -> str | None:
+    """The file that stands for a Hugging Face folder's checkpoint: its index, else its one
+    ``model.safetensors``; None when it holds neither (callers word their own error)."""
+    for name in ("model.safetensors.index.json", "model.safetensors"):
+        path = os.path.join(directory, name)
+        if _sys.isfile(path):
+            return path
+    return None
+
+
 def read_file(path: str | os.PathLike[str], *, owned: bool = False) -> SafetensorsFile:
     """Read one ``.safetensors`` file; see :func:`read_safetensors` (a format error names it)."""
     with reading(os.fspath(path)):
