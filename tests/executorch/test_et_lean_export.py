@@ -4,8 +4,10 @@ that is a file mapping reaches the data file by a kernel copy of that file (neve
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,9 +27,12 @@ from executorch.exir.passes.external_constants_pass import (
 from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 from torch.export import export
 
+import filecord
 import filecord.executorch as fe
 from filecord._io import syscalls as _sys
-from filecord.executorch import _lean, _storage
+from filecord.errors import DataChangedError
+from filecord.executorch import _lean, _storage, adapter
+from filecord.executorch._mapped import MappedFiles
 
 pytestmark = pytest.mark.interop
 
@@ -394,6 +399,7 @@ def test_a_mapped_weight_reaches_the_ptd_as_a_kernel_copy_of_its_file(
 
 
 def _patched_attributes() -> dict[str, object]:
+    from executorch.backends.aoti.aoti_backend import AotiBackend
     from executorch.backends.xnnpack.operators.node_visitor import NodeVisitor
     from executorch.exir.backend.backend_details import BackendDetails
     from executorch.exir.emit._emitter import _Emitter
@@ -402,6 +408,7 @@ def _patched_attributes() -> dict[str, object]:
         "emit": _Emitter.__dict__["_tensor_spec_to_evalue"],
         "copy": BackendDetails.__dict__["copy_exported_program_for_preprocess"],
         "xnnpack": NodeVisitor.__dict__["get_serialized_buffer_index"],
+        "aoti_blob": AotiBackend.__dict__["load_weights_blob"],
     }
 
 
@@ -483,6 +490,159 @@ def test_a_written_page_of_a_private_mapping_makes_the_save_stream_from_memory(
     assert [c for c in seen.copied if c[0] == os.path.realpath(ckpt)] == []
     expected = save_executorch(reference, tmp_path / "reference")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == expected
+
+
+# --- AOTI's weights blob (CUDA, Metal) ---------------------------------------------------------
+
+
+def test_an_aoti_weights_blob_stays_a_file_with_executorchs_digest(tmp_path: Path) -> None:
+    """AOTI compiles a library plus a weights blob; ExecuTorch reads the blob into a bytes to
+    hash and store it.  Under lean_export the blob stays a file (renamed beside itself, hashed
+    in chunks), and fe.save writes its bytes where ExecuTorch's save would.  (A CUDA export
+    needs a GPU; this is the step on its own.)"""
+    from executorch.backends.aoti.aoti_backend import AotiBackend
+    from executorch.exir._serialize._named_data_store import NamedDataStore
+    from executorch.exir._serialize.data_serializer import DataPayload
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
+
+    payload = os.urandom(3 << 20) + b"tail"
+    blob = tmp_path / "model.wrapper_weights.blob"
+    blob.write_bytes(payload)
+    theirs_blob = tmp_path / "theirs.wrapper_weights.blob"
+    theirs_blob.write_bytes(payload)
+    theirs, theirs_digest = AotiBackend.load_weights_blob(str(theirs_blob), [])
+    with fe.lean_export(scratch_dir=str(tmp_path)):
+        data, digest = AotiBackend.load_weights_blob(str(blob), [])
+    assert isinstance(theirs, bytes)
+    assert not isinstance(data, bytes)
+    assert digest == theirs_digest == hashlib.sha256(payload).hexdigest()
+    assert not blob.exists()
+    assert not theirs_blob.exists()
+    assert len(data) == len(payload)
+    assert Path(data._path).parent == tmp_path
+    assert Path(data._path).read_bytes() == payload
+
+    def ptd_of(blob_data: Any) -> Any:  # ExecuTorch's serializer, as its manager calls it
+        store = NamedDataStore()
+        store.add_named_data(digest + "_weights_blob", blob_data, 1, "aoti_cuda_blob")
+        return FlatTensorSerializer().serialize(DataPayload(
+            buffers=store.buffers, named_data=store.external_data["aoti_cuda_blob"]))
+
+    assert data._finalizer.alive  # owned, like a spilled weight: deleted when dropped
+    mine = adapter._adopt_cord(ptd_of(data), "ptd", {}, MappedFiles)
+    filecord.save(tmp_path / "mine.ptd", mine, consume=True)
+    assert (tmp_path / "mine.ptd").read_bytes() == bytes(ptd_of(theirs))
+    assert not os.path.exists(data._path)  # consumed: moved into the .ptd, not copied
+
+
+# --- a weight written between the export and the save ----------------------------------------
+
+
+def _export_two(flow: str, model: torch.nn.Module, x: torch.Tensor, tmp_path: Path) -> Any:
+    external = ExecutorchBackendConfig(external_constants=True)
+    with fe.lean_export(scratch_dir=str(tmp_path)):
+        if flow == "portable_in_pte":
+            return to_edge(export(model, (x,))).to_executorch()
+        if flow == "portable_external":
+            return to_edge(export(model, (x,))).to_executorch(external)
+        return _tagged_xnn(model, x)
+
+
+def _tagged_xnn(model: torch.nn.Module, x: torch.Tensor) -> Any:
+    ep = _tagged(export(model, (x,)).module(), x, lambda n: "model")
+    return to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch(
+        ExecutorchBackendConfig(external_constants=True))
+
+
+@pytest.mark.parametrize("flow", ["portable_in_pte", "portable_external", "xnnpack_ptd"])
+def test_a_weight_written_in_place_after_the_export_fails_every_save_of_it(
+    flow: str, tmp_path: Path,
+) -> None:
+    """The digests (ExecuTorch's keys and dedup) are of the old bytes: writing the new ones
+    under them would be a program that lies.  filecord's save raises before writing anything;
+    ExecuTorch's own writers raise too (after writing: their output is theirs; its ``save``
+    logs the error and returns, as it does for any failed write)."""
+    model = TwoLinear().eval()
+    x = torch.randn(2, 64)
+    manager = _export_two(flow, model, x, tmp_path)
+    with torch.no_grad():
+        model.a.weight.mul_(0).add_(7)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(DataChangedError, match="changed after lean_export"):
+        fe.save(out / "m.pte", manager)
+    assert list(out.iterdir()) == []
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    with pytest.raises(DataChangedError, match="changed after lean_export"):  # noqa: PT012
+        with (theirs / "m.pte").open("wb") as f:
+            manager.write_to_file(f)
+        manager.write_tensor_data_to_file(str(theirs))
+    if flow == "portable_in_pte":  # the only flow whose .pte holds the weight
+        with pytest.raises(DataChangedError, match="changed after lean_export"):
+            manager.buffer  # noqa: B018 - the property serializes the whole program
+
+
+@pytest.mark.parametrize("how", ["written through a shared mapping", "rewritten by pwrite"])
+def test_a_mapped_checkpoint_changed_after_the_export_fails_the_save(
+    how: str, tmp_path: Path,
+) -> None:
+    torch.manual_seed(5)
+    weight = torch.randn(2048, 2048)
+    ckpt = tmp_path / "weights.bin"
+    ckpt.write_bytes(weight.numpy().tobytes())
+    past = time.time() - 100
+    os.utime(ckpt, (past, past))  # old enough that the save would trust an unchanged file
+    with torch.device("meta"):
+        model = Wide()
+    shared = how == "written through a shared mapping"
+    mapped = torch.from_file(str(ckpt), shared=shared, size=weight.numel()).view(2048, 2048)
+    model.load_state_dict({"lin.weight": mapped}, assign=True)
+    x = torch.randn(1, 2048)
+    with fe.lean_export(scratch_dir=str(tmp_path)):
+        manager = to_edge(export(model.eval(), (x,))).to_executorch(
+            ExecutorchBackendConfig(external_constants=True))
+    time.sleep(0.01)
+    if shared:
+        with torch.no_grad():
+            mapped[7, 7] = 1234.0
+    else:
+        with ckpt.open("r+b") as f:
+            f.seek(4096)
+            f.write(b"\x00" * 64)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(DataChangedError, match="changed after lean_export"):
+        fe.save(out / "m.pte", manager)
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("age_s", [100.0, 0.0])
+def test_a_mapped_file_older_than_the_digest_is_not_hashed_again(
+    age_s: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check costs a read of every weight; a file whose mtime predates the export by more
+    than the clock's slack is trusted (the save's identity checks watch it from there)."""
+    model, ckpt = _mmapped_wide(tmp_path, "torch.from_file")
+    when = time.time() - age_s
+    os.utime(ckpt, (when, when))
+    x = torch.randn(1, 2048)
+    with fe.lean_export(scratch_dir=str(tmp_path)):
+        manager = to_edge(export(model, (x,))).to_executorch(
+            ExecutorchBackendConfig(external_constants=True))
+    hashed: list[int] = []
+    real = _storage._digest
+
+    def counting(view: memoryview) -> bytes:
+        hashed.append(len(view))
+        return real(view)
+
+    monkeypatch.setattr(_storage, "_digest", counting)
+    out = tmp_path / "out"
+    out.mkdir()
+    fe.save(out / "m.pte", manager)
+    size = model.lin.weight.untyped_storage().nbytes()
+    assert (size in hashed) == (age_s == 0.0), hashed
 
 
 # --- the README ---------------------------------------------------------------------------------

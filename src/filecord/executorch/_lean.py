@@ -18,7 +18,17 @@ steps are replaced, for the duration of the ``with`` block and process-wide, by:
   parameter's own storage, or as a scratch file (:func:`~._storage.spill`) when it computed new
   bytes (cast, quantized, permuted, packed), so the computed tensor is freed at once;
 * ``BackendDetails.copy_exported_program_for_preprocess`` (the default every backend without its
-  own inherits): a deep copy of the program that shares the state-dict and constant tensors.
+  own inherits), and the CUDA backend's own (which shares weights only in its
+  ``low_memory_mode``): a deep copy of the program that shares the state-dict and constant
+  tensors;
+* the AOTI backends' ``load_weights_blob`` (CUDA outside ``low_memory_mode``, Metal): the
+  compiled weights blob is kept as a file (:func:`~._storage.adopt_file`) instead of read into
+  a ``bytes``, with the same digest and so the same named-data key.  The compiled library
+  itself is still read whole by ExecuTorch (code, not weights).
+
+The AOTI and CUDA backends are patched only where they import (CUDA needs triton); they cannot
+be exercised without a GPU, so their replacements are tested on their own, not through a
+CUDA export.
 
 Each replaced attribute is taken from the class's own ``__dict__`` and put back, the very same
 object, on exit, whatever ends the block.  Nothing is written into the installed package.
@@ -109,6 +119,22 @@ def lean_export(*, scratch_dir: str | None = None) -> Iterator[None]:
         _LOCK.release()
 
 
+def _aoti_plan() -> list[tuple[type, str, Callable[[Any], Any]]]:
+    """The AOTI/CUDA replacements, for the backends this installation can import."""
+    plan: list[tuple[type, str, Callable[[Any], Any]]] = []
+    try:
+        from executorch.backends.aoti.aoti_backend import AotiBackend
+    except ImportError:
+        return plan
+    plan.append((AotiBackend, "load_weights_blob", _lean_blob))
+    try:
+        from executorch.backends.cuda.cuda_backend import CudaBackend
+    except ImportError:  # no triton: the CUDA backend cannot run here at all
+        return plan
+    plan.append((CudaBackend, "copy_exported_program_for_preprocess", _lean_copy))
+    return plan
+
+
 def _install(directory: str) -> list[_Patch]:
     from executorch.backends.xnnpack.operators import node_visitor
     from executorch.exir.backend.backend_details import BackendDetails
@@ -119,6 +145,7 @@ def _install(directory: str) -> list[_Patch]:
         (BackendDetails, "copy_exported_program_for_preprocess", _lean_copy),
         (node_visitor.NodeVisitor, "get_serialized_buffer_index",
          lambda original: _lean_xnnpack(original, node_visitor, directory)),
+        *_aoti_plan(),
     ]
     done: list[_Patch] = []
     try:
@@ -183,6 +210,17 @@ def _lean_copy(original: Any) -> Any:
         return copy.deepcopy(edge_program, memo)
 
     return classmethod(copy_exported_program_for_preprocess)
+
+
+# --- AOTI's weights blob ----------------------------------------------------------------------
+
+
+def _lean_blob(original: Any) -> Any:
+    def load_weights_blob(cls: type, blob_path: str, compile_specs: Any) -> tuple[Any, str]:
+        data = _storage.adopt_file(blob_path)
+        return data, data.sha256().hex()
+
+    return classmethod(load_weights_blob)
 
 
 # --- XNNPACK's constants ----------------------------------------------------------------------

@@ -14,12 +14,23 @@ chunk at a time (hashlib reads the memory in place), so the digest equals the on
 Nothing here reads a storage into a ``bytes``, except ``to_bytes`` (ExecuTorch's
 ``manager.buffer`` asks for the whole program); writing streams the view.
 
+The digest is a promise about bytes that stay in the user's hands: a weight written in place
+between the export and the save (``weight.mul_(0)``, a shared mapping written through) would
+reach the file under keys and hashes of its old bytes.  So the reference remembers when it
+hashed (``hashed_at``), and whoever writes its bytes checks them against the digest first:
+:meth:`~StorageRef.check` hashes the view again (``fe.save`` calls it before the transaction
+starts, except for a file range the file's mtime shows untouched since ``hashed_at``), and
+ExecuTorch's own writers (``write_to_file``, ``to_bytes``) hash what they hand out and raise
+:class:`~filecord.errors.DataChangedError` at the end instead of returning.
+
 Bytes computed during lowering (a quantized, transposed or packed weight) live in an anonymous
 allocation that would otherwise stay alive until the save.  :func:`spill` writes such a storage
 once, in chunks, into a scratch file (hashing as it goes) and returns ExecuTorch's own
 ``FileBackedData`` over it, owning the file: the allocation can then be freed at once.  The
 scratch file is created with ``O_EXCL`` in the directory the caller names and deleted when its
 last reference goes (filecord's save takes such files over, and may move them).
+:func:`adopt_file` does the same for a file a backend already wrote (AOTI's weights blob): it
+is renamed to a scratch name beside itself and hashed in chunks, instead of read whole.
 """
 
 from __future__ import annotations
@@ -28,10 +39,12 @@ import ctypes
 import functools
 import hashlib
 import os
+import time
 from typing import Any
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
+from filecord.errors import DataChangedError
 
 CHUNK = 8 << 20  # bytes hashed or written per step
 
@@ -51,6 +64,16 @@ def _digest(view: memoryview) -> bytes:
     return h.digest()
 
 
+def changed(where: str, size: int) -> DataChangedError:
+    """The error for a constant whose bytes no longer hash to the digest taken at export."""
+    return DataChangedError(
+        where, expected_size=size, found_size=size,
+        reason="a constant's bytes changed after lean_export() hashed them (a weight written "
+               "in place between the export and the save, or its file rewritten); export "
+               "again after the change, or save before it",
+    )
+
+
 @functools.cache
 def ref_type() -> type:
     """The reference class, a subclass of ExecuTorch's ``FileBackedData`` (made on first use,
@@ -66,6 +89,7 @@ def ref_type() -> type:
             self._view = _view(storage)
             self._size = len(self._view)
             self._sha256: bytes | None = None
+            self._hashed_at = 0
             self._finalizer = None
 
         @property
@@ -80,8 +104,22 @@ def ref_type() -> type:
         def view(self) -> memoryview:
             return self._view
 
+        @property
+        def hashed_at(self) -> int:
+            """``time.time_ns()`` when the digest was taken (0 before)."""
+            return self._hashed_at
+
         def __repr__(self) -> str:
             return f"StorageRef({self._size} bytes at {self.data_ptr:#x})"
+
+        def _where(self) -> str:
+            return f"<tensor storage of {self._size} bytes at {self.data_ptr:#x}>"
+
+        def check(self) -> None:
+            """Raise :class:`DataChangedError` unless the bytes still hash to the digest."""
+            expected = self.sha256()
+            if _digest(self._view) != expected:
+                raise changed(self._where(), self._size)
 
         def __copy__(self) -> Any:
             return self
@@ -94,15 +132,26 @@ def ref_type() -> type:
 
         def sha256(self) -> bytes:
             if self._sha256 is None:
+                self._hashed_at = time.time_ns()
                 self._sha256 = _digest(self._view)
             return self._sha256
 
         def to_bytes(self) -> bytes:
-            return bytes(self._view)
+            expected = self.sha256()
+            out = bytes(self._view)
+            if hashlib.sha256(out).digest() != expected:
+                raise changed(self._where(), self._size)
+            return out
 
         def write_to_file(self, outfile: Any) -> None:
+            expected = self.sha256()
+            h = hashlib.sha256()
             for start in range(0, self._size, CHUNK):
-                outfile.write(self._view[start:start + CHUNK])
+                chunk = self._view[start:start + CHUNK]
+                h.update(chunk)
+                outfile.write(chunk)
+            if h.digest() != expected:
+                raise changed(self._where(), self._size)
 
         def close(self) -> None:
             return None
@@ -119,14 +168,37 @@ def is_ref(item: object) -> bool:
     return isinstance(item, ref_type())
 
 
+def _scratch_name(directory: str) -> str:
+    return os.path.join(directory, _names.token_name(
+        "lean-export.weight", _names.new_token(), _names.OWNED))
+
+
+def adopt_file(path: str) -> Any:
+    """ExecuTorch ``FileBackedData`` owning the file at ``path``, renamed to a scratch name
+    beside it (so ``path`` is gone, as if read and deleted), digest computed in chunks."""
+    from executorch.exir._serialize._cord import FileBackedData as EtFileBackedData
+
+    owned = _scratch_name(os.path.dirname(path) or ".")
+    _sys.rename(path, owned)  # a fresh random name: nothing there to replace
+    fd = _sys.open(owned, os.O_RDONLY)
+    try:
+        h = hashlib.sha256()
+        offset = 0
+        while chunk := _sys.pread(fd, CHUNK, offset):
+            h.update(chunk)
+            offset += len(chunk)
+    finally:
+        _sys.close(fd)
+    return EtFileBackedData(owned, cleanup=True, sha256=h.digest())
+
+
 def spill(storage: Any, directory: str) -> Any:
     """ExecuTorch ``FileBackedData`` owning a scratch copy of ``storage`` (digest included)."""
     from executorch.exir._serialize._cord import FileBackedData as EtFileBackedData
 
     view = _view(storage)
     for _ in range(100):
-        path = os.path.join(directory, _names.token_name(
-            "lean-export.weight", _names.new_token(), _names.OWNED))
+        path = _scratch_name(directory)
         try:
             fd = _sys.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:

@@ -27,7 +27,11 @@ A manager exported under ``lean_export()`` holds, beside those, references to te
 (``_storage.StorageRef``).  Each becomes the file range the storage is a clean mapping of
 (``_mapped``: the kernel copies it, memory is never read) or else a view of the storage's
 memory, streamed by the save.  They are not taken over: nothing owns a storage's memory but
-torch.
+torch.  Their digests were taken at export, so each is checked first (``StorageRef.check``:
+hashed again in place; a weight written in place since raises ``DataChangedError`` before the
+transaction starts), except a file range whose file's mtime is older than the digest by more
+than :data:`MTIME_SLACK_NS`: that file has not been written since, and from here on the save's
+own identity checks watch it.
 
 ``from_manager`` (and ``save(path, manager)``) also take ExecuTorch's ``ExportSession`` (the
 ``executorch.export`` recipe API): its ``get_executorch_program_manager()`` is used.
@@ -54,6 +58,7 @@ from filecord.executorch.program import Program
 
 log = logging.getLogger(__name__)
 
+MTIME_SLACK_NS = 1_000_000_000  # file timestamps come from a coarse clock: trust 1 s old only
 _TAKEN = "_filecord_data"  # attribute set on ExecuTorch objects we took over
 _NOTE = (
     "filecord took this data over from ExecuTorch (filecord.executorch.from_manager); a "
@@ -155,8 +160,7 @@ def _adopt_cord(et_cord: Any, what: str, stand_ins: dict[int, Any],
             cord.append(item)
             continue
         if _storage.is_ref(item):  # lean_export(): a tensor's storage, seen in place
-            found = mapped().range_of(item.data_ptr, len(item))
-            cord.append(item.view if found is None else found)
+            cord.append(_checked_ref(item, mapped))
             continue
         if not hasattr(item, "_path") or not hasattr(item, "_size"):
             raise TypeError(f"{what}[{i}]: unsupported piece {type(item).__name__}")
@@ -173,6 +177,16 @@ def _adopt_cord(et_cord: Any, what: str, stand_ins: dict[int, Any],
             f"{what}: pieces add up to {len(cord)} bytes, the cord says {len(et_cord)}"
         )
     return cord
+
+
+def _checked_ref(ref: Any, mapped: Callable[[], MappedFiles]) -> FileBackedData | memoryview:
+    """The piece for a storage reference, once its bytes are known to match its digest."""
+    found = mapped().range_of(ref.data_ptr, len(ref))
+    untouched = (found is not None and ref.hashed_at
+                 and found.identity.mtime_ns < ref.hashed_at - MTIME_SLACK_NS)
+    if not untouched:
+        ref.check()
+    return ref.view if found is None else found
 
 
 def from_manager(manager: Any) -> Program:
