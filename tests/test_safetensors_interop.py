@@ -403,3 +403,73 @@ def test_conjugate_and_negative_views_are_written_by_value_unlike_safetensors(tm
     ours = st_torch.load_file(os.fspath(tmp_path / "o.safetensors"))
     assert torch.equal(ours["c"], z.conj().resolve_conj())
     assert torch.equal(ours["n"], torch.tensor([-1.0, -2.0]))
+
+
+# --- load_mapped: the checkpoint as views of its files' pages ----------------------------------
+
+
+def _state(gen: torch.Generator) -> dict[str, Any]:
+    state = {f"t.{name}": rand((3, 4), name, gen) for name in ALL_DTYPES
+             if getattr(torch, name, None) is not None}
+    state["scalar"] = torch.tensor(2.5)
+    state["empty"] = torch.empty(0, 7)
+    return state
+
+
+def _same(a: Any, b: Any) -> bool:
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and a.reshape(-1).view(torch.uint8).tolist()
+            == b.reshape(-1).view(torch.uint8).tolist())
+
+
+def _mapped_ranges(path: Path) -> list[tuple[int, int, int]]:
+    """(start, end, anonymous kB) of this process's mappings of ``path``."""
+    from filecord.executorch._mapped import parse_smaps
+
+    inode = path.stat().st_ino
+    return [(m.start, m.end, m.anonymous_kb) for m in parse_smaps(
+        Path("/proc/self/smaps").read_text()) if m.inode == inode]
+
+
+def test_load_mapped_gives_safetensors_tensors_as_views_of_the_files_pages(
+    tmp_path: Path,
+) -> None:
+    from filecord.safetensors import load_mapped
+
+    state = _state(torch.Generator().manual_seed(3))
+    path = tmp_path / "model.safetensors"
+    st_torch.save_file(state, str(path))
+    before = path.read_bytes()
+    got = load_mapped(path)
+    theirs = st_torch.load_file(str(path))
+    assert list(got) == list(theirs)
+    assert all(_same(got[k], theirs[k]) for k in theirs)
+    weight = got["t.float32"]
+
+    def mine() -> list[int]:  # anonymous kB of the mapping holding the weight
+        return [anon for start, end, anon in _mapped_ranges(path)
+                if start <= weight.data_ptr() < end]
+
+    assert mine() == [0]  # a clean mapping of the file itself
+    with torch.no_grad():
+        weight.fill_(7.0)  # copy-on-write: this process's page, never the file
+    assert path.read_bytes() == before
+    assert mine()[0] > 0
+
+
+def test_load_mapped_reads_a_sharded_checkpoint_through_its_index_or_folder(
+    tmp_path: Path,
+) -> None:
+    from filecord.safetensors import load_mapped
+
+    gen = torch.Generator().manual_seed(4)
+    state = {f"w{i}": torch.randn(64, 64, generator=gen) for i in range(6)}
+    hub.save_torch_state_dict(state, str(tmp_path), max_shard_size="40KB")
+    assert len(list(tmp_path.glob("*.safetensors"))) >= 3
+    for given in (tmp_path, tmp_path / "model.safetensors.index.json"):
+        got = load_mapped(given)
+        assert sorted(got) == sorted(state)
+        assert all(torch.equal(got[k], state[k]) for k in state)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"no model\.safetensors"):
+        load_mapped(tmp_path / "empty")

@@ -29,6 +29,7 @@ from torch.export import export
 
 import filecord
 import filecord.executorch as fe
+import filecord.safetensors
 from filecord._io import syscalls as _sys
 from filecord.errors import DataChangedError
 from filecord.executorch import _lean, _storage, adapter
@@ -83,6 +84,21 @@ class Odd(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x @ self.offset.t() + x @ self.transposed
         return y * self.scalar + self.empty.sum()
+
+
+class Carved(torch.nn.Module):
+    """Parameters that are views at offsets into one larger tensor (as a loader that maps a
+    whole file into one storage would make them): delegated, each must still be its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(6)
+        base = torch.randn(5000)
+        self.w = torch.nn.Parameter(base[100:100 + 32 * 64].view(32, 64))
+        self.b = torch.nn.Parameter(base[3000:3032])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.w, self.b)
 
 
 class Counter(torch.nn.Module):
@@ -151,6 +167,7 @@ def flows() -> dict[str, tuple[Make, torch.Tensor]]:
     ximg = torch.randn(1, 128, 6, 6)
     two, shared, odd, counter, convs = (TwoLinear().eval(), Shared().eval(), Odd().eval(),
                                         Counter().eval(), Convs().eval())
+    carved = Carved().eval()
     external = ExecutorchBackendConfig(external_constants=True)
 
     def by_layer(node: Any) -> str:
@@ -191,6 +208,8 @@ def flows() -> dict[str, tuple[Make, torch.Tensor]]:
         "xnnpack_two_tags": (lambda: xnn_tagged(two, x64, by_layer), x64),
         "xnnpack_shared": (lambda: xnn_tagged(shared, x16, lambda n: "model"), x16),
         "xnnpack_computed": (lambda: xnn_tagged(convs, ximg, lambda n: "model"), ximg),
+        "xnnpack_carved_views": (lambda: to_edge_transform_and_lower(
+            export(carved, (x64,)), partitioner=[XnnpackPartitioner()]).to_executorch(), x64),
     }
 
 
@@ -280,7 +299,7 @@ def test_computed_weights_go_through_scratch_files_that_are_gone_after_the_save(
 
 
 @pytest.mark.parametrize("name", ["portable_external", "xnnpack_ptd", "xnnpack_computed",
-                                  "portable_odd_views"])
+                                  "portable_odd_views", "xnnpack_carved_views"])
 def test_runtime_runs_a_lean_export_like_eager(name: str, tmp_path: Path) -> None:
     make, x = FLOWS[name]
     with fe.lean_export(scratch_dir=str(tmp_path)):
@@ -290,7 +309,8 @@ def test_runtime_runs_a_lean_export_like_eager(name: str, tmp_path: Path) -> Non
     got = run_program(tmp_path / "m.pte", x, ptds[0] if ptds else None)
     expected = manager.exported_program().module()(x) if name == "portable_odd_views" else None
     module = {"portable_external": TwoLinear, "xnnpack_ptd": TwoLinear,
-              "xnnpack_computed": Convs, "portable_odd_views": Odd}[name]
+              "xnnpack_computed": Convs, "portable_odd_views": Odd,
+              "xnnpack_carved_views": Carved}[name]
     eager = module().eval()(x) if expected is None else expected
     torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
 
@@ -340,6 +360,10 @@ def _mmapped_wide(tmp_path: Path, how: str) -> tuple[Wide, Path]:
         ckpt = tmp_path / "weights.pt"
         torch.save({"lin.weight": weight}, ckpt)
         state = torch.load(ckpt, mmap=True, weights_only=True)
+    elif how == "filecord.safetensors":
+        ckpt = tmp_path / "model.safetensors"
+        filecord.safetensors.save_file({"lin.weight": weight}, str(ckpt))
+        state = filecord.safetensors.load_mapped(tmp_path)
     else:
         ckpt = tmp_path / "weights.bin"
         ckpt.write_bytes(weight.numpy().tobytes())
@@ -361,7 +385,8 @@ def _never_whole(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(("flow", "how"), [("portable", "torch.load"), ("xnnpack", "torch.load"),
-                                          ("portable", "torch.from_file")])
+                                          ("portable", "torch.from_file"),
+                                          ("xnnpack", "filecord.safetensors")])
 def test_a_mapped_weight_reaches_the_ptd_as_a_kernel_copy_of_its_file(
     flow: str, how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

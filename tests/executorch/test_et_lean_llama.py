@@ -3,8 +3,8 @@ XNNPACK with its weights as named data in a ``.ptd``, saved by filecord under ``
 
 The model is ``transformers``' ``LlamaForCausalLM`` from a small config with random weights,
 written by ``save_pretrained`` as several safetensors shards and an index.  Its parameters are
-then replaced by views of the shard files' pages (a copy-on-write mapping of each tensor's byte
-range, found from the shard's header), so the export reads the weights from the files.  The
+then replaced by views of the shard files' pages (``filecord.safetensors.load_mapped``: one
+copy-on-write mapping per shard), so the export reads the weights from the files.  The
 same module is exported twice, through the same ExecuTorch calls: once as ExecuTorch does it
 (its own ``save`` and ``write_tensor_data_to_file``) and once under ``lean_export()`` saved with
 ``filecord.executorch.save``.  The two ``.pte`` and ``.ptd`` must be the same bytes, and the
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ import pytest
 from et_helpers import run_program
 
 import filecord.executorch as fe
+import filecord.safetensors
 
 torch = pytest.importorskip("torch", reason="interop tests need torch")
 pytest.importorskip("executorch", reason="interop tests need executorch")
@@ -47,30 +46,6 @@ def _write_checkpoint(directory: Path) -> Any:
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(directory, max_shard_size="100KB")
     return config
-
-
-def _mapped_state(directory: Path) -> dict[str, Any]:
-    """Every tensor of a sharded safetensors checkpoint as a view of its file's pages."""
-    import numpy as np
-
-    index = json.loads((directory / "model.safetensors.index.json").read_text())
-    state: dict[str, Any] = {}
-    for shard in sorted(set(index["weight_map"].values())):
-        path = directory / shard
-        with open(path, "rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(size))
-        header.pop("__metadata__", None)
-        for name, entry in header.items():
-            start, end = entry["data_offsets"]
-            dtype = entry["dtype"]
-            if dtype != "F32":
-                raise AssertionError(f"{name}: this test maps float32 only, found {dtype}")
-            count = (end - start) // 4
-            array = np.memmap(path, dtype=np.float32, mode="c", offset=8 + size + start,
-                              shape=(count,))
-            state[name] = torch.from_numpy(array).view(entry["shape"])
-    return state
 
 
 def _export(module: Any, ids: Any, out: Path, *, lean: bool) -> None:
@@ -108,7 +83,7 @@ def test_a_sharded_safetensors_llama_exported_lean_to_xnnpack_is_executorchs_byt
 
     torch.manual_seed(1)
     model = LlamaForCausalLM(config).eval()
-    state = _mapped_state(ckpt)
+    state = filecord.safetensors.load_mapped(ckpt)  # copy-on-write views of the shards
     assert set(state) == set(model.state_dict())
     model.load_state_dict(state, assign=True)
     # The parameters are the files' pages now, not the random init above.

@@ -126,6 +126,9 @@ class Backend:
     def map_read(self, fd: int, length: int) -> mmap.mmap:
         return mmap.mmap(fd, length, access=mmap.ACCESS_READ)
 
+    def map_private(self, fd: int, length: int) -> mmap.mmap:
+        return mmap.mmap(fd, length, access=mmap.ACCESS_COPY)
+
     def fstat(self, fd: int) -> os.stat_result:
         return os.fstat(fd)
 
@@ -317,6 +320,13 @@ def map_read(fd: int, length: int) -> mmap.mmap:
     """A read-only map of the first ``length`` (> 0) bytes: pages are read when touched."""
     _active.hook("map_read", (fd, length))
     return _active.map_read(fd, length)
+
+
+def map_private(fd: int, length: int) -> mmap.mmap:
+    """A copy-on-write map of the first ``length`` (> 0) bytes: a page written through it
+    becomes the process's own (anonymous) and the file never changes."""
+    _active.hook("map_private", (fd, length))
+    return _active.map_private(fd, length)
 
 
 def pread(fd: int, n: int, offset: int) -> bytes:

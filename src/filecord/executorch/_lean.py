@@ -202,14 +202,27 @@ def _lean_copy(original: Any) -> Any:
         cls: type, edge_program: Any, compile_specs: Any,
     ) -> Any:
         # deepcopy's memo maps an object's id to its copy: naming each weight as its own copy
-        # shares it, while the graph, signature and dicts are still copied.
+        # shares it, while the graph, signature and dicts are still copied.  A tensor that is
+        # a view into a larger storage is left to deepcopy, which gives it a storage of its
+        # own as ExecuTorch's flow does: backends serialize a weight's whole storage.
         memo: dict[int, Any] = {}
         for table in (edge_program.state_dict, edge_program.constants):
             for value in table.values():
-                memo[id(value)] = value
+                if not _is_view(value):
+                    memo[id(value)] = value
         return copy.deepcopy(edge_program, memo)
 
     return classmethod(copy_exported_program_for_preprocess)
+
+
+def _is_view(value: Any) -> bool:
+    """A tensor whose bytes are only part of its storage."""
+    import torch
+
+    if not isinstance(value, torch.Tensor) or value.device.type == "meta":
+        return False
+    return bool(value.storage_offset() != 0
+                or value.untyped_storage().nbytes() != value.nbytes)
 
 
 # --- AOTI's weights blob ----------------------------------------------------------------------

@@ -16,6 +16,13 @@ writes ``__metadata__`` from a hash map, so with two or more metadata keys its k
 from run to run (we keep the order given); it writes the memory of a lazily conjugated or
 negated view, not its value (we write the value).
 
+``load_mapped`` goes the other way: every tensor of a checkpoint as a storage of its own over
+its bytes in a copy-on-write mapping of its file (one mapping per file, pages read when
+touched), so a model can be loaded (``load_state_dict(..., assign=True)``) and exported under
+``filecord.executorch.lean_export`` without its weights ever being read into memory: the
+export's save finds each weight's storage in that mapping and copies the file's range by the
+kernel.
+
 Argument order: these two are drop-ins, so they keep the order of the functions they mirror
 (``save_file(tensors, filename)``, ``save_sharded(state_dict, save_directory)``), unlike
 filecord's own writers, which take the destination first (``filecord.save(path, cord)``).
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,6 +41,7 @@ import torch
 from filecord._io import syscalls as _sys
 from filecord._kit.operation import ProgressCallback
 from filecord._kit.torch_stream import host_view, write_tensors
+from filecord._pieces.data import FileBackedData
 from filecord._plan.report import SaveReport
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord._txn.save import save, save_many
@@ -70,6 +79,63 @@ def torch_dtype(code: DType) -> Any:
         if d is code:
             return getattr(torch, name, None)
     return None
+
+
+def load_mapped(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors checkpoint, memory-mapped (see the module docstring).
+
+    ``path`` is a ``.safetensors`` file, a sharded checkpoint's ``*.index.json``, or a folder
+    holding either (``model.safetensors.index.json``, else ``model.safetensors``).  Headers are
+    validated as :func:`~filecord.safetensors.read_safetensors` validates them.  Writing to a
+    returned tensor changes only this process's copy of the page, never the file.
+    """
+    from filecord.safetensors._read import SafetensorsFile, checkpoint_in, read_safetensors
+
+    p = os.fspath(path)
+    if _sys.isdir(p):
+        found = checkpoint_in(p)
+        if found is None:
+            raise FileNotFoundError(
+                f"{p}: no model.safetensors.index.json or model.safetensors in this folder")
+        p = found
+    checkpoint = read_safetensors(p)
+    files = [checkpoint] if isinstance(checkpoint, SafetensorsFile) else list(checkpoint.shards)
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        mapping = _mapping(f.path, f.file_size)
+        for name, t in f.tensors.items():
+            out[name] = _typed_view(mapping, t, f.path)
+    return out
+
+
+def _mapping(path: str, size: int) -> Any:
+    if size == 0:
+        return None
+    fd = _sys.open(path, os.O_RDONLY)
+    try:
+        return _sys.map_private(fd, size)
+    finally:
+        _sys.close(fd)  # the mapping keeps the file open
+
+
+def _typed_view(mapping: Any, t: NamedTensor, path: str) -> torch.Tensor:
+    """``t`` as a tensor with a storage of its own: exactly its bytes of ``mapping`` (torch
+    treats a storage as a weight's extent, so a view into one whole-file storage would not do)."""
+    dtype = torch_dtype(t.dtype)
+    if dtype is None:
+        raise ValueError(f"{path}: {t.name!r} is {t.dtype.value}, which this torch cannot hold")
+    shape = list(t.shape)
+    if t.dtype is DType.F4:  # two values per torch element
+        shape[-1] //= 2
+    if t.nbytes == 0 or mapping is None:
+        return torch.empty(shape, dtype=dtype)
+    data = t.data
+    start = data.offset if isinstance(data, FileBackedData) else 0
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    with warnings.catch_warnings():  # a copy-on-write map is writable: torch's warning is moot
+        warnings.simplefilter("ignore", UserWarning)
+        flat = torch.frombuffer(mapping, dtype=dtype, count=t.nbytes // itemsize, offset=start)
+    return flat.view(shape)
 
 
 def _shape(t: torch.Tensor, code: DType, name: str) -> tuple[int, ...]:
