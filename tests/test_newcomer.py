@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -148,11 +149,44 @@ def test_verify_of_a_broken_file_names_it_and_exits_1(files: Path) -> None:
 
 
 def test_verify_of_a_program_still_reads_a_pte(files: Path) -> None:
-    """A file that is no known format goes to the program check, as before: its error."""
+    """A .pte whose first bytes are wrong goes to the program check: its error."""
+    (files / "x.pte").write_bytes(b"\0" * 64)
+    r = run("verify", "x.pte", cwd=files)
+    assert r.returncode == 1
+    assert "x.pte: file identifier at offset 4" in r.stderr
     (files / "x.bin").write_bytes(b"\0" * 64)
     r = run("verify", "x.bin", cwd=files)
     assert r.returncode == 1
-    assert "x.bin: file identifier at offset 4" in r.stderr
+    assert r.stderr == ("filecord verify: x.bin: its first bytes match no format filecord "
+                        "reads (.pte, .ptd, .safetensors, a safetensors index .json, .gguf) "
+                        "and its name ends in none of those suffixes\n")
+
+
+@pytest.mark.parametrize(("name", "damage", "says"), [
+    ("brace.safetensors", lambda b: b[:8] + b"[" + b[9:], "header at offset 8"),
+    ("empty.safetensors", lambda b: b"", "safetensors"),
+    ("short.safetensors", lambda b: b[:7], "safetensors"),
+    ("magic.gguf", lambda b: b"GGUX" + b[4:], "magic at offset 0"),
+    ("model.safetensors.index.json", lambda b: b'{"weight_map": ', "index"),
+])
+def test_verify_of_a_damaged_file_reads_it_as_its_suffix_says_not_as_a_program(
+    files: Path, name: str, damage: Any, says: str,
+) -> None:
+    """First bytes that match no format: the suffix chose the reader, and the error says so
+    (never an ExecuTorch file identifier or a runtime)."""
+    source = files / ("a.safetensors" if "safetensors" in name else "g.gguf")
+    if name.endswith(".gguf"):
+        _gguf(source, {"t": np.ones(4, np.float32)})
+    (files / name).write_bytes(damage(source.read_bytes()))
+    r = run("verify", name, cwd=files)
+    assert r.returncode == 1, r.stdout
+    assert r.stderr.startswith(f"filecord verify: {name}"), r.stderr
+    assert says in r.stderr
+    fmt = "gguf" if name.endswith(".gguf") else "safetensors"
+    assert r.stderr.rstrip().endswith(
+        f"(read as {fmt} because of its suffix: its first bytes match no format)"), r.stderr
+    assert "ET12" not in r.stderr
+    assert "runtime" not in r.stderr + r.stdout
 
 
 # --- errors that name the file, the field and the suffix ---------------------------------------
@@ -298,6 +332,46 @@ def test_merged_and_resharded_folders_load_with_from_pretrained_and_give_the_sam
     assert empty.returncode == 1
     assert ("ok: transformers loaded LlamaForCausalLM from rs (115008 parameters; no weight "
             "missing, unexpected or mismatched)") in r.stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_verify_load_of_an_index_loads_the_index_not_a_model_safetensors_beside_it(
+    hf: Path, tmp_path: Path,
+) -> None:
+    """from_pretrained(folder) reads model.safetensors when there is one: verify of the index
+    must not report that file's verdict as the index's."""
+    import shutil
+
+    good = tmp_path / "good"
+    shutil.copytree(hf, good)
+    st_numpy.save_file({"junk": np.zeros(3, np.float32)}, str(good / "model.safetensors"))
+    r = run("verify", "good/model.safetensors.index.json", "--load", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert ("the index and its shards alone: from_pretrained would read the model.safetensors "
+            "beside them") in r.stdout
+    broken = tmp_path / "broken"  # an index of two shards that lacks layer 1
+    broken.mkdir()
+    shutil.copy(hf / "config.json", broken / "config.json")
+    whole: dict[str, np.ndarray] = {}
+    for shard in sorted(hf.glob("model-*.safetensors")):
+        whole.update(st_numpy.load_file(str(shard)))
+    kept = sorted(n for n in whole if ".layers.1." not in n)
+    assert 0 < len(kept) < len(whole)
+    halves = {"model-00001-of-00002.safetensors": kept[:len(kept) // 2],
+              "model-00002-of-00002.safetensors": kept[len(kept) // 2:]}
+    for shard, names in halves.items():
+        st_numpy.save_file({n: whole[n] for n in names}, str(broken / shard))
+    (broken / "model.safetensors.index.json").write_text(json.dumps({
+        "metadata": {}, "weight_map": {n: s for s, ns in halves.items() for n in ns}}))
+    r = run("merge", str(hf / "model.safetensors.index.json"), "-o",
+            "broken/model.safetensors", "--weights-only", "-q", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr  # a complete model beside the incomplete index
+    r = run("verify", "broken/model.safetensors.index.json", "--load", cwd=tmp_path)
+    assert r.returncode == 1, r.stdout
+    assert "transformers failed to load it" in r.stderr
+    r = run("verify", "broken", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "holds both model.safetensors.index.json and model.safetensors" in r.stderr
 
 
 def test_weights_only_carries_nothing_and_a_differing_file_is_refused(

@@ -273,23 +273,48 @@ def load_safetensors(checked: Checked) -> Load:
                 "filecord found for it")
 
 
+_HF_NAMES = ("model.safetensors", "model.safetensors.index.json")
+
+
 def load_transformers(checked: Checked) -> Load | None:
-    """A checkpoint in a Hugging Face folder (one holding config.json, as the file or index
-    ``from_pretrained`` reads: ``model.safetensors`` or ``model.safetensors.index.json``) is
-    loaded by transformers from that folder: no weight missing, none unexpected.  None when
-    the file is not such a checkpoint."""
+    """A checkpoint in a Hugging Face folder (one holding config.json) is loaded by
+    transformers' ``from_pretrained``: no weight missing, none unexpected.  That reads the
+    folder's ``model.safetensors`` when there is one, else its index; an index with a
+    ``model.safetensors`` beside it is therefore loaded from a folder of links holding just
+    the config, the index and its shards, so the verdict is about the files verified.  None
+    when there is no config.json beside the file."""
     folder = os.path.dirname(checked.path) or "."
     name = os.path.basename(checked.path)
-    if name not in ("model.safetensors", "model.safetensors.index.json") or not _sys.isfile(
-            os.path.join(folder, "config.json")):
+    if not _sys.isfile(os.path.join(folder, "config.json")):
         return None
+    if name not in _HF_NAMES:
+        return Load("transformers", LoadStatus.SKIPPED, "from_pretrained reads a folder's "
+                    f"{' or '.join(_HF_NAMES)}; this file is named otherwise")
     if not (_installed("transformers") and _installed("torch")):
         return Load("transformers", LoadStatus.SKIPPED, "transformers and torch are not "
                     "installed (pip install transformers torch)")
+    shadowed = name == _HF_NAMES[1] and _sys.lexists(os.path.join(folder, _HF_NAMES[0]))
+    if not shadowed:
+        return _from_pretrained(folder, folder)
+    staged = _sys.mkdtemp("filecord-verify-", _sys.gettempdir())
+    try:
+        for path in (os.path.join(folder, "config.json"), checked.path,
+                     *(f.path for f in checked.files)):
+            target = os.path.join(staged, os.path.relpath(path, folder))
+            if not _sys.isdir(os.path.dirname(target)):  # a shard in a subfolder
+                _sys.mkdir(os.path.dirname(target))
+            if not _sys.lexists(target):
+                _sys.symlink(_sys.abspath(path), target)
+        return _from_pretrained(staged, folder)
+    finally:
+        _sys.rmtree(staged, ignore_errors=True)
+
+
+def _from_pretrained(source: str, folder: str) -> Load:
     transformers = importlib.import_module("transformers")
     try:
         model, info = transformers.AutoModelForCausalLM.from_pretrained(
-            folder, output_loading_info=True)
+            source, output_loading_info=True)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         return Load("transformers", LoadStatus.FAILED, f"from_pretrained({folder!r}): "
                     f"{type(exc).__name__}: {exc}")
@@ -298,8 +323,10 @@ def load_transformers(checked: Checked) -> Load | None:
     if bad:
         return Load("transformers", LoadStatus.FAILED, f"from_pretrained({folder!r}): {bad}")
     params = sum(p.numel() for p in model.parameters())
+    how = ("" if source == folder else " (the index and its shards alone: from_pretrained "
+           "would read the model.safetensors beside them)")
     return Load("transformers", LoadStatus.LOADED,
-                f"transformers loaded {type(model).__name__} from {folder} ({params} "
+                f"transformers loaded {type(model).__name__} from {folder}{how} ({params} "
                 "parameters; no weight missing, unexpected or mismatched)")
 
 
@@ -367,13 +394,16 @@ def _llama_cpp(path: str) -> Load:
     return Load("llama.cpp", LoadStatus.LOADED, note)
 
 
-def check(path: str, *, load: bool) -> Checked:
+def check(path: str, *, load: bool, format_name: str | None = None) -> Checked:
     """Check ``path`` (a .safetensors file, a safetensors index, a .gguf file or the first
-    shard of a split set, a .ptd) by its first bytes; ``load``: also with its clients."""
+    shard of a split set, a .ptd) as ``format_name`` (default: the format its first bytes
+    show); ``load``: also with its clients."""
     from filecord._formats import sniff
 
-    fmt = sniff(path)
-    name = None if fmt is None else fmt.name
+    name = format_name
+    if name is None:
+        fmt = sniff(path)
+        name = None if fmt is None else fmt.name
     loads: tuple[Load, ...]
     if name == "safetensors":
         got = check_safetensors(path)

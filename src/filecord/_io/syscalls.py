@@ -237,6 +237,9 @@ class Backend:
     def link(self, src: str, dst: str) -> None:
         os.link(src, dst, follow_symlinks=False)
 
+    def symlink(self, target: str, dst: str) -> None:
+        os.symlink(target, dst)
+
     def link_fd(self, fd: int, dst: str) -> None:
         # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N: the unprivileged way to give an
         # O_TMPFILE file a name (os.link uses plain link(2) unless a directory fd is given)
@@ -487,6 +490,11 @@ def unlink(path: str) -> None:
 def link(src: str, dst: str) -> None:
     _active.hook("link", (src, dst))
     _active.link(src, dst)
+
+
+def symlink(target: str, dst: str) -> None:
+    _active.hook("symlink", (target, dst))
+    _active.symlink(target, dst)
 
 
 def link_fd(fd: int, dst: str) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from filecord._io import syscalls as _sys
@@ -55,17 +56,27 @@ def build(v: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from filecord._formats import sniff
+    from filecord._formats import by_suffix, sniff
 
     if _sys.isdir(args.pte):
         args.pte = _checkpoint_in(args.pte)
-    fmt = sniff(args.pte) if not_regular(args.pte) is None else None
+    regular = not_regular(args.pte) is None
+    fmt = sniff(args.pte) if regular else None
+    suffix_chose = False
+    if fmt is None and regular:  # damaged first bytes: the suffix says what it should be
+        fmt = by_suffix(args.pte)
+        suffix_chose = fmt is not None
+        if fmt is None:
+            print(f"filecord verify: {args.pte}: its first bytes match no format filecord "
+                  "reads (.pte, .ptd, .safetensors, a safetensors index .json, .gguf) and "
+                  "its name ends in none of those suffixes", file=sys.stderr)
+            return EXIT_FAIL
     if fmt is not None and fmt.name != "executorch-pte":
         # --no-runtime asks for less than these formats do anyway (their runtime is --load),
         # so scripts that pass it to every file keep working; --data would be silently ignored
         if args.data:
             raise UsageError("--data applies to a program (.pte) only")
-        return _run_file(args)
+        return _run_file(args, fmt.name, suffix_chose=suffix_chose)
     return _run_pte(args)
 
 
@@ -74,13 +85,18 @@ def _checkpoint_in(directory: str) -> str:
     from filecord.safetensors._read import checkpoint_in
 
     found = checkpoint_in(directory)
+    single = os.path.join(directory, "model.safetensors")
+    if found is not None and found != single and _sys.lexists(single):
+        raise UsageError(
+            f"{directory}: holds both model.safetensors.index.json and model.safetensors "
+            "(transformers' from_pretrained loads model.safetensors); give the file to verify")
     if found is not None:
         return found
     raise UsageError(f"{directory}: a directory without model.safetensors.index.json or "
                      "model.safetensors; give the file to verify")
 
 
-def _run_file(args: argparse.Namespace) -> int:
+def _run_file(args: argparse.Namespace, format_name: str, *, suffix_chose: bool) -> int:
     from filecord._verify import Kind, LoadStatus, check
 
     odd = odd_member(args.pte)
@@ -88,9 +104,11 @@ def _run_file(args: argparse.Namespace) -> int:
         print(f"filecord verify: {odd}", file=sys.stderr)
         return EXIT_FAIL
     try:
-        got = check(args.pte, load=args.load)
+        got = check(args.pte, load=args.load, format_name=format_name)
     except (FormatError, OSError) as exc:
-        print(f"filecord verify: {about(args.pte, exc)}", file=sys.stderr)
+        why = (f" (read as {format_name} because of its suffix: its first bytes match no "
+               "format)" if suffix_chose else "")
+        print(f"filecord verify: {about(args.pte, exc)}{why}", file=sys.stderr)
         return EXIT_FAIL
     if args.json:
         print(json.dumps({
