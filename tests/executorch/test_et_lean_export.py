@@ -642,7 +642,39 @@ def test_a_mapped_checkpoint_changed_after_the_export_fails_the_save(
     assert list(out.iterdir()) == []
 
 
-@pytest.mark.parametrize("age_s", [100.0, 0.0])
+def test_a_shared_mapping_written_again_without_a_new_mtime_fails_the_save(
+    tmp_path: Path,
+) -> None:
+    """Linux sets a file's mtime at the first write fault on a clean page of a shared mapping:
+    a page still dirty from an earlier write takes no fault, so neither size nor mtime moves.
+    A storage in a shared mapping is therefore always hashed again."""
+    torch.manual_seed(8)
+    weight = torch.randn(256, 256)
+    ckpt = tmp_path / "w.bin"
+    ckpt.write_bytes(weight.numpy().tobytes())
+    mapped = torch.from_file(str(ckpt), shared=True, size=weight.numel()).view(256, 256)
+    with torch.no_grad():
+        mapped.add_(0.0)  # a load step that writes: every page dirty, mtime set now
+    past = time.time() - 100
+    os.utime(ckpt, (past, past))  # as if that step were long before the export
+    model = torch.nn.Linear(256, 256, bias=False).eval()
+    model.weight = torch.nn.Parameter(mapped, requires_grad=False)
+    x = torch.randn(2, 256)
+    with fe.lean_export(scratch_dir=str(tmp_path)):
+        manager = to_edge(export(model, (x,))).to_executorch(
+            ExecutorchBackendConfig(external_constants=True))
+    mtime = ckpt.stat().st_mtime_ns
+    with torch.no_grad():
+        mapped.mul_(2.0)  # through the mapping, onto pages that are still dirty
+    assert ckpt.stat().st_mtime_ns == mtime  # what makes the mtime no witness here
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(DataChangedError, match="changed after lean_export"):
+        fe.save(out / "m.pte", manager)
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("age_s", [100.0, -100.0])  # older than the export; newer (set ahead)
 def test_a_mapped_file_older_than_the_digest_is_not_hashed_again(
     age_s: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -667,7 +699,7 @@ def test_a_mapped_file_older_than_the_digest_is_not_hashed_again(
     out.mkdir()
     fe.save(out / "m.pte", manager)
     size = model.lin.weight.untyped_storage().nbytes()
-    assert (size in hashed) == (age_s == 0.0), hashed
+    assert (size in hashed) == (age_s < 0), hashed
 
 
 # --- the README ---------------------------------------------------------------------------------
@@ -711,7 +743,9 @@ VmFlags: rd mr mw me
 Size:               4096 kB
 Anonymous:             8 kB
 VmFlags: rd wr mr mw me
-7f0000800000-7f0000900000 rw-p 00000000 00:00 0
+7f0000800000-7f0000801000 rw-s 00000000 fd:01 4444                       /data/shared.bin
+Anonymous:             0 kB
+7f0000900000-7f0000a00000 rw-p 00000000 00:00 0
 Anonymous:          1024 kB
 """
 
@@ -720,8 +754,11 @@ def test_smaps_parsing_keeps_file_mappings_with_their_anonymous_pages() -> None:
     from filecord.executorch._mapped import Mapping, parse_smaps
 
     assert parse_smaps(SMAPS_SAMPLE) == [
-        Mapping(0x7F0000000000, 0x7F0000400000, 0x1000, (0xFD, 1), 4242, "/data/weights.pt", 0),
-        Mapping(0x7F0000400000, 0x7F0000800000, 0, (0xFD, 1), 4343, "/data/other file.bin", 8),
+        Mapping(0x7F0000000000, 0x7F0000400000, 0x1000, (0xFD, 1), 4242, "/data/weights.pt", 0,
+                False),
+        Mapping(0x7F0000400000, 0x7F0000800000, 0, (0xFD, 1), 4343, "/data/other file.bin", 8,
+                False),
+        Mapping(0x7F0000800000, 0x7F0000801000, 0, (0xFD, 1), 4444, "/data/shared.bin", 0, True),
     ]
 
 

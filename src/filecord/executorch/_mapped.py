@@ -38,6 +38,7 @@ class Mapping:
     inode: int
     path: str
     anonymous_kb: int
+    shared: bool  # MAP_SHARED: a write through it goes to the file, maybe without a new mtime
 
 
 def parse_smaps(text: str) -> list[Mapping]:
@@ -51,7 +52,7 @@ def parse_smaps(text: str) -> list[Mapping]:
             lo, hi = (int(x, 16) for x in head[0].split("-"))
             major, minor = (int(x, 16) for x in head[3].split(":"))
             out.append(Mapping(lo, hi, int(head[2], 16), (major, minor), int(head[4]),
-                               " ".join(head[5:]), anon))
+                               " ".join(head[5:]), anon, head[1].endswith("s")))
 
     for line in text.splitlines():
         first = line.split(" ", 1)[0]
@@ -83,6 +84,11 @@ class MappedFiles:
             if m.start <= address and address + size <= m.end:
                 return self._range(m, address, size)
         return None
+
+    def shared_at(self, address: int) -> bool:
+        """Whether ``address`` lies in a shared mapping (the file's mtime may then not move
+        when the memory is written: only a clean page's first write fault sets it)."""
+        return any(m.start <= address < m.end and m.shared for m in self._maps)
 
     def _range(self, m: Mapping, address: int, size: int) -> FileBackedData | None:
         if m.anonymous_kb:

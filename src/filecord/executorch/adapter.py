@@ -29,9 +29,10 @@ A manager exported under ``lean_export()`` holds, beside those, references to te
 memory, streamed by the save.  They are not taken over: nothing owns a storage's memory but
 torch.  Their digests were taken at export, so each is checked first (``StorageRef.check``:
 hashed again in place; a weight written in place since raises ``DataChangedError`` before the
-transaction starts), except a file range whose file's mtime is older than the digest by more
-than :data:`MTIME_SLACK_NS`: that file has not been written since, and from here on the save's
-own identity checks watch it.
+transaction starts), except a file range, in a private mapping, whose file's mtime is older
+than the digest by more than :data:`MTIME_SLACK_NS`: that file has not been written since, and
+from here on the save's own identity checks watch it.  A shared mapping is always hashed: a
+write through it dirties pages without moving the mtime when they were already dirty.
 
 ``from_manager`` (and ``save(path, manager)``) also take ExecuTorch's ``ExportSession`` (the
 ``executorch.export`` recipe API): its ``get_executorch_program_manager()`` is used.
@@ -181,8 +182,10 @@ def _adopt_cord(et_cord: Any, what: str, stand_ins: dict[int, Any],
 
 def _checked_ref(ref: Any, mapped: Callable[[], MappedFiles]) -> FileBackedData | memoryview:
     """The piece for a storage reference, once its bytes are known to match its digest."""
-    found = mapped().range_of(ref.data_ptr, len(ref))
+    files = mapped()
+    found = files.range_of(ref.data_ptr, len(ref))
     untouched = (found is not None and ref.hashed_at
+                 and not files.shared_at(ref.data_ptr)
                  and found.identity.mtime_ns < ref.hashed_at - MTIME_SLACK_NS)
     if not untouched:
         ref.check()
