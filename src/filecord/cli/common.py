@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import errno
 import json
 import math
 import os
@@ -28,6 +29,7 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from filecord._io import syscalls as _sys
+from filecord._io.paths import planned_directories
 from filecord._plan.types import BLOCK
 from filecord._plan.window import CAP, DEFAULT_WINDOW
 from filecord.errors import FormatError, add_note
@@ -272,34 +274,54 @@ def output_directory(directory: str, *, dry_run: bool) -> Iterator[None]:
     fsynced).  If the command fails, the directories it created are removed again when they
     are still empty, so a refused command leaves no trace.
 
-    A dry run plans exactly what the real run does, and the plan needs the directory itself
-    (its file system, its free space, whether it is writable): so a dry run creates the
-    missing directories too, as the real run would (refused where the real run is refused),
-    and removes them again when the plan is made (no fsync: nothing of them is meant to
-    last).  A dry run leaves nothing behind but what was there."""
-    made: list[str] = []
+    A dry run plans exactly what the real run does but touches nothing: it is refused where
+    the real run's ``mkdir`` would be (with the error that ``mkdir`` gives), and otherwise
+    plans the missing directories as created (:func:`filecord._io.paths.planned_directories`:
+    empty, with their nearest existing ancestor's file system, free space and permissions)."""
+    missing: list[str] = []
     if directory:
-        missing: list[str] = []
         d = _sys.abspath(directory)
         while not _sys.lexists(d):
             missing.append(d)
             d = os.path.dirname(d)
-        for d in reversed(missing):
-            _sys.mkdir(d)
-            made.append(d)
-        # The save fsyncs the directory that holds its output, not that directory's own entry
-        # in its parent: without these a power cut could lose a committed output with the new
-        # directory that holds it.
-        if not dry_run:
-            for d in made:
-                _sys.fsync_dir(os.path.dirname(d))
+    if dry_run:
+        if missing:
+            _refuse_as_mkdir(os.path.dirname(missing[-1]), missing[-1])
+        with planned_directories(missing):
+            yield
+        return
+    made: list[str] = []
+    for d in reversed(missing):
+        _sys.mkdir(d)
+        made.append(d)
+    # The save fsyncs the directory that holds its output, not that directory's own entry
+    # in its parent: without these a power cut could lose a committed output with the new
+    # directory that holds it.
+    for d in made:
+        _sys.fsync_dir(os.path.dirname(d))
     try:
         yield
     except BaseException:
         _remove_empty(made)
         raise
-    if dry_run:
-        _remove_empty(made)
+
+
+def _refuse_as_mkdir(parent: str, first: str) -> None:
+    """Raise what ``mkdir(first)`` would in ``parent`` (which exists as a name), if anything:
+    a dry run asks instead of trying."""
+    def refused(code: int) -> OSError:
+        return OSError(code, os.strerror(code), first)
+
+    try:
+        st = _sys.stat(parent)
+    except OSError as exc:  # a dangling symlink, a loop
+        raise refused(exc.errno or errno.ENOENT) from None
+    if not stat_mod.S_ISDIR(st.st_mode):
+        raise refused(errno.ENOTDIR)
+    if not _sys.access(parent, os.W_OK | os.X_OK):
+        raise refused(errno.EACCES)
+    if _sys.statvfs(parent).f_flag & os.ST_RDONLY:
+        raise refused(errno.EROFS)
 
 
 def _remove_empty(made: list[str]) -> None:

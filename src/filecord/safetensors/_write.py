@@ -25,6 +25,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Literal
 
 from filecord._io import syscalls as _sys
+from filecord._io.paths import is_planned
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
 from filecord._plan.preflight import CordLike, Target
@@ -182,6 +183,8 @@ def stale_files(
     prefix, _, suffix = filename_pattern.partition("{suffix}")
     rx = re.compile(re.escape(prefix) + r"(-\d{5}-of-\d{5})?" + re.escape(suffix)
                     + r"(\.index\.json)?")
+    if is_planned(directory):  # a dry run's directory, created by the real run: empty
+        return []
     kept = file_ids([*keep, *protect])
     out = []
     for name in sorted(_sys.listdir(directory)):
