@@ -5,6 +5,14 @@ A save names its sources and outputs by path; the journal, the lock and the plan
 directory the kernel will actually use (symlinks followed the way ``open()`` follows them), so
 this is resolved once, here, below every layer that needs it.
 
+A writer whose output is a directory creates it and its missing parents
+(:func:`make_directories`, as torch's ``FileSystemWriter`` and ``save_pretrained`` do), durably:
+each new directory's entry is fsynced in its parent, since a save fsyncs the directory that
+holds its output but not that directory's own entry, and a power cut could otherwise lose a
+committed output with the new directory that holds it.  A writer that fails removes again the
+directories it made that are still empty (:func:`remove_empty`), so a refused save leaves no
+trace.
+
 A dry run of a command that creates its output's directories plans as if they existed
 (:func:`planned_directories`), without creating them: a planned directory is empty and has
 the file system, mount, free space and permissions of its nearest existing ancestor (a
@@ -26,6 +34,43 @@ from filecord._io import syscalls as _sys
 
 # The directories a dry run plans as created (absolute, and as realpath resolves them).
 _PLANNED: ContextVar[frozenset[str]] = ContextVar("filecord_planned", default=frozenset())
+
+
+def missing_directories(directory: str) -> list[str]:
+    """The absolute names of ``directory`` and its ancestors that do not exist, deepest
+    first (a dangling symlink exists: ``mkdir`` under it fails, as it should)."""
+    missing: list[str] = []
+    d = _sys.abspath(directory)
+    while not _sys.lexists(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    return missing
+
+
+def make_directories(directory: str) -> list[str]:
+    """Create ``directory`` and its missing parents, each entry fsynced in its parent; the
+    directories made, deepest first (for :func:`remove_empty`).  A ``mkdir`` that fails
+    removes what this call made before raising."""
+    made: list[str] = []
+    try:
+        for d in reversed(missing_directories(directory)):
+            _sys.mkdir(d)
+            made.insert(0, d)
+        for d in reversed(made):
+            _sys.fsync_dir(os.path.dirname(d))
+    except BaseException:
+        remove_empty(made)
+        raise
+    return made
+
+
+def remove_empty(made: Iterable[str]) -> None:
+    """Remove the directories ``made`` (deepest first) that are still empty; one that
+    something else wrote into meanwhile is left alone, and a removal that fails is no error
+    (the directory stays, empty, as ``mkdir -p`` would have left it)."""
+    for d in made:
+        with contextlib.suppress(OSError):
+            _sys.rmdir(d)
 
 
 @contextlib.contextmanager

@@ -29,7 +29,12 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from filecord._io import syscalls as _sys
-from filecord._io.paths import planned_directories
+from filecord._io.paths import (
+    make_directories,
+    missing_directories,
+    planned_directories,
+    remove_empty,
+)
 from filecord._plan.types import BLOCK
 from filecord._plan.window import CAP, DEFAULT_WINDOW
 from filecord.errors import FormatError, add_note
@@ -270,39 +275,26 @@ def require_output(args: argparse.Namespace, positionals: list[str], *, old_firs
 
 @contextlib.contextmanager
 def output_directory(directory: str, *, dry_run: bool) -> Iterator[None]:
-    """Create ``directory`` and its missing parents, durably (each new entry's parent is
-    fsynced).  If the command fails, the directories it created are removed again when they
-    are still empty, so a refused command leaves no trace.
+    """Create ``directory`` and its missing parents, durably (:func:`make_directories`).  If
+    the command fails, the directories it created are removed again when they are still
+    empty, so a refused command leaves no trace.
 
     A dry run plans exactly what the real run does but touches nothing: it is refused where
     the real run's ``mkdir`` would be (with the error that ``mkdir`` gives), and otherwise
-    plans the missing directories as created (:func:`filecord._io.paths.planned_directories`:
-    empty, with their nearest existing ancestor's file system, free space and permissions)."""
-    missing: list[str] = []
-    if directory:
-        d = _sys.abspath(directory)
-        while not _sys.lexists(d):
-            missing.append(d)
-            d = os.path.dirname(d)
+    plans the missing directories as created (:func:`planned_directories`: empty, with their
+    nearest existing ancestor's file system, free space and permissions)."""
     if dry_run:
+        missing = missing_directories(directory) if directory else []
         if missing:
             _refuse_as_mkdir(os.path.dirname(missing[-1]), missing[-1])
         with planned_directories(missing):
             yield
         return
-    made: list[str] = []
-    for d in reversed(missing):
-        _sys.mkdir(d)
-        made.append(d)
-    # The save fsyncs the directory that holds its output, not that directory's own entry
-    # in its parent: without these a power cut could lose a committed output with the new
-    # directory that holds it.
-    for d in made:
-        _sys.fsync_dir(os.path.dirname(d))
+    made = make_directories(directory) if directory else []
     try:
         yield
     except BaseException:
-        _remove_empty(made)
+        remove_empty(made)
         raise
 
 
@@ -322,14 +314,6 @@ def _refuse_as_mkdir(parent: str, first: str) -> None:
         raise refused(errno.EACCES)
     if _sys.statvfs(parent).f_flag & os.ST_RDONLY:
         raise refused(errno.EROFS)
-
-
-def _remove_empty(made: list[str]) -> None:
-    """Remove the directories ``made`` (deepest first) that are still empty; a directory
-    something else wrote into meanwhile is left alone."""
-    for d in reversed(made):
-        with contextlib.suppress(OSError):
-            _sys.rmdir(d)
 
 
 # --- a save's report -----------------------------------------------------------------------------

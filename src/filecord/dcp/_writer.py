@@ -18,7 +18,9 @@ coordinator ``prepare_global_plan`` (inside a gather/scatter: its return value, 
 2. ``prepare_global_plan`` (coordinator) proves every rank declared the same dtype and shape
    per tensor and the chunks tile every tensor (``_layout``),
    lays out the files ``filecord.safetensors.save_file``/``save_sharded`` would write for the
-   full state dict, then draws a save token and creates, in the output directory, the lock
+   full state dict, makes the shards' directory (and its missing parents) as torch's
+   ``FileSystemWriter`` does (a single file's directory must exist, as for ``save_file``),
+   then draws a save token and creates, in the output directory, the lock
    ``.NAME.TOKEN.filecord-lock`` (``flock``ed, naming a journal that does not exist yet) and
    one temp ``.NAME.TOKEN.partial`` per output file (``O_EXCL``).  Each temp gets its header
    and is preallocated to its final size with ``fallocate(2)`` (never glibc's emulation, which
@@ -40,7 +42,8 @@ coordinator ``prepare_global_plan`` (inside a gather/scatter: its return value, 
    nothing is copied), the index as bytes.  Then the lock goes.
 
 Failure: DCP has no abort hook.  :meth:`SafetensorsWriter.abort` (called by
-``filecord.dcp.save`` for any exception on the coordinator) removes the temps, then the lock;
+``filecord.dcp.save`` for any exception on the coordinator) removes the temps, then the lock,
+then the directories the save made that are still empty;
 the lock is let go even when a removal fails, so ``filecord recover`` can finish the cleanup.
 A coordinator that dies leaves the temps beside a free lock that names no journal: ``filecord
 recover DIR`` removes them (the transaction's own proof: a free lock and no journal mean nothing
@@ -70,6 +73,7 @@ from torch.futures import Future
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
+from filecord._io.paths import make_directories, remove_empty
 from filecord._kit.torch_stream import host_view, row_major_blocks
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import CHUNK, FileBackedData
@@ -79,7 +83,7 @@ from filecord._txn import liveness
 from filecord._txn.save import save_many
 from filecord.dcp import _layout
 from filecord.dcp.errors import UnsupportedStateError
-from filecord.errors import add_note
+from filecord.errors import SaveError, add_note
 from filecord.safetensors._torch import _DTYPES, parse_shard_size
 from filecord.safetensors._write import remove_files, stale_files
 from filecord.tensors import DType
@@ -197,6 +201,7 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
         self._lock: tuple[str, int] | None = None
         self._committed = False
         self._assigned: list[dict[ItemKey, ItemPlace]] = []
+        self._made: list[str] = []
 
     # --- DCP's protocol ------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
@@ -262,6 +267,7 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
         self._temps, self._committed, self.report, self.results = [], False, None, {}
         self._assigned = []
         paths = self._finals(lay)
+        self._made = self._directory()
         self._create(lay, paths)
         out: list[SavePlan] = []
         for p in plans:
@@ -360,6 +366,21 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
             return [self.path]
         return [os.path.join(self.directory, f.name) for f in lay.files]
 
+    def _directory(self) -> list[str]:
+        """The shards' directory is made (with its missing parents) as torch's
+        ``FileSystemWriter`` makes its checkpoint directory; the directory of a single file
+        must exist, as for ``save_file``.  Returns the directories made."""
+        if self.max_shard_size is not None:
+            return make_directories(self.directory)
+        if not _sys.isdir(self.directory):
+            there = _sys.lexists(self.directory)
+            raise SaveError(f"cannot save {self.path}: the directory {self.directory} "
+                            f"{'is not a directory' if there else 'does not exist'} (create "
+                            "it first, or save shards with max_shard_size, whose directory is "
+                            "created); nothing was written",
+                            errno=errno.ENOTDIR if there else errno.ENOENT)
+        return []
+
     def _create(self, lay: _layout.Layout, paths: Sequence[str]) -> None:
         token = _names.new_token()
         lock = _names.sibling(paths[0], token, _names.LOCK)
@@ -439,6 +460,7 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
             return
         errors: list[OSError] = []
         temps, self._temps = self._temps, []
+        made, self._made = self._made, []
         try:
             for temp in temps:
                 _collect(errors, _sys.unlink_missing_ok, temp)
@@ -450,6 +472,7 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
                 self._lock = None
                 # release closes (unlocks) the lock even when its unlink fails
                 _collect(errors, liveness.release, lock, fd)
+            remove_empty(made)  # the shards' directory this save made, when still empty
         if errors:
             for other in errors[1:]:
                 add_note(errors[0], f"also: {type(other).__name__}: {other}")

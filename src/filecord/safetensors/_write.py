@@ -29,6 +29,7 @@ from filecord._io.paths import is_planned
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
 from filecord._plan.preflight import CordLike, Target
+from filecord.errors import SaveError
 from filecord.safetensors._format import (
     canonical_order,
     encode_header,
@@ -185,9 +186,15 @@ def stale_files(
                     + r"(\.index\.json)?")
     if is_planned(directory):  # a dry run's directory, created by the real run: empty
         return []
+    try:
+        names = _sys.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        why = "does not exist" if isinstance(exc, FileNotFoundError) else "is not a directory"
+        raise SaveError(f"cannot save shards into {directory}: it {why}; nothing was written",
+                        errno=exc.errno) from None
     kept = file_ids([*keep, *protect])
     out = []
-    for name in sorted(_sys.listdir(directory)):
+    for name in sorted(names):
         path = os.path.join(directory, name)
         if rx.fullmatch(name) and not (file_ids([path]) & kept):
             out.append(path)
