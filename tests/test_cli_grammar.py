@@ -167,6 +167,21 @@ def test_a_dry_run_is_refused_where_the_real_run_is(ckpt: Path, in_the_way: str)
     assert dry.stderr == real.stderr
 
 
+@pytest.mark.root
+def test_a_dry_run_is_refused_like_mkdir_on_a_read_only_mount(ckpt: Path) -> None:
+    ro = ckpt / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=True)
+    try:
+        dry = run("merge", "a.safetensors", "-o", "ro/sub/m.safetensors", "-n", cwd=ckpt)
+        real = run("merge", "a.safetensors", "-o", "ro/sub/m.safetensors", cwd=ckpt)
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+    assert dry.returncode == real.returncode == 1, (dry.stderr, real.stderr)
+    assert b"Read-only file system" in dry.stderr
+    assert dry.stderr == real.stderr
+
+
 def test_a_failed_command_removes_the_directories_it_made(ckpt: Path) -> None:
     """Made before the inputs are read, removed when the command fails (the directory that
     held them keeps a new mtime: that is all)."""

@@ -310,10 +310,10 @@ def _refuse_as_mkdir(parent: str, first: str) -> None:
         raise refused(exc.errno or errno.ENOENT) from None
     if not stat_mod.S_ISDIR(st.st_mode):
         raise refused(errno.ENOTDIR)
+    if _sys.statvfs(parent).f_flag & os.ST_RDONLY:  # before access(), which fails there too
+        raise refused(errno.EROFS)
     if not _sys.access(parent, os.W_OK | os.X_OK):
         raise refused(errno.EACCES)
-    if _sys.statvfs(parent).f_flag & os.ST_RDONLY:
-        raise refused(errno.EROFS)
 
 
 # --- a save's report -----------------------------------------------------------------------------
