@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     Operation = Callable[[argparse.Namespace], SaveReport]
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_PIPE = 128 + signal.SIGPIPE  # stdout's reader went away: as a filter SIGPIPE killed
 
 
 class UsageError(Exception):
@@ -343,8 +344,34 @@ def render_report(report: SaveReport, args: argparse.Namespace, out: TextIO) -> 
 def finish(report: SaveReport, args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Render the report; the exit status: 0 for a save (it committed, or it would have
     raised) and for a dry run that fits, 1 for a dry run that does not fit."""
-    render_report(report, args, sys.stdout if out is None else out)
+    with reported(report):
+        render_report(report, args, sys.stdout if out is None else out)
     return EXIT_OK if not report.dry_run or all(p.fits for p in report.peaks) else EXIT_FAIL
+
+
+@contextlib.contextmanager
+def reported(report: SaveReport) -> Iterator[None]:
+    """Around the printing of a save's report: a reader of stdout that went away (EPIPE)
+    after the commit changes nothing (the exit status of a committed save is 0, whatever
+    happens after the commit); stdout is dropped so that no later write fails.  A dry run's
+    plan is its whole output: its loss ends the command as a filter's would."""
+    try:
+        yield
+    except BrokenPipeError:
+        drop_stdout()
+        if report.dry_run:
+            raise
+
+
+def drop_stdout() -> None:
+    """Point stdout at /dev/null so that no later write, nor the interpreter's last flush,
+    fails again."""
+    try:
+        devnull = _sys.open(os.devnull, os.O_WRONLY)
+        _sys.dup2(devnull, sys.stdout.fileno())
+        _sys.close(devnull)
+    except (OSError, ValueError):  # no real stdout to replace: nothing will be flushed to it
+        pass
 
 
 def about(path: str, exc: BaseException) -> str:

@@ -38,12 +38,13 @@ from filecord.cli.common import (
     add_operation_options,
     add_output,
     count,
-    finish,
     not_regular,
     note_consume,
     odd_member,
     output_directory,
     parse_size,
+    render_report,
+    reported,
     require_output,
 )
 from filecord.errors import FormatError, InsufficientSpaceError, add_note
@@ -85,10 +86,12 @@ def _check_inputs(paths: list[str]) -> None:
 def _save(op: Operation, args: argparse.Namespace, directory: str,
           render: Callable[[SaveReport, argparse.Namespace, TextIO], None] | None = None,
           carry: list[tuple[str, str]] | None = None) -> int:
-    """Run one format's operation with its output directory created; render its report; then
-    copy ``carry`` (a Hugging Face folder's non-weight files) beside the output.  A
-    save refused for lack of space says when ``--consume`` would fit (the plan worked out with
-    consume, as a dry run: nothing is written or moved)."""
+    """Run one format's operation with its output directory created; render its report.
+    ``carry`` (a Hugging Face folder's non-weight files, (source, destination)) is saved by
+    the operation's own transaction, with the weights: one plan, one space check, one commit.
+    A save refused for lack of space says when ``--consume`` would fit (the plan worked out
+    with consume, as a dry run: nothing is written or moved)."""
+    args.carry = {dst: src for src, dst in carry or []}
     with output_directory(directory, dry_run=args.dry_run):
         try:
             report = op(args)
@@ -96,16 +99,15 @@ def _save(op: Operation, args: argparse.Namespace, directory: str,
             if not args.consume:
                 note_consume(exc, op, args)
             raise
-        if report.dry_run and not all(p.fits for p in report.peaks):
-            carry = []
-        if render is None:
-            status = finish(report, args)
-        else:
-            render(report, args, sys.stdout)
-            status = EXIT_OK if not report.dry_run or all(p.fits for p in report.peaks) \
-                else EXIT_FAIL
-        safetensors.carry(carry or [], args)
-    return status
+        fits = all(p.fits for p in report.peaks)
+        with reported(report):
+            if render is None:
+                render_report(report, args, sys.stdout)
+            else:
+                render(report, args, sys.stdout)
+            if not report.dry_run or fits:
+                safetensors.say_carried(carry or [], args)
+    return EXIT_OK if not report.dry_run or fits else EXIT_FAIL
 
 
 def _by_suffix(table: dict[str, Operation], path: str, what: str) -> Operation:
@@ -190,6 +192,8 @@ def run_reshard(args: argparse.Namespace) -> int:
         raise UsageError("--max-tensors applies to GGUF inputs only")
     else:
         op = safetensors.reshard
+        if args.pattern is not None:
+            safetensors.check_reshard_pattern(args.pattern)
     pairs = [] if args.weights_only or op is gguf.reshard else safetensors.companions(
         args.inputs, outdir)
     safetensors.check_companions(pairs)

@@ -382,10 +382,17 @@ def check_pattern(filename_pattern: str) -> None:
     ``sub/`` or ``../`` would be written, and the index naming it would not load)."""
     if "{suffix}" not in filename_pattern:
         raise ValueError(f"filename_pattern must contain '{{suffix}}': {filename_pattern!r}")
-    name = filename_pattern.format(suffix="")
-    if "/" in filename_pattern or os.sep in filename_pattern or name in ("", ".", ".."):
+    try:
+        name = filename_pattern.format(suffix="")
+    except (KeyError, IndexError, ValueError):
+        raise ValueError(f"filename_pattern may hold no braces but '{{suffix}}': "
+                         f"{filename_pattern!r}") from None
+    if "/" in filename_pattern or os.sep in filename_pattern:
         raise ValueError(f"filename_pattern must be a bare file name, without a directory part: "
                          f"{filename_pattern!r} (give the directory as the output instead)")
+    if name in ("", ".", ".."):
+        raise ValueError(f"filename_pattern {filename_pattern!r} names no file when the suffix "
+                         "is empty (one shard): put a name around {suffix}")
 
 
 def shard_names(filename_pattern: str, count: int) -> list[str]:
