@@ -101,3 +101,19 @@ def test_save_sharded_into_a_file_is_a_save_error_naming_it(tmp_path: Path) -> N
     assert str(caught.value) == (f"cannot save shards into {tmp_path / 'plain'}: it is not a "
                                  "directory; nothing was written")
     assert (tmp_path / "plain").read_bytes() == b"x"
+
+
+def test_a_single_file_path_spelled_as_a_directory_is_refused(tmp_path: Path) -> None:
+    """``save(sd, "out/")`` without max_shard_size never writes a file named ``out``; with it,
+    ``out/`` is the shards' directory, made."""
+    with pytest.raises(SaveError) as caught:
+        fdcp.save(_state(), f"{tmp_path}/out/")
+    assert str(caught.value) == (
+        f"cannot save {tmp_path}/out/: it names a directory, not a file (give max_shard_size "
+        "to save shards into a directory, or a file name ending in .safetensors); nothing was "
+        "written")
+    assert os.listdir(tmp_path) == []
+    fdcp.save(_state(), f"{tmp_path}/out/", max_shard_size=200)
+    assert sorted(os.listdir(tmp_path / "out")) == [
+        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json"]

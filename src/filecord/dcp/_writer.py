@@ -184,9 +184,9 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
         metadata: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
-        self.path = _sys.abspath(os.fspath(path))
         self.max_shard_size = None if max_shard_size is None else parse_shard_size(
             max_shard_size)
+        self.path = self._target(path)
         self.metadata = dict(metadata) if metadata is not None else None
         self.directory = self.path if self.max_shard_size is not None else os.path.dirname(
             self.path)
@@ -208,9 +208,19 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
         # Not called when a writer is passed without a checkpoint_id: the state is set up in
         # __init__, and a checkpoint_id only renames the target.
         if checkpoint_id is not None:
-            self.path = _sys.abspath(os.fspath(checkpoint_id))
+            self.path = self._target(checkpoint_id)
             self.directory = self.path if self.max_shard_size is not None else \
                 os.path.dirname(self.path)
+
+    def _target(self, path: str | os.PathLike[str]) -> str:
+        """The absolute output; a single file's name spelled as a directory (``"out/"``) is
+        refused, never saved as a file named ``out``."""
+        given = os.fspath(path)
+        if self.max_shard_size is None and given.endswith((os.sep, "/")):
+            raise SaveError(f"cannot save {given}: it names a directory, not a file (give "
+                            "max_shard_size to save shards into a directory, or a file name "
+                            "ending in .safetensors); nothing was written", errno=errno.EISDIR)
+        return _sys.abspath(given)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
