@@ -428,6 +428,26 @@ def test_a_reader_that_goes_away_after_the_commit_changes_no_exit_status(
     assert gone("verify", "p/model.safetensors") == (141, b"")
 
 
+def test_a_bad_config_value_is_not_said_to_be_read_as_safetensors(
+    hf: Path, tmp_path: Path,
+) -> None:
+    """config.json is the model folder's, not an input the output's suffix chose a format
+    for: its error names the file and the key, without the suffix note."""
+    folder = tmp_path / "k"
+    folder.mkdir()
+    for f in hf.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    config["rms_norm_eps"] = "1e-5"
+    (folder / "config.json").write_text(json.dumps(config))
+    r = run("convert", "k", "-o", "out/m.gguf", cwd=tmp_path)
+    assert r.returncode == 1
+    assert "config.json: rms_norm_eps" in r.stderr
+    assert "must be a number between 0 and 1, got '1e-5'" in r.stderr
+    assert "read as" not in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
 # --- installs ----------------------------------------------------------------------------------
 
 def test_a_missing_hf_package_names_every_missing_one_with_advice_for_a_checkout_and_pypi(

@@ -158,9 +158,13 @@ def _read_as(command: str, suffix: str, reads: str, inputs: list[str], *,
 @contextlib.contextmanager
 def _suffix_chose(suffix: str, reads: str, *, why: str | None = None) -> Iterator[None]:
     """A format error in an input says which suffix chose the format it was read as."""
+    from filecord.gguf.errors import CheckpointFileError
+
     try:
         yield
     except FormatError as exc:
+        if isinstance(exc, CheckpointFileError):  # a model folder's config or tokenizer file,
+            raise  # never read as the format the suffix chose
         because = why or f"the output's suffix is {suffix}"
         add_note(exc, f"read as {_READS_AS[reads][1]} because {because}")
         raise
