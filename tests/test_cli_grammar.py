@@ -351,3 +351,11 @@ def test_created_output_directories_are_made_durable(ckpt: Path) -> None:
     first_open = next(i for i, (op, _a) in enumerate(rec.calls) if op == "open"
                       and i > last_mkdir)
     assert rec.calls.index(("fsync_dir", (str(ckpt / "new"),))) < first_open
+
+
+def test_a_conversion_filecord_does_not_make_names_the_input_and_its_format(ckpt: Path) -> None:
+    r = run("convert", "g.gguf", "-o", "e/x.safetensors", cwd=ckpt)
+    assert r.returncode == 2
+    assert r.stderr == (b"filecord convert: error: g.gguf is a GGUF file: convert .safetensors "
+                        b"(or an index .json) to .ptd or .gguf, or .ptd to .safetensors\n")
+    assert not (ckpt / "e").exists()

@@ -230,8 +230,10 @@ def run_convert(args: argparse.Namespace) -> int:
         raise UsageError("--outtype, --split-max-tensors and --split-max-size apply to "
                          "conversions to .gguf only")
     if not (out.endswith(".ptd") or (source.endswith(".ptd") and out.endswith(".safetensors"))):
-        raise UsageError("convert .safetensors (or an index .json) to .ptd or .gguf, or .ptd to "
-                         ".safetensors")
+        got = sniff(source)
+        what = f"{source} is {_TITLES.get(got.name, got.name)}" if got is not None else source
+        raise UsageError(f"{what}: convert .safetensors (or an index .json) to .ptd or .gguf, "
+                         "or .ptd to .safetensors")
     suffix = ".ptd" if out.endswith(".ptd") else ".safetensors"
     reads = ".safetensors" if suffix == ".ptd" else ".ptd"
     _read_as("convert", suffix, reads, [source])
