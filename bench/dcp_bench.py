@@ -342,7 +342,7 @@ def print_columns(results: dict[str, Any]) -> None:
           "the output while its shard frees only its own half: `consume=True` stands at about "
           f"1.5x the data, plus its window held twice; {consume['peak'] / data:.2f}x measured, "
           f"{_predicted(consume, data)} predicted by the planner, which replays the moves block "
-          "by block. A checkpoint whose runs cover whole blocks frees as it moves (the 1 GiB "
+          "by block. A checkpoint whose runs cover whole blocks frees as it moves (the "
           "table above).")
 
 

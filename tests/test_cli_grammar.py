@@ -51,6 +51,15 @@ def ckpt(tmp_path: Path) -> Path:
                         for i in range(4)}, str(tmp_path / "a.safetensors"))
     st_numpy.save_file({f"v{i}": rng.standard_normal((4, 8)).astype(np.float32)
                         for i in range(4)}, str(tmp_path / "b.safetensors"))
+    from filecord.gguf import GGUFWriter
+
+    w = GGUFWriter(str(tmp_path / "g.gguf"), "llama")
+    for i in range(3):
+        w.add_tensor(f"t{i}", rng.standard_normal((4, 8)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     return tmp_path
 
 
@@ -111,17 +120,21 @@ def test_a_missing_output_names_the_option(ckpt: Path, command: str) -> None:
     (["merge", "a.safetensors", "b.safetensors"], "new/one/m.safetensors"),
     (["convert", "a.safetensors"], "new/et/m.ptd"),
     (["pack", "a.safetensors", "b.safetensors"], "new/p/m.ptd"),
+    (["merge", "a.safetensors", "b.safetensors", "--consume"], "new/c/m.safetensors"),
+    (["reshard", "g.gguf", "--max-tensors", "1", "--consume"], "new/gg"),
+    (["merge", "g.gguf"], "new/g/m.gguf"),
 ])
 def test_a_dry_run_into_a_missing_directory_plans_what_the_real_run_does(
     ckpt: Path, command: list[str], out: str,
 ) -> None:
-    """The real run creates its output directory, so the dry run plans into it too: the same
-    exit status and the same plan (per piece, what happens to how many bytes of which file),
-    and nothing left behind (the directory that held the new one keeps a new mtime)."""
-    before = [e for e in listing(ckpt) if e[0] != "."]
+    """The real run creates its output directory; the dry run plans as if it had (on the
+    file system of the nearest directory that exists) and touches nothing: the same exit
+    status and the same plan (per piece, what happens to how many bytes of which file), and
+    the tree unchanged to the mtime of the directory that would hold the new one."""
+    before = listing(ckpt)
     dry = run(*command, "-o", out, "-n", "--json", cwd=ckpt)
     assert dry.returncode == 0, dry.stderr
-    assert [e for e in listing(ckpt) if e[0] != "."] == before
+    assert listing(ckpt) == before
     assert not (ckpt / "new").exists()
     real = run(*command, "-o", out, "--json", cwd=ckpt)
     assert real.returncode == 0, real.stderr
@@ -137,14 +150,35 @@ def test_a_dry_run_into_a_missing_directory_plans_what_the_real_run_does(
     assert planned["outputs"] == done["outputs"]
 
 
-def test_a_dry_run_is_refused_where_the_real_run_is(ckpt: Path) -> None:
-    """A directory that cannot be created (a file is in the way) refuses both, with one exit
-    status."""
-    (ckpt / "plain").write_bytes(b"x")
+@pytest.mark.parametrize("in_the_way", ["file", "dangling symlink"])
+def test_a_dry_run_is_refused_where_the_real_run_is(ckpt: Path, in_the_way: str) -> None:
+    """A directory that cannot be created (a file or a dangling symlink is in the way)
+    refuses both, with one exit status and one message; the dry run touches nothing."""
+    if in_the_way == "file":
+        (ckpt / "plain").write_bytes(b"x")
+    else:
+        (ckpt / "plain").symlink_to("nowhere")
+    before = listing(ckpt)
     dry = run("merge", "a.safetensors", "-o", "plain/sub/m.safetensors", "-n", cwd=ckpt)
+    assert listing(ckpt) == before
     real = run("merge", "a.safetensors", "-o", "plain/sub/m.safetensors", cwd=ckpt)
     assert dry.returncode == real.returncode == 1, (dry.stderr, real.stderr)
-    assert b"plain" in dry.stderr
+    assert b"plain/sub" in dry.stderr
+    assert dry.stderr == real.stderr
+
+
+@pytest.mark.root
+def test_a_dry_run_is_refused_like_mkdir_on_a_read_only_mount(ckpt: Path) -> None:
+    ro = ckpt / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=True)
+    try:
+        dry = run("merge", "a.safetensors", "-o", "ro/sub/m.safetensors", "-n", cwd=ckpt)
+        real = run("merge", "a.safetensors", "-o", "ro/sub/m.safetensors", cwd=ckpt)
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+    assert dry.returncode == real.returncode == 1, (dry.stderr, real.stderr)
+    assert b"Read-only file system" in dry.stderr
     assert dry.stderr == real.stderr
 
 
@@ -317,3 +351,11 @@ def test_created_output_directories_are_made_durable(ckpt: Path) -> None:
     first_open = next(i for i, (op, _a) in enumerate(rec.calls) if op == "open"
                       and i > last_mkdir)
     assert rec.calls.index(("fsync_dir", (str(ckpt / "new"),))) < first_open
+
+
+def test_a_conversion_filecord_does_not_make_names_the_input_and_its_format(ckpt: Path) -> None:
+    r = run("convert", "g.gguf", "-o", "e/x.safetensors", cwd=ckpt)
+    assert r.returncode == 2
+    assert r.stderr == (b"filecord convert: error: g.gguf is a GGUF file: convert .safetensors "
+                        b"(or an index .json) to .ptd or .gguf, or .ptd to .safetensors\n")
+    assert not (ckpt / "e").exists()

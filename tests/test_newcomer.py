@@ -399,6 +399,129 @@ def test_a_dry_run_says_what_it_would_carry_and_carries_nothing(hf: Path, tmp_pa
     assert not (tmp_path / "new").exists()
 
 
+def test_the_carried_files_are_outputs_of_the_weights_own_save(hf: Path, tmp_path: Path) -> None:
+    """One plan, one journaled commit: the report (text and --json) names the carried files
+    as outputs beside the weights, the dry run plans them too, and a consuming merge moves
+    the shards while it copies the carried files and keeps them."""
+    index = str(hf / "model.safetensors.index.json")
+    carried = ["config.json", "generation_config.json", "tokenizer.model",
+               "tokenizer_config.json"]
+    dry = run("merge", index, "-o", "j/model.safetensors", "-n", "--json", cwd=tmp_path)
+    real = run("merge", index, "-o", "j/model.safetensors", "--json", cwd=tmp_path)
+    assert dry.returncode == real.returncode == 0, (dry.stderr, real.stderr)
+    planned, done = json.loads(dry.stdout), json.loads(real.stdout)
+    assert [o["path"] for o in done["outputs"]] == [
+        "j/model.safetensors", *(f"j/{n}" for n in carried)]
+    assert planned["outputs"] == done["outputs"]
+    assert done["journal"] is True  # several outputs: one journaled transaction
+    for n in carried:
+        assert (tmp_path / "j" / n).read_bytes() == (hf / n).read_bytes()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for f in hf.iterdir():
+        (mine / f.name).write_bytes(f.read_bytes())
+    r = run("merge", "mine/model.safetensors.index.json", "-o", "c/model.safetensors",
+            "--consume", "-q", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(mine)) == carried
+    assert sorted(os.listdir(tmp_path / "c")) == sorted([*carried, "model.safetensors"])
+
+
+@pytest.mark.root
+def test_a_carry_that_does_not_fit_is_refused_with_the_weights_before_anything_is_written(
+    hf: Path, tmp_path: Path,
+) -> None:
+    """The carried files count in the plan's space check: on a file system where the weights
+    fit and the weights with the tokenizer do not, the dry run says so (exit 1) and the real
+    run is refused before anything is written (exit 1); --weights-only fits."""
+    index = str(hf / "model.safetensors.index.json")
+    weights = sum((hf / n).stat().st_size for n in os.listdir(hf)
+                  if n.endswith(".safetensors"))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    size = weights + 96 * 1024  # the tokenizer model alone is larger than what is left
+    assert (hf / "tokenizer.model").stat().st_size > 96 * 1024
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                   check=True)
+    try:
+        dry = run("merge", index, "-o", "mnt/out/model.safetensors", "-n", cwd=tmp_path)
+        real = run("merge", index, "-o", "mnt/out/model.safetensors", cwd=tmp_path)
+        left = os.listdir(mnt)
+        alone = run("merge", index, "-o", "mnt/out/model.safetensors", "-n", "--weights-only",
+                    cwd=tmp_path)
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+    assert dry.returncode == 1, dry.stdout
+    assert "DOES NOT FIT" in dry.stdout
+    assert "would carry" not in dry.stdout
+    assert real.returncode == 1
+    assert "not enough free space" in real.stderr
+    assert left == []
+    assert alone.returncode == 0, alone.stdout
+    assert alone.stdout.rstrip().endswith(": fits")
+
+
+def test_a_shard_pattern_that_could_name_a_carried_file_is_a_usage_error(
+    hf: Path, tmp_path: Path,
+) -> None:
+    index = str(hf / "model.safetensors.index.json")
+    for pattern, why in [
+        ("config{suffix}.json", "the shards' names must end in .safetensors"),
+        ("../x{suffix}.safetensors", "without a directory part"),
+        ("{suffix}", "names no file when the suffix is empty"),
+        ("{x}{suffix}.safetensors", "may hold no braces but '{suffix}'"),
+    ]:
+        r = run("reshard", index, "-o", "out", "--pattern", pattern, cwd=tmp_path)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.startswith(f"filecord reshard: error: --pattern {pattern!r}: ")
+        assert why in r.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_reader_that_goes_away_after_the_commit_changes_no_exit_status(
+    hf: Path, tmp_path: Path,
+) -> None:
+    """`merge ... | head -1`: the save and its carried files are committed before anything is
+    printed, and the exit status stays 0; a report-only command (verify) whose reader went
+    away ends as a filter SIGPIPE killed (141), with nothing on stderr."""
+    index = str(hf / "model.safetensors.index.json")
+
+    def gone(*args: str) -> tuple[int, bytes]:
+        proc = subprocess.Popen([sys.executable, "-m", "filecord.cli", *args], cwd=tmp_path,
+                                env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        proc.stdout.close()  # the reader is gone before the first write
+        err = proc.stderr.read()
+        return proc.wait(timeout=120), err
+
+    assert gone("merge", index, "-o", "p/model.safetensors") == (0, b"")
+    assert sorted(os.listdir(tmp_path / "p")) == [
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.model",
+        "tokenizer_config.json"]
+    assert gone("verify", "p/model.safetensors") == (141, b"")
+
+
+def test_a_bad_config_value_is_not_said_to_be_read_as_safetensors(
+    hf: Path, tmp_path: Path,
+) -> None:
+    """config.json is the model folder's, not an input the output's suffix chose a format
+    for: its error names the file and the key, without the suffix note."""
+    folder = tmp_path / "k"
+    folder.mkdir()
+    for f in hf.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    config["rms_norm_eps"] = "1e-5"
+    (folder / "config.json").write_text(json.dumps(config))
+    r = run("convert", "k", "-o", "out/m.gguf", cwd=tmp_path)
+    assert r.returncode == 1
+    assert "config.json: rms_norm_eps" in r.stderr
+    assert "must be a number between 0 and 1, got '1e-5'" in r.stderr
+    assert "read as" not in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
 # --- installs ----------------------------------------------------------------------------------
 
 def test_a_missing_hf_package_names_every_missing_one_with_advice_for_a_checkout_and_pypi(

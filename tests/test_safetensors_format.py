@@ -423,3 +423,45 @@ def test_index_naming_a_missing_shard_or_a_directory_is_refused(tmp_path):
         idx.write_text(json.dumps({"weight_map": {"x": name}}))
         with pytest.raises(InvalidIndexError, match="shard"):
             read_safetensors(idx)
+
+
+@pytest.mark.parametrize("depth", [127, 128, 100_000])
+def test_nesting_is_refused_before_parsing_past_the_safetensors_packages_limit(tmp_path, depth):
+    """A header nesting more than 127 levels (where the safetensors package stops with
+    "recursion limit exceeded") is an InvalidHeaderError at the bracket that opens level 128,
+    found before the JSON parser, which recurses once per level, runs; 127 levels are parsed
+    (and this header then refused for its unknown field, as it would be at any depth)."""
+    junk = "[" * (depth - 2) + "]" * (depth - 2)
+    header = ('{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"junk":' + junk
+              + "}}").encode()
+    blob = raw_file(header, b"\0" * 4)
+    path = write(tmp_path, blob)
+    with pytest.raises(InvalidHeaderError) as info:
+        read_safetensors(path)
+    if depth <= 127:
+        assert info.value.field == "x"
+        assert "unknown field(s) ['junk']" in str(info.value)
+    else:
+        assert info.value.field == "header"
+        assert info.value.offset == 8 + header.index(b'"junk":') + 7 + 125
+        assert str(info.value) == (
+            f"{path}: header at offset {info.value.offset}: JSON nested more than 127 deep")
+    if depth <= 128:
+        from safetensors import SafetensorError, safe_open
+
+        if depth <= 127:
+            with safe_open(path, "np") as f:
+                assert list(f.keys()) == ["x"]
+        else:
+            with pytest.raises(SafetensorError, match="recursion limit exceeded"):
+                safe_open(path, "np")
+
+
+def test_an_index_nested_too_deeply_is_a_format_error_naming_it(tmp_path):
+    idx = _shards(tmp_path)
+    idx.write_text('{"metadata": {"x": ' + "[" * 200 + "]" * 200 + '}, "weight_map": {}}')
+    with pytest.raises(SafetensorsFormatError) as info:
+        read_safetensors(idx)
+    assert info.value.field == "index"
+    assert info.value.offset == len('{"metadata": {"x": ') + 125
+    assert str(idx) in str(info.value)

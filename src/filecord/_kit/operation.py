@@ -43,6 +43,7 @@ from dataclasses import dataclass, fields
 from typing import Generic, TypeVar
 
 from filecord._io import syscalls as _sys
+from filecord._io.paths import stand_in
 from filecord._kit.removal import (
     Identity,
     KeepReason,
@@ -466,7 +467,7 @@ def _devices(outputs: Mapping[Target, CordLike]) -> frozenset[int]:
     target does, so the resolved path's directory is the one asked."""
     devs = set()
     for target in outputs:
-        directory = os.path.dirname(_sys.realpath(os.fspath(target)))
+        directory = stand_in(os.path.dirname(_sys.realpath(os.fspath(target))))
         try:
             devs.add(_sys.stat(directory).st_dev)
         except OSError:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from filecord._io import syscalls as _sys
-from filecord._io.paths import kernel_path, resolve_target
+from filecord._io.paths import kernel_path, resolve_target, stand_in
 from filecord._pieces.cord import Cord, PieceLike
 from filecord._pieces.data import FileBackedData
 from filecord._pieces.derived import Derived
@@ -91,7 +91,8 @@ def _resolve(path: str) -> tuple[str, os.stat_result | None]:
 
 
 def _dir_facts(path: str, target: str) -> str:
-    directory = os.path.dirname(target) or "."
+    """The directory to ask about ``target``'s (a dry run's planned one: its stand-in)."""
+    directory = stand_in(os.path.dirname(target) or ".")
     try:
         st = _sys.stat(directory)
     except FileNotFoundError:

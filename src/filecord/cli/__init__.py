@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import traceback
 from collections.abc import Sequence
 
 from filecord import __version__
-from filecord._io import syscalls as _sys
 from filecord.cli.common import EXIT_FAIL as EXIT_FAIL
 from filecord.cli.common import EXIT_OK as EXIT_OK
+from filecord.cli.common import EXIT_PIPE, Terminated, UsageError, drop_stdout, sigterm_raises
 from filecord.cli.common import EXIT_USAGE as EXIT_USAGE
-from filecord.cli.common import Terminated, UsageError, sigterm_raises
 from filecord.cli.common import human as human  # part of this module's API
 from filecord.cli.common import parse_size as parse_size  # part of this module's API
 from filecord.cli.table import COMMANDS
@@ -53,16 +51,6 @@ def _safe_streams() -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
-
-
-def _drop_stdout() -> None:
-    """Point stdout at /dev/null so that the interpreter's last flush cannot fail again."""
-    try:
-        devnull = _sys.open(os.devnull, os.O_WRONLY)
-        _sys.dup2(devnull, sys.stdout.fileno())
-        _sys.close(devnull)
-    except (OSError, ValueError):  # no real stdout to replace: nothing will be flushed to it
-        pass
 
 
 
@@ -95,10 +83,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {note}", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
     except BrokenPipeError:
-        # Whoever read our output went away (`filecord plan ... | head`): stop quietly, like
-        # any filter.  (A save into a closed pipe is a SaveError, reported below.)
-        _drop_stdout()
-        return EXIT_FAIL
+        # Whoever read our output went away (`filecord plan ... | head`): stop quietly, with
+        # the status of a filter killed by SIGPIPE.  A save that committed has already
+        # returned 0 (its report is all that was lost); a save into a closed pipe is a
+        # SaveError, reported below.
+        drop_stdout()
+        return EXIT_PIPE
     except UsageError as exc:
         print(f"filecord {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import errno
 import json
 import math
 import os
@@ -28,6 +29,12 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from filecord._io import syscalls as _sys
+from filecord._io.paths import (
+    make_directories,
+    missing_directories,
+    planned_directories,
+    remove_empty,
+)
 from filecord._plan.types import BLOCK
 from filecord._plan.window import CAP, DEFAULT_WINDOW
 from filecord.errors import FormatError, add_note
@@ -38,6 +45,7 @@ if TYPE_CHECKING:
     Operation = Callable[[argparse.Namespace], SaveReport]
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_PIPE = 128 + signal.SIGPIPE  # stdout's reader went away: as a filter SIGPIPE killed
 
 
 class UsageError(Exception):
@@ -268,46 +276,45 @@ def require_output(args: argparse.Namespace, positionals: list[str], *, old_firs
 
 @contextlib.contextmanager
 def output_directory(directory: str, *, dry_run: bool) -> Iterator[None]:
-    """Create ``directory`` and its missing parents, durably (each new entry's parent is
-    fsynced).  If the command fails, the directories it created are removed again when they
-    are still empty, so a refused command leaves no trace.
+    """Create ``directory`` and its missing parents, durably (:func:`make_directories`).  If
+    the command fails, the directories it created are removed again when they are still
+    empty, so a refused command leaves no trace.
 
-    A dry run plans exactly what the real run does, and the plan needs the directory itself
-    (its file system, its free space, whether it is writable): so a dry run creates the
-    missing directories too, as the real run would (refused where the real run is refused),
-    and removes them again when the plan is made (no fsync: nothing of them is meant to
-    last).  A dry run leaves nothing behind but what was there."""
-    made: list[str] = []
-    if directory:
-        missing: list[str] = []
-        d = _sys.abspath(directory)
-        while not _sys.lexists(d):
-            missing.append(d)
-            d = os.path.dirname(d)
-        for d in reversed(missing):
-            _sys.mkdir(d)
-            made.append(d)
-        # The save fsyncs the directory that holds its output, not that directory's own entry
-        # in its parent: without these a power cut could lose a committed output with the new
-        # directory that holds it.
-        if not dry_run:
-            for d in made:
-                _sys.fsync_dir(os.path.dirname(d))
+    A dry run plans exactly what the real run does but touches nothing: it is refused where
+    the real run's ``mkdir`` would be (with the error that ``mkdir`` gives), and otherwise
+    plans the missing directories as created (:func:`planned_directories`: empty, with their
+    nearest existing ancestor's file system, free space and permissions)."""
+    if dry_run:
+        missing = missing_directories(directory) if directory else []
+        if missing:
+            _refuse_as_mkdir(os.path.dirname(missing[-1]), missing[-1])
+        with planned_directories(missing):
+            yield
+        return
+    made = make_directories(directory) if directory else []
     try:
         yield
     except BaseException:
-        _remove_empty(made)
+        remove_empty(made)
         raise
-    if dry_run:
-        _remove_empty(made)
 
 
-def _remove_empty(made: list[str]) -> None:
-    """Remove the directories ``made`` (deepest first) that are still empty; a directory
-    something else wrote into meanwhile is left alone."""
-    for d in reversed(made):
-        with contextlib.suppress(OSError):
-            _sys.rmdir(d)
+def _refuse_as_mkdir(parent: str, first: str) -> None:
+    """Raise what ``mkdir(first)`` would in ``parent`` (which exists as a name), if anything:
+    a dry run asks instead of trying."""
+    def refused(code: int) -> OSError:
+        return OSError(code, os.strerror(code), first)
+
+    try:
+        st = _sys.stat(parent)
+    except OSError as exc:  # a dangling symlink, a loop
+        raise refused(exc.errno or errno.ENOENT) from None
+    if not stat_mod.S_ISDIR(st.st_mode):
+        raise refused(errno.ENOTDIR)
+    if _sys.statvfs(parent).f_flag & os.ST_RDONLY:  # before access(), which fails there too
+        raise refused(errno.EROFS)
+    if not _sys.access(parent, os.W_OK | os.X_OK):
+        raise refused(errno.EACCES)
 
 
 # --- a save's report -----------------------------------------------------------------------------
@@ -337,8 +344,34 @@ def render_report(report: SaveReport, args: argparse.Namespace, out: TextIO) -> 
 def finish(report: SaveReport, args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Render the report; the exit status: 0 for a save (it committed, or it would have
     raised) and for a dry run that fits, 1 for a dry run that does not fit."""
-    render_report(report, args, sys.stdout if out is None else out)
+    with reported(report):
+        render_report(report, args, sys.stdout if out is None else out)
     return EXIT_OK if not report.dry_run or all(p.fits for p in report.peaks) else EXIT_FAIL
+
+
+@contextlib.contextmanager
+def reported(report: SaveReport) -> Iterator[None]:
+    """Around the printing of a save's report: a reader of stdout that went away (EPIPE)
+    after the commit changes nothing (the exit status of a committed save is 0, whatever
+    happens after the commit); stdout is dropped so that no later write fails.  A dry run's
+    plan is its whole output: its loss ends the command as a filter's would."""
+    try:
+        yield
+    except BrokenPipeError:
+        drop_stdout()
+        if report.dry_run:
+            raise
+
+
+def drop_stdout() -> None:
+    """Point stdout at /dev/null so that no later write, nor the interpreter's last flush,
+    fails again."""
+    try:
+        devnull = _sys.open(os.devnull, os.O_WRONLY)
+        _sys.dup2(devnull, sys.stdout.fileno())
+        _sys.close(devnull)
+    except (OSError, ValueError):  # no real stdout to replace: nothing will be flushed to it
+        pass
 
 
 def about(path: str, exc: BaseException) -> str:

@@ -23,7 +23,8 @@ def merge(args: argparse.Namespace) -> SaveReport:
     out: str = args.output
     with Bar(f"merge {os.path.basename(out)}", quiet=args.quiet or args.json) as bar:
         return st_merge(out, args.inputs, consume=args.consume, dry_run=args.dry_run,
-                        alignment=args.align or 8, window=args.window, progress=bar.callback)
+                        alignment=args.align or 8, window=args.window, progress=bar.callback,
+                        carry=dict(getattr(args, "carry", None) or {}))
 
 
 def reshard(args: argparse.Namespace) -> SaveReport:
@@ -36,7 +37,8 @@ def reshard(args: argparse.Namespace) -> SaveReport:
                           filename_pattern=args.pattern or "model{suffix}.safetensors",
                           consume=args.consume, dry_run=args.dry_run,
                           alignment=args.align or 8, window=args.window,
-                          progress=bar.callback)
+                          progress=bar.callback,
+                          carry=dict(getattr(args, "carry", None) or {}))
 
 
 def convert(args: argparse.Namespace) -> SaveReport:
@@ -48,6 +50,20 @@ def convert(args: argparse.Namespace) -> SaveReport:
     with Bar(f"convert {os.path.basename(out)}", quiet=args.quiet or args.json) as bar:
         return st_convert(out, args.inputs[0], consume=args.consume, dry_run=args.dry_run,
                           alignment=align, window=args.window, progress=bar.callback)
+
+
+def check_reshard_pattern(pattern: str) -> None:
+    """``--pattern`` of a safetensors reshard, refused as a usage error (exit 2) where the
+    library would refuse it: a directory part, no file name, not ending in .safetensors."""
+    from filecord.safetensors._format import check_pattern
+
+    try:
+        check_pattern(pattern)
+    except ValueError as exc:
+        raise UsageError(f"--pattern {pattern!r}: {exc}") from None
+    if not pattern.endswith(".safetensors"):
+        raise UsageError(f"--pattern {pattern!r}: the shards' names must end in .safetensors "
+                         "(a shard named like config.json would replace it, or be replaced)")
 
 
 def describe(path: str) -> dict[str, Any]:
@@ -118,9 +134,10 @@ def companions(inputs: list[str], outdir: str) -> list[tuple[str, str]]:
         a, b = _sys.stat(folder), _sys.stat(outdir or ".")
         if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
             return []
+    given = os.path.dirname(inputs[0])  # the folder as the user named it, for the report
     pairs = []
     for name in sorted(_sys.listdir(folder)):
-        src = os.path.join(folder, name)
+        src = os.path.join(given, name)
         if name.startswith(".") or name.endswith(_WEIGHTS) or not _sys.isfile(src):
             continue
         pairs.append((src, os.path.join(outdir, name)))
@@ -142,15 +159,9 @@ def _same_bytes(a: str, b: str) -> bool:
         return False
 
 
-def carry(pairs: list[tuple[str, str]], args: argparse.Namespace) -> None:
-    """Copy the companions in one atomic save (after the weights committed), and say so."""
-    from filecord import Cord, save_many
-
-    if not pairs:
-        return
-    if not args.dry_run:
-        save_many({dst: Cord([FileBackedData(src)]) for src, dst in pairs})
-    if not (args.json or args.quiet):
+def say_carried(pairs: list[tuple[str, str]], args: argparse.Namespace) -> None:
+    """Name the companions the save wrote with the weights (or would write)."""
+    if pairs and not (args.json or args.quiet):
         verb = "would carry" if args.dry_run else "carried"
         print(f"{verb} {len(pairs)} non-weight file(s) of the Hugging Face folder "
               f"(--weights-only: none): {', '.join(os.path.basename(s) for s, _ in pairs)}")

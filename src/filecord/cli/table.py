@@ -38,12 +38,13 @@ from filecord.cli.common import (
     add_operation_options,
     add_output,
     count,
-    finish,
     not_regular,
     note_consume,
     odd_member,
     output_directory,
     parse_size,
+    render_report,
+    reported,
     require_output,
 )
 from filecord.errors import FormatError, InsufficientSpaceError, add_note
@@ -85,10 +86,12 @@ def _check_inputs(paths: list[str]) -> None:
 def _save(op: Operation, args: argparse.Namespace, directory: str,
           render: Callable[[SaveReport, argparse.Namespace, TextIO], None] | None = None,
           carry: list[tuple[str, str]] | None = None) -> int:
-    """Run one format's operation with its output directory created; render its report; then
-    copy ``carry`` (a Hugging Face folder's non-weight files) beside the output.  A
-    save refused for lack of space says when ``--consume`` would fit (the plan worked out with
-    consume, as a dry run: nothing is written or moved)."""
+    """Run one format's operation with its output directory created; render its report.
+    ``carry`` (a Hugging Face folder's non-weight files, (source, destination)) is saved by
+    the operation's own transaction, with the weights: one plan, one space check, one commit.
+    A save refused for lack of space says when ``--consume`` would fit (the plan worked out
+    with consume, as a dry run: nothing is written or moved)."""
+    args.carry = {dst: src for src, dst in carry or []}
     with output_directory(directory, dry_run=args.dry_run):
         try:
             report = op(args)
@@ -96,16 +99,15 @@ def _save(op: Operation, args: argparse.Namespace, directory: str,
             if not args.consume:
                 note_consume(exc, op, args)
             raise
-        if report.dry_run and not all(p.fits for p in report.peaks):
-            carry = []
-        if render is None:
-            status = finish(report, args)
-        else:
-            render(report, args, sys.stdout)
-            status = EXIT_OK if not report.dry_run or all(p.fits for p in report.peaks) \
-                else EXIT_FAIL
-        safetensors.carry(carry or [], args)
-    return status
+        fits = all(p.fits for p in report.peaks)
+        with reported(report):
+            if render is None:
+                render_report(report, args, sys.stdout)
+            else:
+                render(report, args, sys.stdout)
+            if not report.dry_run or fits:
+                safetensors.say_carried(carry or [], args)
+    return EXIT_OK if not report.dry_run or fits else EXIT_FAIL
 
 
 def _by_suffix(table: dict[str, Operation], path: str, what: str) -> Operation:
@@ -156,9 +158,13 @@ def _read_as(command: str, suffix: str, reads: str, inputs: list[str], *,
 @contextlib.contextmanager
 def _suffix_chose(suffix: str, reads: str, *, why: str | None = None) -> Iterator[None]:
     """A format error in an input says which suffix chose the format it was read as."""
+    from filecord.gguf.errors import CheckpointFileError
+
     try:
         yield
     except FormatError as exc:
+        if isinstance(exc, CheckpointFileError):  # a model folder's config or tokenizer file,
+            raise  # never read as the format the suffix chose
         because = why or f"the output's suffix is {suffix}"
         add_note(exc, f"read as {_READS_AS[reads][1]} because {because}")
         raise
@@ -190,6 +196,8 @@ def run_reshard(args: argparse.Namespace) -> int:
         raise UsageError("--max-tensors applies to GGUF inputs only")
     else:
         op = safetensors.reshard
+        if args.pattern is not None:
+            safetensors.check_reshard_pattern(args.pattern)
     pairs = [] if args.weights_only or op is gguf.reshard else safetensors.companions(
         args.inputs, outdir)
     safetensors.check_companions(pairs)
@@ -222,8 +230,10 @@ def run_convert(args: argparse.Namespace) -> int:
         raise UsageError("--outtype, --split-max-tensors and --split-max-size apply to "
                          "conversions to .gguf only")
     if not (out.endswith(".ptd") or (source.endswith(".ptd") and out.endswith(".safetensors"))):
-        raise UsageError("convert .safetensors (or an index .json) to .ptd or .gguf, or .ptd to "
-                         ".safetensors")
+        got = sniff(source)
+        what = f"{source} is {_TITLES.get(got.name, got.name)}" if got is not None else source
+        raise UsageError(f"{what}: convert .safetensors (or an index .json) to .ptd or .gguf, "
+                         "or .ptd to .safetensors")
     suffix = ".ptd" if out.endswith(".ptd") else ".safetensors"
     reads = ".safetensors" if suffix == ".ptd" else ".ptd"
     _read_as("convert", suffix, reads, [source])

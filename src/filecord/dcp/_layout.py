@@ -136,6 +136,20 @@ def _split_dim(shape: Sequence[int], offsets: Sequence[int], sizes: Sequence[int
     return max(k, 0)
 
 
+def strided(
+    shape: Sequence[int], offsets: Sequence[int], sizes: Sequence[int], itemsize: int
+) -> tuple[int, int, int, int] | None:
+    """A box's runs as ``(first, step, length, count)`` when they are evenly spaced, one per
+    index of the first dimension (a box that splits the second dimension, every later one
+    whole: a column shard); None for any other box, and for an empty one."""
+    if len(shape) < 2 or math.prod(sizes) == 0 or _split_dim(shape, offsets, sizes) != 1:
+        return None
+    row = math.prod(shape[1:])
+    inner = math.prod(shape[2:])
+    return ((offsets[0] * row + offsets[1] * inner) * itemsize, row * itemsize,
+            sizes[1] * inner * itemsize, sizes[0])
+
+
 def runs(
     shape: Sequence[int], offsets: Sequence[int], sizes: Sequence[int], itemsize: int
 ) -> Iterator[tuple[int, int]]:
@@ -146,16 +160,16 @@ def runs(
         return
     if math.prod(sizes) == 0:
         return
+    even = strided(shape, offsets, sizes, itemsize)
+    if even is not None:  # the common case (a column shard of a matrix): one run per row
+        first, step, length, count = even
+        for i in range(count):
+            yield first + i * step, length
+        return
     k = _split_dim(shape, offsets, sizes)
     strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
     length = sizes[k] * strides[k] * itemsize
     base = offsets[k] * strides[k]
-    if k == 1:  # the common case (a column shard of a matrix): one run per row, no products
-        step = strides[0] * itemsize
-        first = (base + offsets[0] * strides[0]) * itemsize
-        for i in range(sizes[0]):
-            yield first + i * step, length
-        return
     for index in itertools.product(*(range(o, o + s) for o, s in
                                      zip(offsets[:k], sizes[:k], strict=True))):
         yield (base + sum(i * st for i, st in zip(index, strides, strict=False))) * itemsize, \

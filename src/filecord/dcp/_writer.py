@@ -18,7 +18,9 @@ coordinator ``prepare_global_plan`` (inside a gather/scatter: its return value, 
 2. ``prepare_global_plan`` (coordinator) proves every rank declared the same dtype and shape
    per tensor and the chunks tile every tensor (``_layout``),
    lays out the files ``filecord.safetensors.save_file``/``save_sharded`` would write for the
-   full state dict, then draws a save token and creates, in the output directory, the lock
+   full state dict, makes the shards' directory (and its missing parents) as torch's
+   ``FileSystemWriter`` does (a single file's directory must exist, as for ``save_file``),
+   then draws a save token and creates, in the output directory, the lock
    ``.NAME.TOKEN.filecord-lock`` (``flock``ed, naming a journal that does not exist yet) and
    one temp ``.NAME.TOKEN.partial`` per output file (``O_EXCL``).  Each temp gets its header
    and is preallocated to its final size with ``fallocate(2)`` (never glibc's emulation, which
@@ -40,7 +42,8 @@ coordinator ``prepare_global_plan`` (inside a gather/scatter: its return value, 
    nothing is copied), the index as bytes.  Then the lock goes.
 
 Failure: DCP has no abort hook.  :meth:`SafetensorsWriter.abort` (called by
-``filecord.dcp.save`` for any exception on the coordinator) removes the temps, then the lock;
+``filecord.dcp.save`` for any exception on the coordinator) removes the temps, then the lock,
+then the directories the save made that are still empty;
 the lock is let go even when a removal fails, so ``filecord recover`` can finish the cleanup.
 A coordinator that dies leaves the temps beside a free lock that names no journal: ``filecord
 recover DIR`` removes them (the transaction's own proof: a free lock and no journal mean nothing
@@ -70,6 +73,7 @@ from torch.futures import Future
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
+from filecord._io.paths import make_directories, remove_empty
 from filecord._kit.torch_stream import host_view, row_major_blocks
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import CHUNK, FileBackedData
@@ -79,7 +83,7 @@ from filecord._txn import liveness
 from filecord._txn.save import save_many
 from filecord.dcp import _layout
 from filecord.dcp.errors import UnsupportedStateError
-from filecord.errors import add_note
+from filecord.errors import SaveError, add_note
 from filecord.safetensors._torch import _DTYPES, parse_shard_size
 from filecord.safetensors._write import remove_files, stale_files
 from filecord.tensors import DType
@@ -180,9 +184,9 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
         metadata: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
-        self.path = _sys.abspath(os.fspath(path))
         self.max_shard_size = None if max_shard_size is None else parse_shard_size(
             max_shard_size)
+        self.path = self._target(path)
         self.metadata = dict(metadata) if metadata is not None else None
         self.directory = self.path if self.max_shard_size is not None else os.path.dirname(
             self.path)
@@ -197,15 +201,26 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
         self._lock: tuple[str, int] | None = None
         self._committed = False
         self._assigned: list[dict[ItemKey, ItemPlace]] = []
+        self._made: list[str] = []
 
     # --- DCP's protocol ------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         # Not called when a writer is passed without a checkpoint_id: the state is set up in
         # __init__, and a checkpoint_id only renames the target.
         if checkpoint_id is not None:
-            self.path = _sys.abspath(os.fspath(checkpoint_id))
+            self.path = self._target(checkpoint_id)
             self.directory = self.path if self.max_shard_size is not None else \
                 os.path.dirname(self.path)
+
+    def _target(self, path: str | os.PathLike[str]) -> str:
+        """The absolute output; a single file's name spelled as a directory (``"out/"``) is
+        refused, never saved as a file named ``out``."""
+        given = os.fspath(path)
+        if self.max_shard_size is None and given.endswith((os.sep, "/")):
+            raise SaveError(f"cannot save {given}: it names a directory, not a file (give "
+                            "max_shard_size to save shards into a directory, or a file name "
+                            "ending in .safetensors); nothing was written", errno=errno.EISDIR)
+        return _sys.abspath(given)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -262,6 +277,7 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
         self._temps, self._committed, self.report, self.results = [], False, None, {}
         self._assigned = []
         paths = self._finals(lay)
+        self._made = self._directory()
         self._create(lay, paths)
         out: list[SavePlan] = []
         for p in plans:
@@ -360,6 +376,21 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
             return [self.path]
         return [os.path.join(self.directory, f.name) for f in lay.files]
 
+    def _directory(self) -> list[str]:
+        """The shards' directory is made (with its missing parents) as torch's
+        ``FileSystemWriter`` makes its checkpoint directory; the directory of a single file
+        must exist, as for ``save_file``.  Returns the directories made."""
+        if self.max_shard_size is not None:
+            return make_directories(self.directory)
+        if not _sys.isdir(self.directory):
+            there = _sys.lexists(self.directory)
+            raise SaveError(f"cannot save {self.path}: the directory {self.directory} "
+                            f"{'is not a directory' if there else 'does not exist'} (create "
+                            "it first, or save shards with max_shard_size, whose directory is "
+                            "created); nothing was written",
+                            errno=errno.ENOTDIR if there else errno.ENOENT)
+        return []
+
     def _create(self, lay: _layout.Layout, paths: Sequence[str]) -> None:
         token = _names.new_token()
         lock = _names.sibling(paths[0], token, _names.LOCK)
@@ -439,6 +470,7 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
             return
         errors: list[OSError] = []
         temps, self._temps = self._temps, []
+        made, self._made = self._made, []
         try:
             for temp in temps:
                 _collect(errors, _sys.unlink_missing_ok, temp)
@@ -450,6 +482,7 @@ class SafetensorsWriter(StorageWriter):  # type: ignore[misc, unused-ignore]
                 self._lock = None
                 # release closes (unlocks) the lock even when its unlink fails
                 _collect(errors, liveness.release, lock, fd)
+            remove_empty(made)  # the shards' directory this save made, when still empty
         if errors:
             for other in errors[1:]:
                 add_note(errors[0], f"also: {type(other).__name__}: {other}")
@@ -483,6 +516,10 @@ def _write_item(fd: int, tensor: torch.Tensor, item: WriteItem, place: ItemPlace
     if tuple(int(x) for x in tensor.shape) != box.sizes:
         raise UnsupportedStateError(f"{item.index.fqn!r}: the data has shape "
                                     f"{list(tensor.shape)}, the plan says {list(box.sizes)}")
+    even = _layout.strided(place.shape, box.offsets, box.sizes, place.itemsize)
+    if even is not None and tensor.device.type == "cpu" and tensor.is_contiguous() \
+            and not (tensor.is_conj() or tensor.is_neg()):
+        return _write_rows(fd, tensor, place, even, token, temp)
     runs = _layout.runs(place.shape, box.offsets, box.sizes, place.itemsize)
     base = place.offset
     done = 0
@@ -510,3 +547,20 @@ def _write_item(fd: int, tensor: torch.Tensor, item: WriteItem, place: ItemPlace
         raise UnsupportedStateError(f"{item.index.fqn!r}: {done} bytes for a "
                                     f"{place.nbytes}-byte chunk")
     return ItemResult(token, temp, place.file, place.offset, done, count)
+
+
+def _write_rows(fd: int, tensor: torch.Tensor, place: ItemPlace,
+                even: tuple[int, int, int, int], token: str, temp: str) -> ItemResult:
+    """A column shard in host memory, one ``pwrite`` per row straight from the tensor: the
+    rows are evenly spaced, so no run is looked up and no block staged (the per-run
+    bookkeeping of the general loop cost as much as the writes: issue 37's profile)."""
+    first, step, length, count = even
+    view = host_view(tensor.reshape(-1).view(torch.uint8))
+    pwrite = _sys.pwrite
+    at = place.offset + first
+    for start in range(0, count * length, length):
+        piece = view[start:start + length]
+        if pwrite(fd, piece, at) != length:  # short: finish it
+            _sys.write_all(fd, piece, at)
+        at += step
+    return ItemResult(token, temp, place.file, place.offset, len(view), count)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NoReturn
 
+from filecord._kit.jsondepth import first_too_deep
 from filecord.safetensors.errors import (
     DuplicateKeyError,
     HeaderTooLargeError,
@@ -38,6 +39,10 @@ from filecord.tensors import DType
 
 MAX_HEADER = 100_000_000  # the format's limit on N
 U64 = 1 << 64
+# The deepest JSON a header or index may nest: the safetensors package reads at most 127
+# levels (serde_json's limit; one more is its "recursion limit exceeded"), and a valid
+# header nests 3 (object, entry, shape).
+JSON_DEPTH = 127
 METADATA = "__metadata__"
 _FIELDS = ("dtype", "shape", "data_offsets")
 
@@ -171,6 +176,10 @@ def decode_json(raw: bytes, base: int, what: str) -> tuple[Any, int]:
     except UnicodeDecodeError as exc:
         raise InvalidHeaderError(f"not UTF-8 ({exc.reason})", field=what,
                                  offset=base + exc.start) from None
+    deep = first_too_deep(text, JSON_DEPTH)
+    if deep is not None:  # the parser recurses once per level: refused before it runs
+        raise InvalidHeaderError(f"JSON nested more than {JSON_DEPTH} deep", field=what,
+                                 offset=base + len(text[:deep].encode("utf-8")))
     decoder = json.JSONDecoder(object_pairs_hook=_pairs, parse_int=_int, parse_float=_no_float,
                                parse_constant=_no_float)
     try:
@@ -181,8 +190,6 @@ def decode_json(raw: bytes, base: int, what: str) -> tuple[Any, int]:
     except json.JSONDecodeError as exc:
         at = base + len(text[: exc.pos].encode("utf-8"))
         raise InvalidHeaderError(f"invalid JSON: {exc.msg}", field=what, offset=at) from None
-    except RecursionError:
-        raise InvalidHeaderError("JSON nested too deeply", field=what, offset=base) from None
     return value, len(text[:end].encode("utf-8"))
 
 
@@ -375,10 +382,17 @@ def check_pattern(filename_pattern: str) -> None:
     ``sub/`` or ``../`` would be written, and the index naming it would not load)."""
     if "{suffix}" not in filename_pattern:
         raise ValueError(f"filename_pattern must contain '{{suffix}}': {filename_pattern!r}")
-    name = filename_pattern.format(suffix="")
-    if "/" in filename_pattern or os.sep in filename_pattern or name in ("", ".", ".."):
+    try:
+        name = filename_pattern.format(suffix="")
+    except (KeyError, IndexError, ValueError):
+        raise ValueError(f"filename_pattern may hold no braces but '{{suffix}}': "
+                         f"{filename_pattern!r}") from None
+    if "/" in filename_pattern or os.sep in filename_pattern:
         raise ValueError(f"filename_pattern must be a bare file name, without a directory part: "
                          f"{filename_pattern!r} (give the directory as the output instead)")
+    if name in ("", ".", ".."):
+        raise ValueError(f"filename_pattern {filename_pattern!r} names no file when the suffix "
+                         "is empty (one shard): put a name around {suffix}")
 
 
 def shard_names(filename_pattern: str, count: int) -> list[str]:

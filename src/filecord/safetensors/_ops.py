@@ -41,7 +41,9 @@ from filecord._kit.operation import (
     ProgressCallback,
     operate,
 )
+from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
+from filecord._plan.preflight import CordLike, Target
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord.safetensors._format import check_pattern
 from filecord.safetensors._ptdtypes import safetensors_dtype_of, scalar_type_of
@@ -129,6 +131,7 @@ def merge(
     dry_run: bool = False,
     window: int = DEFAULT_WINDOW,
     progress: ProgressCallback | None = None,
+    carry: Mapping[str, str] | None = None,
 ) -> OperationReport:
     """One ``.safetensors`` holding every tensor of ``inputs`` (files and/or ``*.index.json``).
 
@@ -138,7 +141,9 @@ def merge(
     inputs raises :class:`DuplicateTensorError`.  ``dry_run=True`` returns the plan (per
     piece: moved, cloned or copied, and why) and writes nothing.  The output comes first and
     must end in ``.safetensors``; a call in the old order (inputs first) is refused before
-    anything is read.
+    anything is read.  ``carry`` (destination -> source): other files copied whole by the same
+    transaction (a Hugging Face folder's config and tokenizer): in the plan, the space check
+    and the commit with the weights, never consumed.
     """
     out = output_path("merge", MERGE, output)
     paths = input_paths("merge", MERGE, inputs)
@@ -148,7 +153,7 @@ def merge(
     def build(loaded: Loaded) -> Job:
         meta = loaded.metadata if metadata is None else dict(metadata)
         cord = build_file(loaded.tensors, meta, alignment=alignment, wholes=loaded.wholes)
-        return Job({out: cord}, uncarried=loaded.dropped(meta or {}))
+        return Job(_carried({out: cord}, carry), uncarried=loaded.dropped(meta or {}))
 
     return operate(_reader(paths, consume=consume), build, consume=consume, dry_run=dry_run,
                    window=window, progress=progress)
@@ -165,6 +170,7 @@ def reshard(
     dry_run: bool = False,
     window: int = DEFAULT_WINDOW,
     progress: ProgressCallback | None = None,
+    carry: Mapping[str, str] | None = None,
 ) -> OperationReport:
     """Rewrite ``inputs`` as shards of at most ``max_shard_size`` bytes (split one file, or
     reshard a checkpoint), identical to ``huggingface_hub.save_torch_state_dict`` of the same
@@ -172,12 +178,17 @@ def reshard(
     with the inputs' metadata.  Shards and index are one transaction; pattern files the new
     checkpoint does not use are removed after it (inputs only when consumed).  The directory
     comes first; one that names a file (or ends in a checkpoint suffix) is refused as the
-    old order before anything is read.
+    old order before anything is read.  ``filename_pattern`` must end in ``.safetensors``: a
+    shard's name is then never a non-weight file's (``config.json``), nor such a file an
+    obsolete shard.  ``carry``: as for :func:`merge`.
     """
     d = output_path("reshard", RESHARD, directory)
     paths = input_paths("reshard", RESHARD, inputs)
     require_directory("reshard", RESHARD, d)
     check_pattern(filename_pattern)  # before anything is read or written
+    if not filename_pattern.endswith(".safetensors"):
+        raise ValueError(f"filename_pattern must end in .safetensors: {filename_pattern!r} (a "
+                         "shard named like config.json would replace it, or be replaced)")
 
     def build(loaded: Loaded) -> Job:
         user = {k: v for k, v in (loaded.metadata or {}).items() if k != "format"}
@@ -187,11 +198,24 @@ def reshard(
             index_metadata=user, alignment=alignment, wholes=loaded.wholes,
         ))
         # Inputs are never obsolete files (the skeleton drops them): the save decides on them.
+        outputs = _carried(outputs, carry)
         return Job(outputs, tuple(stale_files(d, filename_pattern, outputs)),
                    uncarried=loaded.dropped({"format": "pt", **user}))
 
     return operate(_reader(paths, consume=consume), build, consume=consume, dry_run=dry_run,
                    window=window, progress=progress)
+
+
+def _carried(outputs: Mapping[Target, CordLike],
+             carry: Mapping[str, str] | None) -> dict[Target, CordLike]:
+    """``outputs`` and the files ``carry`` copies (destination -> source), one save."""
+    both: dict[Target, CordLike] = dict(outputs)
+    taken = {_sys.abspath(os.fspath(t)) for t in outputs}
+    for dst, src in (carry or {}).items():
+        if _sys.abspath(dst) in taken:
+            raise ValueError(f"{dst} is both an output and a file carried from {src}")
+        both[dst] = Cord([FileBackedData(src)])
+    return both
 
 
 def to_ptd_entries(tensors: Sequence[NamedTensor], alignment: int) -> list[object]:

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from filecord._io import syscalls as _sys
+from filecord._io.paths import make_directories, remove_empty
 from filecord._kit.operation import ProgressCallback
 from filecord._kit.torch_stream import host_view, write_tensors
 from filecord._pieces.data import FileBackedData
@@ -297,7 +298,9 @@ def save_sharded(
     are dropped the same way (recorded in the metadata).  All shards and the index are
     written by one ``save_many``: old shards and a stale index are replaced at its commit,
     never deleted first; files of the pattern the new checkpoint does not use are removed
-    after the commit.  An empty state dict writes nothing.
+    after the commit.  An empty state dict writes nothing.  A missing ``save_directory`` is
+    created with its parents (as ``save_pretrained`` and torch's ``FileSystemWriter`` do;
+    ``huggingface_hub`` fails on it), and removed again if the save fails.
     """
     directory = os.fspath(save_directory)
     pattern = filename_pattern or "model{suffix}.safetensors"
@@ -317,8 +320,13 @@ def save_sharded(
         single_metadata={"format": "pt", **user, **dropped},
         index_metadata={**user, **dropped}, alignment=alignment,
     )
-    stale = stale_files(directory, pattern, outputs)
-    report = save_many(outputs, consume=True, window=window, progress=progress)
+    made = make_directories(directory)  # as save_pretrained and FileSystemWriter do
+    try:
+        stale = stale_files(directory, pattern, outputs)
+        report = save_many(outputs, consume=True, window=window, progress=progress)
+    except BaseException:
+        remove_empty(made)
+        raise
     remove_files(stale)
     return report
 

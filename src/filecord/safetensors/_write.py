@@ -25,9 +25,11 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Literal
 
 from filecord._io import syscalls as _sys
+from filecord._io.paths import is_planned
 from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
 from filecord._plan.preflight import CordLike, Target
+from filecord.errors import SaveError
 from filecord.safetensors._format import (
     canonical_order,
     encode_header,
@@ -182,9 +184,17 @@ def stale_files(
     prefix, _, suffix = filename_pattern.partition("{suffix}")
     rx = re.compile(re.escape(prefix) + r"(-\d{5}-of-\d{5})?" + re.escape(suffix)
                     + r"(\.index\.json)?")
+    if is_planned(directory):  # a dry run's directory, created by the real run: empty
+        return []
+    try:
+        names = _sys.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        why = "does not exist" if isinstance(exc, FileNotFoundError) else "is not a directory"
+        raise SaveError(f"cannot save shards into {directory}: it {why}; nothing was written",
+                        errno=exc.errno) from None
     kept = file_ids([*keep, *protect])
     out = []
-    for name in sorted(_sys.listdir(directory)):
+    for name in sorted(names):
         path = os.path.join(directory, name)
         if rx.fullmatch(name) and not (file_ids([path]) & kept):
             out.append(path)

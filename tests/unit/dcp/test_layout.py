@@ -7,7 +7,15 @@ import math
 
 import pytest
 
-from filecord.dcp._layout import Box, Spec, check_tiling, merge_specs, run_count, runs
+from filecord.dcp._layout import (
+    Box,
+    Spec,
+    check_tiling,
+    merge_specs,
+    run_count,
+    runs,
+    strided,
+)
 from filecord.dcp.errors import TilingError
 from filecord.tensors import DType
 
@@ -61,6 +69,26 @@ def test_runs_place_every_element_where_row_major_puts_it(
             pos += n
         assert pos == len(chunk_bytes)  # the runs are the chunk's bytes, back to back
     assert owner == list(range(total))  # every byte at its row-major offset
+
+
+@pytest.mark.parametrize(("shape", "cuts"), [
+    ((7, 5), (2, 1)), ((7, 5), (1, 2)), ((6, 8), (2, 2)), ((4, 6, 5), (1, 2, 1)),
+    ((4, 6, 5), (2, 1, 3)), ((3, 4, 5, 2), (1, 2, 2, 1)), ((9,), (4,)), ((0, 4), (1, 2)),
+])
+def test_evenly_spaced_runs_are_the_column_shards_and_the_same_runs(
+    shape: tuple[int, ...], cuts: tuple[int, ...]
+) -> None:
+    """``strided`` (the rank's fast path) describes exactly the runs ``runs`` lists, for the
+    boxes that split the second dimension with every later one whole, and no other box."""
+    for o, s in _grid_boxes(shape, cuts):
+        even = strided(shape, o, s, 2)
+        listed = list(runs(shape, o, s, 2))
+        column = (len(shape) >= 2 and math.prod(s) > 0 and s[1] < shape[1]
+                  and s[2:] == shape[2:])
+        assert (even is not None) == column, (o, s)
+        if even is not None:
+            first, step, length, count = even
+            assert [(first + i * step, length) for i in range(count)] == listed
 
 
 SPECS = {"w": Spec("w", DType.F32, (6, 4))}
