@@ -30,7 +30,9 @@ Each child runs in its own memory cgroup (v1 ``memory.limit_in_bytes`` or v2 ``m
 capped at ``--cap`` or the memory available less 3 GiB, whichever is less, so a flow that
 needs more is killed inside its cgroup ("out of memory") and never the machine's other jobs.
 ``--runtime`` then loads each lean ``.pte`` + ``.ptd`` in the ExecuTorch runtime in a fresh
-capped child and runs one forward, against eager PyTorch on the memory-mapped model.
+capped child and runs one forward, against eager PyTorch on the memory-mapped model.  That
+child runs without CAP_IPC_LOCK (``setpriv``), as a user does: the runtime's loader mlocks what
+it loads and ignores a refusal, so as root it would pin the whole ``.ptd`` in RAM.
 """
 
 from __future__ import annotations
@@ -261,10 +263,25 @@ class Cgroup:
                 time.sleep(0.1)
 
 
+def unlocked() -> list[str]:
+    """A prefix that runs a command without CAP_IPC_LOCK, as any non-root user runs it.
+
+    The runtime's file loader mlocks every segment it loads, ignoring a refusal: as root
+    (CAP_IPC_LOCK) that pins the whole .ptd in RAM, so a 16 GiB program needs 16 GiB of
+    unevictable memory; a user without the capability gets a refusal past RLIMIT_MEMLOCK and
+    pages that the kernel may drop and read again."""
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        return []
+    return [setpriv, "--bounding-set=-ipc_lock", "--inh-caps=-ipc_lock"]
+
+
 def run_child(args: list[str], cap: int, timeout: float) -> dict[str, Any]:
     t0 = time.perf_counter()
+    prefix = unlocked() if args[0] == "runtime" else []
     with Cgroup(cap) as cg:
-        proc = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True,
+        proc = subprocess.run([*prefix, sys.executable, __file__, "--child", *args],
+                              capture_output=True,
                               text=True, check=False, timeout=timeout, preexec_fn=cg.join)
         if proc.returncode != 0 and cg.oom_killed():
             return {"error": f"out of memory (killed at the {cap / GiB:.1f} GiB cap after "
