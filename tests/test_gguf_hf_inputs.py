@@ -439,3 +439,15 @@ def test_q8_0_of_a_weight_holding_inf_or_nan_is_refused(tmp_path: Path, value: f
     assert "blk.0.ffn_up.weight: the checkpoint holds inf or NaN" in r.stderr, r.stderr
     assert "Warning" not in r.stderr, r.stderr
     assert list(out.iterdir()) == []
+
+
+def test_a_special_token_id_outside_the_embedding_is_refused(bpe: Path, tmp_path: Path) -> None:
+    """gguf-py checks special ids against the vocabulary only when told its size, which a
+    byte-level BPE is not: an id past the embedding is refused, not written."""
+    model = tmp_path / "m"
+    shutil.copytree(bpe, model)
+    edit_json(model / "tokenizer_config.json", lambda c: {k: v for k, v in c.items()
+                                                          if k != "eos_token"})
+    edit_json(model / "config.json", put("eos_token_id", 400))
+    refused_naming(tmp_path, model, "tokenizer.ggml.eos_token_id (from tokenizer_config.json "
+                   "or config.json): 400 is outside config.json vocab_size")

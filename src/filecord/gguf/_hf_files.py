@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 from typing import Any
 
 from filecord._io import syscalls as _sys
@@ -25,6 +26,7 @@ from filecord._kit.jsondepth import first_too_deep
 from filecord._kit.readfile import kind_of
 from filecord.gguf.errors import CheckpointFileError
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 DEPTH = 64  # a tokenizer.json nests about 8 deep; a config.json 3
 JSON_LIMIT = 256 << 20  # a tokenizer.json of a 256k vocabulary is ~20 MB
 
@@ -81,7 +83,9 @@ def read_json(path: str, limit: int = JSON_LIMIT) -> Any:
         value = json.loads(text)
     except ValueError as exc:
         raise _bad(path, f"not valid JSON: {exc}") from None
-    where = _surrogate(value, "")
+    # a lone surrogate can only come from a backslash-u escape of D800 to DFFF: the walk is
+    # needed only when the text holds one
+    where = _surrogate(value, "") if _SURROGATE_ESCAPE.search(text) else None
     if where is not None:
         raise _bad(path, "holds a lone UTF-16 surrogate escape (not text)", where or "")
     return value

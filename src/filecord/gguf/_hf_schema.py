@@ -104,7 +104,7 @@ def _prim(kind: Prim, value: Any) -> bool:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     if kind is Prim.U32:
-        return isinstance(value, int) and 0 <= value < 1 << 32
+        return isinstance(value, int) and 0 <= value < 4294967296
     return math.isfinite(value)
 
 
@@ -114,66 +114,136 @@ def _at(where: str, key: str | int) -> str:
     return f"{where}.{key}" if where else key
 
 
+_FITS: dict[int, Callable[[Any], bool]] = {}
+
+
+def fits(schema: Schema) -> Callable[[Any], bool]:
+    """A plain predicate for ``schema``, built once per schema: the fast pass over a file
+    that fits (the common case); :func:`problem` walks again only to explain a failure."""
+    got = _FITS.get(id(schema))
+    if got is None:
+        got = _FITS[id(schema)] = _build(schema)
+    return got
+
+
+def _build(schema: Schema) -> Callable[[Any], bool]:
+    if isinstance(schema, Prim):
+        kind = schema
+        return lambda v: _prim(kind, v)
+    if isinstance(schema, Pred):
+        base, test = schema.base, schema.test
+        return lambda v: _prim(base, v) and test(v)
+    if isinstance(schema, AnyOf):
+        options = [fits(o) for o in schema.options]
+        return lambda v: any(f(v) for f in options)
+    if isinstance(schema, ListOf):
+        item = schema.item
+        return lambda v: isinstance(v, list) and all(map(fits(item), v))
+    if isinstance(schema, Tuple):
+        items = schema.items
+        return lambda v: (isinstance(v, list) and len(v) == len(items)
+                          and all(fits(s)(x) for s, x in zip(items, v, strict=True)))
+    if isinstance(schema, MapOf):
+        value = schema.value
+        return lambda v: isinstance(v, dict) and all(map(fits(value), v.values()))
+    if isinstance(schema, Tagged):
+        kinds = schema.kinds
+        return lambda v: (isinstance(v, dict) and isinstance(v.get("type"), str)
+                          and v["type"] in kinds and fits(kinds[v["type"]])(v))
+    obj = schema
+    return lambda v: (isinstance(v, dict) and obj.required <= v.keys()
+                      and all(k not in v or fits(sub)(v[k]) for k, sub in obj.fields.items()))
+
+
 def problem(schema: Schema, value: Any, where: str = "") -> tuple[str, str] | None:
     """The first (field, why) where ``value`` does not fit ``schema``; None when it fits."""
+    if fits(schema)(value):
+        return None
+    found = _problem(schema, value)
+    if found is None:
+        return None
+    path, why = found
+    for key in reversed(path):
+        where = _at(where, key)
+    return where, why
+
+
+_Found = tuple[list[str | int], str]  # the path from the innermost field outwards, why
+
+
+def _problem(schema: Schema, value: Any) -> _Found | None:
+    """``problem`` with the path built only on the way out of a failure (a tokenizer.json
+    has a million values; formatting a path for each would dominate)."""
     if isinstance(schema, Prim):
-        return None if _prim(schema, value) else (where, f"must be {schema.value}")
+        return None if _prim(schema, value) else ([], f"must be {schema.value}")
     if isinstance(schema, Pred):
         ok = _prim(schema.base, value) and schema.test(value)
-        return None if ok else (where, f"must be {schema.what}")
+        return None if ok else ([], f"must be {schema.what}")
     if isinstance(schema, AnyOf):
-        if any(problem(o, value, where) is None for o in schema.options):
-            return None
-        # the option of the same JSON kind says more than "one of"
-        for o in schema.options:
-            if _same_kind(o, value):
-                return problem(o, value, where)
-        return where, f"must be {schema.what}"
+        # the options of the value's JSON kind: the first that fits, else the first one's
+        # complaint (it says more than "one of")
+        kin = [o for o in schema.options if _same_kind(o, value)]
+        first = None
+        for o in kin:
+            found = _problem(o, value)
+            if found is None:
+                return None
+            first = first or found
+        return first or ([], f"must be {schema.what}")
     if isinstance(schema, (ListOf, Tuple)):
         if not isinstance(value, list):
-            return where, f"must be {describe(schema)}"
+            return [], f"must be {describe(schema)}"
         if isinstance(schema, Tuple):
             if len(value) != len(schema.items):
-                return where, f"must be {describe(schema)}"
-            pairs = list(zip(schema.items, value, strict=True))
+                return [], f"must be {describe(schema)}"
+            pairs: Any = zip(schema.items, value, strict=True)
         else:
-            pairs = [(schema.item, v) for v in value]
+            if isinstance(schema.item, Prim) and all(_prim(schema.item, v) for v in value):
+                return None
+            pairs = ((schema.item, v) for v in value)
         for i, (s, v) in enumerate(pairs):
-            if (p := problem(s, v, _at(where, i))) is not None:
-                return p
+            if (found := _problem(s, v)) is not None:
+                found[0].append(i)
+                return found
         return None
     if not isinstance(value, dict):
-        return where, f"must be {describe(schema)}"
+        return [], f"must be {describe(schema)}"
     if isinstance(schema, MapOf):
+        if isinstance(schema.value, Prim) and all(_prim(schema.value, v)
+                                                  for v in value.values()):
+            return None
         for k, v in value.items():
-            if (p := problem(schema.value, v, _at(where, k))) is not None:
-                return p
+            if (found := _problem(schema.value, v)) is not None:
+                found[0].append(k)
+                return found
         return None
     if isinstance(schema, Tagged):
         kind = value.get("type")
         if not isinstance(kind, str):
-            return _at(where, "type"), f"must be a string ({schema.what})"
+            return ["type"], f"must be a string ({schema.what})"
         if kind not in schema.kinds:
-            return _at(where, "type"), (f"{kind!r} is not {schema.what} filecord knows "
-                                        f"(known: {', '.join(sorted(schema.kinds))})")
+            return ["type"], (f"{kind!r} is not {schema.what} filecord knows "
+                              f"(known: {', '.join(sorted(schema.kinds))})")
         schema = schema.kinds[kind]
     for key in sorted(schema.required):
         if key not in value:
-            return _at(where, key), "missing"
+            return [key], "missing"
     for key, sub in schema.fields.items():
-        if key in value and (p := problem(sub, value[key], _at(where, key))) is not None:
-            return p
+        if key in value and (found := _problem(sub, value[key])) is not None:
+            found[0].append(key)
+            return found
     return None
 
 
 def _same_kind(schema: Schema, value: Any) -> bool:
     if isinstance(schema, (Prim, Pred)):
         base = schema if isinstance(schema, Prim) else schema.base
-        return base is not Prim.NULL and (
-            (base is Prim.STR) == isinstance(value, str)
-            and (base is Prim.BOOL) == isinstance(value, bool)
-            and (base in (Prim.U32, Prim.NUM)) == (isinstance(value, (int, float))
-                                                   and not isinstance(value, bool)))
+        if base is Prim.NULL:
+            return value is None
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return (value is not None and (base is Prim.STR) == isinstance(value, str)
+                and (base is Prim.BOOL) == isinstance(value, bool)
+                and (base in (Prim.U32, Prim.NUM)) == number)
     if isinstance(schema, (ListOf, Tuple)):
         return isinstance(value, list)
     if isinstance(schema, AnyOf):

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from filecord._io import syscalls as _sys
-from filecord.gguf._hf_files import exists, read_json, read_text
+from filecord.gguf._hf_files import exists, read_bytes, read_json, read_text
 from filecord.gguf._hf_model import Family
 from filecord.gguf._hf_schema import TOKENIZER_JSON, problem
 from filecord.gguf._types import KeyValue, ValueType
@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 # llama_token_type
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+SPM_LIMIT = 64 << 20  # a tokenizer.model of a 256k vocabulary is ~4 MB
 SPM_UNSET_SCORE = -10000.0  # ids the .model does not fill
 ADDED_SCORE = -1000.0  # user-defined and control tokens added on top of the .model
 
@@ -342,8 +343,8 @@ def post_processor_adds(spec: Mapping[str, Any] | None, config: Mapping[str, Any
     return out
 
 
-def _special_kvs(directory: str, spec: Mapping[str, Any] | None, *, merges: bool,
-                 n_vocab: int | None,
+def _special_kvs(directory: str, spec: Mapping[str, Any] | None, vocab_size: int, *,
+                 merges: bool, n_vocab: int | None,
                  default_eos: bool = False) -> list[KeyValue]:
     """gguf-py's SpecialVocab, run against a key collector (our writer, never saved), with
     the post-processor's word on BOS/EOS/SEP put over ``tokenizer_config.json``'s."""
@@ -360,6 +361,12 @@ def _special_kvs(directory: str, spec: Mapping[str, Any] | None, *, merges: bool
     special = gguf.SpecialVocab(directory, load_merges=merges, n_vocab=n_vocab)
     special.add_to_gguf(collector, quiet=True)
     kvs = {k: kv for k, kv in collector.kv_data.items() if k != "general.architecture"}
+    for key, kv in kvs.items():
+        if key.endswith("_token_id") and isinstance(kv.value, int) and kv.value >= vocab_size:
+            # gguf-py checks the range only when told the size (not for byte-level BPE)
+            raise CheckpointFileError(
+                f"{kv.value} is outside config.json vocab_size {vocab_size} (the embedding's "
+                f"rows)", field=f"{key} (from tokenizer_config.json or config.json)")
     adds = post_processor_adds(spec, config)
     if default_eos:
         adds.setdefault("eos", False)
@@ -517,14 +524,21 @@ def _spm_keys(directory: str, vocab_size: int, tokens: list[str], scores: list[f
             _arr("tokenizer.ggml.token_type", types, ValueType.INT32)]
 
 
-def _spm(directory: str, vocab_size: int) -> list[KeyValue]:
-    spm = _import("sentencepiece")
-    proc = spm.SentencePieceProcessor()
+def _spm_processor(directory: str) -> Any:
+    """``tokenizer.model`` read by the one reader (a FIFO would block sentencepiece's own
+    open), then parsed by sentencepiece."""
     path = os.path.join(directory, "tokenizer.model")
+    proc = _import("sentencepiece").SentencePieceProcessor()
     try:
-        proc.LoadFromFile(path)
-    except (OSError, RuntimeError) as exc:
+        proc.LoadFromSerializedProto(read_bytes(path, SPM_LIMIT))
+    except RuntimeError as exc:
         raise UnsupportedModelError(f"{path}: sentencepiece cannot read it: {exc}") from None
+    return proc
+
+
+def _spm(directory: str, vocab_size: int) -> list[KeyValue]:
+    path = os.path.join(directory, "tokenizer.model")
+    proc = _spm_processor(directory)
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]
     scores = [SPM_UNSET_SCORE] * vocab_size
     types = [UNUSED] * vocab_size
@@ -640,8 +654,7 @@ def _same_pieces(directory: str, spec: Mapping[str, Any] | None) -> None:
         pieces = {str(k): v for k, v in vocab.items()}
     else:
         pieces = {}
-    proc = _import("sentencepiece").SentencePieceProcessor()
-    proc.LoadFromFile(os.path.join(directory, "tokenizer.model"))  # read by _spm already
+    proc = _spm_processor(directory)
     spm_pieces = {proc.IdToPiece(i): i for i in range(proc.vocab_size())}
     differ = [t for t, i in pieces.items() if spm_pieces.get(t) != i]
     if model.get("type") not in ("BPE", "Unigram") or differ or len(pieces) != len(spm_pieces):
@@ -672,17 +685,17 @@ def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
     if exists(os.path.join(directory, "tokenizer.model")):
         body = _spm(directory, vocab_size)
         _same_pieces(directory, spec)
-        tail = _special_kvs(directory, spec, merges=False, n_vocab=vocab_size)
+        tail = _special_kvs(directory, spec, vocab_size, merges=False, n_vocab=vocab_size)
         kind = "sentencepiece"
     elif spec is not None and is_spm_json(spec):
         body = _spm_json(directory, vocab_size, spec)
-        tail = [kv for kv in _special_kvs(directory, spec, merges=False, n_vocab=vocab_size,
-                                          default_eos=True)
+        tail = [kv for kv in _special_kvs(directory, spec, vocab_size, merges=False,
+                                          n_vocab=vocab_size, default_eos=True)
                 if SPM_IMPLIED.get(kv.key, ()) != kv.value]
         kind = "sentencepiece (tokenizer.json)"
     elif spec is not None:
         body = _bpe(directory, vocab_size, spec)
-        tail = _special_kvs(directory, spec, merges=True, n_vocab=None)
+        tail = _special_kvs(directory, spec, vocab_size, merges=True, n_vocab=None)
         kind = "bpe"
     else:
         raise UnsupportedModelError(f"{directory}: no tokenizer.model or tokenizer.json "
