@@ -349,3 +349,16 @@ DECODER.kinds.update({
 TOKENIZER_JSON = _obj("model", model=MODEL, added_tokens=ListOf(ADDED),
                       normalizer=nullable(NORMALIZER), pre_tokenizer=nullable(PRE_TOKENIZER),
                       post_processor=nullable(POST_PROCESSOR), decoder=nullable(DECODER))
+
+# ---- tokenizer_config.json: the fields the conversion and gguf-py read ----------------------
+
+TOKEN = AnyOf((Prim.NULL, STR, _obj("content", content=STR)),
+              "a string or an object with a content string")
+_FLAG = AnyOf((Prim.NULL, BOOL), "true, false or null")
+SPECIAL_TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask", "eot", "eom")
+TOKENIZER_CONFIG = Obj({
+    **{f"add_{k}": _FLAG for k in ("bos_token", "eos_token", "sep_token", "prefix_space")},
+    **{f"{t}_token": TOKEN for t in SPECIAL_TYPES},
+    # chat_template: _hf_vocab.check_chat_template (shared with chat_template.json)
+    "added_tokens_decoder": nullable(MapOf(_obj("content", content=STR, special=BOOL))),
+})

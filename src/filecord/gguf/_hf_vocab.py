@@ -40,7 +40,7 @@ from typing import Any, cast
 from filecord._io import syscalls as _sys
 from filecord.gguf._hf_files import exists, read_bytes, read_json, read_text
 from filecord.gguf._hf_model import Family
-from filecord.gguf._hf_schema import TOKENIZER_JSON, problem
+from filecord.gguf._hf_schema import SPECIAL_TYPES, TOKENIZER_CONFIG, TOKENIZER_JSON, problem
 from filecord.gguf._types import KeyValue, ValueType
 from filecord.gguf.errors import CheckpointFileError, UnsupportedModelError
 
@@ -66,7 +66,6 @@ SUPPORTED = ("SentencePiece tokenizer.model", "a SentencePiece BPE converted to 
 # out, a tokenizer.model does not, so they are left out to write what the reference writes.
 SPM_IMPLIED: dict[str, object] = {"tokenizer.ggml.unknown_token_id": 0,
                                   "tokenizer.ggml.add_sep_token": False}
-_SPECIAL_TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,25 +113,16 @@ def _token_text(path: str, key: str, value: Any) -> str | None:
 
 
 def check_tokenizer_config(path: str) -> dict[str, Any]:
-    """``tokenizer_config.json``, every field the conversion reads checked for its type."""
+    """``tokenizer_config.json`` against the fields the conversion and gguf-py read
+    (:data:`._hf_schema.TOKENIZER_CONFIG`), its chat template, and its decoder's keys."""
     config = _json(path)
-    for key in ("add_bos_token", "add_eos_token", "add_sep_token", "add_prefix_space"):
-        _of(path, key, config.get(key), (bool,), "true, false or null")
-    for typ in (*_SPECIAL_TYPES, "eot", "eom"):
-        _token_text(path, f"{typ}_token", config.get(f"{typ}_token"))
+    found = problem(TOKENIZER_CONFIG, config)
+    if found is not None:
+        raise _bad(path, *found)
     check_chat_template(path, config.get("chat_template"))
-    decoder = _of(path, "added_tokens_decoder", config.get("added_tokens_decoder"), (dict,),
-                  "an object")
-    for key, entry in (decoder or {}).items():
-        where = f"added_tokens_decoder.{key}"
+    for key in config.get("added_tokens_decoder") or {}:
         if not key.isdecimal() or len(key) > 10:
-            raise _bad(path, where, "keys must be token ids")
-        if not isinstance(entry, dict):
-            raise _bad(path, where, "must be an object")
-        _of(path, f"{where}.content", entry.get("content"), (str,), "a string")
-        if entry.get("content") is None:
-            raise _bad(path, f"{where}.content", "missing")
-        _of(path, f"{where}.special", entry.get("special"), (bool,), "true or false")
+            raise _bad(path, f"added_tokens_decoder.{key}", "keys must be token ids")
     return config
 
 
@@ -285,7 +275,7 @@ def _check_config_ids(directory: str) -> None:
     """``config.json``'s ``*_token_id`` fields (gguf-py's SpecialVocab reads them)."""
     path = os.path.join(directory, "config.json")
     config = _json(path)
-    for typ in (*_SPECIAL_TYPES, "eot", "eom"):
+    for typ in SPECIAL_TYPES:
         v = config.get(f"{typ}_token_id")
         ids = v if isinstance(v, list) else [v]
         if not all(i is None or (isinstance(i, int) and not isinstance(i, bool) and i >= 0)
