@@ -101,6 +101,22 @@ CONFIG_FORMS = {
                                "config.json: architectures: must be a list"),
     "eos-negative": (put("eos_token_id", -1), "config.json: eos_token_id: must be a token id"),
     "window-text": (put("sliding_window", "64"), "config.json: sliding_window: must be"),
+    # every value the GGUF holds as FLOAT32 is one llama.cpp can compute with: finite,
+    # positive and a normal float32 (one check for all of them)
+    "theta-beyond-float32": (put("rope_theta", 1e300),
+                             "config.json: rope_theta: must be a positive number a float32 "
+                             "holds"),
+    "theta-below-float32": (put("rope_theta", 1e-300), "config.json: rope_theta: must be"),
+    "eps-subnormal": (put("rms_norm_eps", 1e-320), "config.json: rms_norm_eps: must be"),
+    "linear-factor-below-float32": (put("rope_parameters", {"rope_type": "linear",
+                                                            "factor": 1e-300}),
+                                    "config.json: rope_parameters.factor: must be a positive"),
+    "linear-factor-negative": (put("rope_parameters", {"rope_type": "linear", "factor": -2}),
+                               "config.json: rope_parameters.factor: must be a positive"),
+    "llama3-factor-beyond-float32": (put("rope_parameters", {
+        "rope_type": "llama3", "factor": 1e300, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+        "config.json: rope_parameters.factor: must be a positive"),
 }
 
 
@@ -114,12 +130,58 @@ def test_malformed_config_is_refused_naming_the_field(spm: Path, tmp_path: Path,
     refused_naming(tmp_path, model, says)
 
 
+@pytest.fixture(scope="module")
+def gemma2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model(tmp_path_factory.mktemp("hf") / "gemma2", arch="gemma2",
+                      tokenizer="gemma", tied=True, dtype="bfloat16")
+
+
+GEMMA2_FORMS = {
+    "softcap-beyond-float32": (put("attn_logit_softcapping", 1e300),
+                               "config.json: attn_logit_softcapping: must be a positive"),
+    "final-softcap-below-float32": (put("final_logit_softcapping", 1e-300),
+                                    "config.json: final_logit_softcapping: must be a positive"),
+    # transformers refuses a layer_types that is not one entry per layer
+    "layer-types-short": (put("layer_types", ["sliding_attention"]),
+                          "config.json: layer_types: has 1 entries for num_hidden_layers 2"),
+    # llama.cpp's gemma2 computes the logits with token_embd whatever the file holds
+    "untied": (put("tie_word_embeddings", False),
+               "config.json: tie_word_embeddings false is not supported"),
+}
+
+
+@pytest.mark.parametrize("form", list(GEMMA2_FORMS))
+def test_gemma2_config_llama_cpp_cannot_compute_is_refused(gemma2: Path, tmp_path: Path,
+                                                           form: str) -> None:
+    change, says = GEMMA2_FORMS[form]
+    model = tmp_path / "m"
+    shutil.copytree(gemma2, model)
+    edit_json(model / "config.json", change)
+    refused_naming(tmp_path, model, says)
+
+
+def piece_id(piece: str) -> Callable[[Any], int]:
+    return lambda t: t["model"]["vocab"][piece]
+
+
+def both(*changes: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def change(data: Any) -> Any:
+        for c in changes:
+            data = c(data)
+        return data
+    return change
+
+
+def put_from(key: str, value: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda data: put(key, value(data))(data)
+
+
 TOKENIZER_FORMS = {
     # name: (file, change, what the message names); file "json" is tokenizer.json (BPE model)
     "json-not-json": ("tokenizer.json", None, "tokenizer.json: not valid JSON"),
     "json-a-list": ("tokenizer.json", lambda t: [t], "tokenizer.json: must be a JSON object"),
     "vocab-id-text": ("tokenizer.json", put("model.vocab.the", "7"),
-                      "tokenizer.json: model.vocab.the: ids must be"),
+                      "tokenizer.json: model.vocab.the: must be an integer"),
     "model-a-string": ("tokenizer.json", put("model", "BPE"), "tokenizer.json: model: must be"),
     "merge-of-ints": ("tokenizer.json", put("model.merges.0", [1, 2]),
                       "tokenizer.json: model.merges[0]"),
@@ -142,6 +204,48 @@ TOKENIZER_FORMS = {
                                 put("added_tokens_decoder", {"3": {"special": True}}),
                                 "tokenizer_config.json: added_tokens_decoder.3.content"),
     "config-not-json": ("tokenizer_config.json", None, "tokenizer_config.json: not valid JSON"),
+    # what the tokenizers library would refuse, named before it reads the file
+    "merge-without-space": ("tokenizer.json", put("model.merges.0", "ab"),
+                            "tokenizer.json: model.merges[0]: must be 'a b'"),
+    "merge-of-unknown-pieces": ("tokenizer.json", put("model.merges.0", ["zzz", "qqq"]),
+                                "tokenizer.json: model.merges[0]: 'zzz' is not a piece"),
+    "merges-null": ("tokenizer.json", put("model.merges", None),
+                    "tokenizer.json: model.merges: must be a list"),
+    "vocab-id-beyond-u32": ("tokenizer.json", put("model.vocab.h", 2**40),
+                            "tokenizer.json: model.vocab.h: must be an integer from 0"),
+    "added-tokens-null": ("tokenizer.json", put("added_tokens", None),
+                          "tokenizer.json: added_tokens: must be a list"),
+    "template-special-tokens-a-list": (
+        "tokenizer.json", put("post_processor.processors.1.special_tokens", [1]),
+        "tokenizer.json: post_processor.processors[1].special_tokens: must be an object"),
+    "template-ids-text": (
+        "tokenizer.json",
+        put("post_processor.processors.1.special_tokens.<|begin_of_text|>.ids", ["x"]),
+        "special_tokens.<|begin_of_text|>.ids[0]: must be an integer"),
+    "decoder-type-a-number": ("tokenizer.json", put("decoder", {"type": 5}),
+                              "tokenizer.json: decoder.type: must be a string"),
+    "split-pattern-a-string": ("tokenizer.json", put("pre_tokenizer.pretokenizers.0.pattern",
+                                                     "x"),
+                               "tokenizer.json: pre_tokenizer.pretokenizers[0].pattern: must be"),
+    # what would convert to a tokenizer llama.cpp runs differently from transformers
+    "two-pieces-one-id": ("tokenizer.json", put_from("model.vocab.e", piece_id("h")),
+                          "tokenizer.json: model.vocab: 'e' and 'h' both have id"),
+    "added-id-outside-vocab": ("tokenizer.json", put("added_tokens.0.id", 299999),
+                               "tokenizer.json: added_tokens[0].id: 299999 is outside "
+                               "config.json vocab_size"),
+    "added-id-of-another-piece": ("tokenizer.json",
+                                  put("added_tokens.0", {"id": 0, "content": "<new>"}),
+                                  "tokenizer.json: added_tokens[0].id: 0 is already "
+                                  "model.vocab's"),
+    "chat-template-nameless": ("tokenizer_config.json",
+                               put("chat_template", [{"name": "", "template": "a"}]),
+                               "tokenizer_config.json: chat_template[0].name: empty"),
+    "chat-template-names-one-key": (
+        "tokenizer_config.json",
+        put("chat_template", [{"name": "tool_use", "template": "a"},
+                              {"name": "tool-use", "template": "b"}]),
+        "tokenizer_config.json: chat_template[1].name: 'tool-use' is written as the key of "
+        "'tool_use'"),
 }
 
 
@@ -158,9 +262,62 @@ def test_malformed_tokenizer_is_refused_naming_the_field(bpe: Path, tmp_path: Pa
     refused_naming(tmp_path, model, says)
 
 
+@pytest.fixture(scope="module")
+def spm_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model(tmp_path_factory.mktemp("hf") / "spmjson", tokenizer="spm-json",
+                      dtype="bfloat16")
+
+
+SPM_JSON_FORMS = {
+    # steps llama.cpp's SentencePiece tokenizer does not take: transformers would tokenize
+    # "hh" as "ee", llama.cpp as "hh"
+    "normalizer-replacing-letters": (
+        put("normalizer", {"type": "Sequence", "normalizers": [
+            {"type": "Replace", "pattern": {"String": "h"}, "content": "e"}]}),
+        "tokenizer.json: normalizer {\"type\": \"Sequence\""),
+    "no-dummy-prefix": (put("pre_tokenizer.prepend_scheme", "never"),
+                        "tokenizer.json: pre_tokenizer {"),
+    "decoder-of-another-tokenizer": (put("decoder", {"type": "ByteLevel"}),
+                                     "tokenizer.json: decoder {"),
+    "normalizers-a-string": (put("normalizer", {"type": "Sequence", "normalizers": "x"}),
+                             "tokenizer.json: normalizer.normalizers: must be a list"),
+    "split-text": (put("pre_tokenizer.split", "x"),
+                   "tokenizer.json: pre_tokenizer.split: must be true or false"),
+    "replacement-a-number": (put("pre_tokenizer.replacement", 5),
+                             "tokenizer.json: pre_tokenizer.replacement: must be one character"),
+    "prepend-scheme-a-number": (put("pre_tokenizer.prepend_scheme", 5),
+                                "tokenizer.json: pre_tokenizer.prepend_scheme: must be"),
+    "fuse-unk-text": (put("model.fuse_unk", "x"),
+                      "tokenizer.json: model.fuse_unk: must be true or false"),
+    "dropout-text": (put("model.dropout", "x"), "tokenizer.json: model.dropout: must be"),
+    "unknown-token-absent": (put("model.unk_token", "<nope>"),
+                             "tokenizer.json: model.unk_token: '<nope>' is not a piece"),
+    "two-pieces-one-id": (put_from("model.vocab.<s>", piece_id("<unk>")),
+                          "tokenizer.json: model.vocab: '<unk>' and '<s>' both have id"),
+    "merge-without-space": (put("model.merges", ["ab"]),
+                            "tokenizer.json: model.merges[0]: must be 'a b'"),
+    "merge-of-unknown-pieces": (put("model.merges", [["zz", "qq"]]),
+                                "tokenizer.json: model.merges[0]: 'zz' is not a piece"),
+}
+
+
+@pytest.mark.parametrize("form", list(SPM_JSON_FORMS))
+def test_sentencepiece_tokenizer_json_is_refused_unless_llama_cpp_runs_it_as_transformers(
+        spm_json: Path, tmp_path: Path, form: str) -> None:
+    change, says = SPM_JSON_FORMS[form]
+    model = tmp_path / "m"
+    shutil.copytree(spm_json, model)
+    edit_json(model / "tokenizer.json", change)
+    refused_naming(tmp_path, model, says)
+
+
 @pytest.mark.parametrize(("content", "says"), [
     ({"<x>": "400"}, "added_tokens.json: <x>: must be a token id"),
     ([1, 2], "added_tokens.json: must be a JSON object"),
+    # llama.cpp's converter drops these silently, or writes them over a piece
+    ({"<x>": -1}, "added_tokens.json: <x>: id -1 is outside 0.."),
+    ({"<x>": 2**40}, "added_tokens.json: <x>: id 1099511627776 is outside 0.."),
+    ({"<x>": 0}, "added_tokens.json: <x>: id 0 is already the tokenizer's '<unk>'"),
 ])
 def test_malformed_added_tokens_is_refused_naming_the_field(spm: Path, tmp_path: Path,
                                                             content: Any, says: str) -> None:
@@ -168,3 +325,129 @@ def test_malformed_added_tokens_is_refused_naming_the_field(spm: Path, tmp_path:
     shutil.copytree(spm, model)
     (model / "added_tokens.json").write_text(json.dumps(content))
     refused_naming(tmp_path, model, says)
+
+
+def _deep(path: Path) -> None:
+    path.write_text("[" * 100000)
+
+
+def _not_utf8(path: Path) -> None:
+    path.write_bytes(path.read_bytes().replace(b'"', b'"\xff', 2))
+
+
+def _surrogate(path: Path) -> None:
+    data = json.loads(path.read_text())
+    data["added_tokens"][0]["content"] = "\ud800"
+    path.write_text(json.dumps(data))  # ensure_ascii: the escape itself is in the file
+
+
+def _directory(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _loop(path: Path) -> None:
+    path.unlink()
+    path.symlink_to(path.name)
+
+
+UNREADABLE = {
+    # name: (model, file, how it is spoiled, what the message says)
+    "config-nested-deep": ("spm", "config.json", _deep, "config.json: nested more than 64"),
+    "tokenizer-config-nested-deep": ("spm", "tokenizer_config.json", _deep,
+                                     "tokenizer_config.json: nested more than 64"),
+    "index-nested-deep": ("spm", "model.safetensors.index.json", _deep,
+                          "model.safetensors.index.json: nested more than 64"),
+    "tokenizer-json-nested-deep": ("bpe", "tokenizer.json", _deep,
+                                   "tokenizer.json: nested more than 64"),
+    "tokenizer-json-not-utf8": ("bpe", "tokenizer.json", _not_utf8,
+                                "tokenizer.json: not UTF-8 text"),
+    "tokenizer-config-not-utf8": ("bpe", "tokenizer_config.json", _not_utf8,
+                                  "tokenizer_config.json: not UTF-8 text"),
+    "tokenizer-json-lone-surrogate": ("bpe", "tokenizer.json", _surrogate,
+                                      "tokenizer.json: added_tokens[0].content: holds a lone "
+                                      "UTF-16 surrogate"),
+    "chat-template-jinja-not-utf8": ("bpe", "chat_template.jinja",
+                                     lambda p: p.write_bytes(b"\xff{{ x }}"),
+                                     "chat_template.jinja: not UTF-8 text"),
+    "config-a-directory": ("spm", "config.json", _directory,
+                           "config.json: is a directory"),
+    "config-a-fifo": ("spm", "config.json", _fifo, "config.json: is a FIFO"),
+    "config-a-link-loop": ("spm", "config.json", _loop, "config.json: a symbolic link loop"),
+}
+
+
+@pytest.mark.parametrize("form", list(UNREADABLE))
+def test_a_file_no_library_can_read_is_refused_naming_it(
+        spm: Path, bpe: Path, tmp_path: Path, form: str) -> None:
+    """Depth, encoding and file type are judged by one reader before any library (json,
+    tokenizers, gguf-py) sees the file; the message names the file, never the suffix that
+    chose safetensors for the shards."""
+    base, name, spoil, says = UNREADABLE[form]
+    model = tmp_path / "m"
+    shutil.copytree(spm if base == "spm" else bpe, model)
+    path = model / name
+    if not path.exists() and not path.is_symlink():
+        path.write_text("")
+    spoil(path)
+    r = subprocess.run([sys.executable, "-m", "filecord.cli", "convert", str(model), "-o",
+                        str(tmp_path / "o.gguf"), "-q"], capture_output=True, text=True,
+                       env=ENV, check=False, preexec_fn=_limit, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert says in r.stderr, r.stderr
+    assert "internal error" not in r.stderr, r.stderr
+    assert "read as safetensors" not in r.stderr, r.stderr
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_an_index_beside_a_single_file_is_refused_naming_both(spm: Path, tmp_path: Path
+                                                              ) -> None:
+    """transformers loads model.safetensors, llama.cpp's converter the index's shards: which
+    one the model is is not guessed."""
+    model = tmp_path / "m"
+    shutil.copytree(spm, model)
+    shard = sorted(model.glob("model-*.safetensors"))[0]
+    shutil.copy(shard, model / "model.safetensors")
+    refused_naming(tmp_path, model, "holds both model.safetensors.index.json and "
+                   "model.safetensors")
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_q8_0_of_a_weight_holding_inf_or_nan_is_refused(tmp_path: Path, value: float) -> None:
+    """A Q8_0 block of an inf or NaN has a NaN scale and bytes the platform's cast decides;
+    the cast refuses it, naming the tensor, and no numpy warning reaches the user."""
+    from safetensors.torch import load_file, save_file
+
+    model = tiny_model(tmp_path / "m", dtype="float32")
+    name = "model.layers.0.mlp.up_proj.weight"
+    index = json.loads((model / "model.safetensors.index.json").read_text())
+    shard = model / index["weight_map"][name]
+    tensors = load_file(shard)
+    tensors[name][0, 3] = value
+    save_file(tensors, shard, metadata={"format": "pt"})
+    out = tmp_path / "out"
+    out.mkdir()
+    r = subprocess.run([sys.executable, "-m", "filecord.cli", "convert", str(model), "-o",
+                        str(out / "o.gguf"), "--outtype", "q8_0", "-q"], capture_output=True,
+                       text=True, env=ENV, check=False, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert "blk.0.ffn_up.weight: the checkpoint holds inf or NaN" in r.stderr, r.stderr
+    assert "Warning" not in r.stderr, r.stderr
+    assert list(out.iterdir()) == []
+
+
+def test_a_special_token_id_outside_the_embedding_is_refused(bpe: Path, tmp_path: Path) -> None:
+    """gguf-py checks special ids against the vocabulary only when told its size, which a
+    byte-level BPE is not: an id past the embedding is refused, not written."""
+    model = tmp_path / "m"
+    shutil.copytree(bpe, model)
+    edit_json(model / "tokenizer_config.json", lambda c: {k: v for k, v in c.items()
+                                                          if k != "eos_token"})
+    edit_json(model / "config.json", put("eos_token_id", 400))
+    refused_naming(tmp_path, model, "tokenizer.ggml.eos_token_id (from tokenizer_config.json "
+                   "or config.json): 400 is outside config.json vocab_size")

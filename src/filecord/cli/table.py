@@ -48,6 +48,7 @@ from filecord.cli.common import (
     require_output,
 )
 from filecord.errors import FormatError, InsufficientSpaceError, add_note
+from filecord.gguf.errors import CheckpointFileError
 
 Operation = Callable[[argparse.Namespace], SaveReport]
 
@@ -157,14 +158,13 @@ def _read_as(command: str, suffix: str, reads: str, inputs: list[str], *,
 
 @contextlib.contextmanager
 def _suffix_chose(suffix: str, reads: str, *, why: str | None = None) -> Iterator[None]:
-    """A format error in an input says which suffix chose the format it was read as."""
-    from filecord.gguf.errors import CheckpointFileError
-
+    """A format error in an input says which suffix chose the format it was read as (not
+    one in a checkpoint's config or tokenizer files, which no suffix chose)."""
     try:
         yield
     except FormatError as exc:
-        if isinstance(exc, CheckpointFileError):  # a model folder's config or tokenizer file,
-            raise  # never read as the format the suffix chose
+        if isinstance(exc, CheckpointFileError):
+            raise
         because = why or f"the output's suffix is {suffix}"
         add_note(exc, f"read as {_READS_AS[reads][1]} because {because}")
         raise

@@ -12,7 +12,7 @@ a time (whole elements), converting them with numpy and writing them at once, be
 source is parked or cut.  Host memory is one chunk and its converted copy whatever the model's
 size, and no file exists outside the save's transaction: a failure or a crash at any point
 leaves only the save's own temps, which its rollback or ``filecord recover`` removes.  A value
-that F16 cannot hold fails the cast
+that F16 cannot hold, and an inf or NaN to quantize, fail the cast
 (:class:`~filecord.gguf.errors.UnsupportedModelError` naming the tensor): the save stops in its
 fill, before its journal, and removes its temps.
 
@@ -44,6 +44,22 @@ from filecord.gguf.errors import UnsupportedModelError
 ELEMENT = {GGMLType.F32: 4, GGMLType.F16: 2, GGMLType.BF16: 2}
 Q8_0_VALUES, Q8_0_BYTES = 32, 34  # one block: 32 values -> an F16 scale and 32 int8
 SLICE = 1 << 18  # values quantized at once (whole blocks): 1 MiB of F32
+
+
+class NonFiniteError(ArithmeticError):
+    """A source value of a cast is inf or NaN."""
+
+
+def _finite(values: Any) -> Any:
+    """``values`` (F32) to quantize, refused when one is inf or NaN: the block's scale would
+    be NaN and its int8 bytes whatever the platform's cast makes of it.  (F16, BF16 and F32
+    hold inf and NaN as such: those casts keep them, as llama.cpp's converter does.)"""
+    import numpy as np
+
+    bad = np.flatnonzero(~np.isfinite(values))
+    if len(bad):
+        raise NonFiniteError(f"element {int(bad[0])} of a chunk is {values[bad[0]]}")
+    return values
 
 
 def _q8_0(values: Any) -> Any:
@@ -130,7 +146,7 @@ def _quantize(raw: memoryview | bytes, src: GGMLType, shift: float) -> memoryvie
     done = 0
     for start in range(0, len(view), step):
         part = view[start:start + step]
-        values = _shift(part, src, shift) if shift else _to_f32(part, src)
+        values = _finite(_shift(part, src, shift) if shift else _to_f32(part, src))
         q = _q8_0(values)
         out[done:done + len(q)] = q
         done += len(q)
@@ -176,6 +192,10 @@ def derived(jobs: Sequence[CastJob], *, progress: Any = None) -> dict[str, Deriv
                 raise UnsupportedModelError(
                     f"{job.name}: {exc}; converting it to {job.dst.name} would write inf "
                     f"(use --outtype bf16, f32 or source)") from None
+            except NonFiniteError as exc:
+                raise UnsupportedModelError(
+                    f"{job.name}: the checkpoint holds inf or NaN ({exc}), which Q8_0 cannot "
+                    f"hold (its block scale would be NaN)") from None
             if progress is not None:
                 done[0] += len(raw)
                 progress(done[0], total)

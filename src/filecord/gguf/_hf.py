@@ -53,6 +53,7 @@ from filecord._plan.preflight import CordLike, Target
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord.gguf._build import build_split
 from filecord.gguf._cast import CastJob, derived
+from filecord.gguf._hf_files import exists, read_json
 from filecord.gguf._hf_model import (
     FILE_TYPES,
     GGML_OF_DTYPE,
@@ -94,10 +95,17 @@ class Source:
 def locate(source: str) -> Source:
     """``MODEL_DIR``, its ``*.index.json`` or a ``.safetensors`` file beside ``config.json``."""
     if _sys.isdir(source):
-        for name in (INDEX, SINGLE):
-            p = os.path.join(source, name)
-            if _sys.isfile(p):
-                return Source(source, p)
+        found = [p for p in (os.path.join(source, n) for n in (INDEX, SINGLE))
+                 if _sys.isfile(p)]
+        if len(found) == 2:
+            # transformers loads model.safetensors, llama.cpp's converter the index: which
+            # one is the model is not for the converter to guess
+            raise UnsupportedModelError(
+                f"{source} holds both {INDEX} and {SINGLE}: transformers would load the "
+                f"latter, llama.cpp's converter the shards of the former; remove the one that "
+                f"is not the model, or give the file to convert")
+        if found:
+            return Source(source, found[0])
         bins = [n for n in _sys.listdir(source) if n.endswith((".bin", ".pt", ".pth"))]
         raise UnsupportedModelError(
             f"{source}: no {INDEX} or {SINGLE}" + (f" (found {', '.join(sorted(bins)[:3])}: "
@@ -119,13 +127,11 @@ def check_index_complete(weights: str) -> None:
     the index does not name holds tensors the conversion would silently drop (and with
     ``--consume`` leave behind).  Other ``.safetensors`` files (a ``consolidated`` copy) are
     not judged."""
-    import json
-
     if not weights.endswith(".index.json"):
         return
+    index = read_json(weights)  # depth, encoding and syntax: the same reader as the others
     try:
-        mapped = set(dict(json.loads(_sys.read_text(weights, limit=256 << 20))
-                          .get("weight_map") or {}).values())
+        mapped = set(dict(index.get("weight_map") or {}).values())
     except (ValueError, TypeError, AttributeError):
         return  # the safetensors reader names what is wrong with it
     directory = os.path.dirname(weights) or "."
@@ -268,17 +274,12 @@ def convert_hf(
     name: str | None = None,
 ) -> OperationReport:
     """See :func:`filecord.gguf.convert`."""
-    import json
-
     src = locate(source)
     config_path = os.path.join(src.directory, "config.json")
-    if not _sys.isfile(config_path):
+    if not exists(config_path):
         raise UnsupportedModelError(f"{src.directory}: no config.json (the hyperparameters "
                                     f"come from it)")
-    try:
-        config = json.loads(_sys.read_text(config_path, limit=CONFIG_LIMIT))
-    except ValueError as exc:
-        raise CheckpointFileError(f"not valid JSON: {exc}", field="config.json") from None
+    config = read_json(config_path, CONFIG_LIMIT)
     spec = model_spec(config)
     check_index_complete(src.weights)
     model = name if name is not None else os.path.basename(_sys.abspath(src.directory))

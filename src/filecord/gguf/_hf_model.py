@@ -251,9 +251,26 @@ _ROPE_SUPPORTED = "supported: none, 'default', 'linear', 'llama3' with all of " 
 
 
 
+F32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+F32_MAX = 3.4028234663852886e38
+
+
 def _number(value: Any) -> TypeGuard[int | float]:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value) and value > 0)
+
+
+def _f32(key: str, value: Any, *, below: float | None = None) -> float:
+    """A value the GGUF holds as FLOAT32 (and llama.cpp computes with): finite, positive and
+    a normal float32, else refused naming the key.  One check for every such key: a value
+    past the range would be written as inf or 0 (or not packed at all), and a subnormal one
+    as a number llama.cpp's kernels flush to 0."""
+    if not (_number(value) and F32_TINY <= value <= F32_MAX
+            and (below is None or value < below)):
+        limit = f" and below {below:g}" if below is not None else ""
+        raise _bad(key, f"must be a positive number a float32 holds ({F32_TINY:.4g} to "
+                   f"{F32_MAX:.4g}){limit}, got {value!r}")
+    return float(value)
 
 
 def _scaling(params: Mapping[str, Any], key: str) -> tuple[float | None, Llama3 | None]:
@@ -264,17 +281,17 @@ def _scaling(params: Mapping[str, Any], key: str) -> tuple[float | None, Llama3 
     factor = params.get("factor")
     if kind in (None, "default"):
         return None, None
-    if kind == "linear" and _number(factor):
-        return float(factor), None
+    if kind == "linear":
+        return _f32(f"{key}.factor", factor), None
     if isinstance(kind, str) and kind.lower() == "llama3":
         # Every field is required: transformers refuses to load a config without them, and a
         # default (llama.cpp's converter has some) would give rope_freqs it does not compute.
-        missing = [k for k in _LLAMA3_KEYS if not _number(params.get(k))]
+        missing = [k for k in _LLAMA3_KEYS if params.get(k) is None]
         if missing:
             raise UnsupportedModelError(
                 f"config.json: {key} llama3 lacks a positive {', '.join(missing)} "
                 f"({_ROPE_SUPPORTED})")
-        f, lo, hi, old = (float(params[k]) for k in _LLAMA3_KEYS)
+        f, lo, hi, old = (_f32(f"{key}.{k}", params[k]) for k in _LLAMA3_KEYS)
         if hi <= lo:
             raise UnsupportedModelError(f"config.json: {key} llama3 high_freq_factor {hi} must "
                                         f"exceed low_freq_factor {lo}")
@@ -307,9 +324,8 @@ def _rope(config: Mapping[str, Any]) -> tuple[float | None, float | None, Llama3
     given = [p["rope_theta"] for _k, p in found if "rope_theta" in p]
     if "rope_theta" in config:
         given.append(config["rope_theta"])
-    bad = [t for t in given if not _number(t)]
-    if bad:
-        raise _bad("rope_theta", f"must be a positive number, got {bad[0]!r}")
+    for t in given:
+        _f32("rope_theta", t)
     if len({float(t) for t in given}) > 1:
         raise UnsupportedModelError(f"config.json: rope_theta is given as {given}; give one")
     theta = given[0] if given else None
@@ -341,7 +357,11 @@ def rope_freqs(spec: ModelSpec) -> bytes | None:
         else:
             smooth = (f32(old) / wavelen - f32(low)) / f32(high - low)
             out.append(f32(1) / ((f32(1) - smooth) / f32(factor) + smooth))
-    return bytes(np.array(out, dtype="<f4").tobytes())
+    table = np.array(out, dtype=np.float32)
+    if not np.isfinite(table).all():  # pragma: no cover - every input is a normal float32
+        raise UnsupportedModelError("config.json: the Llama 3 RoPE scaling gives a factor "
+                                    "float32 cannot hold")
+    return bytes(table.astype("<f4").tobytes())
 
 
 def family_of(config: Mapping[str, Any]) -> Family:
@@ -363,15 +383,25 @@ def family_of(config: Mapping[str, Any]) -> Family:
 
 
 def _eps(config: Mapping[str, Any], family: Family) -> float:
-    eps = config.get("rms_norm_eps", family.eps_default)
-    if (not isinstance(eps, (int, float)) or isinstance(eps, bool) or not math.isfinite(eps)
-            or not 0 < eps < 1):
-        # llama.cpp would divide by sqrt(mean + eps): NaN or a negative epsilon poisons it
-        raise _bad("rms_norm_eps", f"must be a number between 0 and 1, got {eps!r}")
-    return float(eps)
+    # llama.cpp divides by sqrt(mean + eps): a NaN, zero or negative epsilon poisons it
+    return _f32("rms_norm_eps", config.get("rms_norm_eps", family.eps_default), below=1.0)
 
 
-def _window(config: Mapping[str, Any], family: Family, n_ctx: int) -> tuple[int, int | None]:
+def _layer_types(config: Mapping[str, Any], n_layer: int) -> list[str] | None:
+    """``layer_types``: one string per layer (transformers refuses another length)."""
+    kinds = config.get("layer_types")
+    if kinds is None:
+        return None
+    if not (isinstance(kinds, list) and all(isinstance(k, str) for k in kinds)):
+        raise _bad("layer_types", f"must be a list of strings, got {str(kinds)[:80]}")
+    if len(kinds) != n_layer:
+        raise _bad("layer_types", f"has {len(kinds)} entries for num_hidden_layers {n_layer} "
+                   "(one per layer)")
+    return kinds
+
+
+def _window(config: Mapping[str, Any], family: Family, n_ctx: int, n_layer: int
+            ) -> tuple[int, int | None]:
     """(context length, sliding window key) as the family's rule says."""
     window = config.get("sliding_window", family.window_default)
     if window is not None and (not isinstance(window, int) or isinstance(window, bool)
@@ -383,10 +413,7 @@ def _window(config: Mapping[str, Any], family: Family, n_ctx: int) -> tuple[int,
         return (n_ctx if window is None else min(n_ctx, window)), None
     if family.window is Window.REFUSED:
         used = _bool(config, "use_sliding_window", default=False)
-        kinds = config.get("layer_types")
-        if kinds is not None and not (isinstance(kinds, list)
-                                      and all(isinstance(k, str) for k in kinds)):
-            raise _bad("layer_types", f"must be a list of strings, got {kinds!r}")
+        kinds = _layer_types(config, n_layer)
         if used or "sliding_attention" in (kinds or ()):
             raise UnsupportedModelError(
                 f"config.json: sliding-window layers (use_sliding_window / layer_types) are "
@@ -396,7 +423,7 @@ def _window(config: Mapping[str, Any], family: Family, n_ctx: int) -> tuple[int,
     if family.window is Window.KEY:
         if window is None:
             raise _bad("sliding_window", "missing (the family's local layers need it)")
-        kinds = config.get("layer_types")
+        kinds = _layer_types(config, n_layer)
         if kinds is not None:
             want = ["sliding_attention" if (i + 1) % family.swa_every else "full_attention"
                     for i in range(len(kinds))]
@@ -411,13 +438,8 @@ def _window(config: Mapping[str, Any], family: Family, n_ctx: int) -> tuple[int,
 def _softcaps(config: Mapping[str, Any], family: Family) -> tuple[float, float] | None:
     if not family.softcap:
         return None
-    out = []
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        v = config.get(key)
-        if not _number(v):
-            raise _bad(key, f"must be a positive number, got {v!r}")
-        out.append(float(v))
-    return out[0], out[1]
+    return (_f32("attn_logit_softcapping", config.get("attn_logit_softcapping")),
+            _f32("final_logit_softcapping", config.get("final_logit_softcapping")))
 
 
 def model_spec(config: Mapping[str, Any]) -> ModelSpec:
@@ -452,9 +474,9 @@ def model_spec(config: Mapping[str, Any]) -> ModelSpec:
     if _bool(config, "mlp_bias", default=False):
         raise UnsupportedModelError(f"config.json: mlp_bias is not supported (llama.cpp's "
                                     f"{family.arch} has no feed-forward biases)")
-    n_ctx, window = _window(config, family, _int(config, "max_position_embeddings",
-                                                 required=False) or family.ctx_default)
     n_layer = _need(config, "num_hidden_layers")
+    n_ctx, window = _window(config, family, _int(config, "max_position_embeddings",
+                                                 required=False) or family.ctx_default, n_layer)
     if family.wide_scale_layers is not None:
         scalar = config.get("query_pre_attn_scalar", head_dim)
         want = n_embd // n_head if n_layer in family.wide_scale_layers else head_dim
@@ -464,6 +486,13 @@ def model_spec(config: Mapping[str, Any]) -> ModelSpec:
                 f"config.json: query_pre_attn_scalar {scalar!r} is not the {want} llama.cpp's "
                 f"{family.arch} uses for {n_layer} layers")
     bias = _bool(config, "attention_bias", default=False) if family.bias is Bias.CONFIG else True
+    tied = _bool(config, "tie_word_embeddings", default=family.tied_default)
+    if not tied and "lm_head.weight" in family.drop:
+        # llama.cpp's architecture computes the logits with token_embd whatever the file holds
+        raise UnsupportedModelError(
+            f"config.json: tie_word_embeddings false is not supported for a {family.hf_archs[0]}"
+            f": llama.cpp's {family.arch} always computes the output with the token embedding "
+            f"(supported: true)")
     theta, linear, llama3 = _rope(config)
     return ModelSpec(
         family=family, hf_arch=family.hf_archs[0], n_layer=n_layer,
@@ -474,7 +503,7 @@ def model_spec(config: Mapping[str, Any]) -> ModelSpec:
         rms_eps=_eps(config, family),
         rope_theta=theta if theta is not None else family.theta_default, rope_linear=linear,
         rope_llama3=llama3, vocab_size=_need(config, "vocab_size"),
-        tied=_bool(config, "tie_word_embeddings", default=family.tied_default), window=window,
+        tied=tied, window=window,
         softcaps=_softcaps(config, family))
 
 

@@ -38,7 +38,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from filecord._io import syscalls as _sys
+from filecord.gguf._hf_files import exists, read_bytes, read_json, read_text
 from filecord.gguf._hf_model import Family
+from filecord.gguf._hf_schema import SPECIAL_TYPES, TOKENIZER_CONFIG, TOKENIZER_JSON, problem
 from filecord.gguf._types import KeyValue, ValueType
 from filecord.gguf.errors import CheckpointFileError, UnsupportedModelError
 
@@ -46,7 +48,7 @@ log = logging.getLogger(__name__)
 
 # llama_token_type
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-JSON_LIMIT = 256 << 20  # a tokenizer.json of a 256k vocabulary is ~20 MB
+SPM_LIMIT = 64 << 20  # a tokenizer.model of a 256k vocabulary is ~4 MB
 SPM_UNSET_SCORE = -10000.0  # ids the .model does not fill
 ADDED_SCORE = -1000.0  # user-defined and control tokens added on top of the .model
 
@@ -64,7 +66,6 @@ SUPPORTED = ("SentencePiece tokenizer.model", "a SentencePiece BPE converted to 
 # out, a tokenizer.model does not, so they are left out to write what the reference writes.
 SPM_IMPLIED: dict[str, object] = {"tokenizer.ggml.unknown_token_id": 0,
                                   "tokenizer.ggml.add_sep_token": False}
-_SPECIAL_TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +90,7 @@ def _bad(path: str, key: str, why: str) -> CheckpointFileError:
 
 def _json(path: str) -> dict[str, Any]:
     """A JSON object file (every file a tokenizer comes in is one)."""
-    try:
-        value = json.loads(_sys.read_text(path, limit=JSON_LIMIT))
-    except ValueError as exc:
-        raise _bad(path, "", f"not valid JSON: {exc}") from None
+    value = read_json(path)
     if not isinstance(value, dict):
         raise _bad(path, "", f"must be a JSON object, got {type(value).__name__}")
     return value
@@ -115,102 +113,142 @@ def _token_text(path: str, key: str, value: Any) -> str | None:
 
 
 def check_tokenizer_config(path: str) -> dict[str, Any]:
-    """``tokenizer_config.json``, every field the conversion reads checked for its type."""
+    """``tokenizer_config.json`` against the fields the conversion and gguf-py read
+    (:data:`._hf_schema.TOKENIZER_CONFIG`), its chat template, and its decoder's keys."""
     config = _json(path)
-    for key in ("add_bos_token", "add_eos_token", "add_sep_token", "add_prefix_space"):
-        _of(path, key, config.get(key), (bool,), "true, false or null")
-    for typ in (*_SPECIAL_TYPES, "eot", "eom"):
-        _token_text(path, f"{typ}_token", config.get(f"{typ}_token"))
-    template = config.get("chat_template")
-    if isinstance(template, list):
-        for i, entry in enumerate(template):
-            if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
-                    and isinstance(entry.get("template"), str)):
-                raise _bad(path, f"chat_template[{i}]", "must be an object with name and "
-                           "template strings")
-    else:
-        _of(path, "chat_template", template, (str,), "a string or a list of templates")
-    decoder = _of(path, "added_tokens_decoder", config.get("added_tokens_decoder"), (dict,),
-                  "an object")
-    for key, entry in (decoder or {}).items():
-        where = f"added_tokens_decoder.{key}"
+    found = problem(TOKENIZER_CONFIG, config)
+    if found is not None:
+        raise _bad(path, *found)
+    check_chat_template(path, config.get("chat_template"))
+    for key in config.get("added_tokens_decoder") or {}:
         if not key.isdecimal() or len(key) > 10:
-            raise _bad(path, where, "keys must be token ids")
-        if not isinstance(entry, dict):
-            raise _bad(path, where, "must be an object")
-        _of(path, f"{where}.content", entry.get("content"), (str,), "a string")
-        if entry.get("content") is None:
-            raise _bad(path, f"{where}.content", "missing")
-        _of(path, f"{where}.special", entry.get("special"), (bool,), "true or false")
+            raise _bad(path, f"added_tokens_decoder.{key}", "keys must be token ids")
     return config
 
 
-def check_tokenizer_json(path: str) -> dict[str, Any]:
-    """``tokenizer.json``, the parts the conversion reads checked for their types."""
+def _template_key(name: str) -> str:
+    """The key suffix gguf-py's writer makes of a template's name."""
+    return re.sub("[^A-Za-z0-9]", "_", name)
+
+
+def check_chat_template(path: str, template: Any) -> None:
+    """A ``chat_template`` value: a string, or a list of named templates whose names are
+    non-empty and distinct as GGUF keys (gguf-py drops a nameless one and writes a repeated
+    name's key twice, so either would lose a template)."""
+    if not isinstance(template, list):
+        _of(path, "chat_template", template, (str,), "a string or a list of templates")
+        return
+    names: dict[str, str] = {}
+    for i, entry in enumerate(template):
+        where = f"chat_template[{i}]"
+        if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
+                and isinstance(entry.get("template"), str)):
+            raise _bad(path, where, "must be an object with name and template strings")
+        name = entry["name"]
+        if not name:
+            raise _bad(path, f"{where}.name", "empty (a template's key is its name)")
+        key = _template_key(name)
+        if key in names:
+            raise _bad(path, f"{where}.name", f"{name!r} is written as the key of "
+                       f"{names[key]!r} (tokenizer.chat_template.{key})")
+        names[key] = name
+
+
+def check_chat_files(directory: str) -> None:
+    """The chat template files gguf-py reads beside ``tokenizer_config.json``: text that is
+    UTF-8, and a ``chat_template.json`` whose template is one."""
+    jinja = os.path.join(directory, "chat_template.jinja")
+    if exists(jinja):
+        read_text(jinja)
+        extra = os.path.join(directory, "additional_chat_templates")
+        if _sys.isdir(extra):
+            for name in sorted(_sys.listdir(extra)):
+                if name.endswith(".jinja"):
+                    read_text(os.path.join(extra, name))
+        return
+    path = os.path.join(directory, "chat_template.json")
+    if exists(path):
+        check_chat_template(path, _json(path).get("chat_template"))
+
+
+def check_tokenizer_json(path: str, vocab_size: int | None = None) -> dict[str, Any]:
+    """``tokenizer.json`` against the structure ``tokenizers`` reads (:mod:`._hf_schema`),
+    then what no schema says: a BPE's ids unique, its merges and unknown token pieces of its
+    vocabulary, its added tokens' ids agreeing with the vocabulary (and, given
+    ``vocab_size``, inside the embedding), a template's special tokens declared."""
     spec = _json(path)
-    model = _of(path, "model", spec.get("model"), (dict,), "an object")
-    if model is None:
-        raise _bad(path, "model", "missing")
-    _of(path, "model.type", model.get("type"), (str,), "a string")
-    _of(path, "model.byte_fallback", model.get("byte_fallback"), (bool,), "true or false")
-    _of(path, "model.unk_token", model.get("unk_token"), (str,), "a string")
-    vocab = model.get("vocab")
-    if isinstance(vocab, dict):
-        bad = next((k for k, v in vocab.items()
-                    if not isinstance(v, int) or isinstance(v, bool) or v < 0), None)
-        if bad is not None:
-            raise _bad(path, f"model.vocab.{bad}", "ids must be non-negative integers")
-    elif isinstance(vocab, list):
-        if not all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], str)
-                   and isinstance(e[1], (int, float)) for e in vocab):
-            raise _bad(path, "model.vocab", "entries must be [piece, score] pairs")
-    else:
-        raise _bad(path, "model.vocab", "must be an object of ids (or a list of pairs)")
-    merges = _of(path, "model.merges", model.get("merges"), (list,), "a list")
-    for i, m in enumerate(merges or ()):
-        if not (isinstance(m, str) or (isinstance(m, list) and len(m) == 2
-                                       and all(isinstance(x, str) for x in m))):
-            raise _bad(path, f"model.merges[{i}]", "must be 'a b' or [a, b]")
-    added = _of(path, "added_tokens", spec.get("added_tokens"), (list,), "a list")
-    for i, entry in enumerate(added or ()):
-        if not (isinstance(entry, dict) and isinstance(entry.get("content"), str)
-                and isinstance(entry.get("id"), int) and not isinstance(entry.get("id"), bool)
-                and entry["id"] >= 0):
-            raise _bad(path, f"added_tokens[{i}]", "must be an object with an id and a "
-                       "content")
-        for flag in ("special", "normalized"):
-            _of(path, f"added_tokens[{i}].{flag}", entry.get(flag), (bool,), "true or false")
-    for key in ("normalizer", "pre_tokenizer", "post_processor", "decoder"):
-        _of(path, key, spec.get(key), (dict,), "an object or null")
-    _check_processor(path, spec.get("post_processor"))
-    _check_steps(path, "pre_tokenizer", spec.get("pre_tokenizer"), "pretokenizers")
+    found = problem(TOKENIZER_JSON, spec)
+    if found is not None:
+        raise _bad(path, *found)
+    model = spec["model"]
+    if model["type"] == "BPE":
+        _check_bpe(path, model)
+    _check_added(path, spec, vocab_size)
+    _check_templates(path, spec.get("post_processor"))
     return spec
 
 
-def _check_steps(path: str, key: str, value: Any, list_key: str) -> None:
-    if isinstance(value, dict) and value.get("type") == "Sequence":
-        steps = _of(path, f"{key}.{list_key}", value.get(list_key), (list,), "a list")
-        for i, step in enumerate(steps or ()):
-            _of(path, f"{key}.{list_key}[{i}]", step, (dict,), "an object")
+def _check_bpe(path: str, model: Mapping[str, Any]) -> None:
+    vocab: dict[str, int] = model["vocab"]
+    by_id: dict[int, str] = {}
+    for piece, i in vocab.items():
+        if i in by_id:
+            raise _bad(path, "model.vocab", f"{by_id[i]!r} and {piece!r} both have id {i} "
+                       "(an id is one piece)")
+        by_id[i] = piece
+    prefix = model.get("continuing_subword_prefix") or ""
+    for n, merge in enumerate(model["merges"]):
+        a, b = merge.split(" ") if isinstance(merge, str) else merge
+        if prefix and not b.startswith(prefix):
+            raise _bad(path, f"model.merges[{n}]", f"{b!r} does not start with "
+                       f"continuing_subword_prefix {prefix!r}")
+        for piece in (a, b, a + b[len(prefix):]):
+            if piece not in vocab:
+                raise _bad(path, f"model.merges[{n}]", f"{piece!r} is not a piece of "
+                           "model.vocab")
+    unk = model.get("unk_token")
+    if unk and unk not in vocab:
+        raise _bad(path, "model.unk_token", f"{unk!r} is not a piece of model.vocab")
 
 
-def _check_processor(path: str, pp: Any) -> None:
-    _check_steps(path, "post_processor", pp, "processors")
-    procs = (pp.get("processors") or []) if isinstance(pp, dict) and pp.get(
-        "type") == "Sequence" else [pp] if pp is not None else []
-    for i, proc in enumerate(procs):
-        if proc.get("type") != "TemplateProcessing":
+def _check_added(path: str, spec: Mapping[str, Any], vocab_size: int | None) -> None:
+    model = spec["model"]
+    vocab = model["vocab"] if isinstance(model["vocab"], dict) else {
+        e[0]: i for i, e in enumerate(model["vocab"])}
+    pieces = {i: t for t, i in vocab.items()}
+    seen: dict[int, str] = {}
+    for n, entry in enumerate(spec.get("added_tokens") or ()):
+        i, text, where = entry["id"], entry["content"], f"added_tokens[{n}]"
+        if vocab_size is not None and i >= vocab_size:
+            raise _bad(path, f"{where}.id", f"{i} is outside config.json vocab_size "
+                       f"{vocab_size} (the embedding's rows)")
+        if text in vocab and vocab[text] != i:
+            raise _bad(path, f"{where}.id", f"{i}, but {text!r} is model.vocab's id "
+                       f"{vocab[text]} (a piece has one id)")
+        if text not in vocab and i in pieces:
+            raise _bad(path, f"{where}.id", f"{i} is already model.vocab's {pieces[i]!r}")
+        if seen.get(i, text) != text:
+            raise _bad(path, f"{where}.id", f"{i} is also the id of {seen[i]!r}")
+        seen[i] = text
+
+
+def _check_templates(path: str, pp: Any) -> None:
+    procs = [] if pp is None else pp["processors"] if pp["type"] == "Sequence" else [pp]
+    for n, proc in enumerate(procs):
+        if proc["type"] != "TemplateProcessing":
             continue
+        where = "post_processor" if len(procs) == 1 else f"post_processor.processors[{n}]"
+        declared = proc.get("special_tokens") or {}
+        for key, tok in declared.items():
+            if len(tok["ids"]) != len(tok["tokens"]):
+                raise _bad(path, f"{where}.special_tokens.{key}", "ids and tokens must be "
+                           "lists of one length")
         for part in ("single", "pair"):
-            where = f"post_processor.{part}" if len(procs) == 1 else (
-                f"post_processor.processors[{i}].{part}")
-            items = _of(path, where, proc.get(part), (list,), "a list")
-            for j, item in enumerate(items or ()):
-                inner = next(iter(item.values()), None) if isinstance(item, dict) and len(
-                    item) == 1 else None
-                if not (isinstance(inner, dict) and isinstance(inner.get("id"), str)):
-                    raise _bad(path, f"{where}[{j}]", "must be a SpecialToken or a Sequence "
-                               "with an id string")
+            for item in proc[part]:
+                name = (item.get("SpecialToken") or {}).get("id")
+                if name is not None and name not in declared:
+                    raise _bad(path, f"{where}.{part}", f"special token {name!r} is not in "
+                               "special_tokens")
 
 
 HF_EXTRA = ("gguf", "sentencepiece", "tokenizers", "numpy")  # pyproject.toml's hf extra
@@ -237,7 +275,7 @@ def _check_config_ids(directory: str) -> None:
     """``config.json``'s ``*_token_id`` fields (gguf-py's SpecialVocab reads them)."""
     path = os.path.join(directory, "config.json")
     config = _json(path)
-    for typ in (*_SPECIAL_TYPES, "eot", "eom"):
+    for typ in SPECIAL_TYPES:
         v = config.get(f"{typ}_token_id")
         ids = v if isinstance(v, list) else [v]
         if not all(i is None or (isinstance(i, int) and not isinstance(i, bool) and i >= 0)
@@ -295,23 +333,30 @@ def post_processor_adds(spec: Mapping[str, Any] | None, config: Mapping[str, Any
     return out
 
 
-def _special_kvs(directory: str, *, merges: bool, n_vocab: int | None,
+def _special_kvs(directory: str, spec: Mapping[str, Any] | None, vocab_size: int, *,
+                 merges: bool, n_vocab: int | None,
                  default_eos: bool = False) -> list[KeyValue]:
     """gguf-py's SpecialVocab, run against a key collector (our writer, never saved), with
     the post-processor's word on BOS/EOS/SEP put over ``tokenizer_config.json``'s."""
     from filecord.gguf._writer import GGUFWriter
 
+    # every file gguf-py reads is checked here first: it would fail on them without naming them
     config_path = os.path.join(directory, "tokenizer_config.json")
-    config = check_tokenizer_config(config_path) if _sys.isfile(config_path) else {}
-    tok_path = os.path.join(directory, "tokenizer.json")
-    spec = check_tokenizer_json(tok_path) if _sys.isfile(tok_path) else None
-    if _sys.isfile(os.path.join(directory, "config.json")):
+    config = check_tokenizer_config(config_path) if exists(config_path) else {}
+    if exists(os.path.join(directory, "config.json")):
         _check_config_ids(directory)
+    check_chat_files(directory)
     gguf = _import("gguf")
     collector = GGUFWriter(os.path.join(directory, "unused.gguf"), "llama")
     special = gguf.SpecialVocab(directory, load_merges=merges, n_vocab=n_vocab)
     special.add_to_gguf(collector, quiet=True)
     kvs = {k: kv for k, kv in collector.kv_data.items() if k != "general.architecture"}
+    for key, kv in kvs.items():
+        if key.endswith("_token_id") and isinstance(kv.value, int) and kv.value >= vocab_size:
+            # gguf-py checks the range only when told the size (not for byte-level BPE)
+            raise CheckpointFileError(
+                f"{kv.value} is outside config.json vocab_size {vocab_size} (the embedding's "
+                f"rows)", field=f"{key} (from tokenizer_config.json or config.json)")
     adds = post_processor_adds(spec, config)
     if default_eos:
         adds.setdefault("eos", False)
@@ -330,14 +375,23 @@ def _added(directory: str, vocab_size: int, tokens: list[str], scores: list[floa
     """Tokens added on top of a SentencePiece vocabulary (``added_tokens.json``, then
     ``tokenizer_config.json``'s ``added_tokens_decoder``), written over the lists in place."""
     added = os.path.join(directory, "added_tokens.json")
-    if _sys.isfile(added):
+    if exists(added):
+        seen: dict[int, str] = {}
         for text, i in _json(added).items():
             if not isinstance(i, int) or isinstance(i, bool):
                 raise _bad(added, text, f"must be a token id, got {json.dumps(i)[:40]}")
-            if 0 <= i < vocab_size:
-                tokens[i], scores[i], types[i] = text, ADDED_SCORE, USER_DEFINED
+            if not 0 <= i < vocab_size:
+                raise _bad(added, text, f"id {i} is outside 0..{vocab_size - 1} (config.json "
+                           "vocab_size, the embedding's rows)")
+            if i in seen:
+                raise _bad(added, text, f"id {i} is also the id of {seen[i]!r}")
+            if types[i] != UNUSED and tokens[i] != text:
+                # llama.cpp's converter would write it over the piece; transformers keeps both
+                raise _bad(added, text, f"id {i} is already the tokenizer's {tokens[i]!r}")
+            seen[i] = text
+            tokens[i], scores[i], types[i] = text, ADDED_SCORE, USER_DEFINED
     config = os.path.join(directory, "tokenizer_config.json")
-    if _sys.isfile(config):
+    if exists(config):
         decoder = check_tokenizer_config(config).get("added_tokens_decoder") or {}
         for key, entry in decoder.items():
             i = int(key)
@@ -356,38 +410,76 @@ _BYTE_PIECE = re.compile(r"^<0x[0-9A-F]{2}>$")
 
 
 def is_spm_json(spec: Mapping[str, Any]) -> bool:
-    """A ``tokenizer.json`` converted from a SentencePiece BPE model: byte fallback and the
-    Metaspace pre-tokenizer (no byte-level step)."""
+    """A ``tokenizer.json`` converted from a SentencePiece BPE model: a BPE with byte
+    fallback (a byte-level BPE has none); :func:`_spm_json` judges the rest of its form."""
     model = spec.get("model") or {}
-    pre = spec.get("pre_tokenizer") or {}
-    normalizer = spec.get("normalizer") or {}
-    metaspace = pre.get("type") == "Metaspace" or any(
-        isinstance(n, Mapping) and n.get("type") in ("Prepend", "Replace")
-        for n in normalizer.get("normalizers") or ())
-    return model.get("type") == "BPE" and bool(model.get("byte_fallback")) and metaspace
+    return model.get("type") == "BPE" and bool(model.get("byte_fallback"))
 
 
-def _spm_json(directory: str, vocab_size: int) -> list[KeyValue]:
+_META = "\u2581"
+# The steps transformers writes around a SentencePiece BPE, as (normalizer, pre_tokenizer):
+# transformers 5 (Metaspace, prefix on the first section) and 4 (Prepend + Replace).  Both add
+# the dummy prefix and turn spaces into the meta symbol, which is what llama.cpp's SentencePiece
+# tokenizer does; any other step (a Replace of letters, no prefix, splitting) it would not.
+SPM_FORMS: tuple[tuple[Any, Any], ...] = (
+    (None, {"type": "Metaspace", "replacement": _META, "prepend_scheme": "first",
+            "split": False}),
+    ({"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": _META},
+        {"type": "Replace", "pattern": {"String": " "}, "content": _META}]}, None),
+)
+_SPM_DECODE = [{"type": "Replace", "pattern": {"String": _META}, "content": " "},
+               {"type": "ByteFallback"}, {"type": "Fuse"}]
+SPM_DECODERS = ({"type": "Sequence", "decoders": _SPM_DECODE},
+                {"type": "Sequence", "decoders": [
+                    *_SPM_DECODE, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]})
+
+
+def _spm_form(path: str, spec: Mapping[str, Any]) -> None:
+    """Refuse a SentencePiece-style ``tokenizer.json`` whose steps llama.cpp's SentencePiece
+    tokenizer would not reproduce (see :data:`SPM_FORMS`), naming the step."""
+    pair = (spec.get("normalizer"), spec.get("pre_tokenizer"))
+    if pair not in SPM_FORMS:
+        key = "normalizer" if pair[0] not in [f[0] for f in SPM_FORMS] else "pre_tokenizer"
+        raise UnsupportedModelError(
+            f"{path}: {key} {json.dumps(spec.get(key))[:160]} is not a step llama.cpp's "
+            f"SentencePiece tokenizer takes (supported: the Metaspace pre-tokenizer with "
+            f"prepend_scheme first and no normalizer, as transformers 5 writes, or the "
+            f"Prepend + Replace normalizers, as transformers 4 writes)")
+    if spec.get("decoder") not in SPM_DECODERS:
+        raise UnsupportedModelError(
+            f"{path}: decoder {json.dumps(spec.get('decoder'))[:160]} is not the one "
+            f"transformers writes for a SentencePiece BPE (Replace, ByteFallback, Fuse, Strip)")
+    model = spec["model"]
+    for key, want in (("dropout", None), ("continuing_subword_prefix", None),
+                      ("end_of_word_suffix", None), ("ignore_merges", False)):
+        if model.get(key, want) != want:
+            raise UnsupportedModelError(
+                f"{path}: model.{key} {json.dumps(model.get(key))} is not what a SentencePiece "
+                f"BPE has ({json.dumps(want)})")
+
+
+def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any]) -> list[KeyValue]:
     """The keys llama.cpp's converter writes from a ``tokenizer.model``, made from the
     ``tokenizer.json`` transformers converted it to (see the module notes)."""
     path = os.path.join(directory, "tokenizer.json")
-    spec = check_tokenizer_json(path)
+    _spm_form(path, spec)
     model = spec["model"]
-    vocab: dict[str, int] = model["vocab"] if isinstance(model["vocab"], dict) else {}
+    vocab: dict[str, int] = model["vocab"]
     if not vocab:
-        raise _bad(path, "model.vocab", "must be an object of piece ids for a BPE model")
+        raise _bad(path, "model.vocab", "empty")
     n = max(vocab.values()) + 1
     if n > vocab_size:
         raise UnsupportedModelError(f"{path}: token id {n - 1} is outside config.json "
                                     f"vocab_size {vocab_size} (the embedding's rows)")
-    if len(vocab) != n:
+    if len(vocab) != n:  # ids are unique (checked): so there are gaps
         raise _bad(path, "model.vocab", f"{len(vocab)} pieces for ids 0..{n - 1}: ids must "
-                   f"be unique and without gaps")
+                   f"be without gaps")
     special = {e["id"] for e in spec.get("added_tokens") or () if e.get("special")}
     config = os.path.join(directory, "tokenizer_config.json")
     # transformers 5 leaves the BPE model's unk_token empty and names it in the config
     unk = model.get("unk_token") or (_token_text(config, "unk_token", check_tokenizer_config(
-        config).get("unk_token")) if _sys.isfile(config) else None)
+        config).get("unk_token")) if exists(config) else None)
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]
     scores = [SPM_UNSET_SCORE] * vocab_size
     types = [UNUSED] * vocab_size
@@ -402,11 +494,8 @@ def _spm_json(directory: str, vocab_size: int) -> list[KeyValue]:
         # (the order of tokenizer.json's merges), and 0 for the others
         tokens[i], types[i] = piece, kind
         scores[i] = -float(i - first) if kind == NORMAL and first is not None else 0.0
-    for entry in spec.get("added_tokens") or ():
+    for entry in spec.get("added_tokens") or ():  # ids inside vocab_size (checked)
         i = entry["id"]
-        if i >= vocab_size:
-            raise UnsupportedModelError(f"{path}: added token id {i} is outside config.json "
-                                        f"vocab_size {vocab_size}")
         if i >= n:  # added on top of the SentencePiece pieces
             tokens[i], scores[i] = entry["content"], ADDED_SCORE
             types[i] = CONTROL if entry.get("special") else USER_DEFINED
@@ -425,14 +514,21 @@ def _spm_keys(directory: str, vocab_size: int, tokens: list[str], scores: list[f
             _arr("tokenizer.ggml.token_type", types, ValueType.INT32)]
 
 
-def _spm(directory: str, vocab_size: int) -> list[KeyValue]:
-    spm = _import("sentencepiece")
-    proc = spm.SentencePieceProcessor()
+def _spm_processor(directory: str) -> Any:
+    """``tokenizer.model`` read by the one reader (a FIFO would block sentencepiece's own
+    open), then parsed by sentencepiece."""
     path = os.path.join(directory, "tokenizer.model")
+    proc = _import("sentencepiece").SentencePieceProcessor()
     try:
-        proc.LoadFromFile(path)
-    except (OSError, RuntimeError) as exc:
+        proc.LoadFromSerializedProto(read_bytes(path, SPM_LIMIT))
+    except RuntimeError as exc:
         raise UnsupportedModelError(f"{path}: sentencepiece cannot read it: {exc}") from None
+    return proc
+
+
+def _spm(directory: str, vocab_size: int) -> list[KeyValue]:
+    path = os.path.join(directory, "tokenizer.model")
+    proc = _spm_processor(directory)
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]
     scores = [SPM_UNSET_SCORE] * vocab_size
     types = [UNUSED] * vocab_size
@@ -472,9 +568,8 @@ def pre_tokenizer_name(spec: Mapping[str, Any] | None) -> str | None:
     return None
 
 
-def _bpe(directory: str, vocab_size: int) -> list[KeyValue]:
+def _bpe(directory: str, vocab_size: int, spec: Mapping[str, Any]) -> list[KeyValue]:
     path = os.path.join(directory, "tokenizer.json")
-    spec = check_tokenizer_json(path)
     model = spec.get("model") or {}
     if model.get("type") != "BPE" or model.get("byte_fallback"):
         fallback = (" with byte_fallback (converted from SentencePiece)"
@@ -497,7 +592,11 @@ def _bpe(directory: str, vocab_size: int) -> list[KeyValue]:
             f"{path}: this pre-tokenizer is not one filecord recognises (supported: GPT-2's "
             f"ByteLevel, Llama 3's or Qwen2's Split + ByteLevel): "
             f"{json.dumps(spec.get('pre_tokenizer'))[:200]}")
-    tok = _import("tokenizers").Tokenizer.from_file(path)
+    tokenizers = _import("tokenizers")
+    try:
+        tok = tokenizers.Tokenizer.from_str(json.dumps(spec))
+    except Exception as exc:  # noqa: BLE001 - the library raises a bare Exception on refusal
+        raise _bad(path, "", f"the tokenizers library cannot load it: {exc}") from None
     vocab: dict[str, int] = tok.get_vocab(with_added_tokens=True)
     if vocab and max(vocab.values()) >= vocab_size:
         raise UnsupportedModelError(f"{path}: token id {max(vocab.values())} is outside "
@@ -531,14 +630,12 @@ def _bpe(directory: str, vocab_size: int) -> list[KeyValue]:
             _arr("tokenizer.ggml.token_type", types, ValueType.INT32)]
 
 
-def _same_pieces(directory: str) -> None:
+def _same_pieces(directory: str, spec: Mapping[str, Any] | None) -> None:
     """With both files, the ``tokenizer.json`` (what transformers' fast tokenizer loads) must
     hold the ``tokenizer.model``'s pieces at the same ids: llama.cpp is given the latter, so a
     disagreement means it would tokenize differently from transformers."""
-    path = os.path.join(directory, "tokenizer.json")
-    if not _sys.isfile(path):
+    if spec is None:
         return
-    spec = dict(_json(path))
     model = spec.get("model") or {}
     vocab = model.get("vocab")
     if isinstance(vocab, list):  # Unigram: [piece, score] by id
@@ -547,8 +644,7 @@ def _same_pieces(directory: str) -> None:
         pieces = {str(k): v for k, v in vocab.items()}
     else:
         pieces = {}
-    proc = _import("sentencepiece").SentencePieceProcessor()
-    proc.LoadFromFile(os.path.join(directory, "tokenizer.model"))  # read by _spm already
+    proc = _spm_processor(directory)
     spm_pieces = {proc.IdToPiece(i): i for i in range(proc.vocab_size())}
     differ = [t for t, i in pieces.items() if spm_pieces.get(t) != i]
     if model.get("type") not in ("BPE", "Unigram") or differ or len(pieces) != len(spm_pieces):
@@ -570,25 +666,26 @@ def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
                                     f"special-cased by llama.cpp and not supported")
     head: list[KeyValue] = []
     config = os.path.join(directory, "tokenizer_config.json")
-    if _sys.isfile(config):
+    if exists(config):
         prefix = check_tokenizer_config(config).get("add_prefix_space")
         if isinstance(prefix, bool) and family.prefix_from_config:
             head.append(KeyValue("tokenizer.ggml.add_space_prefix", ValueType.BOOL, prefix))
     tok_json = os.path.join(directory, "tokenizer.json")
-    if _sys.isfile(os.path.join(directory, "tokenizer.model")):
+    spec = check_tokenizer_json(tok_json, vocab_size) if exists(tok_json) else None
+    if exists(os.path.join(directory, "tokenizer.model")):
         body = _spm(directory, vocab_size)
-        _same_pieces(directory)
-        tail = _special_kvs(directory, merges=False, n_vocab=vocab_size)
+        _same_pieces(directory, spec)
+        tail = _special_kvs(directory, spec, vocab_size, merges=False, n_vocab=vocab_size)
         kind = "sentencepiece"
-    elif _sys.isfile(tok_json) and is_spm_json(check_tokenizer_json(tok_json)):
-        body = _spm_json(directory, vocab_size)
-        tail = [kv for kv in _special_kvs(directory, merges=False, n_vocab=vocab_size,
-                                          default_eos=True)
+    elif spec is not None and is_spm_json(spec):
+        body = _spm_json(directory, vocab_size, spec)
+        tail = [kv for kv in _special_kvs(directory, spec, vocab_size, merges=False,
+                                          n_vocab=vocab_size, default_eos=True)
                 if SPM_IMPLIED.get(kv.key, ()) != kv.value]
         kind = "sentencepiece (tokenizer.json)"
-    elif _sys.isfile(tok_json):
-        body = _bpe(directory, vocab_size)
-        tail = _special_kvs(directory, merges=True, n_vocab=None)
+    elif spec is not None:
+        body = _bpe(directory, vocab_size, spec)
+        tail = _special_kvs(directory, spec, vocab_size, merges=True, n_vocab=None)
         kind = "bpe"
     else:
         raise UnsupportedModelError(f"{directory}: no tokenizer.model or tokenizer.json "

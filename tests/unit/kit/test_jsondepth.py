@@ -23,3 +23,9 @@ def test_brackets_inside_strings_and_escapes_do_not_count() -> None:
     text = '["a\\\\", [[1]]]'
     assert json.loads(text) == ["a\\", [[1]]]
     assert first_too_deep(text, 2) == text.index("[1")
+
+
+def test_an_unclosed_string_hides_the_brackets_after_it() -> None:
+    assert first_too_deep('["[[[[', 1) is None
+    assert first_too_deep('["a\\', 1) is None  # a backslash at the very end
+    assert first_too_deep('["a\\"[[', 1) is None  # the escaped quote does not close it
