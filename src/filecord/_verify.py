@@ -300,7 +300,8 @@ def load_transformers(checked: Checked) -> Load | None:
     try:
         for path in (os.path.join(folder, "config.json"), checked.path,
                      *(f.path for f in checked.files)):
-            target = os.path.join(staged, os.path.relpath(path, folder))
+            inside = path[len(folder) + 1:] if path.startswith(folder + os.sep) else None
+            target = os.path.join(staged, inside or os.path.basename(path))
             if not _sys.isdir(os.path.dirname(target)):  # a shard in a subfolder
                 _sys.mkdir(os.path.dirname(target))
             if not _sys.lexists(target):
