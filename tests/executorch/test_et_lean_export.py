@@ -674,19 +674,21 @@ def test_a_shared_mapping_written_again_without_a_new_mtime_fails_the_save(
     assert list(out.iterdir()) == []
 
 
-@pytest.mark.parametrize("age_s", [100.0, -100.0])  # older than the export; newer (set ahead)
-def test_a_mapped_file_older_than_the_digest_is_not_hashed_again(
-    age_s: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("touched", [False, True])
+def test_a_mapped_file_unchanged_since_the_digest_is_not_hashed_again(
+    touched: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The check costs a read of every weight; a file whose mtime predates the export by more
-    than the clock's slack is trusted (the save's identity checks watch it from there)."""
+    """The check costs a read of every weight; a private mapping whose file is in the state
+    noted at the digest (device, inode, size, mtime, ctime) is trusted, and the save's identity
+    checks watch it from there.  Any touch (here a utime, which moves the ctime) re-hashes."""
     model, ckpt = _mmapped_wide(tmp_path, "torch.from_file")
-    when = time.time() - age_s
-    os.utime(ckpt, (when, when))
     x = torch.randn(1, 2048)
     with fe.lean_export(scratch_dir=str(tmp_path)):
         manager = to_edge(export(model, (x,))).to_executorch(
             ExecutorchBackendConfig(external_constants=True))
+    if touched:
+        past = time.time() - 1000
+        os.utime(ckpt, (past, past))
     hashed: list[int] = []
     real = _storage._digest
 
@@ -697,9 +699,36 @@ def test_a_mapped_file_older_than_the_digest_is_not_hashed_again(
     monkeypatch.setattr(_storage, "_digest", counting)
     out = tmp_path / "out"
     out.mkdir()
-    fe.save(out / "m.pte", manager)
+    fe.save(out / "m.pte", manager)  # the bytes did not change: either way it saves
     size = model.lin.weight.untyped_storage().nbytes()
-    assert (size in hashed) == (age_s < 0), hashed
+    assert (size in hashed) == touched, hashed
+
+
+@pytest.mark.parametrize("how", ["rewritten, then given an old mtime (cp -p)", "cut short"])
+def test_a_checkpoint_changed_behind_an_old_mtime_or_cut_short_fails_the_save(
+    how: str, tmp_path: Path,
+) -> None:
+    """A file's ctime moves with every write, truncate and utime, so an old mtime does not
+    hide a rewrite; a file cut short is refused without reading the mapping past its end
+    (a SIGBUS would kill the process)."""
+    model, ckpt = _mmapped_wide(tmp_path, "torch.load")
+    x = torch.randn(1, 2048)
+    with fe.lean_export(scratch_dir=str(tmp_path)):
+        manager = to_edge(export(model, (x,))).to_executorch(
+            ExecutorchBackendConfig(external_constants=True))
+    st = ckpt.stat()
+    if how == "cut short":
+        os.truncate(ckpt, 4096)
+    else:
+        data = bytearray(ckpt.read_bytes())
+        data[-8192:-4096] = bytes(4096)  # inside the weight's bytes, near the end
+        ckpt.write_bytes(bytes(data))
+        os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(DataChangedError):
+        fe.save(out / "m.pte", manager)
+    assert list(out.iterdir()) == []
 
 
 # --- the README ---------------------------------------------------------------------------------

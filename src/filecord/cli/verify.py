@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     regular = not_regular(args.pte) is None
     fmt = sniff(args.pte) if regular else None
     suffix_chose = False
-    if fmt is None and regular:  # damaged first bytes: the suffix says what it should be
+    if fmt is None and regular and not args.data:  # --data: a program, whatever its bytes
+        # damaged first bytes: the suffix says what it should be
         fmt = by_suffix(args.pte)
         suffix_chose = fmt is not None
         if fmt is None:

@@ -50,7 +50,7 @@ from typing import Any
 
 from filecord._io import syscalls as _sys
 from filecord.errors import FilecordError
-from filecord.executorch import _storage
+from filecord.executorch import _mapped, _storage
 
 log = logging.getLogger(__name__)
 
@@ -135,16 +135,30 @@ def _aoti_plan() -> list[tuple[type, str, Callable[[Any], Any]]]:
     return plan
 
 
+class _Files:
+    """``/proc/self/smaps``, read once per block at the first digest (weights are mapped before
+    the export starts), to note the state of the file each digest was taken from."""
+
+    def __init__(self) -> None:
+        self._files: _mapped.MappedFiles | None = None
+
+    def note(self, ref: Any) -> None:
+        if self._files is None:
+            self._files = _mapped.MappedFiles()
+        ref.note_file(self._files.state_at(ref.data_ptr))
+
+
 def _install(directory: str) -> list[_Patch]:
     from executorch.backends.xnnpack.operators import node_visitor
     from executorch.exir.backend.backend_details import BackendDetails
     from executorch.exir.emit._emitter import _Emitter
 
+    files = _Files()
     plan: list[tuple[type, str, Callable[[Any], Any]]] = [
-        (_Emitter, "_tensor_spec_to_evalue", _lean_emit),
+        (_Emitter, "_tensor_spec_to_evalue", lambda original: _lean_emit(original, files)),
         (BackendDetails, "copy_exported_program_for_preprocess", _lean_copy),
         (node_visitor.NodeVisitor, "get_serialized_buffer_index",
-         lambda original: _lean_xnnpack(original, node_visitor, directory)),
+         lambda original: _lean_xnnpack(original, node_visitor, directory, files)),
         *_aoti_plan(),
     ]
     done: list[_Patch] = []
@@ -163,7 +177,7 @@ def _install(directory: str) -> list[_Patch]:
 # --- emission ---------------------------------------------------------------------------------
 
 
-def _lean_emit(original: Callable[..., Any]) -> Callable[..., Any]:
+def _lean_emit(original: Callable[..., Any], files: _Files) -> Callable[..., Any]:
     from executorch.exir.schema import EValue, TensorDataLocation
     from executorch.exir.tensor import make_tensor_value
 
@@ -176,6 +190,7 @@ def _lean_emit(original: Callable[..., Any]) -> Callable[..., Any]:
                       if spec.mem_id is not None and spec.mem_offset is not None else None)
         ref = _storage.storage_ref(storage)
         digest = ref.sha256().hex()
+        files.note(ref)
         state = self.program_state
         info = spec.extra_tensor_info
         if allocation and info is None:  # a mutable buffer with an initial value
@@ -239,7 +254,8 @@ def _lean_blob(original: Any) -> Any:
 # --- XNNPACK's constants ----------------------------------------------------------------------
 
 
-def _lean_xnnpack(original: Callable[..., Any], nv: Any, directory: str) -> Callable[..., Any]:
+def _lean_xnnpack(original: Callable[..., Any], nv: Any, directory: str,
+                  files: _Files) -> Callable[..., Any]:
     import torch
 
     def get_serialized_buffer_index(  # ExecuTorch's signature: called positionally
@@ -268,6 +284,8 @@ def _lean_xnnpack(original: Callable[..., Any], nv: Any, directory: str) -> Call
             data: Any = bytes(_storage.storage_ref(storage.cpu()).view)
         elif storage.data_ptr() == param.untyped_storage().data_ptr():
             data = _storage.storage_ref(storage)  # the parameter's own bytes, in place
+            data.sha256()
+            files.note(data)
         elif size < SMALL_COMPUTED:
             data = bytes(_storage.storage_ref(storage).view)
         else:

@@ -85,6 +85,33 @@ class MappedFiles:
                 return self._range(m, address, size)
         return None
 
+    def _at(self, address: int) -> Mapping | None:
+        return next((m for m in self._maps if m.start <= address < m.end), None)
+
+    def state_at(self, address: int) -> tuple[int, ...] | None:
+        """(device, inode, size, mtime, ctime) of the file mapped at ``address`` while the path
+        still names the mapped file, else None.  Every write, truncate or ``utime`` moves the
+        ctime, which no caller can set back."""
+        m = self._at(address)
+        if m is None:
+            return None
+        try:
+            st = _sys.stat(m.path)
+        except OSError:
+            return None
+        if st.st_ino != m.inode or (os.major(st.st_dev), os.minor(st.st_dev)) != m.dev:
+            return None
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def cut_short(self, address: int, size: int) -> str | None:
+        """The path of the file mapped at ``address`` when it now ends before the ``size``
+        bytes there (reading them would raise SIGBUS), else None."""
+        m = self._at(address)
+        state = self.state_at(address)
+        if m is None or state is None:
+            return None
+        return m.path if m.offset + (address - m.start) + size > state[2] else None
+
     def shared_at(self, address: int) -> bool:
         """Whether ``address`` lies in a shared mapping (the file's mtime may then not move
         when the memory is written: only a clean page's first write fault sets it)."""

@@ -16,10 +16,11 @@ Nothing here reads a storage into a ``bytes``, except ``to_bytes`` (ExecuTorch's
 
 The digest is a promise about bytes that stay in the user's hands: a weight written in place
 between the export and the save (``weight.mul_(0)``, a shared mapping written through) would
-reach the file under keys and hashes of its old bytes.  So the reference remembers when it
-hashed (``hashed_at``), and whoever writes its bytes checks them against the digest first:
+reach the file under keys and hashes of its old bytes.  So the reference remembers the state
+of the file it was mapped from when it hashed (``note_file``: device, inode, size, mtime,
+ctime), and whoever writes its bytes checks them against the digest first:
 :meth:`~StorageRef.check` hashes the view again (``fe.save`` calls it before the transaction
-starts, except for a file range the file's mtime shows untouched since ``hashed_at``), and
+starts, except for a private mapping whose file's state is still the one noted), and
 ExecuTorch's own writers (``write_to_file``, ``to_bytes``) hash what they hand out and raise
 :class:`~filecord.errors.DataChangedError` at the end instead of returning.
 
@@ -90,6 +91,7 @@ def ref_type() -> type:
             self._size = len(self._view)
             self._sha256: bytes | None = None
             self._hashed_at = 0
+            self._file_state: tuple[int, ...] | None = None
             self._finalizer = None
 
         @property
@@ -108,6 +110,14 @@ def ref_type() -> type:
         def hashed_at(self) -> int:
             """``time.time_ns()`` when the digest was taken (0 before)."""
             return self._hashed_at
+
+        @property
+        def file_state(self) -> tuple[int, ...] | None:
+            """The mapped file's state when the digest was taken (``note_file``), if any."""
+            return self._file_state
+
+        def note_file(self, state: tuple[int, ...] | None) -> None:
+            self._file_state = state
 
         def __repr__(self) -> str:
             return f"StorageRef({self._size} bytes at {self.data_ptr:#x})"

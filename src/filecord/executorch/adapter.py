@@ -29,10 +29,12 @@ A manager exported under ``lean_export()`` holds, beside those, references to te
 memory, streamed by the save.  They are not taken over: nothing owns a storage's memory but
 torch.  Their digests were taken at export, so each is checked first (``StorageRef.check``:
 hashed again in place; a weight written in place since raises ``DataChangedError`` before the
-transaction starts), except a file range, in a private mapping, whose file's mtime is older
-than the digest by more than :data:`MTIME_SLACK_NS`: that file has not been written since, and
-from here on the save's own identity checks watch it.  A shared mapping is always hashed: a
-write through it dirties pages without moving the mtime when they were already dirty.
+transaction starts), except a file range, in a private mapping, whose file is in the state
+noted when the digest was taken (device, inode, size, mtime and ctime: a write, a truncate,
+``cp -p`` or ``utime`` moves the ctime): from here on the save's own identity checks watch it.
+A shared mapping is always hashed: a write through it dirties pages without moving any time
+when they were already dirty.  A file cut short since is refused without reading the
+mapping (that read would be a SIGBUS).
 
 ``from_manager`` (and ``save(path, manager)``) also take ExecuTorch's ``ExportSession`` (the
 ``executorch.export`` recipe API): its ``get_executorch_program_manager()`` is used.
@@ -59,7 +61,6 @@ from filecord.executorch.program import Program
 
 log = logging.getLogger(__name__)
 
-MTIME_SLACK_NS = 1_000_000_000  # file timestamps come from a coarse clock: trust 1 s old only
 _TAKEN = "_filecord_data"  # attribute set on ExecuTorch objects we took over
 _NOTE = (
     "filecord took this data over from ExecuTorch (filecord.executorch.from_manager); a "
@@ -183,10 +184,15 @@ def _adopt_cord(et_cord: Any, what: str, stand_ins: dict[int, Any],
 def _checked_ref(ref: Any, mapped: Callable[[], MappedFiles]) -> FileBackedData | memoryview:
     """The piece for a storage reference, once its bytes are known to match its digest."""
     files = mapped()
+    short = files.cut_short(ref.data_ptr, len(ref))
+    if short is not None:  # reading the mapping past the file's end would kill the process
+        raise DataChangedError(short, expected_size=len(ref), found_size=None,
+                               reason="the file a weight is mapped from was cut short after "
+                                      "lean_export() hashed it")
     found = files.range_of(ref.data_ptr, len(ref))
-    untouched = (found is not None and ref.hashed_at
+    untouched = (found is not None and ref.file_state is not None
                  and not files.shared_at(ref.data_ptr)
-                 and found.identity.mtime_ns < ref.hashed_at - MTIME_SLACK_NS)
+                 and files.state_at(ref.data_ptr) == ref.file_state)
     if not untouched:
         ref.check()
     return ref.view if found is None else found
