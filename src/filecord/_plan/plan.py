@@ -34,7 +34,7 @@ Decision rules (``consume=True``; without it, pieces are only cloned or copied):
   of the block of an output on a file system that inserts ranges (probed), on the output's
   mount, can become that output's file: the largest such source per output.  The plan always
   lists them (``SavePlan.in_place``); with ``adopt=True`` (what a consuming save passes
-  where ``ADOPT_IN_PLACE`` is on) its pieces say "adopted" and the transaction builds the
+  unless ``in_place=False``) its pieces say "adopted" and the transaction builds the
   output around it (``_txn.save``); without, they are moved.
 """
 
