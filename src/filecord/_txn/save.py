@@ -276,12 +276,39 @@ def _run(
         raise ValueError("durable=False is for copy saves only: a consuming save deletes its "
                          "sources, so its outputs must be on disk first")
     start = time.perf_counter()
+    prep = _prepare(items, consume=consume, window=window, in_place=in_place,
+                    discard=discard)
+    plan = prep.plan  # from here on, consume and the window are the plan's
+    txn = Txn(prep, _names.new_token(), progress, durable=durable)
+    recorded, skipped, given = _removals(prep, remove)
+    txn.removals = recorded
+    try:
+        _execute(txn)
+    except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
+        _fail(txn, exc)
+    # The plan's actions, in the plan's (output) order, with what the fill did otherwise.
+    actions = plan.actions.with_outcomes(txn.outcomes)
+    _warn_copies(plan, actions, quiet_reasons)
+    if removals_out is not None:  # by the names the caller gave
+        removals_out.append(Removals(tuple(given.get(p, p) for p in txn.removed),
+                                     tuple(given.get(p, p) for p in txn.changed_removals),
+                                     skipped))
+    return _report(
+        plan, actions, dry_run=False, elapsed=time.perf_counter() - start,
+        fsyncs=txn.counters.fsyncs, used_journal=txn.record is not None,
+        counters=txn.counters,
+    )
+
+
+def _prepare(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_place: bool,
+             discard: frozenset[str]) -> Prepared:
+    """The preflight and the plan (every decision, once), its scratch files detached."""
     try:
         unknown = discard - {p for p, _c in items}
         if unknown:
             raise ValueError(f"discard names no output: {', '.join(sorted(unknown))}")
         facts, plan = _plan(items, consume=consume, window=window, in_place=in_place,
-                            discard=discard)  # every decision, once
+                            discard=discard)
         check_space(plan)
     except OSError as exc:
         if isinstance(exc, FilecordError):
@@ -292,21 +319,16 @@ def _run(
         err = SaveError(f"saving {names} failed: {exc.strerror or exc}", errno=exc.errno)
         add_note(err, "nothing was created or changed: the save can be retried")
         raise err from exc
-    prep = Prepared(facts, plan)  # from here on, consume and the window are the plan's
+    prep = Prepared(facts, plan)
     # A save that is given a scratch file owns its fate from now on: never a finalizer.
     for group in prep.datas.values():
         for d in group:
             d.detach_cleanup()
-    txn = Txn(prep, _names.new_token(), progress, durable=durable)
-    recorded, skipped, given = _removals(prep, remove)
-    txn.removals = recorded
-    try:
-        _execute(txn)
-    except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
-        _fail(txn, exc)
-    # The plan's actions, in the plan's (output) order, with what the fill did otherwise.
-    actions = plan.actions.with_outcomes(txn.outcomes)
-    loud = {why: n for why, n in actions.reasons().items() if why not in quiet_reasons}
+    return prep
+
+
+def _warn_copies(plan: SavePlan, actions: PieceActions, quiet: frozenset[str]) -> None:
+    loud = {why: n for why, n in actions.reasons().items() if why not in quiet}
     if plan.consume and loud:
         log.warning(
             "consume=True copied %d file-backed piece(s) instead of moving them: %s",
@@ -314,15 +336,6 @@ def _run(
         )
     if plan.window_choice.why == "shrunk":
         log.info("consume=True: sync window %s", plan.window_choice.note())
-    if removals_out is not None:  # by the names the caller gave
-        removals_out.append(Removals(tuple(given.get(p, p) for p in txn.removed),
-                                     tuple(given.get(p, p) for p in txn.changed_removals),
-                                     skipped))
-    return _report(
-        plan, actions, dry_run=False, elapsed=time.perf_counter() - start,
-        fsyncs=txn.counters.fsyncs, used_journal=txn.record is not None,
-        counters=txn.counters,
-    )
 
 
 def _removals(prep: Prepared, remove: Sequence[Removal]
@@ -441,7 +454,8 @@ def _move(txn: Txn, m: MoveSource) -> None:
             txn.dirty.discard(out_fd)
 
 
-def _commit(txn: Txn) -> None:
+def _seal(txn: Txn) -> None:
+    """Every temp durable, at its length, its adopted file as the save left it, closed."""
     p = txn.prep.plan
     for o, fd in enumerate(txn.fds):
         if fd is None or p.outputs[o].direct:
@@ -460,6 +474,11 @@ def _commit(txn: Txn) -> None:
     errors = close_descriptors(txn)
     if errors:
         raise errors[0]
+
+
+def _commit(txn: Txn) -> None:
+    _seal(txn)
+    p = txn.prep.plan
     record = txn.record
     if record is not None and txn.journal_path is not None:
         seen = looks.check(txn)  # the last look, just before the commit point
@@ -487,6 +506,12 @@ def _commit(txn: Txn) -> None:
         kept = looks.unlink_consumed(txn, record)
         _sys.unlink(txn.journal_path)
     txn.to(Stage.DONE)
+    _release_locks(txn)
+    if kept:  # the outputs are complete; a source written after the last look is kept
+        looks.raise_kept(kept)
+
+
+def _release_locks(txn: Txn) -> None:
     while txn.locks:
         path, fd = txn.locks.pop()
         try:
@@ -494,5 +519,3 @@ def _commit(txn: Txn) -> None:
         except OSError as exc:  # the save is complete; a stale lock file is recover's garbage
             log.warning("the save is complete, but its lock file %s stays (%s): "
                         "`filecord recover %s` removes it", path, exc, os.path.dirname(path))
-    if kept:  # the outputs are complete; a source written after the last look is kept
-        looks.raise_kept(kept)
