@@ -23,7 +23,7 @@ held in ``Txn.stage`` and moves only along ``stages``'s table.
    leaves no journal name, which proves nothing destructive happened.
 5. MOVING: every source the save will shorten or delete is renamed to
    ``.NAME.TOKEN.filecord-src`` (its directory fsynced), so nothing but this save's token names
-   it while it is incomplete; then adoption (``_adopt``: the source renamed onto its output's
+   it while it is incomplete; then adoption (``adopt``: the source renamed onto its output's
    temp, the space in front of it inserted, the rest of that output written around it) and
    the moves (``transfer.move_source``: per
    window copy, fsync the temps, check the source is still the size the move left it, truncate).
