@@ -3,7 +3,7 @@
 For each size a fresh sparse ext4 image is loop-mounted (removed afterwards); a blob of that
 size is written and fsynced, then packed as the one entry of a ``.ptd`` (4096 alignment, as
 ``filecord pack --align 4096``) with ``consume=True``: adopted in place (the default), and, at
-the sizes given to ``--contrast``, with adoption off (``ADOPT_IN_PLACE = False``: the move of
+the sizes given to ``--contrast``, with adoption off (``in_place=False``: the move of
 every other file system).  Reported: the save's time, ``bytes_copied``/``bytes_moved``, the
 blob's physical extents before and after (``filefrag -v``: the same physical blocks, shifted
 by the header) and the output's allocated bytes over the blob's.
@@ -44,7 +44,6 @@ from _bench import GiB, MiB, fskit, machine, parse_size, rss_now, rss_peak, rss_
 
 import filecord
 from filecord import FileBackedData
-from filecord._txn import save as txn_save
 from filecord.executorch.ptd import build_ptd
 from filecord.executorch.values import PtdEntry
 
@@ -89,17 +88,12 @@ def one(size: int, *, adopt: bool) -> dict[str, Any]:
         blob = point / "weights.bin"
         write_blob(blob, size)
         before = physical(blob)
-        txn_save.ADOPT_IN_PLACE = adopt
-        try:
-            cord = build_ptd({"weights": PtdEntry("weights", FileBackedData(str(blob),
-                                                                           owned=True),
-                                                  None, 4096)}, segment_alignment=4096)
-            out = point / "model.ptd"
-            start = time.perf_counter()
-            report = filecord.save(str(out), cord, consume=True)
-            seconds = time.perf_counter() - start
-        finally:
-            txn_save.ADOPT_IN_PLACE = True
+        cord = build_ptd({"weights": PtdEntry("weights", FileBackedData(str(blob), owned=True),
+                                              None, 4096)}, segment_alignment=4096)
+        out = point / "model.ptd"
+        start = time.perf_counter()
+        report = filecord.save(str(out), cord, consume=True, in_place=adopt)
+        seconds = time.perf_counter() - start
         act = next(a for a in report.actions if a.source is not None)
         shift = act.out_offset // 4096
         after = physical(out)

@@ -16,7 +16,7 @@ one new, fsynced file and the source gone:
 * consume adopted in place (the default on ext4: the source lies whole at a 4 KiB offset).
 
 The header is 4 KiB, so on ext4 a consuming save would adopt the source in place (no byte
-moved); every moving variant runs with ``ADOPT_IN_PLACE = False``, the window-by-window move
+moved); every moving variant runs with ``in_place=False``, the window-by-window move
 any other layout or file system without insert-range gets, at the same offsets as the copy.
 
 The variants run in turn, rotated each round, after one warm-up round that is not counted.
@@ -55,7 +55,6 @@ from _bench import (
 import filecord
 from filecord import Cord, FileBackedData
 from filecord._io import syscalls as _sys
-from filecord._txn import save as txn_save
 from filecord._txn import transfer
 
 WRITE_BEHIND = transfer.WRITE_BEHIND
@@ -89,18 +88,18 @@ def one_run(work: Path, size: int, window: int | None) -> dict[str, float]:
                                                    IN_PLACE) else window
     # The windowed move is what the moved rows measure: on ext4 a file behind a header would
     # be adopted in place instead (the IN_PLACE row; bench/adopt_bench.py measures it).
-    was, txn_save.ADOPT_IN_PLACE = txn_save.ADOPT_IN_PLACE, variant in (ADOPT, IN_PLACE)
     transfer.WRITE_BEHIND = 0 if variant == DEFAULT_WHOLE else WRITE_BEHIND
     c0, t0 = cpu(), time.perf_counter()
     try:
         with _sys.use(sampler):
             if consume:
-                report = filecord.save(out, cord, consume=True, window=window)
+                report = filecord.save(out, cord, consume=True, window=window,
+                                       in_place=variant in (ADOPT, IN_PLACE))
             else:
                 report = filecord.save(out, cord)
                 os.unlink(src)
     finally:
-        txn_save.ADOPT_IN_PLACE, transfer.WRITE_BEHIND = was, WRITE_BEHIND
+        transfer.WRITE_BEHIND = WRITE_BEHIND
     elapsed, cpu_s = time.perf_counter() - t0, cpu() - c0
     sampler.sample()
     want = ("adopted" if variant == IN_PLACE else "moved") if consume else "copied"

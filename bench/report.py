@@ -33,7 +33,7 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "Issue 3: consume against copy, per sync window",
      "4 GiB behind a 4 KiB header on a loop-mounted ext4 image. Copy: `save(consume=False)` "
      "then `unlink` the source. Consume: `save(consume=True, window=W)`, the weights moved "
-     "window by window (`ADOPT_IN_PLACE = False`: on ext4 this layout is otherwise adopted in "
+     "window by window (`in_place=False`: on ext4 this layout is otherwise adopted in "
      "place, the next-to-last row; the moved rows are the move any other layout gets); the "
      "default window twice, with write-behind (the mover starts the writeback of each 16 MiB "
      "copied while more of the window is left) and without it (the mover before issue 26); "
@@ -183,7 +183,7 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "(then the source unlinked, timed: copy + unlink) and by consume, each on a fresh source "
      "in a fresh process whose peak-RSS mark is reset right before the save: by default (on "
      "ext4 the source, whole at a 4 KiB offset, is adopted in place: the action column says "
-     "so), and moved window by window (`ADOPT_IN_PLACE = False`) with and without write-behind "
+     "so), and moved window by window (`in_place=False`) with and without write-behind "
      "(issue 26: the mover starts the writeback of each 16 MiB copied while more of the window "
      "is left; without it, the mover before). Target (issue 26): moved <= 1.05x copy + unlink, "
      "peak disk <= 1.03x; then a state dict through "
@@ -199,7 +199,7 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      'written and fsynced, packed as the one entry of a `.ptd` with 4096 alignment (as '
      '`filecord pack --align 4096`). Adopted in place (the default: renamed onto the temp,'
      ' 4 KiB inserted in front of its blocks, the header written there) and, at 1 GiB, '
-     'with adoption off (`ADOPT_IN_PLACE = False`: the window-by-window move every other '
+     'with adoption off (`in_place=False`: the window-by-window move every other '
      'file system gets). Extents: `filefrag -v` rows of the blob before and of the output '
      "after; 'blob's blocks unchanged' compares the logical-to-physical block mapping of "
      'every byte of the blob (shifted by the header) before and after. Target (issue 26): '

@@ -7,7 +7,7 @@ saved by copy (``consume=False``: the source stays; the source is then unlinked,
 when ``--no-moves``, timed in the "copy + unlink" row otherwise) and by consume
 (``consume=True``), each in a fresh process that resets its peak-RSS mark right before the
 save.  The source lies whole at a 4 KiB offset, so on ext4 consume adopts it in place (no
-byte moved; the action column says so); the "moved" rows run with ``ADOPT_IN_PLACE = False``,
+byte moved; the action column says so); the "moved" rows run with ``in_place=False``,
 the window-by-window move any other layout gets, once as the mover does it and once with
 ``transfer.WRITE_BEHIND = 0`` (the mover before each part's writeback was started as it was
 copied), so "consume / copy" compares moves with the copy at equal durability (every moved
@@ -47,17 +47,16 @@ import fskit
 import filecord
 from filecord._io import syscalls as _sys
 from filecord._io.measure import rss_now, rss_peak, rss_reset
-from filecord._txn import save as txn_save, transfer
+from filecord._txn import transfer
 mode, src, dst, work = sys.argv[1:5]
 consume = mode != "copy"
-txn_save.ADOPT_IN_PLACE = mode == "consume"
 if mode == "moved, write-behind off":
     transfer.WRITE_BEHIND = 0
 cord = filecord.Cord([b"H" * 4096, filecord.FileBackedData(src, owned=consume)])
 sampler = fskit.Sampler(lambda: fskit.allocated(work))
 rss_reset(); base = rss_now(); t0 = time.perf_counter(); c0 = time.process_time()
 with _sys.use(sampler):
-    report = filecord.save(dst, cord, consume=consume)
+    report = filecord.save(dst, cord, consume=consume, in_place=mode == "consume")
     if not consume:
         os.unlink(src)
 seconds = time.perf_counter() - t0
@@ -153,7 +152,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1,
                     help="rounds of every cord mode per size, rotated; medians reported")
     ap.add_argument("--no-moves", action="store_true",
-                    help="only copy and the default consume (no ADOPT_IN_PLACE = False rows)")
+                    help="only copy and the default consume (no in_place=False rows)")
     args = ap.parse_args()
     sizes = sorted(parse_size(s) for s in args.sizes.split(","))
     avail = mem_available()

@@ -78,13 +78,14 @@ class AtCall(_sys.Backend):
 
 def consume_killed_at_truncate(d: Path, at: int, window: int) -> None:
     """Consume ``d/a.bin`` and ``d/b.bin`` (owned) into ``d/out.bin`` in a forked child that a
-    SIGKILL stops right before its ``at``-th ``ftruncate``: a save killed mid-move."""
+    SIGKILL stops right before its ``at``-th ``ftruncate``: a save killed mid-move (adoption in
+    place off: a.bin, whole at offset 0, is moved too where ranges insert)."""
     from support.killjob import fork_run
 
     def job() -> None:
         with _sys.use(AtCall("ftruncate", at, lambda: os.kill(os.getpid(), 9))):
             save(d / "out.bin", Cord([FileBackedData(d / "a.bin", owned=True),
                                       FileBackedData(d / "b.bin", owned=True)]),
-                 consume=True, window=window)
+                 consume=True, window=window, in_place=False)
 
     assert fork_run(job) == -9

@@ -30,6 +30,12 @@ COMPLETED = "tests/txn/test_recover_completed_save.py"
 APPENDED = ("tests/fsmatrix/test_adopt_in_place.py::"
             "test_bytes_appended_before_the_insert_are_never_taken_for_it")
 WINDOW2 = "tests/sweeps/test_power_cuts.py::test_power_cut_at_every_destructive_call[discard2-drop]"
+LINKED = ("tests/fsmatrix/test_adopt_in_place.py::"
+          "test_a_name_linked_to_the_adopted_file_stops_the_save_and_gets_the_source_back")
+LIVE = ("tests/txn/test_journal_steps_and_recover_notes.py::"
+        "test_recover_racing_a_live_save_skips_it")
+JOURNAL_GONE = ("tests/txn/test_recover_confined.py::"
+                "test_temps_whose_lock_says_the_journal_was_made_are_never_discarded")
 NOTES = ("tests/txn/test_journal_steps_and_recover_notes.py::"
          "test_notes_never_place_moved_bytes_in_a_foreign_append")
 
@@ -75,7 +81,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("length field not compared", "journal.py",
      "or int(length, 16) != len(payload):", ":", [UNIT]),
     ("recover ignores the journal's moved records", "recover.py",
-     "Actor.RECOVER, stage, log_.moved, log_.looked)", "Actor.RECOVER, stage, 0, log_.looked)",
+     "Actor.RECOVER, stage, log_.moved, log_.inserted,\n                             log_.looked)",
+     "Actor.RECOVER, stage, 0, log_.inserted,\n                             log_.looked)",
      [UNIT, R4]),
     ("assess: the temps' holes not checked", "assess.py",
      "        if s.dense and hole < at + (b - a):", "        if False:", [UNIT]),
@@ -106,9 +113,9 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "    **{(Actor.SAVE, s, Found.CHANGED): Action.HOLD for s in _UNDOABLE},",
      "    **{(Actor.SAVE, s, Found.CHANGED): Action.ROLL_BACK for s in _UNDOABLE},", [UNIT]),
     ("table: recover rolls back a held journal", "decide.py",
-     "for f in Found if (s is Stage.HELD or f is not Found.AS_LEFT)},",
-     "for f in Found if f is not Found.AS_LEFT},\n    (Actor.RECOVER, Stage.HELD, Found.AS_LEFT): "
-     "Action.ROLL_BACK,", [UNIT]),
+     "       if f is not Found.BUSY and (s is Stage.HELD or f is not Found.AS_LEFT)},",
+     "       if f is not Found.BUSY and f is not Found.AS_LEFT},\n"
+     "    (Actor.RECOVER, Stage.HELD, Found.AS_LEFT): Action.ROLL_BACK,", [UNIT]),
     ("stage machine: HELD can be left for COMMITTED", "stages.py",
      "    Stage.HELD: frozenset({Stage.FAILED}),",
      "    Stage.HELD: frozenset({Stage.FAILED, Stage.COMMITTED}),", [UNIT]),
@@ -127,7 +134,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("a reopened source held to a fresh baseline, not its first", "fill.py",
      "                _compare(data, was, st)\n                st = was\n", "", [PIECES]),
     ("notes ignore the moves the journal says finished", "recover.py",
-     "    return assess.whereabouts(j, seen, done=done)", "    return assess.whereabouts(j, seen)",
+     "    return assess.whereabouts(j, seen, done=done, inserted=inserted,",
+     "    return assess.whereabouts(j, seen, inserted=inserted,",
      [NOTES]),
     ("failure: the change seen mid-move ignored", "assess.py",
      "    return exc if isinstance(exc, DataChangedError) and key is not None else None",
@@ -161,6 +169,18 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("an emptied lock file taken for another journal's", "recover.py",
      "            if said.journal is None:  # emptied or zeroed",
      "            if False:  # emptied or zeroed", [COMPLETED]),
+    # --- issue 36's second pass: adoption as a plan option, recover's outcomes as rows ----
+    ("in_place=False ignored: a source adopted in place anyway", "save.py",
+     "    adopt_in_place = consume and in_place\n", "    adopt_in_place = consume\n",
+     ["tests/plan/test_scale.py::test_consume_save_of_many_slices_of_one_file_is_not_quadratic"]),
+    ("an adopted file linked to another name after its claim is committed", "adopt.py",
+     "    refuse_linked(st, path)\n    was = ", "    was = ", [LINKED]),
+    ("recover takes a held lock for no proof (refused, not skipped)", "recover.py",
+     'return _decided(path, stage, Found.BUSY, "its save is running (a lock is held)")',
+     'return _decided(path, stage, Found.UNPROVEN, "its save is running (a lock is held)")',
+     [LIVE]),
+    ("recover discards a journal-less save whose lock says its journal was made", "recover.py",
+     "        if journaled and others:", "        if False:", [JOURNAL_GONE]),
 ]
 
 

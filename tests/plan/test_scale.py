@@ -23,7 +23,6 @@ from filecord import Cord, FileBackedData, plan, save
 from filecord._plan import facts
 from filecord._plan.plan import cover
 from filecord._plan.types import PieceRef
-from filecord._txn import save as txn_save
 from filecord_testing import pattern
 
 ROOT = os.path.dirname(os.path.abspath(filecord.__file__))
@@ -73,7 +72,6 @@ def test_consume_save_of_many_slices_of_one_file_is_not_quadratic(
     # The slices make up the whole file at offset 0: where the file system inserts ranges
     # the save adopts it in place (nothing inserted); without adoption, it is moved.  Both
     # paths are measured.
-    monkeypatch.setattr(txn_save, "ADOPT_IN_PLACE", adopt)
     want = {"adopted"} if adopt and facts.probe_insert(str(tmp_path)) else {"moved"}
 
     def measure(n: int) -> int:
@@ -83,8 +81,8 @@ def test_consume_save_of_many_slices_of_one_file_is_not_quadratic(
         out = d / "out.bin"
 
         def run() -> None:
-            plan(out, cord, consume=True)
-            report = save(out, cord, consume=True)
+            plan(out, cord, consume=True, in_place=adopt)
+            report = save(out, cord, consume=True, in_place=adopt)
             assert {a.action for a in report.actions} == want
 
         lines = filecord_lines(run)

@@ -8,6 +8,7 @@ Judged only by docs/guarantees.md (and the README's "What is promised").
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -16,22 +17,19 @@ from pathlib import Path
 
 import pytest
 
-from filecord import Cord, FileBackedData, save
+from filecord import Cord, FileBackedData
+from filecord import save as filecord_save
 from filecord._io import syscalls as _sys
-from filecord._txn import save as txn_save
 from filecord.errors import DataChangedError
 from filecord_testing import AtCall, leftovers, pattern
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "fsmatrix"))
 import fskit
 
-
-@pytest.fixture(autouse=True)
-def _moves(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These cases act on *moves*: their whole files at offset 0 would be adopted in place
-    where ranges insert (tests/fsmatrix/test_adopt_in_place.py and the ``inplace`` sweeps
-    cover that), so adoption is off here."""
-    monkeypatch.setattr(txn_save, "ADOPT_IN_PLACE", False)
+# These cases act on *moves*: their whole files at offset 0 would be adopted in place where
+# ranges insert (tests/fsmatrix/test_adopt_in_place.py and the ``inplace`` sweeps cover that),
+# so adoption in place is off here.
+save = functools.partial(filecord_save, in_place=False)
 
 
 W = 4096

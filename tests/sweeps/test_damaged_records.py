@@ -20,6 +20,7 @@ so every refused case had every byte present.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -27,21 +28,18 @@ from pathlib import Path
 
 import pytest
 
-from filecord import Cord, FileBackedData, recover, save
+from filecord import Cord, FileBackedData, recover
+from filecord import save as filecord_save
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
-from filecord._txn import save as txn_save
 from filecord.errors import RecoverError, SaveError
 from filecord_testing import pattern
 from support.killjob import fork_run
 
-
-@pytest.fixture(autouse=True)
-def _moves(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These cases act on *moves*: their whole files at offset 0 would be adopted in place
-    where ranges insert (tests/fsmatrix/test_adopt_in_place.py and the ``inplace`` sweeps
-    cover that), so adoption is off here."""
-    monkeypatch.setattr(txn_save, "ADOPT_IN_PLACE", False)
+# These cases act on *moves*: their whole files at offset 0 would be adopted in place where
+# ranges insert (tests/fsmatrix/test_adopt_in_place.py and the ``inplace`` sweeps cover that),
+# so adoption in place is off here.
+save = functools.partial(filecord_save, in_place=False)
 
 
 W = 4096
@@ -125,7 +123,8 @@ def committed_discard(d: Path) -> None:
             {d / "out.bin": Cord([a.slice(W, 2 * W), b]), d / ".drop": Cord([a.slice(0, W)])},
             consume=True, window=W, progress=None, discard=frozenset({str(d / ".drop")}),
             remove=[Removal(str(d / "index.json"), ident,
-                            with_sources=(str(d / "a.bin"), str(d / "b.bin")))])
+                            with_sources=(str(d / "a.bin"), str(d / "b.bin")))],
+            in_place=False)
 
 
 def finished_discard(d: Path) -> bool:

@@ -28,7 +28,6 @@ from filecord import Cord, FileBackedData, save
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._txn import journal
-from filecord._txn import save as txn_save
 from filecord._txn.stages import Stage
 from filecord.errors import SaveError
 from filecord_testing import pattern
@@ -43,14 +42,10 @@ def _consume(d: Path, backend: _sys.Backend) -> tuple[bytes, bytes]:
     (d / "b.bin").write_bytes(b)
     # Two moves, whatever the file system: where ranges insert, a (whole, at offset 0) would
     # be adopted in place instead of moved; this file checks the moves' fsync order.
-    was, txn_save.ADOPT_IN_PLACE = txn_save.ADOPT_IN_PLACE, False
-    try:
-        with _sys.use(backend):
-            save(d / "out.bin", Cord([FileBackedData(d / "a.bin", owned=True),
-                                      FileBackedData(d / "b.bin", owned=True)]),
-                 consume=True, window=W)
-    finally:
-        txn_save.ADOPT_IN_PLACE = was
+    with _sys.use(backend):
+        save(d / "out.bin", Cord([FileBackedData(d / "a.bin", owned=True),
+                                  FileBackedData(d / "b.bin", owned=True)]),
+             consume=True, window=W, in_place=False)
     return a, b
 
 

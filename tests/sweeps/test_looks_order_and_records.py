@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 from pathlib import Path
 
 import pytest
 
-from filecord import Cord, FileBackedData, recover, save
+from filecord import Cord, FileBackedData, recover
+from filecord import save as filecord_save
 from filecord._io import syscalls as _sys
 from filecord._txn import journal as journal_codec
-from filecord._txn import save as txn_save
 from filecord._txn.stages import Stage
 from filecord.errors import DataChangedError, RecoverError, SaveError
 from filecord_testing import consume_killed_at_truncate, pattern
@@ -39,12 +40,10 @@ class FailRenameOnto(_sys.Backend):
             raise OSError(errno.EIO, "injected after the commit point")
 
 
-@pytest.fixture(autouse=True)
-def _moves(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These cases stop, change and recover *moves*: their first whole file at offset 0 would
-    be adopted in place where ranges insert (tests/fsmatrix/test_adopt_in_place.py and the
-    ``inplace`` sweeps cover that), so adoption is off here."""
-    monkeypatch.setattr(txn_save, "ADOPT_IN_PLACE", False)
+# These cases stop, change and recover *moves*: their first whole file at offset 0 would be
+# adopted in place where ranges insert (tests/fsmatrix/test_adopt_in_place.py and the
+# ``inplace`` sweeps cover that), so adoption in place is off here.
+save = functools.partial(filecord_save, in_place=False)
 
 
 def _names(d: Path) -> list[str]:

@@ -16,26 +16,24 @@ the check it names is removed or weakened.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from filecord import Cord, FileBackedData, recover, save
+from filecord import Cord, FileBackedData, recover
+from filecord import save as filecord_save
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
-from filecord._txn import save as txn_save
 from filecord.errors import DataChangedError, RecoverError, SaveError
 from filecord_testing import consume_killed_at_truncate, pattern
 
-
-@pytest.fixture(autouse=True)
-def _moves(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These cases act on *moves*: their whole files at offset 0 would be adopted in place
-    where ranges insert (tests/fsmatrix/test_adopt_in_place.py and the ``inplace`` sweeps
-    cover that), so adoption is off here."""
-    monkeypatch.setattr(txn_save, "ADOPT_IN_PLACE", False)
+# These cases act on *moves*: their whole files at offset 0 would be adopted in place where
+# ranges insert (tests/fsmatrix/test_adopt_in_place.py and the ``inplace`` sweeps cover that),
+# so adoption in place is off here.
+save = functools.partial(filecord_save, in_place=False)
 
 
 W = 4096

@@ -125,3 +125,35 @@ def test_a_removal_beside_the_outputs_is_unlinked_at_the_finish(tmp_path: Path) 
     recover(d)
     assert sorted(os.listdir(d)) == ["out.bin"]
     assert (d / "out.bin").read_bytes() == A + B
+
+
+def test_temps_whose_lock_says_the_journal_was_made_are_never_discarded(
+        tmp_path: Path) -> None:
+    """A save of two outputs killed after its commit point, its journal then removed: the lock
+    file says the journal was made durable, so the temps may hold the only copy of bytes and
+    recover refuses (row CREATED, UNPROVEN), touching nothing; it never discards them as the
+    garbage of a save that died before its journal."""
+    from filecord import save_many
+    from support.killjob import fork_run
+
+    one, two = pattern(2 * W, "one"), pattern(W + 7, "two")
+
+    class KillAtRename(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "rename" and str(args[1]) == str(tmp_path / "one.bin"):
+                os.kill(os.getpid(), 9)
+
+    def job() -> None:
+        with _sys.use(KillAtRename()):
+            save_many({tmp_path / "one.bin": Cord([one]), tmp_path / "two.bin": Cord([two])})
+
+    assert fork_run(job) == -9
+    journals = [n for n in os.listdir(tmp_path) if n.endswith(_names.JOURNAL)]
+    assert len(journals) == 1
+    os.unlink(tmp_path / journals[0])
+    before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}
+    assert sorted(v for n, v in before.items() if n.endswith(_names.TEMP)) == sorted([one, two])
+    with pytest.raises(RecoverError, match="was made and is gone") as info:
+        recover(tmp_path)
+    assert [r.action for r in info.value.results] == ["refused"]  # type: ignore[attr-defined]
+    assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before

@@ -34,7 +34,7 @@ Decision rules (``consume=True``; without it, pieces are only cloned or copied):
   of the block of an output on a file system that inserts ranges (probed), on the output's
   mount, can become that output's file: the largest such source per output.  The plan always
   lists them (``SavePlan.in_place``); with ``adopt=True`` (what a consuming save passes
-  where ``ADOPT_IN_PLACE`` is on) its pieces say "adopted" and the transaction builds the
+  unless ``in_place=False``) its pieces say "adopted" and the transaction builds the
   output around it (``_txn.save``); without, they are moved.
 """
 
@@ -61,6 +61,7 @@ from filecord._plan.types import (
     WINDOWS,
     Action,
     FsFacts,
+    FsPeak,
     InPlace,
     MoveSource,
     OutputFacts,
@@ -69,6 +70,7 @@ from filecord._plan.types import (
     Reason,
     SavePlan,
     SourceFacts,
+    WindowChoice,
 )
 from filecord._plan.window import choose
 
@@ -360,9 +362,42 @@ def make_plan(
     """
     if window < BLOCK:
         raise ValueError(f"the sync window must be at least {BLOCK} bytes, got {window}")
+    refs, by_source, nonempty = _split_clonable_runs(refs, sources, outputs, filesystems)
+    acts, whys, tails, moves = _decide_sources(refs, by_source, nonempty, sources, outputs,
+                                               filesystems, consume=consume)
+    moves, adoptable, note = _choose_in_place(refs, by_source, acts, moves, sources, outputs,
+                                              filesystems, adopt=adopt and consume)
+    actions = PieceActions(refs, acts, whys, tails, [o.path for o in outputs],
+                           {k: s.path for k, s in sources.items()})
+    consumed = tuple(
+        k for k, s in sources.items()
+        if consume and k in by_source
+        and _deletable(s, [outputs[o] for o in {refs[i].output for i in by_source[k]}])
+    )
+    choice, peaks = _fit_window(outputs, refs, sources, filesystems, acts, actions, moves,
+                                consumed, window=window, consume=consume)
+    return SavePlan(
+        outputs=tuple(outputs),
+        actions=actions,
+        moves=tuple(moves),
+        consumed=consumed,
+        peaks=peaks,
+        consume=consume,
+        window=choice.used,
+        window_choice=choice,
+        in_place=adoptable,
+        in_place_note=note,
+    )
+
+
+def _split_clonable_runs(
+    refs: Sequence[PieceRef], sources: Mapping[tuple[int, int], SourceFacts],
+    outputs: Sequence[OutputFacts], filesystems: Mapping[int, FsFacts],
+) -> tuple[Sequence[PieceRef], dict[tuple[int, int], list[int]], dict[int, int]]:
+    """Phase 1: the placements, with the runs of a source some output could clone from taken
+    apart again (a clone is decided per piece: its offsets' alignment, its tail, so a run
+    decides as its pieces did); per source its positions, per output its non-empty pieces."""
     by_source, nonempty = _by_source(refs)
-    # A clone is decided per piece (its offsets' alignment, its tail): the runs of a source
-    # some output could clone from are taken apart again, so a run decides as its pieces did.
     split = {key for key, positions in by_source.items()
              if any(refs[i].lengths is not None for i in positions)
              and _may_clone(key, {refs[i].output for i in positions}, sources, outputs,
@@ -371,7 +406,15 @@ def make_plan(
         refs = tuple(one for r in refs
                      for one in (_pieces_of(r) if r.source in split else (r,)))
         by_source, nonempty = _by_source(refs)
+    return refs, by_source, nonempty
 
+
+def _decide_sources(
+    refs: Sequence[PieceRef], by_source: Mapping[tuple[int, int], list[int]],
+    nonempty: dict[int, int], sources: Mapping[tuple[int, int], SourceFacts],
+    outputs: Sequence[OutputFacts], filesystems: Mapping[int, FsFacts], *, consume: bool,
+) -> tuple[list[Action], list[Reason | None], list[int], list[MoveSource]]:
+    """Phase 2: per source, each placement cloned, copied (and why) or moved; the moves."""
     n = len(refs)
     acts: list[Action] = ["written"] * n
     whys: list[Reason | None] = [None] * n
@@ -428,14 +471,24 @@ def make_plan(
         dests = segs if len(moved) == len(placements) else coalesce(expand(moved))
         moves.append(MoveSource(key, src.path, src.size, top[0], dests,
                                 _adoptable(dests, src, nonempty, outputs)))
+    return acts, whys, tails, moves
 
+
+def _choose_in_place(
+    refs: Sequence[PieceRef], by_source: Mapping[tuple[int, int], list[int]],
+    acts: list[Action], moves: list[MoveSource], sources: Mapping[tuple[int, int], SourceFacts],
+    outputs: Sequence[OutputFacts], filesystems: Mapping[int, FsFacts], *, adopt: bool,
+) -> tuple[list[MoveSource], tuple[InPlace, ...], str | None]:
+    """Phase 3: the sources that could be adopted in place (always listed) and, with
+    ``adopt``, those adopted: their pieces' actions say so and their moves come first; why
+    an output with a source lying whole and aligned is not built around it."""
     adoptable = in_place(
         outputs, moves, sources, filesystems,
         {m.key: [refs[i] for i in by_source[m.key]] for m in moves if not m.adopt},
     ) if any(f.can_insert for f in filesystems.values()) else ()
     note = None
-    if adopt and consume and len(adoptable) < len({d.output for m in moves if not m.adopt
-                                                    for d in m.dests}):
+    if adopt and len(adoptable) < len({d.output for m in moves if not m.adopt
+                                       for d in m.dests}):
         note = _why_not_in_place(outputs, moves, sources, filesystems, by_source, refs,
                                  {ip.output for ip in adoptable})
     if adopt and adoptable:
@@ -448,15 +501,16 @@ def make_plan(
         # adopted file, so their undo (newest first) runs before the adoption's own.
         moves = ([replace(m, adopt=True) for m in moves if m.key in chosen_keys]
                  + [m for m in moves if m.key not in chosen_keys])
+    return moves, adoptable, note
 
-    actions = PieceActions(refs, acts, whys, tails, [o.path for o in outputs],
-                           {k: s.path for k, s in sources.items()})
 
-    consumed = tuple(
-        k for k, s in sources.items()
-        if consume and k in by_source
-        and _deletable(s, [outputs[o] for o in {refs[i].output for i in by_source[k]}])
-    )
+def _fit_window(
+    outputs: Sequence[OutputFacts], refs: Sequence[PieceRef],
+    sources: Mapping[tuple[int, int], SourceFacts], filesystems: Mapping[int, FsFacts],
+    acts: list[Action], actions: PieceActions, moves: list[MoveSource],
+    consumed: tuple[tuple[int, int], ...], *, window: int, consume: bool,
+) -> tuple[WindowChoice, tuple[FsPeak, ...]]:
+    """Phase 4: the peak disk per file system, with the window fitted to it."""
     # all peaks_at reads of the actions (clones are one-piece placements: see ``split``)
     cloned = [actions.piece_action(i) for i, a in enumerate(acts) if a == "cloned"]
     moving = {m.key for m in moves}
@@ -490,18 +544,7 @@ def make_plan(
             ).peaks
         }
         peaks = tuple(replace(p, consume_needed=alt.get(p.dev)) for p in peaks)
-    return SavePlan(
-        outputs=tuple(outputs),
-        actions=actions,
-        moves=tuple(moves),
-        consumed=consumed,
-        peaks=peaks,
-        consume=consume,
-        window=choice.used,
-        window_choice=choice,
-        in_place=adoptable,
-        in_place_note=note,
-    )
+    return choice, peaks
 
 
 def _why_not_in_place(

@@ -119,11 +119,32 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
     ``discard``: the paths of outputs that are never published (only their temps exist, and
     are unlinked at the commit): their name is taken as given, never resolved or replaced, so
     whatever is there now (a file, a symlink) is neither stat'ed nor touched."""
+    mounts = mount_table()  # read once: adoption by rename must not cross mounts
+    outputs, target_stats, out_dirs = _gather_outputs(items, discard, mounts)
+    refs, datas = _gather_pieces(items)
+    _refuse_sources_as_outputs(outputs, target_stats, datas, consume=consume)
+    sources = {key: _source_facts(key, group, mounts) for key, group in datas.items()}
+    filesystems = _gather_filesystems(outputs, out_dirs, sources, probe_insert=probe_insert)
+    _add_extent_facts(sources, filesystems)
+    return Facts(
+        cords=tuple(c for _p, c in items),
+        datas=MappingProxyType({k: tuple(v) for k, v in datas.items()}),
+        target_stats=tuple(target_stats),
+        outputs=tuple(outputs),
+        refs=tuple(refs),
+        sources=MappingProxyType(sources),
+        filesystems=MappingProxyType(filesystems),
+    )
+
+
+def _gather_outputs(items: list[tuple[str, Cord]], discard: frozenset[str],
+                    mounts: list[tuple[str, int]]
+                    ) -> tuple[list[OutputFacts], list[os.stat_result | None], list[str]]:
+    """Each output's facts, the stat of what its final name holds now, and its directory."""
     outputs: list[OutputFacts] = []
     target_stats: list[os.stat_result | None] = []
     seen_targets: dict[str, str] = {}
     out_dirs: list[str] = []
-    mounts = mount_table()  # read once: adoption by rename must not cross mounts
     for path, cord in items:
         if path.endswith(os.sep) or os.path.basename(path) in ("", ".", ".."):
             # open() refuses a name that can only be a directory: so does a save.
@@ -150,7 +171,13 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
         outputs.append(OutputFacts(path, target, dev, len(cord), direct, mount,
                                    discard=path in discard))
         target_stats.append(st)
+    return outputs, target_stats, out_dirs
 
+
+def _gather_pieces(items: list[tuple[str, Cord]]
+                   ) -> tuple[list[PieceRef], dict[tuple[int, int], list[FileBackedData]]]:
+    """Every piece's placement (adjacent slices of one file as one) and the file-backed
+    pieces per source file."""
     refs: list[PieceRef] = []
     datas: dict[tuple[int, int], list[FileBackedData]] = {}
     # One stat per distinct (path, captured identity), not per piece: the slices of one file
@@ -206,7 +233,14 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
         if first is not None:
             add(PieceRef(o, run_index, run_at, run_len, run_key, first.offset,
                          lengths=None if lengths is None else tuple(lengths)))
+    return refs, datas
 
+
+def _refuse_sources_as_outputs(
+    outputs: list[OutputFacts], target_stats: list[os.stat_result | None],
+    datas: dict[tuple[int, int], list[FileBackedData]], *, consume: bool,
+) -> None:
+    """An output that names one of the save's sources, unless the save may consume it."""
     for out, st in zip(outputs, target_stats, strict=True):
         if st is not None and (st.st_dev, st.st_ino) in datas and not (
                 consume and all(d.owned for d in datas[(st.st_dev, st.st_ino)])):
@@ -216,7 +250,11 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
                 errno=errno.EINVAL,
             )
 
-    sources = {key: _source_facts(key, group, mounts) for key, group in datas.items()}
+
+def _gather_filesystems(outputs: list[OutputFacts], out_dirs: list[str],
+                        sources: dict[tuple[int, int], SourceFacts], *,
+                        probe_insert: bool) -> dict[int, FsFacts]:
+    """The facts of each output's file system, probed for what the plan may ask of it."""
     filesystems: dict[int, FsFacts] = {}
     for out, directory in zip(outputs, out_dirs, strict=True):
         if out.direct or out.dev in filesystems:
@@ -229,6 +267,13 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
         )
         filesystems[out.dev] = fs_facts(directory, want_clone=want_clone,
                                         want_insert=want_insert)
+    return filesystems
+
+
+def _add_extent_facts(sources: dict[tuple[int, int], SourceFacts],
+                      filesystems: dict[int, FsFacts]) -> None:
+    """Per owned source, the blocks a move's cuts give back and whether ext4 maps it by block
+    list (no insert range into it)."""
     for key, src in sources.items():  # what a move's cuts give back, where extents are shared
         fs = filesystems.get(key[0])
         if fs is not None and src.owned and src.regular and not src.symlink:
@@ -239,16 +284,6 @@ def gather(items: list[tuple[str, Cord]], *, probe_insert: bool = False,
                       and not src.flags & _sys.FS_EXTENT_FL)
             if freed != src.allocated or mapped:
                 sources[key] = replace(src, allocated=freed, block_mapped=mapped)
-    return Facts(
-        cords=tuple(c for _p, c in items),
-        datas=MappingProxyType({k: tuple(v) for k, v in datas.items()}),
-        target_stats=tuple(target_stats),
-        outputs=tuple(outputs),
-        refs=tuple(refs),
-        sources=MappingProxyType(sources),
-        filesystems=MappingProxyType(filesystems),
-    )
-
 
 def _grouped(
     piece: FileBackedData, files: _Files,

@@ -413,3 +413,14 @@ class SavePlan:
     @property
     def total_bytes(self) -> int:
         return sum(o.length for o in self.outputs)
+
+    @property
+    def adopted(self) -> dict[int, tuple[int, int]]:
+        """Output -> the source adopted as its file (renamed onto its temp, whole or in
+        place)."""
+        return {m.dests[0].output: m.key for m in self.moves if m.adopt}
+
+    @property
+    def receiving(self) -> set[int]:
+        """The outputs that receive bytes moved window by window."""
+        return {d.output for m in self.moves if not m.adopt for d in m.dests}

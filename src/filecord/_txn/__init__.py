@@ -3,7 +3,8 @@
 ``state`` (the running save) and ``stages`` (the one table of legal moves); ``journal`` (the
 log: the record and its checksummed progress records); ``liveness`` (the flocked lock files);
 ``begin`` (lock, journal, park), ``fill`` (temps and copies), ``transfer`` (moving bytes),
-``looks`` (the save's last look at each source), ``undo`` (roll back or finish from the
+``looks`` (the save's last look at each source), ``adopt`` (a source made its output's
+file), ``undo`` (roll back or finish from the
 files), ``failure`` (the in-process failure path) and ``recover`` (the same for a crashed save);
 ``save`` drives them.  Imports point down only: nothing here imports a format or the CLI.
 
@@ -45,7 +46,8 @@ kept prefix
 adopted
     a whole source renamed onto its output's temp, no byte copied.
 in place
-    adopted with space inserted in front and the output written around it.
+    adopted with space inserted in front and the output written around it (``adopt``; the
+    save's ``in_place`` option, on by default, lets the plan choose it).
 removal
     a file that is not the save's, unlinked at the commit while still the recorded file.
 commit point
@@ -57,7 +59,8 @@ assessment
 finding
     what the assessment found (``decide.Found``).
 action
-    what the table says to do with a finding at a stage (``decide.Action``).
+    what the table says to do with a finding at a stage (``decide.Action``); recover reports
+    it by one word (``decide.OUTCOME``: finished, restored, discarded, skipped, refused).
 roll back
     put every source back byte-exact under its own name.
 finish

@@ -658,55 +658,60 @@ def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = 
     file is then named as where its bytes were put, not claimed whole (a writer that cut it
     may have left zeros there).
     """
-    lines = []
     finished = {(s.dev, s.ino): s.run_start for s in [
         s for s in j.sources if not s.adopt and s.run_start < s.size][:done]}
     left_at = {**finished, **(left_at or {})}
-    for s, f in zip(j.sources, seen.sources, strict=True):
-        if s.adopt:
-            temp = j.temp(s.dests[0].output)
-            at = temp if f.at_temp is not None else s.path if f.own is not None else None
-            # the space is in front of it only once inserted: a temp at the file's own size
-            # holds it at offset 0 (renamed, nothing inserted yet, or already collapsed)
-            shifted = (f.at_temp is not None and s.inserted
-                       and f.at_temp.size >= s.size + s.inserted)
-            off = ""
-            if shifted and at == temp:
-                off = (f" (at offset {s.inserted})" if (s.dev, s.ino) in inserted else
-                       f" (at offset 0, or at {s.inserted} if the space in front of it was "
-                       "inserted before its record was written)")
-            if at and held:
-                lines.append(f"{s.path}: the file ({s.size} bytes) was adopted as {at}{off}; "
-                             "another process changed a source during the save, so that "
-                             "range holds what it left")
-                continue
-            lines.append(f"{s.path}: the whole file ({s.size} bytes) is at {at}{off}" if at else
-                         f"{s.path}: not found under its name or at {temp}")  # never a guess
-            continue
-        found = locate(j, s, f)
-        if found is None:
-            lines.append(f"{s.path}: not found under its name or {j.parked(s)}")
-            continue
-        name, size = found[0], found[1].size
-        boundary = left_at.get((s.dev, s.ino), size)
-        if not legal_size(s, boundary, j.window):
-            boundary = _nearest_legal(s, size, j.window)
-        if boundary == size:
-            line = f"{s.path}: bytes [0, {size}) of {s.size} are in {name}"
-        else:
-            kept = min(size, boundary)
-            line = (f"{s.path}: {name} is {size} bytes long, but the move had left it at "
-                    f"{boundary}: another process changed it; " + (
-                        f"its bytes [0, {kept}) are there" if kept else
-                        "none of its bytes are there"))
-        if boundary < s.size:
-            try:
-                segs = cover(s.dests, max(boundary, s.run_start), s.size)
-            except ValueError:
-                segs = []
-            line += "; " + ", ".join(
-                f"[{a}, {b}) at offset {d.out_offset + a - d.src_offset} of {j.temp(d.output)}"
-                for a, b, d in segs
-            )
-        lines.append(line)
-    return lines
+    return [_adopted_where(j, s, f, inserted=(s.dev, s.ino) in inserted, held=held) if s.adopt
+            else _moved_where(j, s, f, left_at)
+            for s, f in zip(j.sources, seen.sources, strict=True)]
+
+
+def _adopted_where(j: Journal, s: JournalSource, f: SourceFacts, *, inserted: bool,
+                   held: bool) -> str:
+    """:func:`whereabouts` of an adopted source: its name, or its temp and the offset there."""
+    temp = j.temp(s.dests[0].output)
+    at = temp if f.at_temp is not None else s.path if f.own is not None else None
+    # the space is in front of it only once inserted: a temp at the file's own size holds it
+    # at offset 0 (renamed, nothing inserted yet, or already collapsed)
+    shifted = f.at_temp is not None and s.inserted and f.at_temp.size >= s.size + s.inserted
+    off = ""
+    if shifted and at == temp:
+        off = (f" (at offset {s.inserted})" if inserted else
+               f" (at offset 0, or at {s.inserted} if the space in front of it was "
+               "inserted before its record was written)")
+    if at and held:
+        return (f"{s.path}: the file ({s.size} bytes) was adopted as {at}{off}; another "
+                "process changed a source during the save, so that range holds what it left")
+    return (f"{s.path}: the whole file ({s.size} bytes) is at {at}{off}" if at else
+            f"{s.path}: not found under its name or at {temp}")  # never a guess
+
+
+def _moved_where(j: Journal, s: JournalSource, f: SourceFacts,
+                 left_at: Mapping[Key, int]) -> str:
+    """:func:`whereabouts` of a moved (or only consumed) source: its bytes in it, the rest
+    in the temps."""
+    found = locate(j, s, f)
+    if found is None:
+        return f"{s.path}: not found under its name or {j.parked(s)}"
+    name, size = found[0], found[1].size
+    boundary = left_at.get((s.dev, s.ino), size)
+    if not legal_size(s, boundary, j.window):
+        boundary = _nearest_legal(s, size, j.window)
+    if boundary == size:
+        line = f"{s.path}: bytes [0, {size}) of {s.size} are in {name}"
+    else:
+        kept = min(size, boundary)
+        line = (f"{s.path}: {name} is {size} bytes long, but the move had left it at "
+                f"{boundary}: another process changed it; " + (
+                    f"its bytes [0, {kept}) are there" if kept else
+                    "none of its bytes are there"))
+    if boundary < s.size:
+        try:
+            segs = cover(s.dests, max(boundary, s.run_start), s.size)
+        except ValueError:
+            segs = []
+        line += "; " + ", ".join(
+            f"[{a}, {b}) at offset {d.out_offset + a - d.src_offset} of {j.temp(d.output)}"
+            for a, b, d in segs
+        )
+    return line

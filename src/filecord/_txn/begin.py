@@ -106,7 +106,7 @@ def _dense(path: str, st: os.stat_result) -> bool:
 def _record(txn: Txn) -> journal.Journal:
     p = txn.prep.plan
     moves = {m.key: m for m in p.moves}
-    adopted_out = {m.dests[0].output: m.key for m in p.moves if m.adopt}
+    adopted_out = p.adopted
     sources = []
     # In the order the moves run, then the sources only deleted at commit: the rollback and
     # recover check that order (every source before the one in progress is done, every one

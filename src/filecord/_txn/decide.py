@@ -18,10 +18,14 @@ its records check** (SQLite's rule: a journal that checks is played back).
   name proves the commit point was passed (``assess.renamed``).  What neither proves is
   refused as damage, naming the files, never blamed on another process.
 
-The in-process failure path (``failure.fail``) and ``recover`` (``recover._act``) both ask
-:func:`decide`; neither branches on anything else.  The stage comes from the stage machine
-(``stages``: a running save's ``Txn.stage``, a crashed save's last step record), the finding
-from the assessment (``assess``: the journal's records and the facts observed on the files).
+The in-process failure path (``failure.fail``) and ``recover`` both ask :func:`decide`;
+neither branches on anything else.  Every result ``recover`` returns comes from a row, a save
+without a journal (stage CREATED: its lock file says none was made durable), a lock held
+(BUSY), a lock or journal that is damaged, missing or another's included; its word
+(``Recovered.action``, the CLI's, the docs') is the row's action's (:data:`OUTCOME`).  The
+stage comes from the stage machine (``stages``: a running save's ``Txn.stage``, a crashed
+save's last step record), the finding from the assessment (``assess``: the journal's records
+and the facts observed on the files).
 
 Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault point)
 -------------------------------------------------------------------------------------
@@ -72,6 +76,7 @@ Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault 
 from __future__ import annotations
 
 import enum
+from typing import Literal
 
 from filecord._txn.stages import Stage
 
@@ -89,8 +94,12 @@ class Found(enum.Enum):
     METADATA = "a source's change time moved (no byte changed)"
     CHANGED = "a source changed by another process"
     UNREADABLE = "the files could not be checked (or the undo itself failed)"
-    DAMAGED = "a record does not check out"
+    DAMAGED = "a record or a lock file does not check out"
     UNFINISHED = "the journal says committed but a move never finished"
+    # recover only: what the lock files and names prove, before the files are assessed
+    BUSY = "a lock of the save is held: it is running (or another recover is)"
+    UNPROVEN = "files of the save, but nothing proves it is over or that no journal needs them"
+    FOREIGN = "not this save's to touch: a path or lock beyond it, or another version's journal"
 
 
 class Action(enum.Enum):
@@ -101,11 +110,24 @@ class Action(enum.Enum):
     HOLD = "keep them, the journal held: recover never undoes over the change"
     REFUSE = "refuse: touch nothing, say why and where every byte is"
     COMPLETE = "the save had completed: report it"
+    SKIP = "skip it: its save is running"
+
+
+# What recover reports each of its actions as: the one vocabulary of the library
+# (``Recovered.action``), the CLI and the docs.
+Outcome = Literal["finished", "restored", "discarded", "skipped", "refused"]
+OUTCOME: dict[Action, Outcome] = {
+    Action.FINISH: "finished", Action.ROLL_BACK: "restored", Action.DISCARD: "discarded",
+    Action.SKIP: "skipped", Action.REFUSE: "refused",
+}
 
 
 _UNDOABLE = (Stage.JOURNALED, Stage.MOVING)
 _BEFORE_JOURNAL = (Stage.CREATED, Stage.FILLED)
 _AFTER_COMMIT = (Stage.COMMITTED, Stage.RENAMED)
+# recover's stages: CREATED is a save without a journal (none made durable), MOVING one whose
+# last step is ``journaled`` or ``moving`` (or whose records do not check)
+_RECOVERED = (Stage.CREATED, Stage.MOVING, Stage.ROLLING_BACK, Stage.COMMITTED, Stage.HELD)
 
 # The one table.  Rows not listed are impossible; :func:`decide` raises for them.
 TABLE: dict[tuple[Actor, Stage, Found], Action] = {
@@ -120,12 +142,13 @@ TABLE: dict[tuple[Actor, Stage, Found], Action] = {
     # recover: a crashed save's stage is its journal's last step that checks (MOVING covers
     # "journaled"; a save whose outputs are under their final names is past COMMITTED, lost
     # step or not: ``assess.renamed``)
+    (Actor.RECOVER, Stage.CREATED, Found.AS_LEFT): Action.DISCARD,
     (Actor.RECOVER, Stage.MOVING, Found.AS_LEFT): Action.ROLL_BACK,
     (Actor.RECOVER, Stage.ROLLING_BACK, Found.AS_LEFT): Action.ROLL_BACK,
     (Actor.RECOVER, Stage.COMMITTED, Found.AS_LEFT): Action.FINISH,
-    **{(Actor.RECOVER, s, f): Action.REFUSE
-       for s in (Stage.MOVING, Stage.ROLLING_BACK, Stage.COMMITTED, Stage.HELD)
-       for f in Found if (s is Stage.HELD or f is not Found.AS_LEFT)},
+    **{(Actor.RECOVER, s, Found.BUSY): Action.SKIP for s in _RECOVERED},
+    **{(Actor.RECOVER, s, f): Action.REFUSE for s in _RECOVERED for f in Found
+       if f is not Found.BUSY and (s is Stage.HELD or f is not Found.AS_LEFT)},
 }
 
 

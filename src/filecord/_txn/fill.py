@@ -9,7 +9,7 @@ written, derived ones computed (``_pieces.derived``: a chunk of their sources at
 here while every source is still whole) and file-backed ones cloned or copied at their final
 offsets, in output order (the kernel clones a source's partial EOF block only at the temp's
 end, so temps are not presized before the fill).  An output a source is adopted into is
-filled after the adoption, around the source's blocks (``save._adopt``).  Clones and copies
+filled after the adoption, around the source's blocks (``adopt.adopt``).  Clones and copies
 never shorten a source, so rolling them back is deleting the temp.  After each file-backed
 piece (a run of pieces adjacent in their source and in the output is copied as one, a piece of
 rows run by run; the plain copies of one output are looked at once per source, after the
@@ -61,7 +61,7 @@ def create_outputs(txn: Txn) -> None:
 
 def finish_modes(txn: Txn) -> None:
     """Give each complete temp the replaced file's owner, group and exact mode."""
-    adopted = {m.dests[0].output for m in txn.prep.plan.moves if m.adopt}
+    adopted = txn.prep.plan.adopted
     for o, (fd, st) in enumerate(zip(txn.fds, txn.prep.target_stats, strict=True)):
         if fd is None or st is None or txn.temps[o] is None or o in adopted:
             continue
@@ -155,7 +155,7 @@ def _recheck_source(txn: Txn, data: FileBackedData) -> None:
 
 def fill(txn: Txn) -> None:
     """Everything that is not moved, at its final offset; an output a source is adopted into
-    is filled later, around that source, by :func:`fill_output` (``save._adopt``).
+    is filled later, around that source, by :func:`fill_output` (``adopt.adopt``).
 
     Copies are batched: file-backed pieces that follow each other both in their source and
     in the output (slices of one file, in order: one placement of the plan) are one
@@ -168,7 +168,7 @@ def fill(txn: Txn) -> None:
     copied in order, then one look.
     """
     p = txn.prep.plan
-    adopted = {m.dests[0].output for m in p.moves if m.adopt}
+    adopted = p.adopted
     for o in range(len(p.outputs)):
         if o not in adopted:
             fill_output(txn, o)

@@ -544,6 +544,27 @@ def _clean(path: str) -> bool:
     return os.path.isabs(path) and os.path.normpath(path) == path and "\0" not in path
 
 
+def _confine_source(j: Journal, s: JournalSource, journal_path: str) -> None:
+    """One source of :func:`confine`: its path clean, its ranges inside it and its outputs."""
+    if not _clean(s.path):
+        raise JournalDamagedError(f"{journal_path}: source path {s.path!r} is not confined")
+    if not 0 <= s.run_start <= s.size:
+        raise JournalDamagedError(f"{journal_path}: {s.path}: run start out of range")
+    if s.adopt and (len(s.dests) != 1 or s.dests[0].src_offset != 0
+                    or s.dests[0].length != s.size or s.dests[0].out_offset % BLOCK):
+        raise JournalDamagedError(f"{journal_path}: {s.path}: an adopted source must be "
+                                  "one whole range at a block-aligned offset")
+    for d in s.dests:
+        if not 0 <= d.output < len(j.outputs) or j.outputs[d.output].direct:
+            raise JournalDamagedError(f"{journal_path}: {s.path}: bad destination")
+        if d.length < 0 or d.src_offset < 0 or d.out_offset < 0:
+            raise JournalDamagedError(f"{journal_path}: {s.path}: negative range")
+        if d.src_offset + d.length > s.size:
+            raise JournalDamagedError(f"{journal_path}: {s.path}: range past the source")
+        if d.out_offset + d.length > j.outputs[d.output].length:
+            raise JournalDamagedError(f"{journal_path}: {s.path}: range past the output")
+
+
 def confine(j: Journal, journal_path: str) -> None:
     """Refuse a record whose paths could reach beyond the save that wrote it.
 
@@ -560,23 +581,7 @@ def confine(j: Journal, journal_path: str) -> None:
         if not _clean(o.final):
             raise JournalDamagedError(f"{journal_path}: output path {o.final!r} is not confined")
     for s in j.sources:
-        if not _clean(s.path):
-            raise JournalDamagedError(f"{journal_path}: source path {s.path!r} is not confined")
-        if not 0 <= s.run_start <= s.size:
-            raise JournalDamagedError(f"{journal_path}: {s.path}: run start out of range")
-        if s.adopt and (len(s.dests) != 1 or s.dests[0].src_offset != 0
-                        or s.dests[0].length != s.size or s.dests[0].out_offset % BLOCK):
-            raise JournalDamagedError(f"{journal_path}: {s.path}: an adopted source must be "
-                                      "one whole range at a block-aligned offset")
-        for d in s.dests:
-            if not 0 <= d.output < len(j.outputs) or j.outputs[d.output].direct:
-                raise JournalDamagedError(f"{journal_path}: {s.path}: bad destination")
-            if d.length < 0 or d.src_offset < 0 or d.out_offset < 0:
-                raise JournalDamagedError(f"{journal_path}: {s.path}: negative range")
-            if d.src_offset + d.length > s.size:
-                raise JournalDamagedError(f"{journal_path}: {s.path}: range past the source")
-            if d.out_offset + d.length > j.outputs[d.output].length:
-                raise JournalDamagedError(f"{journal_path}: {s.path}: range past the output")
+        _confine_source(j, s, journal_path)
     dirs = j.directories()
     for o in j.outputs:
         if o.discard and o.direct:

@@ -44,8 +44,13 @@ created, changed or deleted, whatever a journal says.
   damaged or lost (a rename comes only after its fsync): finished the same way, from the
   files, and the result says so (``LOST_COMMIT``).
 
-Every step is judged from the files, so recovery is idempotent and may be interrupted and run
-again.  Refusals keep every file and say which file holds which bytes.
+Every result is a row of the decision table (``decide``): what the names and lock files prove
+(a lock held: BUSY, skipped; a lock or journal damaged, missing or another's: DAMAGED,
+UNPROVEN, FOREIGN, refused; a save without a journal made durable: stage CREATED, discarded)
+and what the assessment finds on the files pick the row, and the row's action gives the word
+``Recovered.action`` reports (``decide.OUTCOME``).  Every step is judged from the files, so
+recovery is idempotent and may be interrupted and run again.  Refusals keep every file and say
+which file holds which bytes.
 """
 
 from __future__ import annotations
@@ -53,19 +58,20 @@ from __future__ import annotations
 import logging
 import os
 import stat as stat_mod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._txn import assess, journal, liveness, transfer, undo
 from filecord._txn import decide as table
+from filecord._txn.decide import Found
 from filecord._txn.stages import Stage
 from filecord.errors import DataChangedError, RecoverError, add_note
 
 log = logging.getLogger(__name__)
 
-Action = Literal["finished", "restored", "discarded", "skipped", "refused"]
+Action = table.Outcome  # the words of ``decide.OUTCOME``: one vocabulary
 JOURNAL_LIMIT = 1 << 30  # a journal is a few bytes per piece; anything larger is not ours
 LOST_COMMIT = ("its committed step is damaged or lost, but its outputs were under their final "
                "names (renamed only after that step's fsync): finished from the files, the "
@@ -150,9 +156,13 @@ def _scan(directory: str) -> dict[str, dict[str, list[str]]]:
     return found
 
 
-def _refuse(where: str, why: str, notes: list[str] | None = None) -> Recovered:
-    log.warning("recover refused %s: %s", where, why)
-    return Recovered(where, "refused", detail=why, notes=tuple(notes or ()))
+def _decided(where: str, stage: Stage, found: Found, why: str,
+             notes: Sequence[str] = ()) -> Recovered:
+    """The table's result for what was found, where recover does nothing (skip, refuse)."""
+    action = table.decide(table.Actor.RECOVER, stage, found)
+    if action is table.Action.REFUSE:
+        log.warning("recover refused %s: %s", where, why)
+    return Recovered(where, table.OUTCOME[action], detail=why, notes=tuple(notes))
 
 
 def _recover_file(path: str, st: os.stat_result) -> Recovered | None:
@@ -172,8 +182,8 @@ def _recover_file(path: str, st: os.stat_result) -> Recovered | None:
 def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> Recovered | None:
     journals = [(n, s) for s in _names.JOURNALS for n in names.get(s, [])]
     if len(journals) > 1:
-        return _refuse(os.path.join(directory, journals[0][0]),
-                       "several journals carry one token; nothing was touched")
+        return _decided(os.path.join(directory, journals[0][0]), Stage.MOVING, Found.DAMAGED,
+                        "several journals carry one token; nothing was touched")
     if journals:
         name, suffix = journals[0]
         path = os.path.join(directory, name)
@@ -182,8 +192,8 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
         except FileNotFoundError:
             return None  # removed since the scan: its save (or another recover) ended it
         if not stat_mod.S_ISREG(st.st_mode):
-            return _refuse(path, "named like a journal but not a regular file (a symlink?); "
-                           "nothing was touched")
+            return _decided(path, Stage.MOVING, Found.DAMAGED, "named like a journal but not a "
+                            "regular file (a symlink?); nothing was touched")
         return _recover_journal(path, suffix, {})
     return _recover_journal_less(directory, token, names)
 
@@ -200,9 +210,10 @@ def _recover_journal_less(directory: str, token: str,
     try:
         fd = liveness.acquire(lock)
     except liveness.LockBusyError:
-        return Recovered(lock, "skipped", detail="its save is running (the lock is held)")
+        return _decided(lock, Stage.CREATED, Found.BUSY, "its save is running (the lock is held)")
     except liveness.NotALockFileError as exc:
-        return _refuse(lock, f"named like a lock file, but {exc.strerror}; nothing was touched")
+        return _decided(lock, Stage.CREATED, Found.DAMAGED,
+                        f"named like a lock file, but {exc.strerror}; nothing was touched")
     if fd is None:
         return None  # removed by whoever held it a moment ago
     try:
@@ -210,29 +221,33 @@ def _recover_journal_less(directory: str, token: str,
         pointer, journaled = said.journal, said.journaled
         if pointer is None and others:
             _sys.close(fd)
-            return _refuse(lock, f"{said.damage or 'its lock file is damaged'} and other files "
-                           "remain; nothing was touched")
+            damage = said.damage or "its lock file is damaged"
+            return _decided(lock, Stage.CREATED, Found.DAMAGED,
+                            f"{damage} and other files remain; nothing was touched")
         if pointer is not None and _exists(pointer):
             return _recover_journal(pointer, _names.JOURNAL, {_real_dir(lock): (lock, fd)})
         if names.get(_names.SOURCE):
             _sys.close(fd)
-            return _refuse(lock, "parked sources without a journal; nothing was touched")
+            return _decided(lock, Stage.CREATED, Found.UNPROVEN,
+                            "parked sources without a journal; nothing was touched")
         if journaled and others:
             # The save made its journal durable (the lock says so) and the journal is gone:
             # someone removed it, and these temps may hold bytes moved out of a source.
             _sys.close(fd)
-            return _refuse(lock, f"its journal {pointer} was made and is gone, and its temps "
-                           "may hold moved bytes; nothing was touched")
+            return _decided(lock, Stage.CREATED, Found.UNPROVEN, f"its journal {pointer} was "
+                            "made and is gone, and its temps may hold moved bytes; nothing was "
+                            "touched")
     except BaseException:
         _close_quietly(fd)
         raise
     # The journal never became durable: nothing destructive happened, the rest is garbage.
+    action = table.decide(table.Actor.RECOVER, Stage.CREATED, Found.AS_LEFT)  # DISCARD
     garbage = [os.path.join(directory, n) for n in others]
     for p in garbage:
         _sys.unlink_missing_ok(p)
     _sys.fsync_parents([lock])
     liveness.release(lock, fd)
-    return Recovered(lock, "discarded", detail=f"removed {len(garbage)} temp file(s)")
+    return Recovered(lock, table.OUTCOME[action], detail=f"removed {len(garbage)} temp file(s)")
 
 
 def _refuse_lockless(directory: str, token: str, parked: list[str],
@@ -240,13 +255,13 @@ def _refuse_lockless(directory: str, token: str, parked: list[str],
     if parked:
         # A consuming save parks its sources beside them but keeps its lock and journal
         # beside its outputs: point there, the one place recover can act from.
-        return _refuse(os.path.join(directory, parked[0]),
-                       f"a source parked by save {token}, whose lock and journal are in "
+        return _decided(os.path.join(directory, parked[0]), Stage.CREATED, Found.UNPROVEN,
+                        f"a source parked by save {token}, whose lock and journal are in "
                        f"the directory of that save's output (named .OUTPUT.{token}"
                        f"{_names.JOURNAL}): run `filecord recover` on that directory; "
                        "nothing was touched")
-    return _refuse(os.path.join(directory, others[0]),
-                   "files of an interrupted save without its lock file: cannot prove the "
+    return _decided(os.path.join(directory, others[0]), Stage.CREATED, Found.UNPROVEN,
+                    "files of an interrupted save without its lock file: cannot prove the "
                    "save is over or that no journal needs them; nothing was touched")
 
 
@@ -293,16 +308,14 @@ def _read(path: str) -> tuple[bytes, os.stat_result]:
         _sys.close(fd)
 
 
-class _MissingLockError(Exception):
-    """A directory of the save has no lock file: nothing proves the save is over."""
+class _LockRefusalError(Exception):
+    """A lock file of the save proves nothing: ``found`` says why (UNPROVEN: missing, so
+    nothing proves the save is over; DAMAGED: its records do not check; FOREIGN: it names
+    another journal)."""
 
-
-class _DamagedLockError(Exception):
-    """A lock file of the save whose records do not check: damaged, not another save's."""
-
-
-class _ForeignLockError(Exception):
-    """A lock file in a directory the journal lists points at another journal."""
+    def __init__(self, found: Found, path: str, why: str = "") -> None:
+        super().__init__(f"{path}{why}")
+        self.found, self.path = found, path
 
 
 def _lock_all(
@@ -328,16 +341,17 @@ def _lock_all(
             path = _names.sibling(firsts[directory], j.token, _names.LOCK)
             fd = liveness.acquire(path)
             if fd is None:
-                raise _MissingLockError(path)
+                raise _LockRefusalError(Found.UNPROVEN, path)
             locks[directory] = (path, fd)
             said = _read_pointer(fd, j.token)
             if said.damage is not None:
-                raise _DamagedLockError(f"{path}: {said.damage}")
+                raise _LockRefusalError(Found.DAMAGED, path, f": {said.damage}")
             if said.journal is None:  # emptied or zeroed: a lock file is linked whole
-                raise _DamagedLockError(f"{path}: its lock file is damaged (it names no "
-                                        "journal: emptied or zeroed after it was written)")
+                raise _LockRefusalError(Found.DAMAGED, path, ": its lock file is damaged (it "
+                                        "names no journal: emptied or zeroed after it was "
+                                        "written)")
             if said.journal != pointer:
-                raise _ForeignLockError(path)
+                raise _LockRefusalError(Found.FOREIGN, path)
     except BaseException:
         for d, (_p, fd) in locks.items():
             if d not in held:
@@ -381,78 +395,80 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
                 "by an older filecord; recover it with the filecord that wrote it")
         raw, seen = _read(path)
         log_ = journal.read_log(raw)
-        j = log_.journal
-        journal.confine(j, path)
+        journal.confine(log_.journal, path)
     except FileNotFoundError:
         return None  # removed since the scan: its save (or another recover) ended it
     except journal.JournalDamagedError as exc:  # a record does not check: damaged
-        found = assess.damaged(exc)
-        table.decide(table.Actor.RECOVER, Stage.MOVING, found.found)  # REFUSE at any stage
-        return _refuse(path, found.why)
-    except (RecoverError, OSError) as exc:  # OSError: e.g. ELOOP, the name is a symlink
-        return _refuse(path, f"{exc}; nothing was touched")
-    strays = [d for d in held if d not in j.directories()]
+        return _decided(path, Stage.MOVING, Found.DAMAGED, assess.damaged(exc).why)
+    except RecoverError as exc:  # a version not this one's, a path beyond the save
+        return _decided(path, Stage.MOVING, Found.FOREIGN, f"{exc}; nothing was touched")
+    except OSError as exc:  # e.g. ELOOP, the name is a symlink
+        return _decided(path, Stage.MOVING, Found.UNREADABLE, f"{exc}; nothing was touched")
+    stage = log_.stage
+    strays = [d for d in held if d not in log_.journal.directories()]
     if strays:
-        return _refuse(path, f"a lock file in {strays[0]} names this journal, but the "
-                       "journal does not list that directory; nothing was touched")
+        return _decided(path, stage, Found.FOREIGN, f"a lock file in {strays[0]} names this "
+                        "journal, but the journal does not list that directory; nothing was "
+                        "touched")
     try:
-        locks.update(_lock_all(j, held, path))
-    except _ForeignLockError as exc:
-        return _refuse(path, f"the lock file {exc} belongs to another journal: this one "
-                       "reaches beyond its save; nothing was touched")
+        locks.update(_lock_all(log_.journal, held, path))
     except liveness.LockBusyError:
-        return Recovered(path, "skipped", detail="its save is running (a lock is held)")
+        return _decided(path, stage, Found.BUSY, "its save is running (a lock is held)")
     except liveness.NotALockFileError as exc:
-        return _refuse(path, f"its lock file is not a regular file ({exc.strerror}); "
-                       "nothing was touched")
-    except _DamagedLockError as exc:
-        return _refuse(path, f"{exc}; nothing was touched")
-    except _MissingLockError as exc:
+        return _decided(path, stage, Found.DAMAGED, f"its lock file is not a regular file "
+                        f"({exc.strerror}); nothing was touched")
+    except _LockRefusalError as exc:
+        return _lock_refused(path, stage, seen, exc)
+    return _act(path, log_)
+
+
+def _lock_refused(path: str, stage: Stage, seen: os.stat_result,
+                  exc: _LockRefusalError) -> Recovered | None:
+    if exc.found is Found.FOREIGN:
+        why = (f"the lock file {exc} belongs to another journal: this one reaches beyond its "
+               "save")
+    elif exc.found is Found.UNPROVEN:
         # A save removes its journal before its lock files: a lock gone while the journal
         # read is still there is proof of nothing; the journal gone too is a save that ended
         # after the scan.
         if undo.same_file(path, seen.st_dev, seen.st_ino) is None:
             return None
-        return _refuse(path, f"its lock file {exc} is missing, so nothing proves the save "
-                       "is over; nothing was touched")
-    return _act(path, log_)
+        why = f"its lock file {exc} is missing, so nothing proves the save is over"
+    else:
+        why = str(exc)
+    return _decided(path, stage, exc.found, f"{why}; nothing was touched")
 
 
 def _act(path: str, log_: journal.Log) -> Recovered:
     j = log_.journal
-    stage, found, lost = _assess(log_)
+    stage, found, torn_why = _assess(log_)
     action = table.decide(table.Actor.RECOVER, stage, found.found)
     # The moves the log says finished left their sources at the kept prefix, unless a
     # rollback (which grows them back) has begun: then the notes judge by the files alone.
     done = 0 if stage is Stage.ROLLING_BACK else log_.moved
-    if action is table.Action.REFUSE and (log_.torn or lost) and \
-            found.found is not table.Found.DAMAGED:
-        # The last record does not check: an append a crash cut (before its fsync, so the
-        # files cannot be past it) or a record damaged after it was written.  Files the whole
-        # records do not account for then say the record was damaged (e.g. a committed step
-        # whose save renamed its outputs): never another process's doing.
-        seen_why = found.why
-        found = assess.damaged(journal.JournalDamagedError(
-            "the journal is damaged: its last record does not check out and the files are "
-            "not as the records before it leave them"))
-        table.decide(table.Actor.RECOVER, stage, found.found)  # REFUSE
-        return _refuse(path, found.why, [f"the files: {seen_why}",
-                                         *_whereabouts(j, done, log_.inserted, stage)])
     if action is table.Action.REFUSE:
-        return _refuse(path, found.why, _whereabouts(j, done, log_.inserted, stage))
+        notes = [f"the files: {torn_why}"] if torn_why else []
+        return _decided(path, stage, found.found, found.why,
+                        [*notes, *_whereabouts(j, done, log_.inserted, stage)])
     try:
         if action is table.Action.FINISH:
-            return _finish(path, log_, lost=lost)
-        return _roll_back(path, log_, stage)
+            return _finish(path, log_, action, lost=log_.stage is not stage)
+        return _roll_back(path, log_, stage, action)
     except (RecoverError, DataChangedError, OSError) as exc:
-        return _refuse(path, f"{exc}; the journal and temps are kept",
-                       _whereabouts(j, inserted=log_.inserted))
+        return _decided(path, stage, Found.UNREADABLE, f"{exc}; the journal and temps are "
+                        "kept", _whereabouts(j, inserted=log_.inserted))
 
 
-def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, bool]:
-    """The stage, what the files say, and whether the ``committed`` step is damaged or lost:
-    an output under its final name proves the commit point was passed (a rename comes only
-    after that step's fsync), whatever the records after the head still say."""
+def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
+    """The stage and what the files say, from the records that check.
+
+    A ``committed`` step damaged or lost: an output under its final name proves the commit
+    point was passed (a rename comes only after that step's fsync), whatever the records
+    after the head still say; the stage is COMMITTED.  A last record that does not check (an
+    append a crash cut before its fsync, so the files cannot be past it, or a record damaged
+    after it was written) with files the whole records do not account for is damage, never
+    another process's doing: the finding is DAMAGED, and the third value says what the files
+    showed."""
     j, stage = log_.journal, log_.stage
     records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
                              log_.looked)
@@ -462,10 +478,16 @@ def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, bool]:
         stage = Stage.COMMITTED
         records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted)
         seen = assess.observe(j, records)
-    return stage, assess.assess(j, records, seen), lost
+    found = assess.assess(j, records, seen)
+    if (log_.torn or lost) and found.found is not Found.DAMAGED and table.decide(
+            table.Actor.RECOVER, stage, found.found) is table.Action.REFUSE:
+        return stage, assess.damaged(journal.JournalDamagedError(
+            "the journal is damaged: its last record does not check out and the files are "
+            "not as the records before it leave them")), found.why
+    return stage, found, None
 
 
-def _finish(path: str, log_: journal.Log, *, lost: bool) -> Recovered:
+def _finish(path: str, log_: journal.Log, action: table.Action, *, lost: bool) -> Recovered:
     j = log_.journal
     outputs, sources = tuple(o.final for o in j.outputs), tuple(s.path for s in j.sources)
     try:
@@ -477,7 +499,7 @@ def _finish(path: str, log_: journal.Log, *, lost: bool) -> Recovered:
         # name the journal does not need): the save is over, not refused.
         _sys.unlink(path)
         log.warning("recover finished %s but kept a changed source: %s", path, exc)
-        return Recovered(path, "finished", outputs, sources, detail=str(exc),
+        return Recovered(path, table.OUTCOME[action], outputs, sources, detail=str(exc),
                          notes=tuple(getattr(exc, "__notes__", ())),
                          kept=tuple(getattr(exc, "kept", ())))
     _sys.unlink(path)
@@ -485,11 +507,11 @@ def _finish(path: str, log_: journal.Log, *, lost: bool) -> Recovered:
     if left:
         detail.append("kept, as no longer the file the save recorded (or not in a directory "
                       "the save's lock or parked files prove its own): " + ", ".join(left))
-    return Recovered(path, "finished", outputs, sources, detail="; ".join(detail),
+    return Recovered(path, table.OUTCOME[action], outputs, sources, detail="; ".join(detail),
                      not_removed=left)
 
 
-def _roll_back(path: str, log_: journal.Log, stage: Stage) -> Recovered:
+def _roll_back(path: str, log_: journal.Log, stage: Stage, action: table.Action) -> Recovered:
     j = log_.journal
     if stage is Stage.MOVING:  # ROLL_BACK from journaled or moving: first the log says so
         _append(path, log_, journal.step(Stage.ROLLING_BACK))
@@ -502,11 +524,11 @@ def _roll_back(path: str, log_: journal.Log, stage: Stage) -> Recovered:
     # The claim "temps removed" is checked against the directories, not the journal.
     left = assess.token_files(j)
     if left:
-        return _refuse(path, f"the sources are restored, but {', '.join(left)} still "
-                       "carr(ies) this save's token; the journal is kept",
-                       _whereabouts(j, inserted=log_.inserted))
+        return _decided(path, Stage.ROLLING_BACK, Found.UNREADABLE, f"the sources are "
+                        f"restored, but {', '.join(left)} still carr(ies) this save's token; "
+                        "the journal is kept", _whereabouts(j, inserted=log_.inserted))
     _sys.unlink(path)
-    return Recovered(path, "restored", tuple(o.final for o in j.outputs),
+    return Recovered(path, table.OUTCOME[action], tuple(o.final for o in j.outputs),
                      tuple(s.path for s in j.sources))
 
 

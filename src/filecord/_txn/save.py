@@ -23,7 +23,7 @@ held in ``Txn.stage`` and moves only along ``stages``'s table.
    leaves no journal name, which proves nothing destructive happened.
 5. MOVING: every source the save will shorten or delete is renamed to
    ``.NAME.TOKEN.filecord-src`` (its directory fsynced), so nothing but this save's token names
-   it while it is incomplete; then adoption (``_adopt``: the source renamed onto its output's
+   it while it is incomplete; then adoption (``adopt``: the source renamed onto its output's
    temp, the space in front of it inserted, the rest of that output written around it) and
    the moves (``transfer.move_source``: per
    window copy, fsync the temps, check the source is still the size the move left it, truncate).
@@ -65,6 +65,7 @@ from filecord._pieces.cord import Cord
 from filecord._plan.plan import make_plan
 from filecord._plan.preflight import (
     CordLike,
+    Facts,
     Target,
     gather,
     normalize,
@@ -75,22 +76,15 @@ from filecord._plan.report import SaveReport
 from filecord._plan.space import check_space
 from filecord._plan.types import BLOCK, NOT_OWNED, MoveSource, PieceActions, SavePlan
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._txn import begin, fill, journal, liveness, looks, transfer, undo
+from filecord._txn import adopt, begin, fill, journal, liveness, looks, transfer, undo
 from filecord._txn.failure import close_descriptors, close_descriptors_quietly
 from filecord._txn.failure import fail as _fail
 from filecord._txn.stages import Stage
 from filecord._txn.state import Prepared, Txn
 from filecord._txn.state import ProgressCallback as ProgressCallback
-from filecord.errors import ChangeKind, DataChangedError, FilecordError, SaveError, add_note
+from filecord.errors import DataChangedError, FilecordError, SaveError, add_note
 
 log = logging.getLogger(__name__)
-
-# A consuming save adopts a source in place where the plan finds one (``plan.in_place``: a
-# moved source used once, whole, at a block-aligned offset of its output, on a file system
-# whose probe inserts ranges): the output is built around its blocks, no byte copied.  Off:
-# such a source is moved window by window, as on every other file system.
-ADOPT_IN_PLACE = True
-
 
 def save(
     path: Target,
@@ -100,10 +94,11 @@ def save(
     window: int = DEFAULT_WINDOW,
     progress: ProgressCallback | None = None,
     durable: bool = True,
+    in_place: bool = True,
 ) -> SaveReport:
     """Write ``cord`` to ``path`` atomically and durably; see :func:`save_many`."""
     return _run(normalize(path, cord), consume=consume, window=window, progress=progress,
-                durable=durable)
+                durable=durable, in_place=in_place)
 
 
 def save_many(
@@ -113,6 +108,7 @@ def save_many(
     window: int = DEFAULT_WINDOW,
     progress: ProgressCallback | None = None,
     durable: bool = True,
+    in_place: bool = True,
 ) -> SaveReport:
     """Write several files in one transaction: all final names change only after all are done.
 
@@ -135,9 +131,15 @@ def save_many(
     ``report.window_note`` says so; the save is refused only when even 4 MiB does not fit.  A
     window passed explicitly is used as is (a save that does not fit with it is refused, and
     the message says whether the default would have fit).
+
+    ``in_place`` (consume only): a source used once, whole, at a block-aligned offset of its
+    output, on a file system that inserts ranges, becomes the output's file with the space in
+    front of it inserted (no byte copied; the report's action is "adopted").  ``False`` moves
+    such a source window by window, as on every other file system (to measure the move, or to
+    keep the output's blocks apart from the source's).
     """
     return _run(normalize(outputs, None), consume=consume, window=window, progress=progress,
-                durable=durable)
+                durable=durable, in_place=in_place)
 
 
 def plan(
@@ -146,6 +148,7 @@ def plan(
     *,
     consume: bool = False,
     window: int = DEFAULT_WINDOW,
+    in_place: bool = True,
 ) -> SaveReport:
     """A dry run: what ``save``/``save_many`` with these arguments would do to each piece, and why.
 
@@ -153,12 +156,20 @@ def plan(
     ``report.window`` is the sync window the save would use and ``report.window_note`` why it
     is smaller than the default, when it is.
     """
-    adopt = consume and ADOPT_IN_PLACE
-    f = gather(normalize(target, cord), consume=consume, probe_insert=adopt)
-    p = make_plan(f.outputs, f.refs, f.sources, f.filesystems, consume=consume, window=window,
-                  adopt=adopt and not replaces_a_source(f))
-    refuse_replaced_sources(f, p.consumed)
+    _facts, p = _plan(normalize(target, cord), consume=consume, window=window, in_place=in_place)
     return _report(p, p.actions, dry_run=True)
+
+
+def _plan(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_place: bool,
+          discard: frozenset[str] = frozenset()) -> tuple[Facts, SavePlan]:
+    """The preflight's facts and the plan made of them: every decision of the save, adoption
+    in place included (probed only where it may be asked for)."""
+    adopt_in_place = consume and in_place
+    facts = gather(items, consume=consume, discard=discard, probe_insert=adopt_in_place)
+    p = make_plan(facts.outputs, facts.refs, facts.sources, facts.filesystems, consume=consume,
+                  window=window, adopt=adopt_in_place and not replaces_a_source(facts))
+    refuse_replaced_sources(facts, p.consumed)
+    return facts, p
 
 
 def _report(
@@ -223,6 +234,7 @@ def save_many_finishing(
     outputs: Mapping[Target, CordLike], *, consume: bool, window: int,
     progress: ProgressCallback | None, discard: frozenset[str] = frozenset(),
     remove: Sequence[Removal] = (), quiet_reasons: frozenset[str] = frozenset(),
+    in_place: bool = True,
 ) -> tuple[SaveReport, Removals]:
     """``save_many`` with the steps after the commit point that the journal carries, so the
     save and ``recover`` finish them alike: ``discard`` names outputs built like the others
@@ -231,7 +243,7 @@ def save_many_finishing(
     txn_out: list[Removals] = []
     report = _run(normalize(outputs, None), consume=consume, window=window, progress=progress,
                   quiet_reasons=quiet_reasons, discard=discard, remove=remove,
-                  removals_out=txn_out)
+                  removals_out=txn_out, in_place=in_place)
     return report, txn_out[0] if txn_out else Removals()
 
 
@@ -254,6 +266,7 @@ def _run(
     window: int,
     progress: ProgressCallback | None,
     durable: bool = True,
+    in_place: bool = True,
     quiet_reasons: frozenset[str] = frozenset(),
     discard: frozenset[str] = frozenset(),
     remove: Sequence[Removal] = (),
@@ -263,16 +276,39 @@ def _run(
         raise ValueError("durable=False is for copy saves only: a consuming save deletes its "
                          "sources, so its outputs must be on disk first")
     start = time.perf_counter()
+    prep = _prepare(items, consume=consume, window=window, in_place=in_place,
+                    discard=discard)
+    plan = prep.plan  # from here on, consume and the window are the plan's
+    txn = Txn(prep, _names.new_token(), progress, durable=durable)
+    recorded, skipped, given = _removals(prep, remove)
+    txn.removals = recorded
+    try:
+        _execute(txn)
+    except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
+        _fail(txn, exc)
+    # The plan's actions, in the plan's (output) order, with what the fill did otherwise.
+    actions = plan.actions.with_outcomes(txn.outcomes)
+    _warn_copies(plan, actions, quiet_reasons)
+    if removals_out is not None:  # by the names the caller gave
+        removals_out.append(Removals(tuple(given.get(p, p) for p in txn.removed),
+                                     tuple(given.get(p, p) for p in txn.changed_removals),
+                                     skipped))
+    return _report(
+        plan, actions, dry_run=False, elapsed=time.perf_counter() - start,
+        fsyncs=txn.counters.fsyncs, used_journal=txn.record is not None,
+        counters=txn.counters,
+    )
+
+
+def _prepare(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_place: bool,
+             discard: frozenset[str]) -> Prepared:
+    """The preflight and the plan (every decision, once), its scratch files detached."""
     try:
         unknown = discard - {p for p, _c in items}
         if unknown:
             raise ValueError(f"discard names no output: {', '.join(sorted(unknown))}")
-        adopt = consume and ADOPT_IN_PLACE
-        facts = gather(items, consume=consume, discard=discard, probe_insert=adopt)
-        plan = make_plan(facts.outputs, facts.refs, facts.sources, facts.filesystems,
-                         consume=consume, window=window,
-                         adopt=adopt and not replaces_a_source(facts))  # every decision, once
-        refuse_replaced_sources(facts, plan.consumed)
+        facts, plan = _plan(items, consume=consume, window=window, in_place=in_place,
+                            discard=discard)
         check_space(plan)
     except OSError as exc:
         if isinstance(exc, FilecordError):
@@ -283,21 +319,16 @@ def _run(
         err = SaveError(f"saving {names} failed: {exc.strerror or exc}", errno=exc.errno)
         add_note(err, "nothing was created or changed: the save can be retried")
         raise err from exc
-    prep = Prepared(facts, plan)  # from here on, consume and the window are the plan's
+    prep = Prepared(facts, plan)
     # A save that is given a scratch file owns its fate from now on: never a finalizer.
     for group in prep.datas.values():
         for d in group:
             d.detach_cleanup()
-    txn = Txn(prep, _names.new_token(), progress, durable=durable)
-    recorded, skipped, given = _removals(prep, remove)
-    txn.removals = recorded
-    try:
-        _execute(txn)
-    except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
-        _fail(txn, exc)
-    # The plan's actions, in the plan's (output) order, with what the fill did otherwise.
-    actions = plan.actions.with_outcomes(txn.outcomes)
-    loud = {why: n for why, n in actions.reasons().items() if why not in quiet_reasons}
+    return prep
+
+
+def _warn_copies(plan: SavePlan, actions: PieceActions, quiet: frozenset[str]) -> None:
+    loud = {why: n for why, n in actions.reasons().items() if why not in quiet}
     if plan.consume and loud:
         log.warning(
             "consume=True copied %d file-backed piece(s) instead of moving them: %s",
@@ -305,15 +336,6 @@ def _run(
         )
     if plan.window_choice.why == "shrunk":
         log.info("consume=True: sync window %s", plan.window_choice.note())
-    if removals_out is not None:  # by the names the caller gave
-        removals_out.append(Removals(tuple(given.get(p, p) for p in txn.removed),
-                                     tuple(given.get(p, p) for p in txn.changed_removals),
-                                     skipped))
-    return _report(
-        plan, actions, dry_run=False, elapsed=time.perf_counter() - start,
-        fsyncs=txn.counters.fsyncs, used_journal=txn.record is not None,
-        counters=txn.counters,
-    )
 
 
 def _removals(prep: Prepared, remove: Sequence[Removal]
@@ -373,7 +395,7 @@ def _presize_for_moves(txn: Txn, *, before_fill: bool = False) -> None:
     temp's end (``fill._clone_or_copy``), so those are presized after the fill.
     """
     p = txn.prep.plan
-    for o in sorted({d.output for m in p.moves if not m.adopt for d in m.dests}):
+    for o in sorted(p.receiving):
         fd = txn.fds[o]
         if fd is None or (before_fill and _clones_a_partial_block(p, o)):
             continue
@@ -399,7 +421,7 @@ def _move(txn: Txn, m: MoveSource) -> None:
     if txn.stage is not Stage.MOVING:
         txn.to(Stage.MOVING)
     if m.adopt:
-        _adopt(txn, m, src)
+        adopt.adopt(txn, m, src)
         return
     path = record.parked(src)
     fd = _sys.open(path, os.O_RDWR)
@@ -432,91 +454,9 @@ def _move(txn: Txn, m: MoveSource) -> None:
             txn.dirty.discard(out_fd)
 
 
-def _adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
-    """Make the source its output's file: the move of a file that is (part of) an output.
-
-    1. rename it onto the output's temp (the empty temp claimed the name, O_EXCL, and the
-       journal names both paths), both directories fsynced;
-    2. adopted in place (its offset ``src.inserted`` is not 0): insert that many bytes in
-       front of its blocks (``insert_range``, a block multiple) and fsync, so the temp's size
-       says durably that the space is there before any byte lands in it;
-    3. write the rest of the output around it (``fill.fill_output``: written, copied, cloned
-       pieces) and give the temp its final length for the moves that follow (a hole).
-
-    The undo at every step (``undo._put_back``): truncate to the inserted space plus the
-    source, collapse the space, restore the times, rename back; the temp's size says which.
-    """
-    o = m.dests[0].output
-    temp = txn.temps[o]
-    if temp is None:  # pragma: no cover - the plan adopts only into temps
-        raise SaveError(f"{m.path}: no temp to adopt into")
-    data = txn.prep.datas[m.key][0]
-    current = data.path
-    st = undo.same_file(current, *m.key)
-    if st is None or (st.st_size, st.st_mtime_ns) != (m.size, data.identity.mtime_ns):
-        raise DataChangedError(current, expected_size=m.size,
-                               found_size=None if st is None else st.st_size,
-                               reason="another process changed or replaced it before it was "
-                               "adopted",
-                               kind=ChangeKind.REPLACED if st is None else ChangeKind.CONTENT)
-    _sys.rename(current, temp)
-    txn.counters.fsyncs += _sys.fsync_parents([temp, src.path])
-    old = txn.fds[o]
-    txn.fds[o] = None
-    if old is not None:
-        _sys.close(old)  # the empty temp's inode, replaced by the rename
-        txn.dirty.discard(old)
-    fd = _sys.open(temp, os.O_RDWR)
-    txn.fds[o] = fd
-    txn.dirty.add(fd)  # whoever wrote the source may never have synced it
-    now = _sys.fstat(fd)  # the file as adopted: a cut or write since the look above would
-    if (now.st_size, now.st_mtime_ns) != (m.size, data.identity.mtime_ns):  # be built on
-        raise DataChangedError(temp, expected_size=m.size, found_size=now.st_size,
-                               reason="another process changed it as it was adopted")
-    _refuse_linked(now, m.path)
+def _seal(txn: Txn) -> None:
+    """Every temp durable, at its length, its adopted file as the save left it, closed."""
     p = txn.prep.plan
-    where = None
-    if src.inserted:
-        _sys.insert_range(fd, 0, src.inserted)
-    if src.inserted or p.outputs[o].length > m.size:
-        # Written around: size and times cannot tell another process's cut from the save's
-        # own writes, the blocks can (``looks``, step 5); fsynced first so they are placed.
-        txn.counters.fsync(fd)
-        where = looks.blocks(fd, src.inserted, m.size)
-        now = _sys.fstat(fd)  # a write or cut since the look above (before the blocks')
-        if now.st_size != m.size + src.inserted:
-            raise DataChangedError(temp, expected_size=m.size + src.inserted,
-                                   found_size=now.st_size, reason="another process wrote to "
-                                   "or cut it as it was adopted")
-    if src.inserted:
-        # Recorded before a byte is written into the space: the size alone cannot tell an
-        # insert from another writer's append of as many bytes (``journal``).
-        begin.append_step(txn, journal.encode_inserted(txn.moves_done, m.key))
-        txn.inserted.add(m.key)
-    if where is not None:
-        txn.adopted_blocks[o] = (src.inserted, m.size, where)
-    fill.fill_output(txn, o)
-    # Moved bytes of other sources follow: the temp gets its final length (a hole) first.
-    # Only then: a file adopted whole, cut by someone else meanwhile, is never padded back.
-    if any(d.output == o for mv in p.moves if not mv.adopt for d in mv.dests):
-        length = p.outputs[o].length
-        if _sys.fstat(fd).st_size < length:
-            _sys.ftruncate(fd, length)
-
-
-def _refuse_linked(st: os.stat_result, path: str) -> None:
-    """An adopted file is the output's inode: another name linked to it meanwhile would see
-    the output's bytes in place of the source's (a moved source is checked after each cut,
-    ``transfer.move_source``).  Nothing is lost: the rollback gives that inode its bytes back."""
-    if st.st_nlink != 1:
-        raise DataChangedError(path, expected_size=st.st_size, found_size=st.st_size,
-                               reason="another name was linked to it while it was adopted",
-                               kind=ChangeKind.LINKED)
-
-
-def _commit(txn: Txn) -> None:
-    p = txn.prep.plan
-    adopted = {m.dests[0].output: m.key for m in p.moves if m.adopt}
     for o, fd in enumerate(txn.fds):
         if fd is None or p.outputs[o].direct:
             continue
@@ -524,28 +464,8 @@ def _commit(txn: Txn) -> None:
             txn.counters.fsync(fd)
             txn.dirty.discard(fd)
         st = _sys.fstat(fd)
-        if o in adopted:  # someone else's write to the adopted file is a change, not an I/O
-            _refuse_linked(st, p.outputs[o].path)
-            was = txn.prep.datas[adopted[o]][0].identity   # error: keep it, claim nothing
-            # (only a file adopted whole: one adopted in place was written around by the save)
-            if was.size == p.outputs[o].length and (
-                    st.st_size, st.st_mtime_ns) != (was.size, was.mtime_ns):
-                raise DataChangedError(p.outputs[o].path, expected_size=was.size,
-                                       found_size=st.st_size, reason="another process "
-                                       "changed the adopted file before the commit")
-            placed = txn.adopted_blocks.get(o)
-            if placed is not None and looks.blocks(fd, placed[0], placed[1]) != placed[2]:
-                # Size and times are as the save left them: only this says the source's bytes
-                # are gone, so the failure holds (never puts the cut file back as the source).
-                txn.changed = adopted[o]
-                raise DataChangedError(p.outputs[o].path, expected_size=p.outputs[o].length,
-                                       found_size=st.st_size, reason="another process cut "
-                                       "or rewrote the adopted file during the save: its "
-                                       "bytes are not on the blocks adopted")
-            if st.st_size != p.outputs[o].length:  # the save sized it: another writer did not
-                raise DataChangedError(p.outputs[o].path, expected_size=p.outputs[o].length,
-                                       found_size=st.st_size, reason="another process "
-                                       "wrote to the adopted file during the save")
+        if o in p.adopted:
+            adopt.check_at_commit(txn, o, st)
         if st.st_size != p.outputs[o].length:
             raise SaveError(f"{p.outputs[o].path}: temp is {st.st_size} bytes, expected "
                             f"{p.outputs[o].length}")
@@ -554,6 +474,11 @@ def _commit(txn: Txn) -> None:
     errors = close_descriptors(txn)
     if errors:
         raise errors[0]
+
+
+def _commit(txn: Txn) -> None:
+    _seal(txn)
+    p = txn.prep.plan
     record = txn.record
     if record is not None and txn.journal_path is not None:
         seen = looks.check(txn)  # the last look, just before the commit point
@@ -562,12 +487,7 @@ def _commit(txn: Txn) -> None:
         # failure path writes its own step over this one.
         begin.append_step(txn, journal.encode_committed(seen), Stage.COMMITTED)
         begin.close_journal(txn)
-        for m in p.moves:  # adopted files take the replaced file's owner and mode now
-            if m.adopt:
-                o = m.dests[0].output
-                jout = record.outputs[o]
-                undo.apply_owner_mode_at(record.temp(o), jout.dev, jout.ino, jout.mode,
-                                          jout.uid, jout.gid)
+        adopt.take_owner_modes(txn, record)
     finals: list[str] = []
     for out, temp in zip(p.outputs, txn.temps, strict=True):
         if temp is not None and not out.discard:  # a discard temp is unlinked below
@@ -586,6 +506,12 @@ def _commit(txn: Txn) -> None:
         kept = looks.unlink_consumed(txn, record)
         _sys.unlink(txn.journal_path)
     txn.to(Stage.DONE)
+    _release_locks(txn)
+    if kept:  # the outputs are complete; a source written after the last look is kept
+        looks.raise_kept(kept)
+
+
+def _release_locks(txn: Txn) -> None:
     while txn.locks:
         path, fd = txn.locks.pop()
         try:
@@ -593,5 +519,3 @@ def _commit(txn: Txn) -> None:
         except OSError as exc:  # the save is complete; a stale lock file is recover's garbage
             log.warning("the save is complete, but its lock file %s stays (%s): "
                         "`filecord recover %s` removes it", path, exc, os.path.dirname(path))
-    if kept:  # the outputs are complete; a source written after the last look is kept
-        looks.raise_kept(kept)

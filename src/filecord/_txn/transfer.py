@@ -211,30 +211,10 @@ def move_source(
     pos, k = m.size, 0
     while pos > m.run_start:
         lo = max(m.run_start, pos - window)
-        touched: set[int] = set()
         parts = [(max(d.src_offset, lo), min(d.src_offset + d.length, pos), d)
                  for d in buckets.get(k, ())]
-        parts = [(a, b, d) for a, b, d in parts if a < b]
-        left = sum(b - a for a, b, _d in parts)
-        behind: dict[int, tuple[int, int]] = {}  # temp -> its range copied since the last hint
-        since = 0
         try:
-            for a, b, d in parts:
-                tfd, at = temps[d.output], d.out_offset + (a - d.src_offset)
-                step = WRITE_BEHIND or (b - a)
-                for x in range(a, b, step):
-                    n = min(step, b - x)
-                    o = at + (x - a)
-                    copy_range(src, tfd, x, o, n, c, kind="moved")
-                    lo_hi = behind.get(tfd, (o, o + n))
-                    behind[tfd] = (min(lo_hi[0], o), max(lo_hi[1], o + n))
-                    since, left = since + n, left - n
-                    if WRITE_BEHIND and since >= WRITE_BEHIND and left > 0:
-                        # a part's worth copied and more to come: the disk writes it meanwhile
-                        for fd, (p, q) in sorted(behind.items()):
-                            _sys.start_writeback(fd, p, q - p)
-                        behind, since = {}, 0
-                touched.add(tfd)
+            touched = _copy_window(src, [(a, b, d) for a, b, d in parts if a < b], temps, c)
         except OSError as exc:
             _check_unchanged(src, m, pos, seen, exc)
             raise
@@ -243,21 +223,57 @@ def move_source(
         for fd in sorted(touched):
             c.fsync(fd)  # raises on failure: the truncate below never runs after a bad fsync
         _check_unchanged(src, m, pos, seen, None)
-        if looks is not None:
-            looks[m.key] = (seen, lo)
-        _sys.ftruncate(src, lo)
-        seen = _sys.fstat(src)
-        if looks is not None:
-            looks[m.key] = (seen, None)
-        if seen.st_nlink != 1:
-            # Linked between the check and the truncate: the other name now holds only the
-            # kept prefix.  Stop before the commit deletes the rest; the journal and temps
-            # hold every byte, and a rollback puts them back into the shared inode.
-            raise DataChangedError(m.path, expected_size=lo, found_size=seen.st_size,
-                                   reason="another name was linked to it while it was being "
-                                   "moved", kind=ChangeKind.LINKED)
+        seen = _cut(src, m, lo, seen, looks)
         progress(pos - lo)
         pos, k = lo, k + 1
+
+
+def _copy_window(src: int, parts: Sequence[tuple[int, int, PieceRef]], temps: Sequence[int],
+                 c: Counters) -> set[int]:
+    """Copy one window's ``(start, end, destination)`` parts; the temps written.  The
+    writeback of every ``WRITE_BEHIND`` bytes copied is started while more are left."""
+    touched: set[int] = set()
+    left = sum(b - a for a, b, _d in parts)
+    behind: dict[int, tuple[int, int]] = {}  # temp -> its range copied since the last hint
+    since = 0
+    for a, b, d in parts:
+        tfd, at = temps[d.output], d.out_offset + (a - d.src_offset)
+        step = WRITE_BEHIND or (b - a)
+        for x in range(a, b, step):
+            n = min(step, b - x)
+            o = at + (x - a)
+            copy_range(src, tfd, x, o, n, c, kind="moved")
+            lo_hi = behind.get(tfd, (o, o + n))
+            behind[tfd] = (min(lo_hi[0], o), max(lo_hi[1], o + n))
+            since, left = since + n, left - n
+            if WRITE_BEHIND and since >= WRITE_BEHIND and left > 0:
+                # a part's worth copied and more to come: the disk writes it meanwhile
+                for fd, (p, q) in sorted(behind.items()):
+                    _sys.start_writeback(fd, p, q - p)
+                behind, since = {}, 0
+        touched.add(tfd)
+    return touched
+
+
+def _cut(src: int, m: MoveSource, lo: int, seen: os.stat_result,
+         looks: dict[tuple[int, int], tuple[os.stat_result, int | None]] | None
+         ) -> os.stat_result:
+    """Truncate the source to ``lo`` (its window durable in the temps); the look after.  The
+    size in flight is kept in ``looks`` first, so a failure can tell this cut from a change."""
+    if looks is not None:
+        looks[m.key] = (seen, lo)
+    _sys.ftruncate(src, lo)
+    seen = _sys.fstat(src)
+    if looks is not None:
+        looks[m.key] = (seen, None)
+    if seen.st_nlink != 1:
+        # Linked between the check and the truncate: the other name now holds only the
+        # kept prefix.  Stop before the commit deletes the rest; the journal and temps
+        # hold every byte, and a rollback puts them back into the shared inode.
+        raise DataChangedError(m.path, expected_size=lo, found_size=seen.st_size,
+                               reason="another name was linked to it while it was being "
+                               "moved", kind=ChangeKind.LINKED)
+    return seen
 
 
 def _by_window(m: MoveSource, window: int) -> dict[int, list[PieceRef]]:
@@ -346,26 +362,30 @@ def restore_source(
                 pending[i] = (hi, b, d)
                 break
             i += 1
-        for a, b, d in segs:
-            tfd = temps[d.output]
-            if tfd is None:
-                raise OSError(errno.ENOENT, f"the temp file holding {m.path}[{a}:{b}] is missing")
-            if dense:
-                _check_holds_data(tfd, d.out_offset + (a - d.src_offset), b - a, m, a)
-        for a, b, d in segs:
-            tfd = temps[d.output]
-            if tfd is None:  # pragma: no cover - checked above
-                continue
-            copy_range(tfd, src, d.out_offset + (a - d.src_offset), a, b - a, c,
-                       kind="restored")
-        c.fsync(src)  # the bytes are durable in the source before any temp lets go of them
-        if punch:
-            for a, b, d in segs:
-                tfd = temps[d.output]
-                if tfd is not None:
-                    _punch_best_effort(tfd, d.out_offset + (a - d.src_offset), b - a)
+        _restore_window(src, m, segs, temps, c, punch=punch, dense=dense)
         pos = hi
     return m.size - start
+
+
+def _restore_window(src: int, m: MoveSource, segs: Sequence[tuple[int, int, PieceRef]],
+                    temps: Sequence[int | None], c: Counters, *, punch: bool,
+                    dense: bool) -> None:
+    """One window's segments copied back into the source, fsynced, then (``punch``) let go
+    of in the temps.  Every temp is checked before a byte is written."""
+    held: list[tuple[int, int, int, int]] = []  # (temp, offset there, source offset, length)
+    for a, b, d in segs:
+        tfd = temps[d.output]
+        if tfd is None:
+            raise OSError(errno.ENOENT, f"the temp file holding {m.path}[{a}:{b}] is missing")
+        if dense:
+            _check_holds_data(tfd, d.out_offset + (a - d.src_offset), b - a, m, a)
+        held.append((tfd, d.out_offset + (a - d.src_offset), a, b - a))
+    for tfd, at, a, n in held:
+        copy_range(tfd, src, at, a, n, c, kind="restored")
+    c.fsync(src)  # the bytes are durable in the source before any temp lets go of them
+    if punch:
+        for tfd, at, _a, n in held:
+            _punch_best_effort(tfd, at, n)
 
 
 def _check_holds_data(fd: int, offset: int, n: int, m: MoveSource, src_at: int) -> None:

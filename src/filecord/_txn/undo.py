@@ -283,24 +283,7 @@ def finish(j: Journal, journal_path: str,
            ) -> tuple[str, ...]:
     """Finish a committed save (see the module's notes); returns the files of the head's
     ``removals`` kept because they are no longer the recorded file."""
-    check_temp_lengths(j)  # again here: every path that renames a temp goes through finish
-    finals: list[str] = []
-    for o, out in enumerate(j.outputs):
-        if out.direct or out.discard:
-            continue
-        temp = j.temp(o)
-        if same_file(temp, out.dev, out.ino) is not None:
-            _check_replaceable(out, journal_path)
-            apply_owner_mode_at(temp, out.dev, out.ino, out.mode, out.uid, out.gid)
-            _sys.rename(temp, out.final)
-        elif same_file(out.final, out.dev, out.ino) is None:
-            raise RecoverError(
-                f"{out.final}: the journal {journal_path} is committed, but neither its temp "
-                f"{temp} nor the renamed output is there; the output is lost (the journal is "
-                "kept so the sources it lists are not deleted)"
-            )
-        finals.append(out.final)
-    _sys.fsync_parents(finals)
+    _rename_outputs(j, journal_path)
     # The removals first, while the parked sources prove their directories are the save's.
     _removed, changed = discard_and_remove(j, proven_directories(j))
     if changed:
@@ -323,21 +306,49 @@ def finish(j: Journal, journal_path: str,
         _sys.unlink(p)
     _sys.fsync_parents(parked)
     if kept:
-        s, st, _where = kept[0]
-        err = DataChangedError(s.path, expected_size=s.run_start, found_size=st.st_size,
-                               reason="another process changed this consumed source after the "
-                               "commit point, so it was not deleted")
-        err.committed = True
-        add_note(err, "the outputs are complete under their final names")
-        for _s, _st, where in kept:
-            add_note(err, where)
-        # Where each kept file is now (its own name, or its parked one when that was taken).
-        err.kept = tuple(  # type: ignore[attr-defined]
-            p if same_file(p, s.dev, s.ino) is not None else s.path
-            for s, _st, _w in kept for p in (j.parked(s),)
-        )
-        raise err
+        _raise_kept(j, kept)
     return changed
+
+
+def _rename_outputs(j: Journal, journal_path: str) -> None:
+    """Each temp onto its final name (already there: renamed before a crash), fsynced."""
+    check_temp_lengths(j)  # again here: every path that renames a temp goes through finish
+    finals: list[str] = []
+    for o, out in enumerate(j.outputs):
+        if out.direct or out.discard:
+            continue
+        temp = j.temp(o)
+        if same_file(temp, out.dev, out.ino) is not None:
+            _check_replaceable(out, journal_path)
+            apply_owner_mode_at(temp, out.dev, out.ino, out.mode, out.uid, out.gid)
+            _sys.rename(temp, out.final)
+        elif same_file(out.final, out.dev, out.ino) is None:
+            raise RecoverError(
+                f"{out.final}: the journal {journal_path} is committed, but neither its temp "
+                f"{temp} nor the renamed output is there; the output is lost (the journal is "
+                "kept so the sources it lists are not deleted)"
+            )
+        finals.append(out.final)
+    _sys.fsync_parents(finals)
+
+
+def _raise_kept(j: Journal, kept: list[tuple[JournalSource, os.stat_result, str]]) -> None:
+    """The finish is over but for consumed sources another process changed after the commit,
+    kept where the notes say: a committed ``DataChangedError``."""
+    s, st, _where = kept[0]
+    err = DataChangedError(s.path, expected_size=s.run_start, found_size=st.st_size,
+                           reason="another process changed this consumed source after the "
+                           "commit point, so it was not deleted")
+    err.committed = True
+    add_note(err, "the outputs are complete under their final names")
+    for _s, _st, where in kept:
+        add_note(err, where)
+    # Where each kept file is now (its own name, or its parked one when that was taken).
+    err.kept = tuple(  # type: ignore[attr-defined]
+        p if same_file(p, s.dev, s.ino) is not None else s.path
+        for s, _st, _w in kept for p in (j.parked(s),)
+    )
+    raise err
 
 
 def proven_directories(j: Journal) -> frozenset[str]:

@@ -13,7 +13,6 @@ import pytest
 
 import filecord
 from filecord._io import syscalls as _sys
-from filecord._txn import save as txn_save
 from filecord._txn import transfer
 from support.faultfs import FaultFS, Recorder, Tracer
 
@@ -29,13 +28,13 @@ class _Refuse(Recorder):
 
 def _move(tmp_path: Path, backend: Recorder, monkeypatch: pytest.MonkeyPatch) -> bytes:
     monkeypatch.setattr(transfer, "WRITE_BEHIND", PART)
-    monkeypatch.setattr(txn_save, "ADOPT_IN_PLACE", False)
     data = os.urandom(2 * WINDOW + PART + 100)  # two whole windows and a short one
     src = tmp_path / "src.bin"
     src.write_bytes(data)
     cord = filecord.Cord([HEAD, filecord.FileBackedData(src, owned=True)])
     with _sys.use(backend):
-        report = filecord.save(tmp_path / "out.bin", cord, consume=True, window=WINDOW)
+        report = filecord.save(tmp_path / "out.bin", cord, consume=True, window=WINDOW,
+                               in_place=False)
     assert report.bytes_moved == len(data)
     assert not src.exists()
     assert (tmp_path / "out.bin").read_bytes() == HEAD + data
@@ -94,7 +93,6 @@ def test_a_failure_injected_at_each_hint_rolls_the_move_back_byte_exact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(transfer, "WRITE_BEHIND", PART)
-    monkeypatch.setattr(txn_save, "ADOPT_IN_PLACE", False)
     data = os.urandom(2 * WINDOW + PART + 100)
 
     def save(backend: _sys.Backend, run: Path) -> None:
@@ -102,7 +100,7 @@ def test_a_failure_injected_at_each_hint_rolls_the_move_back_byte_exact(
         (run / "src.bin").write_bytes(data)
         cord = filecord.Cord([HEAD, filecord.FileBackedData(run / "src.bin", owned=True)])
         with _sys.use(backend):
-            filecord.save(run / "out.bin", cord, consume=True, window=WINDOW)
+            filecord.save(run / "out.bin", cord, consume=True, window=WINDOW, in_place=False)
 
     tracer = Tracer()
     save(tracer, tmp_path / "trace")

@@ -9,7 +9,7 @@ import pytest
 
 from filecord._txn import stages
 from filecord._txn.assess import of_change
-from filecord._txn.decide import TABLE, Action, Actor, Found, NoRowError, decide
+from filecord._txn.decide import OUTCOME, TABLE, Action, Actor, Found, NoRowError, decide
 from filecord._txn.stages import Stage, StageError, advance
 from filecord.errors import ChangeKind, DataChangedError
 
@@ -31,14 +31,25 @@ EXPECTED = {
     (Actor.SAVE, Stage.COMMITTED, Found.AS_LEFT): Action.FINISH,
     (Actor.SAVE, Stage.RENAMED, Found.AS_LEFT): Action.FINISH,
     (Actor.SAVE, Stage.DONE, Found.AS_LEFT): Action.COMPLETE,
+    (Actor.RECOVER, Stage.CREATED, Found.AS_LEFT): Action.DISCARD,  # no journal made
     (Actor.RECOVER, Stage.MOVING, Found.AS_LEFT): Action.ROLL_BACK,
     (Actor.RECOVER, Stage.ROLLING_BACK, Found.AS_LEFT): Action.ROLL_BACK,
     (Actor.RECOVER, Stage.COMMITTED, Found.AS_LEFT): Action.FINISH,
+    **{(Actor.RECOVER, s, Found.BUSY): Action.SKIP
+       for s in (Stage.CREATED, Stage.MOVING, Stage.ROLLING_BACK, Stage.COMMITTED, Stage.HELD)},
     **{(Actor.RECOVER, s, f): Action.REFUSE
-       for s in (Stage.MOVING, Stage.ROLLING_BACK, Stage.COMMITTED) for f in Found
-       if f is not Found.AS_LEFT},
-    **{(Actor.RECOVER, Stage.HELD, f): Action.REFUSE for f in Found},
+       for s in (Stage.CREATED, Stage.MOVING, Stage.ROLLING_BACK, Stage.COMMITTED) for f in Found
+       if f not in (Found.AS_LEFT, Found.BUSY)},
+    **{(Actor.RECOVER, Stage.HELD, f): Action.REFUSE for f in Found if f is not Found.BUSY},
 }
+
+
+def test_recover_reports_each_of_its_actions_by_one_word() -> None:
+    """Every action recover can take has the word ``Recovered.action`` and the CLI use."""
+    recover_actions = {a for (actor, _s, _f), a in EXPECTED.items() if actor is Actor.RECOVER}
+    assert recover_actions == set(OUTCOME)
+    assert sorted(OUTCOME.values()) == ["discarded", "finished", "refused", "restored",
+                                        "skipped"]
 
 
 @pytest.mark.parametrize("row", sorted(EXPECTED, key=str), ids=str)
