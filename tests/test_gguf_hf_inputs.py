@@ -25,6 +25,7 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("gguf")
 
 from tests.support.hf_models import tiny_model
+from tests.support.jsonedit import set_at
 
 pytestmark = pytest.mark.slow
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
@@ -67,17 +68,7 @@ def edit_json(path: Path, change: Callable[[Any], Any]) -> None:
 
 
 def put(key: str, value: Any) -> Callable[[Any], Any]:
-    def change(data: Any) -> Any:
-        node = data
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node[int(p)] if isinstance(node, list) else node[p]
-        if isinstance(node, list):
-            node[int(last)] = value
-        else:
-            node[last] = value
-        return data
-    return change
+    return lambda data: set_at(data, key, value)
 
 
 CONFIG_FORMS = {

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from filecord.gguf._hf_schema import TOKENIZER_JSON, problem
+from support.jsonedit import set_at
 
 BPE: dict[str, Any] = {
     "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"],
@@ -27,16 +28,7 @@ BPE: dict[str, Any] = {
 def with_(path: str, value: Any) -> dict[str, Any]:
     import copy
 
-    data = copy.deepcopy(BPE)
-    *parents, last = path.split(".")
-    node: Any = data
-    for p in parents:
-        node = node[int(p)] if isinstance(node, list) else node[p]
-    if isinstance(node, list):
-        node[int(last)] = value
-    else:
-        node[last] = value
-    return data
+    return set_at(copy.deepcopy(BPE), path, value)  # type: ignore[no-any-return]
 
 
 def test_a_tokenizer_json_that_fits_has_no_problem() -> None:
