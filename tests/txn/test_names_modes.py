@@ -134,3 +134,25 @@ def test_owner_and_group_of_the_replaced_file_are_kept(tmp_path: Path, how: str)
     save(out, Cord([piece]) if how == "adopt" else Cord([b"h", piece]), consume=how == "adopt")
     st = os.stat(out)
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1234, 4321, 0o640)
+
+
+class _SignalAfterLink(_sys.Backend):
+    """A signal whose handler raises as the lock file's link returns."""
+
+    def link_fd(self, fd: int, dst: str) -> None:
+        super().link_fd(fd, dst)
+        if dst.endswith(_names.LOCK):
+            raise KeyboardInterrupt
+
+
+def test_a_signal_landing_on_the_lock_files_link_leaves_no_lock_file(tmp_path: Path) -> None:
+    """The lock file was linked but never handed to the save's cleanup: create() removes the
+    name it just made, so the save can be retried as its message says, with nothing to
+    recover."""
+    probe = _sys.open_unnamed(str(tmp_path))
+    if probe is None:
+        pytest.skip("no O_TMPFILE here: the lock is made under its name")
+    _sys.close(probe)
+    with _sys.use(_SignalAfterLink()), pytest.raises(KeyboardInterrupt):
+        save(tmp_path / "m.pte", Cord([b"x" * 100]))
+    assert sorted(os.listdir(tmp_path)) == []

@@ -93,6 +93,11 @@ def create(path: str, content: bytes) -> int:
             _sys.fsync(fd)
             _sys.link_fd(fd, path)
         except BaseException:
+            # A signal can land after the link: the name is then ours, and nobody else's
+            # to remove (the save's cleanup never learnt of it).
+            with contextlib.suppress(OSError):
+                if _names_same(fd, path):
+                    _sys.unlink_missing_ok(path)
             with contextlib.suppress(OSError):
                 _sys.close(fd)
             raise
