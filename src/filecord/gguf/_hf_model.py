@@ -71,8 +71,9 @@ FILE_TYPES = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.Q8_0: 7, GGMLType.BF16:
 class Bias(enum.Enum):
     """Which attention biases a family's layers hold."""
 
-    CONFIG = "config"  # q/k/v/o, when config.json's attention_bias is true (Llama, Qwen3)
+    CONFIG = "config"  # q/k/v/o, when config.json's attention_bias is true (Llama)
     QKV = "qkv"  # q/k/v always (Qwen2 builds its projections with them)
+    NONE = "none"  # llama.cpp's architecture has no attention_output bias: true is refused
 
 
 class HeadDim(enum.Enum):
@@ -171,11 +172,11 @@ FAMILIES: tuple[Family, ...] = (
            activations=("silu",), tied_default=False, ctx_default=32768,
            kv_heads_default=32),
     Family("qwen3", ("Qwen3ForCausalLM",), "qwen3", {**_ATTN, **_FFN_NORM, **_QK_NORM},
-           {**_QKV_BIAS, **_O_BIAS}, Bias.CONFIG, rope_permute=False,
+           {}, Bias.NONE, rope_permute=False,
            head_dim=HeadDim.REQUIRED, window=Window.REFUSED, activations=("silu",),
            tied_default=False, ctx_default=32768, kv_heads_default=32),
     Family("gemma2", ("Gemma2ForCausalLM",), "gemma2", {**_ATTN, **_SANDWICH}, {},
-           Bias.CONFIG, rope_permute=False, head_dim=HeadDim.REQUIRED, window=Window.KEY,
+           Bias.NONE, rope_permute=False, head_dim=HeadDim.REQUIRED, window=Window.KEY,
            activations=("gelu_pytorch_tanh",), tied_default=True, norm_shift=True,
            softcap=True, drop=("lm_head.weight",), rope_key=False, space_prefix=False,
            swa_every=2, wide_scale_layers=(46,), ctx_default=8192, kv_heads_default=4),
@@ -485,7 +486,13 @@ def model_spec(config: Mapping[str, Any]) -> ModelSpec:
             raise UnsupportedModelError(
                 f"config.json: query_pre_attn_scalar {scalar!r} is not the {want} llama.cpp's "
                 f"{family.arch} uses for {n_layer} layers")
-    bias = _bool(config, "attention_bias", default=False) if family.bias is Bias.CONFIG else True
+    bias = _bool(config, "attention_bias", default=False) if family.bias is not Bias.QKV else True
+    if bias and family.bias is Bias.NONE:
+        # transformers builds q/k/v/o biases; llama.cpp's architecture loads no o bias (and
+        # refuses a file holding one), so no GGUF of these layers runs
+        raise UnsupportedModelError(
+            f"config.json: attention_bias true is not supported for a {family.hf_archs[0]}: "
+            f"llama.cpp's {family.arch} has no attention output bias (supported: false)")
     tied = _bool(config, "tie_word_embeddings", default=family.tied_default)
     if not tied and "lm_head.weight" in family.drop:
         # llama.cpp's architecture computes the logits with token_embd whatever the file holds

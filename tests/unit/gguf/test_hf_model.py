@@ -198,6 +198,21 @@ def test_mistral_context_is_capped_at_its_sliding_window() -> None:
     assert model_spec(llama).n_ctx == 256
 
 
+@pytest.mark.parametrize(("arch", "model_type"), [("Qwen3ForCausalLM", "qwen3"),
+                                                   ("Gemma2ForCausalLM", "gemma2")])
+def test_attention_bias_is_refused_where_llama_cpp_has_no_output_bias(arch: str,
+                                                                      model_type: str) -> None:
+    """transformers gives these classes q/k/v/o biases with attention_bias true; llama.cpp's
+    architecture takes no attn_output.bias and refuses a file holding one."""
+    config = {**CONFIG, "architectures": [arch], "model_type": model_type, "head_dim": 16,
+              "sliding_window": 64, "attn_logit_softcapping": 50.0,
+              "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 16}
+    assert not model_spec(config).attention_bias
+    with pytest.raises(UnsupportedModelError, match=r"config.json: attention_bias true is not "
+                       r"supported for a " + arch):
+        model_spec({**config, "attention_bias": True})
+
+
 def test_biases_must_match_attention_bias_and_untied_needs_lm_head() -> None:
     bias = "model.layers.0.self_attn.q_proj.bias"
     with pytest.raises(UnsupportedModelError, match=r"attention_bias false.*q_proj\.bias"):
