@@ -151,6 +151,43 @@ def test_gemma2_config_llama_cpp_cannot_compute_is_refused(gemma2: Path, tmp_pat
     refused_naming(tmp_path, model, says)
 
 
+def _with_lm_head(model: Path, head: Callable[[Any], Any]) -> None:
+    """The checkpoint rewritten as one model.safetensors that also holds lm_head.weight."""
+    from safetensors.torch import load_file, save_file
+
+    tensors: dict[str, Any] = {}
+    for f in sorted(model.glob("*.safetensors")):
+        tensors.update(load_file(f))
+        f.unlink()
+    (model / "model.safetensors.index.json").unlink()
+    tensors["lm_head.weight"] = head(tensors["model.embed_tokens.weight"]).clone()
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_a_tied_lm_head_llama_cpp_has_no_place_for_must_equal_the_embedding(
+        gemma2: Path, tmp_path: Path) -> None:
+    """transformers computes with a file's lm_head.weight when it differs from the embedding
+    (tied or not); llama.cpp's gemma2 always with the embedding: refused unless equal."""
+    import torch
+
+    model = tmp_path / "m"
+    shutil.copytree(gemma2, model)
+    _with_lm_head(model, torch.ones_like)
+    refused_naming(tmp_path, model, "lm_head.weight differs from "
+                   "model.embed_tokens.weight: transformers computes the logits with the former")
+    same = tmp_path / "same"
+    shutil.copytree(gemma2, same)
+    _with_lm_head(same, lambda e: e)
+    out = tmp_path / "same.gguf"
+    r = subprocess.run([sys.executable, "-m", "filecord.cli", "convert", str(same), "-o",
+                        str(out), "-q"], capture_output=True, text=True, env=ENV, check=False,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    from gguf import GGUFReader
+
+    assert "output.weight" not in {t.name for t in GGUFReader(str(out)).tensors}
+
+
 def piece_id(piece: str) -> Callable[[Any], int]:
     return lambda t: t["model"]["vocab"][piece]
 
@@ -289,6 +326,12 @@ SPM_JSON_FORMS = {
                             "tokenizer.json: model.merges[0]: must be 'a b'"),
     "merge-of-unknown-pieces": (put("model.merges", [["zz", "qq"]]),
                                 "tokenizer.json: model.merges[0]: 'zz' is not a piece"),
+    # llama.cpp aborts on a character it must spell as a byte piece the vocabulary lacks
+    "byte-fallback-without-a-byte-piece": (
+        lambda t: {**t, "model": {**t["model"], "vocab": {
+            ("<byte-A>" if p == "<0x41>" else p): i for p, i in t["model"]["vocab"].items()}}},
+        "tokenizer.json: model.byte_fallback: true, but model.vocab lacks 1 of the 256 byte "
+        "pieces (<0x41>)"),
 }
 
 

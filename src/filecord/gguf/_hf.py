@@ -82,6 +82,7 @@ ProgressCallback = Callable[[int, int], None]
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 CONFIG_LIMIT = 16 << 20  # a config.json is a few KiB
+COMPARE_CHUNK = 8 << 20  # bounds the memory of comparing two tensors
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +206,29 @@ def plan_tensors(spec: ModelSpec, ordered: Sequence[NamedTensor], outtype: OutTy
     if shapes:
         raise CheckpointFileError(f"{len(shapes)} tensor(s) do not match it: "
                                   + "; ".join(shapes[:4]), field="config.json")
+    for name, stand_in in spec.family.drop.items():  # last: it reads the tensors' bytes
+        if name in by_name and stand_in in by_name:
+            _same_values(spec, by_name[name], by_name[stand_in])
     return out
+
+
+def _same_values(spec: ModelSpec, dropped: NamedTensor, used: NamedTensor) -> None:
+    """A tensor left out because llama.cpp's architecture computes with ``used`` in its place
+    (Gemma 2's lm_head: its logits are always the token embedding's) must hold ``used``'s
+    values: transformers computes with the tensor the file holds when the two differ, tied or
+    not, so leaving it out would give other logits.  Compared a bounded chunk at a time."""
+    a, b = dropped.data, used.data
+    if not (isinstance(a, FileBackedData) and isinstance(b, FileBackedData)):  # pragma: no cover
+        raise TypeError(f"{dropped.name}: expected a file range")
+    same = (dropped.dtype is used.dtype and tuple(dropped.shape) == tuple(used.shape)
+            and all(a.read_range(at, min(COMPARE_CHUNK, len(a) - at))
+                    == b.read_range(at, min(COMPARE_CHUNK, len(a) - at))
+                    for at in range(0, len(a), COMPARE_CHUNK)))
+    if not same:
+        raise UnsupportedModelError(
+            f"{dropped.name} differs from {used.name}: transformers computes the logits with "
+            f"the former, llama.cpp's {spec.arch} always with the latter (supported: no "
+            f"{dropped.name}, or one equal to {used.name})")
 
 
 def _slices(ranges: tuple[FileBackedData, ...] | tuple[FileRows]) -> list[FileBackedData]:

@@ -36,7 +36,7 @@ import enum
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from filecord.gguf._types import ARCH_KEY, GGMLType, KeyValue, ValueType
@@ -142,7 +142,9 @@ class Family:
     llama_keys: bool = False  # vocab_size and rope.dimension_count after file_type
     norm_shift: bool = False  # HF stores norm weights minus 1 (Gemma): +1 in the fill
     softcap: bool = False  # attention and final logit softcapping keys (Gemma 2)
-    drop: tuple[str, ...] = ()  # checkpoint tensors llama.cpp's converter leaves out
+    # checkpoint tensors llama.cpp's architecture has no place for -> the tensor it computes
+    # with instead: one present is left out only when it holds the same values (else refused)
+    drop: Mapping[str, str] = field(default_factory=dict)
     rope_key: bool = True  # rope.freq_base written (Gemma 2's converter writes none)
     # what AutoConfig fills when config.json leaves a key out (the reference writes these)
     ctx_default: int = 2048  # max_position_embeddings
@@ -178,7 +180,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("gemma2", ("Gemma2ForCausalLM",), "gemma2", {**_ATTN, **_SANDWICH}, {},
            Bias.NONE, rope_permute=False, head_dim=HeadDim.REQUIRED, window=Window.KEY,
            activations=("gelu_pytorch_tanh",), tied_default=True, norm_shift=True,
-           softcap=True, drop=("lm_head.weight",), rope_key=False, space_prefix=False,
+           softcap=True, drop={"lm_head.weight": "model.embed_tokens.weight"},
+           rope_key=False, space_prefix=False,
            swa_every=2, wide_scale_layers=(46,), ctx_default=8192, kv_heads_default=4),
 )
 

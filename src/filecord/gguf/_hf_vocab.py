@@ -475,6 +475,13 @@ def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any]) -> list[
     if len(vocab) != n:  # ids are unique (checked): so there are gaps
         raise _bad(path, "model.vocab", f"{len(vocab)} pieces for ids 0..{n - 1}: ids must "
                    f"be without gaps")
+    missing = [f"<0x{b:02X}>" for b in range(256) if f"<0x{b:02X}>" not in vocab]
+    if missing:
+        # byte_fallback spells an unknown character as its bytes' pieces: llama.cpp looks
+        # them up and aborts when one is not there (transformers falls back to <unk>)
+        raise _bad(path, "model.byte_fallback", f"true, but model.vocab lacks {len(missing)} "
+                   f"of the 256 byte pieces ({', '.join(missing[:4])}"
+                   f"{' ...' if len(missing) > 4 else ''}), which llama.cpp needs to take it")
     special = {e["id"] for e in spec.get("added_tokens") or () if e.get("special")}
     config = os.path.join(directory, "tokenizer_config.json")
     # transformers 5 leaves the BPE model's unk_token empty and names it in the config
