@@ -265,6 +265,11 @@ TOKENIZER_FORMS = {
                                   put("added_tokens.0", {"id": 0, "content": "<new>"}),
                                   "tokenizer.json: added_tokens[0].id: 0 is already "
                                   "model.vocab's"),
+    # transformers begins the text with the template's token, llama.cpp with bos_token's
+    "bos-other-than-the-template-adds": (
+        "tokenizer_config.json", put("bos_token", "<|end_of_text|>"),
+        "tokenizer.json: post_processor and tokenizer_config.json: bos_token: the template "
+        "adds '<|begin_of_text|>'"),
     "chat-template-nameless": ("tokenizer_config.json",
                                put("chat_template", [{"name": "", "template": "a"}]),
                                "tokenizer_config.json: chat_template[0].name: empty"),

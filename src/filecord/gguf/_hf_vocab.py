@@ -358,12 +358,45 @@ def _special_kvs(directory: str, spec: Mapping[str, Any] | None, vocab_size: int
                 f"{kv.value} is outside config.json vocab_size {vocab_size} (the embedding's "
                 f"rows)", field=f"{key} (from tokenizer_config.json or config.json)")
     adds = post_processor_adds(spec, config)
+    _same_specials(spec, adds, kvs)
     if default_eos:
         adds.setdefault("eos", False)
     for typ, flag in adds.items():
         key = f"tokenizer.ggml.add_{typ}_token"
         kvs[key] = KeyValue(key, ValueType.BOOL, flag)
     return list(kvs.values())
+
+
+def _same_specials(spec: Mapping[str, Any] | None, adds: Mapping[str, bool],
+                   kvs: Mapping[str, KeyValue]) -> None:
+    """The token a template adds first (BOS) or last (EOS) must be the one llama.cpp is told
+    of: transformers adds the template's, llama.cpp its ``*_token_id`` (which comes from
+    ``tokenizer_config.json`` or ``config.json``), so two that differ give another first or
+    last token."""
+    pp = (spec or {}).get("post_processor")
+    procs = (pp.get("processors") or () if pp.get("type") == "Sequence" else [pp]
+             ) if isinstance(pp, Mapping) else ()
+    for proc in procs:
+        if proc.get("type") != "TemplateProcessing":
+            continue
+        single = list(proc.get("single") or ())
+        if len(single) < 2:
+            continue
+        for typ, item in (("bos", single[0]), ("eos", single[-1])):
+            name = _special(item)
+            if name is None or not adds.get(typ):
+                continue
+            ids = list(((proc.get("special_tokens") or {}).get(name) or {}).get("ids") or ())
+            kv = kvs.get(f"tokenizer.ggml.{typ}_token_id")
+            told = kv.value if kv is not None else None
+            if ids != [told]:
+                raise CheckpointFileError(
+                    f"the template adds {name!r} (ids {ids}) but the {typ} token llama.cpp "
+                    f"would add is id {told!r} (tokenizer_config.json {typ}_token, or "
+                    f"config.json {typ}_token_id): transformers and llama.cpp would begin or "
+                    "end the text with different tokens",
+                    field=f"tokenizer.json: post_processor and tokenizer_config.json: "
+                          f"{typ}_token")
 
 
 def _arr(key: str, values: list[Any], sub: ValueType) -> KeyValue:
