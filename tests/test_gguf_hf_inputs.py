@@ -270,6 +270,10 @@ TOKENIZER_FORMS = {
         "tokenizer_config.json", put("bos_token", "<|end_of_text|>"),
         "tokenizer.json: post_processor and tokenizer_config.json: bos_token: the template "
         "adds '<|begin_of_text|>'"),
+    # llama.cpp reads a template as a C string: it would stop at the NUL
+    "chat-template-with-nul": ("tokenizer_config.json", put("chat_template", "SYS\0{{ x }}"),
+                               "tokenizer_config.json: chat_template: holds U+0000 at "
+                               "character 3"),
     "chat-template-nameless": ("tokenizer_config.json",
                                put("chat_template", [{"name": "", "template": "a"}]),
                                "tokenizer_config.json: chat_template[0].name: empty"),
@@ -293,6 +297,40 @@ def test_malformed_tokenizer_is_refused_naming_the_field(bpe: Path, tmp_path: Pa
     else:
         edit_json(model / name, change)
     refused_naming(tmp_path, model, says)
+
+
+@pytest.mark.parametrize(("files", "template", "says"), [
+    # gguf-py writes tokenizer_config.json's, transformers runs chat_template.jinja
+    ({"chat_template.jinja": "{{ messages }}"}, "CFG {{ messages }}",
+     "tokenizer_config.json: chat_template and chat_template.jinja: tokenizer_config.json's "
+     "chat_template differs from chat_template.jinja"),
+    ({"chat_template.json": json.dumps({"chat_template": "{{ messages }}"})},
+     "CFG {{ messages }}", "tokenizer_config.json: chat_template and chat_template.json"),
+    ({"chat_template.jinja": "SYS\0{{ messages }}"}, None,
+     "chat_template.jinja: holds U+0000 at character 3"),
+])
+def test_a_chat_template_llama_cpp_would_read_otherwise_is_refused(
+        bpe: Path, tmp_path: Path, files: dict[str, str], template: str | None, says: str
+) -> None:
+    model = tmp_path / "m"
+    shutil.copytree(bpe, model)
+    for name, text in files.items():
+        (model / name).write_text(text)
+    if template is not None:
+        edit_json(model / "tokenizer_config.json", put("chat_template", template))
+    refused_naming(tmp_path, model, says)
+
+
+def test_a_chat_template_file_equal_to_tokenizer_config_s_converts(bpe: Path, tmp_path: Path
+                                                                   ) -> None:
+    model = tmp_path / "m"
+    shutil.copytree(bpe, model)
+    (model / "chat_template.jinja").write_text("{{ messages }}")
+    edit_json(model / "tokenizer_config.json", put("chat_template", "{{ messages }}"))
+    r = subprocess.run([sys.executable, "-m", "filecord.cli", "convert", str(model), "-o",
+                        str(tmp_path / "o.gguf"), "-q"], capture_output=True, text=True,
+                       env=ENV, check=False, timeout=120)
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.fixture(scope="module")

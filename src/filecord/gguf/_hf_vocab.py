@@ -137,6 +137,7 @@ def check_chat_template(path: str, template: Any) -> None:
     name's key twice, so either would lose a template)."""
     if not isinstance(template, list):
         _of(path, "chat_template", template, (str,), "a string or a list of templates")
+        _no_nul(path, "chat_template", template)
         return
     names: dict[str, str] = {}
     for i, entry in enumerate(template):
@@ -147,6 +148,7 @@ def check_chat_template(path: str, template: Any) -> None:
         name = entry["name"]
         if not name:
             raise _bad(path, f"{where}.name", "empty (a template's key is its name)")
+        _no_nul(path, f"{where}.template", entry["template"])
         key = _template_key(name)
         if key in names:
             raise _bad(path, f"{where}.name", f"{name!r} is written as the key of "
@@ -154,21 +156,43 @@ def check_chat_template(path: str, template: Any) -> None:
         names[key] = name
 
 
-def check_chat_files(directory: str) -> None:
-    """The chat template files gguf-py reads beside ``tokenizer_config.json``: text that is
-    UTF-8, and a ``chat_template.json`` whose template is one."""
+def _no_nul(path: str, key: str, template: Any) -> None:
+    """llama.cpp reads a template as a C string: a NUL would cut it where transformers reads
+    on."""
+    if isinstance(template, str) and "\0" in template:
+        raise _bad(path, key, f"holds U+0000 at character {template.index(chr(0))} (llama.cpp "
+                   "would read the template only up to it)")
+
+
+def check_chat_files(directory: str, config: Mapping[str, Any]) -> None:
+    """The chat template files gguf-py reads beside ``tokenizer_config.json`` (``config``):
+    text that is UTF-8 without NUL, a ``chat_template.json`` whose template is one, and no
+    second template that differs: gguf-py writes ``tokenizer_config.json``'s, transformers
+    runs the file's."""
     jinja = os.path.join(directory, "chat_template.jinja")
+    found: tuple[str, Any] | None = None
     if exists(jinja):
-        read_text(jinja)
+        text = read_text(jinja)
+        _no_nul(jinja, "", text)
         extra = os.path.join(directory, "additional_chat_templates")
         if _sys.isdir(extra):
             for name in sorted(_sys.listdir(extra)):
                 if name.endswith(".jinja"):
-                    read_text(os.path.join(extra, name))
-        return
-    path = os.path.join(directory, "chat_template.json")
-    if exists(path):
-        check_chat_template(path, _json(path).get("chat_template"))
+                    more = os.path.join(extra, name)
+                    _no_nul(more, "", read_text(more))
+        found = (jinja, text)
+    else:
+        path = os.path.join(directory, "chat_template.json")
+        if exists(path):
+            template = _json(path).get("chat_template")
+            check_chat_template(path, template)
+            found = (path, template)
+    if found is not None and "chat_template" in config and config["chat_template"] != found[1]:
+        raise CheckpointFileError(
+            f"tokenizer_config.json's chat_template differs from {os.path.basename(found[0])}"
+            f": transformers would use the latter, llama.cpp's converter writes the former; "
+            "remove the one that is not the model's",
+            field=f"tokenizer_config.json: chat_template and {os.path.basename(found[0])}")
 
 
 def check_tokenizer_json(path: str, vocab_size: int | None = None) -> dict[str, Any]:
@@ -345,7 +369,7 @@ def _special_kvs(directory: str, spec: Mapping[str, Any] | None, vocab_size: int
     config = check_tokenizer_config(config_path) if exists(config_path) else {}
     if exists(os.path.join(directory, "config.json")):
         _check_config_ids(directory)
-    check_chat_files(directory)
+    check_chat_files(directory, config)
     gguf = _import("gguf")
     collector = GGUFWriter(os.path.join(directory, "unused.gguf"), "llama")
     special = gguf.SpecialVocab(directory, load_merges=merges, n_vocab=n_vocab)
