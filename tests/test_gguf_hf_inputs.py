@@ -389,6 +389,20 @@ def test_sentencepiece_tokenizer_json_is_refused_unless_llama_cpp_runs_it_as_tra
 
 
 @pytest.mark.parametrize(("content", "says"), [
+    ({"<|new|>": 319}, "added_tokens.json: <|new|>: 319 is not tokenizer.json's id of "
+                       "'<|new|>' (None)"),
+    ({"<|begin_of_text|>": 3}, "added_tokens.json: <|begin_of_text|>: 3 is not tokenizer"),
+])
+def test_added_tokens_json_beside_tokenizer_json_must_repeat_it(bpe: Path, tmp_path: Path,
+                                                                content: Any, says: str) -> None:
+    """transformers reads both files, llama.cpp's converter tokenizer.json alone."""
+    model = tmp_path / "m"
+    shutil.copytree(bpe, model)
+    (model / "added_tokens.json").write_text(json.dumps(content))
+    refused_naming(tmp_path, model, says)
+
+
+@pytest.mark.parametrize(("content", "says"), [
     ({"<x>": "400"}, "added_tokens.json: <x>: must be a token id"),
     ([1, 2], "added_tokens.json: must be a JSON object"),
     # llama.cpp's converter drops these silently, or writes them over a piece

@@ -463,6 +463,24 @@ def _added(directory: str, vocab_size: int, tokens: list[str], scores: list[floa
             tokens[i], scores[i] = text, ADDED_SCORE
 
 
+def _added_in_json(directory: str, spec: Mapping[str, Any] | None) -> None:
+    """Beside a ``tokenizer.json``, ``added_tokens.json`` may only repeat it: transformers adds
+    a token it lacks (past the vocabulary when the id is taken), llama.cpp's converter reads
+    the ``tokenizer.json`` alone, so the two would split the text differently."""
+    path = os.path.join(directory, "added_tokens.json")
+    if spec is None or not exists(path):
+        return
+    vocab = spec["model"]["vocab"]
+    ids: dict[str, int] = (dict(vocab) if isinstance(vocab, dict)
+                           else {e[0]: i for i, e in enumerate(vocab)})
+    ids.update({e["content"]: e["id"] for e in spec.get("added_tokens") or ()})
+    for text, i in _json(path).items():
+        if ids.get(text) != i or isinstance(i, bool):
+            raise _bad(path, text, f"{json.dumps(i)[:40]} is not tokenizer.json's id of "
+                       f"{text!r} ({ids.get(text)}): transformers would add it, llama.cpp's "
+                       "converter reads tokenizer.json only")
+
+
 _BYTE_PIECE = re.compile(r"^<0x[0-9A-F]{2}>$")
 
 
@@ -754,6 +772,7 @@ def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
     else:
         raise UnsupportedModelError(f"{directory}: no tokenizer.model or tokenizer.json "
                                     f"(supported: {'; '.join(SUPPORTED)})")
+    _added_in_json(directory, spec)
     if family.space_prefix is not None and kind.startswith("sentencepiece"):
         head = [kv for kv in head if kv.key != "tokenizer.ggml.add_space_prefix"]
         tail.append(KeyValue("tokenizer.ggml.add_space_prefix", ValueType.BOOL,
