@@ -74,6 +74,7 @@ class Bias(enum.Enum):
     CONFIG = "config"  # q/k/v/o, when config.json's attention_bias is true (Llama)
     QKV = "qkv"  # q/k/v always (Qwen2 builds its projections with them)
     NONE = "none"  # llama.cpp's architecture has no attention_output bias: true is refused
+    IGNORED = "ignored"  # transformers builds none whatever attention_bias says (Mistral)
 
 
 class HeadDim(enum.Enum):
@@ -137,7 +138,7 @@ class Family:
     rope_permute: bool  # Llama's rotary rows regrouped (Q by heads, K by KV heads)
     head_dim: HeadDim
     window: Window
-    activations: tuple[str, ...]  # hidden_act values llama.cpp's architecture computes
+    activations: tuple[str, ...]  # activations llama.cpp's architecture computes
     tied_default: bool  # tie_word_embeddings when config.json leaves it out
     llama_keys: bool = False  # vocab_size and rope.dimension_count after file_type
     norm_shift: bool = False  # HF stores norm weights minus 1 (Gemma): +1 in the fill
@@ -154,6 +155,7 @@ class Family:
     window_default: int | None = None  # sliding_window when the key is absent (not null)
     space_prefix: bool | None = None  # tokenizer.ggml.add_space_prefix for a SentencePiece
     prefix_from_config: bool = False  # ... or tokenizer_config.json's add_prefix_space
+    act_key: str = "hidden_act"  # the config key transformers' class reads its activation from
     swa_every: int = 0  # Window.KEY: llama.cpp makes layer i local when (i + 1) % swa_every
     # query_pre_attn_scalar llama.cpp assumes: head_dim, or hidden/heads at these layer counts
     wide_scale_layers: tuple[int, ...] | None = None
@@ -165,7 +167,7 @@ FAMILIES: tuple[Family, ...] = (
            window=Window.IGNORED, activations=("silu",), tied_default=False, llama_keys=True,
            prefix_from_config=True),
     Family("llama", ("MistralForCausalLM",), "mistral", {**_ATTN, **_FFN_NORM},
-           {**_QKV_BIAS, **_O_BIAS}, Bias.CONFIG, rope_permute=True, head_dim=HeadDim.FILLED,
+           {}, Bias.IGNORED, rope_permute=True, head_dim=HeadDim.FILLED,
            window=Window.CAP, activations=("silu",), tied_default=False, llama_keys=True,
            prefix_from_config=True, ctx_default=4096 * 32, window_default=4096,
            kv_heads_default=8),
@@ -181,7 +183,7 @@ FAMILIES: tuple[Family, ...] = (
            Bias.NONE, rope_permute=False, head_dim=HeadDim.REQUIRED, window=Window.KEY,
            activations=("gelu_pytorch_tanh",), tied_default=True, norm_shift=True,
            softcap=True, drop={"lm_head.weight": "model.embed_tokens.weight"},
-           rope_key=False, space_prefix=False,
+           rope_key=False, space_prefix=False, act_key="hidden_activation",
            swa_every=2, wide_scale_layers=(46,), ctx_default=8192, kv_heads_default=4),
 )
 
@@ -469,10 +471,10 @@ def model_spec(config: Mapping[str, Any]) -> ModelSpec:
         raise UnsupportedModelError(f"config.json: head_dim {head_dim} must be even and "
                                     f"num_attention_heads {n_head} a multiple of "
                                     f"num_key_value_heads {n_head_kv}")
-    act = config.get("hidden_act", config.get("hidden_activation", family.activations[0]))
+    act = config.get(family.act_key, family.activations[0])
     if act not in family.activations:
         raise UnsupportedModelError(
-            f"config.json: hidden_act {act!r} is not supported: llama.cpp's {family.arch} "
+            f"config.json: {family.act_key} {act!r} is not supported: llama.cpp's {family.arch} "
             f"runs {family.activations[0]} (supported: "
             f"{', '.join(repr(a) for a in family.activations)})")
     if _bool(config, "mlp_bias", default=False):
@@ -489,7 +491,8 @@ def model_spec(config: Mapping[str, Any]) -> ModelSpec:
             raise UnsupportedModelError(
                 f"config.json: query_pre_attn_scalar {scalar!r} is not the {want} llama.cpp's "
                 f"{family.arch} uses for {n_layer} layers")
-    bias = _bool(config, "attention_bias", default=False) if family.bias is not Bias.QKV else True
+    bias = family.bias is Bias.QKV or (family.bias is not Bias.IGNORED
+                                       and _bool(config, "attention_bias", default=False))
     if bias and family.bias is Bias.NONE:
         # transformers builds q/k/v/o biases; llama.cpp's architecture loads no o bias (and
         # refuses a file holding one), so no GGUF of these layers runs

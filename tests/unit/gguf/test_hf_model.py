@@ -171,7 +171,8 @@ def test_llama3_rope_scaling_is_a_generated_tensor() -> None:
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 0.0}},
      "rope_theta: must be a positive number a float32 holds .*, got 0.0"),
     ({"rope_theta": 5e5}, r"rope_theta is given as \[1000000.0, 500000.0\]"),
-    ({"attention_bias": "yes"}, "attention_bias: must be true or false"),
+    ({"attention_bias": "yes", "architectures": ["LlamaForCausalLM"], "model_type": "llama"},
+     "attention_bias: must be true or false"),
     ({"mlp_bias": True}, "mlp_bias is not supported"),
 ])
 def test_configs_llama_cpp_would_compute_wrong_are_refused(change: dict[str, Any], match: str
@@ -213,12 +214,34 @@ def test_attention_bias_is_refused_where_llama_cpp_has_no_output_bias(arch: str,
         model_spec({**config, "attention_bias": True})
 
 
+def test_mistral_has_no_attention_biases_whatever_attention_bias_says() -> None:
+    """transformers' Mistral builds its projections without biases and ignores the key, so a
+    bias in the file is one transformers drops: refused, not written for llama.cpp to add."""
+    spec = model_spec({**CONFIG, "attention_bias": True})
+    assert not spec.attention_bias
+    assert {m.name for m in map_names(spec, _names(2))} >= {"blk.0.attn_q.weight"}
+    with pytest.raises(UnsupportedModelError, match=r"no GGUF name.*q_proj\.bias"):
+        map_names(spec, [*_names(2), "model.layers.0.self_attn.q_proj.bias"])
+
+
+def test_gemma2_activation_is_read_from_hidden_activation() -> None:
+    """Gemma 2's MLP reads hidden_activation (hidden_act is not what it runs)."""
+    gemma = {**CONFIG, "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+             "head_dim": 16, "sliding_window": 64, "attn_logit_softcapping": 50.0,
+             "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 16,
+             "hidden_act": "gelu_pytorch_tanh"}
+    assert model_spec({**gemma, "hidden_activation": "gelu_pytorch_tanh"})
+    with pytest.raises(UnsupportedModelError, match="hidden_activation 'silu' is not supported"):
+        model_spec({**gemma, "hidden_activation": "silu"})
+
+
 def test_biases_must_match_attention_bias_and_untied_needs_lm_head() -> None:
     bias = "model.layers.0.self_attn.q_proj.bias"
+    llama = {**CONFIG, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}
     with pytest.raises(UnsupportedModelError, match=r"attention_bias false.*q_proj\.bias"):
-        map_names(model_spec(CONFIG), [*_names(2), bias])
+        map_names(model_spec(llama), [*_names(2), bias])
     with pytest.raises(UnsupportedModelError, match=r"blk\.0\.attn_q\.bias"):
-        map_names(model_spec({**CONFIG, "attention_bias": True}), _names(2))
+        map_names(model_spec({**llama, "attention_bias": True}), _names(2))
     with pytest.raises(UnsupportedModelError, match=r"output\.weight"):
         map_names(model_spec({**CONFIG, "tie_word_embeddings": False}), _names(2))
     untied = map_names(model_spec({**CONFIG, "tie_word_embeddings": False}),
