@@ -274,6 +274,15 @@ TOKENIZER_FORMS = {
     "chat-template-with-nul": ("tokenizer_config.json", put("chat_template", "SYS\0{{ x }}"),
                                "tokenizer_config.json: chat_template: holds U+0000 at "
                                "character 3"),
+    # transformers adds a token tokenizer.json lacks; llama.cpp's converter never sees it
+    "decoder-token-not-in-tokenizer-json": (
+        "tokenizer_config.json",
+        put("added_tokens_decoder", {"3": {"content": "<|foo|>", "special": True}}),
+        "tokenizer_config.json: added_tokens_decoder.3.content: '<|foo|>' at id 3 is not in "
+        "tokenizer.json"),
+    # transformers strips the spaces around the token, llama.cpp keeps them
+    "added-token-lstrip": ("tokenizer.json", put("added_tokens.0.lstrip", True),
+                           "tokenizer.json: added_tokens[0].lstrip: true for"),
     "chat-template-nameless": ("tokenizer_config.json",
                                put("chat_template", [{"name": "", "template": "a"}]),
                                "tokenizer_config.json: chat_template[0].name: empty"),
@@ -389,9 +398,10 @@ def test_sentencepiece_tokenizer_json_is_refused_unless_llama_cpp_runs_it_as_tra
 
 
 @pytest.mark.parametrize(("content", "says"), [
-    ({"<|new|>": 319}, "added_tokens.json: <|new|>: 319 is not tokenizer.json's id of "
-                       "'<|new|>' (None)"),
-    ({"<|begin_of_text|>": 3}, "added_tokens.json: <|begin_of_text|>: 3 is not tokenizer"),
+    ({"<|new|>": 319}, "added_tokens.json: <|new|>: '<|new|>' at id 319 is not in "
+                       "tokenizer.json (which has it at None)"),
+    ({"<|begin_of_text|>": 3}, "added_tokens.json: <|begin_of_text|>: '<|begin_of_text|>' at "
+                               "id 3 is not in tokenizer.json"),
 ])
 def test_added_tokens_json_beside_tokenizer_json_must_repeat_it(bpe: Path, tmp_path: Path,
                                                                 content: Any, says: str) -> None:

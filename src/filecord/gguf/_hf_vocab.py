@@ -253,6 +253,12 @@ def _check_added(path: str, spec: Mapping[str, Any], vocab_size: int | None) -> 
             raise _bad(path, f"{where}.id", f"{i} is already model.vocab's {pieces[i]!r}")
         if seen.get(i, text) != text:
             raise _bad(path, f"{where}.id", f"{i} is also the id of {seen[i]!r}")
+        for flag in ("lstrip", "rstrip", "single_word"):
+            if entry.get(flag):
+                # transformers strips the spaces around it (or matches whole words only);
+                # the GGUF cannot say so and llama.cpp keeps them as tokens of their own
+                raise _bad(path, f"{where}.{flag}", f"true for {text!r}: llama.cpp does not "
+                           "take this flag (supported: false)")
         seen[i] = text
 
 
@@ -464,21 +470,30 @@ def _added(directory: str, vocab_size: int, tokens: list[str], scores: list[floa
 
 
 def _added_in_json(directory: str, spec: Mapping[str, Any] | None) -> None:
-    """Beside a ``tokenizer.json``, ``added_tokens.json`` may only repeat it: transformers adds
-    a token it lacks (past the vocabulary when the id is taken), llama.cpp's converter reads
-    the ``tokenizer.json`` alone, so the two would split the text differently."""
-    path = os.path.join(directory, "added_tokens.json")
-    if spec is None or not exists(path):
+    """Beside a ``tokenizer.json``, ``added_tokens.json`` and ``tokenizer_config.json``'s
+    ``added_tokens_decoder`` may only repeat it: transformers adds a token they hold and it
+    lacks (past the vocabulary when the id is taken), llama.cpp's converter reads the
+    ``tokenizer.json`` alone, so the two would split the text differently."""
+    if spec is None:
         return
     vocab = spec["model"]["vocab"]
     ids: dict[str, int] = (dict(vocab) if isinstance(vocab, dict)
                            else {e[0]: i for i, e in enumerate(vocab)})
     ids.update({e["content"]: e["id"] for e in spec.get("added_tokens") or ()})
-    for text, i in _json(path).items():
+    path = os.path.join(directory, "added_tokens.json")
+    found: list[tuple[str, str, Any, str]] = []  # (file, field, id, text)
+    if exists(path):
+        found += [(path, text, i, text) for text, i in _json(path).items()]
+    config = os.path.join(directory, "tokenizer_config.json")
+    if exists(config):
+        decoder = check_tokenizer_config(config).get("added_tokens_decoder") or {}
+        found += [(config, f"added_tokens_decoder.{key}.content", int(key), entry["content"])
+                  for key, entry in decoder.items()]
+    for where, key, i, text in found:
         if ids.get(text) != i or isinstance(i, bool):
-            raise _bad(path, text, f"{json.dumps(i)[:40]} is not tokenizer.json's id of "
-                       f"{text!r} ({ids.get(text)}): transformers would add it, llama.cpp's "
-                       "converter reads tokenizer.json only")
+            raise _bad(where, key, f"{text!r} at id {json.dumps(i)[:40]} is not in "
+                       f"tokenizer.json (which has it at {ids.get(text)}): transformers would "
+                       "add it, llama.cpp's converter reads tokenizer.json only")
 
 
 _BYTE_PIECE = re.compile(r"^<0x[0-9A-F]{2}>$")
