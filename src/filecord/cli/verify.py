@@ -39,7 +39,7 @@ def build(v: argparse.ArgumentParser) -> None:
     v.add_argument("pte", metavar="FILE",
                    help="a program (.pte), a .ptd, a .safetensors file, a safetensors index "
                    "(.json), or a .gguf file (a split set's first shard stands for the set); "
-                   "the format is found from its first bytes")
+                   "the format is found from its first bytes, else from its suffix")
     v.add_argument(
         "--data", action="append", default=[], metavar="FILE.ptd",
         help="a data file of the program (repeat for several) [the .ptd files ExecuTorch "

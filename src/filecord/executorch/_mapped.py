@@ -103,14 +103,14 @@ class MappedFiles:
             return None
         return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
-    def cut_short(self, address: int, size: int) -> str | None:
-        """The path of the file mapped at ``address`` when it now ends before the ``size``
-        bytes there (reading them would raise SIGBUS), else None."""
+    def cut_short(self, address: int, size: int, file_size: int) -> str | None:
+        """The path of the file mapped at ``address`` when ``file_size`` (its size now, from
+        :meth:`state_at`) ends before the ``size`` bytes there (reading them would raise
+        SIGBUS), else None."""
         m = self._at(address)
-        state = self.state_at(address)
-        if m is None or state is None:
+        if m is None:
             return None
-        return m.path if m.offset + (address - m.start) + size > state[2] else None
+        return m.path if m.offset + (address - m.start) + size > file_size else None
 
     def shared_at(self, address: int) -> bool:
         """Whether ``address`` lies in a shared mapping (the file's mtime may then not move

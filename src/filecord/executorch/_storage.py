@@ -40,7 +40,6 @@ import ctypes
 import functools
 import hashlib
 import os
-import time
 from typing import Any
 
 from filecord._io import names as _names
@@ -90,7 +89,6 @@ def ref_type() -> type:
             self._view = _view(storage)
             self._size = len(self._view)
             self._sha256: bytes | None = None
-            self._hashed_at = 0
             self._file_state: tuple[int, ...] | None = None
             self._finalizer = None
 
@@ -105,11 +103,6 @@ def ref_type() -> type:
         @property
         def view(self) -> memoryview:
             return self._view
-
-        @property
-        def hashed_at(self) -> int:
-            """``time.time_ns()`` when the digest was taken (0 before)."""
-            return self._hashed_at
 
         @property
         def file_state(self) -> tuple[int, ...] | None:
@@ -142,7 +135,6 @@ def ref_type() -> type:
 
         def sha256(self) -> bytes:
             if self._sha256 is None:
-                self._hashed_at = time.time_ns()
                 self._sha256 = _digest(self._view)
             return self._sha256
 

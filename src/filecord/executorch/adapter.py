@@ -184,15 +184,15 @@ def _adopt_cord(et_cord: Any, what: str, stand_ins: dict[int, Any],
 def _checked_ref(ref: Any, mapped: Callable[[], MappedFiles]) -> FileBackedData | memoryview:
     """The piece for a storage reference, once its bytes are known to match its digest."""
     files = mapped()
-    short = files.cut_short(ref.data_ptr, len(ref))
+    state = files.state_at(ref.data_ptr)  # (dev, ino, size, mtime, ctime), one stat
+    short = None if state is None else files.cut_short(ref.data_ptr, len(ref), state[2])
     if short is not None:  # reading the mapping past the file's end would kill the process
         raise DataChangedError(short, expected_size=len(ref), found_size=None,
                                reason="the file a weight is mapped from was cut short after "
                                       "lean_export() hashed it")
     found = files.range_of(ref.data_ptr, len(ref))
     untouched = (found is not None and ref.file_state is not None
-                 and not files.shared_at(ref.data_ptr)
-                 and files.state_at(ref.data_ptr) == ref.file_state)
+                 and not files.shared_at(ref.data_ptr) and state == ref.file_state)
     if not untouched:
         ref.check()
     return ref.view if found is None else found
