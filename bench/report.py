@@ -122,7 +122,7 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "2.000 undercounts it. The filecord rows save the same pass-through of every tensor "
      "(`build_gguf` + `save`) that `filecord convert` did before it took Hugging Face models "
      "(issue 24, below). llama.cpp loads and evaluates a GGUF written by filecord "
-     "(`tests/test_gguf_llamacpp.py`)."),
+     "(`tests/gguf/test_gguf_llamacpp.py`)."),
     ("hf_gguf.py", ["--size", "4GiB", "--rounds", "1", "--near-full"],
      ["--size", "128MiB", "--rounds", "1"],
      "Issue 24: a Hugging Face checkpoint to GGUF against llama.cpp's converter",
@@ -133,7 +133,7 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "0.3.36 (default, and `--use-temp-file` with `$TMPDIR` in the work directory), one "
      "process per case on a fresh checkpoint; both keep the bf16 weights and widen the norms "
      "to F32, and the files they write hold the same tensors byte for byte "
-     "(`tests/test_gguf_hf_reference.py`). Peak RSS is above a mark reset after torch and the "
+     "(`tests/gguf/test_gguf_hf_reference.py`). Peak RSS is above a mark reset after torch and the "
      "converter's modules are imported; peak disk is the allocated size (`st_blocks`) of the "
      "work directory sampled every 5 ms, over the checkpoint; the reference never fsyncs, so "
      "its durable column adds an fsync of its output. The second table runs each tool once "
@@ -149,7 +149,7 @@ BENCHES: list[tuple[str, list[str], list[str], str, str]] = [
      "bf16 weights kept and with `--outtype q8_0` (quantized a bounded chunk at a time while "
      "the save fills its temp), against `convert_hf_to_gguf.py` (llama-cpp-python 0.3.36) in "
      "its default mode and with `--outtype q8_0`. The files of each pair hold the same "
-     "tensors byte for byte (`tests/test_gguf_hf_families.py`). Columns as in issue 24's "
+     "tensors byte for byte (`tests/gguf/test_gguf_hf_families.py`). Columns as in issue 24's "
      "table. About 1 GiB of bf16 weights per family, the whole run in a memory cgroup capped "
      "at 6 GiB. Targets (issue 35): peak RSS added at most 64 MiB copying and "
      "128 MiB consuming, q8_0 included. The machine was shared with other jobs, so the wall "

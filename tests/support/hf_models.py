@@ -25,15 +25,16 @@ def corpus(lines: int = 400, seed: int = 7) -> list[str]:
 
 
 def spm_tokenizer(directory: Path, vocab_size: int = 320, *, dummy_prefix: bool = True,
-                  tokenizer_class: str = "LlamaTokenizer") -> int:
-    """A SentencePiece BPE model with byte fallback; returns its vocabulary size."""
+                  tokenizer_class: str = "LlamaTokenizer", byte_fallback: bool = True) -> int:
+    """A SentencePiece BPE model (with byte fallback unless told); returns its vocabulary
+    size."""
     import sentencepiece as spm
 
     text = directory / "corpus.txt"
     text.write_text("\n".join(corpus()) + "\n")
     spm.SentencePieceTrainer.train(
         input=str(text), model_prefix=str(directory / "tokenizer"), vocab_size=vocab_size,
-        model_type="bpe", byte_fallback=True, character_coverage=1.0, bos_id=1, eos_id=2,
+        model_type="bpe", byte_fallback=byte_fallback, character_coverage=1.0, bos_id=1, eos_id=2,
         unk_id=0, pad_id=-1, minloglevel=2, add_dummy_prefix=dummy_prefix)
     text.unlink()
     (directory / "tokenizer.vocab").unlink()
@@ -89,18 +90,53 @@ def qwen2_tokenizer(directory: Path, vocab_size: int = 300) -> int:
     return tok.get_vocab_size()
 
 
-def spm_json_tokenizer(directory: Path) -> int:
-    """The SentencePiece tokenizer as transformers 5 saves it: ``tokenizer.json`` (a
-    byte-fallback BPE) and its ``tokenizer_config.json``, no ``tokenizer.model``."""
-    from transformers import AutoTokenizer
+META = "\u2581"
+# transformers 4's steps around a SentencePiece BPE (what it writes for legacy Llama/Mistral
+# tokenizers): the dummy prefix and spaces as meta symbols, as sentencepiece and llama.cpp do
+PREPEND_REPLACE = {"type": "Sequence", "normalizers": [
+    {"type": "Prepend", "prepend": META},
+    {"type": "Replace", "pattern": {"String": " "}, "content": META}]}
 
-    vocab = spm_tokenizer(directory)
-    tok = AutoTokenizer.from_pretrained(directory)
+
+def saved_spm_json(directory: Path, cls: str = "AutoTokenizer", **kwargs: Any) -> int:
+    """A SentencePiece tokenizer as transformers 5 saves it (``cls``, e.g. ``LlamaTokenizer``
+    with ``legacy``, or ``GemmaTokenizer``): ``tokenizer.json`` (a byte-fallback BPE) and its
+    ``tokenizer_config.json``, no ``tokenizer.model``; returns its size with added tokens."""
+    import transformers
+
+    spm_tokenizer(directory, tokenizer_class="GemmaTokenizer" if "Gemma" in cls
+                  else "LlamaTokenizer")
+    tok = getattr(transformers, cls).from_pretrained(directory, **kwargs)
     (directory / "tokenizer.model").unlink()
     (directory / "tokenizer_config.json").unlink()
     tok.save_pretrained(directory)
     assert not (directory / "tokenizer.model").exists()
+    return len(tok)
+
+
+def as_transformers_4(directory: Path) -> None:
+    """Give a saved SentencePiece ``tokenizer.json`` transformers 4's steps (Prepend + Replace
+    normalizers) and a class that runs them (transformers 5's LlamaTokenizer builds its own)."""
+    for name, change in (("tokenizer.json", {"normalizer": PREPEND_REPLACE,
+                                             "pre_tokenizer": None}),
+                         ("tokenizer_config.json",
+                          {"tokenizer_class": "PreTrainedTokenizerFast"})):
+        path = directory / name
+        path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+
+
+def spm_json_tokenizer(directory: Path) -> int:
+    """A SentencePiece ``tokenizer.json`` only, in transformers 4's form (the one llama.cpp's
+    SentencePiece tokenizer runs as transformers does)."""
+    vocab = saved_spm_json(directory)
+    as_transformers_4(directory)
     return vocab
+
+
+def gemma_json_tokenizer(directory: Path) -> int:
+    """Gemma's SentencePiece tokenizer as transformers 5 saves it (``GemmaTokenizer``, no
+    dummy prefix), with no ``tokenizer.model``."""
+    return saved_spm_json(directory, "GemmaTokenizer")
 
 
 def bpe_tokenizer(directory: Path, vocab_size: int = 300) -> int:
@@ -132,7 +168,8 @@ def bpe_tokenizer(directory: Path, vocab_size: int = 300) -> int:
 
 
 TOKENIZERS = {"spm": spm_tokenizer, "bpe": bpe_tokenizer, "qwen2": qwen2_tokenizer,
-              "spm-json": spm_json_tokenizer, "gemma": gemma_tokenizer}
+              "spm-json": spm_json_tokenizer, "gemma": gemma_tokenizer,
+              "gemma-json": gemma_json_tokenizer}
 # what each family's published configs give beside the common hyperparameters
 FAMILY_CONFIG: dict[str, dict[str, Any]] = {
     "qwen3": {"head_dim": 32},
@@ -151,7 +188,7 @@ def tiny_model(directory: Path, *, arch: str = "llama", tokenizer: str = "spm",
 
     directory.mkdir(parents=True, exist_ok=True)
     vocab = TOKENIZERS[tokenizer](directory)
-    if tokenizer in ("spm", "spm-json", "gemma"):
+    if tokenizer in ("spm", "spm-json", "gemma", "gemma-json"):
         ids: dict[str, Any] = {"bos_token_id": 1, "eos_token_id": 2}
     elif tokenizer == "qwen2":
         ids = {"bos_token_id": None, "eos_token_id": vocab - 1, "pad_token_id": vocab - 3}

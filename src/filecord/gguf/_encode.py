@@ -1,7 +1,7 @@
 """GGUF bytes from values, pure: key-values, tensor records, the padded header, split plans.
 
 The layout is gguf-py 0.19's ``GGUFWriter`` layout, found by differential tests against the
-installed package (see tests/test_gguf_writer.py): version 3; key-values in the order given;
+installed package (see tests/gguf/test_gguf_writer.py): version 3; key-values in the order given;
 tensor records in the order given with dims in ggml order and offsets the running sums of the
 padded sizes; zeros up to the alignment after the records (also with no tensors) and after
 every tensor.  Where gguf-py writes something ggml's loader refuses (an empty key, an array of

@@ -19,7 +19,7 @@ checkpoint's tensors before anything proportional to them is done (see :func:`ma
 
 The facts (key names, value types, name maps, which tensors llama.cpp wants in F32, Q/K row
 order, Gemma's norm offset) were read from llama.cpp's converter and gguf-py and are checked
-against the reference converter by ``tests/test_gguf_hf_reference.py``; no code was taken from
+against the reference converter by ``tests/gguf/test_gguf_hf_reference.py``; no code was taken from
 them.
 
 Why Llama's Q and K are reordered: Hugging Face stores each attention head's rotary pairs as

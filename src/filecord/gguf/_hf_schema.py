@@ -361,4 +361,7 @@ TOKENIZER_CONFIG = Obj({
     **{f"{t}_token": TOKEN for t in SPECIAL_TYPES},
     # chat_template: _hf_vocab.check_chat_template (shared with chat_template.json)
     "added_tokens_decoder": nullable(MapOf(_obj("content", content=STR, special=BOOL))),
+    # transformers 5 builds a LlamaTokenizer's steps from these (_hf_vocab.spm_steps)
+    "tokenizer_class": nullable(STR),
+    "legacy": _FLAG,
 })

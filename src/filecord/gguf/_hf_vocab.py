@@ -10,7 +10,9 @@ Two kinds are written, each by the library made for reading it:
   converter writes from the ``.model``: pieces by id, kinds from the tokenizer's own marks
   (unknown, special, ``<0xNN>`` bytes), and the scores the SentencePiece BPE trainer gives
   (0 for the special and byte pieces, minus the rank for the others, which is the merge order
-  the ``tokenizer.json`` applies);
+  the ``tokenizer.json`` applies), for the steps around it that llama.cpp's SentencePiece
+  tokenizer reproduces (:data:`SPM_FORMS`, judged as transformers 5 runs them: it builds a
+  LlamaTokenizer's own Metaspace, which no key set reproduces, so that is refused);
 * byte-level BPE (``tokenizer.json``, no ``tokenizer.model``) -> ``"gpt2"``: the vocabulary and
   the added tokens come from Hugging Face ``tokenizers``, which owns that JSON format; the
   pre-tokenizer name (``tokenizer.ggml.pre``) is recognised from the pre-tokenizer's structure
@@ -33,7 +35,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -365,9 +367,11 @@ def post_processor_adds(spec: Mapping[str, Any] | None, config: Mapping[str, Any
 
 def _special_kvs(directory: str, spec: Mapping[str, Any] | None, vocab_size: int, *,
                  merges: bool, n_vocab: int | None,
-                 default_eos: bool = False) -> list[KeyValue]:
+                 unsaid: tuple[str, ...] = ()) -> list[KeyValue]:
     """gguf-py's SpecialVocab, run against a key collector (our writer, never saved), with
-    the post-processor's word on BOS/EOS/SEP put over ``tokenizer_config.json``'s."""
+    the post-processor's word on BOS/EOS/SEP put over ``tokenizer_config.json``'s; the tokens
+    of ``unsaid`` (``bos``, ``eos``) the post-processor does not add are not added
+    (transformers 5 adds only what it says; llama.cpp's SentencePiece default adds a BOS)."""
     from filecord.gguf._writer import GGUFWriter
 
     # every file gguf-py reads is checked here first: it would fail on them without naming them
@@ -389,8 +393,8 @@ def _special_kvs(directory: str, spec: Mapping[str, Any] | None, vocab_size: int
                 f"rows)", field=f"{key} (from tokenizer_config.json or config.json)")
     adds = post_processor_adds(spec, config)
     _same_specials(spec, adds, kvs)
-    if default_eos:
-        adds.setdefault("eos", False)
+    for typ in unsaid:
+        adds.setdefault(typ, False)
     for typ, flag in adds.items():
         key = f"tokenizer.ggml.add_{typ}_token"
         kvs[key] = KeyValue(key, ValueType.BOOL, flag)
@@ -507,17 +511,49 @@ def is_spm_json(spec: Mapping[str, Any]) -> bool:
 
 
 _META = "\u2581"
-# The steps transformers writes around a SentencePiece BPE, as (normalizer, pre_tokenizer):
-# transformers 5 (Metaspace, prefix on the first section) and 4 (Prepend + Replace).  Both add
-# the dummy prefix and turn spaces into the meta symbol, which is what llama.cpp's SentencePiece
-# tokenizer does; any other step (a Replace of letters, no prefix, splitting) it would not.
-SPM_FORMS: tuple[tuple[Any, Any], ...] = (
-    (None, {"type": "Metaspace", "replacement": _META, "prepend_scheme": "first",
-            "split": False}),
-    ({"type": "Sequence", "normalizers": [
-        {"type": "Prepend", "prepend": _META},
-        {"type": "Replace", "pattern": {"String": " "}, "content": _META}]}, None),
+_SPACE_TO_META = {"type": "Replace", "pattern": {"String": " "}, "content": _META}
+
+
+@dataclass(frozen=True, slots=True)
+class SpmForm:
+    """Steps transformers writes around a SentencePiece BPE that llama.cpp's SentencePiece
+    tokenizer reproduces with ``tokenizer.ggml.add_space_prefix = space_prefix``: spaces
+    become the meta symbol, and a ``space_prefix`` form puts one before every section of text
+    (the text's start and each text after an added token), as llama.cpp does."""
+
+    normalizer: Any
+    pre_tokenizer: Any
+    space_prefix: bool
+
+
+SPM_FORMS: tuple[SpmForm, ...] = (
+    # transformers 4's Llama/Mistral: Prepend + Replace (legacy, sentencepiece's own behaviour)
+    SpmForm({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": _META},
+                                                 _SPACE_TO_META]}, None, space_prefix=True),
+    # Gemma's (no dummy prefix), as transformers 5 writes it (the split on " " is a no-op once
+    # the normalizer has replaced every space) and as transformers 4 does
+    SpmForm(_SPACE_TO_META, {"type": "Split", "pattern": {"String": " "},
+                             "behavior": "MergedWithPrevious", "invert": False},
+            space_prefix=False),
+    SpmForm(_SPACE_TO_META, None, space_prefix=False),
+    # no prefix anywhere (add_prefix_space false)
+    SpmForm(None, {"type": "Metaspace", "replacement": _META, "prepend_scheme": "never",
+                   "split": False}, space_prefix=False),
 )
+# transformers' Metaspace puts the meta symbol before a section only where the section does
+# not already begin with a space ("first": only the text's start); llama.cpp's SentencePiece
+# tokenizer always puts one there, and add_space_prefix false puts none anywhere: no key set
+# makes the two agree on " hello" or on text after a special token.
+METASPACE_REFUSAL = (
+    "transformers' Metaspace pre-tokenizer (prepend_scheme {scheme!r}) adds \u2581 before a "
+    "section of text only where it does not begin with a space{first}, while llama.cpp's "
+    "SentencePiece tokenizer always adds one (or, with add_space_prefix false, never): no GGUF "
+    "key makes llama.cpp tokenize \" hello\" or text after a special token as transformers "
+    "does. To convert with llama.cpp's "
+    "tokenization, replace the pre_tokenizer by the Prepend + Replace normalizers (transformers "
+    "4's form, which tokenizes as llama.cpp does) and, where tokenizer_config.json names "
+    "LlamaTokenizer, its tokenizer_class by PreTrainedTokenizerFast (which runs the file's "
+    "steps)")
 _SPM_DECODE = [{"type": "Replace", "pattern": {"String": _META}, "content": " "},
                {"type": "ByteFallback"}, {"type": "Fuse"}]
 SPM_DECODERS = ({"type": "Sequence", "decoders": _SPM_DECODE},
@@ -525,17 +561,50 @@ SPM_DECODERS = ({"type": "Sequence", "decoders": _SPM_DECODE},
                     *_SPM_DECODE, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]})
 
 
-def _spm_form(path: str, spec: Mapping[str, Any]) -> None:
-    """Refuse a SentencePiece-style ``tokenizer.json`` whose steps llama.cpp's SentencePiece
-    tokenizer would not reproduce (see :data:`SPM_FORMS`), naming the step."""
-    pair = (spec.get("normalizer"), spec.get("pre_tokenizer"))
-    if pair not in SPM_FORMS:
-        key = "normalizer" if pair[0] not in [f[0] for f in SPM_FORMS] else "pre_tokenizer"
+# transformers 5 builds these classes' steps itself, whatever tokenizer.json says (its other
+# classes run the file's): Llama's a Metaspace whose scheme its config's add_prefix_space and
+# legacy choose, Gemma's the Replace + Split of its form
+_LLAMA_CLASSES = ("LlamaTokenizer", "LlamaTokenizerFast")
+_GEMMA_CLASSES = ("GemmaTokenizer", "GemmaTokenizerFast")
+
+
+def spm_steps(spec: Mapping[str, Any], config: Mapping[str, Any]) -> tuple[Any, Any, str]:
+    """The (normalizer, pre_tokenizer) transformers runs for a SentencePiece-style
+    ``tokenizer.json`` given its ``tokenizer_config.json``, and where they come from."""
+    cls = config.get("tokenizer_class")
+    if cls in _LLAMA_CLASSES:
+        scheme = ("never" if config.get("add_prefix_space") is False
+                  else "always" if config.get("legacy") else "first")
+        return (None, {"type": "Metaspace", "replacement": _META, "prepend_scheme": scheme,
+                       "split": False},
+                f"tokenizer_config.json: tokenizer_class {cls} (legacy "
+                f"{json.dumps(config.get('legacy', False))}, add_prefix_space "
+                f"{json.dumps(config.get('add_prefix_space'))}): transformers 5 builds its "
+                f"steps itself, and ")
+    if cls in _GEMMA_CLASSES:
+        return SPM_FORMS[1].normalizer, SPM_FORMS[1].pre_tokenizer, ""
+    return spec.get("normalizer"), spec.get("pre_tokenizer"), "tokenizer.json: "
+
+
+def _spm_form(path: str, spec: Mapping[str, Any], config: Mapping[str, Any]) -> SpmForm:
+    """The form of a SentencePiece-style ``tokenizer.json`` as transformers runs it (see
+    :data:`SPM_FORMS`), or a refusal naming the step llama.cpp's SentencePiece tokenizer
+    would not reproduce."""
+    normalizer, pre, source = spm_steps(spec, config)
+    form = next((f for f in SPM_FORMS if (f.normalizer, f.pre_tokenizer) == (normalizer, pre)),
+                None)
+    if form is None and isinstance(pre, Mapping) and pre.get("type") == "Metaspace":
+        scheme = pre.get("prepend_scheme")
+        raise UnsupportedModelError(f"{source}pre_tokenizer: " + METASPACE_REFUSAL.format(
+            scheme=scheme, first=", and only at the text's start" if scheme == "first" else ""))
+    if form is None:
+        key = ("normalizer" if normalizer not in [f.normalizer for f in SPM_FORMS]
+               else "pre_tokenizer")
         raise UnsupportedModelError(
             f"{path}: {key} {json.dumps(spec.get(key))[:160]} is not a step llama.cpp's "
-            f"SentencePiece tokenizer takes (supported: the Metaspace pre-tokenizer with "
-            f"prepend_scheme first and no normalizer, as transformers 5 writes, or the "
-            f"Prepend + Replace normalizers, as transformers 4 writes)")
+            f"SentencePiece tokenizer takes (supported: the Prepend + Replace normalizers, as "
+            f"transformers 4 writes a Llama's, a Metaspace that never prepends, or Gemma's "
+            f"Replace normalizer with no prefix)")
     if spec.get("decoder") not in SPM_DECODERS:
         raise UnsupportedModelError(
             f"{path}: decoder {json.dumps(spec.get('decoder'))[:160]} is not the one "
@@ -547,13 +616,29 @@ def _spm_form(path: str, spec: Mapping[str, Any]) -> None:
             raise UnsupportedModelError(
                 f"{path}: model.{key} {json.dumps(model.get(key))} is not what a SentencePiece "
                 f"BPE has ({json.dumps(want)})")
+    return form
 
 
-def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any]) -> list[KeyValue]:
+def _byte_pieces(path: str, field: str, pieces: Collection[str]) -> None:
+    """A SentencePiece vocabulary must hold all 256 ``<0xNN>`` byte pieces: llama.cpp spells a
+    character outside the vocabulary in them and aborts the process when one is not there
+    (transformers and sentencepiece fall back to the unknown token)."""
+    missing = [f"<0x{b:02X}>" for b in range(256) if f"<0x{b:02X}>" not in pieces]
+    if missing:
+        raise _bad(path, field, f"lacks {len(missing)} of the 256 byte pieces "
+                   f"({', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}), which "
+                   "llama.cpp needs for a character outside the vocabulary (it aborts "
+                   "without them)")
+
+
+def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any]
+              ) -> tuple[list[KeyValue], SpmForm]:
     """The keys llama.cpp's converter writes from a ``tokenizer.model``, made from the
-    ``tokenizer.json`` transformers converted it to (see the module notes)."""
+    ``tokenizer.json`` transformers converted it to (see the module notes), and its form."""
     path = os.path.join(directory, "tokenizer.json")
-    _spm_form(path, spec)
+    config_path = os.path.join(directory, "tokenizer_config.json")
+    form = _spm_form(path, spec, check_tokenizer_config(config_path) if exists(config_path)
+                     else {})
     model = spec["model"]
     vocab: dict[str, int] = model["vocab"]
     if not vocab:
@@ -565,13 +650,7 @@ def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any]) -> list[
     if len(vocab) != n:  # ids are unique (checked): so there are gaps
         raise _bad(path, "model.vocab", f"{len(vocab)} pieces for ids 0..{n - 1}: ids must "
                    f"be without gaps")
-    missing = [f"<0x{b:02X}>" for b in range(256) if f"<0x{b:02X}>" not in vocab]
-    if missing:
-        # byte_fallback spells an unknown character as its bytes' pieces: llama.cpp looks
-        # them up and aborts when one is not there (transformers falls back to <unk>)
-        raise _bad(path, "model.byte_fallback", f"true, but model.vocab lacks {len(missing)} "
-                   f"of the 256 byte pieces ({', '.join(missing[:4])}"
-                   f"{' ...' if len(missing) > 4 else ''}), which llama.cpp needs to take it")
+    _byte_pieces(path, "model.vocab (byte_fallback true)", vocab)
     special = {e["id"] for e in spec.get("added_tokens") or () if e.get("special")}
     config = os.path.join(directory, "tokenizer_config.json")
     # transformers 5 leaves the BPE model's unk_token empty and names it in the config
@@ -596,7 +675,7 @@ def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any]) -> list[
         if i >= n:  # added on top of the SentencePiece pieces
             tokens[i], scores[i] = entry["content"], ADDED_SCORE
             types[i] = CONTROL if entry.get("special") else USER_DEFINED
-    return _spm_keys(directory, vocab_size, tokens, scores, types)
+    return _spm_keys(directory, vocab_size, tokens, scores, types), form
 
 
 def _spm_keys(directory: str, vocab_size: int, tokens: list[str], scores: list[float],
@@ -639,6 +718,7 @@ def _spm(directory: str, vocab_size: int) -> list[KeyValue]:
         kind = (UNKNOWN if proc.IsUnknown(i) else CONTROL if proc.IsControl(i)
                 else UNUSED if proc.IsUnused(i) else BYTE if proc.IsByte(i) else NORMAL)
         tokens[i], scores[i], types[i] = proc.IdToPiece(i), float(proc.GetScore(i)), kind
+    _byte_pieces(path, "", [t for t, k in zip(tokens, types, strict=True) if k == BYTE])
     return _spm_keys(directory, vocab_size, tokens, scores, types)
 
 
@@ -694,6 +774,7 @@ def _bpe(directory: str, vocab_size: int, spec: Mapping[str, Any]) -> list[KeyVa
         tok = tokenizers.Tokenizer.from_str(json.dumps(spec))
     except Exception as exc:  # noqa: BLE001 - the library raises a bare Exception on refusal
         raise _bad(path, "", f"the tokenizers library cannot load it: {exc}") from None
+    _bpe_steps(path, spec, pre, tok)
     vocab: dict[str, int] = tok.get_vocab(with_added_tokens=True)
     if vocab and max(vocab.values()) >= vocab_size:
         raise UnsupportedModelError(f"{path}: token id {max(vocab.values())} is outside "
@@ -725,6 +806,42 @@ def _bpe(directory: str, vocab_size: int, spec: Mapping[str, Any]) -> list[KeyVa
             KeyValue("tokenizer.ggml.pre", ValueType.STRING, pre),
             _arr("tokenizer.ggml.tokens", tokens, ValueType.STRING),
             _arr("tokenizer.ggml.token_type", types, ValueType.INT32)]
+
+
+# Whether llama.cpp's BPE tokenizer takes a word that is a piece whole, skipping the merges
+# (it decides by the pre-tokenizer's name; no key says otherwise)
+IGNORES_MERGES = {"llama-bpe": True, "gpt-2": False, "qwen2": False}
+
+
+def _bpe_steps(path: str, spec: Mapping[str, Any], pre: str, tok: Any) -> None:
+    """Refuse a byte-level BPE field llama.cpp's ``gpt2`` tokenizer would run otherwise,
+    naming it: llama.cpp has no end-of-word suffix, no BPE dropout (transformers then
+    tokenizes at random), decodes as ByteLevel does, and skips merges by ``pre``'s rule."""
+    model = spec["model"]
+    if model.get("end_of_word_suffix"):
+        raise _bad(path, "model.end_of_word_suffix", f"{model['end_of_word_suffix']!r}: "
+                   "llama.cpp's BPE tokenizer has none (supported: null or empty)")
+    if model.get("dropout") not in (None, 0, 0.0):
+        raise _bad(path, "model.dropout", f"{model['dropout']}: transformers would drop merges "
+                   "at random, llama.cpp never does (supported: null or 0)")
+    decoder = spec.get("decoder")
+    if not (isinstance(decoder, Mapping) and decoder.get("type") == "ByteLevel"):
+        raise _bad(path, "decoder", f"{json.dumps(decoder)[:120]}: llama.cpp decodes a "
+                   "byte-level BPE as the ByteLevel decoder does (supported: ByteLevel)")
+    ignores = bool(model.get("ignore_merges"))
+    if ignores == IGNORES_MERGES[pre]:
+        return
+    # the flag changes a token only for a word that is a piece the merges do not build: with
+    # none, both rules give the same tokens (proved piece by piece, merges applied)
+    tok.model.ignore_merges = False
+    for piece in model["vocab"]:
+        if [t.value for t in tok.model.tokenize(piece)] != [piece]:
+            raise _bad(path, "model.ignore_merges", f"{json.dumps(ignores)}, but llama.cpp's "
+                       f"{pre!r} pre-tokenizer {'skips' if not ignores else 'applies'} the "
+                       f"merges for a word that is a piece, and the merges do not build the "
+                       f"piece {piece!r}: the two would tokenize it differently (supported: "
+                       f"{json.dumps(IGNORES_MERGES[pre])} for {pre!r})")
+    tok.model.ignore_merges = ignores
 
 
 def _same_pieces(directory: str, spec: Mapping[str, Any] | None) -> None:
@@ -764,21 +881,29 @@ def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
     head: list[KeyValue] = []
     config = os.path.join(directory, "tokenizer_config.json")
     if exists(config):
-        prefix = check_tokenizer_config(config).get("add_prefix_space")
-        if isinstance(prefix, bool) and family.prefix_from_config:
-            head.append(KeyValue("tokenizer.ggml.add_space_prefix", ValueType.BOOL, prefix))
+        said = check_tokenizer_config(config).get("add_prefix_space")
+        if isinstance(said, bool) and family.prefix_from_config:
+            head.append(KeyValue("tokenizer.ggml.add_space_prefix", ValueType.BOOL, said))
     tok_json = os.path.join(directory, "tokenizer.json")
     spec = check_tokenizer_json(tok_json, vocab_size) if exists(tok_json) else None
+    prefix: bool | None = None
     if exists(os.path.join(directory, "tokenizer.model")):
         body = _spm(directory, vocab_size)
         _same_pieces(directory, spec)
-        tail = _special_kvs(directory, spec, vocab_size, merges=False, n_vocab=vocab_size)
+        # beside it, transformers runs the tokenizer.json's post-processor
+        said = ("bos",) if spec is not None and spec.get("post_processor") else ()
+        tail = _special_kvs(directory, spec, vocab_size, merges=False, n_vocab=vocab_size,
+                            unsaid=said)
         kind = "sentencepiece"
     elif spec is not None and is_spm_json(spec):
-        body = _spm_json(directory, vocab_size, spec)
+        body, form = _spm_json(directory, vocab_size, spec)
         tail = [kv for kv in _special_kvs(directory, spec, vocab_size, merges=False,
-                                          n_vocab=vocab_size, default_eos=True)
+                                          n_vocab=vocab_size, unsaid=("bos", "eos"))
                 if SPM_IMPLIED.get(kv.key, ()) != kv.value]
+        # the form decides the prefix (llama.cpp's default is one, which the reference leaves
+        # unwritten unless the family writes it)
+        prefix = form.space_prefix if family.space_prefix is not None or not form.space_prefix \
+            else None
         kind = "sentencepiece (tokenizer.json)"
     elif spec is not None:
         body = _bpe(directory, vocab_size, spec)
@@ -788,8 +913,9 @@ def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
         raise UnsupportedModelError(f"{directory}: no tokenizer.model or tokenizer.json "
                                     f"(supported: {'; '.join(SUPPORTED)})")
     _added_in_json(directory, spec)
-    if family.space_prefix is not None and kind.startswith("sentencepiece"):
+    if kind == "sentencepiece":
+        prefix = family.space_prefix
+    if prefix is not None and kind.startswith("sentencepiece"):
         head = [kv for kv in head if kv.key != "tokenizer.ggml.add_space_prefix"]
-        tail.append(KeyValue("tokenizer.ggml.add_space_prefix", ValueType.BOOL,
-                             family.space_prefix))
+        tail.append(KeyValue("tokenizer.ggml.add_space_prefix", ValueType.BOOL, prefix))
     return Vocab(kind, tuple(head + body + tail))

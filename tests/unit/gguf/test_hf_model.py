@@ -1,5 +1,5 @@
 """The pure half of Hugging Face -> GGUF: config.json to llama.cpp's keys, names, row order and
-output types (no files; the conversions themselves are in tests/test_gguf_hf*.py)."""
+output types (no files; the conversions themselves are in tests/gguf/test_gguf_hf*.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""Attacks on ``filecord convert MODEL_DIR -o OUT.gguf`` from outside (README's convert section,
-docs/guarantees.md, ``convert --help``).  Each ``xfail(strict=True)`` test is a finding that
-fails today: it states what the promise requires (a refusal before anything is written, or an
-exit 0 only on a file llama.cpp loads and computes right).  The plain tests are controls: the
-same kind of attack that the converter does withstand."""
+"""``filecord convert MODEL_DIR -o OUT.gguf`` on checkpoints at the edges of what it takes
+(README's convert section, docs/guarantees.md): each test states what the promise requires, a
+refusal before anything is written or an exit 0 only on a file llama.cpp loads and computes
+right, and --consume, kills and recovery keeping the checkpoint's bytes."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 from tests.support.hf_models import gguf_contents, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
 TOKENS = [1, 5, 9, 30, 77, 2]
 TEXT = "The LLAMA moves 12345 files into a gguf shard."
 INDEX = "model.safetensors.index.json"
@@ -134,18 +133,19 @@ def exit0_means_right(tmp_path: Path, model: Path, *args: str, atol: float = 1e-
     assert np.allclose(got, want, atol=atol, rtol=0), float(np.abs(got - want).max())
 
 
-# ---------------------------------------------------------------------------------- findings
+# ------------------------------------------------------------------ once converted wrong
 
 
-# attack (fixed): hidden_act 'gelu' is converted (llama.cpp's llama always runs SiLU) and exits 0;
+# once wrong: hidden_act 'gelu' is converted (llama.cpp's llama always runs SiLU) and exits 0;
 # logits differ from transformers by ~0.9
-def test_attack_non_silu_activation(base: Path, tmp_path: Path) -> None:
+def test_an_activation_llama_cpp_does_not_run_never_converts_wrong(
+        base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     edit_config(model, hidden_act="gelu")
     exit0_means_right(tmp_path, model)
 
 
-# attack (fixed): a Mistral sliding_window shorter than the context was dropped (llama.cpp attends
+# once wrong: a Mistral sliding_window shorter than the context was dropped (llama.cpp attends
 # to all positions, logits differed ~8); now the context the file claims is the window, inside
 # which attending to everything is what Mistral computes
 def test_mistral_sliding_window_caps_the_context(base: Path, tmp_path: Path) -> None:
@@ -157,9 +157,10 @@ def test_mistral_sliding_window_caps_the_context(base: Path, tmp_path: Path) -> 
     assert kv["llama.context_length"][1] == len(TOKENS)
 
 
-# attack (fixed): a legacy rope_scaling {'type': 'yarn'} beside rope_parameters is ignored
+# once wrong: a legacy rope_scaling {'type': 'yarn'} beside rope_parameters is ignored
 # (transformers applies YaRN); exit 0, logits differ
-def test_attack_legacy_yarn_beside_rope_parameters(base: Path, tmp_path: Path) -> None:
+def test_a_legacy_yarn_beside_rope_parameters_never_converts_wrong(
+        base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     edit_config(model, rope_scaling={"type": "yarn", "factor": 4.0,
                                      "original_max_position_embeddings": 64})
@@ -171,26 +172,27 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
                "original_max_position_embeddings": 64}
 
 
-# attack (fixed): llama3 RoPE without low_freq_factor (which transformers refuses to load) is
+# once wrong: llama3 RoPE without low_freq_factor (which transformers refuses to load) is
 # converted with some default, exit 0
-def test_attack_llama3_rope_missing_field(base: Path, tmp_path: Path) -> None:
+def test_llama3_rope_missing_a_factor_never_converts_wrong(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     edit_config(model, rope_parameters={k: v for k, v in LLAMA3_ROPE.items()
                                         if k != "low_freq_factor"})
     refused(tmp_path, model)
 
 
-# attack (fixed): llama3 RoPE without original_max_position_embeddings converts (exit 0) to
+# once wrong: llama3 RoPE without original_max_position_embeddings converts (exit 0) to
 # rope_freqs that differ from what transformers computes (logits off by ~0.3)
-def test_attack_llama3_rope_without_original_context(base: Path, tmp_path: Path) -> None:
+def test_llama3_rope_without_its_original_context_never_converts_wrong(
+        base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     edit_config(model, rope_parameters={k: v for k, v in LLAMA3_ROPE.items()
                                         if k != "original_max_position_embeddings"})
     exit0_means_right(tmp_path, model)
 
 
-# attack (fixed): rope_theta 0 is accepted; llama.cpp's logits are NaN
-def test_attack_rope_theta_zero(base: Path, tmp_path: Path) -> None:
+# once wrong: rope_theta 0 is accepted; llama.cpp's logits are NaN
+def test_rope_theta_zero_never_gives_nonfinite_logits(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     edit_config(model, rope_parameters={"rope_type": "default", "rope_theta": 0.0})
     out = tmp_path / "o.gguf"
@@ -202,17 +204,17 @@ def test_attack_rope_theta_zero(base: Path, tmp_path: Path) -> None:
         assert not out.exists()
 
 
-# attack (fixed): an untied checkpoint without lm_head.weight is converted without `output`, so
+# once wrong: an untied checkpoint without lm_head.weight is converted without `output`, so
 # llama.cpp silently ties it to token_embd
-def test_attack_missing_lm_head_accepted(base: Path, tmp_path: Path) -> None:
+def test_an_untied_checkpoint_without_lm_head_is_refused(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     edit_shard(model, shard_of(model, "lm_head.weight"), lambda t: t.pop("lm_head.weight"))
     refused(tmp_path, model)
 
 
-# attack (fixed): an index that omits lm_head.weight (its shard still holds it) converts to a GGUF
+# once wrong: an index that omits lm_head.weight (its shard still holds it) converts to a GGUF
 # without `output`: the tensor is dropped
-def test_attack_tensor_missing_from_index_dropped(base: Path, tmp_path: Path) -> None:
+def test_a_tensor_the_index_omits_is_never_dropped(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     index = json.loads((model / INDEX).read_text())
     del index["weight_map"]["lm_head.weight"]
@@ -222,9 +224,9 @@ def test_attack_tensor_missing_from_index_dropped(base: Path, tmp_path: Path) ->
     assert r.returncode == 1 or "output.weight" in gguf_contents(out)[1], r.stderr
 
 
-# attack (fixed): a q_proj.bias with attention_bias false (which transformers ignores) is written
+# once wrong: a q_proj.bias with attention_bias false (which transformers ignores) is written
 # and used by llama.cpp; logits differ by ~5
-def test_attack_bias_the_config_disowns(base: Path, tmp_path: Path) -> None:
+def test_a_bias_the_config_disowns_never_converts_wrong(base: Path, tmp_path: Path) -> None:
     import torch
 
     model = fresh(base, tmp_path)
@@ -237,17 +239,17 @@ def test_attack_bias_the_config_disowns(base: Path, tmp_path: Path) -> None:
     exit0_means_right(tmp_path, model)
 
 
-# attack (fixed): attention_bias true in config.json but no bias tensors is accepted (config.json
+# once wrong: attention_bias true in config.json but no bias tensors is accepted (config.json
 # contradicts the tensors)
-def test_attack_attention_bias_without_tensors(base: Path, tmp_path: Path) -> None:
+def test_attention_bias_without_bias_tensors_is_refused(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     edit_config(model, attention_bias=True)
     refused(tmp_path, model)
 
 
-# attack (fixed): BF16 -> --outtype f16 overflow writes inf (numpy's RuntimeWarning leaks to
+# once wrong: BF16 -> --outtype f16 overflow writes inf (numpy's RuntimeWarning leaks to
 # stderr), exits 0; llama.cpp gives NaN logits
-def test_attack_f16_overflow_written_as_inf(tmp_path: Path) -> None:
+def test_f16_overflow_is_never_written_as_inf(tmp_path: Path) -> None:
     model = tiny_model(tmp_path / "bf16", dtype="bfloat16", shard="50KB")
     name = "model.layers.0.mlp.up_proj.weight"
 
@@ -267,18 +269,18 @@ def test_attack_f16_overflow_written_as_inf(tmp_path: Path) -> None:
         assert not out.exists()
 
 
-# attack (fixed): a tokenizer.model with 320 pieces and an embedding of 300 rows is converted (20
+# once wrong: a tokenizer.model with 320 pieces and an embedding of 300 rows is converted (20
 # pieces dropped, a WARNING only)
-def test_attack_tokenizer_larger_than_embedding(tmp_path: Path) -> None:
+def test_a_tokenizer_larger_than_the_embedding_is_refused(tmp_path: Path) -> None:
     model = tiny_model(tmp_path / "m", dtype="float32", shard="50KB", vocab_size=300)
     (tmp_path / "m" / "generation_config.json").unlink()
     refused(tmp_path, model)
 
 
-# attack (fixed): tokenizer.model and a disagreeing tokenizer.json (the one transformers loads)
+# once wrong: tokenizer.model and a disagreeing tokenizer.json (the one transformers loads)
 # are accepted; llama.cpp tokenizes differently
-def test_attack_tokenizer_model_and_json_disagree(base: Path, bpe: Path, tmp_path: Path
-                                                  ) -> None:
+def test_tokenizer_model_and_json_that_disagree_never_tokenize_wrong(
+        base: Path, bpe: Path, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
     model = fresh(base, tmp_path)
@@ -293,9 +295,9 @@ def test_attack_tokenizer_model_and_json_disagree(base: Path, bpe: Path, tmp_pat
         assert not out.exists()
 
 
-# attack (fixed): a BPE tokenizer.json with a Lowercase normalizer is accepted; llama.cpp skips it
+# once wrong: a BPE tokenizer.json with a Lowercase normalizer is accepted; llama.cpp skips it
 # and tokenizes differently
-def test_attack_bpe_normalizer_ignored(bpe: Path, tmp_path: Path) -> None:
+def test_a_bpe_normalizer_llama_cpp_skips_never_tokenizes_wrong(bpe: Path, tmp_path: Path) -> None:
     from tokenizers import Tokenizer
 
     model = fresh(bpe, tmp_path)
@@ -313,10 +315,10 @@ def test_attack_bpe_normalizer_ignored(bpe: Path, tmp_path: Path) -> None:
         assert not out.exists()
 
 
-# attack (fixed on main, the kit judges read-only by mode bits): convert --consume deletes a read-
+# once wrong (the kit now judges read-only by mode bits): convert --consume deleted a read-
 # only (0444) shard and the index naming it; docs/guarantees.md says a read-only file is kept (its
 # bytes copied, the file and its index stay)
-def test_attack_consume_takes_a_read_only_shard(base: Path, tmp_path: Path) -> None:
+def test_consume_of_a_read_only_shard_keeps_its_bytes(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     shard = shard_of(model, "model.layers.0.self_attn.q_proj.weight")
     kept = shard.read_bytes()
@@ -328,7 +330,7 @@ def test_attack_consume_takes_a_read_only_shard(base: Path, tmp_path: Path) -> N
     assert (model / INDEX).is_file()
 
 
-def test_control_consume_keeps_a_hard_linked_shard(base: Path, tmp_path: Path) -> None:
+def test_consume_keeps_a_hard_linked_shard(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     shard = shard_of(model, "model.layers.0.self_attn.q_proj.weight")
     kept = shard.read_bytes()
@@ -358,11 +360,11 @@ def _recover(path: Path) -> None:
     assert r.returncode == 0, r.stderr
 
 
-# attack (fixed): SIGKILL after the commit of convert --consume, then recover ('completed the
+# once wrong: SIGKILL after the commit of convert --consume, then recover ('completed the
 # save'): the index naming the deleted shards stayed, and with --outtype f16 the hidden .unused
 # file of cast source bytes (61% of the checkpoint) was never removed
 @pytest.mark.parametrize("outtype", ["source", "f16"])
-def test_attack_kill_after_commit_leaves_index_and_unused(base: Path, tmp_path: Path,
+def test_kill_after_commit_then_recover_leaves_nothing_behind(base: Path, tmp_path: Path,
                                                           outtype: str) -> None:
     model = fresh(base, tmp_path)
     out = tmp_path / "o.gguf"
@@ -380,11 +382,11 @@ def test_attack_kill_after_commit_leaves_index_and_unused(base: Path, tmp_path: 
     assert leftovers == []
 
 
-# attack (fixed): --align 3 / --align 0 / --split-max-tensors -1 end in 'internal error ... please
+# once wrong: --align 3 / --align 0 / --split-max-tensors -1 end in 'internal error ... please
 # report it' (exit 1), not a usage error (2)
 @pytest.mark.parametrize("bad", [("--align", "3"), ("--align", "0"),
                                  ("--split-max-tensors", "-1")])
-def test_attack_bad_numbers_are_internal_errors(base: Path, tmp_path: Path,
+def test_bad_option_numbers_are_usage_errors(base: Path, tmp_path: Path,
                                                 bad: tuple[str, str]) -> None:
     model = fresh(base, tmp_path)
     before = snapshot(tmp_path)
@@ -394,10 +396,10 @@ def test_attack_bad_numbers_are_internal_errors(base: Path, tmp_path: Path,
     assert r.returncode == 2, r.stderr
 
 
-# ---------------------------------------------------------------------------------- controls
+# --------------------------------------------------------------------- always held
 
 
-def test_control_plain_convert_computes_transformers_logits(base: Path, tmp_path: Path) -> None:
+def test_plain_convert_computes_transformers_logits(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     out = tmp_path / "o.gguf"
     assert convert(model, "-o", out).returncode == 0
@@ -405,7 +407,7 @@ def test_control_plain_convert_computes_transformers_logits(base: Path, tmp_path
     assert np.allclose(got, want, atol=1e-4, rtol=0), float(np.abs(got - want).max())
 
 
-def test_control_linear_rope_and_old_style_keys_compute_right(base: Path, tmp_path: Path
+def test_linear_rope_and_old_style_keys_compute_right(base: Path, tmp_path: Path
                                                               ) -> None:
     model = fresh(base, tmp_path)
     config = json.loads((model / "config.json").read_text())
@@ -420,7 +422,7 @@ def test_control_linear_rope_and_old_style_keys_compute_right(base: Path, tmp_pa
                                   "old_yarn", "old_dynamic", "extra_tensor", "int32",
                                   "norm_2d", "missing_shard", "wrong_map", "fifo_shard",
                                   "metaspace", "regex"])
-def test_control_refused_before_anything_is_written(base: Path, bpe: Path, tmp_path: Path,
+def test_refusals_happen_before_anything_is_written(base: Path, bpe: Path, tmp_path: Path,
                                                     case: str) -> None:
     import torch
 
@@ -473,7 +475,7 @@ def test_control_refused_before_anything_is_written(base: Path, bpe: Path, tmp_p
 
 @pytest.mark.parametrize("name", ["config.json", "tokenizer.model", "tokenizer_config.json",
                                   INDEX])
-def test_control_fifo_inputs_do_not_hang(base: Path, tmp_path: Path, name: str) -> None:
+def test_fifo_inputs_do_not_hang(base: Path, tmp_path: Path, name: str) -> None:
     model = fresh(base, tmp_path)
     (model / name).unlink()
     os.mkfifo(model / name)
@@ -481,10 +483,10 @@ def test_control_fifo_inputs_do_not_hang(base: Path, tmp_path: Path, name: str) 
     assert r.returncode in (0, 1)
 
 
-# attack (fixed): SIGKILL before the commit of convert --consume --outtype f16, then recover:
+# once wrong: SIGKILL before the commit of convert --consume --outtype f16, then recover:
 # the inputs were intact but the .gguf-cast scratch (the whole cast output) stayed beside the
 # output, one more per kill
-def test_attack_kill_during_cast_leaves_scratch(base: Path, tmp_path: Path) -> None:
+def test_kill_during_cast_leaves_no_scratch(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     before = snapshot(model)
     assert _kill_at(model, tmp_path / "o.gguf", "fsync", 3, "--outtype", "f16") != 0
@@ -495,7 +497,7 @@ def test_attack_kill_during_cast_leaves_scratch(base: Path, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(("syscall", "n"), [("fsync", 3), ("fsync", 20), ("rename", 5)])
-def test_control_kill_before_commit_rolls_back_every_byte(base: Path, tmp_path: Path,
+def test_kill_before_commit_rolls_back_every_byte(base: Path, tmp_path: Path,
                                                           syscall: str, n: int) -> None:
     model = fresh(base, tmp_path)
     before = snapshot(model)
@@ -506,7 +508,7 @@ def test_control_kill_before_commit_rolls_back_every_byte(base: Path, tmp_path: 
     assert sorted(os.listdir(tmp_path)) == ["model"]
 
 
-def test_control_split_one_tensor_per_shard_loads(base: Path, tmp_path: Path) -> None:
+def test_split_one_tensor_per_shard_loads(base: Path, tmp_path: Path) -> None:
     model = fresh(base, tmp_path)
     assert convert(model, "-o", tmp_path / "o.gguf", "--split-max-tensors", "1",
                    "--consume").returncode == 0

@@ -47,7 +47,7 @@ EXPECTED_KV_DIFFERENCES = {
     # the reference derives a size label ("115K") from the parameter count; filecord writes none
     "general.size_label",
 }
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
 TOKENS = [1, 5, 9, 30, 77, 2]
 TEXT = "the llama moves a file cord into one gguf shard."
 

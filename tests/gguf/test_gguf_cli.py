@@ -14,7 +14,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
 rng = np.random.default_rng(3)
 ARRAYS = [(f"blk.{i}.w", rng.standard_normal((i + 1, 32)).astype(np.float32))
           for i in range(5)]
@@ -99,7 +99,7 @@ def test_dry_run_json_and_inspect(tmp_path: Path) -> None:
 
 def test_convert_and_refusal_exit_codes(tmp_path: Path) -> None:
     """A bare safetensors file is no Hugging Face model (no config.json): refused, exit 1,
-    nothing written.  (Conversions that succeed: tests/test_gguf_hf*.py.)"""
+    nothing written.  (Conversions that succeed: tests/gguf/test_gguf_hf*.py.)"""
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file
 

@@ -28,7 +28,7 @@ from tests.support.hf_models import tiny_model
 from tests.support.jsonedit import set_at
 
 pytestmark = pytest.mark.slow
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
 MEMORY = 1 << 30
 
 
@@ -348,6 +348,8 @@ def spm_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
                       dtype="bfloat16")
 
 
+META_FIRST = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+              "split": False}
 SPM_JSON_FORMS = {
     # steps llama.cpp's SentencePiece tokenizer does not take: transformers would tokenize
     # "hh" as "ee", llama.cpp as "hh"
@@ -355,17 +357,21 @@ SPM_JSON_FORMS = {
         put("normalizer", {"type": "Sequence", "normalizers": [
             {"type": "Replace", "pattern": {"String": "h"}, "content": "e"}]}),
         "tokenizer.json: normalizer {\"type\": \"Sequence\""),
-    "no-dummy-prefix": (put("pre_tokenizer.prepend_scheme", "never"),
-                        "tokenizer.json: pre_tokenizer {"),
+    # Metaspace adds the prefix only where a section does not begin with a space
+    "metaspace-first": (put("pre_tokenizer", META_FIRST), "tokenizer.json: pre_tokenizer: "
+                        "transformers' Metaspace pre-tokenizer (prepend_scheme 'first')"),
+    "metaspace-always": (put("pre_tokenizer", {**META_FIRST, "prepend_scheme": "always"}),
+                         "tokenizer.json: pre_tokenizer: transformers' Metaspace pre-tokenizer "
+                         "(prepend_scheme 'always')"),
     "decoder-of-another-tokenizer": (put("decoder", {"type": "ByteLevel"}),
                                      "tokenizer.json: decoder {"),
     "normalizers-a-string": (put("normalizer", {"type": "Sequence", "normalizers": "x"}),
                              "tokenizer.json: normalizer.normalizers: must be a list"),
-    "split-text": (put("pre_tokenizer.split", "x"),
+    "split-text": (put("pre_tokenizer", {**META_FIRST, "split": "x"}),
                    "tokenizer.json: pre_tokenizer.split: must be true or false"),
-    "replacement-a-number": (put("pre_tokenizer.replacement", 5),
+    "replacement-a-number": (put("pre_tokenizer", {**META_FIRST, "replacement": 5}),
                              "tokenizer.json: pre_tokenizer.replacement: must be one character"),
-    "prepend-scheme-a-number": (put("pre_tokenizer.prepend_scheme", 5),
+    "prepend-scheme-a-number": (put("pre_tokenizer", {**META_FIRST, "prepend_scheme": 5}),
                                 "tokenizer.json: pre_tokenizer.prepend_scheme: must be"),
     "fuse-unk-text": (put("model.fuse_unk", "x"),
                       "tokenizer.json: model.fuse_unk: must be true or false"),
@@ -382,8 +388,8 @@ SPM_JSON_FORMS = {
     "byte-fallback-without-a-byte-piece": (
         lambda t: {**t, "model": {**t["model"], "vocab": {
             ("<byte-A>" if p == "<0x41>" else p): i for p, i in t["model"]["vocab"].items()}}},
-        "tokenizer.json: model.byte_fallback: true, but model.vocab lacks 1 of the 256 byte "
-        "pieces (<0x41>)"),
+        "tokenizer.json: model.vocab (byte_fallback true): lacks 1 of the 256 byte pieces "
+        "(<0x41>)"),
 }
 
 
@@ -397,33 +403,25 @@ def test_sentencepiece_tokenizer_json_is_refused_unless_llama_cpp_runs_it_as_tra
     refused_naming(tmp_path, model, says)
 
 
-@pytest.mark.parametrize(("content", "says"), [
-    ({"<|new|>": 319}, "added_tokens.json: <|new|>: '<|new|>' at id 319 is not in "
-                       "tokenizer.json (which has it at None)"),
-    ({"<|begin_of_text|>": 3}, "added_tokens.json: <|begin_of_text|>: '<|begin_of_text|>' at "
-                               "id 3 is not in tokenizer.json"),
-])
-def test_added_tokens_json_beside_tokenizer_json_must_repeat_it(bpe: Path, tmp_path: Path,
-                                                                content: Any, says: str) -> None:
-    """transformers reads both files, llama.cpp's converter tokenizer.json alone."""
-    model = tmp_path / "m"
-    shutil.copytree(bpe, model)
-    (model / "added_tokens.json").write_text(json.dumps(content))
-    refused_naming(tmp_path, model, says)
-
-
-@pytest.mark.parametrize(("content", "says"), [
-    ({"<x>": "400"}, "added_tokens.json: <x>: must be a token id"),
-    ([1, 2], "added_tokens.json: must be a JSON object"),
+@pytest.mark.parametrize(("tokenizer", "content", "says"), [
+    # beside tokenizer.json it may only repeat it: transformers reads both files, llama.cpp's
+    # converter tokenizer.json alone
+    ("bpe", {"<|new|>": 319}, "added_tokens.json: <|new|>: '<|new|>' at id 319 is not in "
+                              "tokenizer.json (which has it at None)"),
+    ("bpe", {"<|begin_of_text|>": 3}, "added_tokens.json: <|begin_of_text|>: "
+                                      "'<|begin_of_text|>' at id 3 is not in tokenizer.json"),
+    ("spm", {"<x>": "400"}, "added_tokens.json: <x>: must be a token id"),
+    ("spm", [1, 2], "added_tokens.json: must be a JSON object"),
     # llama.cpp's converter drops these silently, or writes them over a piece
-    ({"<x>": -1}, "added_tokens.json: <x>: id -1 is outside 0.."),
-    ({"<x>": 2**40}, "added_tokens.json: <x>: id 1099511627776 is outside 0.."),
-    ({"<x>": 0}, "added_tokens.json: <x>: id 0 is already the tokenizer's '<unk>'"),
+    ("spm", {"<x>": -1}, "added_tokens.json: <x>: id -1 is outside 0.."),
+    ("spm", {"<x>": 2**40}, "added_tokens.json: <x>: id 1099511627776 is outside 0.."),
+    ("spm", {"<x>": 0}, "added_tokens.json: <x>: id 0 is already the tokenizer's '<unk>'"),
 ])
-def test_malformed_added_tokens_is_refused_naming_the_field(spm: Path, tmp_path: Path,
-                                                            content: Any, says: str) -> None:
+def test_added_tokens_json_llama_cpp_would_read_otherwise_is_refused(
+        request: pytest.FixtureRequest, tmp_path: Path, tokenizer: str, content: Any,
+        says: str) -> None:
     model = tmp_path / "m"
-    shutil.copytree(spm, model)
+    shutil.copytree(request.getfixturevalue(tokenizer), model)
     (model / "added_tokens.json").write_text(json.dumps(content))
     refused_naming(tmp_path, model, says)
 

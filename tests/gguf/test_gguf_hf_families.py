@@ -31,6 +31,7 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("gguf")
 
 from tests.support.hf_models import (
+    as_transformers_4,
     gguf_contents,
     reference_converter,
     run_reference,
@@ -42,7 +43,7 @@ REF = reference_converter()
 if REF is None:  # pragma: no cover - depends on the environment
     pytest.skip("llama.cpp's convert_hf_to_gguf.py is not available (set "
                 "FILECORD_LLAMA_CPP_SRC to its directory)", allow_module_level=True)
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
 # written differently on purpose: the reference title-cases the directory name and derives a
 # size label; filecord writes the directory name and no label
 METADATA = {"general.name", "general.size_label"}
@@ -132,8 +133,9 @@ def test_same_gguf_as_llama_cpp_converter(tmp_path: Path, case: str) -> None:
 
 
 def test_tokenizer_json_only_gives_the_keys_of_tokenizer_model(tmp_path: Path) -> None:
-    """transformers 5 saves a SentencePiece tokenizer as tokenizer.json only; filecord writes
-    from it the tokenizer.* keys llama.cpp's converter writes from the tokenizer.model."""
+    """A SentencePiece tokenizer saved as tokenizer.json only (transformers 5 saves it so; in
+    transformers 4's steps, the form llama.cpp runs as transformers does): filecord writes from
+    it the tokenizer.* keys llama.cpp's converter writes from the tokenizer.model."""
     model = tiny_model(tmp_path / "m", arch="llama", tokenizer="spm", dtype="bfloat16")
     json_only = tmp_path / "json"
     shutil.copytree(model, json_only)
@@ -143,6 +145,7 @@ def test_tokenizer_json_only_gives_the_keys_of_tokenizer_model(tmp_path: Path) -
     for name in ("tokenizer.model", "tokenizer_config.json"):
         (json_only / name).unlink()
     tok.save_pretrained(json_only)
+    as_transformers_4(json_only)
     assert not (json_only / "tokenizer.model").exists()
     ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
     convert(str(json_only), "-o", str(ours))

@@ -30,7 +30,7 @@ from filecord.gguf import _cast
 from filecord.gguf._hf_model import row_order
 from filecord.gguf._types import GGMLType
 
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,293 @@
+"""llama.cpp (llama-cpp-python 0.3.36) tokenizes every tokenizer form ``filecord convert``
+converts as transformers does, on text with special tokens, leading and repeated spaces,
+newlines and characters outside the vocabulary (spelled in byte pieces); a form no GGUF key set
+makes llama.cpp tokenize so is refused, and the tests show that no key set does."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("sentencepiece")
+pytest.importorskip("tokenizers")
+pytest.importorskip("gguf")
+llama_cpp = pytest.importorskip("llama_cpp")
+
+from tests.support.hf_models import (  # noqa: E402
+    as_transformers_4,
+    reference_converter,
+    run_reference,
+    saved_spm_json,
+    tiny_model,
+)
+
+pytestmark = pytest.mark.slow
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+STRINGS = ["the llama moves a file cord.", "  model  token ", " head", "tensor</s>shard",
+           "</s>merge", "</s> merge", "<s> byte", "the rope<s>split", "\n\nnorm\n", "a  b   c",
+           "x", "Zürich 日本 ~", "query\tkey", "", " ", "file cord</s>  layer"]
+
+
+def convert(model: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "filecord.cli", "convert", str(model), "-o",
+                           str(out), "-q"], capture_output=True, text=True, env=ENV,
+                          check=False, timeout=300)
+
+
+def differences(model: Path, gguf: Path, **overrides: bool) -> list[tuple[str, Any, Any]]:
+    """Where llama.cpp on ``gguf`` and transformers on ``model`` give other ids, with and
+    without the special tokens each adds (``overrides``: GGUF keys llama.cpp is told)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    ll = llama_cpp.Llama(model_path=str(gguf), vocab_only=True, verbose=False,
+                         kv_overrides={f"tokenizer.ggml.{k}": v for k, v in overrides.items()}
+                         or None)
+    found = []
+    for text in STRINGS:
+        for add in (False, True):
+            want = tok.encode(text, add_special_tokens=add)
+            got = ll.tokenize(text.encode(), add_bos=add, special=True)
+            if got != want:
+                found.append((text, want, got))
+    return found
+
+
+def edit_json(directory: Path, name: str, **change: Any) -> None:
+    path = directory / name
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+
+
+def no_bos_template(directory: Path) -> None:
+    as_transformers_4(directory)
+    seq = {"Sequence": {"id": "A", "type_id": 0}}
+    edit_json(directory, "tokenizer.json", post_processor={
+        "type": "TemplateProcessing", "single": [seq],
+        "pair": [seq, {"Sequence": {"id": "B", "type_id": 1}}], "special_tokens": {}})
+
+
+def gemma_transformers_4(directory: Path) -> None:
+    edit_json(directory, "tokenizer.json", pre_tokenizer=None)
+    edit_json(directory, "tokenizer_config.json", tokenizer_class="PreTrainedTokenizerFast")
+
+
+FORMS: dict[str, tuple[str, str, dict[str, Any], Any]] = {
+    # name: (arch, transformers class, its arguments, edit of the saved tokenizer folder)
+    "llama-transformers-4": ("llama", "LlamaTokenizer", {}, as_transformers_4),
+    # a template that adds no BOS: llama.cpp's SentencePiece default adds one unless told
+    "llama-transformers-4-no-bos": ("llama", "LlamaTokenizer", {}, no_bos_template),
+    # no prefix anywhere: Metaspace "never"
+    "llama-add-prefix-space-false": ("llama", "LlamaTokenizer", {"add_prefix_space": False},
+                                     None),
+    # Gemma: no dummy prefix (add_space_prefix false), as transformers 5 and 4 write it
+    "gemma-transformers-5": ("gemma2", "GemmaTokenizer", {}, None),
+    "gemma-transformers-4": ("gemma2", "GemmaTokenizer", {}, gemma_transformers_4),
+    "gemma-on-a-llama": ("llama", "GemmaTokenizer", {}, None),
+}
+
+
+def checkpoint(root: Path, arch: str, cls: str, kwargs: dict[str, Any], edit: Any) -> Path:
+    tok = root / "tok"
+    tok.mkdir(parents=True)
+    vocab = saved_spm_json(tok, cls, **kwargs)
+    if edit is not None:
+        edit(tok)
+    model = tiny_model(root / "m", arch=arch, tokenizer="spm", dtype="float32",
+                       pad_vocab=vocab - 320, tied=arch == "gemma2")
+    for name in ("tokenizer.model", "tokenizer_config.json"):
+        (model / name).unlink()
+    for p in tok.iterdir():
+        shutil.copy(p, model / p.name)
+    return model
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_sentencepiece_tokenizer_json_tokenizes_as_transformers(tmp_path: Path, form: str
+                                                                ) -> None:
+    model = checkpoint(tmp_path, *FORMS[form])
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    assert differences(model, out) == []
+
+
+@pytest.mark.parametrize(("legacy", "scheme"), [(False, "first"), (True, "always")])
+def test_llama_tokenizer_json_is_refused_as_no_key_set_matches(
+        tmp_path: Path, legacy: bool, scheme: str) -> None:
+    """A tokenizer.json whose tokenizer_config.json names LlamaTokenizer (what transformers 5
+    saves for Llama and Mistral): transformers 5 runs a Metaspace, "first" (legacy false, its
+    default) or "always" (legacy true), whatever the file's steps; refused naming it, because
+    llama.cpp with either add_space_prefix and either add_bos_token tokenizes some text
+    otherwise (shown on the GGUF of the same pieces)."""
+    model = checkpoint(tmp_path / "a", "llama", "LlamaTokenizer", {"legacy": legacy},
+                       lambda d: edit_json(d, "tokenizer_config.json", legacy=legacy))
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 1, r.stderr
+    assert (f"tokenizer_config.json: tokenizer_class LlamaTokenizer (legacy "
+            f"{json.dumps(legacy)}, add_prefix_space null): transformers 5 builds its steps "
+            f"itself, and pre_tokenizer: transformers' Metaspace pre-tokenizer (prepend_scheme "
+            f"'{scheme}')") in r.stderr
+    assert not out.exists()
+    same = tmp_path / "b"
+    shutil.copytree(model, same)
+    as_transformers_4(same)
+    assert convert(same, out).returncode == 0
+    for prefix in (True, False):
+        for bos in (True, False):
+            assert differences(model, out, add_space_prefix=prefix, add_bos_token=bos)
+
+
+def test_tokenizer_model_without_byte_pieces_is_refused_as_llama_cpp_aborts(tmp_path: Path
+                                                                            ) -> None:
+    """A SentencePiece model trained without byte fallback: the reference converts it, and
+    llama.cpp then aborts the process on a character outside the vocabulary."""
+    import sentencepiece as spm
+
+    model = tiny_model(tmp_path / "m", arch="llama", tokenizer="spm", dtype="float32")
+    spm_dir = tmp_path / "spm"
+    spm_dir.mkdir()
+    from tests.support.hf_models import spm_tokenizer
+
+    spm_tokenizer(spm_dir, 100, byte_fallback=False)
+    shutil.copy(spm_dir / "tokenizer.model", model / "tokenizer.model")
+    proc = spm.SentencePieceProcessor(model_file=str(model / "tokenizer.model"))
+    assert proc.encode("Z\u65e5") != []  # sentencepiece takes it (as the unknown piece)
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 1
+    assert "tokenizer.model: lacks 256 of the 256 byte pieces (<0x00>, <0x01>," in r.stderr
+    assert not out.exists()
+    ref = reference_converter()
+    if ref is None:  # pragma: no cover - depends on the environment
+        pytest.skip("llama.cpp's convert_hf_to_gguf.py is not available")
+    run_reference(ref, model, tmp_path / "ref.gguf")
+    crash = subprocess.run([sys.executable, "-c", (
+        "import llama_cpp, sys; m = llama_cpp.Llama(model_path=sys.argv[1], vocab_only=True, "
+        "verbose=False); m.tokenize('the Z\u65e5'.encode())"), str(tmp_path / "ref.gguf")],
+        capture_output=True, text=True, check=False, timeout=120)
+    assert crash.returncode == -6, crash.stderr[-500:]  # SIGABRT: std::out_of_range
+
+
+# ---------------------------------------------------------------------- byte-level BPE
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Llama 3 shaped byte-level BPE (pre-tokenizer llama-bpe, ignore_merges true)."""
+    return tiny_model(tmp_path_factory.mktemp("hf") / "bpe", tokenizer="bpe",
+                      dtype="float32")
+
+
+def unbuilt_piece(directory: Path) -> str:
+    """Drop the merge that builds the last merged piece: the piece stays in the vocabulary
+    but no merge builds it any more (real vocabularies hold such pieces); returns the text
+    that is that piece."""
+    from tokenizers import decoders
+
+    path = directory / "tokenizer.json"
+    spec = json.loads(path.read_text())
+    a, b = spec["model"]["merges"].pop()
+    path.write_text(json.dumps(spec))
+    return str(decoders.ByteLevel().decode([a + b]))
+
+
+def bpe_copy(bpe: Path, tmp_path: Path, **model: Any) -> Path:
+    out = tmp_path / "m"
+    shutil.copytree(bpe, out)
+    path = out / "tokenizer.json"
+    spec = json.loads(path.read_text())
+    spec["model"].update(model)
+    path.write_text(json.dumps(spec))
+    return out
+
+
+@pytest.mark.parametrize("unbuilt", [False, True])
+@pytest.mark.parametrize("ignore_merges", [False, True])
+def test_ignore_merges_converts_where_it_cannot_change_a_token(
+        bpe: Path, tmp_path: Path, ignore_merges: bool, unbuilt: bool) -> None:
+    """llama.cpp's llama-bpe pre-tokenizer takes a word that is a piece whole, as
+    ignore_merges true does; with false the two differ only on a piece no merge builds, which
+    the converter looks for: none, it converts; one, it refuses naming it."""
+    model = bpe_copy(bpe, tmp_path, ignore_merges=ignore_merges)
+    word = unbuilt_piece(model) if unbuilt else " memory"
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    if unbuilt and not ignore_merges:
+        assert r.returncode == 1
+        assert ("tokenizer.json: model.ignore_merges: false, but llama.cpp's 'llama-bpe' "
+                "pre-tokenizer skips the merges for a word that is a piece") in r.stderr
+        assert not out.exists()
+        from transformers import AutoTokenizer
+
+        # what the refusal spares: transformers spells the word in several pieces
+        assert len(AutoTokenizer.from_pretrained(model).encode(
+            word, add_special_tokens=False)) > 1
+        return
+    assert r.returncode == 0, r.stderr
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    ll = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
+    for text in (word, f"the{word}.", *STRINGS):
+        assert ll.tokenize(text.encode(), add_bos=False, special=True) == tok.encode(
+            text, add_special_tokens=False), text
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"end_of_word_suffix": "</w>"}, "tokenizer.json: model.end_of_word_suffix: '</w>': "
+                                     "llama.cpp's BPE tokenizer has none"),
+    ({"dropout": 0.5}, "tokenizer.json: model.dropout: 0.5: transformers would drop merges "
+                       "at random"),
+    ({"decoder": None}, "tokenizer.json: decoder: null: llama.cpp decodes a byte-level BPE "
+                        "as the ByteLevel decoder does"),
+    ({"decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+                  "split": True}}, "tokenizer.json: decoder: {\"type\": \"Metaspace\""),
+])
+def test_byte_level_field_llama_cpp_runs_otherwise_is_refused(
+        bpe: Path, tmp_path: Path, change: dict[str, Any], says: str) -> None:
+    model = tmp_path / "m"
+    shutil.copytree(bpe, model)
+    path = model / "tokenizer.json"
+    spec = json.loads(path.read_text())
+    if "decoder" in change:
+        spec.update(change)
+    else:
+        spec["model"].update(change)
+    path.write_text(json.dumps(spec))
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 1, r.stderr
+    assert says in r.stderr
+    assert not out.exists()
+
+
+def test_tokenizer_model_beside_a_template_adding_no_bos_adds_none(tmp_path: Path) -> None:
+    """With a tokenizer.json beside the tokenizer.model, transformers runs the former's
+    post-processor: a template with no leading special token adds no BOS, whatever
+    tokenizer_config.json's add_bos_token says, and llama.cpp is told so."""
+    from transformers import AutoTokenizer
+
+    model = tiny_model(tmp_path / "m", arch="llama", tokenizer="spm", dtype="float32")
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    saved_spm_json(tok, "LlamaTokenizer")
+    no_bos_template(tok)
+    shutil.copy(tok / "tokenizer.json", model / "tokenizer.json")
+    assert json.loads((model / "tokenizer_config.json").read_text())["add_bos_token"] is True
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    hf = AutoTokenizer.from_pretrained(model)
+    ll = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
+    for text in ("the llama moves a file cord.", "x"):
+        assert hf.encode(text)[0] != 1
+        assert ll.tokenize(text.encode(), add_bos=True, special=True) == hf.encode(text)
