@@ -291,3 +291,26 @@ def test_tokenizer_model_beside_a_template_adding_no_bos_adds_none(tmp_path: Pat
     for text in ("the llama moves a file cord.", "x"):
         assert hf.encode(text)[0] != 1
         assert ll.tokenize(text.encode(), add_bos=True, special=True) == hf.encode(text)
+
+
+def test_qwen2_nfc_differs_only_on_text_not_in_nfc(tmp_path: Path) -> None:
+    """The known gap README names, exactly: Qwen2's NFC normalizer converts (refusing it would
+    refuse every Qwen2); llama.cpp applies no normalizer, so NFC text tokenizes the same and
+    text not in NFC does not."""
+    import unicodedata
+
+    from transformers import AutoTokenizer
+
+    model = tiny_model(tmp_path / "m", arch="qwen2", tokenizer="qwen2", dtype="float32")
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    tok = AutoTokenizer.from_pretrained(model)
+    ll = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
+    for text in (*STRINGS, "caf\u00e9 na\u00efve"):
+        assert unicodedata.is_normalized("NFC", text)
+        assert ll.tokenize(text.encode(), add_bos=False, special=True) == tok.encode(
+            text, add_special_tokens=False), text
+    decomposed = "cafe\u0301"
+    assert ll.tokenize(decomposed.encode(), add_bos=False, special=True) != tok.encode(
+        decomposed, add_special_tokens=False)
