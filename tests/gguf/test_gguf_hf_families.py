@@ -132,27 +132,45 @@ def test_same_gguf_as_llama_cpp_converter(tmp_path: Path, case: str) -> None:
     compare(ours, ref, c.differ)
 
 
-def test_tokenizer_json_only_gives_the_keys_of_tokenizer_model(tmp_path: Path) -> None:
-    """A SentencePiece tokenizer saved as tokenizer.json only (transformers 5 saves it so; in
-    transformers 4's steps, the form llama.cpp runs as transformers does): filecord writes from
-    it the tokenizer.* keys llama.cpp's converter writes from the tokenizer.model."""
+TOKENIZER_KEYS = {f"tokenizer.{k}" for k in (
+    "ggml.model", "ggml.tokens", "ggml.scores", "ggml.token_type", "ggml.bos_token_id",
+    "ggml.eos_token_id", "ggml.add_bos_token", "ggml.add_eos_token",
+    "chat_template")}
+
+
+@pytest.mark.parametrize("form", ["transformers-5", "transformers-5-legacy", "transformers-4"])
+def test_tokenizer_json_only_gives_the_keys_of_tokenizer_model(tmp_path: Path, form: str
+                                                               ) -> None:
+    """A Llama SentencePiece tokenizer saved by transformers 5 as tokenizer.json only (its
+    LlamaTokenizer, legacy false as by default or true; or edited to transformers 4's steps):
+    filecord writes from it every key llama.cpp's converter writes from the tokenizer.model of
+    the same tokenizer (its known gap, README: tests/gguf/test_gguf_hf_tokenizers.py)."""
     model = tiny_model(tmp_path / "m", arch="llama", tokenizer="spm", dtype="bfloat16")
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}"
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
     json_only = tmp_path / "json"
     shutil.copytree(model, json_only)
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model)
+    tok = AutoTokenizer.from_pretrained(model, legacy=form == "transformers-5-legacy")
+    assert type(tok).__name__ == "LlamaTokenizer"
     for name in ("tokenizer.model", "tokenizer_config.json"):
         (json_only / name).unlink()
     tok.save_pretrained(json_only)
-    as_transformers_4(json_only)
     assert not (json_only / "tokenizer.model").exists()
+    saved = json.loads((json_only / "tokenizer_config.json").read_text())
+    assert saved["tokenizer_class"] == "LlamaTokenizer"
+    if form == "transformers-4":
+        as_transformers_4(json_only)
     ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
     convert(str(json_only), "-o", str(ours))
     assert REF is not None
     run_reference(REF, model, ref)
     compare(ours, ref, {})
     kv, _ = gguf_contents(ours)
+    assert kv.keys() >= TOKENIZER_KEYS  # compared (every key is), equal; the unknown id is
+    # written by neither (token_type marks it)
     assert kv["tokenizer.ggml.model"][1] == "llama"
     # and the tokenizer llama.cpp builds from them is transformers' (scores in merge order)
     import sentencepiece as spm

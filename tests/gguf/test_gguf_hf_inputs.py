@@ -357,12 +357,9 @@ SPM_JSON_FORMS = {
         put("normalizer", {"type": "Sequence", "normalizers": [
             {"type": "Replace", "pattern": {"String": "h"}, "content": "e"}]}),
         "tokenizer.json: normalizer {\"type\": \"Sequence\""),
-    # Metaspace adds the prefix only where a section does not begin with a space
-    "metaspace-first": (put("pre_tokenizer", META_FIRST), "tokenizer.json: pre_tokenizer: "
-                        "transformers' Metaspace pre-tokenizer (prepend_scheme 'first')"),
-    "metaspace-always": (put("pre_tokenizer", {**META_FIRST, "prepend_scheme": "always"}),
-                         "tokenizer.json: pre_tokenizer: transformers' Metaspace pre-tokenizer "
-                         "(prepend_scheme 'always')"),
+    # a Metaspace on top of the Prepend normalizer: two prefixes, where llama.cpp adds one
+    "metaspace-after-prepend": (put("pre_tokenizer", META_FIRST),
+                                "tokenizer.json: pre_tokenizer {\"type\": \"Metaspace\""),
     "decoder-of-another-tokenizer": (put("decoder", {"type": "ByteLevel"}),
                                      "tokenizer.json: decoder {"),
     "normalizers-a-string": (put("normalizer", {"type": "Sequence", "normalizers": "x"}),

@@ -11,8 +11,9 @@ Two kinds are written, each by the library made for reading it:
   (unknown, special, ``<0xNN>`` bytes), and the scores the SentencePiece BPE trainer gives
   (0 for the special and byte pieces, minus the rank for the others, which is the merge order
   the ``tokenizer.json`` applies), for the steps around it that llama.cpp's SentencePiece
-  tokenizer reproduces (:data:`SPM_FORMS`, judged as transformers 5 runs them: it builds a
-  LlamaTokenizer's own Metaspace, which no key set reproduces, so that is refused);
+  tokenizer takes (:data:`SPM_FORMS`, judged as transformers 5 runs them: it builds a
+  LlamaTokenizer's own Metaspace, which takes the keys llama.cpp's converter writes from the
+  ``.model`` of the same tokenizer, with the same known gap, see :data:`SPM_FORMS`);
 * byte-level BPE (``tokenizer.json``, no ``tokenizer.model``) -> ``"gpt2"``: the vocabulary and
   the added tokens come from Hugging Face ``tokenizers``, which owns that JSON format; the
   pre-tokenizer name (``tokenizer.ggml.pre``) is recognised from the pre-tokenizer's structure
@@ -517,9 +518,9 @@ _SPACE_TO_META = {"type": "Replace", "pattern": {"String": " "}, "content": _MET
 @dataclass(frozen=True, slots=True)
 class SpmForm:
     """Steps transformers writes around a SentencePiece BPE that llama.cpp's SentencePiece
-    tokenizer reproduces with ``tokenizer.ggml.add_space_prefix = space_prefix``: spaces
-    become the meta symbol, and a ``space_prefix`` form puts one before every section of text
-    (the text's start and each text after an added token), as llama.cpp does."""
+    tokenizer takes with ``tokenizer.ggml.add_space_prefix = space_prefix``: spaces become
+    the meta symbol, and with ``space_prefix`` llama.cpp puts one before every section of text
+    (the text's start and each text after an added token)."""
 
     normalizer: Any
     pre_tokenizer: Any
@@ -539,21 +540,14 @@ SPM_FORMS: tuple[SpmForm, ...] = (
     # no prefix anywhere (add_prefix_space false)
     SpmForm(None, {"type": "Metaspace", "replacement": _META, "prepend_scheme": "never",
                    "split": False}, space_prefix=False),
+    # transformers 5's Llama/Mistral (a LlamaTokenizer builds it from tokenizer.model too):
+    # the keys are what llama.cpp's converter writes from the .model, with its known gap (the
+    # README's): Metaspace adds the meta symbol only where a section does not begin with a
+    # space ("first": only at the text's start), llama.cpp before every section, so text that
+    # begins with a space and text right after a special token tokenize differently
+    *(SpmForm(None, {"type": "Metaspace", "replacement": _META, "prepend_scheme": scheme,
+                     "split": False}, space_prefix=True) for scheme in ("first", "always")),
 )
-# transformers' Metaspace puts the meta symbol before a section only where the section does
-# not already begin with a space ("first": only the text's start); llama.cpp's SentencePiece
-# tokenizer always puts one there, and add_space_prefix false puts none anywhere: no key set
-# makes the two agree on " hello" or on text after a special token.
-METASPACE_REFUSAL = (
-    "transformers' Metaspace pre-tokenizer (prepend_scheme {scheme!r}) adds \u2581 before a "
-    "section of text only where it does not begin with a space{first}, while llama.cpp's "
-    "SentencePiece tokenizer always adds one (or, with add_space_prefix false, never): no GGUF "
-    "key makes llama.cpp tokenize \" hello\" or text after a special token as transformers "
-    "does. To convert with llama.cpp's "
-    "tokenization, replace the pre_tokenizer by the Prepend + Replace normalizers (transformers "
-    "4's form, which tokenizes as llama.cpp does) and, where tokenizer_config.json names "
-    "LlamaTokenizer, its tokenizer_class by PreTrainedTokenizerFast (which runs the file's "
-    "steps)")
 _SPM_DECODE = [{"type": "Replace", "pattern": {"String": _META}, "content": " "},
                {"type": "ByteFallback"}, {"type": "Fuse"}]
 SPM_DECODERS = ({"type": "Sequence", "decoders": _SPM_DECODE},
@@ -568,42 +562,34 @@ _LLAMA_CLASSES = ("LlamaTokenizer", "LlamaTokenizerFast")
 _GEMMA_CLASSES = ("GemmaTokenizer", "GemmaTokenizerFast")
 
 
-def spm_steps(spec: Mapping[str, Any], config: Mapping[str, Any]) -> tuple[Any, Any, str]:
+def spm_steps(spec: Mapping[str, Any], config: Mapping[str, Any]) -> tuple[Any, Any]:
     """The (normalizer, pre_tokenizer) transformers runs for a SentencePiece-style
-    ``tokenizer.json`` given its ``tokenizer_config.json``, and where they come from."""
+    ``tokenizer.json`` given its ``tokenizer_config.json``."""
     cls = config.get("tokenizer_class")
     if cls in _LLAMA_CLASSES:
         scheme = ("never" if config.get("add_prefix_space") is False
                   else "always" if config.get("legacy") else "first")
-        return (None, {"type": "Metaspace", "replacement": _META, "prepend_scheme": scheme,
-                       "split": False},
-                f"tokenizer_config.json: tokenizer_class {cls} (legacy "
-                f"{json.dumps(config.get('legacy', False))}, add_prefix_space "
-                f"{json.dumps(config.get('add_prefix_space'))}): transformers 5 builds its "
-                f"steps itself, and ")
+        return None, {"type": "Metaspace", "replacement": _META, "prepend_scheme": scheme,
+                      "split": False}
     if cls in _GEMMA_CLASSES:
-        return SPM_FORMS[1].normalizer, SPM_FORMS[1].pre_tokenizer, ""
-    return spec.get("normalizer"), spec.get("pre_tokenizer"), "tokenizer.json: "
+        return SPM_FORMS[1].normalizer, SPM_FORMS[1].pre_tokenizer
+    return spec.get("normalizer"), spec.get("pre_tokenizer")
 
 
 def _spm_form(path: str, spec: Mapping[str, Any], config: Mapping[str, Any]) -> SpmForm:
     """The form of a SentencePiece-style ``tokenizer.json`` as transformers runs it (see
     :data:`SPM_FORMS`), or a refusal naming the step llama.cpp's SentencePiece tokenizer
     would not reproduce."""
-    normalizer, pre, source = spm_steps(spec, config)
+    normalizer, pre = spm_steps(spec, config)
     form = next((f for f in SPM_FORMS if (f.normalizer, f.pre_tokenizer) == (normalizer, pre)),
                 None)
-    if form is None and isinstance(pre, Mapping) and pre.get("type") == "Metaspace":
-        scheme = pre.get("prepend_scheme")
-        raise UnsupportedModelError(f"{source}pre_tokenizer: " + METASPACE_REFUSAL.format(
-            scheme=scheme, first=", and only at the text's start" if scheme == "first" else ""))
     if form is None:
         key = ("normalizer" if normalizer not in [f.normalizer for f in SPM_FORMS]
                else "pre_tokenizer")
         raise UnsupportedModelError(
             f"{path}: {key} {json.dumps(spec.get(key))[:160]} is not a step llama.cpp's "
             f"SentencePiece tokenizer takes (supported: the Prepend + Replace normalizers, as "
-            f"transformers 4 writes a Llama's, a Metaspace that never prepends, or Gemma's "
+            f"transformers 4 writes a Llama's, a Metaspace with split false, or Gemma's "
             f"Replace normalizer with no prefix)")
     if spec.get("decoder") not in SPM_DECODERS:
         raise UnsupportedModelError(
