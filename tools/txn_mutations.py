@@ -54,8 +54,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "            _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n            c.fsync(fd)\n",
      "            _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n", [ORDER]),
     ("lock name not re-checked after flock", "liveness.py",
-     '        if not _names_same(fd, path):\n            raise LockBusyError(errno.EAGAIN, '
-     'f"{path} was removed',
+     '        if named and not _names_same(fd, path):\n'
+     '            raise LockBusyError(errno.EAGAIN, f"{path} was removed',
      '        if False:\n            raise LockBusyError(errno.EAGAIN, f"{path} was removed',
      [ORDER]),
     ("recover: later sources' full size not checked", "assess.py",

@@ -165,7 +165,7 @@ def fill_output(txn: Txn, o: int) -> None:
     adjacent in their source and in the output are one copy; each source of the plain copies
     is looked at once, after its last (rows from two shards: two looks, not one per row)."""
     p = txn.prep.plan
-    out, cord = p.outputs[o], txn.prep.cords[o]
+    out, pieces = p.outputs[o], txn.prep.cords[o].pieces  # a property: built once here
     fd = txn.fds[o]
     if fd is None:
         raise SaveError(f"{out.path}: output descriptor missing")
@@ -176,7 +176,7 @@ def fill_output(txn: Txn, o: int) -> None:
         action = p.actions.action_of(pos)
         if action in ("moved", "adopted"):
             continue
-        piece = cord.pieces[r.index]
+        piece = pieces[r.index]
         dst_off = None if out.direct else r.out_offset  # None: append to a stream
         if isinstance(piece, FileBackedData) and action == "copied":
             if run is not None and run.extends(piece, dst_off):

@@ -71,23 +71,9 @@ def _names_same(fd: int, path: str) -> bool:
 def create(path: str, content: bytes) -> int:
     """Make and lock a new lock file (the save's side, as the module says); its descriptor."""
     fd = _sys.open_unnamed(os.path.dirname(path) or ".")
-    if fd is not None:
-        try:
-            _sys.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else can reach it yet
-            _sys.write_all(fd, content, 0)
-            _sys.fsync(fd)
-            _sys.link_fd(fd, path)
-        except BaseException:
-            # A signal can land after the link: the name is then ours, and nobody else's
-            # to remove (the save's cleanup never learnt of it).
-            with contextlib.suppress(OSError):
-                if _names_same(fd, path):
-                    _sys.unlink_missing_ok(path)
-            with contextlib.suppress(OSError):
-                _sys.close(fd)
-            raise
-        return fd
-    fd = _sys.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    named = fd is None
+    if fd is None:  # no unnamed file here: made under its name, locked at once
+        fd = _sys.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         try:
             _sys.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -95,21 +81,20 @@ def create(path: str, content: bytes) -> int:
             raise LockBusyError(
                 errno.EAGAIN, f"{path} was locked by a recover as it was made"
             ) from None
-        if not _names_same(fd, path):
+        if named and not _names_same(fd, path):
             raise LockBusyError(errno.EAGAIN, f"{path} was removed by a recover as it was made")
         _sys.write_all(fd, content, 0)
-        # Durable before any temp exists beside it: a temp's name then implies the pointer.
-        _sys.fsync(fd)
+        _sys.fsync(fd)  # durable before any temp beside it: a temp's name implies the pointer
+        if not named:
+            _sys.link_fd(fd, path)
     except BaseException:
-        # Ours alone (O_EXCL) unless a recover took it: then that recover removes it.
-        try:
+        # The name is ours alone (a signal can land after the link), unless a recover took
+        # it: then that recover removes it.  Never hide why the lock could not be made.
+        with contextlib.suppress(OSError):
             if _names_same(fd, path):
                 _sys.unlink_missing_ok(path)
-        except OSError:  # never hide why the lock could not be made; recover removes it
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                _sys.close(fd)
+        with contextlib.suppress(OSError):
+            _sys.close(fd)
         raise
     return fd
 
