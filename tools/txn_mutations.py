@@ -51,11 +51,11 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "    _sys.write_all(fd, record, txn.journal_end)\n    txn.counters.fsync(fd)\n",
      "    _sys.write_all(fd, record, txn.journal_end)\n", [ORDER]),
     ("fsync after restoring times in a put-back removed", "undo.py",
-     "        _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n        c.fsync(fd)\n",
-     "        _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n", [ORDER]),
+     "            _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n            c.fsync(fd)\n",
+     "            _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n", [ORDER]),
     ("lock name not re-checked after flock", "liveness.py",
-     '        if not _names_same(fd, path):\n            raise LockBusyError(errno.EAGAIN, '
-     'f"{path} was removed',
+     '        if named and not _names_same(fd, path):\n'
+     '            raise LockBusyError(errno.EAGAIN, f"{path} was removed',
      '        if False:\n            raise LockBusyError(errno.EAGAIN, f"{path} was removed',
      [ORDER]),
     ("recover: later sources' full size not checked", "assess.py",

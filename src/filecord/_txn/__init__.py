@@ -1,12 +1,9 @@
-"""The save transaction (DESIGN.md section 4), one module per role.
+"""The save transaction (DESIGN.md section 4), one module per role; imports point down only.
 
-``state`` (the running save) and ``stages`` (the one table of legal moves); ``journal`` (the
-log: the record and its checksummed progress records); ``liveness`` (the flocked lock files);
-``begin`` (lock, journal, park), ``fill`` (temps and copies), ``transfer`` (moving bytes),
-``looks`` (the save's last look at each source), ``adopt`` (a source made its output's
-file), ``undo`` (roll back or finish from the
-files), ``failure`` (the in-process failure path) and ``recover`` (the same for a crashed save);
-``save`` drives them.  Imports point down only: nothing here imports a format or the CLI.
+``state`` and ``stages`` (the running save, its legal moves); ``journal`` (the log);
+``liveness`` (lock files); ``begin``, ``fill``, ``transfer``, ``adopt``, ``looks`` (the save's
+steps); ``assess`` and ``decide`` (the files judged, the one table); ``undo`` (roll back or
+finish), ``failure`` and ``recover`` (after a failure, after a crash); ``save`` drives them.
 
 Glossary (the one list of the transaction's terms; docs/reliability.md uses the same)
 -------------------------------------------------------------------------------------
@@ -35,8 +32,8 @@ consumed
 parked
     a consumed source renamed to ``.NAME.TOKEN.filecord-src`` before it is cut.
 move
-    a source's bytes copied into the temps window by window from its end, each window
-    fsynced there before the source is cut below it.
+    a source's bytes copied into the temps from its end, a window at a time, each fsynced
+    there before the source is cut below it.
 window
     the bytes a move copies, fsyncs and cuts at a time (the sync window).
 cut
@@ -46,8 +43,8 @@ kept prefix
 adopted
     a whole source renamed onto its output's temp, no byte copied.
 in place
-    adopted with space inserted in front and the output written around it (``adopt``; the
-    save's ``in_place`` option, on by default, lets the plan choose it).
+    adopted with space inserted in front and the output written around it (the ``in_place``
+    option, on by default, lets the plan choose it).
 removal
     a file that is not the save's, unlinked at the commit while still the recorded file.
 commit point
@@ -59,8 +56,8 @@ assessment
 finding
     what the assessment found (``decide.Found``).
 action
-    what the table says to do with a finding at a stage (``decide.Action``); recover reports
-    it by one word (``decide.OUTCOME``: finished, restored, discarded, skipped, refused).
+    what the table says to do with a finding at a stage (``decide.Action``), reported by one
+    word (``decide.OUTCOME``).
 roll back
     put every source back byte-exact under its own name.
 finish

@@ -2,33 +2,23 @@
 
 Theory of operation
 -------------------
-The plan decides, once, which sources are adopted (``MoveSource.adopt``): a source that is
-the whole of one output is renamed onto it (*whole*); with ``in_place`` (the save's option,
-on by default) a source used once, whole, at a block-aligned offset of an output on a file
-system whose probe inserts ranges, on the output's mount, is the output's file with the space
-in front of it inserted (*in place*).  Every reason a source is not adopted (another hard
-link, another file system or mount, a layout that is not whole and aligned, a file system
-that inserts no range, ``in_place=False``) is the plan's, with its reason in the report;
-nothing here re-decides it.  What this module finds is only what another process did during
-the save, and that is a ``DataChangedError`` that holds the journal.
+The plan decides, once and with its reasons, which sources are adopted (``MoveSource.adopt``):
+*whole* (the source is the whole of one output) or, with the ``in_place`` option, *in place*
+(used once, whole, at a block-aligned offset, on a file system that inserts ranges: the space
+in front of it inserted).  Nothing here re-decides it; what this module finds is only another
+process's doing, a ``DataChangedError`` that holds the journal.  The steps, each logged, each
+undone by ``undo._put_back`` (the temp's size says which step it reached):
 
-The steps, each logged (``log.debug``) and each with its undo (``undo._put_back``: the temp's
-size says which step it reached):
-
-1. *claim*: the file, still as the preflight saw it, is renamed onto the output's temp (the
-   empty temp claimed the name, ``O_EXCL``, and the journal names both paths), both
-   directories fsynced, and reopened there; it must still have one link (another name would
-   see the output's bytes in place of the source's).
-2. *insert* (in place, offset ``src.inserted`` not 0): that many bytes are inserted in front of
-   its blocks (``insert_range``) and fsynced; the blocks the source's range lies on are noted
-   (``looks.blocks``) and the insert is recorded by a journal step before a byte is written
-   into the space (the size alone cannot tell an insert from another writer's append).
-3. *fill around*: the rest of the output is written (``fill.fill_output``), and the temp gets
-   its final length (a hole) when moved bytes of other sources follow.
-4. *at the commit* (``check_at_commit``): still one link; a file adopted whole still at its
-   size and mtime; one written around still on the blocks noted in step 2 and at the
-   output's length.  Then, past the commit point, the replaced file's owner and mode
-   (``take_owner_modes``).
+1. *claim*: the file, as the preflight saw it, is renamed onto the output's (empty, journaled)
+   temp, both directories fsynced, and reopened there with one link.
+2. *insert* (in place, ``src.inserted`` bytes): inserted in front and fsynced; the source's
+   blocks noted (``looks.blocks``); the insert recorded by a journal step before a byte is
+   written there (its size alone cannot tell the insert from another writer's append).
+3. *fill around*: the rest of the output (``fill.fill_output``), its final length a hole when
+   moved bytes of other sources follow.
+4. *at the commit* (``check_at_commit``): one link; adopted whole, its size and mtime; in
+   place, the blocks of step 2 and the output's length.  Past the commit point, the replaced
+   file's owner and mode (``take_owner_modes``).
 """
 
 from __future__ import annotations
@@ -46,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 def adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
-    """Make the source ``m`` its output's file (the steps of the module's docstring)."""
+    """Make the source ``m`` its output's file (the module's steps)."""
     o = m.dests[0].output
     fd = _claim(txn, m, src)
     where = _insert(txn, m, src, fd) if src.inserted or (
@@ -55,8 +45,8 @@ def adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
         txn.adopted_blocks[o] = (src.inserted, m.size, where)
     fill.fill_output(txn, o)
     log.debug("adopt %s: the rest of %s written around it", m.path, txn.temps[o])
-    # Moved bytes of other sources follow: the temp gets its final length (a hole) first.
-    # Only then: a file adopted whole, cut by someone else meanwhile, is never padded back.
+    # Moved bytes follow: the final length (a hole) first; only now, so a file adopted whole
+    # and cut by someone else meanwhile is never padded back.
     if o in txn.prep.plan.receiving:
         length = txn.prep.plan.outputs[o].length
         if _sys.fstat(fd).st_size < length:
@@ -88,8 +78,8 @@ def _claim(txn: Txn, m: MoveSource, src: journal.JournalSource) -> int:
     fd = _sys.open(temp, os.O_RDWR)
     txn.fds[o] = fd
     txn.dirty.add(fd)  # whoever wrote the source may never have synced it
-    now = _sys.fstat(fd)  # the file as adopted: a cut or write since the look above would
-    if (now.st_size, now.st_mtime_ns) != (m.size, data.identity.mtime_ns):  # be built on
+    now = _sys.fstat(fd)  # a cut or write since the look above would be built on
+    if (now.st_size, now.st_mtime_ns) != (m.size, data.identity.mtime_ns):
         raise DataChangedError(temp, expected_size=m.size, found_size=now.st_size,
                                reason="another process changed it as it was adopted")
     refuse_linked(now, m.path)
@@ -97,12 +87,11 @@ def _claim(txn: Txn, m: MoveSource, src: journal.JournalSource) -> int:
 
 
 def _insert(txn: Txn, m: MoveSource, src: journal.JournalSource, fd: int) -> Placed | None:
-    """Step 2: the space in front of the source, durable and recorded; where its bytes lie
-    (None where the file system does not say)."""
+    """Step 2; where the source's bytes lie (None where the file system does not say)."""
     if src.inserted:
         _sys.insert_range(fd, 0, src.inserted)
-    # Written around: size and times cannot tell another process's cut from the save's own
-    # writes, the blocks can; fsynced first so they are placed.
+    # Size and times cannot tell another's cut from the save's writes around it, the blocks
+    # can: fsynced first so they are placed.
     txn.counters.fsync(fd)
     where = looks.blocks(fd, src.inserted, m.size)
     now = _sys.fstat(fd)  # a write or cut since the look above (before the blocks')
@@ -118,9 +107,8 @@ def _insert(txn: Txn, m: MoveSource, src: journal.JournalSource, fd: int) -> Pla
 
 
 def refuse_linked(st: os.stat_result, path: str) -> None:
-    """An adopted file is the output's inode: another name linked to it meanwhile would see
-    the output's bytes in place of the source's (a moved source is checked after each cut,
-    ``transfer.move_source``).  Nothing is lost: the rollback gives that inode its bytes back."""
+    """Another name linked to the adopted file would see the output's bytes in place of the
+    source's (the rollback gives that inode its bytes back)."""
     if st.st_nlink != 1:
         raise DataChangedError(path, expected_size=st.st_size, found_size=st.st_size,
                                reason="another name was linked to it while it was adopted",
@@ -128,8 +116,7 @@ def refuse_linked(st: os.stat_result, path: str) -> None:
 
 
 def check_at_commit(txn: Txn, o: int, st: os.stat_result) -> None:
-    """Step 4: output ``o``'s adopted file is as the save left it.  Someone else's write to it
-    is a change, not an I/O error: the journal is held and nothing is claimed."""
+    """Step 4: output ``o``'s adopted file is as the save left it, else a change (held)."""
     p = txn.prep.plan
     key = p.adopted[o]
     path, length = p.outputs[o].path, p.outputs[o].length
@@ -144,13 +131,12 @@ def check_at_commit(txn: Txn, o: int, st: os.stat_result) -> None:
     fd = txn.fds[o]
     if placed is not None and fd is not None and looks.blocks(fd, placed[0],
                                                               placed[1]) != placed[2]:
-        # Size and times are as the save left them: only this says the source's bytes are
-        # gone, so the failure holds (never puts the cut file back as the source).
+        # Only the blocks say the source's bytes are gone: held, never put back as the source.
         txn.changed = key
         raise DataChangedError(path, expected_size=length, found_size=st.st_size,
                                reason="another process cut or rewrote the adopted file "
                                "during the save: its bytes are not on the blocks adopted")
-    if st.st_size != length:  # the save sized it: another writer did not
+    if st.st_size != length:
         raise DataChangedError(path, expected_size=length, found_size=st.st_size,
                                reason="another process wrote to the adopted file during the "
                                "save")

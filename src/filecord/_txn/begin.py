@@ -3,21 +3,16 @@
 Theory of operation
 -------------------
 1. Before any temp, a lock file per directory (``liveness.create``: made unnamed, ``flock``ed,
-   its content a checksummed ``created`` step naming the journal, ``fsync``ed, then linked to
-   its name): a temp's name then implies its lock and that step, and a lock file is never
-   seen under its name empty.
-2. Each source's record says whether it is dense (FIEMAP, else ``SEEK_HOLE``, on a read-only
-   descriptor closed again: reads only, so a crash here leaves what step 1 left).  The record
-   goes to ``.filecord-pending``, is fsynced, every directory of the save is fsynced (temps and
-   lock files are durable), then it is renamed to ``.filecord-journal`` and
-   its directory fsynced: a journal name never holds a torn head.  Its descriptor stays open
-   (``Txn.journal_fd``): the later steps (``moving``, ``committed``, ``rolling back``,
-   ``held``) are appended to it at its logical end (``Txn.journal_end``) and fsynced.  Each
-   lock file then gets a durable ``journaled`` step, so a journal that later goes missing is
-   known to be removed, not never made.
-3. Every source the save will shorten or delete is renamed to ``.NAME.TOKEN.filecord-src`` in
-   its own directory and the directories fsynced, before anything is truncated.  A crash
-   between renames leaves each source at one of its two names, both known to ``recover``.
+   its ``created`` step naming the journal written and fsynced, then linked to its name): a
+   temp's name implies its lock and that step.
+2. The record (each source's density read through a read-only descriptor) goes to
+   ``.filecord-pending``, fsynced; every directory of the save is fsynced; it is renamed to
+   ``.filecord-journal`` and its directory fsynced: a journal name never holds a torn head.
+   Its descriptor stays open for the later steps, appended at its logical end and fsynced.
+   Each lock file then gets a durable ``journaled`` step: a journal missing later was removed.
+3. Every source the save will shorten or delete is renamed to ``.NAME.TOKEN.filecord-src``
+   and the directories fsynced before anything is cut: a crash leaves each source at one of
+   its two names, both known to ``recover``.
 """
 
 from __future__ import annotations
@@ -67,15 +62,10 @@ def _umask() -> int:
 
 
 def _dense(path: str, st: os.stat_result) -> bool:
-    """Whether every byte of the source is written data: no hole, no preallocated block.
-
-    The block count alone is not enough: a preallocated file (``fallocate``) counts its
-    never-written blocks, XFS and btrfs do not copy those into the temps (the temp has a hole
-    there), and a source journaled as dense would then make every rollback refuse ("the temp
-    holds no data") for good.  ``SEEK_HOLE`` is not enough either: XFS reports unwritten blocks
-    whose zeros are in the page cache as data.  So FIEMAP decides (holes and unwritten extents
-    are not dense); where it is missing (tmpfs), ``SEEK_HOLE``; where both are, dense.
-    """
+    """Whether every byte of the source is written data: no hole, no preallocated block (XFS
+    and btrfs copy none of those, so a rollback would find holes and refuse for good).  FIEMAP
+    decides (``SEEK_HOLE`` calls XFS's cached unwritten blocks data); without it (tmpfs),
+    ``SEEK_HOLE``; without both, dense."""
     if st.st_blocks * 512 < st.st_size:
         return False
     fd = _sys.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -108,9 +98,7 @@ def _record(txn: Txn) -> journal.Journal:
     moves = {m.key: m for m in p.moves}
     adopted_out = p.adopted
     sources = []
-    # In the order the moves run, then the sources only deleted at commit: the rollback and
-    # recover check that order (every source before the one in progress is done, every one
-    # after it untouched).
+    # In the order the moves run, then the sources only deleted at commit (recover checks it).
     for key in [*moves, *sorted(set(p.consumed) - set(moves))]:
         data = txn.prep.datas[key][0]
         st = _sys.stat(data.path)
@@ -142,11 +130,11 @@ def _record(txn: Txn) -> journal.Journal:
                            removals=txn.removals)
 
 
-def write_journal(txn: Txn) -> None:
+def write_journal(txn: Txn) -> journal.Journal:
     """Pending record, fsync, fsync every directory, rename to the journal name, fsync."""
-    txn.record = _record(txn)
+    record = txn.record = _record(txn)
     pending = journal_name(txn, _names.PENDING)
-    head = journal.encode(txn.record)  # once: a head of 100,000 moved ranges is megabytes
+    head = journal.encode(record)  # once: a head of 100,000 moved ranges is megabytes
     fd = _sys.open(pending, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         _sys.write_all(fd, head, 0)
@@ -156,8 +144,7 @@ def write_journal(txn: Txn) -> None:
         raise
     txn.journal_fd = fd  # kept open: the later steps are appended through it
     txn.journal_end = txn.journal_tail = len(head)
-    # Every name the rollback needs (temps, lock files) must be durable before the journal
-    # name can be: fsyncing a file does not persist its directory entry.
+    # Every name the rollback needs (temps, lock files) durable before the journal's.
     temps = [t for t in txn.temps if t is not None]
     txn.counters.fsyncs += _sys.fsync_parents([pending, *temps])
     final = journal_name(txn, _names.JOURNAL)
@@ -168,13 +155,11 @@ def write_journal(txn: Txn) -> None:
     created = len(liveness.pointer_record(final))
     for _path, lock_fd in txn.locks:
         liveness.mark_journaled(lock_fd, created)
+    return record
 
 
-def park_sources(txn: Txn) -> None:
+def park_sources(txn: Txn, record: journal.Journal) -> None:
     """Rename every source the save will shorten or delete to its token name, durably."""
-    record = txn.record
-    if record is None:
-        return
     parked: list[str] = []
     for s in record.sources:
         if s.adopt:
@@ -191,16 +176,11 @@ def park_sources(txn: Txn) -> None:
 
 
 def append_step(txn: Txn, record: bytes, stage: Stage | None = None) -> None:
-    """Append one step record at the journal's logical end and fsync it, before the step it
-    licenses.  ``stage``: the save enters it once the fsync returns.
-
-    A step whose write or fsync failed is not taken: the logical end stays before it, and the
-    next step (the failure path's ``rolling back`` or ``held``) first cuts the journal back
-    to that end, then is written there.  Until that cut the failed record may sit in the page
-    cache (a crash without a power cut keeps it): every step is appended before the action
-    it licenses, so the files are then as that record says too (a ``committed`` step: the
-    temps complete, nothing renamed; ``recover`` finishes), and the failure path touches no
-    file before its own step is durable."""
+    """Append one step at the journal's logical end and fsync it, before the action it
+    licenses; ``stage`` is entered once the fsync returns.  A step whose write or fsync failed
+    is not taken: the next (``rolling back``, ``held``) first cuts the journal back to the
+    logical end.  Until then a crash may keep the failed record, but the files are as it says
+    (every step precedes its action)."""
     fd = txn.journal_fd
     if fd is None:  # pragma: no cover - steps follow the journal's write
         raise SaveError("a journal step without a journal")

@@ -2,26 +2,21 @@
 
 Theory of operation
 -------------------
-* Before the journal (CREATED, FILLED): nothing destructive happened.  Descriptors are closed,
-  the temps and a pending journal unlinked, then the lock files (last, so a crash in between
-  leaves a lock file beside the garbage and ``recover`` may remove it).
-* JOURNALED, MOVING: a ``rolling back`` step is first appended to the journal (fsynced), so
-  a crash during the undo continues it; then ``undo.roll_back`` runs on the live
-  files, exactly as ``recover`` would; then temps, journal and lock files are removed.  If the
-  failure is a source changed by another process, or the undo itself fails, everything stays:
-  the lock files are only closed (their ``flock`` dropped), and the error's notes say which
-  file holds which bytes and which ``filecord recover`` command continues.
-* COMMITTED, RENAMED: nothing is undone.  Descriptors and locks are dropped (the files stay)
-  and the error names the journal (its last step ``committed``) that ``recover`` finishes.
-
 ``_fail`` decides nothing itself: it asks ``decide`` (from the stage and, past the journal, the
-assessment of the files) and runs the one function ``_ACTIONS`` gives for that row.  The count
-of its branch points is ``tools/failure_branches.py``.
+assessment of the files) and runs the one function ``_ACTIONS`` gives for that row.  Before
+the journal the garbage goes (temps, a pending journal, then the lock files, last).  From
+JOURNALED a ``rolling back`` step is made durable first, so a crash continues the undo, then
+``undo.roll_back`` runs on the live files exactly as ``recover`` would.  A source changed by
+someone else, or an undo that fails, keeps everything: the locks are only closed and the notes
+say which file holds which bytes and which ``filecord recover`` continues.  Past the commit
+point nothing is undone and the error names the journal.  Its branch points are counted by
+``tools/failure_branches.py``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn, TypeVar
@@ -44,33 +39,26 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-
-def _drop_locks(txn: Txn, *, remove: bool) -> None:
+def drop_locks(txn: Txn, *, remove: bool) -> None:
+    """Let go of every lock (``remove``: unlinking its file first)."""
     while txn.locks:
         path, fd = txn.locks.pop()
         if remove:
             try:
                 liveness.release(path, fd)
-            except OSError as exc:  # a lock file left behind is removed by recover
-                log.warning("could not remove the lock file %s: %s", path, exc)
+            except OSError as exc:  # a lock file left behind is recover's garbage
+                log.warning("could not remove the lock file %s (%s): `filecord recover %s` "
+                            "removes it", path, exc, os.path.dirname(path))
         else:
             _sys.close_each([fd])
 
 
 def close_descriptors(txn: Txn) -> list[OSError]:
-    """Close every temp and source descriptor the save holds; returns the close errors.
-
-    A failed close must not skip the rest: Linux releases a descriptor even when close
-    reports an error, so all are closed and the caller decides what an error means.
-    """
+    """Close every temp and source descriptor, all of them whatever fails; the errors."""
     fds = [fd for fd in txn.fds if fd is not None] + [fd for fd, _st in txn.src_fds.values()]
     txn.fds = [None] * len(txn.fds)
     txn.src_fds.clear()
     return _sys.close_each(fds)
-
-
-def close_descriptors_quietly(fds: list[int]) -> None:
-    _sys.close_each(fds)  # never let a close error hide why the save stopped
 
 
 def _attempt(fn: Callable[[T], None], arg: T) -> OSError | None:
@@ -90,21 +78,18 @@ def _close(txn: Txn, notes: list[str]) -> None:
 
 
 def _raise(exc: BaseException, message: str, notes: list[str], **kw: object) -> NoReturn:
-    if isinstance(exc, FilecordError):
-        # Keep the caller's error type (a DataChangedError stays one); the journal it leaves
-        # behind rides along as attributes.
-        for k, v in kw.items():
-            setattr(exc, k, v)
-        for n in [message, *notes]:
-            add_note(exc, n)
-        raise exc
-    if isinstance(exc, OSError):
+    """A system call's error becomes a ``SaveError``; the caller's own error keeps its type
+    (a DataChangedError stays one), the journal it leaves riding along as attributes."""
+    if isinstance(exc, OSError) and not isinstance(exc, FilecordError):
         err = SaveError(
             f"{message}: {exc.strerror or exc}", errno=exc.errno, **kw  # type: ignore[arg-type]
         )
         for n in notes:
             add_note(err, n)
         raise err from exc
+    if isinstance(exc, FilecordError):
+        for k, v in kw.items():
+            setattr(exc, k, v)
     for n in [message, *notes]:
         add_note(exc, n)
     raise exc
@@ -130,18 +115,6 @@ def records_of(txn: Txn, exc: BaseException) -> assess.Records:
                           cause=exc)
 
 
-def _hold(txn: Txn, notes: list[str]) -> None:
-    """A source changed under the move: append the ``held`` step so no recover ever rolls
-    back over the change (it would fill the gap with whatever the temps hold).  Row HOLD is
-    only reached from JOURNALED or MOVING, where the journal's descriptor is open."""
-    _journaled(txn)
-    try:
-        begin.append_step(txn, journal.step(Stage.HELD), Stage.HELD)
-    except OSError as exc:
-        notes.append(f"could not mark the journal held ({exc}): recover refuses it anyway if "
-                     "the change shows in the source's size")
-
-
 def _journaled(txn: Txn) -> tuple[Journal, str]:
     """The record and journal name of a save past JOURNALED (the stage machine enters
     JOURNALED only once both exist); a bug in filecord otherwise."""
@@ -151,14 +124,15 @@ def _journaled(txn: Txn) -> tuple[Journal, str]:
     return record, path
 
 
-def _keep_all(txn: Txn, exc: BaseException, names: str, notes: list[str], why: str, *,
-              held: bool = False) -> NoReturn:
+def _keep(txn: Txn, f: _Failed, notes: list[str], *, held: bool = False) -> NoReturn:
+    """Row KEEP: the journal and temps stay for recover (no byte changed, or the files could
+    not be checked); the notes say where every source's bytes are."""
     _close(txn, notes)
-    _drop_locks(txn, remove=False)
+    drop_locks(txn, remove=False)
     record, path = _journaled(txn)
     states: tuple[SourceState, ...] = ()
-    left_at = assess.left_at(exc, txn.moving or txn.changed)
-    seen = assess.observe(record, records_of(txn, exc))
+    left_at = assess.left_at(f.exc, txn.moving or txn.changed)
+    seen = assess.observe(record, records_of(txn, f.exc))
     if seen.unreadable is not None:
         notes.append("could not look at the sources to say where their bytes are: "
                      f"{seen.unreadable}")
@@ -166,8 +140,19 @@ def _keep_all(txn: Txn, exc: BaseException, names: str, notes: list[str], why: s
         notes.extend(assess.whereabouts(record, seen, left_at,
                                         inserted=frozenset(txn.inserted), held=held))
         states = _states(record, seen)
-    notes.append(f"{why}; run `filecord recover {path}` once the cause is fixed")
-    _raise(exc, f"saving {names} failed", notes, journal_path=path, sources=states)
+    notes.append(f"{f.why}; run `filecord recover {path}` once the cause is fixed")
+    _raise(f.exc, f"saving {f.names} failed", notes, journal_path=path, sources=states)
+
+
+def _hold(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
+    """Row HOLD: a source changed mid-move: the ``held`` step first, so no recover ever rolls
+    back over the change (it would fill the gap with whatever the temps hold), then KEEP."""
+    try:
+        begin.append_step(txn, journal.step(Stage.HELD), Stage.HELD)
+    except OSError as exc:
+        notes.append(f"could not mark the journal held ({exc}): recover refuses it anyway if "
+                     "the change shows in the source's size")
+    _keep(txn, f, notes, held=True)
 
 
 def fail(txn: Txn, exc: BaseException) -> NoReturn:
@@ -180,8 +165,7 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
 
 @dataclass(frozen=True, slots=True)
 class _Failed:
-    """One failed save, as the action for its row sees it: the error to raise (the change the
-    assessment found, else the cause), the outputs' names, why (the assessment's words)."""
+    """The error to raise (the change found, else the cause), the outputs, why (in words)."""
 
     exc: BaseException
     names: str
@@ -189,8 +173,7 @@ class _Failed:
 
 
 def _fail(txn: Txn, exc: BaseException) -> NoReturn:
-    """Ask the table (``decide``) what to do, from the stage and, past the journal, the
-    assessment of the files; then do that row's action.  Nothing else is decided here."""
+    """Ask the table what to do (the stage, and past the journal the files' assessment)."""
     names = ", ".join(o.path for o in txn.prep.plan.outputs)
     notes: list[str] = []
     if txn.stage not in _UNDOABLE:  # nothing to assess: the stage alone decides
@@ -209,7 +192,7 @@ def _fail(txn: Txn, exc: BaseException) -> NoReturn:
 def _complete(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row COMPLETE: e.g. Ctrl-C while the last lock file was being let go."""
     _close(txn, notes)
-    _drop_locks(txn, remove=False)
+    drop_locks(txn, remove=False)
     add_note(f.exc, f"the save of {f.names} had completed: every output is in place and "
              "durable (a lock file left behind is removed by `filecord recover`)")
     raise f.exc
@@ -220,29 +203,17 @@ def _finish(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     journal, the one rename was the commit and only its directory's fsync failed)."""
     _close(txn, notes)
     if txn.journal_path is not None:
-        _drop_locks(txn, remove=False)
+        drop_locks(txn, remove=False)
         notes.append(
             f"the outputs are complete; run `filecord recover {txn.journal_path}` to "
             "finish moving them to their final names and removing the consumed sources"
         )
         _raise(f.exc, f"saving {f.names} failed after its commit point", notes,
                journal_path=txn.journal_path)
-    _drop_locks(txn, remove=True)
+    drop_locks(txn, remove=True)
     notes.append(f"{f.names} holds the complete new content, but syncing its directory "
                  "failed: after a power loss the old file may come back")
     _raise(f.exc, f"saving {f.names} failed after the rename", notes)
-
-
-def _keep(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
-    """Row KEEP: the journal and temps stay for recover (no byte changed, or the files could
-    not be checked)."""
-    _keep_all(txn, f.exc, f.names, notes, f.why)
-
-
-def _hold_all(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
-    """Row HOLD: a source changed mid-move: the journal is held, then kept with the temps."""
-    _hold(txn, notes)
-    _keep_all(txn, f.exc, f.names, notes, f.why, held=True)
 
 
 def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
@@ -271,7 +242,7 @@ def _discard(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row DISCARD (and the end of ROLL_BACK): nothing of the save is left but its garbage."""
     _close(txn, notes)
     left = _remove_garbage(txn, notes)
-    _drop_locks(txn, remove=not left)
+    drop_locks(txn, remove=not left)
     streams = [o.path for o in txn.prep.plan.outputs if o.direct]
     if streams:
         notes.append(f"bytes already written to {', '.join(streams)} (not a regular file) "
@@ -290,7 +261,7 @@ _ACTIONS: dict[Action, Callable[[Txn, _Failed, list[str]], NoReturn]] = {
     Action.ROLL_BACK: _roll_back,
     Action.FINISH: _finish,
     Action.KEEP: _keep,
-    Action.HOLD: _hold_all,
+    Action.HOLD: _hold,
     Action.COMPLETE: _complete,
 }
 

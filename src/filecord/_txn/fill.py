@@ -3,28 +3,24 @@
 Theory of operation
 -------------------
 Each temp ``.NAME.TOKEN.partial`` is created ``O_CREAT|O_EXCL`` with the replaced file's
-permission bits (narrowed by the umask), so it is never readable beyond the old file from the
-first instant; a discard output's temp (never published) is 0600.  In-memory pieces are
-written, derived ones computed (``_pieces.derived``: a chunk of their sources at a time, read
-here while every source is still whole) and file-backed ones cloned or copied at their final
-offsets, in output order (the kernel clones a source's partial EOF block only at the temp's
-end, so temps are not presized before the fill).  An output a source is adopted into is
-filled after the adoption, around the source's blocks (``adopt.adopt``).  Clones and copies
-never shorten a source, so rolling them back is deleting the temp.  After each file-backed
-piece (a run of pieces adjacent in their source and in the output is copied as one, a piece of
-rows run by run; the plain copies of one output are looked at once per source, after the
-last) the source's size, mtime and ctime are compared with what they were when it was opened,
-so a source rewritten during the copy is a ``DataChangedError``, never a silent mix.  Only
-then do the temps get the replaced file's owner, group and exact mode (set-id bits last, on
-complete content).  A crash here leaves temps that ``recover`` removes once the save's lock is free:
-nothing destructive has happened.
+permission bits (a discard output's: 0600), never readable beyond the old file.  In-memory
+pieces are written, derived ones computed (their sources read while still whole) and
+file-backed ones cloned or copied at their final offsets, in output order (the kernel clones a
+partial EOF block only at the temp's end).  An output a source is adopted into is filled after
+the adoption, around it.  Nothing here shortens a source: undoing it is deleting the temp.
+Each source is compared (size, mtime, ctime) with itself as opened once the output's last
+bytes from it are copied, so a rewrite during the copy is a ``DataChangedError``, never a
+silent mix.  Then the temps get the replaced file's owner and exact mode (set-id bits on
+complete content).  A crash here leaves temps ``recover`` removes once the lock is free.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat as stat_mod
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from filecord._io import names as _names
@@ -49,9 +45,6 @@ def create_outputs(txn: Txn) -> None:
             txn.fds.append(_sys.open(out.target, os.O_WRONLY))
             continue
         temp = _names.sibling(out.target, txn.token, _names.TEMP)
-        # The replaced file's permission bits from the first instant (the umask may narrow
-        # them further); set-id bits and the owner only once the content is complete.
-        # A discard output holds other files' bytes and is never published: owner only.
         mode = (0o600 if out.discard else 0o666 if st is None
                 else stat_mod.S_IMODE(st.st_mode) & 0o777)
         fd = _sys.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
@@ -68,10 +61,9 @@ def finish_modes(txn: Txn) -> None:
         undo.apply_owner_mode(fd, st.st_mode, st.st_uid, st.st_gid)
 
 
-# Source descriptors a fill keeps open at once.  A copy into one output looks at each source
-# after its last copy, so without a bound a merge of more shards than the descriptor limit
-# (600 under `ulimit -n 256`) failed with EMFILE; past the bound the source opened first is
-# looked at and closed, and held to the same baseline when it is opened again.
+# Source descriptors a fill keeps open at once (a merge of 600 shards under `ulimit -n 256`
+# failed with EMFILE): past it the oldest is looked at and closed, and held to the same
+# baseline when opened again.
 OPEN_SOURCES = 64
 
 
@@ -85,9 +77,7 @@ def _source_fd(txn: Txn, data: FileBackedData) -> int:
         try:
             st = _sys.fstat(fd)
             was = txn.src_closed.pop(key, None)
-            # The baseline every later look is compared with must itself be the captured
-            # file, or a change between open_checked's look and this one would pass unseen;
-            # a source opened again is held to its first baseline, change time included.
+            # The baseline must itself be the captured file; one opened again keeps its first.
             if was is not None:
                 _compare(data, was, st)
                 st = was
@@ -103,10 +93,8 @@ def _source_fd(txn: Txn, data: FileBackedData) -> int:
 
 
 def _open_source(txn: Txn, data: FileBackedData) -> int:
-    """Open a source to copy from, checked through the descriptor.  An output built around
-    an adopted file is filled after the journal, when every consumed source that is not
-    adopted is parked (``begin.park_sources``): one copied there (another hard link, another
-    file system) is read at its parked name, never reported gone."""
+    """A source checked through its descriptor; read at its parked name when an output built
+    around an adopted file is filled after the parking (a source copied, not moved)."""
     ident = data.identity
     record = txn.record
     parked = None if record is None or txn.stage is not Stage.MOVING else next(
@@ -147,54 +135,50 @@ def _compare(data: FileBackedData, was: os.stat_result, now: os.stat_result) -> 
 
 
 def _recheck_source(txn: Txn, data: FileBackedData) -> None:
-    """After copying from a source: it must be the file it was when we opened it (F-mix)."""
-    _source_fd(txn, data)  # opened again (and compared) if it was closed meanwhile
+    """The source must be the file it was when opened (F-mix); reopened if closed meanwhile."""
+    _source_fd(txn, data)
     fd, was = txn.src_fds[(data.identity.dev, data.identity.ino)]
     _compare(data, was, _sys.fstat(fd))
 
 
-def fill(txn: Txn) -> None:
-    """Everything that is not moved, at its final offset; an output a source is adopted into
-    is filled later, around that source, by :func:`fill_output` (``adopt.adopt``).
+@contextlib.contextmanager
+def _as_change(txn: Txn, *datas: FileBackedData) -> Iterator[None]:
+    """A copy that failed because its source shrank (EIO at an early end) is that change."""
+    try:
+        yield
+    except OSError:
+        for d in datas:
+            if (d.identity.dev, d.identity.ino) in txn.src_fds:
+                _recheck_source(txn, d)
+        raise
 
-    Copies are batched: file-backed pieces that follow each other both in their source and
-    in the output (slices of one file, in order: one placement of the plan) are one
-    ``copy_file_range``, and every source an output's plain copies read is looked at once,
-    after the last of them (rows interleaved from two shards: two looks, not one per row).
-    The look is the same comparison with the same baseline (the source as it was opened),
-    made once the output's last byte from that source is copied: a change at any moment of
-    the copies is still there to be seen then (a size or mtime restored by hand still moves
-    the ctime), and nothing of the output is final before it.  A piece of rows is its runs,
-    copied in order, then one look.
-    """
-    p = txn.prep.plan
-    adopted = p.adopted
-    for o in range(len(p.outputs)):
-        if o not in adopted:
+
+def fill(txn: Txn) -> None:
+    """Every output that is not built around an adopted file (``adopt`` fills those)."""
+    for o in range(len(txn.prep.plan.outputs)):
+        if o not in txn.prep.plan.adopted:
             fill_output(txn, o)
 
 
 def fill_output(txn: Txn, o: int) -> None:
-    """Output ``o``'s pieces that are not moved (nor adopted), at their final offsets.
-
-    The plan's placements are walked, not the pieces: a run of adjacent slices is one
-    placement (``PieceRef.lengths``), copied as one range from its first piece's file."""
+    """Output ``o``'s pieces that are not moved nor adopted, at their final offsets.  Pieces
+    adjacent in their source and in the output are one copy; each source of the plain copies
+    is looked at once, after its last (rows from two shards: two looks, not one per row)."""
     p = txn.prep.plan
-    out, cord = p.outputs[o], txn.prep.cords[o]
+    out, pieces = p.outputs[o], txn.prep.cords[o].pieces  # a property: built once here
     fd = txn.fds[o]
     if fd is None:
         raise SaveError(f"{out.path}: output descriptor missing")
-    pieces = cord.pieces
     run: _Run | None = None
-    copied: dict[tuple[int, int], FileBackedData] = {}  # sources of the runs copied (_copy_run)
+    copied: dict[tuple[int, int], FileBackedData] = {}  # sources of the runs copied
     for pos in p.actions.positions(o):
         r = p.actions.refs[pos]
         action = p.actions.action_of(pos)
         if action in ("moved", "adopted"):
             continue
         piece = pieces[r.index]
+        dst_off = None if out.direct else r.out_offset  # None: append to a stream
         if isinstance(piece, FileBackedData) and action == "copied":
-            dst_off = None if out.direct else r.out_offset  # None: append to a stream
             if run is not None and run.extends(piece, dst_off):
                 run.n += r.length
             else:
@@ -206,43 +190,38 @@ def fill_output(txn: Txn, o: int) -> None:
             _copy_run(txn, fd, run, copied)
             run = None
         if isinstance(piece, FileRows):
-            _copy_rows(txn, piece, fd, None if out.direct else r.out_offset)
+            _copy_rows(txn, piece, fd, dst_off)
         elif isinstance(piece, Derived):
-            _compute_piece(txn, piece, fd, None if out.direct else r.out_offset)
+            _compute_piece(txn, piece, fd, dst_off)
         elif not isinstance(piece, FileBackedData):
-            dst = None if out.direct else r.out_offset
-            transfer.write_bytes(fd, piece, dst, txn.counters, txn.advance)
+            transfer.write_bytes(fd, piece, dst_off, txn.counters, txn.advance)
         else:
             planned = p.actions.piece_action(pos)
-            done = _copy_piece(txn, piece, fd, planned)
+            with _as_change(txn, piece):
+                done = _clone_or_copy(txn, piece, fd, planned)
+            _recheck_source(txn, piece)
             if done != planned:
                 txn.outcomes[pos] = done
     if run is not None:
         _copy_run(txn, fd, run, copied)
-    for data in copied.values():  # one look per source, once its last run is copied
+    for data in copied.values():
         _recheck_source(txn, data)
     if not out.direct:
         txn.dirty.add(fd)
 
 
 def _compute_piece(txn: Txn, piece: Derived, fd: int, dst_off: int | None) -> None:
-    """Write a derived piece a chunk at a time, reading its sources through the save's checked
-    descriptors (before any source is parked or cut: the fill comes first), then prove each
-    source did not change meanwhile, as for a copy."""
+    """A derived piece a chunk at a time, its sources read through the checked descriptors
+    (the fill comes before any source is parked or cut) and looked at after."""
     def read(r: FileBackedData, start: int, n: int) -> bytes:
         return _sys.read_all(_source_fd(txn, r), r.offset + start, n)
 
     pos = dst_off
-    try:
+    with _as_change(txn, *piece.sources):
         for out in piece.chunks(read):
             transfer.write_bytes(fd, out, pos, txn.counters, txn.advance)
             if pos is not None:
                 pos += len(out)
-    except OSError:
-        for r in piece.sources:
-            if (r.identity.dev, r.identity.ino) in txn.src_fds:
-                _recheck_source(txn, r)
-        raise
     for r in piece.sources:
         _recheck_source(txn, r)
 
@@ -257,7 +236,6 @@ class _Run:
     n: int
 
     def extends(self, piece: FileBackedData, dst_off: int | None) -> bool:
-        """Whether ``piece`` continues this run in its source and in the output."""
         d = self.data
         return (piece.offset == self.src_off + self.n
                 and (piece.identity is d.identity or piece.identity == d.identity)
@@ -268,66 +246,28 @@ class _Run:
 
 def _copy_run(txn: Txn, fd: int, run: _Run, copied: dict[tuple[int, int], FileBackedData]
               ) -> None:
-    """Copy a run of adjacent pieces; its source is looked at once the output's last run is
-    copied (``copied``: the sources to look at then, by key).
-
-    A copy that fails because the source shrank under it (EIO at an early end of file) is
-    reported as the change it is, not as an I/O error.
-    """
     src = _source_fd(txn, run.data)
-    try:
-        if run.dst_off is None:
-            transfer.copy_to_stream(src, fd, run.src_off, run.n, txn.counters, txn.advance)
-        else:
-            transfer.copy_range(src, fd, run.src_off, run.dst_off, run.n, txn.counters,
-                                txn.advance)
-    except OSError:
-        _recheck_source(txn, run.data)
-        raise
+    with _as_change(txn, run.data):
+        transfer.copy_range(src, fd, run.src_off, run.dst_off, run.n, txn.counters,
+                            txn.advance)
     ident = run.data.identity
     copied.setdefault((ident.dev, ident.ino), run.data)
 
 
 def _copy_rows(txn: Txn, rows: FileRows, fd: int, dst_off: int | None) -> None:
-    """Copy a piece of rows run by run, in output order, then look at its source once."""
     src = _source_fd(txn, rows.base)
     at = dst_off
-    try:
+    with _as_change(txn, rows.base):
         for src_at, n in rows.runs():
-            if at is None:
-                transfer.copy_to_stream(src, fd, src_at, n, txn.counters, txn.advance)
-            else:
-                transfer.copy_range(src, fd, src_at, at, n, txn.counters, txn.advance)
-                at += n
-    except OSError:
-        _recheck_source(txn, rows.base)
-        raise
+            transfer.copy_range(src, fd, src_at, at, n, txn.counters, txn.advance)
+            at = None if at is None else at + n
     _recheck_source(txn, rows.base)
 
 
-def _copy_piece(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -> PieceAction:
-    """Clone one file-backed piece (the plan said so), then prove its source did not change
-    meanwhile."""
-    try:
-        act = _clone_or_copy(txn, piece, fd, act)
-    except OSError:
-        if (piece.identity.dev, piece.identity.ino) in txn.src_fds:
-            _recheck_source(txn, piece)
-        raise
-    _recheck_source(txn, piece)
-    return act
-
-
 def _clone_or_copy(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -> PieceAction:
-    """Clone the piece's aligned body (and its partial EOF block, where the plan said so),
-    then copy the tail the plan left to copy; copy all of it if the file system refuses.
-
-    The plan clones a partial last block only for a piece that reaches its source's end, and
-    the kernel takes it only where the cloned range reaches the temp's end (EINVAL in the
-    middle of a file).  Temps are filled in output order, so the temp is no longer than the
-    piece's offset here; should it be (a temp presized by someone), the partial block is
-    copied instead, with the reason, rather than refused.
-    """
+    """Clone the aligned body (and the partial EOF block where the plan said so), copy the
+    tail; copy it all where the file system refuses.  A temp already longer than the piece's
+    end (presized by someone) cannot take a partial block: it is copied, with the reason."""
     src = _source_fd(txn, piece)
     n = len(piece)
     tail, why = act.tail, act.tail_reason
@@ -337,8 +277,7 @@ def _clone_or_copy(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -
         tail, why = n % block, PAST_TAIL
     body = n - tail
     try:
-        if body:  # never a length of 0: FICLONERANGE reads it as "to the source's end"
-            transfer.clone(src, piece.offset, body, fd, act.out_offset, txn.counters)
+        transfer.clone(src, piece.offset, body, fd, act.out_offset, txn.counters)
     except OSError as exc:
         if not is_clone_refusal(exc):
             raise
@@ -348,8 +287,7 @@ def _clone_or_copy(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -
         return replace(act, action="copied", tail=0, tail_reason=None,
                        reason=CLONE_REFUSED if txn.prep.plan.consume else None)
     txn.advance(body)
-    if tail:
-        # Under one block, from a source that is never shortened: the copy needs no journal.
+    if tail:  # under one block, from a source never shortened: no journal needed
         transfer.copy_range(src, fd, piece.offset + body, act.out_offset + body, tail,
                             txn.counters, txn.advance)
     if not body:

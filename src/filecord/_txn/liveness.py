@@ -2,25 +2,18 @@
 
 Theory of operation
 -------------------
-A save creates ``.STEM.TOKEN.filecord-lock`` in every directory where it will create a temp,
-*before* the temp: made without a name (``O_TMPFILE``), locked (``flock(LOCK_EX|LOCK_NB)``),
-written and fsynced, then linked to its name (:func:`create`), so no recover ever finds it
-unlocked or empty; an emptied or zeroed one is damage. Where the file system cannot make an
-unnamed file it is made under its name (``O_EXCL``), locked at once, and the save checks the
-name still names the locked inode (a recover may have removed one it found unlocked in the
-instant between ``open`` and ``flock``; the save then stops before creating anything else). The
-descriptors stay open until the save has removed everything else; the lock files are unlinked
-last. The kernel drops an ``flock`` when its holder dies (SIGKILL, crash), so "the lock can be
-taken" proves the save is no longer running.
-
-``recover`` acts on a save's files only while it holds that save's lock, taken the same way
-(open without creating, ``LOCK_NB``, re-check the name).  A held lock means a live save (or
-another recover): it is skipped and reported.  Two recovers exclude each other the same way.
-
-``flock`` locks belong to the open file description, so an in-process ``recover`` contends
-with an in-process save exactly as another process would.  On NFS, Linux emulates ``flock``
-with byte-range locks through the lock manager; where the server offers none, ``flock`` fails
-(``ENOLCK``) and the save refuses rather than run without its proof.
+A save makes ``.STEM.TOKEN.filecord-lock`` in every directory where it will create a temp,
+before the temp: unnamed (``O_TMPFILE``), locked (``flock(LOCK_EX|LOCK_NB)``), written and
+fsynced, then linked to its name (:func:`create`), so no recover finds it unlocked or empty
+(an emptied or zeroed one is damage).  Where the file system makes no unnamed file it is made
+under its name and locked at once, and the save checks the name still names its inode (a
+recover may have removed it in between; the save then stops).  The lock files are unlinked
+last.  The kernel drops an ``flock`` when its holder dies, so "the lock can be taken" proves
+the save is no longer running.  ``recover`` acts on a save's files only while holding its lock
+(taken the same way, the name re-checked); a held one is a live save or another recover, and
+is skipped.  ``flock`` belongs to the open file description, so an in-process recover contends
+like another process; on NFS without a lock manager ``flock`` fails (``ENOLCK``) and the save
+refuses rather than run without its proof.
 """
 
 from __future__ import annotations
@@ -48,10 +41,8 @@ class NotALockFileError(OSError):
 
 
 def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
-    """Open a file recover finds by its name, never blocking on it nor following a symlink,
-    and only if it is a regular file (``NotALockFileError`` otherwise; ``FileNotFoundError``
-    passes through).  A FIFO opened for reading blocks until a writer comes: ``O_NONBLOCK``
-    makes the open return at once, and the ``fstat`` then refuses it."""
+    """Open a file recover finds by its name only if it is a regular file (else
+    ``NotALockFileError``), never following a symlink nor blocking (``O_NONBLOCK``: a FIFO)."""
     try:
         fd = _sys.open(path, flags | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
@@ -78,31 +69,11 @@ def _names_same(fd: int, path: str) -> bool:
 
 
 def create(path: str, content: bytes) -> int:
-    """Create and lock a new lock file (the save's side); the caller closes the descriptor.
-
-    Made without a name (``O_TMPFILE``), locked, written and fsynced, then linked to its name
-    (EEXIST if taken): a recover never finds it unlocked or empty.  Where the file system
-    cannot make an unnamed file, it is made under its name (``O_EXCL``) and locked at once,
-    and a recover that takes it in that instant removes it: the save then stops, having
-    written nothing, and says to retry."""
+    """Make and lock a new lock file (the save's side, as the module says); its descriptor."""
     fd = _sys.open_unnamed(os.path.dirname(path) or ".")
-    if fd is not None:
-        try:
-            _sys.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else can reach it yet
-            _sys.write_all(fd, content, 0)
-            _sys.fsync(fd)
-            _sys.link_fd(fd, path)
-        except BaseException:
-            # A signal can land after the link: the name is then ours, and nobody else's
-            # to remove (the save's cleanup never learnt of it).
-            with contextlib.suppress(OSError):
-                if _names_same(fd, path):
-                    _sys.unlink_missing_ok(path)
-            with contextlib.suppress(OSError):
-                _sys.close(fd)
-            raise
-        return fd
-    fd = _sys.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    named = fd is None
+    if fd is None:  # no unnamed file here: made under its name, locked at once
+        fd = _sys.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         try:
             _sys.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -110,31 +81,27 @@ def create(path: str, content: bytes) -> int:
             raise LockBusyError(
                 errno.EAGAIN, f"{path} was locked by a recover as it was made"
             ) from None
-        if not _names_same(fd, path):
+        if named and not _names_same(fd, path):
             raise LockBusyError(errno.EAGAIN, f"{path} was removed by a recover as it was made")
         _sys.write_all(fd, content, 0)
-        # Durable before any temp exists beside it: a temp's name then implies the pointer.
-        _sys.fsync(fd)
+        _sys.fsync(fd)  # durable before any temp beside it: a temp's name implies the pointer
+        if not named:
+            _sys.link_fd(fd, path)
     except BaseException:
-        # Ours alone (O_EXCL) unless a recover took it: then that recover removes it.
-        try:
+        # The name is ours alone (a signal can land after the link), unless a recover took
+        # it: then that recover removes it.  Never hide why the lock could not be made.
+        with contextlib.suppress(OSError):
             if _names_same(fd, path):
                 _sys.unlink_missing_ok(path)
-        except OSError:  # never hide why the lock could not be made; recover removes it
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                _sys.close(fd)
+        with contextlib.suppress(OSError):
+            _sys.close(fd)
         raise
     return fd
 
 
 def acquire(path: str) -> int | None:
-    """Lock an existing lock file (the recover's side): its descriptor, or None if it is gone.
-
-    Raises :class:`LockBusyError` when another process holds it, and
-    :class:`NotALockFileError` when the name is not a regular file (a FIFO would block).
-    """
+    """Lock an existing lock file (the recover's side): its descriptor, None if it is gone,
+    :class:`LockBusyError` if held."""
     try:
         fd = open_regular(path)
     except FileNotFoundError:
@@ -159,18 +126,16 @@ def pointer_record(journal_path: str) -> bytes:
 
 
 def mark_journaled(fd: int, end: int) -> None:
-    """Append, durably, the ``journaled`` step at ``end`` (the end of the ``created`` step):
-    from now on a missing journal beside this lock means someone removed it, never that the
-    save died before making it."""
+    """Append the ``journaled`` step at ``end``, durably: a journal missing from now on was
+    removed, never not made."""
     _sys.write_all(fd, journal.step(Stage.JOURNALED), end)
     _sys.fsync(fd)
 
 
 @dataclass(frozen=True, slots=True)
 class Pointer:
-    """A lock file read back: the journal it names (None: empty or torn, never made durable)
-    and whether the save marked that journal durable; ``damage`` when a whole record does not
-    check (damaged after it was written: recover refuses and says so)."""
+    """A lock file read back: the journal it names (None: empty or torn), whether it was
+    marked journaled, and ``damage`` when a whole record does not check."""
 
     journal: str | None
     journaled: bool = False

@@ -2,52 +2,31 @@
 
 Theory of operation
 -------------------
-Every file the save creates or renames carries its random token (``_names``); the stage is
-held in ``Txn.stage`` and moves only along ``stages``'s table.
+Every file the save creates or renames carries its token; ``Txn.stage`` moves only along
+``stages``'s table.
 
-1. Preflight (``_preflight.py``) gathers the facts: sources hold their bytes, no output is a
-   source, directories exist and are writable; stat, statvfs and capabilities as plain values.
-   The plan (``_plan.make_plan``) decides from them every piece's action, the sync window (the
-   default shrinks to fit the free space) and the peak, which must fit.  Nothing exists yet;
-   from here on the plan is the one source of truth for ``consume`` and the window.
-2. CREATED: a lock file ``.NAME.TOKEN.filecord-lock`` is created and ``flock``ed in every
-   directory that will hold a temp (``liveness``), then temps ``.NAME.TOKEN.partial``
-   ``O_CREAT|O_EXCL`` with the replaced file's permission bits from the first instant (never
-   wider; owner, group and set-id bits are applied once the temp is complete).  A crash here
-   leaves garbage that ``recover`` removes once the lock is free.
-3. FILLED: in-memory pieces written, file-backed pieces cloned or copied at their offsets; each
-   source's size, mtime and ctime are re-checked after its bytes are copied.
-4. JOURNALED (when something is moved or consumed, or there are several outputs): the record is
-   written to ``.filecord-pending``, fsynced; every directory of the save is fsynced; the file
-   is renamed to ``.filecord-journal`` and its directory fsynced.  A crash before the rename
-   leaves no journal name, which proves nothing destructive happened.
-5. MOVING: every source the save will shorten or delete is renamed to
-   ``.NAME.TOKEN.filecord-src`` (its directory fsynced), so nothing but this save's token names
-   it while it is incomplete; then adoption (``adopt``: the source renamed onto its output's
-   temp, the space in front of it inserted, the rest of that output written around it) and
-   the moves (``transfer.move_source``: per
-   window copy, fsync the temps, check the source is still the size the move left it, truncate).
-   The look at each parked source (``looks.take``) and each truncate's ``fstat`` are kept in
-   ``Txn.looks``; a finished move is marked durably by a ``moved`` record appended to the
-   journal (checksummed, fsynced), so recover knows that source must be at its kept prefix.
-6. COMMITTED: temps fsynced, every parked source compared with its last look (size, mtime,
-   ctime: ``looks.check``; a change is a DataChangedError and the journal is held), then the
-   ``committed`` step, carrying those looks for recover's finish, appended to the journal:
-   the save is COMMITTED when its fsync returns (the commit point; without a journal, the
-   single rename is).  A commit whose write or fsync failed is taken back: the failure path
-   cuts the journal back before it and rolls back (``begin.append_step``).  RENAMED: each temp
-   renamed onto its final name, directories fsynced; then the parked sources are unlinked, each
-   compared with its look once more right before (a changed one is kept, under its own name if
-   free, and reported once the rest is done), then the temps of *discard* outputs (built like
-   the others, never published) and the *removals* the head recorded (files that are not the
-   save's, each only while it is the recorded file: ``undo.discard_and_remove``, which
-   recover's finish runs too), the journal, then the lock files.  A discard output or a
-   removal makes the save journaled, so a crash past the commit point leaves neither undone.
-7. A failure before the commit point is undone by ``undo.roll_back`` on the live files, after
-   a ``rolling back`` step is appended to the journal (a crash then continues the rollback); a
-   source another process changed mid-move is never rolled back over: the journal and temps
-   stay and the error says where every byte is.  After the commit point nothing is undone; the
-   error names the journal ``recover`` finishes.
+1. Preflight and plan (``_plan``): the facts as plain values, then every decision (each
+   piece's action, adoption, the sync window, the peak, which must fit).  Nothing exists yet;
+   from here on the plan alone says what is consumed and why.
+2. CREATED: a lock file per directory that will hold a temp (``begin``, ``liveness``), then
+   the temps ``.NAME.TOKEN.partial`` (``fill``).  A crash leaves garbage ``recover`` removes.
+3. FILLED: every byte that is not moved is written, cloned or copied, each source checked.
+4. JOURNALED (a move, a consumed source, several renames, a discard output or a removal): the
+   record is made durable under ``.filecord-pending``, every directory fsynced, then renamed
+   to ``.filecord-journal``.  No journal name proves nothing destructive happened.
+5. MOVING: every source the save shortens or deletes is parked under its token name
+   (``begin.park_sources``), then adopted (``adopt``) or moved window by window
+   (``transfer.move_source``); each finished move appends a ``moving`` step.
+6. COMMITTED: temps fsynced and closed, the parked sources compared with their last look
+   (``looks.check``), and the ``committed`` step (carrying those looks) appended: its fsync is
+   the commit point (without a journal, the single rename is).  A commit whose write or fsync
+   failed is cut off the journal and rolled back (``begin.append_step``).  RENAMED: the temps
+   renamed, directories fsynced; then discard temps and removals (``undo.discard_and_remove``,
+   which recover's finish runs too), the parked sources (each compared once more: a changed
+   one is kept and reported), the journal, the lock files.
+7. Before the commit point a failure is undone (``failure``: a ``rolling back`` step, then
+   ``undo.roll_back`` on the live files); a source changed by someone else holds the journal
+   instead.  After it nothing is undone: the error names the journal ``recover`` finishes.
 """
 
 from __future__ import annotations
@@ -76,8 +55,8 @@ from filecord._plan.report import SaveReport
 from filecord._plan.space import check_space
 from filecord._plan.types import BLOCK, NOT_OWNED, MoveSource, PieceActions, SavePlan
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._txn import adopt, begin, fill, journal, liveness, looks, transfer, undo
-from filecord._txn.failure import close_descriptors, close_descriptors_quietly
+from filecord._txn import adopt, begin, fill, journal, looks, transfer, undo
+from filecord._txn.failure import close_descriptors, drop_locks
 from filecord._txn.failure import fail as _fail
 from filecord._txn.stages import Stage
 from filecord._txn.state import Prepared, Txn
@@ -162,8 +141,7 @@ def plan(
 
 def _plan(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_place: bool,
           discard: frozenset[str] = frozenset()) -> tuple[Facts, SavePlan]:
-    """The preflight's facts and the plan made of them: every decision of the save, adoption
-    in place included (probed only where it may be asked for)."""
+    """The preflight's facts and the plan made of them (insertion probed only if asked)."""
     adopt_in_place = consume and in_place
     facts = gather(items, consume=consume, discard=discard, probe_insert=adopt_in_place)
     p = make_plan(facts.outputs, facts.refs, facts.sources, facts.filesystems, consume=consume,
@@ -197,22 +175,11 @@ def _report(
     )
 
 
-def _needs_journal(txn: Txn) -> bool:
-    p = txn.prep.plan
-    # Direct outputs are never renamed: only several renames need a journal to finish them,
-    # and so do a discard output and a file to remove (steps after the commit point).
-    return (bool(p.moves or p.consumed or txn.removals) or any(o.discard for o in p.outputs)
-            or sum(not o.direct for o in p.outputs) > 1)
-
-
 @dataclass(frozen=True, slots=True)
 class Removal:
-    """A file that is not the save's, to unlink at its commit (an index of consumed data
-    files, a file the new outputs make obsolete): ``identity`` is (st_dev, st_ino, st_size,
-    st_mtime_ns) as the caller read it; the head records it and the file is unlinked after the
-    commit point only while it is still that file.  ``with_sources``: source files it
-    describes; it is removed only when the save consumes every one of them (decided with the
-    plan, before anything is written; otherwise it is not recorded at all)."""
+    """A file that is not the save's, unlinked after the commit point only while it is still
+    ``identity`` (st_dev, st_ino, st_size, st_mtime_ns as the caller read it), and only when
+    the plan consumes every one of ``with_sources`` (else it is not recorded at all)."""
 
     path: str
     identity: tuple[int, int, int, int]
@@ -221,9 +188,8 @@ class Removal:
 
 @dataclass(frozen=True, slots=True)
 class Removals:
-    """What the commit did with the :class:`Removal` s: ``removed`` (unlinked), ``changed``
-    (kept: no longer the file read), ``skipped`` (not recorded: a source it goes with is not
-    consumed).  Files a crash left for ``recover`` are in none of them."""
+    """What the commit did with the :class:`Removal` s: ``removed``, ``changed`` (kept: no
+    longer the file read), ``skipped`` (not recorded: a source it goes with is kept)."""
 
     removed: tuple[str, ...] = ()
     changed: tuple[str, ...] = ()
@@ -236,10 +202,9 @@ def save_many_finishing(
     remove: Sequence[Removal] = (), quiet_reasons: frozenset[str] = frozenset(),
     in_place: bool = True,
 ) -> tuple[SaveReport, Removals]:
-    """``save_many`` with the steps after the commit point that the journal carries, so the
-    save and ``recover`` finish them alike: ``discard`` names outputs built like the others
-    and unlinked at the commit instead of published, ``remove`` files unlinked at the commit
-    (see :class:`Removal`).  Either makes the save journaled."""
+    """``save_many`` with ``discard`` outputs (built, then unlinked at the commit) and
+    ``remove`` files (:class:`Removal`): steps after the commit point the journal carries, so
+    the save and ``recover`` finish them alike."""
     txn_out: list[Removals] = []
     report = _run(normalize(outputs, None), consume=consume, window=window, progress=progress,
                   quiet_reasons=quiet_reasons, discard=discard, remove=remove,
@@ -250,11 +215,8 @@ def save_many_finishing(
 def save_many_disowned(
     outputs: Mapping[Target, CordLike], *, window: int, progress: ProgressCallback | None,
 ) -> SaveReport:
-    """``save_many(consume=True)`` for a caller that decided itself which of its pieces the
-    save may not take and hands those over unowned: a writer that asked consume only for its
-    own scratch files, or the kit keeping an input on purpose (a symlink, another file system;
-    it reports the reason itself).  "Not owned" is then no news and no reason to warn about a
-    copy (any other reason still is)."""
+    """``save_many(consume=True)`` for a caller that hands over unowned the pieces it keeps
+    on purpose (and reports itself): "not owned" is then no reason to warn about a copy."""
     return _run(normalize(outputs, None), consume=True, window=window, progress=progress,
                 quiet_reasons=frozenset({NOT_OWNED}))
 
@@ -286,7 +248,6 @@ def _run(
         _execute(txn)
     except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
         _fail(txn, exc)
-    # The plan's actions, in the plan's (output) order, with what the fill did otherwise.
     actions = plan.actions.with_outcomes(txn.outcomes)
     _warn_copies(plan, actions, quiet_reasons)
     if removals_out is not None:  # by the names the caller gave
@@ -302,7 +263,7 @@ def _run(
 
 def _prepare(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_place: bool,
              discard: frozenset[str]) -> Prepared:
-    """The preflight and the plan (every decision, once), its scratch files detached."""
+    """The preflight and the plan, its scratch files detached (the save owns their fate)."""
     try:
         unknown = discard - {p for p, _c in items}
         if unknown:
@@ -320,7 +281,6 @@ def _prepare(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_pl
         add_note(err, "nothing was created or changed: the save can be retried")
         raise err from exc
     prep = Prepared(facts, plan)
-    # A save that is given a scratch file owns its fate from now on: never a finalizer.
     for group in prep.datas.values():
         for d in group:
             d.detach_cleanup()
@@ -340,9 +300,8 @@ def _warn_copies(plan: SavePlan, actions: PieceActions, quiet: frozenset[str]) -
 
 def _removals(prep: Prepared, remove: Sequence[Removal]
               ) -> tuple[tuple[journal.JournalRemoval, ...], tuple[str, ...], dict[str, str]]:
-    """The removals the head records, the paths left out because a source they go with is not
-    consumed by this plan (decided now, before anything is written), and each recorded path
-    (as the kernel resolves it) -> the name the caller gave."""
+    """The removals the head records, those skipped (a source they go with is not consumed),
+    and each recorded path -> the name the caller gave."""
     keys = {d.path: key for key, ds in prep.datas.items() for d in ds}
     consumed = set(prep.plan.consumed)
     outputs = {o.target for o in prep.plan.outputs}
@@ -373,9 +332,11 @@ def _execute(txn: Txn) -> None:
     fill.fill(txn)
     txn.to(Stage.FILLED)
     fill.finish_modes(txn)
-    if _needs_journal(txn):
-        begin.write_journal(txn)
-        begin.park_sources(txn)
+    # Direct outputs are never renamed: several renames need a journal to finish them, and so
+    # do the steps after the commit point (a discard output, a removal).
+    if (p.moves or p.consumed or txn.removals or any(o.discard for o in p.outputs)
+            or sum(not o.direct for o in p.outputs) > 1):
+        begin.park_sources(txn, begin.write_journal(txn))
         looks.take(txn)
     _presize_for_moves(txn)
     for m in p.moves:
@@ -384,16 +345,10 @@ def _execute(txn: Txn) -> None:
 
 
 def _presize_for_moves(txn: Txn, *, before_fill: bool = False) -> None:
-    """Give every temp that receives moved bytes its final length (a hole) first.
-
-    Moves write each temp from its end backwards, and the fill leaves holes where they will
-    write; on XFS each write that extends the file reserves speculative space past the new
-    end until close, which the later truncate up keeps inside the file (measured: 40 runs of
-    1 MiB behind headers, 2.3 MiB allocated beyond the data).  A temp already at its final
-    length is never extended, so the peak stays at one window on every file system.  Before
-    the fill, only temps that clone no partial last block: the kernel clones one only at the
-    temp's end (``fill._clone_or_copy``), so those are presized after the fill.
-    """
+    """Every temp that receives moved bytes at its final length (a hole) first: moves write
+    from the end backwards, and XFS keeps the speculative space of each extending write
+    (measured: 2.3 MiB beyond the data for 40 runs of 1 MiB), so the peak stays one window.
+    Before the fill, only temps that clone no partial last block (cloned only at the end)."""
     p = txn.prep.plan
     for o in sorted(p.receiving):
         fd = txn.fds[o]
@@ -405,12 +360,9 @@ def _presize_for_moves(txn: Txn, *, before_fill: bool = False) -> None:
 
 def _clones_a_partial_block(p: SavePlan, o: int) -> bool:
     block = next((k.block for k in p.peaks if k.dev == p.outputs[o].dev), BLOCK) or BLOCK
-    for pos in p.actions.positions(o):
-        if p.actions.action_of(pos) == "cloned":
-            a = p.actions.piece_action(pos)
-            if a.tail == 0 and a.length % block:
-                return True
-    return False
+    cloned = (p.actions.piece_action(pos) for pos in p.actions.positions(o)
+              if p.actions.action_of(pos) == "cloned")
+    return any(a.tail == 0 and a.length % block for a in cloned)
 
 
 def _move(txn: Txn, m: MoveSource) -> None:
@@ -437,15 +389,13 @@ def _move(txn: Txn, m: MoveSource) -> None:
         transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance,
                              seen=st, looks=txn.looks)
         txn.moving = None
-        # Durable: this move is over, so recover may insist the source is at its kept prefix
-        # (a write into it after this is a change, whatever size it leaves).  The source's
-        # last truncate is made durable first: on a file system whose fsync persists only its
-        # own inode (btrfs), the mark must never outlive the cut it speaks of.
+        # This move is over: recover may insist on the kept prefix.  The last cut is durable
+        # first (btrfs's fsync persists one inode): the mark never outlives the cut.
         txn.moves_done += 1
         txn.counters.fsync(fd)
         begin.append_step(txn, journal.encode_moving(txn.moves_done))
     except BaseException:
-        close_descriptors_quietly([fd])  # never let a close error hide why the move stopped
+        _sys.close_each([fd])  # never let a close error hide why the move stopped
         raise
     _sys.close(fd)
     for ref in m.dests:
@@ -469,8 +419,7 @@ def _seal(txn: Txn) -> None:
         if st.st_size != p.outputs[o].length:
             raise SaveError(f"{p.outputs[o].path}: temp is {st.st_size} bytes, expected "
                             f"{p.outputs[o].length}")
-    # Closing before the commit point: a close error still rolls back (NFS reports some
-    # write errors only at close).
+    # Closed before the commit point: NFS reports some write errors only at close.
     errors = close_descriptors(txn)
     if errors:
         raise errors[0]
@@ -482,9 +431,8 @@ def _commit(txn: Txn) -> None:
     record = txn.record
     if record is not None and txn.journal_path is not None:
         seen = looks.check(txn)  # the last look, just before the commit point
-        # The commit point: the committed step (with the last looks, for recover's finish).
-        # The save is COMMITTED once it is fsynced; a failed fsync leaves it MOVING and the
-        # failure path writes its own step over this one.
+        # COMMITTED once fsynced; a failed write or fsync leaves it MOVING and the failure
+        # path writes its own step over this one.
         begin.append_step(txn, journal.encode_committed(seen), Stage.COMMITTED)
         begin.close_journal(txn)
         adopt.take_owner_modes(txn, record)
@@ -500,22 +448,11 @@ def _commit(txn: Txn) -> None:
         txn.counters.fsyncs += _sys.fsync_parents(finals)
     kept: list[looks.Kept] = []
     if record is not None and txn.journal_path is not None:
-        # The removals before the parked sources go: a crash between leaves recover the
-        # parked files that prove a source's directory is the save's (``undo.finish``).
+        # Removals first: the parked sources prove their directories the save's to recover.
         txn.removed, txn.changed_removals = undo.discard_and_remove(record)
         kept = looks.unlink_consumed(txn, record)
         _sys.unlink(txn.journal_path)
     txn.to(Stage.DONE)
-    _release_locks(txn)
+    drop_locks(txn, remove=True)
     if kept:  # the outputs are complete; a source written after the last look is kept
         looks.raise_kept(kept)
-
-
-def _release_locks(txn: Txn) -> None:
-    while txn.locks:
-        path, fd = txn.locks.pop()
-        try:
-            liveness.release(path, fd)
-        except OSError as exc:  # the save is complete; a stale lock file is recover's garbage
-            log.warning("the save is complete, but its lock file %s stays (%s): "
-                        "`filecord recover %s` removes it", path, exc, os.path.dirname(path))

@@ -1,33 +1,21 @@
-"""Byte movers: copy, clone, move and put back: a save's moves shorten sources here, and the
-rollback of a failed save and ``recover`` give the bytes back here (:func:`restore_source`).
+"""Byte movers: copy, clone, move (a save's moves shorten sources here) and restore (the
+rollback and ``recover`` give the bytes back here).
 
 Theory of operation
 -------------------
-*Copy* uses ``copy_file_range`` in bounded segments (fast, little CPU, and a free clone on
-btrfs/XFS), falling back to ``pread``/``pwrite`` through one reused buffer when the kernel
-refuses (``EXDEV``, ``EOPNOTSUPP``, ``ENOSYS``, ``EINVAL``) or returns 0 early.  Streams (pipes,
-devices) take ``sendfile`` and then ``read``/``write``.  Every loop checks the full length: a
-short count is continued, a zero count is an error, never silently accepted (F3).
+*Copy*: ``copy_file_range`` (or ``sendfile`` into a stream) in bounded segments, else
+``pread``/``pwrite`` through one reused buffer when the kernel refuses or returns 0 early.  A
+short count is continued, a zero count is an error (F3).
 
-*Move* shortens a source from its end, one sync window at a time:
+*Move* shortens a source from its end, one sync window at a time: (1) copy the window's bytes
+to every temp that uses them, starting the writeback of each :data:`WRITE_BEHIND` bytes while
+more are left (a hint, nothing durable); (2) ``fsync`` every temp touched; (3) ``fstat`` the
+source: exactly as the last truncate left it, or a ``DataChangedError``; (4) only then
+``ftruncate`` it to the window's start.  So each byte is always durable in the source or at
+its journaled offset, and the source's size says how far the move got.
 
-1. copy the window's bytes to every destination that uses them, at their final offsets, in
-   parts of at most :data:`WRITE_BEHIND` bytes, starting the writeback of each
-   :data:`WRITE_BEHIND` bytes copied while more are left (a hint that makes nothing durable:
-   it only lets the disk write while the rest is copied);
-2. ``fsync`` every destination touched;
-3. ``fstat`` the source: it must still be exactly as long as the last truncate left it (an
-   append or truncate by another process is a ``DataChangedError``, never silently cut);
-4. only then ``ftruncate`` the source to the window's start.
-
-A crash after 1 or 2 leaves the bytes in the source (still full length) and maybe in the
-temps; a crash after 3 leaves them durably in the temps.  So at every instant each byte is
-durable in the source or at its journaled offset, and the source's own size says how far the
-move got (no journal write per window).  A failed or uncertain fsync raises before step 3.
-
-*Restore* (rollback and recovery) runs the same discipline in reverse: copy the bytes back to
-the end of the source, ``fsync`` the source, and only then punch the hole in the temp that held
-them (best effort, to free space; the temp is deleted afterwards anyway).
+*Restore* runs it in reverse: copy back to the source's end, ``fsync`` the source, only then
+punch the temp (best effort: the temp is deleted afterwards).
 """
 
 from __future__ import annotations
@@ -48,12 +36,9 @@ log = logging.getLogger(__name__)
 
 SEGMENT = 256 << 20  # one copy_file_range call; also the progress granularity
 BUFFER = 8 << 20
-# A move copies a window in parts of at most this size and, each time this many bytes have been
-# copied and more of the window is left, starts their writeback (``start_writeback``, one call
-# per temp over the range copied since the last), so the disk writes while the rest of the
-# window is read and copied, and the window's fsync waits for little more than the last part.
-# A window of at most this size makes no such call.  0: one copy per piece, no hint.
-# bench/consume_window.py measures it against 0 in the same run (docs/benchmarks.md).
+# A move's copy part, and the writeback started after each one while more of the window is
+# left, so its fsync waits for little more than the last part (0: no hint; measured against 0
+# by bench/consume_window.py).
 WRITE_BEHIND = 16 << 20
 
 _CFR_FALLBACK = frozenset(
@@ -66,13 +51,8 @@ Tally = Literal["copied", "moved", "restored"]
 
 @dataclass
 class Counters:
-    """Per-save mutable state: the fsync and byte tallies, and the one reused copy buffer.
-
-    The byte tallies count what filecord asked of the kernel: ``copied`` file-backed bytes
-    copied into outputs (``copy_file_range`` or read/write), ``cloned`` bytes whose extents
-    were shared, ``written`` in-memory bytes, ``moved`` bytes copied window by window and then
-    cut from their source, ``restored`` bytes a rollback put back.
-    """
+    """Per-save tallies (fsyncs; bytes ``copied``, ``cloned``, ``written``, ``moved``,
+    ``restored`` as asked of the kernel) and the one reused copy buffer."""
 
     fsyncs: int = 0
     copied: int = 0
@@ -115,51 +95,28 @@ def _buffered_copy(
 
 
 def copy_range(
-    src: int, dst: int, src_off: int, dst_off: int, n: int, c: Counters,
+    src: int, dst: int, src_off: int, dst_off: int | None, n: int, c: Counters,
     progress: Progress = _nop, *, kind: Tally = "copied",
 ) -> None:
-    """Copy ``n`` bytes between two regular files at the given offsets, completely.
-
-    ``kind`` names the tally the bytes count in (a move's and a rollback's copies are not
-    copies of the save)."""
+    """Copy ``n`` bytes completely, at ``dst_off`` or (None) appended to a stream; ``kind``
+    is the tally they count in."""
     done = 0
     while done < n:
+        size = min(SEGMENT, n - done)
         try:
-            got = _sys.copy_file_range(
-                src, dst, min(SEGMENT, n - done), src_off + done, dst_off + done
-            )
+            got = (_sys.sendfile(dst, src, src_off + done, size) if dst_off is None
+                   else _sys.copy_file_range(src, dst, size, src_off + done, dst_off + done))
         except OSError as exc:
             if exc.errno not in _CFR_FALLBACK:
                 raise
             got = 0
-        if got <= 0:
-            # Refused, or 0 at a place that should have data: finish through the buffer, which
-            # raises EIO on a real premature end of file.
-            _buffered_copy(src, dst, src_off + done, dst_off + done, n - done, c, progress)
+        if got <= 0:  # refused, or 0 where data should be: the buffer raises EIO at a real end
+            _buffered_copy(src, dst, src_off + done,
+                           None if dst_off is None else dst_off + done, n - done, c, progress)
             break
         done += got
         progress(got)
     c.tally(kind, n)  # counted once complete: a failed copy raises and the save is undone
-
-
-def copy_to_stream(
-    src: int, dst: int, src_off: int, n: int, c: Counters, progress: Progress = _nop
-) -> None:
-    """Append ``n`` bytes to a stream (pipe, device, O_APPEND file): sendfile, else read/write."""
-    done = 0
-    while done < n:
-        try:
-            got = _sys.sendfile(dst, src, src_off + done, min(SEGMENT, n - done))
-        except OSError as exc:
-            if exc.errno not in _CFR_FALLBACK:
-                raise
-            got = 0
-        if got <= 0:
-            _buffered_copy(src, dst, src_off + done, None, n - done, c, progress)
-            break
-        done += got
-        progress(got)
-    c.copied += n
 
 
 def write_bytes(
@@ -174,10 +131,8 @@ def write_bytes(
 
 
 def clone(src: int, src_off: int, n: int, dst: int, dst_off: int, c: Counters) -> None:
-    """Share ``n`` bytes' extents (raises OSError when the file system refuses).
-
-    A range that ends unaligned must end at the source's end and reach the destination's end
-    (the kernel refuses a partial EOF block cloned into the middle of a file, EINVAL)."""
+    """Share ``n`` bytes' extents (OSError when refused).  An unaligned end must be the
+    source's end and reach the destination's end (else the kernel says EINVAL)."""
     if n <= 0:  # FICLONERANGE takes a length of 0 as "to the source's end": never ask that
         return
     _sys.clone_range(src, src_off, n, dst, dst_off)
@@ -190,24 +145,17 @@ def move_source(
     temps: Sequence[int],
     window: int,
     c: Counters,
-    progress: Progress = _nop,
+    progress: Progress,
     *,
-    seen: os.stat_result | None = None,
-    looks: dict[tuple[int, int], tuple[os.stat_result, int | None]] | None = None,
+    seen: os.stat_result,
+    looks: dict[tuple[int, int], tuple[os.stat_result, int | None]],
 ) -> None:
-    """Move ``m``'s run into the temps, shortening the source one window at a time.
+    """Move ``m``'s run into the temps (``temps[i]``: output ``i``'s), one window at a time.
 
-    ``looks[m.key]`` is kept as the last look at the source and the size a truncate in
-    flight leaves, so whoever cleans up after a failure can tell the save's cut from anyone
-    else's change.
-
-    ``temps[i]`` is the open temp file of output ``i``.  ``seen`` is the caller's checked look
-    at the source (its size ``m.size`` and its captured times): every later look is compared
-    with it, so nothing can change unseen between the check and the move.
-    """
+    ``seen``: the caller's checked look at the source, which every later look is compared
+    with.  ``looks[m.key]`` holds the last look and the size of a truncate in flight, so the
+    failure path can tell the save's cut from anyone else's change."""
     buckets = _by_window(m, window)
-    if seen is None:
-        seen = _sys.fstat(src)
     pos, k = m.size, 0
     while pos > m.run_start:
         lo = max(m.run_start, pos - window)
@@ -230,8 +178,7 @@ def move_source(
 
 def _copy_window(src: int, parts: Sequence[tuple[int, int, PieceRef]], temps: Sequence[int],
                  c: Counters) -> set[int]:
-    """Copy one window's ``(start, end, destination)`` parts; the temps written.  The
-    writeback of every ``WRITE_BEHIND`` bytes copied is started while more are left."""
+    """Copy one window's ``(start, end, destination)`` parts; the temps written."""
     touched: set[int] = set()
     left = sum(b - a for a, b, _d in parts)
     behind: dict[int, tuple[int, int]] = {}  # temp -> its range copied since the last hint
@@ -247,7 +194,6 @@ def _copy_window(src: int, parts: Sequence[tuple[int, int, PieceRef]], temps: Se
             behind[tfd] = (min(lo_hi[0], o), max(lo_hi[1], o + n))
             since, left = since + n, left - n
             if WRITE_BEHIND and since >= WRITE_BEHIND and left > 0:
-                # a part's worth copied and more to come: the disk writes it meanwhile
                 for fd, (p, q) in sorted(behind.items()):
                     _sys.start_writeback(fd, p, q - p)
                 behind, since = {}, 0
@@ -256,20 +202,16 @@ def _copy_window(src: int, parts: Sequence[tuple[int, int, PieceRef]], temps: Se
 
 
 def _cut(src: int, m: MoveSource, lo: int, seen: os.stat_result,
-         looks: dict[tuple[int, int], tuple[os.stat_result, int | None]] | None
-         ) -> os.stat_result:
-    """Truncate the source to ``lo`` (its window durable in the temps); the look after.  The
-    size in flight is kept in ``looks`` first, so a failure can tell this cut from a change."""
-    if looks is not None:
-        looks[m.key] = (seen, lo)
+         looks: dict[tuple[int, int], tuple[os.stat_result, int | None]]) -> os.stat_result:
+    """Truncate the source to ``lo``, the size in flight noted in ``looks`` first; the look
+    after."""
+    looks[m.key] = (seen, lo)
     _sys.ftruncate(src, lo)
     seen = _sys.fstat(src)
-    if looks is not None:
-        looks[m.key] = (seen, None)
+    looks[m.key] = (seen, None)
     if seen.st_nlink != 1:
         # Linked between the check and the truncate: the other name now holds only the
-        # kept prefix.  Stop before the commit deletes the rest; the journal and temps
-        # hold every byte, and a rollback puts them back into the shared inode.
+        # kept prefix.  Stop before the commit deletes the rest; a rollback puts it back.
         raise DataChangedError(m.path, expected_size=lo, found_size=seen.st_size,
                                reason="another name was linked to it while it was being "
                                "moved", kind=ChangeKind.LINKED)
@@ -277,8 +219,8 @@ def _cut(src: int, m: MoveSource, lo: int, seen: os.stat_result,
 
 
 def _by_window(m: MoveSource, window: int) -> dict[int, list[PieceRef]]:
-    """The destinations meeting each window (window 0 ends at ``m.size``), so a move of N
-    pieces in W windows costs O(N + W) lookups, not O(N * W)."""
+    """The destinations meeting each window (window 0 ends at ``m.size``): O(N + W), not
+    O(N * W)."""
     buckets: dict[int, list[PieceRef]] = {}
     for d in m.dests:
         if d.length <= 0:
@@ -290,10 +232,8 @@ def _by_window(m: MoveSource, window: int) -> dict[int, list[PieceRef]]:
     return buckets
 
 
-# The reason of a DataChangedError for a change of ctime alone (chmod, chown, chattr), whose
-# kind is ChangeKind.METADATA: no byte changed as far as a stat can tell, so the save stops but
-# its journal is not held, and ``recover`` may roll it back (a rewrite that keeps size and
-# mtime is not seen either way).
+# The reason for a change of ctime alone (ChangeKind.METADATA: chmod, chown, chattr): the save
+# stops but its journal is not held, and ``recover`` may roll it back.
 METADATA_ONLY = ("only its change time moved (a chmod, chown or chattr?): no byte changed as "
                  "far as size and modification time tell")
 
@@ -301,13 +241,8 @@ METADATA_ONLY = ("only its change time moved (a chmod, chown or chattr?): no byt
 def _check_unchanged(
     src: int, m: MoveSource, pos: int, seen: os.stat_result, cause: OSError | None
 ) -> None:
-    """Raise DataChangedError unless the source is as the last truncate left it: that length,
-    one name, and no write since (modification and change times as they were then).
-
-    Someone else appended, truncated, rewrote or linked it: truncating now would lose their
-    bytes (or empty their link), and a later put-back would fill a gap with whatever the temps
-    hold there.
-    """
+    """DataChangedError unless the source is as the last truncate left it (length ``pos``,
+    one name, the same times): cutting another writer's file would lose their bytes."""
     now = _sys.fstat(src)
     why, kind = None, ChangeKind.CONTENT
     if now.st_size != pos:
@@ -333,22 +268,11 @@ def restore_source(
     punch: bool,
     dense: bool = False,
 ) -> int:
-    """Put back the bytes a move took from ``src``; returns how many were restored.
-
-    Works from the source's current size up, so it is idempotent and resumable: rerun after a
-    crash, it continues where the size says.  ``temps[i]`` may be None for outputs that hold no
-    bytes of this source.  With ``dense`` (the source had no holes), a hole in a temp where
-    moved bytes should be proves they were never moved (someone shortened the source since):
-    ``DataChangedError``, before anything is written.  File systems without ``SEEK_HOLE``
-    report no holes, and the check passes.
-    """
-    start = _sys.fstat(src).st_size
-    if start > m.size:
-        raise OSError(errno.EIO, f"{m.path} is longer ({start}) than recorded ({m.size})")
-    if start < m.run_start:
-        raise OSError(
-            errno.EIO, f"{m.path} is shorter ({start}) than the journal allows ({m.run_start})"
-        )
+    """Put back the bytes a move took from ``src``, from its current size up (so a rerun
+    continues); how many.  ``temps[i]`` None: output ``i`` holds none of them.  ``dense``
+    (the source had no holes): a hole in a temp where moved bytes should be proves they were
+    never moved, a ``DataChangedError`` before anything is written."""
+    start = _sys.fstat(src).st_size  # within the run: the caller checked it
     pos = start
     pending = cover(m.dests, start, m.size) if start < m.size else []
     i = 0
@@ -370,8 +294,7 @@ def restore_source(
 def _restore_window(src: int, m: MoveSource, segs: Sequence[tuple[int, int, PieceRef]],
                     temps: Sequence[int | None], c: Counters, *, punch: bool,
                     dense: bool) -> None:
-    """One window's segments copied back into the source, fsynced, then (``punch``) let go
-    of in the temps.  Every temp is checked before a byte is written."""
+    """One window copied back, every temp checked first; fsynced before a temp lets go."""
     held: list[tuple[int, int, int, int]] = []  # (temp, offset there, source offset, length)
     for a, b, d in segs:
         tfd = temps[d.output]
@@ -382,16 +305,15 @@ def _restore_window(src: int, m: MoveSource, segs: Sequence[tuple[int, int, Piec
         held.append((tfd, d.out_offset + (a - d.src_offset), a, b - a))
     for tfd, at, a, n in held:
         copy_range(tfd, src, at, a, n, c, kind="restored")
-    c.fsync(src)  # the bytes are durable in the source before any temp lets go of them
-    if punch:
-        for tfd, at, _a, n in held:
-            _punch_best_effort(tfd, at, n)
+    c.fsync(src)
+    for tfd, at, _a, n in held if punch else ():
+        _punch_best_effort(tfd, at, n)
 
 
 def _check_holds_data(fd: int, offset: int, n: int, m: MoveSource, src_at: int) -> None:
     try:
         hole = _sys.lseek(fd, offset, getattr(os, "SEEK_HOLE", 4))
-    except OSError as exc:
+    except OSError as exc:  # no SEEK_HOLE here: no holes reported, the check passes
         if exc.errno in (errno.EINVAL, errno.ENXIO, errno.EOPNOTSUPP):
             return
         raise
@@ -404,9 +326,7 @@ def _check_holds_data(fd: int, offset: int, n: int, m: MoveSource, src_at: int) 
 
 
 def _punch_best_effort(fd: int, offset: int, length: int) -> None:
-    # Freeing the temp's copy early only saves disk; the temp is unlinked right after the
-    # rollback, so a refusal (EOPNOTSUPP on file systems without holes) changes nothing durable.
-    try:
+    try:  # frees disk early only: the temp is unlinked right after the rollback
         _sys.punch_hole(fd, offset, length)
     except OSError as exc:
-        log.debug("punch_hole refused (%s); the temp keeps its copy until it is removed", exc)
+        log.debug("punch_hole refused (%s); the temp keeps its copy until removed", exc)
