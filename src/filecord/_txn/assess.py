@@ -22,8 +22,9 @@ Both paths that clean up after a save, the in-process failure path (``failure``)
      the size of its own truncate in flight), then the proof recover asks for too (every
      source at a size this save's moves leave, in their order, the ``moved`` count included);
    * recover (``Actor.RECOVER``), by stage: HELD is CHANGED; before a rollback the same proof
-     and "the temps hold every byte a source lacks"; before a finish "every move finished"
-     (the files prove it, never a record alone: ``_vouched``).
+     and "the temps hold every byte a source lacks"; before a finish only "every temp is at
+     its journaled length": a ``committed`` step that checks is played back (the trust rule,
+     ``decide``), never re-proved from the files.
 
 A record that does not check is DAMAGED (:func:`damaged`), never "another process".
 """
@@ -114,7 +115,6 @@ class Records:
     stage: Stage
     moved: int = 0
     inserted: frozenset[Key] = frozenset()  # adopted sources whose insert is recorded
-    looked: Mapping[Key, tuple[int, int]] = field(default_factory=dict)
     looks: Mapping[Key, Look] = field(default_factory=dict)
     during: DataChangedError | None = None  # the change a running save saw mid-move
     cause: BaseException | None = None  # why a running save stopped (a change found since
@@ -257,9 +257,9 @@ def _crashed(j: Journal, r: Records, seen: Observed) -> Assessment:
     if r.stage not in (Stage.COMMITTED, Stage.MOVING):
         return Assessment(Found.AS_LEFT)
     if r.stage is Stage.COMMITTED:
-        unfinished = check_committed(j, seen, r.looked)
-        if unfinished is not None:
-            return Assessment(Found.UNFINISHED, unfinished, why=f"{unfinished}; {KEPT_WHY}")
+        changed = check_committed(j, seen)
+        if changed is not None:
+            return Assessment(Found.CHANGED, changed, why=f"{changed}; {KEPT_WHY}")
         return Assessment(Found.AS_LEFT)
     bad = (check_strict(j, seen, r.moved, r.inserted) or check_temps_hold(j, seen)
            or check_findable(j, seen))
@@ -397,8 +397,7 @@ def check_order(j: Journal, seen: Observed, done: int = 0) -> DataChangedError |
     return None
 
 
-def moved_held(j: Journal, s: JournalSource, seen: Observed, start: int, *,
-               temps_only: bool) -> OSError | None:
+def moved_held(j: Journal, s: JournalSource, seen: Observed, start: int) -> OSError | None:
     """Whether the outputs reach every byte of ``s`` from ``start`` on and, for a dense source,
     hold data there (no hole): None, or why not (``DataChangedError``: never moved; a plain
     ``OSError``: the temp is missing)."""
@@ -408,7 +407,7 @@ def moved_held(j: Journal, s: JournalSource, seen: Observed, start: int, *,
         return OSError(errno.EINVAL, f"{s.path}: {exc}")
     for a, b, d in segs:
         out = seen.outputs[d.output]
-        held = out.temp if temps_only or out.temp is not None else out.final
+        held = out.temp
         if held is None:
             return OSError(errno.ENOENT, f"the temp file holding {s.path}[{a}:{b}] is missing")
         at = d.out_offset + (a - d.src_offset)
@@ -432,7 +431,7 @@ def check_temps_hold(j: Journal, seen: Observed) -> OSError | None:
     source to a size a move leaves."""
     for s, f in zip(j.sources, seen.sources, strict=True):
         if not s.adopt and f.parked is not None and f.parked.size < s.size:
-            bad = moved_held(j, s, seen, max(f.parked.size, s.run_start), temps_only=True)
+            bad = moved_held(j, s, seen, max(f.parked.size, s.run_start))
             if bad is not None:
                 return bad
     return None
@@ -479,68 +478,19 @@ def renamed(j: Journal, seen: Observed) -> bool:
                for out, of in zip(j.outputs, seen.outputs, strict=False))
 
 
-def check_committed(j: Journal, seen: Observed,
-                    looked: Mapping[Key, tuple[int, int]]) -> RecoverError | None:
-    """Every move had completed (None), or why the commit never happened: a committed save
-    shortened each moved source to its kept prefix and put each adopted one at its temp (or
-    final name) first.  A parked source not at its kept prefix is let through (for ``finish``
-    to keep, never delete) only when both hold: the save's last look (``looked``) saw it at its
-    kept prefix, and a move at or after it in the move order is proven finished by the files
-    (``_vouched``).  Then the size it has now is someone else's write after the commit."""
+def check_committed(j: Journal, seen: Observed) -> RecoverError | None:
+    """A temp not at the journaled length (None: all are): another process cut or grew it, so
+    it is never renamed onto the final name (``undo.finish`` checks again before its first
+    rename).  Nothing else is re-proved: a ``committed`` step that checks is played back (the
+    trust rule, ``decide``); a parked source someone wrote to after it is kept by the finish."""
     for o, (out, of) in enumerate(zip(j.outputs, seen.outputs, strict=True)):
-        # A temp not at the journaled length was cut or grown by someone else: never renamed
-        # onto the final name (``undo.finish`` checks again right before its first rename).
         if (not out.direct and not out.discard and of.temp is not None
                 and of.temp.size != out.length):
             return RecoverError(f"{j.temp(o)}: the temp of {out.final} is {of.temp.size} bytes "
                                 f"where the journal says the complete output has {out.length}: "
                                 "another process changed it, so it is not renamed onto the "
                                 "final name")
-    vouched = _vouched(j, seen)
-    for s, f in zip(j.sources, seen.sources, strict=True):
-        if s.adopt:
-            if f.own is not None:
-                return RecoverError(f"{s.path}: the journal says committed, but the adopted "
-                                    "source is still under its own name: the commit never "
-                                    "happened")
-            continue
-        # Only the parked name: the original path may hold a new file that reused the freed
-        # inode number after the commit, and that file is none of this save's business.
-        key = (s.dev, s.ino)
-        st = f.parked
-        if st is None or st.size == s.run_start:
-            continue
-        was = looked.get(key)
-        if was is not None and was[0] == s.run_start and key in vouched:
-            continue
-        return RecoverError(
-            f"{j.parked(s)}: the journal says committed, but the source is {st.size} "
-            f"bytes where a finished move leaves {s.run_start}: the commit never happened")
     return None
-
-
-def _vouched(j: Journal, seen: Observed) -> set[Key]:
-    """The sources whose finished move the files themselves prove, in an ``ordered`` journal's
-    move order: a moved source is finished when it is at its parked name at exactly its kept
-    prefix, or when the outputs (temps, or final names once renamed) hold data for every byte
-    it moves; moves run one at a time in that order, so every one before a finished one is
-    finished too.  The never-moved ones are added.  Older journals: none."""
-    if not j.ordered:
-        return set()
-    moved = [(s, f) for s, f in zip(j.sources, seen.sources, strict=True)
-             if not s.adopt and s.run_start < s.size]
-    last = -1
-    for i in reversed(range(len(moved))):
-        s, f = moved[i]
-        if f.parked is None:
-            continue
-        if f.parked.size != s.run_start and moved_held(j, s, seen, s.run_start,
-                                                       temps_only=False) is not None:
-            continue
-        last = i
-        break
-    keys = {(s.dev, s.ino) for s, _f in moved[: last + 1]}
-    return keys | {(s.dev, s.ino) for s in j.sources if not s.adopt and s.run_start >= s.size}
 
 
 # --- the one look -----------------------------------------------------------------------------
@@ -569,7 +519,7 @@ def observe(j: Journal, records: Records) -> Observed:
         probes: dict[int, set[int]] = {}
         if records.actor is Actor.RECOVER:
             for s, f in zip(j.sources, sources, strict=True):
-                for start in _probe_starts(j, records.stage, s, f):
+                for start in _probe_starts(records.stage, s, f):
                     for a, _b, d in _cover(s, start):
                         probes.setdefault(d.output, set()).add(d.out_offset + a - d.src_offset)
         for o, out in enumerate(j.outputs):
@@ -585,17 +535,13 @@ def observe(j: Journal, records: Records) -> Observed:
     return Observed(tuple(sources), tuple(outputs), token_files=found)
 
 
-def _probe_starts(j: Journal, stage: Stage, s: JournalSource, f: SourceFacts) -> set[int]:
-    """Where ``check_temps_hold`` (before a rollback) and ``_vouched`` (before a finish) ask
-    whether a dense source's bytes are in the outputs: from the size a parked source not whole
-    has, or from the kept prefix of a moved one not at it (an ordered journal)."""
+def _probe_starts(stage: Stage, s: JournalSource, f: SourceFacts) -> set[int]:
+    """Where ``check_temps_hold`` asks, before a rollback, whether a dense source's bytes are
+    in the outputs: from the size of a parked source not whole."""
     if s.adopt or not s.dense or f.parked is None:
         return set()
     if stage is Stage.MOVING and f.parked.size < s.size:
         return {max(f.parked.size, s.run_start)}
-    if (stage is Stage.COMMITTED and j.ordered and s.run_start < s.size
-            and f.parked.size != s.run_start):
-        return {s.run_start}
     return set()
 
 

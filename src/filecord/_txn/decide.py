@@ -13,10 +13,17 @@ its records check** (SQLite's rule: a journal that checks is played back).
   and still the recorded file (``undo.proven_directories``).  A checksum proves a record
   intact, not who wrote it, so no record widens this.
 * *What happened*: the stage is the last step that checks; the ``moving`` count, the
-  ``inserted`` steps and the ``committed`` step's looks are taken as written.  The files
-  decide what the records cannot say (a torn or lost last step): an output under its final
-  name proves the commit point was passed (``assess.renamed``).  What neither proves is
-  refused as damage, naming the files, never blamed on another process.
+  ``inserted`` steps and the ``committed`` step's looks are taken as written, never re-proved
+  from the files.  A forged record that checks is therefore played back, and what it can do
+  is bounded by the confinement above: it can damage the save's own files (its outputs,
+  temps and parked sources), never a file elsewhere.  A real crash never forges: it tears the
+  last append (which then does not check) or leaves every record whole.
+* *What the files still decide*: what another process may have changed (each file's
+  identity, size and times against what the records say: a change is refused or kept, never
+  overwritten) and what a crash can leave differing from a record (a truncate or rename that
+  did not reach the disk; a torn or lost last step, where an output under its final name
+  proves the commit point was passed: ``assess.renamed``).  What neither proves is refused as
+  damage, naming the files, never blamed on another process.
 
 The in-process failure path (``failure.fail``) and ``recover`` both ask :func:`decide`;
 neither branches on anything else.  Every result ``recover`` returns comes from a row, a save
@@ -95,7 +102,6 @@ class Found(enum.Enum):
     CHANGED = "a source changed by another process"
     UNREADABLE = "the files could not be checked (or the undo itself failed)"
     DAMAGED = "a record or a lock file does not check out"
-    UNFINISHED = "the journal says committed but a move never finished"
     # recover only: what the lock files and names prove, before the files are assessed
     BUSY = "a lock of the save is held: it is running (or another recover is)"
     UNPROVEN = "files of the save, but nothing proves it is over or that no journal needs them"

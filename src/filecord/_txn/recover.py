@@ -470,8 +470,7 @@ def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
     another process's doing: the finding is DAMAGED, and the third value says what the files
     showed."""
     j, stage = log_.journal, log_.stage
-    records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
-                             log_.looked)
+    records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted)
     seen = assess.observe(j, records)
     lost = stage is Stage.MOVING and assess.renamed(j, seen)
     if lost:

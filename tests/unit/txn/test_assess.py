@@ -218,32 +218,20 @@ def test_committed_with_every_move_finished_is_finished() -> None:
     assert decide(Actor.RECOVER, Stage.COMMITTED, got.found) is Action.FINISH
 
 
-def test_committed_with_a_move_unfinished_is_unfinished() -> None:
-    got = assess(J, COMMITTED, seen(Facts(0, 7), Facts(W, 9)))
-    assert got.found is Found.UNFINISHED
+def test_a_committed_step_that_checks_is_played_back_whatever_the_sources_sizes() -> None:
+    # The trust rule: a committed step is what happened; a source not at its kept prefix (a
+    # write after the commit, or a forged step) is the finish's to keep, never re-proved here.
+    for o in (seen(Facts(W, 7), Facts(W, 9)), seen(Facts(10, 7), None, holes=((0, 0),)),
+              seen(Facts(0, 7), Facts(0, 9), c_own=Facts(W, 300))):
+        assert found(COMMITTED, o) is Found.AS_LEFT
+
+
+def test_committed_with_a_temp_not_at_its_length_is_changed_and_refused() -> None:
+    got = assess(J, COMMITTED, seen(Facts(0, 7), Facts(0, 9), temp=Facts(4 * W - 1, 1)))
+    assert got.found is Found.CHANGED
     assert isinstance(got.error, RecoverError)
-    assert "the commit never happened" in got.why
+    assert "another process changed it" in got.why
     assert decide(Actor.RECOVER, Stage.COMMITTED, got.found) is Action.REFUSE
-
-
-def test_committed_with_the_adopted_source_under_its_own_name_is_unfinished() -> None:
-    got = assess(J, COMMITTED, seen(Facts(0, 7), Facts(0, 9), c_own=Facts(W, 300)))
-    assert got.found is Found.UNFINISHED
-    assert "still under its own name" in got.why
-
-
-def test_a_write_after_the_commit_is_let_through_only_with_the_look_and_the_files() -> None:
-    o = seen(Facts(10, 7), Facts(0, 9))  # a written after the commit; b proves the order
-    looked = {A: (0, 7), B: (0, 9)}
-    assert found(Records(Actor.RECOVER, Stage.COMMITTED, looked=looked), o) is Found.AS_LEFT
-    assert found(COMMITTED, o) is Found.UNFINISHED  # no look: a crafted commit, maybe
-    # b not at its kept prefix and its bytes not in the outputs: nothing vouches for a.
-    o = seen(Facts(10, 7), Facts(W, 9), temp=Facts(W, 1))
-    assert found(Records(Actor.RECOVER, Stage.COMMITTED, looked=looked), o) is Found.UNFINISHED
-    # The temp whole (so its length proves nothing), b's parked name gone, and a hole where
-    # a's moved bytes belong: the look alone must not let a through.
-    o = seen(Facts(10, 7), None, holes=((0, 0),))
-    assert found(Records(Actor.RECOVER, Stage.COMMITTED, looked=looked), o) is Found.UNFINISHED
 
 
 def test_held_is_changed_and_never_undone() -> None:
@@ -366,13 +354,14 @@ def test_an_adopted_source_longer_than_its_output_is_held_not_cut() -> None:
                 in "\n".join([str(got.error), *got.notes]))
 
 
-def test_an_adopted_source_back_under_its_name_needs_nothing_and_committed_needs_the_temp() -> None:
+def test_an_adopted_source_back_under_its_name_needs_nothing_and_committed_the_temps_length(
+) -> None:
     j = in_place()
     assert assess(j, RECOVER, adopted_at(None, own=2 * W + 5)).found is Found.AS_LEFT
     committed = Records(Actor.RECOVER, Stage.COMMITTED)
     assert assess(j, committed, adopted_at(6 * W)).found is Found.AS_LEFT
     got = assess(j, committed, adopted_at(4 * W + 5))  # never appended: not complete
-    assert got.found is Found.UNFINISHED
+    assert got.found is Found.CHANGED
     assert decide(Actor.RECOVER, Stage.COMMITTED, got.found) is Action.REFUSE
 
 

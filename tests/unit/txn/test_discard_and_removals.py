@@ -62,7 +62,7 @@ def test_a_discard_temp_of_another_length_does_not_stop_a_finish() -> None:
     # The same on a published output's temp is someone else's change: refused.
     o = seen(Facts(0, 7), OutputFacts(Facts(W + 1, 1)), OutputFacts(Facts(W, 1)))
     got = assess(J, COMMITTED, o)
-    assert got.found is Found.UNFINISHED
+    assert got.found is Found.CHANGED
     assert decide(Actor.RECOVER, Stage.COMMITTED, got.found) is Action.REFUSE
 
 
