@@ -435,7 +435,8 @@ def _move(txn: Txn, m: MoveSource) -> None:
         txn.moving = m.key
         txn.looks[m.key] = (st, None)
         transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance,
-                             seen=st, looks=txn.looks)
+                             seen=st, looks=txn.looks, log_cut=lambda lo: begin.append_step(
+                                 txn, journal.encode_cut(m.key, lo)))
         txn.moving = None
         # Durable: this move is over, so recover may insist the source is at its kept prefix
         # (a write into it after this is a change, whatever size it leaves).  The source's

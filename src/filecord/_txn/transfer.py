@@ -20,10 +20,13 @@ short count is continued, a zero count is an error, never silently accepted (F3)
    append or truncate by another process is a ``DataChangedError``, never silently cut);
 4. only then ``ftruncate`` the source to the window's start.
 
-A crash after 1 or 2 leaves the bytes in the source (still full length) and maybe in the
-temps; a crash after 3 leaves them durably in the temps.  So at every instant each byte is
-durable in the source or at its journaled offset, and the source's own size says how far the
-move got (no journal write per window).  A failed or uncertain fsync raises before step 3.
+Between 3 and 4 the cut is logged (a ``cut`` step appended to the journal and fsynced).  A
+crash after 1 or 2 leaves the bytes in the source (still full length) and maybe in the temps;
+a crash after the step leaves them durably in the temps.  So at every instant each byte is
+durable in the source or at its journaled offset, and the log says how far the move got: the
+source is at its own size or at a size a ``cut`` step names, never below the last (a truncate
+may not reach the disk, none runs before its step).  A failed or uncertain fsync raises before
+step 3.
 
 *Restore* (rollback and recovery) runs the same discipline in reverse: copy the bytes back to
 the end of the source, ``fsync`` the source, and only then punch the hole in the temp that held
@@ -194,8 +197,13 @@ def move_source(
     *,
     seen: os.stat_result | None = None,
     looks: dict[tuple[int, int], tuple[os.stat_result, int | None]] | None = None,
+    log_cut: Callable[[int], None] = _nop,
 ) -> None:
     """Move ``m``'s run into the temps, shortening the source one window at a time.
+
+    ``log_cut(lo)`` makes the cut about to happen durable in the journal (its ``cut`` step),
+    after the window's fsync in the temps and before the truncate: recover reads how far the
+    move got from the log, never infers it from the source's size.
 
     ``looks[m.key]`` is kept as the last look at the source and the size a truncate in
     flight leaves, so whoever cleans up after a failure can tell the save's cut from anyone
@@ -223,6 +231,7 @@ def move_source(
         for fd in sorted(touched):
             c.fsync(fd)  # raises on failure: the truncate below never runs after a bad fsync
         _check_unchanged(src, m, pos, seen, None)
+        log_cut(lo)
         seen = _cut(src, m, lo, seen, looks)
         progress(pos - lo)
         pos, k = lo, k + 1
