@@ -231,21 +231,27 @@ def test_a_forged_committed_step_mid_move_is_played_back_and_confined_to_the_sav
     assert recover(d) == []
 
 
-def test_r4_5_crafted_moved_line_only_makes_recover_refuse(tmp_path: Path) -> None:
-    """Held: a "moving 99" step (checksummed: crafted) appended to the journal of a save killed
+@pytest.mark.parametrize(("moved", "why"), [
+    (1, "records leave it at 0 bytes"),  # plausible: played back, the files say otherwise
+    (99, "damaged: a step that checks says 99 moves finished of 2"),  # out of range
+])
+def test_r4_5_crafted_moved_line_only_makes_recover_refuse(
+    tmp_path: Path, moved: int, why: str,
+) -> None:
+    """Held: a "moving" step (checksummed: crafted) appended to the journal of a save killed
     mid-move can only make recover refuse (nothing touched); without it the same state rolls
     back byte-exact."""
     a, b = _killed_mid_move(tmp_path, 3)
     lock = next(tmp_path / n for n in _names(tmp_path) if n.endswith(".filecord-journal"))
-    _append(lock, journal_codec.encode_moving(99))
+    _append(lock, journal_codec.encode_moving(moved))
     before = {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)}
-    with pytest.raises(RecoverError, match="its move had finished"):
+    with pytest.raises(RecoverError, match=why):
         recover(tmp_path)
     assert {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)} == before
     # Damage to the last record (a torn or garbled append) is ignored, not trusted.
-    crafted = journal_codec.encode_moving(99)
-    raw = lock.read_bytes().replace(crafted,
-                                    crafted.replace(b'"moved":99', b'"moved":9x') + b"moved 1")
+    crafted = journal_codec.encode_moving(moved)
+    raw = lock.read_bytes().replace(crafted, crafted.replace(b'"moved":', b'"moved"=')
+                                    + b"moved 1")
     lock.write_bytes(raw)
     recover(tmp_path)
     assert (tmp_path / "a.bin").read_bytes() == a

@@ -2,29 +2,21 @@
 
 Theory of operation
 -------------------
-Both paths that clean up after a save, the in-process failure path (``failure``) and
-``recover``, do the same two steps and hand the result to ``decide``:
+The in-process failure path (``failure``) and ``recover`` both look, judge and ask ``decide``:
 
-1. :func:`observe` (the only I/O here) stats every name the journal lets this save have
-   touched: each source at its parked and own names (and an adopted one at its temp), each
-   output at its temp and final names, each by device and inode (a name holding another file
-   counts as absent); and, for recover, where the holes are in the outputs at the offsets
-   that would hold moved bytes (``SEEK_HOLE``).  It changes nothing.  An error while looking
-   (or a name swapped for a symlink under it) is kept as ``unreadable``.
-2. :func:`assess` is pure: from the journal, its records (:class:`Records`: the stage, the
-   ``moving`` count, the ``committed`` step's looks, and for a running save its own last
-   looks and the change it saw mid-move) and the :class:`Observed` facts it says, per
-   source, where its bytes are and whether it is as the save left it or changed (with a typed
-   ``ChangeKind``), and sums that up in one :class:`~filecord._txn.decide.Found`:
+1. :func:`observe` (the only I/O here) ``lstat``s each source at its parked and own names (an
+   adopted one at its temp) and each output at its temp and final names, by device and inode
+   (a name holding another file counts as absent).  An error is kept as ``unreadable``.
+2. :func:`assess` is pure: from the head, the :class:`Records` and the :class:`Observed` facts
+   it says where each source's bytes are and sums up one :class:`~filecord._txn.decide.Found`.
+   The records are trusted for what happened (the trust rule, ``decide``); the files are
+   judged only for what another process or a crash can make differ from them:
 
-   * a running save (``Actor.SAVE``): the change it saw mid-move (by its typed kind, never its
-     message), then each parked source against the save's last look (size, mtime, ctime, or
-     the size of its own truncate in flight), then the proof recover asks for too (every
-     source at a size this save's moves leave, in their order, the ``moved`` count included);
-   * recover (``Actor.RECOVER``), by stage: HELD is CHANGED; before a rollback the same proof
-     and "the temps hold every byte a source lacks"; before a finish only "every temp is at
-     its journaled length": a ``committed`` step that checks is played back (the trust rule,
-     ``decide``), never re-proved from the files.
+   * a running save (``Actor.SAVE``): the change it saw mid-move (by its typed kind), then each
+     parked source against its last look (size, mtime, ctime, or its truncate in flight);
+   * recover (``Actor.RECOVER``), by stage: HELD is CHANGED; before a rollback every source at
+     its own size or one its ``cut`` steps name (a finished move at its kept prefix) and the
+     temps its moved bytes went to there; before a finish every temp at its journaled length.
 
 A record that does not check is DAMAGED (:func:`damaged`), never "another process".
 """
@@ -32,7 +24,6 @@ A record that does not check is DAMAGED (:func:`damaged`), never "another proces
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import stat as stat_mod
 from collections.abc import Mapping
@@ -47,8 +38,6 @@ from filecord._txn.journal import Journal, JournalSource
 from filecord._txn.stages import Stage
 from filecord._txn.transfer import METADATA_ONLY
 from filecord.errors import ChangeKind, DataChangedError, RecoverError
-
-log = logging.getLogger(__name__)
 
 HELD_WHY = ("a source was changed by another process, so nothing was put back over it: the "
             "journal (held) and temps are kept")
@@ -66,11 +55,10 @@ class Facts:
     size: int
     mtime_ns: int
     ctime_ns: int = 0
-    nlink: int = 1
 
     @classmethod
     def of(cls, st: os.stat_result) -> Facts:
-        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink)
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,21 +25,18 @@ its records check** (SQLite's rule: a journal that checks is played back).
   proves the commit point was passed: ``assess.renamed``).  What neither proves is refused as
   damage, naming the files, never blamed on another process.
 
-The in-process failure path (``failure.fail``) and ``recover`` both ask :func:`decide`;
-neither branches on anything else.  Every result ``recover`` returns comes from a row, a save
-without a journal (stage CREATED: its lock file says none was made durable), a lock held
-(BUSY), a lock or journal that is damaged, missing or another's included; its word
-(``Recovered.action``, the CLI's, the docs') is the row's action's (:data:`OUTCOME`).  The
-stage comes from the stage machine (``stages``: a running save's ``Txn.stage``, a crashed
-save's last step record), the finding from the assessment (``assess``: the journal's records
-and the facts observed on the files).
+The failure path (``failure.fail``) and ``recover`` both ask :func:`decide` and branch on
+nothing else: the stage from the stage machine (``stages``), the finding from the assessment
+(``assess``).  Every ``recover`` result is a row (journal-less saves, held, damaged, missing
+or foreign locks included); its word is the row's action's (:data:`OUTCOME`).
 
 Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault point)
 -------------------------------------------------------------------------------------
 1. Every byte of every consumed source is durably in the source or at its journaled offset
    in a temp, at every instant, even after a crash that loses every unsynced write: a window
-   is fsynced in the temps before it is cut, a ``moving`` step only after the source's last
-   cut is fsynced, a put-back fsynced before the temp lets go.
+   is fsynced in the temps and its ``cut`` step in the journal before it is cut, a ``moving``
+   step only after the source's last cut is fsynced, a put-back fsynced before the temp lets
+   go.
    Tests: tests/sweeps/test_power_cuts.py, tests/sweeps/test_fault_points.py,
    tests/sweeps/test_fsync_order.py.
 2. The final name holds its old content or the complete new file, never a mix (one rename per

@@ -103,15 +103,11 @@ def recover(path: str | os.PathLike[str]) -> list[Recovered]:
     refused = [r for r in done if r.action == "refused"]
     kept = [r for r in done if r.kept]
     if refused or kept:
-        parts = []
-        if refused:
-            parts.append(f"recover refused {len(refused)} save(s) in {target}: "
-                         + "; ".join(f"{r.journal}: {r.detail}" for r in refused))
-        if kept:
-            parts.append(f"recover finished {len(kept)} save(s) in {target} but kept "
-                         "consumed sources changed after the commit point: "
-                         + "; ".join(f"{r.journal}: {r.detail}" for r in kept))
-        err = RecoverError("; ".join(parts))
+        err = RecoverError("; ".join(
+            f"recover {what} {len(rs)} save(s) in {target}{but}: "
+            + "; ".join(f"{r.journal}: {r.detail}" for r in rs)
+            for what, but, rs in (("refused", "", refused), ("finished", " but kept consumed "
+                                  "sources changed after the commit point", kept)) if rs))
         for r in refused + kept:
             for note in r.notes:
                 add_note(err, note)
@@ -283,13 +279,12 @@ def _read(path: str) -> tuple[bytes, os.stat_result]:
 
 
 class _LockRefusalError(Exception):
-    """A lock file of the save proves nothing: ``found`` says why (UNPROVEN: missing, so
-    nothing proves the save is over; DAMAGED: its records do not check; FOREIGN: it names
-    another journal)."""
+    """A lock file of the save proves nothing: missing (UNPROVEN), its records do not check
+    (DAMAGED) or it names another journal (FOREIGN)."""
 
-    def __init__(self, found: Found, path: str, why: str = "") -> None:
-        super().__init__(f"{path}{why}")
-        self.found, self.path = found, path
+    def __init__(self, found: Found, why: str) -> None:
+        super().__init__(why)
+        self.found = found
 
 
 def _lock_all(
@@ -315,17 +310,19 @@ def _lock_all(
             path = _names.sibling(firsts[directory], j.token, _names.LOCK)
             fd = liveness.acquire(path)
             if fd is None:
-                raise _LockRefusalError(Found.UNPROVEN, path)
+                raise _LockRefusalError(Found.UNPROVEN, f"its lock file {path} is missing, so "
+                                        "nothing proves the save is over")
             locks[directory] = (path, fd)
             said = _read_pointer(fd, j.token)
             if said.damage is not None:
-                raise _LockRefusalError(Found.DAMAGED, path, f": {said.damage}")
+                raise _LockRefusalError(Found.DAMAGED, f"{path}: {said.damage}")
             if said.journal is None:  # emptied or zeroed: a lock file is linked whole
-                raise _LockRefusalError(Found.DAMAGED, path, ": its lock file is damaged (it "
+                raise _LockRefusalError(Found.DAMAGED, f"{path}: its lock file is damaged (it "
                                         "names no journal: emptied or zeroed after it was "
                                         "written)")
             if said.journal != pointer:
-                raise _LockRefusalError(Found.FOREIGN, path)
+                raise _LockRefusalError(Found.FOREIGN, f"the lock file {path} belongs to "
+                                        "another journal: this one reaches beyond its save")
     except BaseException:
         for d, (_p, fd) in locks.items():
             if d not in held:
@@ -392,25 +389,12 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
         return _decided(path, stage, Found.DAMAGED, f"its lock file is not a regular file "
                         f"({exc.strerror}); nothing was touched")
     except _LockRefusalError as exc:
-        return _lock_refused(path, stage, seen, exc)
-    return _act(path, log_)
-
-
-def _lock_refused(path: str, stage: Stage, seen: os.stat_result,
-                  exc: _LockRefusalError) -> Recovered | None:
-    if exc.found is Found.FOREIGN:
-        why = (f"the lock file {exc} belongs to another journal: this one reaches beyond its "
-               "save")
-    elif exc.found is Found.UNPROVEN:
-        # A save removes its journal before its lock files: a lock gone while the journal
-        # read is still there is proof of nothing; the journal gone too is a save that ended
-        # after the scan.
-        if undo.same_file(path, seen.st_dev, seen.st_ino) is None:
+        # A save removes its journal before its lock files: a lock gone with the journal too
+        # is a save that ended after the scan.
+        if exc.found is Found.UNPROVEN and undo.same_file(path, seen.st_dev, seen.st_ino) is None:
             return None
-        why = f"its lock file {exc} is missing, so nothing proves the save is over"
-    else:
-        why = str(exc)
-    return _decided(path, stage, exc.found, f"{why}; nothing was touched")
+        return _decided(path, stage, exc.found, f"{exc}; nothing was touched")
+    return _act(path, log_)
 
 
 def _act(path: str, log_: journal.Log) -> Recovered:
