@@ -448,16 +448,11 @@ def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = 
                 ) -> list[str]:
     """One line per source: how many bytes are in it (and under which name), where the rest is.
 
-    ``left_at`` gives, per source (dev, ino), the size the move last left it at when that is
-    known (the in-process error); ``done``: the first ``done`` moved sources (journal order)
-    finished their moves (the journal's ``moving`` step), so each was left at its kept
-    prefix; ``cuts``: recover's ``cut`` steps, so a source at none of the sizes they and its
-    own leave is reported as changed, at its last cut.  ``inserted``: the adopted sources whose
-    insert the journal records (the others hold the file at offset 0, unless the insert's
-    record is all that is missing).  ``held``: another process changed a source during the
-    save; an adopted file is then named as where its bytes were put, not claimed whole (a
-    writer that cut it may have left zeros there).
-    """
+    The size the move left a source at: ``left_at`` (the in-process error), its kept prefix
+    for the first ``done`` moved sources, else its last ``cut`` step where its size is none
+    they name (reported as changed).  ``inserted``: the adopted sources whose insert is
+    recorded.  ``held``: an adopted file is named as where its bytes were put, not claimed
+    whole (a writer that cut it may have left zeros there)."""
     finished = {(s.dev, s.ino): s.run_start for s in [
         s for s in j.sources if not s.adopt and s.run_start < s.size][:done]}
     left_at = {**finished, **(left_at or {})}

@@ -53,11 +53,8 @@ from filecord.errors import RecoverError
 
 VERSION = 4
 MAGIC = b"filecord-journal 4\n"
-# The stages a step record may name (the others are never written: FILLED, RENAMED and DONE
-# leave nothing a crash needs, FAILED is a running save's end).
-RECORDED = frozenset({Stage.CREATED, Stage.JOURNALED, Stage.MOVING, Stage.COMMITTED,
-                      Stage.ROLLING_BACK, Stage.HELD})
-# The fields each step may carry, as the save writes them (strict: any other set is damage).
+# The stages a step may name and the fields it may carry, as the save writes them (strict:
+# anything else is damage).  FILLED, RENAMED and DONE leave nothing a crash needs.
 _FIELDS: dict[Stage, tuple[frozenset[str], ...]] = {
     Stage.CREATED: (frozenset({"journal"}),),
     Stage.JOURNALED: (frozenset(), frozenset({"save"})),
@@ -253,7 +250,7 @@ def unframe(line: bytes) -> dict[str, object]:
         raise ValueError("checksum mismatch")
     try:
         record = json.loads(payload)
-        if not isinstance(record, dict) or Stage(record.get("stage")) not in RECORDED:
+        if not isinstance(record, dict) or Stage(record.get("stage")) not in _FIELDS:
             raise ValueError("it is not a step record")
     except ValueError as exc:
         raise StrayRecordError(str(exc)) from None
@@ -425,20 +422,15 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
 
 
 def decode(data: bytes) -> Journal:
-    """The head record in ``data``; :class:`NotAJournalError` or :class:`JournalDamagedError`.
-
-    Either copy whose checksum holds is the record, even when the magic line or the other copy
-    is damaged."""
+    """The head record in ``data`` (either copy that checks)."""
     return _head(data)[0]
 
 
 def read_log(data: bytes) -> Log:
-    """The head and the steps after it (WAL replay); :class:`JournalDamagedError` when a
-    record that does not check comes before one that does (damage, not a crash: a crash only
-    cuts the tail), or when the steps follow each other in a way no save writes.  The head's
-    second copy counts as such a record: a damaged newline merges it with the first step,
-    which must not vanish unnoticed; a step where it belongs means the first copy went with a
-    damaged magic line (merged into it), and the step is the first after the head."""
+    """The head and the steps after it (WAL replay, strict); :class:`JournalDamagedError` for
+    damage.  The head's second copy counts as a record (a damaged newline merges it with the
+    first step, which must not vanish); a step where it belongs means the first copy went
+    with a damaged magic line, and is read as the first step."""
     j, lines, torn, start = _head(data)
     heads = 1 if len(lines) > 1 and _checks(lines[1]) and not _is_head(lines[1]) else 2
     rest = lines[heads:]
@@ -603,12 +595,9 @@ def _confine_source(j: Journal, s: JournalSource, journal_path: str) -> None:
 
 
 def confine(j: Journal, journal_path: str) -> None:
-    """Refuse a record whose paths could reach beyond the save that wrote it.
-
-    Every path must be absolute and normalised (no ``..``, no doubled separators), indexes and
-    ranges must be in bounds, the token must be the one in the journal's name, and the journal
-    must sit in its first output's directory (``journal_path``'s directory, resolved).
-    """
+    """Refuse a head that could reach beyond its save: every path absolute and normalised,
+    indexes and ranges in bounds, the token the one in the journal's name, the journal in its
+    first output's directory (resolved)."""
     parsed = _names.parse(os.path.basename(journal_path))
     if parsed is None or parsed[0] != j.token:
         raise JournalDamagedError(f"{journal_path}: the record's token is not the one in its name")

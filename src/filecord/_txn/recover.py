@@ -290,14 +290,9 @@ class _LockRefusalError(Exception):
 def _lock_all(
     j: journal.Journal, held: dict[str, tuple[str, int]], pointer: str
 ) -> dict[str, tuple[str, int]]:
-    """Take the lock file of every directory of the save.
-
-    The save made each one before anything else in that directory and removes them after its
-    journal, so a journal whose lock file is missing is refused, never taken as "free".  Each
-    lock file names the journal of the save that made it: one naming another journal means
-    this journal reaches into a directory that is not its save's (a crafted or copied
-    journal), and nothing is done.
-    """
+    """Take the lock file of every directory of the save.  The save makes each first and
+    removes it after its journal, so one missing is refused, never taken as "free"; one naming
+    another journal means this one reaches beyond its save (crafted or copied)."""
     firsts: dict[str, str] = {}
     for o in reversed(j.outputs):
         if not o.direct:
@@ -334,13 +329,9 @@ def _lock_all(
 def _recover_journal(
     path: str, suffix: str, held: dict[str, tuple[str, int]]
 ) -> Recovered | None:
-    """Recover the save whose journal is ``path``.  (Its record's token is the one in its name:
-    ``confine`` refuses any other.)  None when the journal is gone: its save ended (or another
-    recover ended it) while this one looked.
-
-    Every lock taken here, and those in ``held``, is let go on every path: removed after the
-    save was finished, restored or discarded, only closed otherwise (a refused or skipped save
-    keeps its lock files)."""
+    """Recover the save whose journal is ``path`` (None: the journal went while we looked).
+    Every lock taken here or ``held`` is let go on every path: removed once the save is over,
+    only closed otherwise (a refused or skipped save keeps its lock files)."""
     locks = dict(held)
     try:
         result = _judge(path, suffix, locks)
@@ -417,15 +408,10 @@ def _act(path: str, log_: journal.Log) -> Recovered:
 
 
 def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
-    """The stage and what the files say, from the records that check.
-
-    A ``committed`` step damaged or lost: an output under its final name proves the commit
-    point was passed (a rename comes only after that step's fsync), whatever the records
-    after the head still say; the stage is COMMITTED.  A last record that does not check (an
-    append a crash cut before its fsync, so the files cannot be past it, or a record damaged
-    after it was written) with files the whole records do not account for is damage, never
-    another process's doing: the finding is DAMAGED, and the third value says what the files
-    showed."""
+    """The stage and what the files say, from the records that check.  An output under its
+    final name proves the commit point passed (renamed only after the ``committed`` step's
+    fsync): COMMITTED, lost step or not.  A torn last record with files the whole records do
+    not account for is DAMAGED, never another process; the third value says what they showed."""
     j, stage = log_.journal, log_.stage
     records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
                              log_.cuts)
