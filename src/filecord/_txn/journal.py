@@ -63,8 +63,6 @@ _FIELDS: dict[Stage, tuple[frozenset[str], ...]] = {
     Stage.ROLLING_BACK: (frozenset(),),
     Stage.HELD: (frozenset(),),
 }
-# Older formats a file may still be in: recover refuses them naming their version.
-_OLDER = {b"filecord-journal 2\n": 2, b"filecord-journal 3\n": 3}
 
 
 class NotAJournalError(RecoverError):
@@ -72,7 +70,7 @@ class NotAJournalError(RecoverError):
 
 
 class JournalVersionError(RecoverError):
-    """A journal of an older format (version 2 or 3): never touched."""
+    """A journal of another format version: FOREIGN, never touched."""
 
 
 class JournalDamagedError(RecoverError):
@@ -408,11 +406,12 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
             return _parse(rec["save"]), lines, torn, start
         except (ValueError, KeyError, TypeError, IndexError) as exc:  # noqa: PERF203 - two
             problems.append(f"copy {n}: {exc}")
-    for magic, version in _OLDER.items():
-        if data.startswith(magic):  # and no record of this version checks
-            raise JournalVersionError(
-                f"the journal was written by an older filecord (journal version {version}): "
-                "recover it with the filecord that wrote it; nothing was touched")
+    version = data.split(b"\n", 1)[0].removeprefix(b"filecord-journal ")
+    if version.isdigit() and int(version) != VERSION:  # and no record of this version checks
+        raise JournalVersionError(
+            f"the journal was written by {'an older' if int(version) < VERSION else 'another'} "
+            f"filecord (journal version {int(version)}): recover it with the filecord that "
+            "wrote it; nothing was touched")
     if not data.startswith(MAGIC[:9]):
         raise NotAJournalError("the file is not a filecord journal (no magic line, no record)")
     raise JournalDamagedError(

@@ -345,3 +345,10 @@ def test_bytes_after_a_complete_last_record_are_damage_a_cut_one_a_torn_tail() -
         journal.read_log(head + step[:-1] + b"xyz")  # no crash appends past a record
     log = journal.read_log(head + step[:-5])  # a crash cuts it short: torn, ignored
     assert (log.torn, dict(log.cuts)) == (True, {})
+
+
+def test_a_journal_of_a_later_version_is_named_as_such_not_damaged() -> None:
+    later = r"another filecord \(journal version 5\)"
+    with pytest.raises(journal.JournalVersionError, match=later):
+        journal.read_log(b"filecord-journal 5\n" + WRITTEN[len(journal.MAGIC):].replace(
+            b'"version":4', b'"version":5'))
