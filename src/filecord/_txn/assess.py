@@ -453,9 +453,7 @@ def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = 
     they name (reported as changed).  ``inserted``: the adopted sources whose insert is
     recorded.  ``held``: an adopted file is named as where its bytes were put, not claimed
     whole (a writer that cut it may have left zeros there)."""
-    finished = {(s.dev, s.ino): s.run_start for s in [
-        s for s in j.sources if not s.adopt and s.run_start < s.size][:done]}
-    left_at = {**finished, **(left_at or {})}
+    left_at = {**{(s.dev, s.ino): s.run_start for s in moved(j)[:done]}, **(left_at or {})}
     for s, f in zip(j.sources, seen.sources, strict=True):
         at, key = locate(j, s, f), (s.dev, s.ino)
         sizes = (s.size, *(cuts or {}).get(key, ()))

@@ -15,8 +15,8 @@ FILLED         complete copies in the temps         removing temps
 JOURNALED      ``.filecord-journal`` (its head,     rolling back (sources still whole)
                a ``journaled`` step, durable)
 MOVING         sources renamed, being shortened     rolling back: put bytes and names back
-               (a ``moving`` step per finished
-               move)
+               (a ``moving`` step per cut and
+               per finished move)
 ROLLING_BACK   a ``rolling back`` step              rolling back, continued
 HELD           a ``held`` step                      nothing: another process changed a source
                                                     mid-move; recover refuses and says where
