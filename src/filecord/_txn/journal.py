@@ -583,14 +583,12 @@ def _confine_source(j: Journal, s: JournalSource, journal_path: str) -> None:
         raise JournalDamagedError(f"{journal_path}: {s.path}: an adopted source must be "
                                   "one whole range at a block-aligned offset")
     for d in s.dests:
-        if not 0 <= d.output < len(j.outputs) or j.outputs[d.output].direct:
-            raise JournalDamagedError(f"{journal_path}: {s.path}: bad destination")
-        if d.length < 0 or d.src_offset < 0 or d.out_offset < 0:
-            raise JournalDamagedError(f"{journal_path}: {s.path}: negative range")
-        if d.src_offset + d.length > s.size:
-            raise JournalDamagedError(f"{journal_path}: {s.path}: range past the source")
-        if d.out_offset + d.length > j.outputs[d.output].length:
-            raise JournalDamagedError(f"{journal_path}: {s.path}: range past the output")
+        out = j.outputs[d.output] if 0 <= d.output < len(j.outputs) else None
+        if (out is None or out.direct or min(d.length, d.src_offset, d.out_offset) < 0
+                or d.src_offset + d.length > s.size or d.out_offset + d.length > out.length):
+            raise JournalDamagedError(f"{journal_path}: {s.path}: a range {d.src_offset}+"
+                                      f"{d.length} -> output {d.output} at {d.out_offset} is "
+                                      "outside the source, its outputs or their temps")
 
 
 def confine(j: Journal, journal_path: str) -> None:
