@@ -20,7 +20,8 @@ short count is continued, a zero count is an error, never silently accepted (F3)
    append or truncate by another process is a ``DataChangedError``, never silently cut);
 4. only then ``ftruncate`` the source to the window's start.
 
-Between 3 and 4 the cut is logged (a ``cut`` step appended to the journal and fsynced).  A
+Between 2 and 3 the cut is logged (a ``cut`` step appended to the journal and fsynced), so
+the check stays right before the truncate.  A
 crash after 1 or 2 leaves the bytes in the source (still full length) and maybe in the temps;
 a crash after the step leaves them durably in the temps.  So at every instant each byte is
 durable in the source or at its journaled offset, and the log says how far the move got: the
@@ -230,8 +231,8 @@ def move_source(
             _sys.prefetch(src, max(m.run_start, lo - window), lo - max(m.run_start, lo - window))
         for fd in sorted(touched):
             c.fsync(fd)  # raises on failure: the truncate below never runs after a bad fsync
+        log_cut(lo)  # before the check: nothing but the check may stand before the cut
         _check_unchanged(src, m, pos, seen, None)
-        log_cut(lo)
         seen = _cut(src, m, lo, seen, looks)
         progress(pos - lo)
         pos, k = lo, k + 1
