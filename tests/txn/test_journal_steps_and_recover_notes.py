@@ -38,7 +38,7 @@ M = 1 << 20
 RND = random.Random(30)  # noqa: S311 - test data, not secrets
 A_DATA = RND.randbytes(3 * M + 17)
 B_DATA = RND.randbytes(2 * M + 5)
-MAGIC = b"filecord-journal 4\n"
+MAGIC = b"filecord-journal 5\n"
 CHILD = """
 import os, sys
 from filecord import Cord, FileBackedData, save_many
@@ -120,7 +120,7 @@ def find_kill(tmp: Path, syscall: str, want: str) -> Path:
         js = [p for p in d.iterdir() if p.name.endswith(".filecord-journal")]
         if js:
             last = stages(js[0])[-1]
-            got = "committed" if last["stage"] == "committed" else (
+            got = "committed" if last["stage"] == "committed" else "cut" if "cut" in last else (
                 f"moved {last['moved']}" if last["stage"] == "moving" else last["stage"])
             if got == want and (d / "out.bin").exists() is False:
                 return d
@@ -320,11 +320,14 @@ def test_kill_then_recover_twice_is_all_or_nothing(tmp_path: Path, syscall: str,
     assert state(d) in (PRISTINE, DONE), {k: len(v) for k, v in state(d).items()}
 
 
-def test_forged_committed_step_mid_move_is_refused_with_true_notes(tmp_path: Path
-                                                                          ) -> None:
+def test_a_forged_committed_step_mid_move_is_played_back_losing_no_source_byte(
+    tmp_path: Path,
+) -> None:
     """Killed at the 3rd ftruncate (A cut by one window, no `moving` step): a `committed` step
-    that checks, its `looked` the files as they are now, is appended.  recover refuses, touches
-    nothing, and the note places A's missing window in the temp, where it is."""
+    that checks, its `looked` the files as they are now, is appended.  The trust rule plays it
+    back (decide.py): the temp replaces the output, and the finish keeps every source not at
+    its kept prefix under its own name, saying so (exit 1): A's first bytes are in A.bin, the
+    rest in the output where the move put them, B whole."""
     d = tmp_path / "d"
     assert killed(d, "ftruncate", 3) != 0
     j = journal(d)
@@ -335,18 +338,18 @@ def test_forged_committed_step_mid_move_is_refused_with_true_notes(tmp_path: Pat
         looked.append([st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns])
     with open(j, "ab") as f:
         f.write(frame({"looked": looked, "stage": "committed"}))
-    before = state(d)
+    kept = parked(d, "A.bin").stat().st_size
     r = recover(d)
     assert r.returncode == 1, r.stderr
-    assert state(d) == before
-    src = parked(d, "A.bin")
-    kept = src.stat().st_size
-    assert src.read_bytes() == A_DATA[:kept]
-    m = re.search(rf"\[{kept}, {len(A_DATA)}\) at offset (\d+) of (\S+)", r.stderr)
-    assert m, r.stderr
-    with open(m[2], "rb") as f:
-        f.seek(int(m[1]))
-        assert f.read(len(A_DATA) - kept) == A_DATA[kept:]
+    assert "changed this consumed source after the commit point" in r.stderr
+    assert sorted(state(d)) == ["A.bin", "B.bin", "out.bin"]
+    assert (d / "A.bin").read_bytes() == A_DATA[:kept]
+    assert (d / "B.bin").read_bytes() == B_DATA
+    out = (d / "out.bin").read_bytes()
+    for a, b, at in ((0, M, 3), (M, len(A_DATA), 3 + 2 * M)):  # where A's ranges are put
+        lo = max(a, kept)
+        if lo < b:
+            assert out[at + lo - a:at + b - a] == A_DATA[lo:b]
 
 
 @pytest.mark.parametrize(("damage", "expect"), [
@@ -367,22 +370,23 @@ def test_damaged_steps_of_a_committed_journal(committed: Path, tmp_path: Path,
     j = journal(d)
     recs = lines(j)
     assert json.loads(recs[-1][42:])["stage"] == "committed"
-    assert [json.loads(x[42:]).get("moved") for x in recs[-3:-1]] == [1, 2]
+    m1, m2 = (i for i, x in enumerate(recs) if "moved" in json.loads(x[42:]))  # cuts between
+    assert [json.loads(recs[i][42:])["moved"] for i in (m1, m2)] == [1, 2]
     if damage == "duplicate the committed step":
         recs.append(recs[-1])
     elif damage == "swap the two moving steps":
-        recs[-3], recs[-2] = recs[-2], recs[-3]
+        recs[m1], recs[m2] = recs[m2], recs[m1]
     elif damage == "duplicate a moving step":
-        recs.insert(-1, recs[-2])
+        recs.insert(-1, recs[m2])
     elif damage == "cut the committed step mid-record":
         recs[-1] = recs[-1][:60]
     elif damage == "change a digit of looked (checksum kept)":
         i = recs[-1].index(b'"looked":[[') + 11
         recs[-1] = recs[-1][:i] + (b"1" if recs[-1][i:i + 1] != b"1" else b"2") + recs[-1][i + 1:]
     elif damage == "flip a bit of the second moving step":
-        recs[-2] = recs[-2][:50] + bytes([recs[-2][50] ^ 1]) + recs[-2][51:]
+        recs[m2] = recs[m2][:50] + bytes([recs[m2][50] ^ 1]) + recs[m2][51:]
     elif damage == "moved as a string, re-checksummed":
-        recs[-3] = frame({"moved": "1", "stage": "moving"})
+        recs[m1] = frame({"moved": "1", "stage": "moving"})
     elif damage == "looked null, re-checksummed":
         recs[-1] = frame({"looked": None, "stage": "committed"})
     else:

@@ -2,28 +2,21 @@
 
 Theory of operation
 -------------------
-Both paths that clean up after a save, the in-process failure path (``failure``) and
-``recover``, do the same two steps and hand the result to ``decide``:
+The in-process failure path (``failure``) and ``recover`` both look, judge and ask ``decide``:
 
-1. :func:`observe` (the only I/O here) stats every name the journal lets this save have
-   touched: each source at its parked and own names (and an adopted one at its temp), each
-   output at its temp and final names, each by device and inode (a name holding another file
-   counts as absent); and, for recover, where the holes are in the outputs at the offsets
-   that would hold moved bytes (``SEEK_HOLE``).  It changes nothing.  An error while looking
-   (or a name swapped for a symlink under it) is kept as ``unreadable``.
-2. :func:`assess` is pure: from the journal, its records (:class:`Records`: the stage, the
-   ``moving`` count, the ``committed`` step's looks, and for a running save its own last
-   looks and the change it saw mid-move) and the :class:`Observed` facts it says, per
-   source, where its bytes are and whether it is as the save left it or changed (with a typed
-   ``ChangeKind``), and sums that up in one :class:`~filecord._txn.decide.Found`:
+1. :func:`observe` (the only I/O here) ``lstat``s each source at its parked and own names (an
+   adopted one at its temp) and each output at its temp and final names, by device and inode
+   (a name holding another file counts as absent).  An error is kept as ``unreadable``.
+2. :func:`assess` is pure: from the head, the :class:`Records` and the :class:`Observed` facts
+   it says where each source's bytes are and sums up one :class:`~filecord._txn.decide.Found`.
+   The records are trusted for what happened (the trust rule, ``decide``); the files are
+   judged only for what another process or a crash can make differ from them:
 
-   * a running save (``Actor.SAVE``): the change it saw mid-move (by its typed kind, never its
-     message), then each parked source against the save's last look (size, mtime, ctime, or
-     the size of its own truncate in flight), then the proof recover asks for too (every
-     source at a size this save's moves leave, in their order, the ``moved`` count included);
-   * recover (``Actor.RECOVER``), by stage: HELD is CHANGED; before a rollback the same proof
-     and "the temps hold every byte a source lacks"; before a finish "every move finished"
-     (the files prove it, never a record alone: ``_vouched``).
+   * a running save (``Actor.SAVE``): the change it saw mid-move (by its typed kind), then each
+     parked source against its last look (size, mtime, ctime, or its truncate in flight);
+   * recover (``Actor.RECOVER``), by stage: HELD is CHANGED; before a rollback every source at
+     its own size or one its ``cut`` steps name (a finished move at its kept prefix) and the
+     temps its moved bytes went to there; before a finish every temp at its journaled length.
 
 A record that does not check is DAMAGED (:func:`damaged`), never "another process".
 """
@@ -31,7 +24,6 @@ A record that does not check is DAMAGED (:func:`damaged`), never "another proces
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import stat as stat_mod
 from collections.abc import Mapping
@@ -40,15 +32,12 @@ from dataclasses import dataclass, field
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._plan.plan import cover
-from filecord._plan.types import PieceRef
 from filecord._txn import journal
 from filecord._txn.decide import Actor, Found
 from filecord._txn.journal import Journal, JournalSource
 from filecord._txn.stages import Stage
 from filecord._txn.transfer import METADATA_ONLY
 from filecord.errors import ChangeKind, DataChangedError, RecoverError
-
-log = logging.getLogger(__name__)
 
 HELD_WHY = ("a source was changed by another process, so nothing was put back over it: the "
             "journal (held) and temps are kept")
@@ -66,11 +55,10 @@ class Facts:
     size: int
     mtime_ns: int
     ctime_ns: int = 0
-    nlink: int = 1
 
     @classmethod
     def of(cls, st: os.stat_result) -> Facts:
-        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink)
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +72,6 @@ class SourceFacts:
 class OutputFacts:
     temp: Facts | None = None
     final: Facts | None = None
-    # (offset, the first hole at or after it) in the file at the temp, else the final name.
-    holes: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +79,6 @@ class Observed:
     sources: tuple[SourceFacts, ...]
     outputs: tuple[OutputFacts, ...]
     unreadable: str | None = None  # why the files could not all be looked at
-    # recover: every temp and parked source carrying the token in the save's directories
-    token_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +98,7 @@ class Records:
     stage: Stage
     moved: int = 0
     inserted: frozenset[Key] = frozenset()  # adopted sources whose insert is recorded
-    looked: Mapping[Key, tuple[int, int]] = field(default_factory=dict)
+    cuts: Mapping[Key, tuple[int, ...]] = field(default_factory=dict)  # ``journal.Log.cuts``
     looks: Mapping[Key, Look] = field(default_factory=dict)
     during: DataChangedError | None = None  # the change a running save saw mid-move
     cause: BaseException | None = None  # why a running save stopped (a change found since
@@ -235,7 +219,9 @@ def _running(j: Journal, r: Records, seen: Observed) -> Assessment:
                "are kept (not held)") if found is Found.METADATA else HELD_WHY
         first = () if r.cause is None else (f"the save had failed first: {r.cause}",)
         return Assessment(found, err, first, why, changed=key)
-    bad = check_strict(j, seen, r.moved, r.inserted)
+    sizes = {k: (look.facts.size, *(() if look.pending is None else (look.pending,)))
+             for k, look in r.looks.items()}
+    bad = check_strict(j, seen, r.moved, r.inserted, sizes)
     if bad is not None:
         return Assessment(Found.CHANGED, notes=(f"{bad}",), why=HELD_WHY)
     return Assessment(Found.AS_LEFT)
@@ -250,23 +236,19 @@ def _crashed(j: Journal, r: Records, seen: Observed) -> Assessment:
         err = RecoverError(seen.unreadable)
         return Assessment(Found.UNREADABLE, err, why=f"{err}; {KEPT_WHY}")
     # Every refusal an action can meet is decided here, before its first change.
-    lost = unaccounted(j, seen) or (check_findable(j, seen) if r.stage is Stage.ROLLING_BACK
-                                    else None)
-    if lost is not None:
-        return Assessment(Found.UNREADABLE, lost, why=f"{lost}; {KEPT_WHY}")
-    if r.stage not in (Stage.COMMITTED, Stage.MOVING):
-        return Assessment(Found.AS_LEFT)
-    if r.stage is Stage.COMMITTED:
-        unfinished = check_committed(j, seen, r.looked)
-        if unfinished is not None:
-            return Assessment(Found.UNFINISHED, unfinished, why=f"{unfinished}; {KEPT_WHY}")
-        return Assessment(Found.AS_LEFT)
-    bad = (check_strict(j, seen, r.moved, r.inserted) or check_temps_hold(j, seen)
-           or check_findable(j, seen))
-    if isinstance(bad, OSError) and not isinstance(bad, DataChangedError):
-        return Assessment(Found.UNREADABLE, bad, why=f"{bad}; {KEPT_WHY}")
-    if bad is not None:
+    bad: OSError | None = None
+    if r.stage is Stage.ROLLING_BACK:
+        bad = check_findable(j, seen)
+    elif r.stage is Stage.COMMITTED:
+        bad = check_committed(j, seen)
+    elif r.stage is Stage.MOVING:
+        bad = (check_strict(j, seen, r.moved, r.inserted, r.cuts) or check_temps(j, seen)
+               or check_findable(j, seen))
+    if isinstance(bad, DataChangedError) or (
+            isinstance(bad, RecoverError) and r.stage is Stage.COMMITTED):
         return Assessment(Found.CHANGED, bad, why=f"{bad}; {KEPT_WHY}")
+    if bad is not None:
+        return Assessment(Found.UNREADABLE, bad, why=f"{bad}; {KEPT_WHY}")
     return Assessment(Found.AS_LEFT)
 
 
@@ -290,50 +272,45 @@ def change_kind(st: Facts, look: Facts) -> ChangeKind:
     return ChangeKind.CONTENT
 
 
-def legal_size(s: JournalSource, size: int, window: int) -> bool:
-    """Whether a move (or a rollback) of this save can have left ``s`` at ``size``."""
-    if not s.run_start <= size <= s.size:
-        return False
-    return size in (s.run_start, s.size) or (s.size - size) % window == 0 or (
-        size - s.run_start
-    ) % window == 0
+def moved(j: Journal) -> list[JournalSource]:
+    """The sources a move shortens, in the order the moves run (the journal's)."""
+    return [s for s in j.sources if not s.adopt and s.run_start < s.size]
 
 
 def check_strict(j: Journal, seen: Observed, done: int = 0,
-                 inserted: frozenset[Key] = frozenset()) -> DataChangedError | None:
+                 inserted: frozenset[Key] = frozenset(),
+                 cuts: Mapping[Key, tuple[int, ...]] | None = None) -> DataChangedError | None:
     """A source not as this save can have left it (None: all are).
 
-    ``done``: how many moved sources (in journal order) are known to have finished their
-    moves (the journal's durable ``moving`` step, or the save's own count)."""
-    bad = check_order(j, seen, done)
-    if bad is not None:
-        return bad
+    ``done``: the moved sources (journal order) whose moves finished (the journal's ``moving``
+    step, or the save's own count): each is at its kept prefix.  ``cuts``: per moved source,
+    the sizes its cuts can have left it at besides its own (recover: its ``cut`` steps; the
+    running save: its look and the truncate in flight).  Any other size is another process's."""
+    finished = {(s.dev, s.ino) for s in moved(j)[:done]}
     for s, f in zip(j.sources, seen.sources, strict=True):
+        key = (s.dev, s.ino)
         if s.adopt:
-            bad = _adopted(j, s, f, inserted=(s.dev, s.ino) in inserted)
-            if bad is not None:
-                return bad
-            continue
-        if f.parked is None:
-            if f.own is not None and f.own.size != s.size:  # never parked, so never moved
-                return DataChangedError(
-                    s.path, expected_size=s.size, found_size=f.own.size,
-                    reason="changed by another process before the save moved it")
-            if f.own is not None:
-                bad = _untouched(s, s.path, f.own)
-                if bad is not None:
-                    return bad
-            continue
-        if f.parked.size == s.size:
-            bad = _untouched(s, j.parked(s), f.parked)
-            if bad is not None:
-                return bad
-        if not legal_size(s, f.parked.size, j.window):
-            return DataChangedError(
-                j.parked(s), expected_size=s.size, found_size=f.parked.size,
-                reason="its size is not one a move of this save leaves: another process "
-                "changed it")
+            bad = _adopted(j, s, f, inserted=key in inserted)
+        elif f.parked is None:  # never parked, so never moved
+            bad = None if f.own is None else _cut_to(s, s.path, f.own, (s.size,))
+        else:
+            bad = _cut_to(s, j.parked(s), f.parked, (s.run_start,) if key in finished
+                          else (s.size, *(cuts or {}).get(key, ())))
+        if bad is not None:
+            return bad
     return None
+
+
+def _cut_to(s: JournalSource, name: str, st: Facts, sizes: tuple[int, ...]
+            ) -> DataChangedError | None:
+    """A parked source at one of the ``sizes`` this save's cuts can have left it at (at its
+    full size, also at its journaled mtime)."""
+    if st.size not in sizes:
+        return DataChangedError(
+            name, expected_size=sizes[-1], found_size=st.size,
+            reason=f"the save's records leave it at {' or '.join(map(str, sorted(set(sizes))))} "
+            "bytes: another process changed it")
+    return _untouched(s, name, st) if st.size == s.size else None
 
 
 def _adopted(j: Journal, s: JournalSource, f: SourceFacts, *,
@@ -366,87 +343,23 @@ def _untouched(s: JournalSource, name: str, st: Facts) -> DataChangedError | Non
         f"{s.mtime_ns} ns and this save never shortened it: another process rewrote it")
 
 
-def check_order(j: Journal, seen: Observed, done: int = 0) -> DataChangedError | None:
-    """The move-order invariant: moves run one at a time in journal order, so every moved source
-    before the one in progress is at its kept prefix, every one after it at its full size, and
-    the first ``done`` are finished.  The one in progress is the first not at its kept prefix
-    (none when all are).  Older journals (not ``ordered``) are not checked."""
-    if not j.ordered:
-        return None
-    in_progress: JournalSource | None = None
-    moved = [(s, f) for s, f in zip(j.sources, seen.sources, strict=True)
-             if not s.adopt and s.run_start < s.size]
-    for i, (s, f) in enumerate(moved):
-        at = locate(j, s, f)
-        if at is None:
-            continue  # check_strict and the rollback say where it is not
-        name, st = at
-        if i < done and st.size != s.run_start:
-            why = ("its move had finished (the journal's moving step says so), so it must be at "
-                   "its kept prefix")
-        elif in_progress is not None and st.size != s.size:
-            why = (f"its move never began ({in_progress.path} was being moved), so it must be "
-                   "at its full size")
-        else:
-            if in_progress is None and st.size != s.run_start:
-                in_progress = s
-            continue
-        return DataChangedError(
-            name, expected_size=s.run_start if i < done else s.size, found_size=st.size,
-            reason=f"{why}: another process changed it")
-    return None
-
-
-def moved_held(j: Journal, s: JournalSource, seen: Observed, start: int, *,
-               temps_only: bool) -> OSError | None:
-    """Whether the outputs reach every byte of ``s`` from ``start`` on and, for a dense source,
-    hold data there (no hole): None, or why not (``DataChangedError``: never moved; a plain
-    ``OSError``: the temp is missing)."""
-    try:
-        segs = cover(s.dests, start, s.size) if start < s.size else []
-    except ValueError as exc:  # a journal whose pieces leave a gap: no proof either way
-        return OSError(errno.EINVAL, f"{s.path}: {exc}")
-    for a, b, d in segs:
-        out = seen.outputs[d.output]
-        held = out.temp if temps_only or out.temp is not None else out.final
-        if held is None:
-            return OSError(errno.ENOENT, f"the temp file holding {s.path}[{a}:{b}] is missing")
-        at = d.out_offset + (a - d.src_offset)
-        if held.size < at + (b - a):
-            return DataChangedError(
-                s.path, expected_size=s.size, found_size=start,
-                reason=f"the temp ends before its bytes [{a}, {b}): they were never moved, so "
-                "the source was shortened by someone else")
-        hole = dict(out.holes).get(at, at + (b - a))
-        if s.dense and hole < at + (b - a):
-            return DataChangedError(
-                s.path, expected_size=s.size, found_size=a,
-                reason=f"the temp holds no data for its bytes from {a + hole - at} on: "
-                "they were never moved, so the source was shortened by someone else")
-    return None
-
-
-def check_temps_hold(j: Journal, seen: Observed) -> OSError | None:
-    """A parked source whose missing bytes are not all in the temps (beyond a temp's end, or,
-    for a source without holes, in a hole): they were never moved, so someone shortened the
-    source to a size a move leaves."""
+def check_temps(j: Journal, seen: Observed) -> OSError | None:
+    """Every temp a cut source's bytes went to is there at its journaled inode and reaches
+    their end (temps are sized before the first move): else another process removed or cut
+    it, and a rollback would stop part way."""
     for s, f in zip(j.sources, seen.sources, strict=True):
-        if not s.adopt and f.parked is not None and f.parked.size < s.size:
-            bad = moved_held(j, s, seen, max(f.parked.size, s.run_start), temps_only=True)
-            if bad is not None:
-                return bad
-    return None
-
-
-def unaccounted(j: Journal, seen: Observed) -> RecoverError | None:
-    """A temp or parked source carrying the token that the journal does not name: it may hold
-    a source's moved bytes, so no action may delete it (a save's journal names all of them)."""
-    named = {j.temp(o) for o, out in enumerate(j.outputs) if not out.direct}
-    named |= {j.parked(s) for s in j.sources}
-    for path in seen.token_files:
-        if path not in named:
-            return RecoverError(f"the journal does not account for {path}, a file carrying "
-                                "this save's token: it may hold a source's bytes")
+        if s.adopt or f.parked is None or f.parked.size == s.size:
+            continue
+        for d in (d for d in s.dests if d.src_offset + d.length > f.parked.size):
+            temp = seen.outputs[d.output].temp
+            if temp is None:
+                return OSError(errno.ENOENT, f"{j.temp(d.output)}, which holds bytes moved out "
+                               f"of {s.path}, is missing")
+            if temp.size < d.out_offset + d.length:
+                return DataChangedError(
+                    j.temp(d.output), expected_size=j.outputs[d.output].length,
+                    found_size=temp.size, reason=f"the temp ends before the bytes moved out of "
+                    f"{s.path}: another process cut it")
     return None
 
 
@@ -479,68 +392,19 @@ def renamed(j: Journal, seen: Observed) -> bool:
                for out, of in zip(j.outputs, seen.outputs, strict=False))
 
 
-def check_committed(j: Journal, seen: Observed,
-                    looked: Mapping[Key, tuple[int, int]]) -> RecoverError | None:
-    """Every move had completed (None), or why the commit never happened: a committed save
-    shortened each moved source to its kept prefix and put each adopted one at its temp (or
-    final name) first.  A parked source not at its kept prefix is let through (for ``finish``
-    to keep, never delete) only when both hold: the save's last look (``looked``) saw it at its
-    kept prefix, and a move at or after it in the move order is proven finished by the files
-    (``_vouched``).  Then the size it has now is someone else's write after the commit."""
+def check_committed(j: Journal, seen: Observed) -> RecoverError | None:
+    """A temp not at the journaled length (None: all are): another process cut or grew it, so
+    it is never renamed onto the final name (``undo.finish`` checks again before its first
+    rename).  Nothing else is re-proved: a ``committed`` step that checks is played back (the
+    trust rule, ``decide``); a parked source someone wrote to after it is kept by the finish."""
     for o, (out, of) in enumerate(zip(j.outputs, seen.outputs, strict=True)):
-        # A temp not at the journaled length was cut or grown by someone else: never renamed
-        # onto the final name (``undo.finish`` checks again right before its first rename).
         if (not out.direct and not out.discard and of.temp is not None
                 and of.temp.size != out.length):
             return RecoverError(f"{j.temp(o)}: the temp of {out.final} is {of.temp.size} bytes "
                                 f"where the journal says the complete output has {out.length}: "
                                 "another process changed it, so it is not renamed onto the "
                                 "final name")
-    vouched = _vouched(j, seen)
-    for s, f in zip(j.sources, seen.sources, strict=True):
-        if s.adopt:
-            if f.own is not None:
-                return RecoverError(f"{s.path}: the journal says committed, but the adopted "
-                                    "source is still under its own name: the commit never "
-                                    "happened")
-            continue
-        # Only the parked name: the original path may hold a new file that reused the freed
-        # inode number after the commit, and that file is none of this save's business.
-        key = (s.dev, s.ino)
-        st = f.parked
-        if st is None or st.size == s.run_start:
-            continue
-        was = looked.get(key)
-        if was is not None and was[0] == s.run_start and key in vouched:
-            continue
-        return RecoverError(
-            f"{j.parked(s)}: the journal says committed, but the source is {st.size} "
-            f"bytes where a finished move leaves {s.run_start}: the commit never happened")
     return None
-
-
-def _vouched(j: Journal, seen: Observed) -> set[Key]:
-    """The sources whose finished move the files themselves prove, in an ``ordered`` journal's
-    move order: a moved source is finished when it is at its parked name at exactly its kept
-    prefix, or when the outputs (temps, or final names once renamed) hold data for every byte
-    it moves; moves run one at a time in that order, so every one before a finished one is
-    finished too.  The never-moved ones are added.  Older journals: none."""
-    if not j.ordered:
-        return set()
-    moved = [(s, f) for s, f in zip(j.sources, seen.sources, strict=True)
-             if not s.adopt and s.run_start < s.size]
-    last = -1
-    for i in reversed(range(len(moved))):
-        s, f = moved[i]
-        if f.parked is None:
-            continue
-        if f.parked.size != s.run_start and moved_held(j, s, seen, s.run_start,
-                                                       temps_only=False) is not None:
-            continue
-        last = i
-        break
-    keys = {(s.dev, s.ino) for s, _f in moved[: last + 1]}
-    return keys | {(s.dev, s.ino) for s in j.sources if not s.adopt and s.run_start >= s.size}
 
 
 # --- the one look -----------------------------------------------------------------------------
@@ -555,8 +419,8 @@ def _facts(path: str, dev: int, ino: int) -> Facts | None:
     return Facts.of(st)
 
 
-def observe(j: Journal, records: Records) -> Observed:
-    """Look at every name of the save (stat, and for recover SEEK_HOLE); change nothing."""
+def observe(j: Journal) -> Observed:
+    """Look at every name of the save (``lstat``); change nothing."""
     sources: list[SourceFacts] = []
     outputs: list[OutputFacts] = []
     try:
@@ -566,101 +430,35 @@ def observe(j: Journal, records: Records) -> Observed:
                 parked=None if s.adopt else _facts(j.parked(s), s.dev, s.ino),
                 own=_facts(s.path, s.dev, s.ino),
                 at_temp=None if temp is None else _facts(temp, s.dev, s.ino)))
-        probes: dict[int, set[int]] = {}
-        if records.actor is Actor.RECOVER:
-            for s, f in zip(j.sources, sources, strict=True):
-                for start in _probe_starts(j, records.stage, s, f):
-                    for a, _b, d in _cover(s, start):
-                        probes.setdefault(d.output, set()).add(d.out_offset + a - d.src_offset)
         for o, out in enumerate(j.outputs):
-            tmp = None if out.direct else _facts(j.temp(o), out.dev, out.ino)
             # A discard output is never published: its final name is no business of the save.
-            final = None if out.discard else _facts(out.final, out.dev, out.ino)
-            at = j.temp(o) if tmp is not None else out.final if final is not None else None
-            holes = _holes(at, out.dev, out.ino, sorted(probes.get(o, ()))) if at else ()
-            outputs.append(OutputFacts(tmp, final, holes))
-        found = token_files(j) if records.actor is Actor.RECOVER else ()
-    except (OSError, RecoverError) as exc:
-        return Observed(tuple(sources), tuple(outputs), unreadable=str(exc))
-    return Observed(tuple(sources), tuple(outputs), token_files=found)
-
-
-def _probe_starts(j: Journal, stage: Stage, s: JournalSource, f: SourceFacts) -> set[int]:
-    """Where ``check_temps_hold`` (before a rollback) and ``_vouched`` (before a finish) ask
-    whether a dense source's bytes are in the outputs: from the size a parked source not whole
-    has, or from the kept prefix of a moved one not at it (an ordered journal)."""
-    if s.adopt or not s.dense or f.parked is None:
-        return set()
-    if stage is Stage.MOVING and f.parked.size < s.size:
-        return {max(f.parked.size, s.run_start)}
-    if (stage is Stage.COMMITTED and j.ordered and s.run_start < s.size
-            and f.parked.size != s.run_start):
-        return {s.run_start}
-    return set()
-
-
-def _cover(s: JournalSource, start: int) -> list[tuple[int, int, PieceRef]]:
-    """The segments to probe; none where the journal's pieces leave a gap (``moved_held`` then
-    meets the same gap: no proof, the files are unreadable to it)."""
-    try:
-        return cover(s.dests, start, s.size) if start < s.size else []
-    except ValueError:
-        return []
-
-
-def _holes(path: str, dev: int, ino: int, offsets: list[int]) -> tuple[tuple[int, int], ...]:
-    if not offsets:
-        return ()
-    fd = _sys.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    try:
-        st = _sys.fstat(fd)
-        if (st.st_dev, st.st_ino) != (dev, ino) or not stat_mod.S_ISREG(st.st_mode):
-            raise RecoverError(f"{path} changed while recover was looking at it; not touched")
-        found = ((at, _hole(fd, at)) for at in offsets)
-        return tuple((at, hole) for at, hole in found if hole is not None)
-    finally:
-        _sys.close(fd)
-
-
-def _hole(fd: int, at: int) -> int | None:
-    """The first hole at or after ``at``; None where the file system cannot say (then a hole
-    proves nothing) or ``at`` is past the end (the size check catches that)."""
-    try:
-        return _sys.lseek(fd, at, getattr(os, "SEEK_HOLE", 4))
+            outputs.append(OutputFacts(None if out.direct else _facts(j.temp(o), out.dev, out.ino),
+                                       None if out.discard else _facts(out.final, out.dev,
+                                                                       out.ino)))
     except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENXIO, errno.EOPNOTSUPP):
-            raise
-    return None
+        return Observed(tuple(sources), tuple(outputs), unreadable=str(exc))
+    return Observed(tuple(sources), tuple(outputs))
 
 
 # --- where every byte is (pure) ------------------------------------------------------------
 
-def _nearest_legal(s: JournalSource, size: int, window: int) -> int:
-    """The size a move of this save left ``s`` at, best guess when someone changed it since."""
-    sizes = {s.run_start, s.size}
-    sizes.update(range(s.size, s.run_start - 1, -window))
-    sizes.update(range(s.run_start, s.size + 1, window))
-    return min(sorted(sizes, reverse=True), key=lambda x: abs(x - size))
-
-
 def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = None,
                 done: int = 0, inserted: frozenset[Key] = frozenset(), *,
-                held: bool = False) -> list[str]:
+                held: bool = False, cuts: Mapping[Key, tuple[int, ...]] | None = None
+                ) -> list[str]:
     """One line per source: how many bytes are in it (and under which name), where the rest is.
 
-    ``left_at`` gives, per source (dev, ino), the size the move last left it at when that is
-    known (the in-process error); ``done``: the first ``done`` moved sources (journal order)
-    finished their moves (the journal's ``moving`` step), so each was left at its kept
-    prefix.  Otherwise a size no move leaves is reported as a change and the nearest size a
-    move leaves is taken as the boundary.  ``inserted``: the adopted sources whose insert the
-    journal records (the others hold the file at offset 0, unless the insert's record is all
-    that is missing).  ``held``: another process changed a source during the save; an adopted
-    file is then named as where its bytes were put, not claimed whole (a writer that cut it
-    may have left zeros there).
-    """
-    finished = {(s.dev, s.ino): s.run_start for s in [
-        s for s in j.sources if not s.adopt and s.run_start < s.size][:done]}
-    left_at = {**finished, **(left_at or {})}
+    The size the move left a source at: ``left_at`` (the in-process error), its kept prefix
+    for the first ``done`` moved sources, else its last ``cut`` step where its size is none
+    they name (reported as changed).  ``inserted``: the adopted sources whose insert is
+    recorded.  ``held``: an adopted file is named as where its bytes were put, not claimed
+    whole (a writer that cut it may have left zeros there)."""
+    left_at = {**{(s.dev, s.ino): s.run_start for s in moved(j)[:done]}, **(left_at or {})}
+    for s, f in zip(j.sources, seen.sources, strict=True):
+        at, key = locate(j, s, f), (s.dev, s.ino)
+        sizes = (s.size, *(cuts or {}).get(key, ()))
+        if cuts is not None and at is not None and key not in left_at and at[1].size not in sizes:
+            left_at[key] = sizes[-1]
     return [_adopted_where(j, s, f, inserted=(s.dev, s.ino) in inserted, held=held) if s.adopt
             else _moved_where(j, s, f, left_at)
             for s, f in zip(j.sources, seen.sources, strict=True)]
@@ -695,8 +493,6 @@ def _moved_where(j: Journal, s: JournalSource, f: SourceFacts,
         return f"{s.path}: not found under its name or {j.parked(s)}"
     name, size = found[0], found[1].size
     boundary = left_at.get((s.dev, s.ino), size)
-    if not legal_size(s, boundary, j.window):
-        boundary = _nearest_legal(s, size, j.window)
     if boundary == size:
         line = f"{s.path}: bytes [0, {size}) of {s.size} are in {name}"
     else:

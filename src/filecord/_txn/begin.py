@@ -126,7 +126,7 @@ def _record(txn: Txn) -> journal.Journal:
         outputs.append(journal.JournalOutput(out.target, dev, ino, out.length, mode, uid, gid,
                                              old_dev=old[0], old_ino=old[1],
                                              discard=out.discard))
-    return journal.Journal(txn.token, p.window, tuple(outputs), tuple(sources), ordered=True,
+    return journal.Journal(txn.token, p.window, tuple(outputs), tuple(sources),
                            removals=txn.removals)
 
 

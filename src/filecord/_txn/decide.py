@@ -13,26 +13,30 @@ its records check** (SQLite's rule: a journal that checks is played back).
   and still the recorded file (``undo.proven_directories``).  A checksum proves a record
   intact, not who wrote it, so no record widens this.
 * *What happened*: the stage is the last step that checks; the ``moving`` count, the
-  ``inserted`` steps and the ``committed`` step's looks are taken as written.  The files
-  decide what the records cannot say (a torn or lost last step): an output under its final
-  name proves the commit point was passed (``assess.renamed``).  What neither proves is
-  refused as damage, naming the files, never blamed on another process.
+  ``inserted`` steps and the ``committed`` step's looks are taken as written, never re-proved
+  from the files.  A forged record that checks is therefore played back, and what it can do
+  is bounded by the confinement above: it can damage the save's own files (its outputs,
+  temps and parked sources), never a file elsewhere.  A real crash never forges: it tears the
+  last append (which then does not check) or leaves every record whole.
+* *What the files still decide*: what another process may have changed (each file's
+  identity, size and times against what the records say: a change is refused or kept, never
+  overwritten) and what a crash can leave differing from a record (a truncate or rename that
+  did not reach the disk; a torn or lost last step, where an output under its final name
+  proves the commit point was passed: ``assess.renamed``).  What neither proves is refused as
+  damage, naming the files, never blamed on another process.
 
-The in-process failure path (``failure.fail``) and ``recover`` both ask :func:`decide`;
-neither branches on anything else.  Every result ``recover`` returns comes from a row, a save
-without a journal (stage CREATED: its lock file says none was made durable), a lock held
-(BUSY), a lock or journal that is damaged, missing or another's included; its word
-(``Recovered.action``, the CLI's, the docs') is the row's action's (:data:`OUTCOME`).  The
-stage comes from the stage machine (``stages``: a running save's ``Txn.stage``, a crashed
-save's last step record), the finding from the assessment (``assess``: the journal's records
-and the facts observed on the files).
+The failure path (``failure.fail``) and ``recover`` both ask :func:`decide` and branch on
+nothing else: the stage from the stage machine (``stages``), the finding from the assessment
+(``assess``).  Every ``recover`` result is a row (journal-less saves, held, damaged, missing
+or foreign locks included); its word is the row's action's (:data:`OUTCOME`).
 
 Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault point)
 -------------------------------------------------------------------------------------
 1. Every byte of every consumed source is durably in the source or at its journaled offset
    in a temp, at every instant, even after a crash that loses every unsynced write: a window
-   is fsynced in the temps before it is cut, a ``moving`` step only after the source's last
-   cut is fsynced, a put-back fsynced before the temp lets go.
+   is fsynced in the temps and its ``cut`` step in the journal before it is cut, a ``moving``
+   step only after the source's last cut is fsynced, a put-back fsynced before the temp lets
+   go.
    Tests: tests/sweeps/test_power_cuts.py, tests/sweeps/test_fault_points.py,
    tests/sweeps/test_fsync_order.py.
 2. The final name holds its old content or the complete new file, never a mix (one rename per
@@ -95,7 +99,6 @@ class Found(enum.Enum):
     CHANGED = "a source changed by another process"
     UNREADABLE = "the files could not be checked (or the undo itself failed)"
     DAMAGED = "a record or a lock file does not check out"
-    UNFINISHED = "the journal says committed but a move never finished"
     # recover only: what the lock files and names prove, before the files are assessed
     BUSY = "a lock of the save is held: it is running (or another recover is)"
     UNPROVEN = "files of the save, but nothing proves it is over or that no journal needs them"

@@ -132,7 +132,7 @@ def _keep(txn: Txn, f: _Failed, notes: list[str], *, held: bool = False) -> NoRe
     record, path = _journaled(txn)
     states: tuple[SourceState, ...] = ()
     left_at = assess.left_at(f.exc, txn.moving or txn.changed)
-    seen = assess.observe(record, records_of(txn, f.exc))
+    seen = assess.observe(record)
     if seen.unreadable is not None:
         notes.append("could not look at the sources to say where their bytes are: "
                      f"{seen.unreadable}")
@@ -180,7 +180,7 @@ def _fail(txn: Txn, exc: BaseException) -> NoReturn:
         _ACTIONS[decide(Actor.SAVE, txn.stage, Found.AS_LEFT)](txn, _Failed(exc, names), notes)
     record = _journaled(txn)[0]
     records = records_of(txn, exc)
-    found = assess.assess(record, records, assess.observe(record, records))
+    found = assess.assess(record, records, assess.observe(record))
     txn.changed = found.changed or txn.changed  # for the notes: where the change is
     if found.found is Found.METADATA:  # no byte changed: recover may roll it back
         log.warning("%s; the save stops, recover may roll it back", found.error or exc)

@@ -1,64 +1,40 @@
-"""The save's log (journal version 4): one file of length-prefixed, checksummed step records.
+"""The save's log (journal version 5): one file of length-prefixed, checksummed step records.
 
 Theory of operation
 -------------------
-A journal file is a magic line and then records, one per line::
+A magic line, then one record per line::
 
     LLLLLLLL SSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSS {"moved": 1, "stage": "moving"}
 
-``L`` is the payload's length (8 hex digits), ``S`` the first 16 bytes of the payload's
-sha256 (32 hex digits), the payload canonical JSON in ASCII (so no newline inside it).  Why
-sha256 and not CRC32C: it is in the standard library (no dependency), it costs nothing at a
-few records per save, and a crafted or single-digit change can neither match by chance nor be
-made to (a CRC is linear: one digit changed and a few bytes fixed up elsewhere would pass).
+``L`` is the payload's length (8 hex digits), ``S`` the first 16 bytes of its sha256 (in the
+standard library, and unlike a CRC no digit changed elsewhere can make it match), the payload
+canonical ASCII JSON.  The one record kind is the *step*, a stage entered (``stages.Stage``),
+appended and fsynced before what it licenses:
 
-There is one record kind, the *step*: a stage transition of the save (``stages.Stage``), in the
-order it happened, each appended and fsynced before what it licenses:
+* ``journaled`` with ``save``, the head (:class:`Journal`), written **twice** under the
+  ``.filecord-pending`` name, fsynced, then renamed: a journal name never holds a torn head;
+* ``moving`` with ``cut: [dev, ino, size]``, after a window's fsync in the temps and before the
+  truncate: a moved source is at its own size or one its ``cut`` steps name, never below the
+  last (a truncate may not reach the disk, none runs before its step: ``Log.cuts``);
+* ``moving`` with ``moved: N``, after the Nth moved source's last truncate is fsynced, and with
+  ``inserted: [dev, ino]`` too once an adopted file's inserted space is fsynced (its size
+  alone cannot say: a writer may have appended as much);
+* ``committed`` with ``looked`` (the last look at each parked source): the commit point once
+  fsynced (``begin.append_step`` cuts a failed one off before the next step);
+* ``rolling back`` and ``held``.
 
-* ``journaled`` with ``save``: the head, what the save is (outputs, some marked *discard*,
-  sources, window, the files the commit removes with their identities: :class:`Journal`),
-  written **twice** under the ``.filecord-pending`` name, fsynced, then renamed to the journal
-  name: a journal name never holds a torn head, and one damaged copy leaves the other to read.
-* ``moving`` with ``moved: N``: the first N moved sources (journal order) have finished their
-  moves, appended after the last truncate of the Nth is fsynced.
-* ``committed`` with ``looked``: the save's last look at each parked source (dev, ino, size,
-  mtime), for recover's finish.  The save is COMMITTED once this record's fsync returns; a
-  record whose write or fsync failed is cut off before the failure path's own step is
-  written (``begin.append_step``); until then a crash keeps it or not, and recover finishes
-  or rolls back (nothing was renamed yet).
-* ``rolling back`` and ``held``: the failure path (or recover) undoes the save, or holds it
-  because another process changed a source mid-move.
+The lock files (``liveness``) hold ``created`` (the journal's path) and ``journaled`` steps.
 
-An ``adopt`` source (in the head) becomes its output's file where it lies: it is renamed onto
-the output's temp and, when its one destination's offset is not 0, that many bytes (a multiple
-of the block) are inserted in front of it (``JournalSource.inserted``), then a ``moving`` step
-with ``inserted: [dev, ino]`` is appended once the insert is fsynced, before anything is
-written into that space.  The size alone cannot say whether the insert happened: a writer that
-kept a descriptor could have appended as many bytes before it (the session 33 attack: the
-undo then collapsed the source's own first bytes).  Without the step, the temp may be the
-source as renamed (its size) or, in the window between the insert's fsync and the step's, the
-source behind the inserted space; the undo collapses only when that space is a hole
-(``undo._unadopt``).  With it, the temp's size says how far the adoption went.
+:func:`read_log` replays WAL style: it stops at the first record that does not check; that is
+a torn tail when no later record checks, else damage (a crash only cuts the tail).  The
+format is strict: a record whose checksum holds but that no save writes (an unknown stage or
+field, a field out of range for the head), bytes after a complete last record, or steps in an
+order the stage table forbids (``stages.may_follow``) are damage (:class:`JournalDamagedError`,
+never "another process").  The stage of a crashed save is its last step.  Appends go at the
+logical end (after the last record that checks), so a torn one is overwritten, not merged.
 
-Replay (:func:`read_log`) is WAL style: records after the head are read in order and stop at
-the first that does not check.  What follows it is a torn tail when no later record checks (an
-append a crash cut, or one damaged after it was written: the two cannot be told apart, and
-either way the save did not rely on it more than on the files, see ``undo``); a bad record
-*before* a good one is damage: appends are fsynced one after the other, so a crash cannot
-leave that (:class:`JournalDamagedError`, "damaged", never "another process").  The succession
-of the steps that check must be one the stage table allows (``stages.may_follow``: a ``moving``
-after ``committed``, anything after ``rolling back`` or ``held``, is damage).  The stage of a
-crashed save is its last step.  Appends go at the logical end (the end of the last record that
-checks), never at the file's size: a torn append followed by the next would otherwise merge
-into one overlong line.
-
-The lock files (``liveness``) hold steps in the same framing: ``created`` with the journal's
-path, written before any temp, then ``journaled`` once the journal is durable under its name.
-
-Temp and renamed-source paths are not stored: they are derived from the final and source paths
-and the token (``_names``), so a crafted record cannot point recovery at other files.
-:func:`confine` checks every path a record holds is absolute and normalised and that the
-journal sits in its first output's directory.
+Temp and parked paths are derived from the token (``_names``), never stored; :func:`confine`
+bounds every path and range a head holds (the trust rule, ``decide``).
 """
 
 from __future__ import annotations
@@ -67,7 +43,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
@@ -75,14 +51,18 @@ from filecord._plan.types import BLOCK, MoveSource, PieceRef
 from filecord._txn.stages import Stage, may_follow
 from filecord.errors import RecoverError
 
-VERSION = 4
-MAGIC = b"filecord-journal 4\n"
-# The stages a step record may name (the others are never written: FILLED, RENAMED and DONE
-# leave nothing a crash needs, FAILED is a running save's end).
-RECORDED = frozenset({Stage.CREATED, Stage.JOURNALED, Stage.MOVING, Stage.COMMITTED,
-                      Stage.ROLLING_BACK, Stage.HELD})
-# Older formats a file may still be in: recover refuses them naming their version.
-_OLDER = {b"filecord-journal 2\n": 2, b"filecord-journal 3\n": 3}
+VERSION = 5
+MAGIC = b"filecord-journal 5\n"
+# The stages a step may name and the fields it may carry, as the save writes them (strict:
+# anything else is damage).  FILLED, RENAMED and DONE leave nothing a crash needs.
+_FIELDS: dict[Stage, tuple[frozenset[str], ...]] = {
+    Stage.CREATED: (frozenset({"journal"}),),
+    Stage.JOURNALED: (frozenset(), frozenset({"save"})),
+    Stage.MOVING: (frozenset({"moved"}), frozenset({"moved", "inserted"}), frozenset({"cut"})),
+    Stage.COMMITTED: (frozenset({"looked"}),),
+    Stage.ROLLING_BACK: (frozenset(),),
+    Stage.HELD: (frozenset(),),
+}
 
 
 class NotAJournalError(RecoverError):
@@ -90,12 +70,11 @@ class NotAJournalError(RecoverError):
 
 
 class JournalVersionError(RecoverError):
-    """A journal of an older format (version 2 or 3): never touched."""
+    """A journal of another format version: FOREIGN, never touched."""
 
 
 class JournalDamagedError(RecoverError):
-    """The file is a journal (or lock file) but a record that must check does not: it was
-    damaged after it was written.  Recovery refuses to act and says "damaged"."""
+    """A record of a journal (or lock file) that must check does not: refused as "damaged"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +92,8 @@ class JournalOutput:
     direct: bool = False  # a FIFO or device written in place: no temp, nothing to recover
     old_dev: int = 0  # the file the save replaces (0, 0: the name was free)
     old_ino: int = 0
-    # Built like the others (a temp, filled, moved into, fsynced) but never published: at the
-    # commit its temp is unlinked instead of renamed, and ``final`` only names that temp.  It
-    # takes bytes of consumed sources that no published output holds, so those sources can be
-    # moved whole (and put back whole by a rollback).
+    # Built like the others but unlinked at the commit (``final`` only names its temp): it
+    # takes the bytes of consumed sources no published output holds, so they move whole.
     discard: bool = False
 
 
@@ -143,15 +120,10 @@ class JournalSource:
         return self.dests[0].out_offset if self.adopt and self.dests else 0
 
     def adopted_size(self, size: int, length: int, *, inserted: bool) -> bool:
-        """Whether an adoption of this save (or its undo) can have left this adopted source at
-        ``size`` at its output's temp, whose complete ``length`` is given; ``inserted``: the
-        journal records the insert.  Its own size always; with the insert recorded, from its
-        size plus the inserted space up to that length; without, only its size plus the
-        inserted space (the insert done, its step not yet: the undo checks the space is a
-        hole).  Any other size is a cut or a write by someone else: past the output's end
-        the save never writes, and without the insert recorded every byte past the source's
-        own is another process's (appended through a descriptor it kept); an undo must not
-        cut them off."""
+        """Whether this save's adoption (or its undo) can have left the adopted source at
+        ``size`` at its temp (complete: ``length``): its own size; with the insert recorded,
+        up to ``length`` from its size plus the space; without, exactly that (the insert done,
+        its step not yet).  Any other size is another process's cut or append."""
         if size == self.size:
             return True
         if inserted or not self.inserted:  # nothing to insert: nothing to record
@@ -180,9 +152,8 @@ class JournalSource:
 
 @dataclass(frozen=True, slots=True)
 class JournalRemoval:
-    """A file that is not the save's, unlinked after the commit point (by the save, or by
-    recover's finish) only while it is still the file recorded at the begin: same device,
-    inode, size and modification time.  Another file there, or this one changed, is kept."""
+    """A file that is not the save's, unlinked after the commit point only while it is still
+    the file recorded (device, inode, size, mtime); otherwise kept."""
 
     path: str
     dev: int
@@ -201,10 +172,6 @@ class Journal:
     window: int
     outputs: tuple[JournalOutput, ...]
     sources: tuple[JournalSource, ...]
-    # Sources listed in the order their moves run (moves first, then the copied/cloned ones):
-    # recover's move-order check (``assess.check_order``) relies on it.  Older records are sorted
-    # by inode and carry no such promise.
-    ordered: bool = False
     # Files the commit removes (:class:`JournalRemoval`), in order.
     removals: tuple[JournalRemoval, ...] = ()
 
@@ -228,7 +195,6 @@ def _body(j: Journal) -> dict[str, object]:
         "version": VERSION,
         "token": j.token,
         "window": j.window,
-        **({"ordered": True} if j.ordered else {}),
         "outputs": [
             [o.final, o.dev, o.ino, o.length, o.mode, o.uid, o.gid, o.direct, o.old_dev,
              o.old_ino, *([True] if o.discard else [])] for o in j.outputs
@@ -280,12 +246,20 @@ def unframe(line: bytes) -> dict[str, object]:
         raise ValueError("its length does not match")
     if digest != _sum(payload):
         raise ValueError("checksum mismatch")
-    record = json.loads(payload)
-    if isinstance(record, dict) and "kind" in record:
-        raise ValueError("a record of journal version 3")
-    if not isinstance(record, dict) or Stage(record.get("stage")) not in RECORDED:
-        raise ValueError("not a step record")
+    try:
+        record = json.loads(payload)
+        if not isinstance(record, dict) or Stage(record.get("stage")) not in _FIELDS:
+            raise ValueError("it is not a step record")
+    except ValueError as exc:
+        raise StrayRecordError(str(exc)) from None
+    if frozenset(record) - {"stage"} not in _FIELDS[Stage(record["stage"])]:
+        raise StrayRecordError(f"a {record['stage']} step has fields {sorted(record)}")
     return record
+
+
+class StrayRecordError(ValueError):
+    """A record whose length and checksum hold but that no save of this version writes: no
+    crash makes one (a crash only cuts a record short), so it is damage wherever it is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,11 +272,22 @@ class Replay:
 
 
 def _checks(line: bytes) -> bool:
+    """Whether the line's length and checksum hold (a stray record checks: it is damage)."""
     try:
         unframe(line)
+    except StrayRecordError:
+        return True
     except (ValueError, KeyError, TypeError):
         return False
     return True
+
+
+def _is_head(line: bytes) -> bool:
+    try:
+        rec = unframe(line)
+    except (ValueError, KeyError, TypeError):
+        return False
+    return "save" in rec
 
 
 def _overlong(line: bytes) -> bool:
@@ -322,7 +307,9 @@ def replay(lines: list[bytes], *, torn_tail: bool, after: Stage | None = None) -
     for n, line in enumerate(lines, start=1):
         try:
             records.append(unframe(line))
-        except (ValueError, KeyError, TypeError) as exc:  # noqa: PERF203 - stops at the first
+        except StrayRecordError as exc:  # noqa: PERF203 - stops at the first
+            return Replay(tuple(records), torn_tail, f"record {n} checks but {exc}")
+        except (ValueError, KeyError, TypeError) as exc:
             later = next((m for m, rest in enumerate(lines[n:], start=n + 1) if _checks(rest)),
                          None)
             if later is not None:
@@ -366,6 +353,12 @@ def encode_inserted(done: int, key: tuple[int, int]) -> bytes:
     return step(Stage.MOVING, moved=done, inserted=list(key))
 
 
+def encode_cut(key: tuple[int, int], size: int) -> bytes:
+    """The moved source ``key`` is about to be cut to ``size``: every byte past it is durable
+    in the temps (appended before the truncate, after the temps' fsync)."""
+    return step(Stage.MOVING, cut=[*key, size])
+
+
 def encode_committed(looks: list[tuple[int, int, int, int]]) -> bytes:
     return step(Stage.COMMITTED, looked=[list(look) for look in looks])
 
@@ -384,6 +377,10 @@ class Log:
     # a source was touched, the files tell).
     stage: Stage = Stage.MOVING
     end: int = 0  # the logical end: where the next step is appended
+    # per moved source, the sizes its ``cut`` steps name, in order: the only sizes besides
+    # its own a crash can leave it at (a truncate may not reach the disk, none runs before
+    # its step), every byte past the last one durable in the temps
+    cuts: Mapping[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
 
 
 def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
@@ -409,11 +406,12 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
             return _parse(rec["save"]), lines, torn, start
         except (ValueError, KeyError, TypeError, IndexError) as exc:  # noqa: PERF203 - two
             problems.append(f"copy {n}: {exc}")
-    for magic, version in _OLDER.items():
-        if data.startswith(magic):  # and no record of this version checks
-            raise JournalVersionError(
-                f"the journal was written by an older filecord (journal version {version}): "
-                "recover it with the filecord that wrote it; nothing was touched")
+    version = data.split(b"\n", 1)[0].removeprefix(b"filecord-journal ")
+    if version.isdigit() and int(version) != VERSION:  # and no record of this version checks
+        raise JournalVersionError(
+            f"the journal was written by {'an older' if int(version) < VERSION else 'another'} "
+            f"filecord (journal version {int(version)}): recover it with the filecord that "
+            "wrote it; nothing was touched")
     if not data.startswith(MAGIC[:9]):
         raise NotAJournalError("the file is not a filecord journal (no magic line, no record)")
     raise JournalDamagedError(
@@ -423,21 +421,18 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
 
 
 def decode(data: bytes) -> Journal:
-    """The head record in ``data``; :class:`NotAJournalError` or :class:`JournalDamagedError`.
-
-    Either copy whose checksum holds is the record, even when the magic line or the other copy
-    is damaged."""
+    """The head record in ``data`` (either copy that checks)."""
     return _head(data)[0]
 
 
 def read_log(data: bytes) -> Log:
-    """The head and the steps after it (WAL replay); :class:`JournalDamagedError` when a
-    record that does not check comes before one that does (damage, not a crash: a crash only
-    cuts the tail), or when the steps follow each other in a way no save writes.  The head's
-    second copy counts as such a record: a damaged newline merges it with the first step,
-    which must not vanish unnoticed."""
+    """The head and the steps after it (WAL replay, strict); :class:`JournalDamagedError` for
+    damage.  The head's second copy counts as a record (a damaged newline merges it with the
+    first step, which must not vanish); a step where it belongs means the first copy went
+    with a damaged magic line, and is read as the first step."""
     j, lines, torn, start = _head(data)
-    rest = lines[2:]
+    heads = 1 if len(lines) > 1 and _checks(lines[1]) and not _is_head(lines[1]) else 2
+    rest = lines[heads:]
     if len(lines) > 1 and not _checks(lines[1]) and (
         _overlong(lines[1]) or any(_checks(line) for line in rest)
     ):
@@ -446,38 +441,57 @@ def read_log(data: bytes) -> Log:
     r = replay(rest, torn_tail=torn, after=Stage.JOURNALED)
     if r.damage is not None:
         raise JournalDamagedError(f"the journal is damaged: {r.damage}")
+    tail = data[data.rfind(b"\n") + 1:]
+    if torn and _overlong(tail):
+        raise JournalDamagedError("the journal is damaged: bytes follow its last record")
     try:
-        moved, inserted, looked, stage = _steps(r.records)
+        log = _steps(j, r.records)
     except (ValueError, KeyError, TypeError) as exc:
         raise JournalDamagedError(f"the journal is damaged: a step that checks says {exc}") \
             from None
-    end = start + sum(len(line) + 1 for line in lines[:2 + len(r.records)])
-    return Log(j, moved, inserted, looked, r.torn, stage, end)
+    end = start + sum(len(line) + 1 for line in lines[:heads + len(r.records)])
+    return replace(log, torn=r.torn, end=end)
 
 
-def _steps(records: tuple[dict[str, object], ...]
-           ) -> tuple[int, frozenset[tuple[int, int]], dict[tuple[int, int], tuple[int, int]],
-                      Stage]:
-    """What the steps after the head say: moves finished, inserts done, last looks, the last
-    stage."""
+def _steps(j: Journal, records: tuple[dict[str, object], ...]) -> Log:
+    """What the steps after the head say (moves finished, inserts done, cuts, last looks, the
+    last stage), each field checked against the head: one out of range is damage."""
+    moved_keys = [(s.dev, s.ino) for s in j.sources if not s.adopt and s.run_start < s.size]
+    sources = {(s.dev, s.ino): s for s in j.sources}
     moved = 0
     inserted: set[tuple[int, int]] = set()
+    cuts: dict[tuple[int, int], tuple[int, ...]] = {}
     looked: dict[tuple[int, int], tuple[int, int]] = {}
     stage = Stage.MOVING
     for rec in records:
         stage = stage_of(rec)
         if stage is Stage.JOURNALED:
             stage = Stage.MOVING
-        elif stage is Stage.MOVING:  # the most any says: the files decide the rest
+        elif "cut" in rec:
+            dev, ino, size = (_int(v) for v in _list(rec["cut"]))
+            was = cuts.get((dev, ino), ())
+            s = sources.get((dev, ino))
+            if (dev, ino) not in moved_keys or s is None or not (
+                    s.run_start <= size < (was[-1] if was else s.size)):
+                raise ValueError(f"a cut of ({dev}, {ino}) to {size} no move of it makes")
+            cuts[(dev, ino)] = (*was, size)
+        elif stage is Stage.MOVING:
             moved = max(moved, _int(rec["moved"]))
+            if moved > len(moved_keys):
+                raise ValueError(f"{moved} moves finished of {len(moved_keys)}")
             if "inserted" in rec:
                 dev, ino = (_int(v) for v in _list(rec["inserted"]))
+                s = sources.get((dev, ino))
+                if s is None or not s.inserted:
+                    raise ValueError(f"an insert in front of ({dev}, {ino}), which has none")
                 inserted.add((dev, ino))
         elif stage is Stage.COMMITTED:
             for look in _list(rec["looked"]):
                 dev, ino, size, mtime = (_int(v) for v in _list(look))
+                if (dev, ino) not in sources:
+                    raise ValueError(f"a look at ({dev}, {ino}), not a source of the save")
                 looked[(dev, ino)] = (size, mtime)
-    return moved, frozenset(inserted), looked, stage
+    return Log(j, moved, frozenset(inserted), looked, stage=stage, cuts=cuts)
 
 
 def _list(v: object) -> list[object]:
@@ -492,10 +506,21 @@ def _int(v: object) -> int:
     return v
 
 
+def _bool(v: object) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"{v!r} is not true or false")
+    return v
+
+
 def _str(v: object) -> str:
     if not isinstance(v, str):
         raise TypeError(f"{v!r} is not a string")
     return v
+
+
+_HEAD_KEYS = {"version", "token", "window", "outputs", "removals", "sources"}
+_SOURCE_KEYS = {"path", "dev", "ino", "size", "run_start", "atime_ns", "mtime_ns", "mode",
+                "adopt", "dense", "dests"}
 
 
 def _parse(body: object) -> Journal:
@@ -503,6 +528,8 @@ def _parse(body: object) -> Journal:
         raise TypeError("the head is not an object")
     if body["version"] != VERSION:
         raise ValueError(f"version {body['version']!r} is not {VERSION}")
+    if not set(body) <= _HEAD_KEYS:
+        raise ValueError(f"the head has fields {sorted(set(body) - _HEAD_KEYS)}")
     outputs = tuple(_output(o) for o in body["outputs"])
     removals = tuple(
         JournalRemoval(_str(p), _int(d), _int(i), _int(n), _int(m))
@@ -510,12 +537,14 @@ def _parse(body: object) -> Journal:
     )
     sources = []
     for s in body["sources"]:
+        if set(s) != _SOURCE_KEYS:
+            raise ValueError(f"a source has fields {sorted(s)}")
         key = (_int(s["dev"]), _int(s["ino"]))
         sources.append(JournalSource(
             path=_str(s["path"]), dev=key[0], ino=key[1], size=_int(s["size"]),
             run_start=_int(s["run_start"]), atime_ns=_int(s["atime_ns"]),
-            mtime_ns=_int(s["mtime_ns"]), mode=_int(s["mode"]), adopt=bool(s["adopt"]),
-            dense=bool(s["dense"]),
+            mtime_ns=_int(s["mtime_ns"]), mode=_int(s["mode"]), adopt=_bool(s["adopt"]),
+            dense=_bool(s["dense"]),
             dests=tuple(
                 PieceRef(_int(o), 0, _int(off), _int(n), key, _int(so))
                 for o, off, n, so in s["dests"]
@@ -524,8 +553,7 @@ def _parse(body: object) -> Journal:
     token = _str(body["token"])
     if not _names.is_token(token):
         raise ValueError(f"token {token!r} is malformed")
-    return Journal(token, _int(body["window"]), outputs, tuple(sources),
-                   ordered=body.get("ordered") is True, removals=removals)
+    return Journal(token, _int(body["window"]), outputs, tuple(sources), removals=removals)
 
 
 def _output(o: object) -> JournalOutput:
@@ -537,7 +565,7 @@ def _output(o: object) -> JournalOutput:
     if len(o) == 11 and o[10] is not True:
         raise ValueError("an output's discard mark is not true")
     return JournalOutput(_str(f), _int(d), _int(i), _int(n), _int(m), _int(u), _int(g),
-                         bool(x), _int(od), _int(oi), discard=len(o) == 11)
+                         _bool(x), _int(od), _int(oi), discard=len(o) == 11)
 
 
 def _clean(path: str) -> bool:
@@ -555,23 +583,18 @@ def _confine_source(j: Journal, s: JournalSource, journal_path: str) -> None:
         raise JournalDamagedError(f"{journal_path}: {s.path}: an adopted source must be "
                                   "one whole range at a block-aligned offset")
     for d in s.dests:
-        if not 0 <= d.output < len(j.outputs) or j.outputs[d.output].direct:
-            raise JournalDamagedError(f"{journal_path}: {s.path}: bad destination")
-        if d.length < 0 or d.src_offset < 0 or d.out_offset < 0:
-            raise JournalDamagedError(f"{journal_path}: {s.path}: negative range")
-        if d.src_offset + d.length > s.size:
-            raise JournalDamagedError(f"{journal_path}: {s.path}: range past the source")
-        if d.out_offset + d.length > j.outputs[d.output].length:
-            raise JournalDamagedError(f"{journal_path}: {s.path}: range past the output")
+        out = j.outputs[d.output] if 0 <= d.output < len(j.outputs) else None
+        if (out is None or out.direct or min(d.length, d.src_offset, d.out_offset) < 0
+                or d.src_offset + d.length > s.size or d.out_offset + d.length > out.length):
+            raise JournalDamagedError(f"{journal_path}: {s.path}: a range {d.src_offset}+"
+                                      f"{d.length} -> output {d.output} at {d.out_offset} is "
+                                      "outside the source, its outputs or their temps")
 
 
 def confine(j: Journal, journal_path: str) -> None:
-    """Refuse a record whose paths could reach beyond the save that wrote it.
-
-    Every path must be absolute and normalised (no ``..``, no doubled separators), indexes and
-    ranges must be in bounds, the token must be the one in the journal's name, and the journal
-    must sit in its first output's directory (``journal_path``'s directory, resolved).
-    """
+    """Refuse a head that could reach beyond its save: every path absolute and normalised,
+    indexes and ranges in bounds, the token the one in the journal's name, the journal in its
+    first output's directory (resolved)."""
     parsed = _names.parse(os.path.basename(journal_path))
     if parsed is None or parsed[0] != j.token:
         raise JournalDamagedError(f"{journal_path}: the record's token is not the one in its name")

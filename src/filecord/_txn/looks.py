@@ -1,47 +1,27 @@
-"""The save's last look at each consumed source: what the commit deletes and the rollback puts
-back into only while it still holds.
+"""The save's last look at each consumed source: the commit deletes, and the rollback puts
+back into, only a file still as last seen.
 
 Theory of operation
 -------------------
-A consumed source is deleted at commit and a moved one is given its bytes back on failure, so
-each must still be the file the save last looked at; the inode alone proves nothing about a
-write by a process that had it open.  Per source the save keeps (``Txn.looks``) its last look:
-size, mtime and ctime.
+The inode alone proves nothing about a write by a process that had the file open, so per
+source the save keeps its last look (``Txn.looks``: size, mtime, ctime):
 
-1. After parking (``take``): the rename changed every parked source's ctime, so the look is
-   taken then; size and mtime must still be those the copies re-checked (or the preflight
-   captured).  A move replaces its source's look with the ``fstat`` after each truncate
-   (``transfer.move_source``), and before each truncate records the size that truncate
-   leaves, so a failure between the truncate and its ``fstat`` is not taken for a change.
-2. Before the commit point (``check``, after the temps are fsynced and closed, just before the
-   ``committed`` step is appended): every parked source is re-stated by its parked name
-   (``lstat``, no symlink followed, device and inode checked) and compared with its look.  A
-   difference is a ``DataChangedError``; the failure path holds the journal (as for a source
-   changed mid-move) and puts nothing back over the change.  The looks then go into the
-   ``committed`` step (checksummed, fsynced) for recover's finish.  A crash before that step
-   leaves the journal's last step before it: recover rolls back (strict checks).
-3. At the unlink (``unlink_consumed``, after the commit point and the renames, so the outputs
-   are final): each source is compared once more immediately before its unlink.  A changed one
-   is not deleted: it gets its own name back (``link``, never over another file) or stays
-   under its parked name, and the save raises ``DataChangedError`` once the rest of the commit
-   is done, saying where it is.  A crash here leaves the journal's ``committed`` step;
-   recover's ``undo.finish`` keeps a parked source whose size or mtime differs from the look
-   that step carries.
-4. On a failure before the commit point (``assess``, from the looks as ``Records.looks``), the
-   rollback first proves each source is as last seen by size and times, not by size alone.
+1. after parking (:func:`take`; the rename moved the ctime), size and mtime still those the
+   copies checked; a move replaces the look after each truncate and records the size a
+   truncate in flight leaves (``transfer.move_source``);
+2. just before the ``committed`` step (:func:`check`), every parked source re-stated and
+   compared: a difference is a ``DataChangedError`` and the journal is held; the looks go
+   into that step for recover's finish;
+3. immediately before each unlink after the commit (:func:`unlink_consumed`): a changed
+   source is kept (its name back with ``link``, else its parked name) and the save raises a
+   committed ``DataChangedError`` once the rest is done;
+4. on a failure before the commit, the rollback's assessment compares them too (``assess``).
 
-5. An adopted file that the save writes around (adopted in place, or followed by more of its
-   output) is its output's inode, so size and times cannot tell another process's cut from
-   the save's own writes: a truncate followed by the save's tail write leaves the size right
-   and the source's bytes gone.  Once its blocks are allocated and durable (after the
-   insert's fsync, or an fsync of its own), the save records where the source's range lies on
-   the device (``placed``: FIEMAP, clipped and merged); the commit, after its fsync, requires
-   the same.  A cut frees those blocks; anything the save writes lies outside the range.  A
-   same-size rewrite in place keeps them (guarantees.md, "What cannot be seen").  Where
-   FIEMAP is refused, or reports blocks not yet placed, there is no record and no check.
-
-A write by a process that keeps its descriptor open after the unlink is lost by any tool that
-deletes a file (guarantees.md, "What cannot be seen").
+An adopted file the save writes around is its output's inode, so size and times cannot tell
+another process's cut from the save's writes: once its blocks are durable the save records
+where its range lies on the device (:func:`placed`, FIEMAP) and the commit requires the same;
+where FIEMAP is refused there is no check.  A write through a descriptor kept open past the
+unlink is lost by any tool that deletes a file (guarantees.md, "What cannot be seen").
 """
 
 from __future__ import annotations

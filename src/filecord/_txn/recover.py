@@ -2,55 +2,29 @@
 
 Theory of operation
 -------------------
-What recover may touch is fixed by names: files whose names carry a save's token
-(``_names``), the final names of that save's outputs (a temp is renamed onto one), and a parked
-source's original name (given back with ``link``, never over an existing file), and, after
-the commit point only, the files the journal's head lists for removal at the commit (unlinked
-only in a directory where recover holds the save's lock or finds a parked source of the save,
-and only while their device, inode, size and mtime are the recorded ones).  Nothing else is
-created, changed or deleted, whatever a journal says.
+What recover may touch is fixed by names and locks (the trust rule, ``decide``): files
+carrying a save's token, the final names of its outputs, a parked source's own name (given
+back with ``link``, never over a file), and after the commit point the head's removals, each
+only where the save's lock is held or a parked source of it lies, and only while it is the
+recorded file.  Nothing else is created, changed or deleted, whatever a journal says.
 
-* **A file argument** must be named like a journal (``.NAME.TOKEN.filecord-journal``), be a
-  regular file, and hold a head whose checksum holds (one of its two copies) and whose paths
-  ``journal.confine`` accepts.  Anything else is refused with :class:`RecoverError` before a
-  byte is changed.  A journal of version 3 (its stage in its name: ``-committed``,
-  ``-rollback``, ``-held``) or older is refused naming its version.
-* **A directory** is scanned and its token-named files grouped by token.  Per save:
+A file argument must be named like a journal, be a regular file and hold a head that checks
+and that ``journal.confine`` accepts (anything else raises, or is refused, before a byte
+changes; a version 3 name or another version's magic is FOREIGN).  A directory is scanned and
+its token-named files grouped by token: a journal is handled as above; without one, the lock
+file is taken (``LOCK_NB``): held is a running save (skipped), free names the journal it was
+made for (found elsewhere and recovered, or, never made durable, the rest is garbage and
+removed); temps or parked sources without a lock file or journal are refused.  Before acting
+on a journal recover takes the lock file of every directory it lists; each must name this
+journal.
 
-  - a journal here: handled as above;
-  - no journal, a lock file: the lock is taken (``LOCK_NB``).  Held means the save is running:
-    it is skipped and reported.  Free means it is dead.  The lock's content names the journal
-    path; the lock file was fsynced before any temp existed, so a journal that exists
-    elsewhere is found and recovered (it must list this directory), and a journal that does
-    not exist was never made durable, so nothing destructive happened: the temps, a pending
-    journal and the lock file are removed;
-  - temps or parked sources without a lock file or journal: refused, nothing touched.
-
-* **Holding the locks.**  Before acting on a journal, recover takes the lock file of every
-  directory the journal lists; a held one means a live save (or another recover): skipped.
-
-* **Stages** come from the journal's last step record (``journal.read_log``).  ``journaled``
-  or ``moving``: every source must be where and as long as this save's moves can have left it
-  (``assess.check_strict``; a source another process changed is refused, never "restored"
-  with zeros; the move order and the journal's ``moving`` steps are checked too), then a
-  ``rolling back`` step is appended at the log's logical end (fsynced) and the rollback runs.
-  ``rolling back``: the rollback runs (it resumes from the files).  ``held``: refused.
-  ``committed``: ``undo.finish``, which also unlinks the temps
-  of the discard outputs and the files the head lists for removal at the commit (each only
-  while it is the file recorded: device, inode, size, mtime; those files, confined to the
-  save's directories, are the one thing recover removes that carries no token).  Then temps,
-  the journal and the lock files are removed, in that order.  A last step that is
-  ``journaled`` or ``moving`` while an output is under its final name is a ``committed`` step
-  damaged or lost (a rename comes only after its fsync): finished the same way, from the
-  files, and the result says so (``LOST_COMMIT``).
-
-Every result is a row of the decision table (``decide``): what the names and lock files prove
-(a lock held: BUSY, skipped; a lock or journal damaged, missing or another's: DAMAGED,
-UNPROVEN, FOREIGN, refused; a save without a journal made durable: stage CREATED, discarded)
-and what the assessment finds on the files pick the row, and the row's action gives the word
-``Recovered.action`` reports (``decide.OUTCOME``).  Every step is judged from the files, so
-recovery is idempotent and may be interrupted and run again.  Refusals keep every file and say
-which file holds which bytes.
+The stage is the journal's last step (``journal.read_log``); the assessment judges the files
+against the records (``assess``), and the row of the table (``decide``) acts: ``journaled`` or
+``moving`` rolls back after appending ``rolling back``, ``rolling back`` continues,
+``committed`` finishes (``undo.finish``), ``held`` is refused.  An output under its final name
+with no ``committed`` step that checks is a commit step lost: finished from the files
+(``LOST_COMMIT``).  Every result is a row, its word ``decide.OUTCOME``; every step is judged
+from the files, so recover is idempotent and may be interrupted and run again.
 """
 
 from __future__ import annotations
@@ -59,7 +33,7 @@ import logging
 import os
 import stat as stat_mod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
@@ -129,15 +103,11 @@ def recover(path: str | os.PathLike[str]) -> list[Recovered]:
     refused = [r for r in done if r.action == "refused"]
     kept = [r for r in done if r.kept]
     if refused or kept:
-        parts = []
-        if refused:
-            parts.append(f"recover refused {len(refused)} save(s) in {target}: "
-                         + "; ".join(f"{r.journal}: {r.detail}" for r in refused))
-        if kept:
-            parts.append(f"recover finished {len(kept)} save(s) in {target} but kept "
-                         "consumed sources changed after the commit point: "
-                         + "; ".join(f"{r.journal}: {r.detail}" for r in kept))
-        err = RecoverError("; ".join(parts))
+        err = RecoverError("; ".join(
+            f"recover {what} {len(rs)} save(s) in {target}{but}: "
+            + "; ".join(f"{r.journal}: {r.detail}" for r in rs)
+            for what, but, rs in (("refused", "", refused), ("finished", " but kept consumed "
+                                  "sources changed after the commit point", kept)) if rs))
         for r in refused + kept:
             for note in r.notes:
                 add_note(err, note)
@@ -309,26 +279,20 @@ def _read(path: str) -> tuple[bytes, os.stat_result]:
 
 
 class _LockRefusalError(Exception):
-    """A lock file of the save proves nothing: ``found`` says why (UNPROVEN: missing, so
-    nothing proves the save is over; DAMAGED: its records do not check; FOREIGN: it names
-    another journal)."""
+    """A lock file of the save proves nothing: missing (UNPROVEN), its records do not check
+    (DAMAGED) or it names another journal (FOREIGN)."""
 
-    def __init__(self, found: Found, path: str, why: str = "") -> None:
-        super().__init__(f"{path}{why}")
-        self.found, self.path = found, path
+    def __init__(self, found: Found, why: str) -> None:
+        super().__init__(why)
+        self.found = found
 
 
 def _lock_all(
     j: journal.Journal, held: dict[str, tuple[str, int]], pointer: str
 ) -> dict[str, tuple[str, int]]:
-    """Take the lock file of every directory of the save.
-
-    The save made each one before anything else in that directory and removes them after its
-    journal, so a journal whose lock file is missing is refused, never taken as "free".  Each
-    lock file names the journal of the save that made it: one naming another journal means
-    this journal reaches into a directory that is not its save's (a crafted or copied
-    journal), and nothing is done.
-    """
+    """Take the lock file of every directory of the save.  The save makes each first and
+    removes it after its journal, so one missing is refused, never taken as "free"; one naming
+    another journal means this one reaches beyond its save (crafted or copied)."""
     firsts: dict[str, str] = {}
     for o in reversed(j.outputs):
         if not o.direct:
@@ -341,17 +305,19 @@ def _lock_all(
             path = _names.sibling(firsts[directory], j.token, _names.LOCK)
             fd = liveness.acquire(path)
             if fd is None:
-                raise _LockRefusalError(Found.UNPROVEN, path)
+                raise _LockRefusalError(Found.UNPROVEN, f"its lock file {path} is missing, so "
+                                        "nothing proves the save is over")
             locks[directory] = (path, fd)
             said = _read_pointer(fd, j.token)
             if said.damage is not None:
-                raise _LockRefusalError(Found.DAMAGED, path, f": {said.damage}")
+                raise _LockRefusalError(Found.DAMAGED, f"{path}: {said.damage}")
             if said.journal is None:  # emptied or zeroed: a lock file is linked whole
-                raise _LockRefusalError(Found.DAMAGED, path, ": its lock file is damaged (it "
+                raise _LockRefusalError(Found.DAMAGED, f"{path}: its lock file is damaged (it "
                                         "names no journal: emptied or zeroed after it was "
                                         "written)")
             if said.journal != pointer:
-                raise _LockRefusalError(Found.FOREIGN, path)
+                raise _LockRefusalError(Found.FOREIGN, f"the lock file {path} belongs to "
+                                        "another journal: this one reaches beyond its save")
     except BaseException:
         for d, (_p, fd) in locks.items():
             if d not in held:
@@ -363,13 +329,9 @@ def _lock_all(
 def _recover_journal(
     path: str, suffix: str, held: dict[str, tuple[str, int]]
 ) -> Recovered | None:
-    """Recover the save whose journal is ``path``.  (Its record's token is the one in its name:
-    ``confine`` refuses any other.)  None when the journal is gone: its save ended (or another
-    recover ended it) while this one looked.
-
-    Every lock taken here, and those in ``held``, is let go on every path: removed after the
-    save was finished, restored or discarded, only closed otherwise (a refused or skipped save
-    keeps its lock files)."""
+    """Recover the save whose journal is ``path`` (None: the journal went while we looked).
+    Every lock taken here or ``held`` is let go on every path: removed once the save is over,
+    only closed otherwise (a refused or skipped save keeps its lock files)."""
     locks = dict(held)
     try:
         result = _judge(path, suffix, locks)
@@ -418,66 +380,46 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
         return _decided(path, stage, Found.DAMAGED, f"its lock file is not a regular file "
                         f"({exc.strerror}); nothing was touched")
     except _LockRefusalError as exc:
-        return _lock_refused(path, stage, seen, exc)
-    return _act(path, log_)
-
-
-def _lock_refused(path: str, stage: Stage, seen: os.stat_result,
-                  exc: _LockRefusalError) -> Recovered | None:
-    if exc.found is Found.FOREIGN:
-        why = (f"the lock file {exc} belongs to another journal: this one reaches beyond its "
-               "save")
-    elif exc.found is Found.UNPROVEN:
-        # A save removes its journal before its lock files: a lock gone while the journal
-        # read is still there is proof of nothing; the journal gone too is a save that ended
-        # after the scan.
-        if undo.same_file(path, seen.st_dev, seen.st_ino) is None:
+        # A save removes its journal before its lock files: a lock gone with the journal too
+        # is a save that ended after the scan.
+        if exc.found is Found.UNPROVEN and undo.same_file(path, seen.st_dev, seen.st_ino) is None:
             return None
-        why = f"its lock file {exc} is missing, so nothing proves the save is over"
-    else:
-        why = str(exc)
-    return _decided(path, stage, exc.found, f"{why}; nothing was touched")
+        return _decided(path, stage, exc.found, f"{exc}; nothing was touched")
+    return _act(path, log_)
 
 
 def _act(path: str, log_: journal.Log) -> Recovered:
     j = log_.journal
     stage, found, torn_why = _assess(log_)
     action = table.decide(table.Actor.RECOVER, stage, found.found)
-    # The moves the log says finished left their sources at the kept prefix, unless a
-    # rollback (which grows them back) has begun: then the notes judge by the files alone.
-    done = 0 if stage is Stage.ROLLING_BACK else log_.moved
     if action is table.Action.REFUSE:
         notes = [f"the files: {torn_why}"] if torn_why else []
+        # What the moves left, unless a rollback (which grows sources back) has begun.
+        moves = None if stage is Stage.ROLLING_BACK else log_
         return _decided(path, stage, found.found, found.why,
-                        [*notes, *_whereabouts(j, done, log_.inserted, stage)])
+                        [*notes, *_whereabouts(j, log_.inserted, moves, stage)])
     try:
         if action is table.Action.FINISH:
             return _finish(path, log_, action, lost=log_.stage is not stage)
         return _roll_back(path, log_, stage, action)
     except (RecoverError, DataChangedError, OSError) as exc:
         return _decided(path, stage, Found.UNREADABLE, f"{exc}; the journal and temps are "
-                        "kept", _whereabouts(j, inserted=log_.inserted))
+                        "kept", _whereabouts(j, log_.inserted))
 
 
 def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
-    """The stage and what the files say, from the records that check.
-
-    A ``committed`` step damaged or lost: an output under its final name proves the commit
-    point was passed (a rename comes only after that step's fsync), whatever the records
-    after the head still say; the stage is COMMITTED.  A last record that does not check (an
-    append a crash cut before its fsync, so the files cannot be past it, or a record damaged
-    after it was written) with files the whole records do not account for is damage, never
-    another process's doing: the finding is DAMAGED, and the third value says what the files
-    showed."""
+    """The stage and what the files say, from the records that check.  An output under its
+    final name proves the commit point passed (renamed only after the ``committed`` step's
+    fsync): COMMITTED, lost step or not.  A torn last record with files the whole records do
+    not account for is DAMAGED, never another process; the third value says what they showed."""
     j, stage = log_.journal, log_.stage
     records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
-                             log_.looked)
-    seen = assess.observe(j, records)
+                             log_.cuts)
+    seen = assess.observe(j)
     lost = stage is Stage.MOVING and assess.renamed(j, seen)
     if lost:
         stage = Stage.COMMITTED
-        records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted)
-        seen = assess.observe(j, records)
+        records = replace(records, stage=stage)
     found = assess.assess(j, records, seen)
     if (log_.torn or lost) and found.found is not Found.DAMAGED and table.decide(
             table.Actor.RECOVER, stage, found.found) is table.Action.REFUSE:
@@ -526,7 +468,7 @@ def _roll_back(path: str, log_: journal.Log, stage: Stage, action: table.Action)
     if left:
         return _decided(path, Stage.ROLLING_BACK, Found.UNREADABLE, f"the sources are "
                         f"restored, but {', '.join(left)} still carr(ies) this save's token; "
-                        "the journal is kept", _whereabouts(j, inserted=log_.inserted))
+                        "the journal is kept", _whereabouts(j, log_.inserted))
     _sys.unlink(path)
     return Recovered(path, table.OUTCOME[action], tuple(o.final for o in j.outputs),
                      tuple(s.path for s in j.sources))
@@ -546,14 +488,16 @@ def _append(path: str, log_: journal.Log, record: bytes) -> None:
         _sys.close(fd)
 
 
-def _whereabouts(j: journal.Journal, done: int = 0,
-                 inserted: frozenset[tuple[int, int]] = frozenset(),
-                 stage: Stage | None = None) -> list[str]:
+def _whereabouts(j: journal.Journal, inserted: frozenset[tuple[int, int]],
+                 log_: journal.Log | None = None, stage: Stage | None = None) -> list[str]:
     """Where every byte is now, for a refusal's notes (looked at afresh: the files may have
-    changed since the assessment, by this recover's own partial work).  ``done``: the moves
-    the journal says finished, given only before recover touched a file (a rollback in
-    progress grows a finished source again)."""
-    seen = assess.observe(j, assess.Records(table.Actor.RECOVER, Stage.ROLLING_BACK))
+    changed since the assessment, by this recover's own partial work).  ``log_``: what its
+    moves left, given only before recover touched a file (a rollback grows sources back)."""
+    seen = assess.observe(j)
     if seen.unreadable is not None:
         return [f"could not look at the sources to say where their bytes are: {seen.unreadable}"]
-    return assess.whereabouts(j, seen, done=done, inserted=inserted, held=stage is Stage.HELD)
+    held = stage is Stage.HELD
+    if log_ is None:
+        return assess.whereabouts(j, seen, inserted=inserted, held=held)
+    return assess.whereabouts(j, seen, done=log_.moved, inserted=inserted, held=held,
+                              cuts=log_.cuts)

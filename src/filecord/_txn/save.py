@@ -387,7 +387,8 @@ def _move(txn: Txn, m: MoveSource) -> None:
         txn.moving = m.key
         txn.looks[m.key] = (st, None)
         transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance,
-                             seen=st, looks=txn.looks)
+                             seen=st, looks=txn.looks, log_cut=lambda lo: begin.append_step(
+                                 txn, journal.encode_cut(m.key, lo)))
         txn.moving = None
         # This move is over: recover may insist on the kept prefix.  The last cut is durable
         # first (btrfs's fsync persists one inode): the mark never outlives the cut.

@@ -15,8 +15,8 @@ FILLED         complete copies in the temps         removing temps
 JOURNALED      ``.filecord-journal`` (its head,     rolling back (sources still whole)
                a ``journaled`` step, durable)
 MOVING         sources renamed, being shortened     rolling back: put bytes and names back
-               (a ``moving`` step per finished
-               move)
+               (a ``moving`` step per cut and
+               per finished move)
 ROLLING_BACK   a ``rolling back`` step              rolling back, continued
 HELD           a ``held`` step                      nothing: another process changed a source
                                                     mid-move; recover refuses and says where
@@ -61,17 +61,6 @@ _LEGAL: dict[Stage, frozenset[Stage]] = {
     Stage.FAILED: frozenset(),
 }
 
-# Who performs each transition (the only places ``Txn.to`` is called with it):
-#   FILLED        save._execute, once every temp is filled
-#   JOURNALED     begin.write_journal, at the journal's rename into place
-#   MOVING        begin.park_sources / save._move, before the first source is renamed or cut
-#   COMMITTED     save._commit, once the committed step's fsync returns (or the single rename)
-#   RENAMED       save._commit, once every temp is renamed onto its final name
-#   DONE          save._commit, once the sources, journal and locks are gone
-#   ROLLING_BACK  failure._roll_back, once the rolling back step's fsync returns
-#   HELD          failure._hold, once the held step's fsync returns
-#   FAILED        failure.fail, as the error leaves (every failure ends there)
-
 
 class StageError(RuntimeError):
     """A transition the table does not allow: a bug in filecord, never a user error."""
@@ -83,13 +72,8 @@ def advance(current: Stage, new: Stage) -> Stage:
     return new
 
 
-# Stages no step record names: a crashed save's records skip them.
-_UNRECORDED = (Stage.FILLED,)
-
-
 def may_follow(prev: Stage, new: Stage) -> bool:
-    """Whether a step record of ``new`` may follow one of ``prev`` in a log: a legal move of
-    the table, possibly through a stage no record names (CREATED, then FILLED, then
-    JOURNALED), or another ``moving`` step (one per finished move)."""
+    """Whether a step of ``new`` may follow one of ``prev`` in a log: a legal move, possibly
+    through FILLED (which no step names), or another ``moving`` step."""
     return (new in _LEGAL[prev] or (prev is new is Stage.MOVING)
-            or any(u in _LEGAL[prev] and new in _LEGAL[u] for u in _UNRECORDED))
+            or (Stage.FILLED in _LEGAL[prev] and new in _LEGAL[Stage.FILLED]))

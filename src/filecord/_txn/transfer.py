@@ -9,10 +9,13 @@ short count is continued, a zero count is an error (F3).
 
 *Move* shortens a source from its end, one sync window at a time: (1) copy the window's bytes
 to every temp that uses them, starting the writeback of each :data:`WRITE_BEHIND` bytes while
-more are left (a hint, nothing durable); (2) ``fsync`` every temp touched; (3) ``fstat`` the
-source: exactly as the last truncate left it, or a ``DataChangedError``; (4) only then
-``ftruncate`` it to the window's start.  So each byte is always durable in the source or at
-its journaled offset, and the source's size says how far the move got.
+more are left (a hint, nothing durable); (2) ``fsync`` every temp touched; (3) append and
+``fsync`` the window's ``cut`` step to the journal; (4) ``fstat`` the source: exactly as the
+last truncate left it, or a ``DataChangedError``; (5) only then ``ftruncate`` it to the
+window's start.  So each byte is always durable in the source or at its journaled offset, and
+the log says how far the move got: the source is at its own size or at a size a ``cut`` step
+names, never below the last (no truncate runs before its step; one may not reach the disk).
+The check stays right before the truncate, so a change made while the step is written is seen.
 
 *Restore* runs it in reverse: copy back to the source's end, ``fsync`` the source, only then
 punch the temp (best effort: the temp is deleted afterwards).
@@ -149,12 +152,15 @@ def move_source(
     *,
     seen: os.stat_result,
     looks: dict[tuple[int, int], tuple[os.stat_result, int | None]],
+    log_cut: Callable[[int], None],
 ) -> None:
     """Move ``m``'s run into the temps (``temps[i]``: output ``i``'s), one window at a time.
 
     ``seen``: the caller's checked look at the source, which every later look is compared
     with.  ``looks[m.key]`` holds the last look and the size of a truncate in flight, so the
-    failure path can tell the save's cut from anyone else's change."""
+    failure path can tell the save's cut from anyone else's change.  ``log_cut(lo)`` makes the
+    cut durable in the journal (its ``cut`` step) before the source's last check: recover reads
+    how far the move got from the log, never infers it from the source's size."""
     buckets = _by_window(m, window)
     pos, k = m.size, 0
     while pos > m.run_start:
@@ -170,6 +176,7 @@ def move_source(
             _sys.prefetch(src, max(m.run_start, lo - window), lo - max(m.run_start, lo - window))
         for fd in sorted(touched):
             c.fsync(fd)  # raises on failure: the truncate below never runs after a bad fsync
+        log_cut(lo)  # before the check: nothing but the check may stand before the cut
         _check_unchanged(src, m, pos, seen, None)
         seen = _cut(src, m, lo, seen, looks)
         progress(pos - lo)

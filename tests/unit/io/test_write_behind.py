@@ -56,16 +56,17 @@ def test_every_part_but_a_windows_last_starts_its_writeback_before_the_fsync(
         parts = [(x, min(PART, hi - x)) for x in range(lo, hi, PART)]
         want += [(len(HEAD) + x, n) for x, n in parts[:-1]]
     assert [(o, n) for _fd, o, n in starts] == want
-    # each window: its copies with the hints between them, then the fsync, then the cut
+    # each window: its copies with the hints between them, then the fsync, the cut step's
+    # fsync (the journal's), then the cut
     seq = [op for op, _a in rec.ops if op in ("copy_file_range", "start_writeback",
                                              "fsync", "ftruncate")]
     i = seq.index("copy_file_range")  # the journal's fsyncs come before the move
     for lo, hi in windows:
         k = len(range(lo, hi, PART))
-        block = seq[i:i + 2 * k + 1]
+        block = seq[i:i + 2 * k + 2]
         assert block == ["copy_file_range", "start_writeback"] * (k - 1) + [
-            "copy_file_range", "fsync", "ftruncate"]
-        i += 2 * k + 1
+            "copy_file_range", "fsync", "fsync", "ftruncate"]
+        i += 2 * k + 2
 
 
 def test_a_refused_writeback_hint_changes_nothing(

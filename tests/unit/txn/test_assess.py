@@ -37,7 +37,7 @@ A, B, C = (1, 10), (1, 11), (1, 12)
 WHOLE = Facts(4 * W, 1)  # the output's temp, at its full length
 
 
-def record(*, ordered: bool = True) -> Journal:
+def record() -> Journal:
     a = JournalSource("/d/a.bin", *A, size=2 * W, run_start=0, atime_ns=1, mtime_ns=100,
                       mode=0o100644, dests=(PieceRef(0, 0, 0, 2 * W, A, 0),), dense=True)
     b = JournalSource("/d/b.bin", *B, size=2 * W, run_start=0, atime_ns=1, mtime_ns=200,
@@ -45,7 +45,7 @@ def record(*, ordered: bool = True) -> Journal:
     c = JournalSource("/d/c.bin", *C, size=W, run_start=0, atime_ns=1, mtime_ns=300,
                       mode=0o100644, dests=(PieceRef(1, 0, 0, W, C, 0),), adopt=True)
     outs = (JournalOutput("/d/out.bin", 1, 20, 4 * W), JournalOutput("/d/c.out", *C, W))
-    return Journal(TOKEN, W, outs, (a, b, c), ordered=ordered)
+    return Journal(TOKEN, W, outs, (a, b, c))
 
 
 J = record()
@@ -53,20 +53,21 @@ J = record()
 
 def seen(a: Facts | None = None, b: Facts | None = None, *, a_own: Facts | None = None,
          b_own: Facts | None = None, c_own: Facts | None = None,
-         temp: Facts | None = WHOLE, holes: tuple[tuple[int, int], ...] = (),
-         final: Facts | None = None, unreadable: str | None = None) -> Observed:
+         temp: Facts | None = WHOLE, final: Facts | None = None,
+         unreadable: str | None = None) -> Observed:
     """The save mid-move by default: a at one window (its move in progress), b parked whole,
     c adopted (at its output's temp)."""
     return Observed(
         (SourceFacts(parked=a, own=a_own), SourceFacts(parked=b, own=b_own),
          SourceFacts(own=c_own, at_temp=None if c_own else Facts(W, 300))),
-        (OutputFacts(temp, final, holes), OutputFacts(None if c_own else Facts(W, 300))),
+        (OutputFacts(temp, final), OutputFacts(None if c_own else Facts(W, 300))),
         unreadable)
 
 
 MID = {"a": Facts(W, 7, 8), "b": Facts(2 * W, 200, 9)}
-SAVE = Records(Actor.SAVE, Stage.MOVING)
-RECOVER = Records(Actor.RECOVER, Stage.MOVING)
+# a running save's looks, and recover's cut steps: a cut to one window
+SAVE = Records(Actor.SAVE, Stage.MOVING, looks={A: Look(MID["a"]), B: Look(MID["b"])})
+RECOVER = Records(Actor.RECOVER, Stage.MOVING, cuts={A: (W,)})
 
 
 def found(r: Records, o: Observed, j: Journal = J) -> Found:
@@ -148,20 +149,17 @@ def test_files_that_cannot_be_looked_at_are_unreadable() -> None:
         assert decide(r.actor, r.stage, got.found) in (Action.KEEP, Action.REFUSE)
 
 
-# --- the proof both ask for: sizes a move leaves, the move order ------------------------------
+# --- the proof both ask for: sizes the save's cuts leave ------------------------------------
 
 @pytest.mark.parametrize(("facts", "why"), [
-    ({"a": Facts(W - 1, 7), "b": Facts(2 * W, 200)}, "not one a move of this save leaves"),
-    ({"a": Facts(W, 7), "b": Facts(W, 9)}, "its move never began"),
+    ({"a": Facts(W - 1, 7), "b": Facts(2 * W, 200)}, f"leave it at {W} or {2 * W} bytes"),
+    ({"a": Facts(W, 7), "b": Facts(W, 9)}, f"leave it at {2 * W} bytes"),  # never cut
     ({"a": Facts(W, 7), "b": Facts(2 * W, 999)}, "another process rewrote it"),
-    ({"a": None, "b": None, "b_own": Facts(W, 200)}, "before the save moved it"),
+    ({"a": None, "b": None, "b_own": Facts(W, 200)}, f"leave it at {2 * W} bytes"),
     ({"a": Facts(W, 7), "b": None, "b_own": Facts(2 * W, 201)}, "another process rewrote it"),
 ])
-def test_a_source_no_move_of_this_save_leaves_is_changed(facts: dict[str, Facts | None],
+def test_a_source_at_a_size_no_cut_step_names_is_changed(facts: dict[str, Facts | None],
                                                          why: str) -> None:
-    got = assess(J, SAVE, seen(**facts))  # type: ignore[arg-type]
-    assert got.found is Found.CHANGED
-    assert why in got.notes[0]
     got = assess(J, RECOVER, seen(**facts))  # type: ignore[arg-type]
     assert got.found is Found.CHANGED
     assert isinstance(got.error, DataChangedError)
@@ -170,28 +168,35 @@ def test_a_source_no_move_of_this_save_leaves_is_changed(facts: dict[str, Facts 
     assert decide(Actor.RECOVER, Stage.MOVING, got.found) is Action.REFUSE
 
 
+def test_every_size_a_cut_step_names_is_as_left_and_none_below_the_last() -> None:
+    # A truncate may not reach the disk: the source is at its own size or any cut logged.
+    r = Records(Actor.RECOVER, Stage.MOVING, cuts={A: (W, 0)})
+    for size in (2 * W, W, 0):
+        assert found(r, seen(Facts(size, 100 if size == 2 * W else 7), MID["b"])) is \
+            Found.AS_LEFT
+    # a's size without its cut step: the bytes past it may be in no temp.
+    assert found(Records(Actor.RECOVER, Stage.MOVING), seen(**MID)) is Found.CHANGED
+
+
+def test_a_running_save_without_a_look_at_a_source_holds_it_to_its_own_size() -> None:
+    got = assess(J, Records(Actor.SAVE, Stage.MOVING, looks={A: Look(MID["a"])}),
+                 seen(MID["a"], Facts(W, 9)))
+    assert got.found is Found.CHANGED
+    assert f"leave it at {2 * W} bytes" in got.notes[0]
+
+
 def test_the_moved_record_says_which_moves_finished() -> None:
-    r = Records(Actor.RECOVER, Stage.MOVING, moved=1)
+    r = Records(Actor.RECOVER, Stage.MOVING, moved=1, cuts={A: (W, 0)})
     got = assess(J, r, seen(**MID))
     assert got.found is Found.CHANGED
-    assert "its move had finished" in got.why
-    assert found(Records(Actor.RECOVER, Stage.MOVING, moved=1),
+    assert "leave it at 0 bytes" in got.why
+    assert found(replace(r, cuts={A: (W, 0), B: (W,)}),
                  seen(a=Facts(0, 7), b=Facts(W, 1))) is Found.AS_LEFT
 
 
-def test_an_unordered_journal_is_not_held_to_the_move_order() -> None:
-    o = seen(a=Facts(W, 7), b=Facts(W, 9))
-    assert found(SAVE, o, record(ordered=False)) is Found.AS_LEFT
-    assert found(SAVE, o) is Found.CHANGED
+# --- recover before a rollback: the temps the cut bytes went to -------------------------------
 
-
-# --- recover before a rollback: the temps hold every byte a source lacks ----------------------
-
-def test_the_temps_must_reach_and_hold_the_moved_bytes() -> None:
-    assert found(RECOVER, seen(**MID, holes=((W, 4 * W),))) is Found.AS_LEFT
-    got = assess(J, RECOVER, seen(**MID, holes=((W, W + 10),)))  # a hole: never moved
-    assert got.found is Found.CHANGED
-    assert "holds no data" in got.why
+def test_the_temps_must_be_there_and_reach_the_moved_bytes() -> None:
     got = assess(J, RECOVER, seen(**MID, temp=Facts(W + 10, 1)))  # the temp ends too soon
     assert got.found is Found.CHANGED
     assert "the temp ends before" in got.why
@@ -199,12 +204,6 @@ def test_the_temps_must_reach_and_hold_the_moved_bytes() -> None:
     assert got.found is Found.UNREADABLE
     assert isinstance(got.error, OSError)
     assert got.error.errno == errno.ENOENT
-
-
-def test_a_hole_proves_nothing_in_a_source_that_had_holes() -> None:
-    # b is not dense: a hole in its part of the temp may be its own.
-    o = seen(a=Facts(0, 7), b=Facts(W, 9), holes=((3 * W, 3 * W),))
-    assert found(RECOVER, o) is Found.AS_LEFT
 
 
 # --- recover before a finish: every move finished ---------------------------------------------
@@ -218,32 +217,20 @@ def test_committed_with_every_move_finished_is_finished() -> None:
     assert decide(Actor.RECOVER, Stage.COMMITTED, got.found) is Action.FINISH
 
 
-def test_committed_with_a_move_unfinished_is_unfinished() -> None:
-    got = assess(J, COMMITTED, seen(Facts(0, 7), Facts(W, 9)))
-    assert got.found is Found.UNFINISHED
+def test_a_committed_step_that_checks_is_played_back_whatever_the_sources_sizes() -> None:
+    # The trust rule: a committed step is what happened; a source not at its kept prefix (a
+    # write after the commit, or a forged step) is the finish's to keep, never re-proved here.
+    for o in (seen(Facts(W, 7), Facts(W, 9)), seen(Facts(10, 7), None),
+              seen(Facts(0, 7), Facts(0, 9), c_own=Facts(W, 300))):
+        assert found(COMMITTED, o) is Found.AS_LEFT
+
+
+def test_committed_with_a_temp_not_at_its_length_is_changed_and_refused() -> None:
+    got = assess(J, COMMITTED, seen(Facts(0, 7), Facts(0, 9), temp=Facts(4 * W - 1, 1)))
+    assert got.found is Found.CHANGED
     assert isinstance(got.error, RecoverError)
-    assert "the commit never happened" in got.why
+    assert "another process changed it" in got.why
     assert decide(Actor.RECOVER, Stage.COMMITTED, got.found) is Action.REFUSE
-
-
-def test_committed_with_the_adopted_source_under_its_own_name_is_unfinished() -> None:
-    got = assess(J, COMMITTED, seen(Facts(0, 7), Facts(0, 9), c_own=Facts(W, 300)))
-    assert got.found is Found.UNFINISHED
-    assert "still under its own name" in got.why
-
-
-def test_a_write_after_the_commit_is_let_through_only_with_the_look_and_the_files() -> None:
-    o = seen(Facts(10, 7), Facts(0, 9))  # a written after the commit; b proves the order
-    looked = {A: (0, 7), B: (0, 9)}
-    assert found(Records(Actor.RECOVER, Stage.COMMITTED, looked=looked), o) is Found.AS_LEFT
-    assert found(COMMITTED, o) is Found.UNFINISHED  # no look: a crafted commit, maybe
-    # b not at its kept prefix and its bytes not in the outputs: nothing vouches for a.
-    o = seen(Facts(10, 7), Facts(W, 9), temp=Facts(W, 1))
-    assert found(Records(Actor.RECOVER, Stage.COMMITTED, looked=looked), o) is Found.UNFINISHED
-    # The temp whole (so its length proves nothing), b's parked name gone, and a hole where
-    # a's moved bytes belong: the look alone must not let a through.
-    o = seen(Facts(10, 7), None, holes=((0, 0),))
-    assert found(Records(Actor.RECOVER, Stage.COMMITTED, looked=looked), o) is Found.UNFINISHED
 
 
 def test_held_is_changed_and_never_undone() -> None:
@@ -281,7 +268,7 @@ def in_place() -> Journal:
     d = JournalSource("/d/d.bin", *A, size=2 * W + 5, run_start=0, atime_ns=1, mtime_ns=100,
                       mode=0o100644, dests=(PieceRef(0, 1, 2 * W, 2 * W + 5, A, 0),),
                       adopt=True)
-    return Journal(TOKEN, W, (JournalOutput("/d/out.ptd", *A, 6 * W),), (d,), ordered=True)
+    return Journal(TOKEN, W, (JournalOutput("/d/out.ptd", *A, 6 * W),), (d,))
 
 
 def adopted_at(size: int | None, *, own: int | None = None) -> Observed:
@@ -366,13 +353,14 @@ def test_an_adopted_source_longer_than_its_output_is_held_not_cut() -> None:
                 in "\n".join([str(got.error), *got.notes]))
 
 
-def test_an_adopted_source_back_under_its_name_needs_nothing_and_committed_needs_the_temp() -> None:
+def test_an_adopted_source_back_under_its_name_needs_nothing_and_committed_the_temps_length(
+) -> None:
     j = in_place()
     assert assess(j, RECOVER, adopted_at(None, own=2 * W + 5)).found is Found.AS_LEFT
     committed = Records(Actor.RECOVER, Stage.COMMITTED)
     assert assess(j, committed, adopted_at(6 * W)).found is Found.AS_LEFT
     got = assess(j, committed, adopted_at(4 * W + 5))  # never appended: not complete
-    assert got.found is Found.UNFINISHED
+    assert got.found is Found.CHANGED
     assert decide(Actor.RECOVER, Stage.COMMITTED, got.found) is Action.REFUSE
 
 

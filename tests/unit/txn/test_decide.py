@@ -84,7 +84,7 @@ def test_nothing_is_deleted_before_the_commit_point() -> None:
 def test_a_change_is_held_and_never_rolled_back_over() -> None:
     """Invariant 7: CHANGED never rolls back or finishes."""
     for (_actor, _stage, found), action in TABLE.items():
-        if found in (Found.CHANGED, Found.DAMAGED, Found.UNFINISHED):
+        if found in (Found.CHANGED, Found.DAMAGED):
             assert action in (Action.HOLD, Action.REFUSE)
 
 

@@ -26,15 +26,21 @@ def record() -> Journal:
         path="/d/a.bin", dev=key[0], ino=key[1], size=20480, run_start=0, atime_ns=5,
         mtime_ns=6, mode=0o100644, dests=(PieceRef(0, 0, 4096, 20480, key, 0),), dense=True,
     )
+    second = JournalSource(
+        path="/d/b.bin", dev=2049, ino=81, size=4096, run_start=0, atime_ns=5, mtime_ns=6,
+        mode=0o100644, dests=(PieceRef(0, 0, 0, 4096, (2049, 81), 0),),
+    )
     out = JournalOutput("/d/out.bin", 2049, 78, 24576, 0o100644, 0, 0)
     # The head's later fields too (a discard output, a file removed at the commit): every
     # byte of them is flipped below like the rest.
     drop = JournalOutput("/d/.drop", 2049, 79, 4096, discard=True)
     gone = journal.JournalRemoval("/d/index.json", 2049, 80, 311, 1_733_300_000_123_456_789)
-    return Journal(TOKEN, 4096, (out, drop), (src,), ordered=True, removals=(gone,))
+    return Journal(TOKEN, 4096, (out, drop), (src, second), removals=(gone,))
 
 
 PROGRESS = [
+    journal.encode_cut((2049, 77), 16384),
+    journal.encode_cut((2049, 77), 0),
     journal.encode_moving(1),
     journal.encode_moving(2),
     journal.encode_committed([(2049, 77, 0, 6)]),
@@ -50,7 +56,10 @@ def progress_of(log: journal.Log) -> list[bytes]:
     for rec in PROGRESS:
         step = journal.unframe(rec[:-1])
         stage = journal.stage_of(step)
-        if stage is Stage.MOVING and isinstance(step["moved"], int) \
+        if "cut" in step:
+            if step["cut"][2] in log.cuts.get((2049, 77), ()):  # type: ignore[index]
+                out.append(rec)
+        elif stage is Stage.MOVING and isinstance(step["moved"], int) \
                 and step["moved"] <= log.moved:
             out.append(rec)
             moved = step["moved"]
@@ -70,6 +79,7 @@ def test_round_trip() -> None:
     log = journal.read_log(WRITTEN)
     assert log.journal == record()
     assert (log.moved, dict(log.looked), log.torn) == (2, {(2049, 77): (0, 6)}, False)
+    assert dict(log.cuts) == {(2049, 77): (16384, 0)}
     assert (log.stage, log.end) == (Stage.COMMITTED, len(WRITTEN))
     assert journal.decode(WRITTEN) == record()
     for rec in PROGRESS:  # one line each, length-prefixed, checksummed
@@ -84,7 +94,7 @@ def test_round_trip() -> None:
 def test_every_byte_flipped(mask: int) -> None:
     """Byte by byte, what the reader must say (M: magic line, H: one head copy)."""
     m, h = len(journal.MAGIC), HEAD_END - len(journal.MAGIC)
-    p1 = m + 2 * h + len(PROGRESS[0]) + len(PROGRESS[1])
+    p1 = m + 2 * h + sum(map(len, PROGRESS[:-1]))
     for i in range(len(WRITTEN)):
         data = WRITTEN[:i] + bytes([WRITTEN[i] ^ mask]) + WRITTEN[i + 1:]
         try:
@@ -138,6 +148,7 @@ def test_a_single_digit_changed_in_a_valid_looking_record() -> None:
                 log = journal.read_log(data)
                 # the changed look is never read: not committed
                 assert (log.moved, log.torn, log.stage) == (2, True, Stage.MOVING)
+                assert dict(log.cuts) == {(2049, 77): (16384, 0)}
                 assert not log.looked
 
 
@@ -293,3 +304,67 @@ def test_an_adopted_source_must_be_one_whole_range_at_a_block_offset(tmp_path) -
     for bad in (head(8000), head(8192, 4000), head(8192, 4000, 1000)):
         with pytest.raises(JournalDamagedError, match="block-aligned"):
             confine(bad, path)
+
+
+# --- strict version 5: a record that checks but that no save writes is damage -----------------
+
+A_KEY = (2049, 77)
+
+
+@pytest.mark.parametrize("step", [
+    journal.frame({"stage": "moving", "moved": 1, "why": "an unknown field"}),
+    journal.frame({"stage": "filled"}),  # a stage no step names
+    journal.frame({"stage": "committed"}),  # its looks missing
+    journal.frame({"kind": "begin"}),  # version 3's schema
+    journal.encode_cut(A_KEY, 20480),  # not below the source's size
+    journal.encode_cut((2049, 99), 0),  # not a source of the save
+    journal.encode_moving(3),  # more moves finished than the save has
+    journal.encode_committed([(2049, 99, 0, 6)]),  # a look at no source of the save
+], ids=["unknown-field", "unrecorded-stage", "missing-field", "v3-kind", "cut-too-long",
+        "cut-stranger", "moved-too-many", "look-stranger"])
+def test_a_step_no_save_writes_is_damage_even_last(step: bytes) -> None:
+    with pytest.raises(journal.JournalDamagedError, match="damaged"):
+        journal.read_log(WRITTEN[:HEAD_END] + WRITTEN[HEAD_END:len(journal.encode(record()))]
+                         + step)
+
+
+def test_cuts_of_a_source_only_go_down() -> None:
+    head = journal.encode(record())
+    up = journal.encode_cut(A_KEY, 8192) + journal.encode_cut(A_KEY, 12288)
+    with pytest.raises(journal.JournalDamagedError, match="no move of it makes"):
+        journal.read_log(head + up)
+    log = journal.read_log(head + journal.encode_cut(A_KEY, 12288)
+                           + journal.encode_cut(A_KEY, 8192))
+    assert dict(log.cuts) == {A_KEY: (12288, 8192)}
+
+
+def test_bytes_after_a_complete_last_record_are_damage_a_cut_one_a_torn_tail() -> None:
+    head = journal.encode(record())
+    step = journal.encode_cut(A_KEY, 16384)
+    with pytest.raises(journal.JournalDamagedError, match="bytes follow its last record"):
+        journal.read_log(head + step[:-1] + b"xyz")  # no crash appends past a record
+    log = journal.read_log(head + step[:-5])  # a crash cuts it short: torn, ignored
+    assert (log.torn, dict(log.cuts)) == (True, {})
+
+
+def test_a_journal_of_a_later_version_is_named_as_such_not_damaged() -> None:
+    v = journal.VERSION + 1
+    later = rf"another filecord \(journal version {v}\)"
+    with pytest.raises(journal.JournalVersionError, match=later):
+        journal.read_log(b"filecord-journal %d\n" % v + WRITTEN[len(journal.MAGIC):].replace(
+            b'"version":%d' % journal.VERSION, b'"version":%d' % v))
+
+
+def test_a_version_4_journal_as_the_release_before_wrote_it_is_named_older_not_damaged() -> None:
+    """Version 4 had no ``cut`` steps and an ``ordered`` head: the same framing, another
+    schema.  A user who upgrades with a save to recover is told which filecord to run it with,
+    not that the journal is damaged."""
+    import json
+    head_line = journal.encode(record()).split(b"\n")[1]
+    body = json.loads(head_line.split(b" ", 2)[2])
+    body["save"].update(version=4, ordered=True)
+    framed = journal.frame(body)
+    moving = journal.encode_moving(1)
+    with pytest.raises(journal.JournalVersionError,
+                       match=r"an older filecord \(journal version 4\)"):
+        journal.read_log(b"filecord-journal 4\n" + framed + framed + moving)
