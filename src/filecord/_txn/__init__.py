@@ -37,7 +37,7 @@ move
 window
     the bytes a move copies, fsyncs and cuts at a time (the sync window).
 cut
-    the truncate that shortens a parked source by one window.
+    the truncate that shortens a parked source by one window, after its ``cut`` step.
 kept prefix
     what a move leaves of its source (``run_start``): bytes no output takes.
 adopted
