@@ -17,6 +17,7 @@ thousand points.  ``fork_run`` stays for jobs that are closures.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -65,13 +66,15 @@ def fork_run(fn: Callable[[], None]) -> int:
 
 class _Server:
     """A lean interpreter (this module and filecord imported, nothing else) that forks a child
-    per job: one request line in (the job's arguments and a file for its traceback), its exit
-    code out.  It exits when the test process closes its stdin."""
+    per call: one request line in (a module, a function of it, its arguments, and a file for
+    its traceback), the child's exit code out.  It imports a module once, before its first
+    fork, so later children start with it loaded.  It exits when the test process closes its
+    stdin."""
 
     proc: subprocess.Popen[str] | None = None
 
     @classmethod
-    def run(cls, args: list[str]) -> int:
+    def run(cls, request: list[str]) -> int:
         if cls.proc is None or cls.proc.poll() is not None:
             tests = str(Path(__file__).resolve().parents[1])
             src = os.path.dirname(os.path.dirname(os.path.abspath(filecord.__file__)))
@@ -81,20 +84,21 @@ class _Server:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert cls.proc.stdin is not None
         assert cls.proc.stdout is not None
-        cls.proc.stdin.write(json.dumps(args) + "\n")
+        cls.proc.stdin.write(json.dumps(request) + "\n")
         cls.proc.stdin.flush()
         return int(cls.proc.stdout.readline())
 
 
 def _serve() -> None:
     for line in sys.stdin:
-        root, spec_name, phase, at, err = json.loads(line)
+        module, function, args, err = json.loads(line)
+        fn = getattr(importlib.import_module(module), function)
         pid = os.fork()
         if pid == 0:
-            os.dup2(2, 1)  # stdout is the answer pipe: nothing the job prints may land there
+            os.dup2(2, 1)  # stdout is the answer pipe: nothing the child prints may land there
             code = 0
             try:
-                job(root, spec_name, phase, int(at))
+                fn(*args)
             except BaseException:
                 Path(err).write_text(traceback.format_exc())
                 code = 3
@@ -103,16 +107,22 @@ def _serve() -> None:
         print(os.waitstatus_to_exitcode(status), flush=True)
 
 
-def run_job(root: str, spec_name: str, phase: str, at: int) -> tuple[int, str]:
-    """``job`` in a fork server's child: its exit code (-9 when it was SIGKILLed, 3 when it
-    raised) and the traceback it raised with ('' if none)."""
+def run_call(module: str, function: str, *args: str | int) -> tuple[int, str]:
+    """``module.function(*args)`` in a fork server's child: its exit code (-9 when it was
+    SIGKILLed, 3 when it raised) and the traceback it raised with ('' if none).  The function
+    must be importable by name (module level), its arguments JSON."""
     fd, err = tempfile.mkstemp(prefix="killjob-", suffix=".err")
     os.close(fd)
     try:
-        code = _Server.run([root, spec_name, phase, str(at), err])
+        code = _Server.run([module, function, list(args), err])
         return code, Path(err).read_text()
     finally:
         os.unlink(err)
+
+
+def run_job(root: str, spec_name: str, phase: str, at: int) -> tuple[int, str]:
+    """:func:`job` in a fork server's child (:func:`run_call`)."""
+    return run_call("support.killjob", "job", root, spec_name, phase, at)
 
 
 def main(argv: list[str]) -> int:
