@@ -441,6 +441,7 @@ def test_a_later_xnnpack_graph_version_is_reported_not_read(tmp_path: Path) -> N
     assert _cli_outcome(["inspect", str(tmp_path / "m.pte")]) == "exit 0"
 
 
+@pytest.mark.xdist_group("timed")  # a wall-clock bound: one such test at a time
 @pytest.mark.parametrize("target", ["pte", "ptd"])
 def test_verify_and_cli_survive_byte_flips(
     target: str, verify_pair: tuple[bytes, bytes], tmp_path_factory: pytest.TempPathFactory
@@ -477,6 +478,7 @@ def test_verify_and_cli_survive_byte_flips(
     assert meter.worst_s < 2.0
 
 
+@pytest.mark.xdist_group("timed")  # a wall-clock bound: one such test at a time
 def test_verify_survives_every_truncation_and_oversize_word(
     verify_pair: tuple[bytes, bytes], tmp_path: Path
 ) -> None:
@@ -581,6 +583,7 @@ def _amplified(n: int) -> bytes:
     return bytes(b.Output())
 
 
+@pytest.mark.xdist_group("timed")  # a wall-clock bound: one such test at a time
 def test_a_million_offsets_to_one_table_is_refused_at_once(tmp_path: Path) -> None:
     """The 3.9 MiB file of the report (1M offsets to one table: 11 s and 1 GiB before)."""
     path = tmp_path / "amplified.pte"
@@ -624,6 +627,7 @@ def _sparse_cases() -> dict[str, bytes]:
     }
 
 
+@pytest.mark.xdist_group("timed")  # a wall-clock bound: one such test at a time
 @pytest.mark.parametrize("case", list(_sparse_cases()))
 def test_a_sparse_1_1_gb_file_is_not_read_whole(case: str, tmp_path: Path) -> None:
     """A child process inspects and verifies the file; its peak RSS stays small."""

@@ -1,6 +1,6 @@
 """The public ExecuTorch surface: 23 names, each resolvable, no module hidden by a function, and
 importing it pulls in neither torch nor an import cycle (the README's list of these names is
-checked with every other package's in tests/test_public_api.py)."""
+checked with every other package's in tests/api/test_public_api.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_all_has_21_names_that_resolve() -> None:
-    # That the README lists exactly these is tests/test_public_api.py's check, for every package.
+    # That the README lists exactly these is tests/api/test_public_api.py's check, for every
+    # package.
     assert len(fe.__all__) == len(set(fe.__all__)) == 23
     for name in fe.__all__:
         assert getattr(fe, name) is not None

@@ -34,7 +34,7 @@ from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord.errors import RecoverError, SaveError
 from filecord_testing import pattern
-from support.killjob import fork_run
+from support.killjob import run_call
 
 # These cases act on *moves*: their whole files at offset 0 would be adopted in place where
 # ranges insert (tests/fsmatrix/test_adopt_in_place.py and the ``inplace`` sweeps cover that),
@@ -55,22 +55,26 @@ def _sources(d: Path) -> Cord:
     return Cord([FileBackedData(d / "a.bin", owned=True), FileBackedData(d / "b.bin", owned=True)])
 
 
+class _KillAtFifthTruncate(_sys.Backend):
+    n = 0
+
+    def hook(self, op: str, args: tuple[object, ...]) -> None:
+        if op == "ftruncate":
+            self.n += 1
+            if self.n == 5:  # the temp's presize, a.bin's 3 cuts, then b.bin's first
+                os.kill(os.getpid(), 9)
+
+
+def save_until_mid_move(d: str) -> None:
+    """The child's side of :func:`mid_move` (run by the fork server: a module-level name)."""
+    with _sys.use(_KillAtFifthTruncate()):
+        save(Path(d) / "out.bin", _sources(Path(d)), consume=True, window=W)
+
+
 def mid_move(d: Path) -> None:
     """Killed before b.bin's first cut: a.bin moved (its ``moved`` record durable)."""
-    class Kill(_sys.Backend):
-        n = 0
-
-        def hook(self, op: str, args: tuple[object, ...]) -> None:
-            if op == "ftruncate":
-                self.n += 1
-                if self.n == 5:  # the temp's presize, a.bin's 3 cuts, then b.bin's first
-                    os.kill(os.getpid(), 9)
-
-    def job() -> None:
-        with _sys.use(Kill()):
-            save(d / "out.bin", _sources(d), consume=True, window=W)
-
-    assert fork_run(job) == -9
+    rc, err = run_call(__name__, "save_until_mid_move", str(d))
+    assert rc == -9, err
 
 
 def committed(d: Path) -> None:

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import filecord
 from filecord._io import syscalls as _sys
@@ -50,6 +51,7 @@ def _state(d: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
 
 
+@pytest.mark.usefixtures("young_heap")
 def test_every_call_of_a_gguf_writer_close_fails_cleanly(tmp_path: Path) -> None:
     ref = tmp_path / "ref"
     src = _setup(ref)

@@ -52,7 +52,7 @@ from support.faultfs import (
     commit_point,
     destructive_points,
 )
-from support.killjob import fork_run, job
+from support.killjob import run_job
 from support.scenarios import SPECS, Layout, lost_bytes, token_name, trace_save
 
 SPEC = "consume3"
@@ -95,7 +95,7 @@ def crashed(tmp: Path, name: str, p: int) -> Layout:
     lay = Layout(SPECS[SPEC], tmp / name)
     lay.create()
     root = str(lay.root)
-    assert fork_run(lambda: job(root, SPEC, "save", p)) == -9
+    assert run_job(root, SPEC, "save", p)[0] == -9
     return lay
 
 
@@ -239,7 +239,7 @@ def test_new_files_at_consumed_sources_paths_survive_recover(tmp_path: Path) -> 
         lay.create()
         old_inos = {os.stat(lay.path(r)).st_ino for r in lay.consumed()}
         root = str(lay.root)
-        assert fork_run(lambda root=root, p=p: job(root, SPEC, "save", p)) == -9
+        assert run_job(root, SPEC, "save", p)[0] == -9
         new: dict[str, bytes] = {}
         for rel in sorted(lay.consumed()):
             if not os.path.lexists(lay.path(rel)):

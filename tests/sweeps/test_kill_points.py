@@ -21,10 +21,7 @@ the same way.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -34,21 +31,8 @@ import filecord
 import filecord.errors
 from filecord._plan import facts
 from support.faultfs import Call, commit_point, destructive_points
-from support.killjob import fork_run, job
+from support.killjob import run_job
 from support.scenarios import SPECS, Layout, trace_save
-
-SRC = Path(filecord.__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parents[1]
-
-
-def spawn(root: Path, spec_name: str, phase: str, at: int) -> subprocess.CompletedProcess[str]:
-    """A fresh interpreter runs the job (support/killjob.py) against ``root``."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(TESTS)])}
-    return subprocess.run(
-        [sys.executable, "-m", "support.killjob", str(root), spec_name, phase, str(at)],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
-    )
-
 
 # Floors near the real counts (about 90% of the kill points against the v2 core), so a broken
 # enumerator cannot pass by testing less.
@@ -111,10 +95,9 @@ def test_sigkill_before_every_destructive_call(tmp_path: Path, spec_name: str) -
     for p, call in enumerate(points, 1):
         lay = Layout(SPECS[spec_name], tmp_path / f"p{p}")
         lay.create()
-        proc = spawn(lay.root, spec_name, "save", p)
-        if proc.returncode != -9:
-            failures.append(f"point {p} ({call.op}): child exited {proc.returncode}: "
-                            f"{proc.stderr[-2000:]}")
+        rc, err = run_job(str(lay.root), spec_name, "save", p)
+        if rc != -9:
+            failures.append(f"point {p} ({call.op}): child exited {rc}: {err[-2000:]}")
             continue
         want = expected_after_kill(calls, call)
         problem = judge(lay, want)
@@ -150,11 +133,12 @@ def test_sigkill_during_recover(tmp_path: Path, spec_name: str) -> None:
             lay = Layout(SPECS[spec_name], tmp_path / f"p{p}-r{j}")
             lay.create()
             root = str(lay.root)
-            rc = fork_run(lambda root=root, p=p: job(root, spec_name, "save", p))
-            assert rc == -9, f"save child for point {p} exited {rc}"
-            rc = fork_run(lambda root=root, j=j: job(root, spec_name, "recover", j))
+            rc, err = run_job(root, spec_name, "save", p)
+            assert rc == -9, f"save child for point {p} exited {rc}: {err}"
+            rc, err = run_job(root, spec_name, "recover", j)
             if rc not in (0, -9):
-                failures.append(f"save point {p}, recover point {j}: recover child exited {rc}")
+                failures.append(f"save point {p}, recover point {j}: recover child exited {rc}: "
+                                f"{err[-2000:]}")
                 break
             problem = judge(lay, want)
             if problem:

@@ -19,8 +19,8 @@ import pytest
 
 st_numpy = pytest.importorskip("safetensors.numpy")
 
-SRC = Path(__file__).parents[1] / "src"
-ENV = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{Path(__file__).parents[1]}",
+SRC = Path(__file__).parents[2] / "src"
+ENV = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{Path(__file__).parents[2]}",
        "FILECORD_NO_PROGRESS": "1"}
 
 

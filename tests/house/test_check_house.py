@@ -12,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-TOOL = Path(__file__).parents[1] / "tools" / "check_house.py"
+TOOL = Path(__file__).parents[2] / "tools" / "check_house.py"
 
 
 def _load() -> ModuleType:
@@ -282,4 +282,4 @@ def test_a_known_text_branch_is_skipped_and_must_still_occur(tmp_path: Path) -> 
 
 
 def test_filecord_itself_is_in_order() -> None:
-    assert house.main([str(Path(__file__).parents[1] / "src")]) == 0
+    assert house.main([str(Path(__file__).parents[2] / "src")]) == 0

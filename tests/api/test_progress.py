@@ -17,7 +17,7 @@ import pytest
 from filecord import Cord, FileBackedData, save
 from filecord_testing import pattern
 
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
 for var in ("TQDM_DISABLE", "FILECORD_NO_PROGRESS", "HF_HUB_DISABLE_PROGRESS_BARS"):
     ENV.pop(var, None)
 

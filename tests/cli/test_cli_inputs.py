@@ -22,7 +22,7 @@ from filecord import FileBackedData, cli
 from filecord.executorch import read_ptd
 from filecord_testing import leftovers, pattern
 
-SRC = Path(__file__).parents[1] / "src"
+SRC = Path(__file__).parents[2] / "src"
 ENV = {**os.environ, "PYTHONPATH": str(SRC), "FILECORD_NO_PROGRESS": "1"}
 
 BAD_FILE = b"f\xff.bin"  # an existing file whose name is not UTF-8

@@ -14,7 +14,7 @@ from filecord import __version__
 from filecord.cli import demo as _cli_demo_model
 from filecord.cli import parse_size
 
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ from filecord import save
 from filecord.executorch import PtdEntry, ScalarType, TensorLayout, build_ptd, read_ptd
 from filecord.safetensors import DType, NamedTensor, SafetensorsFile, build_file, read_safetensors
 
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
 
 
 def run(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:

@@ -126,7 +126,7 @@ def test_transformers_checkpoint_merged_converted_and_run(tmp_path: Path) -> Non
     buffers = {k: v for k, v in model.named_buffers() if k not in weights}
     assert buffers  # rotary frequencies: not in a checkpoint, but constants of the program
     save_state_dict(tmp_path / "buffers.ptd", buffers, consume=True)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     r = subprocess.run([sys.executable, "-m", "filecord.cli", "merge", "-o", tmp_path / "model.ptd",
                         tmp_path / "weights.ptd", tmp_path / "buffers.ptd", "--consume", "-q"],
                        env=env, capture_output=True, text=True, check=False, timeout=600)

@@ -11,7 +11,7 @@ from pathlib import Path
 from filecord.executorch import read_ptd
 from filecord_testing import leftovers, pattern
 
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "filecord"
+SRC = Path(__file__).resolve().parents[2] / "src" / "filecord"
 
 
 def _keywords(decorator: ast.expr) -> dict[str, object]:

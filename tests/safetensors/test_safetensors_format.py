@@ -211,6 +211,7 @@ def test_error_offsets_point_at_the_problem(tmp_path):
     assert blob[info2.value.offset:info2.value.offset + 1] == b"x"
 
 
+@pytest.mark.xdist_group("timed")  # a wall-clock bound: one such test at a time
 def test_accepted_variants_of_the_format(tmp_path):
     # Offsets in any JSON order, empty tensors at a boundary, metadata anywhere or null,
     # whitespace inside the JSON, sub-byte types that fill whole bytes.

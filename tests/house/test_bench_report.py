@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-REPORT = Path(__file__).resolve().parent.parent / "bench" / "report.py"
+REPORT = Path(__file__).resolve().parents[2] / "bench" / "report.py"
 
 
 def _report(doc: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:

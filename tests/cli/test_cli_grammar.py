@@ -25,7 +25,7 @@ from filecord.executorch.ptd import read_ptd
 
 st_numpy = pytest.importorskip("safetensors.numpy")
 
-SRC = Path(__file__).parents[1] / "src"
+SRC = Path(__file__).parents[2] / "src"
 ENV = {**os.environ, "PYTHONPATH": str(SRC)}
 
 

@@ -1,0 +1,40 @@
+"""Fixtures for the sweeps."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SHM = Path("/dev/shm")
+
+
+@pytest.fixture
+def model_disk_path(tmp_path: Path) -> Iterator[Path]:
+    """A fresh directory on tmpfs (``/dev/shm``) for a power-cut sweep; ``tmp_path`` where
+    there is none with room.
+
+    The power-cut sweeps model the disk themselves (support/powerfs.py: what a cut keeps is
+    worked out from the calls and written back), so the real file system only holds the
+    files, and on ext4 its fsyncs, fallocates and directory removals are most of each point's
+    time.  Only for a scenario whose calls are the same there (consume3: the same 69
+    destructive calls of the same kinds on ext4 and tmpfs; nothing of it is adopted in place,
+    which tmpfs cannot do): the test asserts the kinds it covers.
+    """
+    try:
+        st = os.statvfs(SHM)
+        room = os.access(SHM, os.W_OK) and st.f_bavail * st.f_frsize >= 256 << 20
+    except OSError:
+        room = False
+    if not room:
+        yield tmp_path
+        return
+    d = Path(tempfile.mkdtemp(prefix="filecord-sweep-", dir=SHM))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
