@@ -23,10 +23,11 @@ torch = pytest.importorskip("torch", reason="the torch extra is not installed")
 st_torch = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
 hub = pytest.importorskip("huggingface_hub", reason="huggingface_hub is not installed")
 
+from safetensors import safe_open  # noqa: E402
+
 from filecord._io import syscalls as _sys  # noqa: E402
 from filecord.safetensors import SafetensorsFile, read_safetensors, save_file, save_sharded  # noqa: E402
 from filecord.safetensors.errors import SharedTensorsError  # noqa: E402
-from safetensors import safe_open  # noqa: E402
 
 ALL_DTYPES = [
     "bool", "uint8", "int8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
