@@ -37,11 +37,9 @@ def test_convert_fits_only_by_moving(mount, tmp_path):
     for mod in ("transformers", "sentencepiece", "gguf"):
         pytest.importorskip(mod)
     sys.path.insert(0, str(ROOT))
-    from tests.support.hf_models import reference_converter, tiny_model
+    from tests.support.hf_models import reference_or_skip, tiny_model
 
-    ref = reference_converter()
-    if ref is None:
-        pytest.skip("llama.cpp's convert_hf_to_gguf.py is not available")
+    ref = reference_or_skip()
     made = tiny_model(tmp_path / "made", dtype="bfloat16", shard="20MB", hidden_size=512,
                       intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
                       num_key_value_heads=2)

@@ -33,16 +33,13 @@ pytest.importorskip("gguf")
 from tests.support.hf_models import (
     as_transformers_4,
     gguf_contents,
-    reference_converter,
+    reference_or_skip,
     run_reference,
     tiny_model,
 )
 
 pytestmark = pytest.mark.slow
-REF = reference_converter()
-if REF is None:  # pragma: no cover - depends on the environment
-    pytest.skip("llama.cpp's convert_hf_to_gguf.py is not available (set "
-                "FILECORD_LLAMA_CPP_SRC to its directory)", allow_module_level=True)
+REF = reference_or_skip()
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
 # written differently on purpose: the reference title-cases the directory name and derives a
 # size label; filecord writes the directory name and no label

@@ -28,16 +28,13 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 from tests.support.hf_models import (  # noqa: E402
     gguf_contents,
-    reference_converter,
+    reference_or_skip,
     run_reference,
     tiny_model,
 )
 
 pytestmark = pytest.mark.slow
-REF = reference_converter()
-if REF is None:  # pragma: no cover - depends on the environment
-    pytest.skip("llama.cpp's convert_hf_to_gguf.py is not available (set "
-                "FILECORD_LLAMA_CPP_SRC to its directory)", allow_module_level=True)
+REF = reference_or_skip()
 
 # Keys the two converters write differently, and why.
 EXPECTED_KV_DIFFERENCES = {

@@ -23,7 +23,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 from tests.support.hf_models import (  # noqa: E402
     as_transformers_4,
-    reference_converter,
+    reference_or_skip,
     run_reference,
     saved_spm_json,
     tiny_model,
@@ -187,9 +187,7 @@ def test_tokenizer_model_without_byte_pieces_is_refused_as_llama_cpp_aborts(tmp_
     assert r.returncode == 1
     assert "tokenizer.model: lacks 256 of the 256 byte pieces (<0x00>, <0x01>," in r.stderr
     assert not out.exists()
-    ref = reference_converter()
-    if ref is None:  # pragma: no cover - depends on the environment
-        pytest.skip("llama.cpp's convert_hf_to_gguf.py is not available")
+    ref = reference_or_skip()
     run_reference(ref, model, tmp_path / "ref.gguf")
     crash = subprocess.run([sys.executable, "-c", (
         "import llama_cpp, sys; m = llama_cpp.Llama(model_path=sys.argv[1], vocab_only=True, "

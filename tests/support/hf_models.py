@@ -233,33 +233,60 @@ runpy.run_path(ref + "/convert_hf_to_gguf.py", run_name="__main__")
 def reference_converter() -> Path | None:
     """llama.cpp's ``convert_hf_to_gguf.py`` directory, from the llama-cpp-python source
     package (the one tools/test builds): ``$FILECORD_LLAMA_CPP_SRC``, else a cached download
-    (``pip download``); None when neither is possible."""
+    (``pip download``); None when neither is possible.
+
+    Under pytest-xdist several workers ask at once: one downloads and unpacks under a lock,
+    into a fresh directory renamed into place, so no worker sees half a tree."""
+    import fcntl
     import os
+    import shutil
     import subprocess
     import sys
     import tarfile
+    import tempfile
 
     env = os.environ.get("FILECORD_LLAMA_CPP_SRC")
     if env:
         return Path(env) if (Path(env) / "convert_hf_to_gguf.py").is_file() else None
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "filecord-tests"
-    root = cache / f"llama_cpp_python-{REFERENCE_VERSION}" / "vendor" / "llama.cpp"
+    unpacked = cache / f"llama_cpp_python-{REFERENCE_VERSION}"
+    root = unpacked / "vendor" / "llama.cpp"
     if (root / "convert_hf_to_gguf.py").is_file():
         return root
     cache.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
-                        ":all:", f"llama-cpp-python=={REFERENCE_VERSION}", "-d", str(cache)],
-                       capture_output=True, text=True, check=False)
-    tar = cache / f"llama_cpp_python-{REFERENCE_VERSION}.tar.gz"
-    if r.returncode != 0 or not tar.is_file():
-        return None
-    with tarfile.open(tar) as t:
-        members = [m for m in t.getmembers()
-                   if "/vendor/llama.cpp/" in m.name and ("convert_hf_to_gguf.py" in m.name
-                                                          or "/conversion/" in m.name
-                                                          or "/gguf-py/" in m.name)]
-        t.extractall(cache, members=members, filter="data")
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (root / "convert_hf_to_gguf.py").is_file():  # another worker made it meanwhile
+            return root
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
+                            "--no-binary", ":all:", f"llama-cpp-python=={REFERENCE_VERSION}",
+                            "-d", str(cache)], capture_output=True, text=True, check=False)
+        tar = cache / f"llama_cpp_python-{REFERENCE_VERSION}.tar.gz"
+        if r.returncode != 0 or not tar.is_file():
+            return None
+        scratch = Path(tempfile.mkdtemp(dir=cache))
+        with tarfile.open(tar) as t:
+            members = [m for m in t.getmembers()
+                       if "/vendor/llama.cpp/" in m.name and ("convert_hf_to_gguf.py" in m.name
+                                                              or "/conversion/" in m.name
+                                                              or "/gguf-py/" in m.name)]
+            t.extractall(scratch, members=members, filter="data")
+        shutil.rmtree(unpacked, ignore_errors=True)  # a tree a killed run left half-made
+        (scratch / unpacked.name).rename(unpacked)
+        shutil.rmtree(scratch)
     return root if (root / "convert_hf_to_gguf.py").is_file() else None
+
+
+def reference_or_skip() -> Path:
+    """The reference converter's directory, or the calling test module skipped saying how to
+    provide it."""
+    import pytest
+
+    ref = reference_converter()
+    if ref is None:  # pragma: no cover - depends on the environment
+        pytest.skip("llama.cpp's convert_hf_to_gguf.py is not available (set "
+                    "FILECORD_LLAMA_CPP_SRC to its directory)", allow_module_level=True)
+    return ref
 
 
 def run_reference(ref: Path, model: Path, out: Path, *args: str, pre: str | None = None
