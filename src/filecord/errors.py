@@ -107,7 +107,12 @@ class SaveError(FilecordError, OSError):
 
     ``journal_path`` names a journal that ``filecord recover`` must finish (``None`` when the
     save cleaned up completely); ``sources`` lists, per consumed source, where its bytes are.
+    ``committed`` is True when every output was already complete under its final name and only
+    the clean-up after it failed (removing the consumed sources' parked copies or the
+    journal): the save succeeded, and ``recover`` removes what is left.
     """
+
+    committed: bool = False
 
     def __init__(
         self,
@@ -116,6 +121,7 @@ class SaveError(FilecordError, OSError):
         errno: int | None = None,
         journal_path: str | None = None,
         sources: tuple[SourceState, ...] = (),
+        committed: bool = False,
     ) -> None:
         if errno is None:
             super().__init__(message)
@@ -124,6 +130,7 @@ class SaveError(FilecordError, OSError):
         self.message = message
         self.journal_path = journal_path
         self.sources = sources
+        self.committed = committed
 
     def __str__(self) -> str:
         return self.message

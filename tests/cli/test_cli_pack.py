@@ -149,3 +149,33 @@ def test_an_existing_ptd_is_replaced_as_a_save_replaces_it(tmp_path: Path) -> No
     entries = read_ptd(tmp_path / "out.ptd").entries
     assert list(entries) == ["b.bin"]
     assert entries["b.bin"].data.to_bytes() == b
+
+
+def test_a_consuming_pack_whose_clean_up_fails_after_the_renames_exits_0_and_warns(
+    tmp_path: Path,
+) -> None:
+    """The journal's unlink fails after the output took its final name and the consumed
+    sources were removed: the save succeeded (README: exit 0 once committed), the output is
+    whole, and the warning names the journal recover removes."""
+    from filecord import cli
+    from filecord._io import syscalls as _sys
+
+    a, b = files(tmp_path)
+
+    class FailJournalUnlink(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "unlink" and str(args[0]).endswith(".filecord-journal"):
+                raise OSError(5, "Input/output error")
+
+    with _sys.use(FailJournalUnlink()):
+        rc = cli.main(["pack", str(tmp_path / "a.bin"), str(tmp_path / "b.bin"), "--consume",
+                       "-q", "-o", str(tmp_path / "out.ptd")])
+    assert rc == 0
+    entries = read_ptd(tmp_path / "out.ptd").entries
+    assert (entries["a.bin"].data.to_bytes(), entries["b.bin"].data.to_bytes()) == (a, b)
+    assert not (tmp_path / "a.bin").exists()
+    assert not (tmp_path / "b.bin").exists()
+    journals = [n for n in os.listdir(tmp_path) if n.endswith(".filecord-journal")]
+    assert len(journals) == 1
+    assert cli.main(["recover", str(tmp_path / journals[0]), "-q"]) == 0
+    assert leftovers(tmp_path) == []

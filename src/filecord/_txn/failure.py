@@ -202,6 +202,16 @@ def _finish(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row FINISH: after the commit point nothing is undone; recover finishes (or, without a
     journal, the one rename was the commit and only its directory's fsync failed)."""
     _close(txn, notes)
+    if txn.journal_path is not None and txn.stage is Stage.RENAMED:
+        # Every output is under its final name: the save succeeded; only its clean-up did not
+        # (``committed``: the CLI exits 0 with this as a warning).
+        drop_locks(txn, remove=False)
+        notes.append(f"every output is complete under its final name; run `filecord recover "
+                     f"{txn.journal_path}` to remove what is left of the consumed sources and "
+                     "the journal")
+        _raise(f.exc, f"saving {f.names} committed, but cleaning up after its commit point failed",
+               notes,
+               journal_path=txn.journal_path, committed=True)
     if txn.journal_path is not None:
         drop_locks(txn, remove=False)
         notes.append(

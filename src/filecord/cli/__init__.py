@@ -25,7 +25,7 @@ from filecord.cli.common import EXIT_USAGE as EXIT_USAGE
 from filecord.cli.common import human as human  # part of this module's API
 from filecord.cli.common import parse_size as parse_size  # part of this module's API
 from filecord.cli.table import COMMANDS
-from filecord.errors import DataChangedError, FilecordError
+from filecord.errors import DataChangedError, FilecordError, SaveError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,13 +92,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"filecord {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except DataChangedError as exc:
+    except (DataChangedError, SaveError) as exc:
         if not exc.committed:
             return _failed(exc)
         # Committed: the outputs are complete under their final names; only a consumed source
-        # another process changed after the commit point was kept.  The save succeeded (exit
-        # 0, as README promises: what happens after the commit never changes it); say what
-        # was kept, as a warning.
+        # another process changed after the commit point was kept, or the clean-up after the
+        # renames failed.  The save succeeded (exit 0, as README promises: what happens after
+        # the commit never changes it); say what is left, as a warning.
         print(f"filecord: warning: {exc}", file=sys.stderr)
         for note in getattr(exc, "__notes__", []):
             print(f"  {note}", file=sys.stderr)
