@@ -509,3 +509,38 @@ def test_r4_11_an_immutable_or_append_only_owned_source_is_copied_and_kept(
     assert (tmp_path / "a.bin").read_bytes() == a
     assert (tmp_path / "b.bin").read_bytes() == b
     assert _names(tmp_path) == ["a.bin", "b.bin", "out.bin"]  # c was consumed
+
+
+def test_a_temp_linked_elsewhere_before_recover_keeps_its_bytes_there(tmp_path: Path) -> None:
+    """A user hard-links the temp of a save killed mid-move (a rescue copy, `cp -al`) into
+    another directory, then runs recover: the rollback gives the sources their bytes back and
+    leaves the other name's bytes as they were (it frees the temp's blocks only when no other
+    name holds them)."""
+    d, rescue = tmp_path / "d", tmp_path / "rescue"
+    d.mkdir()
+    rescue.mkdir()
+    a, b = _killed_mid_move(d, 3)
+    temp = next(d / n for n in _names(d) if n.endswith(".partial"))
+    os.link(temp, rescue / "partial.bin")
+    before = (rescue / "partial.bin").read_bytes()
+    recover(d)
+    assert (rescue / "partial.bin").read_bytes() == before
+    assert ((d / "a.bin").read_bytes(), (d / "b.bin").read_bytes()) == (a, b)
+    assert (d / "out.bin").read_bytes() == b"OLD"
+
+
+def test_a_token_file_the_journal_does_not_name_is_refused_before_any_change(
+    tmp_path: Path,
+) -> None:
+    """A parked source or temp carrying the save's token that its journal leaves out may hold
+    a source's moved bytes: recover refuses before its first change (a rollback would remove
+    the temps that hold them)."""
+    _killed_mid_move(tmp_path, 3)
+    parked = next(tmp_path / n for n in _names(tmp_path) if n.endswith(".filecord-src"))
+    stray = parked.with_name(parked.name.replace(".a.bin.", ".c.bin.").replace(
+        ".b.bin.", ".c.bin."))
+    stray.write_bytes(b"bytes no journal names")
+    before = {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)}
+    with pytest.raises(RecoverError, match="does not account for"):
+        recover(tmp_path)
+    assert {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)} == before

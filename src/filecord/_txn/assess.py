@@ -79,6 +79,8 @@ class Observed:
     sources: tuple[SourceFacts, ...]
     outputs: tuple[OutputFacts, ...]
     unreadable: str | None = None  # why the files could not all be looked at
+    # recover: every temp and parked source carrying the token in the save's directories
+    token_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +237,12 @@ def _crashed(j: Journal, r: Records, seen: Observed) -> Assessment:
     if seen.unreadable is not None:
         err = RecoverError(seen.unreadable)
         return Assessment(Found.UNREADABLE, err, why=f"{err}; {KEPT_WHY}")
-    # Every refusal an action can meet is decided here, before its first change.
+    # Every refusal an action can meet is decided here, before its first change.  A token
+    # file the journal does not name may hold a source's moved bytes: no action may touch its
+    # save (what a journal may touch is the trust rule's untrusted half).
+    lost = unaccounted(j, seen)
+    if lost is not None:
+        return Assessment(Found.UNREADABLE, lost, why=f"{lost}; {KEPT_WHY}")
     bad: OSError | None = None
     if r.stage is Stage.ROLLING_BACK:
         bad = check_findable(j, seen)
@@ -372,6 +379,17 @@ def check_findable(j: Journal, seen: Observed) -> RecoverError | None:
     return None
 
 
+def unaccounted(j: Journal, seen: Observed) -> RecoverError | None:
+    """A temp or parked source carrying the token that the journal does not name."""
+    named = {j.temp(o) for o, out in enumerate(j.outputs) if not out.direct}
+    named |= {j.parked(s) for s in j.sources}
+    for path in seen.token_files:
+        if path not in named:
+            return RecoverError(f"the journal does not account for {path}, a file carrying "
+                                "this save's token: it may hold a source's bytes")
+    return None
+
+
 def token_files(j: Journal) -> tuple[str, ...]:
     """List the save's directories (and its sources'): the temps and parked sources there
     carrying its token, whatever the journal says."""
@@ -419,8 +437,9 @@ def _facts(path: str, dev: int, ino: int) -> Facts | None:
     return Facts.of(st)
 
 
-def observe(j: Journal) -> Observed:
-    """Look at every name of the save (``lstat``); change nothing."""
+def observe(j: Journal, *, recover: bool = False) -> Observed:
+    """Look at every name of the save (``lstat``; for ``recover``, also list its directories'
+    token files); change nothing."""
     sources: list[SourceFacts] = []
     outputs: list[OutputFacts] = []
     try:
@@ -435,9 +454,10 @@ def observe(j: Journal) -> Observed:
             outputs.append(OutputFacts(None if out.direct else _facts(j.temp(o), out.dev, out.ino),
                                        None if out.discard else _facts(out.final, out.dev,
                                                                        out.ino)))
+        found = token_files(j) if recover else ()
     except OSError as exc:
         return Observed(tuple(sources), tuple(outputs), unreadable=str(exc))
-    return Observed(tuple(sources), tuple(outputs))
+    return Observed(tuple(sources), tuple(outputs), token_files=found)
 
 
 # --- where every byte is (pure) ------------------------------------------------------------

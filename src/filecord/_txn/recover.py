@@ -415,7 +415,7 @@ def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
     j, stage = log_.journal, log_.stage
     records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
                              log_.cuts)
-    seen = assess.observe(j)
+    seen = assess.observe(j, recover=True)
     lost = stage is Stage.MOVING and assess.renamed(j, seen)
     if lost:
         stage = Stage.COMMITTED

@@ -18,7 +18,8 @@ names, never below the last (no truncate runs before its step; one may not reach
 The check stays right before the truncate, so a change made while the step is written is seen.
 
 *Restore* runs it in reverse: copy back to the source's end, ``fsync`` the source, only then
-punch the temp (best effort: the temp is deleted afterwards).
+punch the temp (best effort: the temp is deleted afterwards), never a temp another name links
+to (a user's rescue copy, or a forged journal's file elsewhere: not the save's to change).
 """
 
 from __future__ import annotations
@@ -334,6 +335,8 @@ def _check_holds_data(fd: int, offset: int, n: int, m: MoveSource, src_at: int) 
 
 def _punch_best_effort(fd: int, offset: int, length: int) -> None:
     try:  # frees disk early only: the temp is unlinked right after the rollback
+        if _sys.fstat(fd).st_nlink > 1:  # another name holds these blocks too: not ours
+            return
         _sys.punch_hole(fd, offset, length)
     except OSError as exc:
         log.debug("punch_hole refused (%s); the temp keeps its copy until removed", exc)
