@@ -167,6 +167,34 @@ def test_llama_tokenizer_json_converts_with_the_documented_gap(
             assert differences(model, out, add_space_prefix=prefix, add_bos_token=bos)
 
 
+@pytest.mark.parametrize(("scheme", "add_prefix_space"),
+                         [("never", None), ("never", True), ("first", False)])
+def test_mistral_runs_the_tokenizer_json_prefix_whatever_tokenizer_config_says(
+        tmp_path: Path, scheme: str, add_prefix_space: bool | None) -> None:
+    """transformers 5's AutoTokenizer runs a Mistral's tokenizer.json as written (the class it
+    registers for model_type mistral, TokenizersBackend, wins over tokenizer_config.json's
+    LlamaTokenizer), so the file's Metaspace prepend_scheme decides the prefix, not
+    tokenizer_config.json's add_prefix_space: the GGUF's add_space_prefix follows the file, and
+    llama.cpp tokenizes as transformers ("first": but for the known gap)."""
+    from transformers import AutoTokenizer
+
+    def edit(d: Path) -> None:
+        spec = json.loads((d / "tokenizer.json").read_text())
+        edit_json(d, "tokenizer.json", pre_tokenizer={**spec["pre_tokenizer"],
+                                                      "prepend_scheme": scheme})
+        edit_json(d, "tokenizer_config.json", add_prefix_space=add_prefix_space)
+
+    model = checkpoint(tmp_path, "mistral", "LlamaTokenizer", {}, edit)
+    tok = AutoTokenizer.from_pretrained(model)
+    assert type(tok).__name__ == "TokenizersBackend"
+    assert tok.backend_tokenizer.pre_tokenizer.prepend_scheme == scheme
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    assert {text for text, _, _ in differences(model, out)} == {
+        text for text in STRINGS if scheme == "first" and in_the_gap(text, scheme)}
+
+
 def test_tokenizer_model_without_byte_pieces_is_refused_as_llama_cpp_aborts(tmp_path: Path
                                                                             ) -> None:
     """A SentencePiece model trained without byte fallback: the reference converts it, and

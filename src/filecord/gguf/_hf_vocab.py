@@ -555,32 +555,49 @@ SPM_DECODERS = ({"type": "Sequence", "decoders": _SPM_DECODE},
                     *_SPM_DECODE, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]})
 
 
-# transformers 5 builds these classes' steps itself, whatever tokenizer.json says (its other
-# classes run the file's): Llama's a Metaspace whose scheme its config's add_prefix_space and
-# legacy choose, Gemma's the Replace + Split of its form
-_LLAMA_CLASSES = ("LlamaTokenizer", "LlamaTokenizerFast")
-_GEMMA_CLASSES = ("GemmaTokenizer", "GemmaTokenizerFast")
+# transformers 5 builds LlamaTokenizer's and GemmaTokenizer's steps itself, whatever
+# tokenizer.json says (its other classes run the file's): Llama's a Metaspace whose scheme its
+# config's add_prefix_space and legacy choose, Gemma's the Replace + Split of its form
+# registered classes that run tokenizer.json as written
+_FILE_CLASSES = ("TokenizersBackend", "PythonBackend", "PreTrainedTokenizerFast")
 
 
-def spm_steps(spec: Mapping[str, Any], config: Mapping[str, Any]) -> tuple[Any, Any]:
+def running_class(config: Mapping[str, Any], family: Family) -> str | None:
+    """The tokenizer class transformers 5's AutoTokenizer runs for the folder (None: the
+    file as written), as it decides: tokenizer_config.json's class unless the model_type
+    registers another, which wins when it runs the file or the family's hub classes are
+    known wrong."""
+    said = config.get("tokenizer_class")
+    hub = said.removesuffix("Fast") if isinstance(said, str) else None
+    registered = family.tokenizer_class
+    if registered is None or registered == hub:
+        return hub
+    if registered in _FILE_CLASSES:
+        return None
+    return registered if hub is None or family.hub_class_ignored else hub
+
+
+def spm_steps(spec: Mapping[str, Any], config: Mapping[str, Any], family: Family
+              ) -> tuple[Any, Any]:
     """The (normalizer, pre_tokenizer) transformers runs for a SentencePiece-style
-    ``tokenizer.json`` given its ``tokenizer_config.json``."""
-    cls = config.get("tokenizer_class")
-    if cls in _LLAMA_CLASSES:
+    ``tokenizer.json`` given its ``tokenizer_config.json`` and the model's family."""
+    cls = running_class(config, family)
+    if cls == "LlamaTokenizer":
         scheme = ("never" if config.get("add_prefix_space") is False
                   else "always" if config.get("legacy") else "first")
         return None, {"type": "Metaspace", "replacement": _META, "prepend_scheme": scheme,
                       "split": False}
-    if cls in _GEMMA_CLASSES:
+    if cls == "GemmaTokenizer":
         return SPM_FORMS[1].normalizer, SPM_FORMS[1].pre_tokenizer
     return spec.get("normalizer"), spec.get("pre_tokenizer")
 
 
-def _spm_form(path: str, spec: Mapping[str, Any], config: Mapping[str, Any]) -> SpmForm:
+def _spm_form(path: str, spec: Mapping[str, Any], config: Mapping[str, Any], family: Family
+              ) -> SpmForm:
     """The form of a SentencePiece-style ``tokenizer.json`` as transformers runs it (see
     :data:`SPM_FORMS`), or a refusal naming the step llama.cpp's SentencePiece tokenizer
     would not reproduce."""
-    normalizer, pre = spm_steps(spec, config)
+    normalizer, pre = spm_steps(spec, config, family)
     form = next((f for f in SPM_FORMS if (f.normalizer, f.pre_tokenizer) == (normalizer, pre)),
                 None)
     if form is None:
@@ -617,14 +634,14 @@ def _byte_pieces(path: str, field: str, pieces: Collection[str]) -> None:
                    "without them)")
 
 
-def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any]
+def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any], family: Family
               ) -> tuple[list[KeyValue], SpmForm]:
     """The keys llama.cpp's converter writes from a ``tokenizer.model``, made from the
     ``tokenizer.json`` transformers converted it to (see the module notes), and its form."""
     path = os.path.join(directory, "tokenizer.json")
     config_path = os.path.join(directory, "tokenizer_config.json")
     form = _spm_form(path, spec, check_tokenizer_config(config_path) if exists(config_path)
-                     else {})
+                     else {}, family)
     model = spec["model"]
     vocab: dict[str, int] = model["vocab"]
     if not vocab:
@@ -882,14 +899,16 @@ def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
                             unsaid=said)
         kind = "sentencepiece"
     elif spec is not None and is_spm_json(spec):
-        body, form = _spm_json(directory, vocab_size, spec)
+        body, form = _spm_json(directory, vocab_size, spec, family)
         tail = [kv for kv in _special_kvs(directory, spec, vocab_size, merges=False,
                                           n_vocab=vocab_size, unsaid=("bos", "eos"))
                 if SPM_IMPLIED.get(kv.key, ()) != kv.value]
         # the form decides the prefix (llama.cpp's default is one, which the reference leaves
-        # unwritten unless the family writes it)
-        prefix = form.space_prefix if family.space_prefix is not None or not form.space_prefix \
-            else None
+        # unwritten unless the family writes it, or tokenizer_config.json said otherwise)
+        said_off = any(kv.key == "tokenizer.ggml.add_space_prefix" and kv.value is False
+                       for kv in head)
+        prefix = (None if form.space_prefix and family.space_prefix is None and not said_off
+                  else form.space_prefix)
         kind = "sentencepiece (tokenizer.json)"
     elif spec is not None:
         body = _bpe(directory, vocab_size, spec)
