@@ -26,6 +26,7 @@ from tests.support.hf_models import (  # noqa: E402
     reference_or_skip,
     run_reference,
     saved_spm_json,
+    spm_tokenizer,
     tiny_model,
 )
 
@@ -94,10 +95,11 @@ FORMS: dict[str, tuple[str, str, dict[str, Any], Any]] = {
 }
 
 
-def checkpoint(root: Path, arch: str, cls: str, kwargs: dict[str, Any], edit: Any) -> Path:
+def checkpoint(root: Path, arch: str, cls: str, kwargs: dict[str, Any], edit: Any,
+               user_symbols: tuple[str, ...] = ()) -> Path:
     tok = root / "tok"
     tok.mkdir(parents=True)
-    vocab = saved_spm_json(tok, cls, **kwargs)
+    vocab = saved_spm_json(tok, cls, user_symbols, **kwargs)
     if edit is not None:
         edit(tok)
     model = tiny_model(root / "m", arch=arch, tokenizer="spm", dtype="float32",
@@ -193,6 +195,43 @@ def test_mistral_runs_the_tokenizer_json_prefix_whatever_tokenizer_config_says(
     assert r.returncode == 0, r.stderr
     assert {text for text, _, _ in differences(model, out)} == {
         text for text in STRINGS if scheme == "first" and in_the_gap(text, scheme)}
+
+
+USER = "<|user|>"
+
+
+@pytest.mark.parametrize("source", ["tokenizer.json", "tokenizer.model"])
+def test_sentencepiece_user_defined_piece_is_matched_whole_as_transformers_does(
+        tmp_path: Path, source: str) -> None:
+    """A SentencePiece user-defined piece (transformers 5 saves it as an added token with
+    "special": false, or reads it from the tokenizer.model) is matched whole in text by
+    transformers; it is written USER_DEFINED (4), which llama.cpp matches whole too (a NORMAL
+    piece it would spell in smaller pieces)."""
+    from gguf import GGUFReader
+    from transformers import AutoTokenizer
+
+    model = checkpoint(tmp_path, "llama", "LlamaTokenizer", {},
+                       lambda d: (d / "tokenizer_config.json").write_text(json.dumps(
+                           {**json.loads((d / "tokenizer_config.json").read_text()),
+                            "add_prefix_space": False})),
+                       user_symbols=(USER,))
+    if source == "tokenizer.model":
+        spm_dir = tmp_path / "spm"
+        spm_dir.mkdir()
+        spm_tokenizer(spm_dir, user_symbols=(USER,))
+        (model / "tokenizer.json").unlink()
+        shutil.copy(spm_dir / "tokenizer.model", model / "tokenizer.model")
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    field = GGUFReader(out).fields["tokenizer.ggml.token_type"]
+    assert int(field.parts[field.data[3]][0]) == 4
+    tok = AutoTokenizer.from_pretrained(model)
+    ll = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
+    for text in (USER + "the llama", "the llama " + USER + " moves", "a" + USER):
+        want = tok.encode(text, add_special_tokens=False)
+        assert 3 in want
+        assert ll.tokenize(text.encode(), add_bos=False, special=True) == want, text
 
 
 def test_tokenizer_model_without_byte_pieces_is_refused_as_llama_cpp_aborts(tmp_path: Path

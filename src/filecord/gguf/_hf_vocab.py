@@ -655,6 +655,9 @@ def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any], family: 
                    f"be without gaps")
     _byte_pieces(path, "model.vocab (byte_fallback true)", vocab)
     special = {e["id"] for e in spec.get("added_tokens") or () if e.get("special")}
+    # a SentencePiece user-defined piece: transformers matches it whole in text, as an added
+    # token, and so does llama.cpp for a USER_DEFINED token (a NORMAL one it spells in pieces)
+    user = {e["id"] for e in spec.get("added_tokens") or () if not e.get("special")}
     config = os.path.join(directory, "tokenizer_config.json")
     # transformers 5 leaves the BPE model's unk_token empty and names it in the config
     unk = model.get("unk_token") or (_token_text(config, "unk_token", check_tokenizer_config(
@@ -666,7 +669,8 @@ def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any], family: 
     first = None
     for piece, i in by_id:
         kind = (UNKNOWN if piece == unk else CONTROL if i in special
-                else BYTE if _BYTE_PIECE.match(piece) else NORMAL)
+                else BYTE if _BYTE_PIECE.match(piece) else USER_DEFINED if i in user
+                else NORMAL)
         if kind == NORMAL and first is None:
             first = i
         # the SentencePiece BPE trainer scores a piece minus its rank among the normal ones
@@ -717,9 +721,15 @@ def _spm(directory: str, vocab_size: int) -> list[KeyValue]:
         # embedding reads out of bounds in llama.cpp
         raise UnsupportedModelError(f"{path} has {n} pieces but config.json vocab_size (the "
                                     f"embedding's rows) is {vocab_size}")
+    # transformers matches a user-defined piece whole in text (an added token), as llama.cpp
+    # does a USER_DEFINED token; sentencepiece's processor names that kind only in its proto
+    user = {i for i, piece in enumerate(_import("sentencepiece.sentencepiece_model_pb2")
+                                        .ModelProto.FromString(proc.serialized_model_proto())
+                                        .pieces) if piece.type == USER_DEFINED}
     for i in range(min(n, vocab_size)):
         kind = (UNKNOWN if proc.IsUnknown(i) else CONTROL if proc.IsControl(i)
-                else UNUSED if proc.IsUnused(i) else BYTE if proc.IsByte(i) else NORMAL)
+                else UNUSED if proc.IsUnused(i) else BYTE if proc.IsByte(i)
+                else USER_DEFINED if i in user else NORMAL)
         tokens[i], scores[i], types[i] = proc.IdToPiece(i), float(proc.GetScore(i)), kind
     _byte_pieces(path, "", [t for t, k in zip(tokens, types, strict=True) if k == BYTE])
     return _spm_keys(directory, vocab_size, tokens, scores, types)
