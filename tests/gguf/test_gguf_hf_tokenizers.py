@@ -234,6 +234,29 @@ def test_sentencepiece_user_defined_piece_is_matched_whole_as_transformers_does(
         assert ll.tokenize(text.encode(), add_bos=False, special=True) == want, text
 
 
+@pytest.mark.parametrize("add_bos", [None, True, False])
+def test_tokenizer_model_alone_adds_a_bos_only_where_tokenizer_config_says(
+        tmp_path: Path, add_bos: bool | None) -> None:
+    """A tokenizer.model with no tokenizer.json: transformers 5 adds a BOS only where
+    tokenizer_config.json's add_bos_token says so (not when the key is absent), and the GGUF
+    says the same to llama.cpp, whose SentencePiece default adds one."""
+    from transformers import AutoTokenizer
+
+    model = tiny_model(tmp_path / "m", arch="llama", tokenizer="spm")
+    config = {"tokenizer_class": "LlamaTokenizer"}
+    if add_bos is not None:
+        config["add_bos_token"] = add_bos  # type: ignore[assignment]
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    tok = AutoTokenizer.from_pretrained(model)
+    ll = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
+    want = tok.encode("the llama", add_special_tokens=True)
+    assert (want[0] == 1) is bool(add_bos)
+    assert ll.tokenize(b"the llama", add_bos=True, special=True) == want
+
+
 def test_tokenizer_model_without_byte_pieces_is_refused_as_llama_cpp_aborts(tmp_path: Path
                                                                             ) -> None:
     """A SentencePiece model trained without byte fallback: the reference converts it, and

@@ -395,7 +395,8 @@ def _special_kvs(directory: str, spec: Mapping[str, Any] | None, vocab_size: int
     adds = post_processor_adds(spec, config)
     _same_specials(spec, adds, kvs)
     for typ in unsaid:
-        adds.setdefault(typ, False)
+        # with no tokenizer.json, transformers 5 adds what tokenizer_config.json says, only
+        adds.setdefault(typ, spec is None and config.get(f"add_{typ}_token") is True)
     for typ, flag in adds.items():
         key = f"tokenizer.ggml.add_{typ}_token"
         kvs[key] = KeyValue(key, ValueType.BOOL, flag)
@@ -903,8 +904,10 @@ def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
     if exists(os.path.join(directory, "tokenizer.model")):
         body = _spm(directory, vocab_size)
         _same_pieces(directory, spec)
-        # beside it, transformers runs the tokenizer.json's post-processor
-        said = ("bos",) if spec is not None and spec.get("post_processor") else ()
+        # beside it, transformers runs the tokenizer.json's post-processor; without one it
+        # adds a BOS only where tokenizer_config.json says add_bos_token (llama.cpp's
+        # SentencePiece default adds one unless told)
+        said = ("bos",) if spec is None or spec.get("post_processor") else ()
         tail = _special_kvs(directory, spec, vocab_size, merges=False, n_vocab=vocab_size,
                             unsaid=said)
         kind = "sentencepiece"
