@@ -351,6 +351,30 @@ def test_ignore_merges_converts_where_it_cannot_change_a_token(
             text, add_special_tokens=False), text
 
 
+def test_ignore_merges_does_not_count_added_tokens_the_merges_do_not_build(
+        bpe: Path, tmp_path: Path) -> None:
+    """A special token in the vocabulary (as tokenizers' BpeTrainer puts it) is matched whole
+    before the pre-tokenizer by transformers and llama.cpp, so a merge that does not build it
+    cannot make ignore_merges matter: it converts, and both tokenize alike."""
+    model = bpe_copy(bpe, tmp_path, ignore_merges=False)
+    path = model / "tokenizer.json"
+    spec = json.loads(path.read_text())
+    special = spec["added_tokens"][0]
+    spec["model"]["vocab"][special["content"]] = special["id"]
+    path.write_text(json.dumps(spec))
+    assert [m for m in spec["model"]["merges"] if "".join(m) == special["content"]] == []
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    ll = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
+    for text in (special["content"], f"the {special['content']} file", *STRINGS):
+        assert ll.tokenize(text.encode(), add_bos=False, special=True) == tok.encode(
+            text, add_special_tokens=False), text
+
+
 @pytest.mark.parametrize(("change", "says"), [
     ({"end_of_word_suffix": "</w>"}, "tokenizer.json: model.end_of_word_suffix: '</w>': "
                                      "llama.cpp's BPE tokenizer has none"),

@@ -848,8 +848,10 @@ def _bpe_steps(path: str, spec: Mapping[str, Any], pre: str, tok: Any) -> None:
     # the flag changes a token only for a word that is a piece the merges do not build: with
     # none, both rules give the same tokens (proved piece by piece, merges applied)
     tok.model.ignore_merges = False
+    # an added token is matched whole before the pre-tokenizer (in both), never built by merges
+    added = {e["content"] for e in spec.get("added_tokens") or ()}
     for piece in model["vocab"]:
-        if [t.value for t in tok.model.tokenize(piece)] != [piece]:
+        if piece not in added and [t.value for t in tok.model.tokenize(piece)] != [piece]:
             raise _bad(path, "model.ignore_merges", f"{json.dumps(ignores)}, but llama.cpp's "
                        f"{pre!r} pre-tokenizer {'skips' if not ignores else 'applies'} the "
                        f"merges for a word that is a piece, and the merges do not build the "
