@@ -26,6 +26,7 @@ from tests.support.hf_models import (  # noqa: E402
     reference_or_skip,
     run_reference,
     saved_spm_json,
+    spm_tokenizer,
     tiny_model,
 )
 
@@ -94,10 +95,11 @@ FORMS: dict[str, tuple[str, str, dict[str, Any], Any]] = {
 }
 
 
-def checkpoint(root: Path, arch: str, cls: str, kwargs: dict[str, Any], edit: Any) -> Path:
+def checkpoint(root: Path, arch: str, cls: str, kwargs: dict[str, Any], edit: Any,
+               user_symbols: tuple[str, ...] = ()) -> Path:
     tok = root / "tok"
     tok.mkdir(parents=True)
-    vocab = saved_spm_json(tok, cls, **kwargs)
+    vocab = saved_spm_json(tok, cls, user_symbols, **kwargs)
     if edit is not None:
         edit(tok)
     model = tiny_model(root / "m", arch=arch, tokenizer="spm", dtype="float32",
@@ -165,6 +167,94 @@ def test_llama_tokenizer_json_converts_with_the_documented_gap(
     for prefix in (True, False):
         for bos in (True, False):
             assert differences(model, out, add_space_prefix=prefix, add_bos_token=bos)
+
+
+@pytest.mark.parametrize(("scheme", "add_prefix_space"),
+                         [("never", None), ("never", True), ("first", False)])
+def test_mistral_runs_the_tokenizer_json_prefix_whatever_tokenizer_config_says(
+        tmp_path: Path, scheme: str, add_prefix_space: bool | None) -> None:
+    """transformers 5's AutoTokenizer runs a Mistral's tokenizer.json as written (the class it
+    registers for model_type mistral, TokenizersBackend, wins over tokenizer_config.json's
+    LlamaTokenizer), so the file's Metaspace prepend_scheme decides the prefix, not
+    tokenizer_config.json's add_prefix_space: the GGUF's add_space_prefix follows the file, and
+    llama.cpp tokenizes as transformers ("first": but for the known gap)."""
+    from transformers import AutoTokenizer
+
+    def edit(d: Path) -> None:
+        spec = json.loads((d / "tokenizer.json").read_text())
+        edit_json(d, "tokenizer.json", pre_tokenizer={**spec["pre_tokenizer"],
+                                                      "prepend_scheme": scheme})
+        edit_json(d, "tokenizer_config.json", add_prefix_space=add_prefix_space)
+
+    model = checkpoint(tmp_path, "mistral", "LlamaTokenizer", {}, edit)
+    tok = AutoTokenizer.from_pretrained(model)
+    assert type(tok).__name__ == "TokenizersBackend"
+    assert tok.backend_tokenizer.pre_tokenizer.prepend_scheme == scheme
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    assert {text for text, _, _ in differences(model, out)} == {
+        text for text in STRINGS if scheme == "first" and in_the_gap(text, scheme)}
+
+
+USER = "<|user|>"
+
+
+@pytest.mark.parametrize("source", ["tokenizer.json", "tokenizer.model"])
+def test_sentencepiece_user_defined_piece_is_matched_whole_as_transformers_does(
+        tmp_path: Path, source: str) -> None:
+    """A SentencePiece user-defined piece (transformers 5 saves it as an added token with
+    "special": false, or reads it from the tokenizer.model) is matched whole in text by
+    transformers; it is written USER_DEFINED (4), which llama.cpp matches whole too (a NORMAL
+    piece it would spell in smaller pieces)."""
+    from gguf import GGUFReader
+    from transformers import AutoTokenizer
+
+    model = checkpoint(tmp_path, "llama", "LlamaTokenizer", {},
+                       lambda d: (d / "tokenizer_config.json").write_text(json.dumps(
+                           {**json.loads((d / "tokenizer_config.json").read_text()),
+                            "add_prefix_space": False})),
+                       user_symbols=(USER,))
+    if source == "tokenizer.model":
+        spm_dir = tmp_path / "spm"
+        spm_dir.mkdir()
+        spm_tokenizer(spm_dir, user_symbols=(USER,))
+        (model / "tokenizer.json").unlink()
+        shutil.copy(spm_dir / "tokenizer.model", model / "tokenizer.model")
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    field = GGUFReader(out).fields["tokenizer.ggml.token_type"]
+    assert int(field.parts[field.data[3]][0]) == 4
+    tok = AutoTokenizer.from_pretrained(model)
+    ll = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
+    for text in (USER + "the llama", "the llama " + USER + " moves", "a" + USER):
+        want = tok.encode(text, add_special_tokens=False)
+        assert 3 in want
+        assert ll.tokenize(text.encode(), add_bos=False, special=True) == want, text
+
+
+@pytest.mark.parametrize("add_bos", [None, True, False])
+def test_tokenizer_model_alone_adds_a_bos_only_where_tokenizer_config_says(
+        tmp_path: Path, add_bos: bool | None) -> None:
+    """A tokenizer.model with no tokenizer.json: transformers 5 adds a BOS only where
+    tokenizer_config.json's add_bos_token says so (not when the key is absent), and the GGUF
+    says the same to llama.cpp, whose SentencePiece default adds one."""
+    from transformers import AutoTokenizer
+
+    model = tiny_model(tmp_path / "m", arch="llama", tokenizer="spm")
+    config = {"tokenizer_class": "LlamaTokenizer"}
+    if add_bos is not None:
+        config["add_bos_token"] = add_bos  # type: ignore[assignment]
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    tok = AutoTokenizer.from_pretrained(model)
+    ll = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
+    want = tok.encode("the llama", add_special_tokens=True)
+    assert (want[0] == 1) is bool(add_bos)
+    assert ll.tokenize(b"the llama", add_bos=True, special=True) == want
 
 
 def test_tokenizer_model_without_byte_pieces_is_refused_as_llama_cpp_aborts(tmp_path: Path
@@ -257,6 +347,30 @@ def test_ignore_merges_converts_where_it_cannot_change_a_token(
     tok = AutoTokenizer.from_pretrained(model)
     ll = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
     for text in (word, f"the{word}.", *STRINGS):
+        assert ll.tokenize(text.encode(), add_bos=False, special=True) == tok.encode(
+            text, add_special_tokens=False), text
+
+
+def test_ignore_merges_does_not_count_added_tokens_the_merges_do_not_build(
+        bpe: Path, tmp_path: Path) -> None:
+    """A special token in the vocabulary (as tokenizers' BpeTrainer puts it) is matched whole
+    before the pre-tokenizer by transformers and llama.cpp, so a merge that does not build it
+    cannot make ignore_merges matter: it converts, and both tokenize alike."""
+    model = bpe_copy(bpe, tmp_path, ignore_merges=False)
+    path = model / "tokenizer.json"
+    spec = json.loads(path.read_text())
+    special = spec["added_tokens"][0]
+    spec["model"]["vocab"][special["content"]] = special["id"]
+    path.write_text(json.dumps(spec))
+    assert [m for m in spec["model"]["merges"] if "".join(m) == special["content"]] == []
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    ll = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
+    for text in (special["content"], f"the {special['content']} file", *STRINGS):
         assert ll.tokenize(text.encode(), add_bos=False, special=True) == tok.encode(
             text, add_special_tokens=False), text
 

@@ -25,9 +25,10 @@ def corpus(lines: int = 400, seed: int = 7) -> list[str]:
 
 
 def spm_tokenizer(directory: Path, vocab_size: int = 320, *, dummy_prefix: bool = True,
-                  tokenizer_class: str = "LlamaTokenizer", byte_fallback: bool = True) -> int:
-    """A SentencePiece BPE model (with byte fallback unless told); returns its vocabulary
-    size."""
+                  tokenizer_class: str = "LlamaTokenizer", byte_fallback: bool = True,
+                  user_symbols: tuple[str, ...] = ()) -> int:
+    """A SentencePiece BPE model (with byte fallback unless told; ``user_symbols`` its
+    user-defined pieces, after the unknown, BOS and EOS); returns its vocabulary size."""
     import sentencepiece as spm
 
     text = directory / "corpus.txt"
@@ -35,7 +36,8 @@ def spm_tokenizer(directory: Path, vocab_size: int = 320, *, dummy_prefix: bool 
     spm.SentencePieceTrainer.train(
         input=str(text), model_prefix=str(directory / "tokenizer"), vocab_size=vocab_size,
         model_type="bpe", byte_fallback=byte_fallback, character_coverage=1.0, bos_id=1, eos_id=2,
-        unk_id=0, pad_id=-1, minloglevel=2, add_dummy_prefix=dummy_prefix)
+        unk_id=0, pad_id=-1, minloglevel=2, add_dummy_prefix=dummy_prefix,
+        user_defined_symbols=list(user_symbols))
     text.unlink()
     (directory / "tokenizer.vocab").unlink()
     (directory / "tokenizer_config.json").write_text(json.dumps({
@@ -98,14 +100,15 @@ PREPEND_REPLACE = {"type": "Sequence", "normalizers": [
     {"type": "Replace", "pattern": {"String": " "}, "content": META}]}
 
 
-def saved_spm_json(directory: Path, cls: str = "AutoTokenizer", **kwargs: Any) -> int:
+def saved_spm_json(directory: Path, cls: str = "AutoTokenizer",
+                   user_symbols: tuple[str, ...] = (), **kwargs: Any) -> int:
     """A SentencePiece tokenizer as transformers 5 saves it (``cls``, e.g. ``LlamaTokenizer``
     with ``legacy``, or ``GemmaTokenizer``): ``tokenizer.json`` (a byte-fallback BPE) and its
     ``tokenizer_config.json``, no ``tokenizer.model``; returns its size with added tokens."""
     import transformers
 
     spm_tokenizer(directory, tokenizer_class="GemmaTokenizer" if "Gemma" in cls
-                  else "LlamaTokenizer")
+                  else "LlamaTokenizer", user_symbols=user_symbols)
     tok = getattr(transformers, cls).from_pretrained(directory, **kwargs)
     (directory / "tokenizer.model").unlink()
     (directory / "tokenizer_config.json").unlink()

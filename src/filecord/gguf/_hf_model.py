@@ -155,6 +155,11 @@ class Family:
     window_default: int | None = None  # sliding_window when the key is absent (not null)
     space_prefix: bool | None = None  # tokenizer.ggml.add_space_prefix for a SentencePiece
     prefix_from_config: bool = False  # ... or tokenizer_config.json's add_prefix_space
+    # the tokenizer class transformers 5's AutoTokenizer registers for the model_type (None:
+    # none, so tokenizer_config.json's tokenizer_class runs); "TokenizersBackend" runs
+    # tokenizer.json as written whatever class tokenizer_config.json names
+    tokenizer_class: str | None = None
+    hub_class_ignored: bool = False  # transformers runs tokenizer_class over the file's class
     act_key: str = "hidden_act"  # the config key transformers' class reads its activation from
     swa_every: int = 0  # Window.KEY: llama.cpp makes layer i local when (i + 1) % swa_every
     # query_pre_attn_scalar llama.cpp assumes: head_dim, or hidden/heads at these layer counts
@@ -170,21 +175,23 @@ FAMILIES: tuple[Family, ...] = (
            {}, Bias.IGNORED, rope_permute=True, head_dim=HeadDim.FILLED,
            window=Window.CAP, activations=("silu",), tied_default=False, llama_keys=True,
            prefix_from_config=True, ctx_default=4096 * 32, window_default=4096,
-           kv_heads_default=8),
+           kv_heads_default=8, tokenizer_class="TokenizersBackend"),
     Family("qwen2", ("Qwen2ForCausalLM",), "qwen2", {**_ATTN, **_FFN_NORM}, _QKV_BIAS,
            Bias.QKV, rope_permute=False, head_dim=HeadDim.OPTIONAL, window=Window.REFUSED,
            activations=("silu",), tied_default=False, ctx_default=32768,
-           kv_heads_default=32),
+           kv_heads_default=32, tokenizer_class="Qwen2Tokenizer", hub_class_ignored=True),
     Family("qwen3", ("Qwen3ForCausalLM",), "qwen3", {**_ATTN, **_FFN_NORM, **_QK_NORM},
            {}, Bias.NONE, rope_permute=False,
            head_dim=HeadDim.REQUIRED, window=Window.REFUSED, activations=("silu",),
-           tied_default=False, ctx_default=32768, kv_heads_default=32),
+           tied_default=False, ctx_default=32768, kv_heads_default=32,
+           tokenizer_class="Qwen2Tokenizer"),
     Family("gemma2", ("Gemma2ForCausalLM",), "gemma2", {**_ATTN, **_SANDWICH}, {},
            Bias.NONE, rope_permute=False, head_dim=HeadDim.REQUIRED, window=Window.KEY,
            activations=("gelu_pytorch_tanh",), tied_default=True, norm_shift=True,
            softcap=True, drop={"lm_head.weight": "model.embed_tokens.weight"},
            rope_key=False, space_prefix=False, act_key="hidden_activation",
-           swa_every=2, wide_scale_layers=(46,), ctx_default=8192, kv_heads_default=4),
+           swa_every=2, wide_scale_layers=(46,), ctx_default=8192, kv_heads_default=4,
+           tokenizer_class="GemmaTokenizer"),
 )
 
 

@@ -395,7 +395,8 @@ def _special_kvs(directory: str, spec: Mapping[str, Any] | None, vocab_size: int
     adds = post_processor_adds(spec, config)
     _same_specials(spec, adds, kvs)
     for typ in unsaid:
-        adds.setdefault(typ, False)
+        # with no tokenizer.json, transformers 5 adds what tokenizer_config.json says, only
+        adds.setdefault(typ, spec is None and config.get(f"add_{typ}_token") is True)
     for typ, flag in adds.items():
         key = f"tokenizer.ggml.add_{typ}_token"
         kvs[key] = KeyValue(key, ValueType.BOOL, flag)
@@ -555,32 +556,49 @@ SPM_DECODERS = ({"type": "Sequence", "decoders": _SPM_DECODE},
                     *_SPM_DECODE, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]})
 
 
-# transformers 5 builds these classes' steps itself, whatever tokenizer.json says (its other
-# classes run the file's): Llama's a Metaspace whose scheme its config's add_prefix_space and
-# legacy choose, Gemma's the Replace + Split of its form
-_LLAMA_CLASSES = ("LlamaTokenizer", "LlamaTokenizerFast")
-_GEMMA_CLASSES = ("GemmaTokenizer", "GemmaTokenizerFast")
+# transformers 5 builds LlamaTokenizer's and GemmaTokenizer's steps itself, whatever
+# tokenizer.json says (its other classes run the file's): Llama's a Metaspace whose scheme its
+# config's add_prefix_space and legacy choose, Gemma's the Replace + Split of its form
+# registered classes that run tokenizer.json as written
+_FILE_CLASSES = ("TokenizersBackend", "PythonBackend", "PreTrainedTokenizerFast")
 
 
-def spm_steps(spec: Mapping[str, Any], config: Mapping[str, Any]) -> tuple[Any, Any]:
+def running_class(config: Mapping[str, Any], family: Family) -> str | None:
+    """The tokenizer class transformers 5's AutoTokenizer runs for the folder (None: the
+    file as written), as it decides: tokenizer_config.json's class unless the model_type
+    registers another, which wins when it runs the file or the family's hub classes are
+    known wrong."""
+    said = config.get("tokenizer_class")
+    hub = said.removesuffix("Fast") if isinstance(said, str) else None
+    registered = family.tokenizer_class
+    if registered is None or registered == hub:
+        return hub
+    if registered in _FILE_CLASSES:
+        return None
+    return registered if hub is None or family.hub_class_ignored else hub
+
+
+def spm_steps(spec: Mapping[str, Any], config: Mapping[str, Any], family: Family
+              ) -> tuple[Any, Any]:
     """The (normalizer, pre_tokenizer) transformers runs for a SentencePiece-style
-    ``tokenizer.json`` given its ``tokenizer_config.json``."""
-    cls = config.get("tokenizer_class")
-    if cls in _LLAMA_CLASSES:
+    ``tokenizer.json`` given its ``tokenizer_config.json`` and the model's family."""
+    cls = running_class(config, family)
+    if cls == "LlamaTokenizer":
         scheme = ("never" if config.get("add_prefix_space") is False
                   else "always" if config.get("legacy") else "first")
         return None, {"type": "Metaspace", "replacement": _META, "prepend_scheme": scheme,
                       "split": False}
-    if cls in _GEMMA_CLASSES:
+    if cls == "GemmaTokenizer":
         return SPM_FORMS[1].normalizer, SPM_FORMS[1].pre_tokenizer
     return spec.get("normalizer"), spec.get("pre_tokenizer")
 
 
-def _spm_form(path: str, spec: Mapping[str, Any], config: Mapping[str, Any]) -> SpmForm:
+def _spm_form(path: str, spec: Mapping[str, Any], config: Mapping[str, Any], family: Family
+              ) -> SpmForm:
     """The form of a SentencePiece-style ``tokenizer.json`` as transformers runs it (see
     :data:`SPM_FORMS`), or a refusal naming the step llama.cpp's SentencePiece tokenizer
     would not reproduce."""
-    normalizer, pre = spm_steps(spec, config)
+    normalizer, pre = spm_steps(spec, config, family)
     form = next((f for f in SPM_FORMS if (f.normalizer, f.pre_tokenizer) == (normalizer, pre)),
                 None)
     if form is None:
@@ -617,14 +635,14 @@ def _byte_pieces(path: str, field: str, pieces: Collection[str]) -> None:
                    "without them)")
 
 
-def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any]
+def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any], family: Family
               ) -> tuple[list[KeyValue], SpmForm]:
     """The keys llama.cpp's converter writes from a ``tokenizer.model``, made from the
     ``tokenizer.json`` transformers converted it to (see the module notes), and its form."""
     path = os.path.join(directory, "tokenizer.json")
     config_path = os.path.join(directory, "tokenizer_config.json")
     form = _spm_form(path, spec, check_tokenizer_config(config_path) if exists(config_path)
-                     else {})
+                     else {}, family)
     model = spec["model"]
     vocab: dict[str, int] = model["vocab"]
     if not vocab:
@@ -638,6 +656,9 @@ def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any]
                    f"be without gaps")
     _byte_pieces(path, "model.vocab (byte_fallback true)", vocab)
     special = {e["id"] for e in spec.get("added_tokens") or () if e.get("special")}
+    # a SentencePiece user-defined piece: transformers matches it whole in text, as an added
+    # token, and so does llama.cpp for a USER_DEFINED token (a NORMAL one it spells in pieces)
+    user = {e["id"] for e in spec.get("added_tokens") or () if not e.get("special")}
     config = os.path.join(directory, "tokenizer_config.json")
     # transformers 5 leaves the BPE model's unk_token empty and names it in the config
     unk = model.get("unk_token") or (_token_text(config, "unk_token", check_tokenizer_config(
@@ -649,7 +670,8 @@ def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any]
     first = None
     for piece, i in by_id:
         kind = (UNKNOWN if piece == unk else CONTROL if i in special
-                else BYTE if _BYTE_PIECE.match(piece) else NORMAL)
+                else BYTE if _BYTE_PIECE.match(piece) else USER_DEFINED if i in user
+                else NORMAL)
         if kind == NORMAL and first is None:
             first = i
         # the SentencePiece BPE trainer scores a piece minus its rank among the normal ones
@@ -700,9 +722,15 @@ def _spm(directory: str, vocab_size: int) -> list[KeyValue]:
         # embedding reads out of bounds in llama.cpp
         raise UnsupportedModelError(f"{path} has {n} pieces but config.json vocab_size (the "
                                     f"embedding's rows) is {vocab_size}")
+    # transformers matches a user-defined piece whole in text (an added token), as llama.cpp
+    # does a USER_DEFINED token; sentencepiece's processor names that kind only in its proto
+    user = {i for i, piece in enumerate(_import("sentencepiece.sentencepiece_model_pb2")
+                                        .ModelProto.FromString(proc.serialized_model_proto())
+                                        .pieces) if piece.type == USER_DEFINED}
     for i in range(min(n, vocab_size)):
         kind = (UNKNOWN if proc.IsUnknown(i) else CONTROL if proc.IsControl(i)
-                else UNUSED if proc.IsUnused(i) else BYTE if proc.IsByte(i) else NORMAL)
+                else UNUSED if proc.IsUnused(i) else BYTE if proc.IsByte(i)
+                else USER_DEFINED if i in user else NORMAL)
         tokens[i], scores[i], types[i] = proc.IdToPiece(i), float(proc.GetScore(i)), kind
     _byte_pieces(path, "", [t for t, k in zip(tokens, types, strict=True) if k == BYTE])
     return _spm_keys(directory, vocab_size, tokens, scores, types)
@@ -820,8 +848,10 @@ def _bpe_steps(path: str, spec: Mapping[str, Any], pre: str, tok: Any) -> None:
     # the flag changes a token only for a word that is a piece the merges do not build: with
     # none, both rules give the same tokens (proved piece by piece, merges applied)
     tok.model.ignore_merges = False
+    # an added token is matched whole before the pre-tokenizer (in both), never built by merges
+    added = {e["content"] for e in spec.get("added_tokens") or ()}
     for piece in model["vocab"]:
-        if [t.value for t in tok.model.tokenize(piece)] != [piece]:
+        if piece not in added and [t.value for t in tok.model.tokenize(piece)] != [piece]:
             raise _bad(path, "model.ignore_merges", f"{json.dumps(ignores)}, but llama.cpp's "
                        f"{pre!r} pre-tokenizer {'skips' if not ignores else 'applies'} the "
                        f"merges for a word that is a piece, and the merges do not build the "
@@ -876,20 +906,24 @@ def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
     if exists(os.path.join(directory, "tokenizer.model")):
         body = _spm(directory, vocab_size)
         _same_pieces(directory, spec)
-        # beside it, transformers runs the tokenizer.json's post-processor
-        said = ("bos",) if spec is not None and spec.get("post_processor") else ()
+        # beside it, transformers runs the tokenizer.json's post-processor; without one it
+        # adds a BOS only where tokenizer_config.json says add_bos_token (llama.cpp's
+        # SentencePiece default adds one unless told)
+        said = ("bos",) if spec is None or spec.get("post_processor") else ()
         tail = _special_kvs(directory, spec, vocab_size, merges=False, n_vocab=vocab_size,
                             unsaid=said)
         kind = "sentencepiece"
     elif spec is not None and is_spm_json(spec):
-        body, form = _spm_json(directory, vocab_size, spec)
+        body, form = _spm_json(directory, vocab_size, spec, family)
         tail = [kv for kv in _special_kvs(directory, spec, vocab_size, merges=False,
                                           n_vocab=vocab_size, unsaid=("bos", "eos"))
                 if SPM_IMPLIED.get(kv.key, ()) != kv.value]
         # the form decides the prefix (llama.cpp's default is one, which the reference leaves
-        # unwritten unless the family writes it)
-        prefix = form.space_prefix if family.space_prefix is not None or not form.space_prefix \
-            else None
+        # unwritten unless the family writes it, or tokenizer_config.json said otherwise)
+        said_off = any(kv.key == "tokenizer.ggml.add_space_prefix" and kv.value is False
+                       for kv in head)
+        prefix = (None if form.space_prefix and family.space_prefix is None and not said_off
+                  else form.space_prefix)
         kind = "sentencepiece (tokenizer.json)"
     elif spec is not None:
         body = _bpe(directory, vocab_size, spec)
