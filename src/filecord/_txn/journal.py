@@ -433,8 +433,11 @@ def read_log(data: bytes) -> Log:
     j, lines, torn, start = _head(data)
     heads = 1 if len(lines) > 1 and _checks(lines[1]) and not _is_head(lines[1]) else 2
     rest = lines[heads:]
+    # A flip inside the second copy leaves it as long as the first (the first then serves);
+    # one that merged it with the next line, or split it, is damage once a later record checks.
     if len(lines) > 1 and not _checks(lines[1]) and (
-        _overlong(lines[1]) or any(_checks(line) for line in rest)
+        _overlong(lines[1])
+        or (len(lines[1]) != len(lines[0]) and any(_checks(line) for line in rest))
     ):
         raise JournalDamagedError("the journal is damaged: the second copy of its head does "
                                   "not check out, and a later record does")
