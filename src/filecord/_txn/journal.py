@@ -445,7 +445,9 @@ def read_log(data: bytes) -> Log:
     if r.damage is not None:
         raise JournalDamagedError(f"the journal is damaged: {r.damage}")
     tail = data[data.rfind(b"\n") + 1:]
-    if torn and _overlong(tail):
+    if torn and _overlong(tail) and _checks(tail[:42 + int(tail[:8], 16)]):
+        # a whole record and more (no crash appends past a record); a half-written one padded
+        # with zeros (unsynced data after a power cut) is a torn tail
         raise JournalDamagedError("the journal is damaged: bytes follow its last record")
     try:
         log = _steps(j, r.records)

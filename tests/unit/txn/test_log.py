@@ -370,3 +370,13 @@ def test_a_version_4_journal_as_the_release_before_wrote_it_is_named_older_not_d
     with pytest.raises(journal.JournalVersionError,
                        match=r"an older filecord \(journal version 4\)"):
         journal.read_log(b"filecord-journal 4\n" + framed + framed + moving)
+
+
+def test_a_last_record_half_written_and_zero_padded_is_a_torn_tail() -> None:
+    """After a power cut an unsynced append can come back as its first half and zeros to its
+    full length (the size reached the disk, not all the data): a torn tail, not damage."""
+    last = journal.encode_cut(A_KEY, 8192)
+    head = journal.encode(record())
+    padded = last[:len(last) // 2] + b"\0" * (len(last) - len(last) // 2)
+    log = journal.read_log(head + padded)
+    assert (log.torn, dict(log.cuts)) == (True, {})
