@@ -467,6 +467,17 @@ REFUSED = {
         lambda b: b.__setitem__("sources", [b["sources"][1], b["sources"][0], b["sources"][2]])),
     "source-listed-twice": _each_head(lambda b: b["sources"].append(dict(source(b, "S.bin")))),
     "version-2": _each_head(lambda b: b.__setitem__("version", 2)),
+    # strict journal (version 5): a field no save writes is damage; the cut steps gone, the
+    # parked source's size is proven by no record
+    "extra-field": _each_head(lambda b: b.__setitem__("extra", 1)),
+    "moved-removed": lambda r: r.__delitem__(slice(2, None)),
+}
+# Journals that check, played back under the trust rule (decide.py): what they touch stays
+# within the save; recover ends with an answer, never an internal error or a change elsewhere.
+PLAYED_BACK = {
+    "committed-mid-move": REFUSED.pop("committed-mid-move"),
+    "window-huge": REFUSED.pop("window-huge"),
+    "source-listed-twice": REFUSED.pop("source-listed-twice"),
 }
 
 
@@ -481,16 +492,26 @@ def test_crafted_journal_is_refused_and_nothing_changes(tmp_path: Path, case: st
     assert full_snap(d) == before
 
 
-@pytest.mark.parametrize("case", ["moved-duplicated", "moved-n-negative", "moved-removed",
-                                  "head-copy-dropped", "extra-field"])
+@pytest.mark.parametrize("case", sorted(PLAYED_BACK))
+def test_crafted_journal_that_checks_is_played_back_within_the_save(tmp_path: Path,
+                                                                     case: str) -> None:
+    d, _files, journal = killed(tmp_path, "t", 7, KILL_MID_S)
+    bystander = tmp_path / "bystander.bin"
+    bystander.write_bytes(b"not the save's")
+    rewrite(journal, PLAYED_BACK[case])
+    rc, out = cli_recover(d)
+    assert rc in (0, 1), out
+    assert "internal error" not in out, out
+    assert bystander.read_bytes() == b"not the save's"
+
+
+@pytest.mark.parametrize("case", ["moved-duplicated", "moved-n-negative", "head-copy-dropped"])
 def test_crafted_but_harmless_journal_rolls_back_exactly(tmp_path: Path, case: str) -> None:
     d, files, journal = killed(tmp_path, "t", 7, KILL_MID_S)
     edits: dict[str, Callable[[list[dict[str, Any]]], None]] = {
         "moved-duplicated": _moved(1),
         "moved-n-negative": _moved(-1),
-        "moved-removed": lambda r: r.__delitem__(slice(2, None)),
         "head-copy-dropped": lambda r: r.__delitem__(1),
-        "extra-field": _each_head(lambda b: b.__setitem__("extra", 1)),
     }
     rewrite(journal, edits[case])
     rc, out = cli_recover(d)

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field, replace
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
+from filecord._plan.plan import cover
 from filecord._plan.types import BLOCK, MoveSource, PieceRef
 from filecord._txn.stages import Stage, may_follow
 from filecord.errors import RecoverError
@@ -587,6 +588,13 @@ def _confine_source(j: Journal, s: JournalSource, journal_path: str) -> None:
                     or s.dests[0].length != s.size or s.dests[0].out_offset % BLOCK):
         raise JournalDamagedError(f"{journal_path}: {s.path}: an adopted source must be "
                                   "one whole range at a block-aligned offset")
+    if not s.adopt and s.run_start < s.size:
+        try:  # a rollback puts back every byte above the kept prefix from where these say
+            cover(s.dests, s.run_start, s.size)
+        except ValueError:
+            raise JournalDamagedError(f"{journal_path}: {s.path}: its ranges do not hold the "
+                                      f"bytes its move takes ({s.run_start} to {s.size})"
+                                      ) from None
     for d in s.dests:
         out = j.outputs[d.output] if 0 <= d.output < len(j.outputs) else None
         if (out is None or out.direct or min(d.length, d.src_offset, d.out_offset) < 0
