@@ -202,24 +202,20 @@ def _finish(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row FINISH: after the commit point nothing is undone; recover finishes (or, without a
     journal, the one rename was the commit and only its directory's fsync failed)."""
     _close(txn, notes)
-    if txn.journal_path is not None and txn.stage is Stage.RENAMED:
-        # Every output is under its final name: the save succeeded; only its clean-up did not
-        # (``committed``: the CLI exits 0 with this as a warning).
-        drop_locks(txn, remove=False)
-        notes.append(f"every output is complete under its final name; run `filecord recover "
-                     f"{txn.journal_path}` to remove what is left of the consumed sources and "
-                     "the journal")
-        _raise(f.exc, f"saving {f.names} committed, but cleaning up after its commit point failed",
-               notes,
-               journal_path=txn.journal_path, committed=True)
     if txn.journal_path is not None:
+        # RENAMED: every output is under its final name, so the save succeeded and only its
+        # clean-up did not (``committed``: the CLI exits 0 with this as a warning).
+        renamed = txn.stage is Stage.RENAMED
         drop_locks(txn, remove=False)
-        notes.append(
-            f"the outputs are complete; run `filecord recover {txn.journal_path}` to "
-            "finish moving them to their final names and removing the consumed sources"
-        )
-        _raise(f.exc, f"saving {f.names} failed after its commit point", notes,
-               journal_path=txn.journal_path)
+        left = ("every output is complete under its final name; run `filecord recover {}` to "
+                "remove what is left of the consumed sources and the journal" if renamed else
+                "the outputs are complete; run `filecord recover {}` to finish moving them to "
+                "their final names and removing the consumed sources")
+        notes.append(left.format(txn.journal_path))
+        what = "committed, but cleaning up after its commit point failed" if renamed else \
+            "failed after its commit point"
+        _raise(f.exc, f"saving {f.names} {what}", notes, journal_path=txn.journal_path,
+               committed=renamed)
     drop_locks(txn, remove=True)
     notes.append(f"{f.names} holds the complete new content, but syncing its directory "
                  "failed: after a power loss the old file may come back")
