@@ -447,3 +447,67 @@ def test_qwen2_nfc_differs_only_on_text_not_in_nfc(tmp_path: Path) -> None:
     decomposed = "cafe\u0301"
     assert ll.tokenize(decomposed.encode(), add_bos=False, special=True) != tok.encode(
         decomposed, add_special_tokens=False)
+
+
+def with_added_tokens(directory: Path, special: tuple[str, ...], normal: tuple[str, ...]
+                      ) -> int:
+    """Add tokens with transformers (past the SentencePiece pieces) and save the folder as it
+    writes it (tokenizer.json's added_tokens, no added_tokens_decoder); returns the size."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(directory)
+    tok.add_tokens(list(special), special_tokens=True)
+    tok.add_tokens(list(normal))
+    tok.save_pretrained(directory)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    assert "added_tokens_decoder" not in config
+    assert not (directory / "added_tokens.json").exists()
+    return len(tok)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_tokenizer_model_beside_tokenizer_json_keeps_its_added_tokens(tmp_path: Path, arch: str
+                                                                      ) -> None:
+    """A tokenizer.model beside a tokenizer.json whose added tokens lie past the .model's
+    pieces (ChatML markers added with transformers; Gemma's <bos>/<eos>/<pad> that
+    GemmaTokenizer adds to a .model without them): transformers matches them whole, and so
+    does llama.cpp, which is given them from tokenizer.json with their kinds (special:
+    control, else user-defined), never as unused [PADn] pieces. Gemma's BOS is such a token."""
+    from gguf import GGUFReader
+    from transformers import AutoTokenizer
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    # a Llama without the prefix: outside the README's LlamaTokenizer gap, which would also
+    # touch the text right after an added token
+    # (Gemma's BOS and EOS are not pieces of this .model: GemmaTokenizer adds them)
+    saved_spm_json(tok, *(("GemmaTokenizer",) if arch == "gemma2" else ("LlamaTokenizer",)),
+                   **({"bos_token": "<bos>", "eos_token": "<eos>"} if arch == "gemma2"
+                      else {"add_prefix_space": False}))
+    size = with_added_tokens(tok, ("<|im_start|>", "<|im_end|>"), ("<|note|>",))
+    model = tiny_model(tmp_path / "m", arch=arch, tokenizer="spm", dtype="float32",
+                       pad_vocab=size - 320, tied=arch == "gemma2")
+    (model / "tokenizer_config.json").unlink()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok / name, model / name)
+    assert (model / "tokenizer.model").exists()
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    hf = AutoTokenizer.from_pretrained(model)
+    added = {a.content: i for i, a in hf.added_tokens_decoder.items() if i >= 320}
+    assert {"<|im_start|>", "<|im_end|>", "<|note|>"} <= set(added)
+    fields = GGUFReader(out).fields
+    tokens, types = fields["tokenizer.ggml.tokens"], fields["tokenizer.ggml.token_type"]
+    for text, i in added.items():
+        assert bytes(tokens.parts[tokens.data[i]]).decode() == text
+        assert int(types.parts[types.data[i]][0]) == (4 if text == "<|note|>" else 3), text
+    ll = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
+    if arch == "gemma2":
+        assert hf.bos_token_id == ll.token_bos() == added["<bos>"]
+        assert hf.eos_token_id == ll.token_eos() == added["<eos>"]
+    for text in ["<|im_start|>user\nthe llama<|im_end|>", "the<|note|>llama moves",
+                 "file <|im_start|> cord", *[f"{t}the llama" for t in added]]:
+        for add in (False, True):
+            assert ll.tokenize(text.encode(), add_bos=add, special=True) == hf.encode(
+                text, add_special_tokens=add), (text, add)

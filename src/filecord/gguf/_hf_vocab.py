@@ -678,12 +678,21 @@ def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any], family: 
         # (the order of tokenizer.json's merges), and 0 for the others
         tokens[i], types[i] = piece, kind
         scores[i] = -float(i - first) if kind == NORMAL and first is not None else 0.0
-    for entry in spec.get("added_tokens") or ():  # ids inside vocab_size (checked)
+    _json_added(spec, n, tokens, scores, types)
+    return _spm_keys(directory, vocab_size, tokens, scores, types), form
+
+
+def _json_added(spec: Mapping[str, Any] | None, n: int, tokens: list[str], scores: list[float],
+                types: list[int]) -> None:
+    """``tokenizer.json``'s added tokens past the ``n`` SentencePiece pieces, written over the
+    lists in place: transformers matches each whole in text (a special one as a control
+    token), and llama.cpp does the same for a CONTROL or USER_DEFINED token; beside a
+    ``tokenizer.model`` too, which lacks them (ids inside vocab_size: checked)."""
+    for entry in (spec or {}).get("added_tokens") or ():
         i = entry["id"]
-        if i >= n:  # added on top of the SentencePiece pieces
+        if i >= n:
             tokens[i], scores[i] = entry["content"], ADDED_SCORE
             types[i] = CONTROL if entry.get("special") else USER_DEFINED
-    return _spm_keys(directory, vocab_size, tokens, scores, types), form
 
 
 def _spm_keys(directory: str, vocab_size: int, tokens: list[str], scores: list[float],
@@ -710,7 +719,7 @@ def _spm_processor(directory: str) -> Any:
     return proc
 
 
-def _spm(directory: str, vocab_size: int) -> list[KeyValue]:
+def _spm(directory: str, vocab_size: int, spec: Mapping[str, Any] | None) -> list[KeyValue]:
     path = os.path.join(directory, "tokenizer.model")
     proc = _spm_processor(directory)
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]
@@ -733,6 +742,7 @@ def _spm(directory: str, vocab_size: int) -> list[KeyValue]:
                 else USER_DEFINED if i in user else NORMAL)
         tokens[i], scores[i], types[i] = proc.IdToPiece(i), float(proc.GetScore(i)), kind
     _byte_pieces(path, "", [t for t, k in zip(tokens, types, strict=True) if k == BYTE])
+    _json_added(spec, n, tokens, scores, types)
     return _spm_keys(directory, vocab_size, tokens, scores, types)
 
 
@@ -904,7 +914,7 @@ def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
     spec = check_tokenizer_json(tok_json, vocab_size) if exists(tok_json) else None
     prefix: bool | None = None
     if exists(os.path.join(directory, "tokenizer.model")):
-        body = _spm(directory, vocab_size)
+        body = _spm(directory, vocab_size, spec)
         _same_pieces(directory, spec)
         # beside it, transformers runs the tokenizer.json's post-processor; without one it
         # adds a BOS only where tokenizer_config.json says add_bos_token (llama.cpp's
