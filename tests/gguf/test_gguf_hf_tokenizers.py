@@ -646,3 +646,36 @@ def test_quiet_convert_of_a_llama_3_shaped_folder_is_silent(bpe: Path, tmp_path:
                           check=False, timeout=300)
     assert loud.returncode == 0, loud.stderr
     assert "WARNING gguf.vocab: Unknown separator token" in loud.stderr
+
+
+@pytest.mark.parametrize("beside", [False, True])
+def test_normalized_added_token_under_the_prepend_normalizer_is_refused(
+        tmp_path: Path, beside: bool) -> None:
+    """transformers 4's Llama steps (Prepend + Replace normalizers): an added token with
+    "normalized": true (what add_tokens makes of a normal token) is normalized too, so
+    transformers matches it only after a space, spending the space; llama.cpp matches it
+    anywhere. Refused, in tokenizer.json alone or beside tokenizer.model."""
+    from transformers import AutoTokenizer
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    saved_spm_json(tok, "LlamaTokenizer")
+    as_transformers_4(tok)
+    size = with_added_tokens(tok, (), ("<|note|>",))
+    hf = AutoTokenizer.from_pretrained(tok)
+    note = hf.convert_tokens_to_ids("<|note|>")
+    assert note not in hf.encode("the<|note|>llama", add_special_tokens=False)
+    assert note in hf.encode("the <|note|>llama", add_special_tokens=False)
+    model = tiny_model(tmp_path / "m", arch="llama", tokenizer="spm", dtype="float32",
+                       pad_vocab=size - 320)
+    (model / "tokenizer_config.json").unlink()
+    if not beside:
+        (model / "tokenizer.model").unlink()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok / name, model / name)
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 1, r.stderr
+    assert ("tokenizer.json: added_tokens[3].normalized: true for '<|note|>' under the Prepend "
+            "normalizer") in r.stderr, r.stderr
+    assert not out.exists()

@@ -682,6 +682,23 @@ def _spm_form(path: str, spec: Mapping[str, Any], config: Mapping[str, Any], fam
     return form
 
 
+def _prepended_added(path: str, spec: Mapping[str, Any], normalizer: Any) -> None:
+    """Under a Prepend normalizer (transformers 4's Llama steps) an added token with
+    ``normalized`` true is normalized too, so transformers matches it only after a space (the
+    prepended meta symbol is part of it) and spends that space on it; llama.cpp matches a
+    user-defined or control token anywhere and keeps the space."""
+    steps = (normalizer.get("normalizers") or () if normalizer.get("type") == "Sequence"
+             else [normalizer]) if isinstance(normalizer, Mapping) else ()
+    if not any(isinstance(s, Mapping) and s.get("type") == "Prepend" for s in steps):
+        return
+    for k, entry in enumerate(spec.get("added_tokens") or ()):
+        if entry.get("normalized"):
+            raise _bad(path, f"added_tokens[{k}].normalized", f"true for {entry['content']!r} "
+                       "under the Prepend normalizer: transformers prepends the meta symbol to "
+                       "the token too and matches it only after a space, llama.cpp anywhere "
+                       "(supported: false, as transformers writes a special token)")
+
+
 def _byte_pieces(path: str, field: str, pieces: Collection[str]) -> None:
     """A SentencePiece vocabulary must hold all 256 ``<0xNN>`` byte pieces: llama.cpp spells a
     character outside the vocabulary in them and aborts the process when one is not there
@@ -702,6 +719,7 @@ def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any], family: 
     config_path = os.path.join(directory, "tokenizer_config.json")
     form = _spm_form(path, spec, check_tokenizer_config(config_path) if exists(config_path)
                      else {}, family)
+    _prepended_added(path, spec, form.normalizer)
     model = spec["model"]
     vocab: dict[str, int] = model["vocab"]
     if not vocab:
@@ -975,6 +993,9 @@ def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
     if exists(os.path.join(directory, "tokenizer.model")):
         body = _spm(directory, vocab_size, spec)
         _same_pieces(directory, spec)
+        if spec is not None:  # transformers runs its steps, with its added tokens
+            run = check_tokenizer_config(config) if exists(config) else {}
+            _prepended_added(tok_json, spec, spm_steps(spec, run, family)[0])
         # beside it, transformers runs the tokenizer.json's post-processor; without one it
         # adds a BOS only where tokenizer_config.json says add_bos_token (llama.cpp's
         # SentencePiece default adds one unless told)
