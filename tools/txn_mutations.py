@@ -38,6 +38,12 @@ JOURNAL_GONE = ("tests/txn/test_recover_confined.py::"
                 "test_temps_whose_lock_says_the_journal_was_made_are_never_discarded")
 NOTES = ("tests/txn/test_journal_steps_and_recover_notes.py::"
          "test_notes_never_place_moved_bytes_in_a_foreign_append")
+NAMED_BACK = f"{DECISIONS}::test_a_rollback_never_names_a_source_back_over_a_file_made_there"
+HOLE = f"{DECISIONS}::test_a_rollback_never_restores_a_hole_in_a_temp_as_a_sources_bytes"
+REPLACED = f"{DECISIONS}::test_a_finish_never_renames_over_a_final_name_replaced_after_the_stop"
+PREFIX = f"{DECISIONS}::test_a_kept_prefix_rewritten_after_the_commit_look_is_kept"
+OWN_NAME = f"{COMPLETED}::test_an_output_under_a_sources_own_name_is_no_proof_of_the_commit"
+EDGES = "tests/txn/test_consume.py::test_pieces_ending_next_to_a_window_edge_are_moved_whole"
 
 MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     # --- the ones the issue lists -----------------------------------------------------------
@@ -174,6 +180,26 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      [LIVE]),
     ("recover discards a journal-less save whose lock says its journal was made", "recover.py",
      "        if journaled and others:", "        if False:", [JOURNAL_GONE]),
+    # --- the independent mutation audit's survivors (issue 36) ------------------------------
+    ("a source named back over a file made at its name (the parked bytes unlinked)", "undo.py",
+     "        if (there.st_dev, there.st_ino) != (here.st_dev, here.st_ino):\n"
+     "            raise taken from None",
+     "        if False:\n            raise taken from None", [NAMED_BACK]),
+    ("finish renames over a final name replaced after the save stopped", "undo.py",
+     "    if (st.st_dev, st.st_ino) != (out.old_dev, out.old_ino):\n        raise RecoverError(",
+     "    if False:\n        raise RecoverError(", [REPLACED]),
+    ("a window edge off by one: a piece's last byte left in no window", "transfer.py",
+     "        first = (m.size - (d.src_offset + d.length)) // window",
+     "        first = (m.size - (d.src_offset + d.length) + 1) // window", [EDGES]),
+    ("finish judges a kept prefix by its size alone (the committed look's mtime ignored)",
+     "undo.py",
+     "        if st.st_size != s.run_start or (st.st_size, st.st_mtime_ns) != was:",
+     "        if st.st_size != s.run_start:", [PREFIX]),
+    ("an output under a source's own name taken for proof of the commit", "assess.py",
+     "               and out.final not in own\n", "", [OWN_NAME]),
+    ("a rollback restores a temp's hole as a dense source's bytes", "transfer.py",
+     "        if dense:\n            _check_holds_data(",
+     "        if False:\n            _check_holds_data(", [HOLE]),
 ]
 
 

@@ -4,22 +4,25 @@ Once the outputs hold their final names, the commit point was passed (a rename c
 after the ``committed`` step's fsync): the files and the records that check decide, and a
 damaged or lost ``committed`` step does not make recover refuse forever with the data on disk
 twice.  What cannot be proven is refused as damage, naming the file, never blamed on another
-process: an emptied or zeroed lock file is such damage.
+process: an emptied or zeroed lock file is such damage.  An output under a source's own name
+proves nothing: that inode was the source's before it was the output's.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
-from filecord import Cord, FileBackedData, recover, save
+from filecord import Cord, FileBackedData, recover, save, save_many
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord.errors import RecoverError, SaveError
-from filecord_testing import pattern
+from filecord_testing import AtCall, pattern
+from support.killjob import fork_run
 
 W = 4096
 A, B = pattern(3 * W, "a"), pattern(2 * W, "b")
@@ -120,3 +123,28 @@ def test_a_damaged_lock_file_is_damage_not_another_journal(tmp_path: Path, how: 
     assert "another journal" not in story, story
     assert lock.name in story, story
     assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before
+
+
+def test_an_output_under_a_sources_own_name_is_no_proof_of_the_commit(tmp_path: Path) -> None:
+    (tmp_path / "a.bin").write_bytes(A)
+    (tmp_path / "b.bin").write_bytes(B)
+    # a.bin is the whole of the output a.bin: adopted by a rename onto its temp, so the
+    # output's journaled inode is a.bin's own.  x.bin's temp is at its full length (a hole)
+    # before b.bin's bytes are moved into it.
+    outs = {tmp_path / "a.bin": Cord([FileBackedData(tmp_path / "a.bin", owned=True)]),
+            tmp_path / "x.bin": Cord([b"hdr", FileBackedData(tmp_path / "b.bin", owned=True)])}
+
+    def job() -> None:  # killed after the journal and b.bin's parking, before the adoption
+        with _sys.use(AtCall("rename", 3, lambda: os.kill(os.getpid(), signal.SIGKILL))):
+            save_many(outs, consume=True, window=W)
+
+    assert fork_run(job) == -signal.SIGKILL
+    assert (tmp_path / "a.bin").read_bytes() == A  # under its own name: the output's inode
+    (temp,) = [tmp_path / n for n in os.listdir(tmp_path)
+               if n.startswith(".x.bin.") and n.endswith(_names.TEMP)]
+    assert temp.stat().st_size == 3 + len(B)
+    got = recover(tmp_path)
+    assert [r.action for r in got] == ["restored"]  # never "finished": no commit was made
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]
+    assert (tmp_path / "a.bin").read_bytes() == A
+    assert (tmp_path / "b.bin").read_bytes() == B
