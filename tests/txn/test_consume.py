@@ -127,6 +127,31 @@ def test_pieces_ending_next_to_a_window_edge_are_moved_whole(tmp_path: Path, spl
     assert leftovers(tmp_path) == []
 
 
+def test_a_move_that_took_other_bytes_than_the_plans_is_never_committed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A window arithmetic that copies one destination's part twice (a bug) is caught before
+    # the commit point by the count of bytes moved, and the save is rolled back.
+    from filecord._plan.types import MoveSource, PieceRef
+    from filecord._txn import transfer
+
+    real = transfer._by_window
+
+    def twice(m: MoveSource, window: int) -> dict[int, list[PieceRef]]:
+        buckets = real(m, window)
+        buckets[0].append(buckets[0][0])
+        return buckets
+
+    monkeypatch.setattr(transfer, "_by_window", twice)
+    data = pattern(3 * W, "twice")
+    p = tmp_path / "src"
+    p.write_bytes(data)
+    with pytest.raises(RuntimeError, match="not the plan's"):
+        save(tmp_path / "o", Cord([b"hdr", FileBackedData(p, owned=True)]), consume=True,
+             window=W)
+    assert p.read_bytes() == data
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
 class FailAfterTruncates(_sys.Backend):
     """Fail the first rename onto a final name: after the commit point, every move done."""
 
