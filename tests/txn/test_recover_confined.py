@@ -157,3 +157,17 @@ def test_temps_whose_lock_says_the_journal_was_made_are_never_discarded(
         recover(tmp_path)
     assert [r.action for r in info.value.results] == ["refused"]  # type: ignore[attr-defined]
     assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before
+
+
+@pytest.mark.parametrize("version", [4, 6])
+def test_a_journal_whose_magic_line_names_another_version_is_refused(tmp_path: Path,
+                                                                     version: int) -> None:
+    """Its records are this version's and check, its magic line says otherwise: another
+    version's journal (FOREIGN), never played back as this one's."""
+    j = committed(tmp_path)
+    data = j.read_bytes()
+    j.write_bytes(b"filecord-journal %d\n" % version + data[len(journal.MAGIC):])
+    before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}
+    with pytest.raises(RecoverError, match=rf"journal version {version}\)"):
+        recover(tmp_path)
+    assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before

@@ -388,6 +388,7 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
     """The head record, the whole lines after the magic line, whether a torn tail follows,
     and the offset of the first of those lines."""
     lines, torn = split_lines(data)
+    _refuse_another_version(data)
     start = 0
     if lines and not data.startswith(MAGIC):
         try:  # the magic line itself damaged: the checksum, not the position, is the proof
@@ -407,18 +408,25 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
             return _parse(rec["save"]), lines, torn, start
         except (ValueError, KeyError, TypeError, IndexError) as exc:  # noqa: PERF203 - two
             problems.append(f"copy {n}: {exc}")
-    version = data.split(b"\n", 1)[0].removeprefix(b"filecord-journal ")
-    if version.isdigit() and int(version) != VERSION:  # and no record of this version checks
-        raise JournalVersionError(
-            f"the journal was written by {'an older' if int(version) < VERSION else 'another'} "
-            f"filecord (journal version {int(version)}): recover it with the filecord that "
-            "wrote it; nothing was touched")
     if not data.startswith(MAGIC[:9]):
         raise NotAJournalError("the file is not a filecord journal (no magic line, no record)")
     raise JournalDamagedError(
         "the journal is damaged: no copy of its head record checks out ("
         + "; ".join(problems or ["empty"]) + ")"
     )
+
+
+def _refuse_another_version(data: bytes) -> None:
+    """A magic line naming another version is refused naming it, whatever the records after
+    it say: a later version may keep this one's record layout, and is never played back as
+    this one.  A flip that turns the digit into another is refused alike (touching nothing)."""
+    line = data.split(b"\n", 1)[0]
+    version = line.removeprefix(b"filecord-journal ")
+    if len(line) < len(data) and version.isdigit() and int(version) != VERSION:
+        raise JournalVersionError(
+            f"the journal was written by {'an older' if int(version) < VERSION else 'another'} "
+            f"filecord (journal version {int(version)}): recover it with the filecord that "
+            "wrote it; nothing was touched")
 
 
 def decode(data: bytes) -> Journal:
