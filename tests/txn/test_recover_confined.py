@@ -171,3 +171,28 @@ def test_a_journal_whose_magic_line_names_another_version_is_refused(tmp_path: P
     with pytest.raises(RecoverError, match=rf"journal version {version}\)"):
         recover(tmp_path)
     assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before
+
+
+@pytest.mark.parametrize("how", ["dot-dot", "relative"])
+def test_a_source_path_not_absolute_and_normalised_is_refused(tmp_path: Path, how: str) -> None:
+    """A source's path must be one the save could have written: absolute and normalised.
+    One through ``..`` or relative (to whatever directory recover runs in) is refused before
+    a byte changes, though it leads to the save's own parked file."""
+    j = committed(tmp_path)
+    (tmp_path / "sub").mkdir()
+    path = str(tmp_path / "sub" / ".." / "a.bin") if how == "dot-dot" else "a.bin"
+    data = j.read_bytes()
+    out = [journal.MAGIC]
+    for line in data[len(journal.MAGIC):].split(b"\n")[:-1]:
+        rec = json.loads(line[42:])
+        if rec.get("stage") == "journaled" and "save" in rec:
+            (a,) = [s for s in rec["save"]["sources"] if s["path"] == str(tmp_path / "a.bin")]
+            a["path"] = path
+            out.append(journal.step(Stage.JOURNALED, save=rec["save"]))
+        else:
+            out.append(line + b"\n")
+    j.write_bytes(b"".join(out))
+    before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path) if n != "sub"}
+    with pytest.raises(RecoverError, match="is not confined"):
+        recover(tmp_path)
+    assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path) if n != "sub"} == before
