@@ -53,6 +53,10 @@ JOURNAL_LIMIT = 1 << 30  # a journal is a few bytes per piece; anything larger i
 LOST_COMMIT = ("its committed step is damaged or lost, but its outputs were under their final "
                "names (renamed only after that step's fsync): finished from the files, the "
                "parked sources judged by their size alone")
+# A held lock is a running save or another recover (which takes the same locks): not which.
+BUSY = "its lock is held: its save is running, or another recover is at work on it"
+ENDED = ("its journal was made and is gone with every file of the save but this lock file: "
+         "the save had ended (completed or rolled back) before it could remove it; removed")
 DAMAGED_COMMIT = ("but its outputs were under their final names (renamed only after the "
                   "committed step's fsync): finished from the files and the records before the "
                   "damage, the parked sources judged by their size alone, only files carrying "
@@ -64,8 +68,9 @@ class Recovered:
     """One interrupted save handled.
 
     ``action``: "finished" (completed after its commit point), "restored" (rolled back: the
-    sources are whole again), "discarded" (it died before its journal: its temps removed),
-    "skipped" (it is still running: its lock is held) or "refused" (``detail`` says why; no
+    sources are whole again), "discarded" (nothing to undo: it died before its journal, its
+    temps removed, or it had ended and left only its lock file), "skipped" (its lock is held:
+    it is still running, or another recover is) or "refused" (``detail`` says why; no
     file was touched).  ``kept``: for a finished save, the consumed sources another process
     changed after the commit point, kept (never deleted) under their own names or, when those
     were taken, their parked names; ``detail`` and ``notes`` say where.
@@ -187,7 +192,7 @@ def _recover_journal_less(directory: str, token: str,
     try:
         fd = liveness.acquire(lock)
     except liveness.LockBusyError:
-        return _decided(lock, Stage.CREATED, Found.BUSY, "its save is running (the lock is held)")
+        return _decided(lock, Stage.CREATED, Found.BUSY, BUSY)
     except liveness.NotALockFileError as exc:
         return _decided(lock, Stage.CREATED, Found.DAMAGED,
                         f"named like a lock file, but {exc.strerror}; nothing was touched")
@@ -224,7 +229,8 @@ def _recover_journal_less(directory: str, token: str,
         _sys.unlink_missing_ok(p)
     _sys.fsync_parents([lock])
     liveness.release(lock, fd)
-    return Recovered(lock, table.OUTCOME[action], detail=f"removed {len(garbage)} temp file(s)")
+    return Recovered(lock, table.OUTCOME[action], detail=ENDED if journaled else
+                     f"it died before its journal: removed {len(garbage)} temp file(s)")
 
 
 def _refuse_lockless(directory: str, token: str, parked: list[str],
@@ -382,7 +388,7 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
     try:
         locks.update(_lock_all(log_.journal, held, path))
     except liveness.LockBusyError:
-        return _decided(path, stage, Found.BUSY, "its save is running (a lock is held)")
+        return _decided(path, stage, Found.BUSY, BUSY)
     except liveness.NotALockFileError as exc:
         return _decided(path, stage, Found.DAMAGED, f"its lock file is not a regular file "
                         f"({exc.strerror}); nothing was touched")
