@@ -196,3 +196,45 @@ def test_a_source_path_not_absolute_and_normalised_is_refused(tmp_path: Path, ho
     with pytest.raises(RecoverError, match="is not confined"):
         recover(tmp_path)
     assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path) if n != "sub"} == before
+
+
+def test_a_journal_away_from_its_first_outputs_directory_is_refused(tmp_path: Path) -> None:
+    """A journal lies beside its first output, where its lock file is: a copy elsewhere (a
+    backup, or a crafted one) is refused as reaching beyond its save, touching nothing."""
+    j = committed(tmp_path)
+    (tmp_path / "other").mkdir()
+    copy = tmp_path / "other" / j.name
+    copy.write_bytes(j.read_bytes())
+    before = {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(RecoverError, match="not in its first output's directory"):
+        recover(copy)
+    with pytest.raises(RecoverError, match="not in its first output's directory"):
+        recover(tmp_path / "other")
+    assert {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_lock_file_naming_another_journal_is_refused(tmp_path: Path) -> None:
+    """The save's files copied to another directory, the copy's journal rewritten to name
+    that directory (its checksums made to hold): the copied lock file still names the first
+    journal, so the copy reaches beyond its save and is refused, touching nothing."""
+    j = committed(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    token = _names.parse(j.name)[0]  # type: ignore[index]
+    for n in os.listdir(tmp_path):
+        if token in n:
+            (other / n).write_bytes((tmp_path / n).read_bytes())
+    data = (other / j.name).read_bytes()
+    out = [journal.MAGIC]
+    for line in data[len(journal.MAGIC):].split(b"\n")[:-1]:
+        rec = json.loads(line[42:])
+        if rec.get("stage") == "journaled" and "save" in rec:
+            moved = json.dumps(rec["save"]).replace(f"{tmp_path}/", f"{other}/")
+            out.append(journal.step(Stage.JOURNALED, save=json.loads(moved)))
+        else:
+            out.append(line + b"\n")
+    (other / j.name).write_bytes(b"".join(out))
+    before = {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(RecoverError, match="belongs to another journal"):
+        recover(other)
+    assert {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
