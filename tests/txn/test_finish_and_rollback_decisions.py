@@ -261,3 +261,23 @@ def test_a_kept_prefix_rewritten_after_the_commit_look_is_kept(tmp_path: Path) -
     assert (tmp_path / "out.bin").read_bytes() == b"hdr" + A[W:]
     assert (tmp_path / "a.bin").read_bytes() == b"X" * 16 + A[16:W]  # named back, not deleted
     assert sorted(os.listdir(tmp_path)) == ["a.bin", "out.bin"]
+
+
+def test_a_recover_killed_before_putting_a_sources_times_back_is_continued(
+        tmp_path: Path) -> None:
+    """recover logs ``rolling back`` before it grows a source back: killed once a.bin is whole
+    again but before its times are put back (a new mtime, its full size: what another
+    process's rewrite would look like mid-move), the next recover continues the rollback."""
+    killed(tmp_path, "ftruncate", 3)  # a.bin cut by one window; b.bin parked, untouched
+
+    def job() -> None:  # b.bin's times come back first (newest first), then a.bin's
+        with _sys.use(AtCall("futimens", 2, lambda: os.kill(os.getpid(), signal.SIGKILL))):
+            recover(tmp_path)
+
+    assert fork_run(job) == -signal.SIGKILL
+    (pa,) = [p for p in named(tmp_path, _names.SOURCE) if p.name.startswith(".a.bin.")]
+    assert pa.read_bytes() == A  # whole again, its times not yet put back
+    assert [r.action for r in recover(tmp_path)] == ["restored"]
+    assert (tmp_path / "a.bin").read_bytes() == A
+    assert (tmp_path / "b.bin").read_bytes() == B
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]
