@@ -238,3 +238,37 @@ def test_a_lock_file_naming_another_journal_is_refused(tmp_path: Path) -> None:
     with pytest.raises(RecoverError, match="belongs to another journal"):
         recover(other)
     assert {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_damaged_journal_of_a_renamed_save_removes_only_its_token_files(
+        tmp_path: Path) -> None:
+    """A record before the last does not check, and the output is under its final name: the
+    save is finished from the files, but a removal (a file without the save's token) is kept,
+    as the records that would vouch for the rest cannot be read."""
+    d = tmp_path / "save"
+    d.mkdir()
+    (d / "a.bin").write_bytes(A)
+    (d / "b.bin").write_bytes(B)
+    cord = Cord([FileBackedData(d / "a.bin", owned=True), FileBackedData(d / "b.bin", owned=True)])
+
+    class FailUnlink(_sys.Backend):  # after the rename onto out.bin
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "unlink" and str(args[0]).endswith(_names.SOURCE):
+                raise OSError(errno.EIO, "injected after the commit point")
+
+    with _sys.use(FailUnlink()), pytest.raises(SaveError):
+        save(d / "out.bin", cord, consume=True, window=W)
+    j = next(d / n for n in os.listdir(d) if n.endswith(_names.JOURNAL))
+    index = d / "index.json"
+    index.write_bytes(b"{}")
+    craft(j, {"removals": [removal(index)]})
+    data = bytearray(j.read_bytes())
+    last = data.rindex(b"\n", 0, len(data) - 1) + 1
+    data[data.rindex(b"\n", 0, last - 1) + 1 + 45] ^= 1  # the step before the committed one
+    j.write_bytes(bytes(data))
+    (got,) = recover(d)
+    assert got.action == "finished"
+    assert got.not_removed == (str(index),)
+    assert sorted(os.listdir(d)) == ["index.json", "out.bin"]
+    assert index.read_bytes() == b"{}"
+    assert (d / "out.bin").read_bytes() == A + B
