@@ -55,6 +55,8 @@ LOST_COMMIT = ("its committed step is damaged or lost, but its outputs were unde
                "parked sources judged by their size alone")
 # A held lock is a running save or another recover (which takes the same locks): not which.
 BUSY = "its lock is held: its save is running, or another recover is at work on it"
+# A lock file with no journal or parked source left: nothing destructive is left to undo,
+# because the journal never became durable (the rest is garbage) or the save had ended.
 ENDED = ("its journal was made and is gone with every file of the save but this lock file: "
          "the save had ended (completed or rolled back) before it could remove it; removed")
 DAMAGED_COMMIT = ("but its outputs were under their final names (renamed only after the "
@@ -222,7 +224,6 @@ def _recover_journal_less(directory: str, token: str,
     except BaseException:
         _close_quietly(fd)
         raise
-    # The journal never became durable: nothing destructive happened, the rest is garbage.
     action = table.decide(table.Actor.RECOVER, Stage.CREATED, Found.AS_LEFT)  # DISCARD
     garbage = [os.path.join(directory, n) for n in others]
     for p in garbage:
