@@ -201,13 +201,14 @@ def remove_temps(j: Journal) -> None:
 
 
 def finish(j: Journal, journal_path: str,
-           looked: Mapping[tuple[int, int], tuple[int, int]] | None = None
-           ) -> tuple[str, ...]:
+           looked: Mapping[tuple[int, int], tuple[int, int]] | None = None, *,
+           removals: bool = True) -> tuple[str, ...]:
     """Finish a committed save (the module's notes); the removals kept (not the recorded
-    file)."""
+    file, or ``removals`` False: only files carrying the save's token are removed)."""
     _rename_outputs(j, journal_path)
     # Removals first, while the parked sources prove their directories the save's.
-    _removed, changed = discard_and_remove(j, proven_directories(j))
+    _removed, changed = discard_and_remove(
+        j, proven_directories(j) if removals else frozenset())
     if changed:
         log.warning("recover finished %s but kept %s: not provably the file the save recorded",
                     journal_path, ", ".join(changed))
