@@ -679,3 +679,164 @@ def test_normalized_added_token_under_the_prepend_normalizer_is_refused(
     assert ("tokenizer.json: added_tokens[3].normalized: true for '<|note|>' under the Prepend "
             "normalizer") in r.stderr, r.stderr
     assert not out.exists()
+
+
+# ------------------------------------------- what transformers 5 runs, whatever the files
+
+
+def model_beside_json(root: Path, arch: str, edit: Any, **kwargs: Any) -> Path:
+    """A tokenizer.model beside the tokenizer.json transformers 5 saves from it (a Llama 2 /
+    Mistral repository's form), with ``edit`` applied to the saved folder."""
+    model = checkpoint(root, arch, "LlamaTokenizer", kwargs, edit)
+    spm_dir = root / "spm"
+    spm_dir.mkdir()
+    spm_tokenizer(spm_dir)
+    shutil.copy(spm_dir / "tokenizer.model", model / "tokenizer.model")
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_tokenizer_model_beside_tokenizer_json_adds_no_eos_add_eos_token_names(
+        tmp_path: Path, arch: str) -> None:
+    """tokenizer_config.json's add_eos_token true beside a tokenizer.json (a common fine-tune
+    setting): transformers 5 runs the tokenizer.json's post-processor, which adds no EOS, and
+    ignores the flag; the GGUF says add_eos false, so llama.cpp appends no </s> either."""
+    from transformers import AutoTokenizer
+
+    def edit(d: Path) -> None:
+        edit_json(d, "tokenizer_config.json", add_eos_token=True, add_prefix_space=False)
+        spec = json.loads((d / "tokenizer.json").read_text())
+        edit_json(d, "tokenizer.json", pre_tokenizer={**spec["pre_tokenizer"],
+                                                      "prepend_scheme": "never"})
+
+    model = model_beside_json(tmp_path, arch, edit, add_prefix_space=False)
+    hf = AutoTokenizer.from_pretrained(model)
+    assert hf.encode("the llama")[-1] != 2  # no EOS in transformers 5
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    assert differences(model, out) == []
+
+
+@pytest.mark.parametrize(("scheme", "add_prefix_space"),
+                         [("never", None), ("first", False)])
+def test_tokenizer_model_beside_a_mistral_tokenizer_json_runs_its_prefix(
+        tmp_path: Path, scheme: str, add_prefix_space: bool | None) -> None:
+    """With the tokenizer.model beside it, a Mistral's tokenizer.json still decides the prefix
+    (transformers 5 runs the file's Metaspace): the same form as the file alone."""
+    from transformers import AutoTokenizer
+
+    def edit(d: Path) -> None:
+        spec = json.loads((d / "tokenizer.json").read_text())
+        edit_json(d, "tokenizer.json", pre_tokenizer={**spec["pre_tokenizer"],
+                                                      "prepend_scheme": scheme})
+        edit_json(d, "tokenizer_config.json", add_prefix_space=add_prefix_space)
+
+    model = model_beside_json(tmp_path, "mistral", edit)
+    tok = AutoTokenizer.from_pretrained(model)
+    assert tok.backend_tokenizer.pre_tokenizer.prepend_scheme == scheme
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    assert {text for text, _, _ in differences(model, out)} == {
+        text for text in STRINGS if scheme == "first" and in_the_gap(text, scheme)}
+
+
+def mistral_model_only(root: Path, **train: Any) -> Path:
+    model = tiny_model(root / "m", arch="mistral", tokenizer="spm", dtype="float32")
+    spm_dir = root / "spm"
+    spm_dir.mkdir()
+    spm_tokenizer(spm_dir, **train)
+    shutil.copy(spm_dir / "tokenizer.model", model / "tokenizer.model")
+    return model
+
+
+def test_tokenizer_model_whose_normalizer_transformers_runs_is_refused(tmp_path: Path) -> None:
+    """A Mistral (transformers 5 converts the .model with its own normalizer) whose .model has
+    SentencePiece's default nmt_nfkc normalizer with whitespace collapsing: transformers folds
+    "a  b" into "a b", llama.cpp applies no normalizer; refused naming normalizer_spec (beside
+    a tokenizer.json transformers runs the file's steps, judged by the same spm_form)."""
+    from transformers import AutoTokenizer
+
+    model = mistral_model_only(tmp_path, normalization="nmt_nfkc")
+    hf = AutoTokenizer.from_pretrained(model)
+    assert hf.encode("a  b", add_special_tokens=False) == hf.encode("a b",
+                                                                      add_special_tokens=False)
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 1
+    assert "tokenizer.model: normalizer_spec" in r.stderr
+    assert "nmt_nfkc" in r.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("dummy_prefix", [True, False])
+def test_mistral_tokenizer_model_alone_tokenizes_as_transformers(tmp_path: Path,
+                                                                 dummy_prefix: bool) -> None:
+    """A Mistral's identity-normalizer .model alone, with and without the dummy prefix:
+    transformers 5 converts it (prefix "always" or "never"), and the GGUF's add_space_prefix
+    follows it."""
+    model = mistral_model_only(tmp_path, dummy_prefix=dummy_prefix)
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    assert differences(model, out) == []
+
+
+def post_processed(bpe: Path, tmp_path: Path, pp: Any) -> Path:
+    model = tmp_path / "m"
+    shutil.copytree(bpe, model)
+    edit_json(model, "tokenizer.json", post_processor=pp)
+    return model
+
+
+@pytest.mark.parametrize("pp", [None, {"type": "Sequence", "processors": []}])
+def test_no_post_processor_adds_no_bos_in_llama_cpp_either(bpe: Path, tmp_path: Path,
+                                                           pp: Any) -> None:
+    """No post-processor (or an empty Sequence) on a Llama 3 shaped tokenizer: transformers
+    adds nothing, whatever add_bos_token says; llama.cpp's llama-bpe default would add
+    <|begin_of_text|>, so the GGUF says add_bos false."""
+    from transformers import AutoTokenizer
+
+    model = post_processed(bpe, tmp_path, pp)
+    assert AutoTokenizer.from_pretrained(model).encode("x") == AutoTokenizer.from_pretrained(
+        model).encode("x", add_special_tokens=False)
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    assert differences(model, out) == []
+
+
+BOS, SEQ_A = ({"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+              {"Sequence": {"id": "A", "type_id": 0}})
+SEQ_B = {"Sequence": {"id": "B", "type_id": 0}}
+
+
+def template(single: list[Any]) -> dict[str, Any]:
+    return {"type": "TemplateProcessing", "single": single, "pair": [*single, SEQ_B],
+            "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [298],
+                                                     "tokens": ["<|begin_of_text|>"]}}}
+
+
+@pytest.mark.parametrize(("pp", "says"), [
+    ({"type": "BertProcessing", "sep": ["<|end_of_text|>", 299], "cls": ["<|begin_of_text|>",
+                                                                         298]},
+     "tokenizer.json: post_processor: a BertProcessing step"),
+    ({"type": "Sequence", "processors": [template([BOS, SEQ_A]), template([BOS, SEQ_A])]},
+     "tokenizer.json: post_processor: 2 TemplateProcessing steps"),
+    (template([BOS, BOS, SEQ_A]), "tokenizer.json: post_processor.single: 2 special token(s) "
+     "before $A"),
+    (template([BOS, SEQ_B]), "tokenizer.json: post_processor.single: must hold the sequence $A"),
+])
+def test_post_processor_llama_cpp_cannot_be_told_is_refused(bpe: Path, tmp_path: Path, pp: Any,
+                                                           says: str) -> None:
+    """A post-processor whose adds the GGUF's add_bos/add_eos cannot say (transformers adds
+    a CLS and SEP, or two BOS), or a single template naming $B (tokenizers panics on it), is
+    refused naming the field, nothing written."""
+    model = post_processed(bpe, tmp_path, pp)
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 1, r.stderr
+    assert says in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not out.exists()

@@ -26,9 +26,11 @@ def corpus(lines: int = 400, seed: int = 7) -> list[str]:
 
 def spm_tokenizer(directory: Path, vocab_size: int = 320, *, dummy_prefix: bool = True,
                   tokenizer_class: str = "LlamaTokenizer", byte_fallback: bool = True,
-                  user_symbols: tuple[str, ...] = ()) -> int:
+                  user_symbols: tuple[str, ...] = (), normalization: str = "identity") -> int:
     """A SentencePiece BPE model (with byte fallback unless told; ``user_symbols`` its
-    user-defined pieces, after the unknown, BOS and EOS); returns its vocabulary size."""
+    user-defined pieces, after the unknown, BOS and EOS; the identity normalizer keeping
+    whitespace, as Llama 2's, Mistral's and Gemma's, unless told, e.g. the trainer's default
+    ``nmt_nfkc``); returns its vocabulary size."""
     import sentencepiece as spm
 
     text = directory / "corpus.txt"
@@ -37,7 +39,8 @@ def spm_tokenizer(directory: Path, vocab_size: int = 320, *, dummy_prefix: bool 
         input=str(text), model_prefix=str(directory / "tokenizer"), vocab_size=vocab_size,
         model_type="bpe", byte_fallback=byte_fallback, character_coverage=1.0, bos_id=1, eos_id=2,
         unk_id=0, pad_id=-1, minloglevel=2, add_dummy_prefix=dummy_prefix,
-        user_defined_symbols=list(user_symbols))
+        user_defined_symbols=list(user_symbols), normalization_rule_name=normalization,
+        remove_extra_whitespaces=normalization != "identity")
     text.unlink()
     (directory / "tokenizer.vocab").unlink()
     (directory / "tokenizer_config.json").write_text(json.dumps({

@@ -267,23 +267,55 @@ def _check_added(path: str, spec: Mapping[str, Any], vocab_size: int | None) -> 
         seen[i] = text
 
 
+def processors(pp: Any) -> list[Any]:
+    """A post-processor's steps in the order transformers runs them (Sequences flattened)."""
+    if not isinstance(pp, Mapping):
+        return []
+    if pp.get("type") != "Sequence":
+        return [pp]
+    return [step for inner in pp.get("processors") or () for step in processors(inner)]
+
+
+# post-processors whose BOS/EOS adds the GGUF's add_bos/add_eos can say (post_processor_adds)
+_READ_PROCESSORS = ("ByteLevel", "TemplateProcessing", "RobertaProcessing")
+
+
 def _check_templates(path: str, pp: Any) -> None:
-    procs = [] if pp is None else pp["processors"] if pp["type"] == "Sequence" else [pp]
-    for n, proc in enumerate(procs):
-        if proc["type"] != "TemplateProcessing":
-            continue
-        where = "post_processor" if len(procs) == 1 else f"post_processor.processors[{n}]"
+    """A post-processor whose adds llama.cpp can be told: steps of the kinds read, at most one
+    template, each adding at most one special token before the text and one after it (the
+    GGUF says only whether BOS and EOS are added), naming declared tokens, and a ``single``
+    with the one sequence it is given."""
+    procs = processors(pp)
+    templates = [p for p in procs if p["type"] == "TemplateProcessing"]
+    for proc in procs:
+        if proc["type"] not in _READ_PROCESSORS:
+            raise _bad(path, "post_processor", f"a {proc['type']} step: llama.cpp can be told "
+                       f"only whether a BOS and an EOS are added (supported: "
+                       f"{', '.join(_READ_PROCESSORS)}, or none)")
+    if len(templates) > 1:
+        raise _bad(path, "post_processor", f"{len(templates)} TemplateProcessing steps: "
+                   "transformers runs each, llama.cpp adds one BOS and one EOS at most")
+    for proc in templates:
         declared = proc.get("special_tokens") or {}
         for key, tok in declared.items():
             if len(tok["ids"]) != len(tok["tokens"]):
-                raise _bad(path, f"{where}.special_tokens.{key}", "ids and tokens must be "
-                           "lists of one length")
+                raise _bad(path, f"post_processor.special_tokens.{key}", "ids and tokens must "
+                           "be lists of one length")
         for part in ("single", "pair"):
             for item in proc[part]:
                 name = (item.get("SpecialToken") or {}).get("id")
                 if name is not None and name not in declared:
-                    raise _bad(path, f"{where}.{part}", f"special token {name!r} is not in "
-                               "special_tokens")
+                    raise _bad(path, f"post_processor.{part}", f"special token {name!r} is not "
+                               "in special_tokens")
+        single = proc["single"]
+        seqs = [n for n, item in enumerate(single) if "Sequence" in item]
+        if [single[n]["Sequence"]["id"] for n in seqs] != ["A"]:
+            raise _bad(path, "post_processor.single", "must hold the sequence $A once (a "
+                       "single text is the one sequence transformers and llama.cpp are given)")
+        if seqs[0] > 1 or len(single) - seqs[0] > 2:
+            raise _bad(path, "post_processor.single", f"{seqs[0]} special token(s) before $A "
+                       f"and {len(single) - seqs[0] - 1} after it: llama.cpp adds one BOS and "
+                       "one EOS at most (supported: at most one at each end)")
 
 
 HF_EXTRA = ("gguf", "sentencepiece", "tokenizers", "numpy")  # pyproject.toml's hf extra
@@ -330,14 +362,10 @@ def post_processor_adds(spec: Mapping[str, Any] | None, config: Mapping[str, Any
     llama.cpp's bundled gguf-py: a byte-level step adds none unless a template does; a
     template's leading special token is BOS (or CLS), its trailing one EOS; a pair template
     with a special token between A and B adds SEP)."""
-    pp = (spec or {}).get("post_processor")
-    if not isinstance(pp, Mapping):
-        return {}
     names = {typ: _token_text("tokenizer_config.json", typ, config.get(f"{typ}_token"))
              for typ in ("bos", "eos", "sep", "cls")}
     out: dict[str, bool] = {}
-    procs = pp.get("processors") if pp.get("type") == "Sequence" else [pp]
-    for proc in procs or ():
+    for proc in processors((spec or {}).get("post_processor")):
         kind = proc.get("type")
         if kind == "ByteLevel":
             out.setdefault("bos", False)
@@ -369,12 +397,9 @@ def post_processor_adds(spec: Mapping[str, Any] | None, config: Mapping[str, Any
 
 
 def _special_kvs(directory: str, spec: Mapping[str, Any] | None, vocab_size: int, *,
-                 merges: bool, n_vocab: int | None,
-                 unsaid: tuple[str, ...] = ()) -> list[KeyValue]:
+                 merges: bool, n_vocab: int | None) -> list[KeyValue]:
     """gguf-py's SpecialVocab, run against a key collector (our writer, never saved), with
-    the post-processor's word on BOS/EOS/SEP put over ``tokenizer_config.json``'s; the tokens
-    of ``unsaid`` (``bos``, ``eos``) the post-processor does not add are not added
-    (transformers 5 adds only what it says; llama.cpp's SentencePiece default adds a BOS)."""
+    what transformers 5 adds (:func:`transformers_adds`) put over its BOS/EOS/SEP flags."""
     from filecord.gguf._writer import GGUFWriter
 
     # every file gguf-py reads is checked here first: it would fail on them without naming them
@@ -395,15 +420,25 @@ def _special_kvs(directory: str, spec: Mapping[str, Any] | None, vocab_size: int
             raise CheckpointFileError(
                 f"{kv.value} is outside config.json vocab_size {vocab_size} (the embedding's "
                 f"rows)", field=f"{key} (from tokenizer_config.json or config.json)")
-    adds = post_processor_adds(spec, config)
+    adds = transformers_adds(spec, config)
     _same_specials(directory, spec, adds, kvs)
-    for typ in unsaid:
-        # with no tokenizer.json, transformers 5 adds what tokenizer_config.json says, only
-        adds.setdefault(typ, spec is None and config.get(f"add_{typ}_token") is True)
     for typ, flag in adds.items():
         key = f"tokenizer.ggml.add_{typ}_token"
         kvs[key] = KeyValue(key, ValueType.BOOL, flag)
     return list(kvs.values())
+
+
+def transformers_adds(spec: Mapping[str, Any] | None, config: Mapping[str, Any]
+                      ) -> dict[str, bool]:
+    """Whether transformers 5 adds BOS and EOS (and SEP, where a pair template says), the one
+    rule for every tokenizer form: with a ``tokenizer.json`` its post-processor decides (none
+    for no post-processor, whatever ``tokenizer_config.json`` says: transformers 5 ignores
+    ``add_bos_token``/``add_eos_token`` then); without one, ``tokenizer_config.json``'s
+    ``add_bos_token``/``add_eos_token``, where true. Both are written: llama.cpp's defaults
+    (a BOS for SentencePiece and llama-bpe) are not transformers'."""
+    if spec is None:
+        return {typ: config.get(f"add_{typ}_token") is True for typ in ("bos", "eos")}
+    return {"bos": False, "eos": False, **post_processor_adds(spec, config)}
 
 
 def _same_specials(directory: str, spec: Mapping[str, Any] | None, adds: Mapping[str, bool],
@@ -412,10 +447,7 @@ def _same_specials(directory: str, spec: Mapping[str, Any] | None, adds: Mapping
     ``tokenizer_config.json`` (or, naming none, ``config.json``) names: transformers adds the
     template's, llama.cpp its ``*_token_id``, and generation stops on the named EOS (gguf-py
     would make a template's other last token the EOS, the named one EOT)."""
-    pp = (spec or {}).get("post_processor")
-    procs = (pp.get("processors") or () if pp.get("type") == "Sequence" else [pp]
-             ) if isinstance(pp, Mapping) else ()
-    for proc in procs:
+    for proc in processors((spec or {}).get("post_processor")):
         if proc.get("type") != "TemplateProcessing":
             continue
         single = list(proc.get("single") or ())
@@ -637,10 +669,13 @@ def running_class(config: Mapping[str, Any], family: Family) -> str | None:
     return registered if hub is None or family.hub_class_ignored else hub
 
 
-def spm_steps(spec: Mapping[str, Any], config: Mapping[str, Any], family: Family
-              ) -> tuple[Any, Any]:
-    """The (normalizer, pre_tokenizer) transformers runs for a SentencePiece-style
-    ``tokenizer.json`` given its ``tokenizer_config.json`` and the model's family."""
+def spm_steps(spec: Mapping[str, Any] | None, config: Mapping[str, Any], family: Family,
+              proto: Any = None) -> tuple[Any, Any]:
+    """The (normalizer, pre_tokenizer) transformers 5 runs for a SentencePiece tokenizer,
+    given its ``tokenizer.json`` (``spec``, None where there is none), its
+    ``tokenizer_config.json`` and the model's family: a LlamaTokenizer's or GemmaTokenizer's
+    own steps, else the file's, else (``tokenizer.model`` alone, its ``proto``) the steps
+    transformers converts the ``.model``'s normalizer spec to."""
     cls = running_class(config, family)
     if cls == "LlamaTokenizer":
         scheme = ("never" if config.get("add_prefix_space") is False
@@ -649,25 +684,51 @@ def spm_steps(spec: Mapping[str, Any], config: Mapping[str, Any], family: Family
                       "split": False}
     if cls == "GemmaTokenizer":
         return SPM_FORMS[1].normalizer, SPM_FORMS[1].pre_tokenizer
-    return spec.get("normalizer"), spec.get("pre_tokenizer")
+    if spec is not None:
+        return spec.get("normalizer"), spec.get("pre_tokenizer")
+    norm = proto.normalizer_spec
+    # an identity normalizer that keeps whitespace is no step; any other is one llama.cpp lacks
+    normalizer = (None if (norm.name in ("identity", "")
+                           and not norm.precompiled_charsmap
+                           and not norm.remove_extra_whitespaces)
+                  else {"type": "tokenizer.model normalizer_spec", "name": norm.name,
+                        "remove_extra_whitespaces": norm.remove_extra_whitespaces})
+    scheme = "always" if norm.add_dummy_prefix else "never"
+    return normalizer, {"type": "Metaspace", "replacement": _META, "prepend_scheme": scheme,
+                        "split": False}
 
 
-def _spm_form(path: str, spec: Mapping[str, Any], config: Mapping[str, Any], family: Family
-              ) -> SpmForm:
-    """The form of a SentencePiece-style ``tokenizer.json`` as transformers runs it (see
-    :data:`SPM_FORMS`), or a refusal naming the step llama.cpp's SentencePiece tokenizer
-    would not reproduce."""
-    normalizer, pre = spm_steps(spec, config, family)
+def spm_form(directory: str, spec: Mapping[str, Any] | None, config: Mapping[str, Any],
+             family: Family, proto: Any = None) -> SpmForm:
+    """The form (see :data:`SPM_FORMS`) of the SentencePiece steps transformers 5 runs for the
+    folder (:func:`spm_steps`), whatever files it comes in, or a refusal naming the file and
+    the step llama.cpp's SentencePiece tokenizer would not reproduce."""
+    normalizer, pre = spm_steps(spec, config, family, proto)
     form = next((f for f in SPM_FORMS if (f.normalizer, f.pre_tokenizer) == (normalizer, pre)),
                 None)
-    if form is None:
-        key = ("normalizer" if normalizer not in [f.normalizer for f in SPM_FORMS]
-               else "pre_tokenizer")
+    if form is not None:
+        return form
+    key = ("normalizer" if normalizer not in [f.normalizer for f in SPM_FORMS]
+           else "pre_tokenizer")
+    if spec is None:
         raise UnsupportedModelError(
-            f"{path}: {key} {json.dumps(spec.get(key))[:160]} is not a step llama.cpp's "
-            f"SentencePiece tokenizer takes (supported: the Prepend + Replace normalizers, as "
-            f"transformers 4 writes a Llama's, a Metaspace with split false, or Gemma's "
-            f"Replace normalizer with no prefix)")
+            f"{os.path.join(directory, 'tokenizer.model')}: normalizer_spec "
+            f"{json.dumps(normalizer)[:160]}: transformers 5 runs it for a "
+            f"{running_class(config, family) or 'tokenizer.model'} and llama.cpp's "
+            f"SentencePiece tokenizer applies none (supported: the identity normalizer "
+            f"without remove_extra_whitespaces, as Llama 2 and Mistral ship it, or a "
+            f"tokenizer_config.json class that builds its own steps, LlamaTokenizer)")
+    raise UnsupportedModelError(
+        f"{os.path.join(directory, 'tokenizer.json')}: {key} "
+        f"{json.dumps(spec.get(key))[:160]} is not a step llama.cpp's "
+        f"SentencePiece tokenizer takes (supported: the Prepend + Replace normalizers, as "
+        f"transformers 4 writes a Llama's, a Metaspace with split false, or Gemma's "
+        f"Replace normalizer with no prefix)")
+
+
+def _spm_json_model(path: str, spec: Mapping[str, Any]) -> None:
+    """A SentencePiece-style ``tokenizer.json``'s decoder and model fields, as transformers
+    writes them for a SentencePiece BPE."""
     if spec.get("decoder") not in SPM_DECODERS:
         raise UnsupportedModelError(
             f"{path}: decoder {json.dumps(spec.get('decoder'))[:160]} is not the one "
@@ -679,7 +740,6 @@ def _spm_form(path: str, spec: Mapping[str, Any], config: Mapping[str, Any], fam
             raise UnsupportedModelError(
                 f"{path}: model.{key} {json.dumps(model.get(key))} is not what a SentencePiece "
                 f"BPE has ({json.dumps(want)})")
-    return form
 
 
 def _prepended_added(path: str, spec: Mapping[str, Any], normalizer: Any) -> None:
@@ -711,15 +771,11 @@ def _byte_pieces(path: str, field: str, pieces: Collection[str]) -> None:
                    "without them)")
 
 
-def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any], family: Family
-              ) -> tuple[list[KeyValue], SpmForm]:
+def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any]) -> list[KeyValue]:
     """The keys llama.cpp's converter writes from a ``tokenizer.model``, made from the
-    ``tokenizer.json`` transformers converted it to (see the module notes), and its form."""
+    ``tokenizer.json`` transformers converted it to (see the module notes)."""
     path = os.path.join(directory, "tokenizer.json")
-    config_path = os.path.join(directory, "tokenizer_config.json")
-    form = _spm_form(path, spec, check_tokenizer_config(config_path) if exists(config_path)
-                     else {}, family)
-    _prepended_added(path, spec, form.normalizer)
+    _spm_json_model(path, spec)
     model = spec["model"]
     vocab: dict[str, int] = model["vocab"]
     if not vocab:
@@ -756,7 +812,7 @@ def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any], family: 
         tokens[i], types[i] = piece, kind
         scores[i] = -float(i - first) if kind == NORMAL and first is not None else 0.0
     _json_added(spec, n, tokens, scores, types)
-    return _spm_keys(directory, vocab_size, tokens, scores, types), form
+    return _spm_keys(directory, vocab_size, tokens, scores, types)
 
 
 def _json_added(spec: Mapping[str, Any] | None, n: int, tokens: list[str], scores: list[float],
@@ -989,32 +1045,34 @@ def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
             head.append(KeyValue("tokenizer.ggml.add_space_prefix", ValueType.BOOL, said))
     tok_json = os.path.join(directory, "tokenizer.json")
     spec = check_tokenizer_json(tok_json, vocab_size) if exists(tok_json) else None
-    prefix: bool | None = None
-    if exists(os.path.join(directory, "tokenizer.model")):
-        body = _spm(directory, vocab_size, spec)
-        _same_pieces(directory, spec)
-        if spec is not None:  # transformers runs its steps, with its added tokens
-            run = check_tokenizer_config(config) if exists(config) else {}
-            _prepended_added(tok_json, spec, spm_steps(spec, run, family)[0])
-        # beside it, transformers runs the tokenizer.json's post-processor; without one it
-        # adds a BOS only where tokenizer_config.json says add_bos_token (llama.cpp's
-        # SentencePiece default adds one unless told)
-        said = ("bos",) if spec is None or spec.get("post_processor") else ()
-        tail = _special_kvs(directory, spec, vocab_size, merges=False, n_vocab=vocab_size,
-                            unsaid=said)
-        kind = "sentencepiece"
-    elif spec is not None and is_spm_json(spec):
-        body, form = _spm_json(directory, vocab_size, spec, family)
+    run = check_tokenizer_config(config) if exists(config) else {}
+    has_model = exists(os.path.join(directory, "tokenizer.model"))
+    if has_model or (spec is not None and is_spm_json(spec)):
+        # one form for every SentencePiece folder: the steps transformers 5 runs for it
+        proto = (_import("sentencepiece.sentencepiece_model_pb2").ModelProto.FromString(
+            _spm_processor(directory).serialized_model_proto()) if has_model else None)
+        form = spm_form(directory, spec, run, family, proto)
+        if spec is not None:
+            _prepended_added(tok_json, spec, form.normalizer)
+        if has_model:
+            body = _spm(directory, vocab_size, spec)
+            _same_pieces(directory, spec)
+            kind = "sentencepiece"
+        else:
+            body = _spm_json(directory, vocab_size, cast("Mapping[str, Any]", spec))
+            kind = "sentencepiece (tokenizer.json)"
         tail = [kv for kv in _special_kvs(directory, spec, vocab_size, merges=False,
-                                          n_vocab=vocab_size, unsaid=("bos", "eos"))
-                if SPM_IMPLIED.get(kv.key, ()) != kv.value]
+                                          n_vocab=vocab_size)
+                if has_model or SPM_IMPLIED.get(kv.key, ()) != kv.value]
         # the form decides the prefix (llama.cpp's default is one, which the reference leaves
         # unwritten unless the family writes it, or tokenizer_config.json said otherwise)
         said_off = any(kv.key == "tokenizer.ggml.add_space_prefix" and kv.value is False
                        for kv in head)
         prefix = (None if form.space_prefix and family.space_prefix is None and not said_off
                   else form.space_prefix)
-        kind = "sentencepiece (tokenizer.json)"
+        if prefix is not None:
+            head = [kv for kv in head if kv.key != "tokenizer.ggml.add_space_prefix"]
+            tail.append(KeyValue("tokenizer.ggml.add_space_prefix", ValueType.BOOL, prefix))
     elif spec is not None:
         body = _bpe(directory, vocab_size, spec)
         tail = _special_kvs(directory, spec, vocab_size, merges=True, n_vocab=None)
@@ -1023,9 +1081,4 @@ def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
         raise UnsupportedModelError(f"{directory}: no tokenizer.model or tokenizer.json "
                                     f"(supported: {'; '.join(SUPPORTED)})")
     _added_in_json(directory, spec)
-    if kind == "sentencepiece":
-        prefix = family.space_prefix
-    if prefix is not None and kind.startswith("sentencepiece"):
-        head = [kv for kv in head if kv.key != "tokenizer.ggml.add_space_prefix"]
-        tail.append(KeyValue("tokenizer.ggml.add_space_prefix", ValueType.BOOL, prefix))
     return Vocab(kind, tuple(head + body + tail))
