@@ -485,8 +485,11 @@ def test_tokenizer_model_beside_tokenizer_json_keeps_its_added_tokens(tmp_path: 
                    **({"bos_token": "<bos>", "eos_token": "<eos>"} if arch == "gemma2"
                       else {"add_prefix_space": False}))
     size = with_added_tokens(tok, ("<|im_start|>", "<|im_end|>"), ("<|note|>",))
+    named = AutoTokenizer.from_pretrained(tok)
+    # config.json names the tokenizer's BOS/EOS, as a Gemma's does (generate stops on its EOS)
     model = tiny_model(tmp_path / "m", arch=arch, tokenizer="spm", dtype="float32",
-                       pad_vocab=size - 320, tied=arch == "gemma2")
+                       pad_vocab=size - 320, tied=arch == "gemma2",
+                       bos_token_id=named.bos_token_id, eos_token_id=named.eos_token_id)
     (model / "tokenizer_config.json").unlink()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tok / name, model / name)
@@ -840,3 +843,95 @@ def test_post_processor_llama_cpp_cannot_be_told_is_refused(bpe: Path, tmp_path:
     assert says in r.stderr
     assert "Traceback" not in r.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("key", "value", "field"), [
+    ("extra_special_tokens", ["<|im_start|>", "<|im_end|>"], "extra_special_tokens[0]"),
+    ("additional_special_tokens", ["<|im_start|>"], "additional_special_tokens[0]"),
+    ("extra_special_tokens", {"im_start": "<|im_start|>"}, "extra_special_tokens.im_start"),
+    ("pad_token", "<|im_start|>", "pad_token"),
+])
+def test_tokenizer_model_alone_naming_a_token_it_lacks_is_refused(
+        tmp_path: Path, key: str, value: Any, field: str) -> None:
+    """tokenizer_config.json naming a token the tokenizer.model lacks (ChatML markers, Gemma's
+    <bos>): transformers 5 adds it past the pieces and matches it whole; llama.cpp would hold
+    an unused piece there and spell the text in bytes. Refused naming the field."""
+    from transformers import AutoTokenizer
+
+    model = tiny_model(tmp_path / "m", arch="llama", tokenizer="spm", dtype="float32",
+                       pad_vocab=2)
+    edit_json(model, "tokenizer_config.json", **{key: value})
+    hf = AutoTokenizer.from_pretrained(model)
+    assert hf.encode("<|im_start|>x", add_special_tokens=False)[0] == 320
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 1, r.stderr
+    assert f"tokenizer_config.json: {field}: '<|im_start|>' is not a token of the tokenizer" \
+        in r.stderr
+    assert not out.exists()
+
+
+def test_eos_token_the_vocabulary_lacks_is_refused(bpe: Path, tmp_path: Path) -> None:
+    """An eos_token no piece or added token spells: transformers adds it at vocab_size (past
+    the embedding) and stops on it; the GGUF would stop on config.json's. Refused naming it."""
+    model = tmp_path / "m"
+    shutil.copytree(bpe, model)
+    edit_json(model, "tokenizer_config.json", eos_token="<|nope|>")  # noqa: S106 - a name
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 1, r.stderr
+    assert "tokenizer_config.json: eos_token: '<|nope|>' is not a token" in r.stderr
+    assert not out.exists()
+
+
+def test_too_many_named_special_tokens_are_refused_before_any_is_read(tmp_path: Path) -> None:
+    """More names than the embedding has rows cannot all be tokens: refused by count."""
+    model = tiny_model(tmp_path / "m", arch="llama", tokenizer="spm", dtype="float32")
+    edit_json(model, "tokenizer_config.json",
+              extra_special_tokens=[f"<|x{i}|>" for i in range(100_000)])
+    r = convert(model, tmp_path / "o.gguf")
+    assert r.returncode == 1, r.stderr
+    assert ("tokenizer_config.json: extra_special_tokens: 100000 tokens, more than config.json "
+            "vocab_size 320") in r.stderr
+
+
+def test_split_special_tokens_is_refused(bpe: Path, tmp_path: Path) -> None:
+    """split_special_tokens true: transformers tokenizes "<|end_of_text|>" in text as ordinary
+    text, llama.cpp (parsing specials, as its chat path does) as the special id; no GGUF key
+    says otherwise, so it is refused naming the field."""
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "m"
+    shutil.copytree(bpe, model)
+    edit_json(model, "tokenizer_config.json", split_special_tokens=True)
+    assert 299 not in AutoTokenizer.from_pretrained(model).encode("<|end_of_text|>")
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 1, r.stderr
+    assert "tokenizer_config.json: split_special_tokens: true" in r.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("stops", "converts"), [(298, False), ([298, 299], True)])
+def test_eos_generation_does_not_stop_on_is_refused(bpe: Path, tmp_path: Path, stops: Any,
+                                                    converts: bool) -> None:
+    """tokenizer_config.json's EOS (id 299) against generation_config.json's eos_token_id,
+    what transformers' generate stops on: another id is refused naming both; a list holding it
+    (Llama 3 Instruct's shape) converts with it as the EOS."""
+    from gguf import GGUFReader
+
+    model = tmp_path / "m"
+    shutil.copytree(bpe, model)
+    edit_json(model, "generation_config.json", eos_token_id=stops)
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    if not converts:
+        assert r.returncode == 1, r.stderr
+        assert ("tokenizer_config.json: eos_token and generation_config.json: eos_token_id: "
+                "the tokenizer's EOS is id 299 but transformers' generate stops on 298"
+                ) in r.stderr
+        assert not out.exists()
+        return
+    assert r.returncode == 0, r.stderr
+    field = GGUFReader(out).fields["tokenizer.ggml.eos_token_id"]
+    assert int(field.parts[field.data[0]][0]) == 299

@@ -24,12 +24,14 @@ type is a :class:`~filecord.gguf.errors.CheckpointFileError` naming the file and
 
 Special token ids, ``add_bos``/``add_eos``, merges and the chat template come from gguf-py's
 ``SpecialVocab`` (gguf 0.19), the helper llama.cpp's own converter uses, so they follow the same
-rules for ``tokenizer_config.json``, ``config.json`` and post-processor templates; where the
-post-processor says whether BOS/EOS are added, its word wins over ``tokenizer_config.json``
-(what transformers does, and what llama.cpp's bundled gguf-py does); a template's first or
-last token must be the BOS or EOS the checkpoint names, and a ``config.json`` id list gguf-py
-skips gives the EOS transformers' generate stops on first.  Anything else is refused by name
-before a byte is written.
+rules for ``tokenizer_config.json``, ``config.json`` and post-processor templates. What
+transformers 5 runs decides the rest, one rule per question for every form (``tokenizer.json``
+alone, beside ``tokenizer.model``, or the ``.model`` alone): its steps (:func:`spm_form`), the
+BOS/EOS it adds (:func:`transformers_adds`), the tokens it names (:func:`named_tokens`, all of
+which must be the tokenizer's) and the EOS its generate stops on.  A template's first or last
+token must be the BOS or EOS the checkpoint names, and a ``config.json`` id list gguf-py skips
+gives the EOS transformers' generate stops on first.  Anything else is refused by name before a
+byte is written.
 """
 
 from __future__ import annotations
@@ -125,6 +127,13 @@ def check_tokenizer_config(path: str) -> dict[str, Any]:
     if found is not None:
         raise _bad(path, *found)
     check_chat_template(path, config.get("chat_template"))
+    if _of(path, "split_special_tokens", config.get("split_special_tokens"), (bool,),
+           "true or false"):
+        # transformers then reads special tokens in text as text; llama.cpp's chat path and
+        # server parse them as the special ids, and no GGUF key says otherwise
+        raise _bad(path, "split_special_tokens", "true: transformers tokenizes a special "
+                   "token's text as ordinary text, llama.cpp as the special token "
+                   "(supported: false)")
     for key in config.get("added_tokens_decoder") or {}:
         if not key.isdecimal() or len(key) > 10:
             raise _bad(path, f"added_tokens_decoder.{key}", "keys must be token ids")
@@ -420,6 +429,7 @@ def _special_kvs(directory: str, spec: Mapping[str, Any] | None, vocab_size: int
             raise CheckpointFileError(
                 f"{kv.value} is outside config.json vocab_size {vocab_size} (the embedding's "
                 f"rows)", field=f"{key} (from tokenizer_config.json or config.json)")
+    _stops_on(directory, kvs)
     adds = transformers_adds(spec, config)
     _same_specials(directory, spec, adds, kvs)
     for typ, flag in adds.items():
@@ -492,6 +502,27 @@ def _named(directory: str, spec: Mapping[str, Any] | None, typ: str,
             f"one, so llama.cpp would add no {typ} token", [])
 
 
+def _stops_on(directory: str, kvs: Mapping[str, KeyValue]) -> None:
+    """The EOS the GGUF names must be one transformers' generate stops on:
+    ``generation_config.json``'s ``eos_token_id`` (else ``config.json``'s), or llama.cpp would
+    generate past where transformers ends (or end where it goes on)."""
+    kv = kvs.get("tokenizer.ggml.eos_token_id")
+    if kv is None or not isinstance(kv.value, int):
+        return
+    for name in ("generation_config.json", "config.json"):
+        path = os.path.join(directory, name)
+        said = _json(path).get("eos_token_id") if exists(path) else None
+        if said is None:
+            continue
+        stops = said if isinstance(said, list) else [said]
+        if kv.value not in stops:
+            raise CheckpointFileError(
+                f"the tokenizer's EOS is id {kv.value} but transformers' generate stops on "
+                f"{json.dumps(said)[:80]} ({name}): llama.cpp would stop elsewhere; make them "
+                "agree", field=f"tokenizer_config.json: eos_token and {name}: eos_token_id")
+        return
+
+
 def _listed_ids(directory: str, kvs: dict[str, KeyValue]) -> None:
     """``config.json`` may give a special id as a list (Llama 3.1 Instruct's ``eos_token_id``),
     which gguf-py skips. Where ``tokenizer_config.json`` named no such token, the EOS written
@@ -562,6 +593,54 @@ def _added(directory: str, vocab_size: int, tokens: list[str], scores: list[floa
                 text = text.replace("\u2581", " ")  # llama.cpp wants user tokens pre-normalized
                 types[i] = USER_DEFINED
             tokens[i], scores[i] = text, ADDED_SCORE
+
+
+def named_tokens(path: str, config: Mapping[str, Any], bound: int) -> list[tuple[str, str]]:
+    """(field, text) of every token ``tokenizer_config.json`` names as special: its
+    ``*_token`` fields, ``additional_special_tokens`` (transformers 4's list) and
+    ``extra_special_tokens`` (transformers 5's list or map), strings or objects with a
+    ``content``; more than ``bound`` (the embedding's rows) refused before any are read."""
+    found = [(f"{typ}_token", _token_text(path, f"{typ}_token", config.get(f"{typ}_token")))
+             for typ in SPECIAL_TYPES]
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        listed = config.get(key)
+        if listed is None:
+            continue
+        if isinstance(listed, Mapping):
+            items = [(f"{key}.{name}", v) for name, v in listed.items()]
+        elif isinstance(listed, list):
+            items = [(f"{key}[{n}]", v) for n, v in enumerate(listed)]
+        else:
+            raise _bad(path, key, f"must be a list or an object of tokens, got "
+                       f"{json.dumps(listed)[:80]}")
+        if len(items) > bound:
+            raise _bad(path, key, f"{len(items)} tokens, more than config.json vocab_size "
+                       f"{bound} (the embedding's rows)")
+        found += [(field, _token_text(path, field, v)) for field, v in items]
+    return [(field, text) for field, text in found if text is not None]
+
+
+def _named_in_vocab(directory: str, config: Mapping[str, Any], vocab_size: int,
+                    body: list[KeyValue], spec: Mapping[str, Any] | None) -> None:
+    """Every token ``tokenizer_config.json`` names must be one the tokenizer has: transformers
+    adds a missing one as a new token past the vocabulary (an id the embedding may lack) and
+    matches it whole, while the GGUF would hold an unused piece there and llama.cpp spell the
+    text in pieces."""
+    path = os.path.join(directory, "tokenizer_config.json")
+    kvs = {kv.key: kv.value for kv in body}
+    tokens = cast("tuple[str, ...]", kvs["tokenizer.ggml.tokens"])
+    types = cast("tuple[int, ...]", kvs.get("tokenizer.ggml.token_type") or ())
+    known = {t for t, k in zip(tokens, types, strict=False) if k != UNUSED}
+    if spec is not None:
+        vocab = spec["model"]["vocab"]
+        known.update(vocab if isinstance(vocab, dict) else (e[0] for e in vocab))
+        known.update(e["content"] for e in spec.get("added_tokens") or ())
+    for field, text in named_tokens(path, config, vocab_size):
+        if text not in known:
+            raise _bad(path, field, f"{text!r} is not a token of the tokenizer: transformers "
+                       "would add it past the vocabulary and match it whole, llama.cpp would "
+                       "spell it in pieces (add it to the tokenizer with transformers and save "
+                       "the folder, or remove the name)")
 
 
 def _added_in_json(directory: str, spec: Mapping[str, Any] | None) -> None:
@@ -1081,4 +1160,5 @@ def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
         raise UnsupportedModelError(f"{directory}: no tokenizer.model or tokenizer.json "
                                     f"(supported: {'; '.join(SUPPORTED)})")
     _added_in_json(directory, spec)
+    _named_in_vocab(directory, run, vocab_size, body, spec)
     return Vocab(kind, tuple(head + body + tail))
