@@ -935,3 +935,22 @@ def test_eos_generation_does_not_stop_on_is_refused(bpe: Path, tmp_path: Path, s
     assert r.returncode == 0, r.stderr
     field = GGUFReader(out).fields["tokenizer.ggml.eos_token_id"]
     assert int(field.parts[field.data[0]][0]) == 299
+
+
+def test_qwen2_tokenizer_add_prefix_space_is_refused(tmp_path: Path) -> None:
+    """transformers 5's Qwen2Tokenizer (what model_type qwen2 runs) builds its ByteLevel from
+    tokenizer_config.json's add_prefix_space, whatever the file says: true puts a space before
+    the text, which llama.cpp's qwen2 pre-tokenizer never does; refused naming the key."""
+    from transformers import AutoTokenizer
+
+    model = tiny_model(tmp_path / "m", arch="qwen2", tokenizer="qwen2", dtype="float32")
+    plain = AutoTokenizer.from_pretrained(model).encode("hello", add_special_tokens=False)
+    edit_json(model, "tokenizer_config.json", add_prefix_space=True)
+    assert AutoTokenizer.from_pretrained(model).encode("hello",
+                                                       add_special_tokens=False) != plain
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 1, r.stderr
+    assert "tokenizer_config.json: add_prefix_space: true: transformers 5's Qwen2Tokenizer" \
+        in r.stderr
+    assert not out.exists()

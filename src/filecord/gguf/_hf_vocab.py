@@ -1153,6 +1153,11 @@ def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
             head = [kv for kv in head if kv.key != "tokenizer.ggml.add_space_prefix"]
             tail.append(KeyValue("tokenizer.ggml.add_space_prefix", ValueType.BOOL, prefix))
     elif spec is not None:
+        if running_class(run, family) == "Qwen2Tokenizer" and run.get("add_prefix_space"):
+            # the class builds its own ByteLevel from the flag, whatever the file says
+            raise _bad(config, "add_prefix_space", "true: transformers 5's Qwen2Tokenizer "
+                       "then puts a space before the text, llama.cpp's byte-level "
+                       "pre-tokenizers never do (supported: false)")
         body = _bpe(directory, vocab_size, spec)
         tail = _special_kvs(directory, spec, vocab_size, merges=True, n_vocab=None)
         kind = "bpe"
