@@ -954,3 +954,31 @@ def test_qwen2_tokenizer_add_prefix_space_is_refused(tmp_path: Path) -> None:
     assert "tokenizer_config.json: add_prefix_space: true: transformers 5's Qwen2Tokenizer" \
         in r.stderr
     assert not out.exists()
+
+
+def test_llama_tokenizer_added_ids_with_a_gap_are_refused(tmp_path: Path) -> None:
+    """A LlamaTokenizer tokenizer.json whose added token past the pieces leaves a gap
+    (<|im_end|> at 321, nothing at 320): transformers 5 rebuilds the class and re-adds it at
+    320, the GGUF would keep 321; refused naming added_tokens."""
+    from transformers import AutoTokenizer
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    saved_spm_json(tok, "LlamaTokenizer", add_prefix_space=False)
+    with_added_tokens(tok, ("<|im_start|>", "<|im_end|>"), ())
+    spec = json.loads((tok / "tokenizer.json").read_text())
+    spec["added_tokens"] = [e for e in spec["added_tokens"] if e["content"] != "<|im_start|>"]
+    (tok / "tokenizer.json").write_text(json.dumps(spec))
+    model = tiny_model(tmp_path / "m", arch="llama", tokenizer="spm", dtype="float32",
+                       pad_vocab=2)
+    for name in ("tokenizer.model", "tokenizer_config.json"):
+        (model / name).unlink()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok / name, model / name)
+    assert AutoTokenizer.from_pretrained(model).convert_tokens_to_ids("<|im_end|>") == 320
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 1, r.stderr
+    assert "tokenizer.json: added_tokens: an added token at id 321 where 320 is the next" \
+        in r.stderr
+    assert not out.exists()

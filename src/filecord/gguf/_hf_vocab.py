@@ -838,6 +838,22 @@ def _prepended_added(path: str, spec: Mapping[str, Any], normalizer: Any) -> Non
                        "(supported: false, as transformers writes a special token)")
 
 
+def _added_in_order(path: str, spec: Mapping[str, Any]) -> None:
+    """transformers 5 rebuilds a LlamaTokenizer and adds the file's added tokens past the
+    pieces again, in order, so they get the ids right after the vocabulary: ids the file
+    gives otherwise (a gap) are not the ones transformers uses, while the GGUF would keep
+    them."""
+    vocab = spec["model"]["vocab"]
+    n = len(vocab)
+    past = sorted(e["id"] for e in spec.get("added_tokens") or () if e["id"] >= n)
+    for k, i in enumerate(past):
+        if i != n + k:
+            raise _bad(path, "added_tokens", f"an added token at id {i} where {n + k} is the "
+                       f"next after the {n} pieces: transformers 5's LlamaTokenizer renumbers "
+                       "them without the gap, the GGUF would keep the file's ids (save the "
+                       "tokenizer with transformers to renumber it)")
+
+
 def _byte_pieces(path: str, field: str, pieces: Collection[str]) -> None:
     """A SentencePiece vocabulary must hold all 256 ``<0xNN>`` byte pieces: llama.cpp spells a
     character outside the vocabulary in them and aborts the process when one is not there
@@ -1133,6 +1149,8 @@ def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
         form = spm_form(directory, spec, run, family, proto)
         if spec is not None:
             _prepended_added(tok_json, spec, form.normalizer)
+            if running_class(run, family) == "LlamaTokenizer":
+                _added_in_order(tok_json, spec)
         if has_model:
             body = _spm(directory, vocab_size, spec)
             _same_pieces(directory, spec)
