@@ -982,3 +982,24 @@ def test_llama_tokenizer_added_ids_with_a_gap_are_refused(tmp_path: Path) -> Non
     assert "tokenizer.json: added_tokens: an added token at id 321 where 320 is the next" \
         in r.stderr
     assert not out.exists()
+
+
+def test_tokenizer_json_without_byte_fallback_beside_a_byte_fallback_model_is_refused(
+        tmp_path: Path) -> None:
+    """Beside a tokenizer.model with byte pieces, a tokenizer.json with byte_fallback false
+    (what transformers runs for a Mistral) never spells a character outside the vocabulary in
+    bytes; llama.cpp, given the .model, does. Refused naming the field."""
+    from transformers import AutoTokenizer
+
+    model = model_beside_json(tmp_path, "mistral", lambda d: None)
+    spec = json.loads((model / "tokenizer.json").read_text())
+    spec["model"]["byte_fallback"] = False
+    (model / "tokenizer.json").write_text(json.dumps(spec))
+    # no byte pieces (ids 3..258, after <unk>, <s>, </s>) in transformers' ids
+    hf = AutoTokenizer.from_pretrained(model).encode("\u0416", add_special_tokens=False)
+    assert not [i for i in hf if 3 <= i < 259], hf
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 1, r.stderr
+    assert "tokenizer.json: model.byte_fallback: false beside a tokenizer.model" in r.stderr
+    assert not out.exists()

@@ -1114,6 +1114,13 @@ def _same_pieces(directory: str, spec: Mapping[str, Any] | None) -> None:
         pieces = {}
     proc = _spm_processor(directory)
     spm_pieces = {proc.IdToPiece(i): i for i in range(proc.vocab_size())}
+    if (model.get("type") == "BPE" and not model.get("byte_fallback")
+            and any(proc.IsByte(i) for i in range(proc.vocab_size()))):
+        # transformers runs the file's BPE, llama.cpp is given the .model's byte fallback
+        raise _bad(os.path.join(directory, "tokenizer.json"), "model.byte_fallback",
+                   "false beside a tokenizer.model with byte pieces: transformers never "
+                   "spells a character outside the vocabulary in bytes (it takes the unknown "
+                   "token or drops it), llama.cpp does (supported: true)")
     differ = [t for t, i in pieces.items() if spm_pieces.get(t) != i]
     if model.get("type") not in ("BPE", "Unigram") or differ or len(pieces) != len(spm_pieces):
         raise UnsupportedModelError(
