@@ -44,7 +44,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
@@ -191,24 +191,26 @@ class Journal:
         ))
 
 
+# The head's fields as written, in order (an output is a list, a source an object; a source's
+# ``dests`` apart): its encoding and its strict parsing both read them here.
+_OUTPUT = (("final", str), ("dev", int), ("ino", int), ("length", int), ("mode", int),
+           ("uid", int), ("gid", int), ("direct", bool), ("old_dev", int), ("old_ino", int))
+_SOURCE = (("dev", int), ("ino", int), ("path", str), ("size", int), ("run_start", int),
+           ("atime_ns", int), ("mtime_ns", int), ("mode", int), ("adopt", bool), ("dense", bool))
+
+
 def _body(j: Journal) -> dict[str, object]:
     return {
         "version": VERSION,
         "token": j.token,
         "window": j.window,
-        "outputs": [
-            [o.final, o.dev, o.ino, o.length, o.mode, o.uid, o.gid, o.direct, o.old_dev,
-             o.old_ino, *([True] if o.discard else [])] for o in j.outputs
-        ],
+        "outputs": [[getattr(o, k) for k, _t in _OUTPUT] + ([True] if o.discard else [])
+                    for o in j.outputs],
         **({"removals": [[r.path, r.dev, r.ino, r.size, r.mtime_ns] for r in j.removals]}
            if j.removals else {}),
         "sources": [
-            {
-                "path": s.path, "dev": s.dev, "ino": s.ino, "size": s.size,
-                "run_start": s.run_start, "atime_ns": s.atime_ns, "mtime_ns": s.mtime_ns,
-                "mode": s.mode, "adopt": s.adopt, "dense": s.dense,
-                "dests": [[d.output, d.out_offset, d.length, d.src_offset] for d in s.dests],
-            }
+            {**{k: getattr(s, k) for k, _t in _SOURCE},
+             "dests": [[d.output, d.out_offset, d.length, d.src_offset] for d in s.dests]}
             for s in j.sources
         ],
     }
@@ -283,12 +285,12 @@ def _checks(line: bytes) -> bool:
     return True
 
 
-def _is_head(line: bytes) -> bool:
+def _unframed(line: bytes) -> dict[str, object] | None:
+    """:func:`unframe`, or None for a line that does not check (a stray record too)."""
     try:
-        rec = unframe(line)
+        return unframe(line)
     except (ValueError, KeyError, TypeError):
-        return False
-    return "save" in rec
+        return None
 
 
 def _overlong(line: bytes) -> bool:
@@ -389,13 +391,8 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
     and the offset of the first of those lines."""
     lines, torn = split_lines(data)
     start = 0
-    if lines and not data.startswith(MAGIC):
-        try:  # the magic line itself damaged: the checksum, not the position, is the proof
-            unframe(lines[0])
-        except (ValueError, KeyError, TypeError):
-            start = len(lines[0]) + 1
-            lines = lines[1:]
-    elif lines:
+    # The magic line itself damaged: the checksum, not the position, says it is no record.
+    if lines and (data.startswith(MAGIC) or _unframed(lines[0]) is None):
         start = len(lines[0]) + 1
         lines = lines[1:]
     problems: list[str] = []
@@ -432,7 +429,8 @@ def read_log(data: bytes) -> Log:
     first step, which must not vanish); a step where it belongs means the first copy went
     with a damaged magic line, and is read as the first step."""
     j, lines, torn, start = _head(data)
-    heads = 1 if len(lines) > 1 and _checks(lines[1]) and not _is_head(lines[1]) else 2
+    heads = 1 if len(lines) > 1 and _checks(lines[1]) and "save" not in (
+        _unframed(lines[1]) or {}) else 2
     rest = lines[heads:]
     if len(lines) > 1 and not _checks(lines[1]) and (
         _overlong(lines[1]) or any(_checks(line) for line in rest)
@@ -507,8 +505,6 @@ def _a(kind: type[_T], v: object) -> _T:
 
 
 _HEAD_KEYS = {"version", "token", "window", "outputs", "removals", "sources"}
-_SOURCE_KEYS = {"path", "dev", "ino", "size", "run_start", "atime_ns", "mtime_ns", "mode",
-                "adopt", "dense", "dests"}
 
 
 def _parse(body: object) -> Journal:
@@ -525,19 +521,13 @@ def _parse(body: object) -> Journal:
     )
     sources = []
     for s in body["sources"]:
-        if set(s) != _SOURCE_KEYS:
+        if set(s) != {"dests", *(k for k, _t in _SOURCE)}:
             raise ValueError(f"a source has fields {sorted(s)}")
-        key = (_a(int, s["dev"]), _a(int, s["ino"]))
-        sources.append(JournalSource(
-            path=_a(str, s["path"]), dev=key[0], ino=key[1], size=_a(int, s["size"]),
-            run_start=_a(int, s["run_start"]), atime_ns=_a(int, s["atime_ns"]),
-            mtime_ns=_a(int, s["mtime_ns"]), mode=_a(int, s["mode"]),
-            adopt=_a(bool, s["adopt"]), dense=_a(bool, s["dense"]),
-            dests=tuple(
-                PieceRef(_a(int, o), 0, _a(int, off), _a(int, n), key, _a(int, so))
-                for o, off, n, so in s["dests"]
-            ),
-        ))
+        fields: dict[str, Any] = {k: _a(kind, s[k]) for k, kind in _SOURCE}
+        key = (fields["dev"], fields["ino"])
+        sources.append(JournalSource(**fields, dests=tuple(
+            PieceRef(_a(int, o), 0, _a(int, off), _a(int, n), key, _a(int, so))
+            for o, off, n, so in s["dests"])))
     token = _a(str, body["token"])
     if not _names.is_token(token):
         raise ValueError(f"token {token!r} is malformed")
@@ -545,15 +535,14 @@ def _parse(body: object) -> Journal:
 
 
 def _output(o: object) -> JournalOutput:
-    """One output entry: ten fields, and an eleventh ``true`` for a discard output (a head
-    written before discard outputs existed has ten)."""
+    """One output entry: the ten fields of ``_OUTPUT``, and an eleventh ``true`` for a discard
+    output (a head written before discard outputs existed has ten)."""
     if not isinstance(o, list) or len(o) not in (10, 11):
         raise ValueError("an output entry is not a list of 10 or 11 fields")
-    f, d, i, n, m, u, g, x, od, oi = o[:10]
     if len(o) == 11 and o[10] is not True:
         raise ValueError("an output's discard mark is not true")
-    return JournalOutput(_a(str, f), _a(int, d), _a(int, i), _a(int, n), _a(int, m), _a(int, u),
-                         _a(int, g), _a(bool, x), _a(int, od), _a(int, oi), discard=len(o) == 11)
+    fields: dict[str, Any] = {k: _a(kind, v) for (k, kind), v in zip(_OUTPUT, o, strict=False)}
+    return JournalOutput(**fields, discard=len(o) == 11)
 
 
 def _clean(path: str) -> bool:
