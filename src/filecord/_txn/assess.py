@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import errno
 import os
-import stat as stat_mod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._plan.plan import cover
-from filecord._txn import journal
+from filecord._txn import journal, undo
 from filecord._txn.decide import Actor, Found
 from filecord._txn.journal import Journal, JournalSource
 from filecord._txn.stages import Stage
@@ -145,12 +144,6 @@ def seen_mid_move(exc: BaseException, key: Key | None) -> DataChangedError | Non
     return exc if isinstance(exc, DataChangedError) and key is not None else None
 
 
-def left_at(exc: BaseException, key: Key | None) -> dict[Key, int]:
-    """The size the move last left the changed source ``key`` at, when ``exc`` says it."""
-    during = seen_mid_move(exc, key)
-    return {} if during is None or key is None else {key: during.expected_size}
-
-
 def restored_note(restored: int, exc: BaseException) -> str:
     """What a finished rollback of ``restored`` sources says about them."""
     if isinstance(exc, DataChangedError):
@@ -260,8 +253,6 @@ def _crashed(j: Journal, r: Records, seen: Observed) -> Assessment:
 
 
 # --- the predicates (pure, on observed facts) -------------------------------------------------
-
-
 
 def as_seen(st: Facts, look: Facts, pending: int | None = None) -> bool:
     """Whether ``st`` is the file as the save last looked at it: same size, modification and
@@ -428,13 +419,8 @@ def check_committed(j: Journal, seen: Observed) -> RecoverError | None:
 # --- the one look -----------------------------------------------------------------------------
 
 def _facts(path: str, dev: int, ino: int) -> Facts | None:
-    try:
-        st = _sys.lstat(path)
-    except FileNotFoundError:
-        return None
-    if (st.st_dev, st.st_ino) != (dev, ino) or not stat_mod.S_ISREG(st.st_mode):
-        return None
-    return Facts.of(st)
+    st = undo.same_file(path, dev, ino)
+    return None if st is None else Facts.of(st)
 
 
 def observe(j: Journal, *, recover: bool = False) -> Observed:

@@ -131,7 +131,9 @@ def _keep(txn: Txn, f: _Failed, notes: list[str], *, held: bool = False) -> NoRe
     drop_locks(txn, remove=False)
     record, path = _journaled(txn)
     states: tuple[SourceState, ...] = ()
-    left_at = assess.left_at(f.exc, txn.moving or txn.changed)
+    key = txn.moving or txn.changed
+    during = assess.seen_mid_move(f.exc, key)  # the size the move last left it at
+    left_at = {} if during is None or key is None else {key: during.expected_size}
     seen = assess.observe(record)
     if seen.unreadable is not None:
         notes.append("could not look at the sources to say where their bytes are: "
