@@ -78,7 +78,9 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("replay: an overlong (merged) record taken as torn", "journal.py",
      "            if _overlong(line):\n", "            if False:\n", [UNIT]),
     ("head: a damaged second copy before a good record ignored", "journal.py",
-     "        _overlong(lines[1]) or any(_checks(line) for line in rest)", "        False", [UNIT]),
+     "        _overlong(lines[1])\n"
+     "        or (len(lines[1]) != len(lines[0]) and any(_checks(line) for line in rest))",
+     "        False", [UNIT]),
     ("length field not compared", "journal.py",
      "or int(length, 16) != len(payload):", ":", [UNIT]),
     ("recover ignores the journal's moved records", "recover.py",

@@ -409,10 +409,7 @@ def check_committed(j: Journal, seen: Observed) -> RecoverError | None:
     for o, (out, of) in enumerate(zip(j.outputs, seen.outputs, strict=True)):
         if (not out.direct and not out.discard and of.temp is not None
                 and of.temp.size != out.length):
-            return RecoverError(f"{j.temp(o)}: the temp of {out.final} is {of.temp.size} bytes "
-                                f"where the journal says the complete output has {out.length}: "
-                                "another process changed it, so it is not renamed onto the "
-                                "final name")
+            return undo.temp_changed(j, o, of.temp.size)
     return None
 
 
@@ -507,13 +504,8 @@ def _moved_where(j: Journal, s: JournalSource, f: SourceFacts,
                 f"{boundary}: another process changed it; " + (
                     f"its bytes [0, {kept}) are there" if kept else
                     "none of its bytes are there"))
-    if boundary < s.size:
-        try:
-            segs = cover(s.dests, max(boundary, s.run_start), s.size)
-        except ValueError:
-            segs = []
+    if boundary < s.size:  # ``journal.confine`` proved the ranges hold the moved bytes
         line += "; " + ", ".join(
             f"[{a}, {b}) at offset {d.out_offset + a - d.src_offset} of {j.temp(d.output)}"
-            for a, b, d in segs
-        )
+            for a, b, d in cover(s.dests, max(boundary, s.run_start), s.size))
     return line

@@ -19,7 +19,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NoReturn, TypeVar
+from typing import NoReturn
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
@@ -36,7 +36,6 @@ from filecord.errors import (
 )
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 def drop_locks(txn: Txn, *, remove: bool) -> None:
@@ -59,15 +58,6 @@ def close_descriptors(txn: Txn) -> list[OSError]:
     txn.fds = [None] * len(txn.fds)
     txn.src_fds.clear()
     return _sys.close_each(fds)
-
-
-def _attempt(fn: Callable[[T], None], arg: T) -> OSError | None:
-    """Run one cleanup call; its error is returned for the notes, never raised over the cause."""
-    try:
-        fn(arg)
-    except OSError as exc:
-        return exc
-    return None
 
 
 def _close(txn: Txn, notes: list[str]) -> None:
@@ -232,11 +222,7 @@ def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     try:
         begin.append_step(txn, journal.step(Stage.ROLLING_BACK), Stage.ROLLING_BACK)
         _close(txn, notes)  # the undo opens what it needs by name, as recover does
-        temps = undo.open_temps(record)
-        try:
-            restored = undo.roll_back(record, temps, txn.counters, frozenset(txn.inserted))
-        finally:
-            undo.close_all(temps)
+        restored = undo.roll_back(record, txn.counters, frozenset(txn.inserted))
     except BaseException as rexc:  # noqa: BLE001 - any failure here leaves the journal in charge
         notes.append(f"rolling back also failed: {rexc!r}")
         _ACTIONS[decide(Actor.SAVE, txn.stage, Found.UNREADABLE)](
@@ -280,10 +266,13 @@ def _remove_garbage(txn: Txn, notes: list[str]) -> bool:
     first = next((o for o in txn.prep.plan.outputs if not o.direct), None)
     if first is not None:
         paths.append(_names.sibling(first.target, txn.token, _names.PENDING))
-    attempts = ((p, _attempt(_sys.unlink_missing_ok, p)) for p in paths)
-    failed = [(p, e) for p, e in attempts if e is not None]
-    notes.extend(f"could not remove {p}: {e}" for p, e in failed)
-    left = bool(failed)
+    left = False
+    for p in paths:  # each error is noted, never raised over the cause
+        try:
+            _sys.unlink_missing_ok(p)
+        except OSError as exc:  # noqa: PERF203 - every path is tried
+            notes.append(f"could not remove {p}: {exc}")
+            left = True
     if txn.journal_path is not None and not left:
         try:
             _sys.fsync_parents(paths)

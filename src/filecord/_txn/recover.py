@@ -208,7 +208,7 @@ def _recover_journal_less(directory: str, token: str,
                             "made and is gone, and its temps may hold moved bytes; nothing was "
                             "touched")
     except BaseException:
-        _close_quietly(fd)
+        _sys.close_each([fd])
         raise
     # The journal never became durable: nothing destructive happened, the rest is garbage.
     action = table.decide(table.Actor.RECOVER, Stage.CREATED, Found.AS_LEFT)  # DISCARD
@@ -256,13 +256,6 @@ def _exists(path: str) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def _close_quietly(fd: int) -> None:
-    try:
-        _sys.close(fd)
-    except OSError as exc:
-        log.debug("closing a lock: %s", exc)
 
 
 def _read(path: str) -> tuple[bytes, os.stat_result]:
@@ -319,9 +312,7 @@ def _lock_all(
                 raise _LockRefusalError(Found.FOREIGN, f"the lock file {path} belongs to "
                                         "another journal: this one reaches beyond its save")
     except BaseException:
-        for d, (_p, fd) in locks.items():
-            if d not in held:
-                _close_quietly(fd)
+        _sys.close_each([fd for d, (_p, fd) in locks.items() if d not in held])
         raise
     return locks
 
@@ -336,14 +327,13 @@ def _recover_journal(
     try:
         result = _judge(path, suffix, locks)
     except BaseException:
-        for _p, fd in locks.values():
-            _close_quietly(fd)
+        _sys.close_each([fd for _p, fd in locks.values()])
         raise
     for lock, fd in locks.values():
         if result is not None and result.action in ("finished", "restored", "discarded"):
             liveness.release(lock, fd)
         else:
-            _close_quietly(fd)
+            _sys.close_each([fd])
     return result
 
 
@@ -457,11 +447,7 @@ def _roll_back(path: str, log_: journal.Log, stage: Stage, action: table.Action)
     j = log_.journal
     if stage is Stage.MOVING:  # ROLL_BACK from journaled or moving: first the log says so
         _append(path, log_, journal.step(Stage.ROLLING_BACK))
-    temps = undo.open_temps(j)
-    try:
-        undo.roll_back(j, temps, transfer.Counters(), log_.inserted)
-    finally:
-        undo.close_all(temps)
+    undo.roll_back(j, transfer.Counters(), log_.inserted)
     undo.remove_temps(j)
     # The claim "temps removed" is checked against the directories, not the journal.
     left = assess.token_files(j)

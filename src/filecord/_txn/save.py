@@ -447,13 +447,13 @@ def _commit(txn: Txn) -> None:
     txn.to(Stage.RENAMED)
     if txn.durable:
         txn.counters.fsyncs += _sys.fsync_parents(finals)
-    kept: list[looks.Kept] = []
+    kept = None
     if record is not None and txn.journal_path is not None:
         # Removals first: the parked sources prove their directories the save's to recover.
         txn.removed, txn.changed_removals = undo.discard_and_remove(record)
-        kept = looks.unlink_consumed(txn, record)
+        kept = undo.unlink_parked(record, lambda s, st: looks.changed(txn, s, st), txn.counters)
         _sys.unlink(txn.journal_path)
     txn.to(Stage.DONE)
     drop_locks(txn, remove=True)
-    if kept:  # the outputs are complete; a source written after the last look is kept
-        looks.raise_kept(kept)
+    if kept is not None:  # the outputs are complete; a source written after the last look
+        raise kept
