@@ -99,7 +99,7 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("assess: a truncate in flight not allowed for", "assess.py",
      "    return pending is not None and st.size == pending", "    return False", [UNIT]),
     ("assess: the unchanged-source mtime not checked", "assess.py",
-     "    if st.mtime_ns == s.mtime_ns:\n        return None", "    return None", [UNIT]),
+     "    if st.size == s.size and st.mtime_ns != s.mtime_ns:", "    if False:", [UNIT]),
     ("lock pointer: another token accepted", "liveness.py",
      "parsed != (token, _names.JOURNAL)", "parsed[1] != _names.JOURNAL", [UNIT]),
     ("of_change: a link taken as a content change", "assess.py",
@@ -130,8 +130,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("a reopened source held to a fresh baseline, not its first", "fill.py",
      "                _compare(data, was, st)\n                st = was\n", "", [PIECES]),
     ("notes ignore the moves the journal says finished", "recover.py",
-     "    return assess.whereabouts(j, seen, done=log_.moved, inserted=inserted, held=held,",
-     "    return assess.whereabouts(j, seen, inserted=inserted, held=held,",
+     "    return assess.where_now(j, None, 0 if log_ is None else log_.moved, inserted,",
+     "    return assess.where_now(j, None, 0, inserted,",
      [NOTES]),
     ("failure: the change seen mid-move ignored", "assess.py",
      "    return exc if isinstance(exc, DataChangedError) and key is not None else None",
@@ -163,8 +163,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "    lost = stage is Stage.MOVING and assess.renamed(j, seen)",
      "    lost = False", [COMPLETED]),
     ("an emptied lock file taken for another journal's", "recover.py",
-     "            if said.journal is None:  # emptied or zeroed",
-     "            if False:  # emptied or zeroed", [COMPLETED]),
+     "        if said.journal is None:  # emptied or zeroed",
+     "        if False:  # emptied or zeroed", [COMPLETED]),
     # --- issue 36's second pass: adoption as a plan option, recover's outcomes as rows ----
     ("in_place=False ignored: a source adopted in place anyway", "save.py",
      "    adopt_in_place = consume and in_place\n", "    adopt_in_place = consume\n",
@@ -176,7 +176,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      'return _decided(path, stage, Found.UNPROVEN, "its save is running (a lock is held)")',
      [LIVE]),
     ("recover discards a journal-less save whose lock says its journal was made", "recover.py",
-     "        if journaled and others:", "        if False:", [JOURNAL_GONE]),
+     "        (said.journaled and others, Found.UNPROVEN,", "        (False, Found.UNPROVEN,",
+     [JOURNAL_GONE]),
 ]
 
 

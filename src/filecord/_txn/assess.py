@@ -144,16 +144,6 @@ def seen_mid_move(exc: BaseException, key: Key | None) -> DataChangedError | Non
     return exc if isinstance(exc, DataChangedError) and key is not None else None
 
 
-def restored_note(restored: int, exc: BaseException) -> str:
-    """What a finished rollback of ``restored`` sources says about them."""
-    if isinstance(exc, DataChangedError):
-        # Only whole files were involved (an adopted file is renamed, never cut): they are
-        # back under their names, but the changed one holds the other process's change.
-        return (f"{restored} source file(s) were given back their names; {exc.path} holds "
-                "what another process made of it, not its original bytes")
-    return f"the moved bytes were put back into {restored} source file(s), byte-exact"
-
-
 def damaged(exc: journal.JournalDamagedError) -> Assessment:
     return Assessment(Found.DAMAGED, exc, why=f"{exc}; nothing was touched")
 
@@ -201,13 +191,10 @@ def _running(j: Journal, r: Records, seen: Observed) -> Assessment:
         key = (s.dev, s.ino)
         look = r.looks.get(key)
         at = locate(j, s, f)
-        if s.adopt or look is None or at is None or as_seen(at[1], look.facts, look.pending):
+        err = None if s.adopt or look is None or at is None else changed_since(
+            at[0], at[1], look, "another process changed it after the save's last look")
+        if err is None:
             continue
-        kind = change_kind(at[1], look.facts)
-        err = DataChangedError(at[0], expected_size=look.facts.size, found_size=at[1].size,
-                               reason=(METADATA_ONLY if kind is ChangeKind.METADATA else
-                                       "another process changed it after the save's last look"),
-                               kind=kind)
         err.__context__ = r.cause
         found = of_change(err)
         why = ("a source's metadata was changed by another process: the journal and temps "
@@ -262,12 +249,15 @@ def as_seen(st: Facts, look: Facts, pending: int | None = None) -> bool:
     return pending is not None and st.size == pending
 
 
-def change_kind(st: Facts, look: Facts) -> ChangeKind:
-    """``METADATA`` when only the ctime differs from the look (same size and mtime: a chmod or
-    chattr, which holds no journal), else ``CONTENT``."""
-    if (st.size, st.mtime_ns) == (look.size, look.mtime_ns):
-        return ChangeKind.METADATA
-    return ChangeKind.CONTENT
+def changed_since(name: str, st: Facts, look: Look, why: str) -> DataChangedError | None:
+    """The change if ``st`` is not as the save last looked (:func:`as_seen`): ``METADATA``
+    when only the ctime moved (a chmod or chattr, which holds no journal), else ``why``."""
+    if as_seen(st, look.facts, look.pending):
+        return None
+    metadata = (st.size, st.mtime_ns) == (look.facts.size, look.facts.mtime_ns)
+    return DataChangedError(name, expected_size=look.facts.size, found_size=st.size,
+                            reason=METADATA_ONLY if metadata else why,
+                            kind=ChangeKind.METADATA if metadata else ChangeKind.CONTENT)
 
 
 def moved(j: Journal) -> list[JournalSource]:
@@ -301,14 +291,20 @@ def check_strict(j: Journal, seen: Observed, done: int = 0,
 
 def _cut_to(s: JournalSource, name: str, st: Facts, sizes: tuple[int, ...]
             ) -> DataChangedError | None:
-    """A parked source at one of the ``sizes`` this save's cuts can have left it at (at its
-    full size, also at its journaled mtime)."""
+    """A parked source at one of the ``sizes`` this save's cuts can have left it at.  At its
+    full size it was never shortened (or a rollback finished and put its times back), so its
+    mtime is the journaled one: a same-size rewrite is refused, never "restored" over."""
     if st.size not in sizes:
         return DataChangedError(
             name, expected_size=sizes[-1], found_size=st.size,
             reason=f"the save's records leave it at {' or '.join(map(str, sorted(set(sizes))))} "
             "bytes: another process changed it")
-    return _untouched(s, name, st) if st.size == s.size else None
+    if st.size == s.size and st.mtime_ns != s.mtime_ns:
+        return DataChangedError(
+            name, expected_size=s.size, found_size=st.size,
+            reason=f"its modification time is {st.mtime_ns} ns where the journal recorded "
+            f"{s.mtime_ns} ns and this save never shortened it: another process rewrote it")
+    return None
 
 
 def _adopted(j: Journal, s: JournalSource, f: SourceFacts, *,
@@ -318,27 +314,12 @@ def _adopted(j: Journal, s: JournalSource, f: SourceFacts, *,
     alone).  Under its own name it was never adopted, or the undo finished: nothing to check
     (the undo does not touch it there)."""
     length = j.outputs[s.dests[0].output].length
-    whole = not s.inserted and length == s.size
-    if f.at_temp is not None and not whole:  # a file adopted whole is only renamed back
-        if s.adopted_size(f.at_temp.size, length, inserted=inserted):
-            return None
-        return DataChangedError(
-            j.temp(s.dests[0].output), expected_size=s.size + s.inserted,
-            found_size=f.at_temp.size,
-            reason=s.adopted_change(f.at_temp.size, length, inserted=inserted))
-    return None
-
-
-def _untouched(s: JournalSource, name: str, st: Facts) -> DataChangedError | None:
-    """A source at its full size was never shortened by this save (or a rollback finished and
-    put its journaled mtime back), so its mtime must be the journaled one: a same-size rewrite
-    by another process is refused here, never "restored" and its mtime reset over the change."""
-    if st.mtime_ns == s.mtime_ns:
+    whole = not s.inserted and length == s.size  # a file adopted whole is only renamed back
+    if f.at_temp is None or whole or s.adopted_size(f.at_temp.size, length, inserted=inserted):
         return None
-    return DataChangedError(
-        name, expected_size=s.size, found_size=st.size,
-        reason=f"its modification time is {st.mtime_ns} ns where the journal recorded "
-        f"{s.mtime_ns} ns and this save never shortened it: another process rewrote it")
+    return DataChangedError(j.temp(s.dests[0].output), expected_size=s.size + s.inserted,
+                            found_size=f.at_temp.size,
+                            reason=s.adopted_change(f.at_temp.size, length, inserted=inserted))
 
 
 def check_temps(j: Journal, seen: Observed) -> OSError | None:
@@ -465,6 +446,18 @@ def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = 
     return [_adopted_where(j, s, f, inserted=(s.dev, s.ino) in inserted, held=held) if s.adopt
             else _moved_where(j, s, f, left_at)
             for s, f in zip(j.sources, seen.sources, strict=True)]
+
+
+def where_now(j: Journal, left_at: Mapping[Key, int] | None = None, done: int = 0,
+              inserted: frozenset[Key] = frozenset(), *, held: bool = False,
+              cuts: Mapping[Key, tuple[int, ...]] | None = None) -> tuple[list[str], Observed]:
+    """:func:`whereabouts` looked at afresh (the files may have changed since the assessment),
+    and that look."""
+    seen = observe(j)
+    if seen.unreadable is not None:
+        why = f"could not look at the sources to say where their bytes are: {seen.unreadable}"
+        return [why], seen
+    return whereabouts(j, seen, left_at, done, inserted, held=held, cuts=cuts), seen
 
 
 def _adopted_where(j: Journal, s: JournalSource, f: SourceFacts, *, inserted: bool,

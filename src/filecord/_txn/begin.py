@@ -100,7 +100,7 @@ def _record(txn: Txn) -> journal.Journal:
     sources = []
     # In the order the moves run, then the sources only deleted at commit (recover checks it).
     for key in [*moves, *sorted(set(p.consumed) - set(moves))]:
-        data = txn.prep.datas[key][0]
+        data = txn.prep.facts.datas[key][0]
         st = _sys.stat(data.path)
         m = moves.get(key)
         sources.append(journal.JournalSource(
@@ -112,7 +112,7 @@ def _record(txn: Txn) -> journal.Journal:
         ))
     outputs = []
     for o, (out, fd, tst) in enumerate(
-        zip(p.outputs, txn.fds, txn.prep.target_stats, strict=True)
+        zip(p.outputs, txn.fds, txn.prep.facts.target_stats, strict=True)
     ):
         if out.direct or fd is None:
             outputs.append(journal.JournalOutput(out.target, 0, 0, out.length, direct=True))
@@ -166,9 +166,9 @@ def park_sources(txn: Txn, record: journal.Journal) -> None:
             continue
         if txn.stage is not Stage.MOVING:
             txn.to(Stage.MOVING)
-        current = txn.prep.datas[(s.dev, s.ino)][0].path
+        current = txn.prep.facts.datas[(s.dev, s.ino)][0].path
         if undo.same_file(current, s.dev, s.ino) is None:
-            txn.prep.datas[(s.dev, s.ino)][0].check()
+            txn.prep.facts.datas[(s.dev, s.ino)][0].check()
             raise SaveError(f"{current} was replaced during the save")
         _sys.rename(current, record.parked(s))
         parked.append(record.parked(s))

@@ -29,6 +29,7 @@ from filecord._txn.journal import Journal
 from filecord._txn.stages import Stage, StageError
 from filecord._txn.state import Txn
 from filecord.errors import (
+    DataChangedError,
     FilecordError,
     SaveError,
     SourceState,
@@ -124,13 +125,9 @@ def _keep(txn: Txn, f: _Failed, notes: list[str], *, held: bool = False) -> NoRe
     key = txn.moving or txn.changed
     during = assess.seen_mid_move(f.exc, key)  # the size the move last left it at
     left_at = {} if during is None or key is None else {key: during.expected_size}
-    seen = assess.observe(record)
-    if seen.unreadable is not None:
-        notes.append("could not look at the sources to say where their bytes are: "
-                     f"{seen.unreadable}")
-    else:
-        notes.extend(assess.whereabouts(record, seen, left_at,
-                                        inserted=frozenset(txn.inserted), held=held))
+    lines, seen = assess.where_now(record, left_at, inserted=frozenset(txn.inserted), held=held)
+    notes.extend(lines)
+    if seen.unreadable is None:
         states = _states(record, seen)
     notes.append(f"{f.why}; run `filecord recover {path}` once the cause is fixed")
     _raise(f.exc, f"saving {f.names} failed", notes, journal_path=path, sources=states)
@@ -227,8 +224,13 @@ def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
         notes.append(f"rolling back also failed: {rexc!r}")
         _ACTIONS[decide(Actor.SAVE, txn.stage, Found.UNREADABLE)](
             txn, _Failed(f.exc, f.names, "the journal and temps are kept"), notes)
-    if restored:
-        notes.append(assess.restored_note(restored, f.exc))
+    if restored and isinstance(f.exc, DataChangedError):
+        # Only whole files were involved (an adopted file is renamed, never cut): they are
+        # back under their names, but the changed one holds the other process's change.
+        notes.append(f"{restored} source file(s) were given back their names; {f.exc.path} "
+                     "holds what another process made of it, not its original bytes")
+    elif restored:
+        notes.append(f"the moved bytes were put back into {restored} source file(s), byte-exact")
     _discard(txn, f, notes)
 
 

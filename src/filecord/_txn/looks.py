@@ -34,7 +34,6 @@ from filecord._txn import assess, undo
 from filecord._txn.assess import Facts
 from filecord._txn.journal import JournalSource
 from filecord._txn.state import Placed, Txn
-from filecord._txn.transfer import METADATA_ONLY
 from filecord.errors import ChangeKind, DataChangedError
 
 
@@ -49,7 +48,7 @@ def take(txn: Txn) -> None:
         key = (s.dev, s.ino)
         st = undo.same_file(record.parked(s), *key)
         opened = txn.src_fds.get(key)
-        ident = txn.prep.datas[key][0].identity
+        ident = txn.prep.facts.datas[key][0].identity
         size, mtime = ((opened[1].st_size, opened[1].st_mtime_ns) if opened
                        else (ident.size, ident.mtime_ns))
         if st is None or (st.st_size, st.st_mtime_ns) != (size, mtime):
@@ -74,15 +73,12 @@ def check(txn: Txn) -> list[tuple[int, int, int, int]]:
         if s.adopt or key not in txn.looks:
             continue
         st = undo.same_file(record.parked(s), *key)
-        look = txn.looks[key][0]
-        if st is not None and not assess.as_seen(Facts.of(st), Facts.of(look)):
+        err = None if st is None else assess.changed_since(
+            record.parked(s), Facts.of(st), assess.Look(Facts.of(txn.looks[key][0])),
+            "another process changed it after the save's last look, before the commit")
+        if err is not None:
             txn.changed = key
-            kind = assess.change_kind(Facts.of(st), Facts.of(look))
-            raise DataChangedError(record.parked(s), expected_size=look.st_size,
-                                   found_size=st.st_size, reason=(
-                                       METADATA_ONLY if kind is ChangeKind.METADATA else
-                                       "another process changed it after the save's last "
-                                       "look, before the commit"), kind=kind)
+            raise err
         if st is not None:
             seen.append((s.dev, s.ino, st.st_size, st.st_mtime_ns))
     return seen  # for recover's finish, which has no look of its own

@@ -2,11 +2,8 @@
 
 Theory of operation
 -------------------
-What recover may touch is fixed by names and locks (the trust rule, ``decide``): files
-carrying a save's token, the final names of its outputs, a parked source's own name (given
-back with ``link``, never over a file), and after the commit point the head's removals, each
-only where the save's lock is held or a parked source of it lies, and only while it is the
-recorded file.  Nothing else is created, changed or deleted, whatever a journal says.
+What recover may touch is fixed by names and locks (the trust rule, ``decide``); nothing
+else is created, changed or deleted, whatever a journal says.
 
 A file argument must be named like a journal, be a regular file and hold a head that checks
 and that ``journal.confine`` accepts (anything else raises, or is refused, before a byte
@@ -188,28 +185,23 @@ def _recover_journal_less(directory: str, token: str,
         return None  # removed by whoever held it a moment ago
     try:
         said = _read_pointer(fd, token)
-        pointer, journaled = said.journal, said.journaled
-        if pointer is None and others:
-            _sys.close(fd)
-            damage = said.damage or "its lock file is damaged"
-            return _decided(lock, Stage.CREATED, Found.DAMAGED,
-                            f"{damage} and other files remain; nothing was touched")
-        if pointer is not None and _exists(pointer):
-            return _recover_journal(pointer, _names.JOURNAL, {_real_dir(lock): (lock, fd)})
-        if names.get(_names.SOURCE):
-            _sys.close(fd)
-            return _decided(lock, Stage.CREATED, Found.UNPROVEN,
-                            "parked sources without a journal; nothing was touched")
-        if journaled and others:
-            # The save made its journal durable (the lock says so) and the journal is gone:
-            # someone removed it, and these temps may hold bytes moved out of a source.
-            _sys.close(fd)
-            return _decided(lock, Stage.CREATED, Found.UNPROVEN, f"its journal {pointer} was "
-                            "made and is gone, and its temps may hold moved bytes; nothing was "
-                            "touched")
+        if said.journal is not None and _exists(said.journal):
+            return _recover_journal(said.journal, _names.JOURNAL, {_real_dir(lock): (lock, fd)})
     except BaseException:
         _sys.close_each([fd])
         raise
+    refusals = (  # the first that holds; a lock made "journaled" whose journal is gone was
+        # removed by someone, and its temps may hold bytes moved out of a source
+        (said.journal is None and others, Found.DAMAGED,
+         f"{said.damage or 'its lock file is damaged'} and other files remain"),
+        (names.get(_names.SOURCE), Found.UNPROVEN, "parked sources without a journal"),
+        (said.journaled and others, Found.UNPROVEN, f"its journal {said.journal} was made and "
+         "is gone, and its temps may hold moved bytes"),
+    )
+    refused = next(((found, why) for hit, found, why in refusals if hit), None)
+    if refused is not None:
+        _sys.close(fd)
+        return _decided(lock, Stage.CREATED, refused[0], f"{refused[1]}; nothing was touched")
     # The journal never became durable: nothing destructive happened, the rest is garbage.
     action = table.decide(table.Actor.RECOVER, Stage.CREATED, Found.AS_LEFT)  # DISCARD
     garbage = [os.path.join(directory, n) for n in others]
@@ -271,50 +263,35 @@ def _read(path: str) -> tuple[bytes, os.stat_result]:
         _sys.close(fd)
 
 
-class _LockRefusalError(Exception):
-    """A lock file of the save proves nothing: missing (UNPROVEN), its records do not check
-    (DAMAGED) or it names another journal (FOREIGN)."""
-
-    def __init__(self, found: Found, why: str) -> None:
-        super().__init__(why)
-        self.found = found
-
-
-def _lock_all(
-    j: journal.Journal, held: dict[str, tuple[str, int]], pointer: str
-) -> dict[str, tuple[str, int]]:
-    """Take the lock file of every directory of the save.  The save makes each first and
-    removes it after its journal, so one missing is refused, never taken as "free"; one naming
-    another journal means this one reaches beyond its save (crafted or copied)."""
+def _lock_all(j: journal.Journal, locks: dict[str, tuple[str, int]], pointer: str
+              ) -> tuple[Found, str] | None:
+    """Take the lock file of every directory of the save into ``locks``; what proves nothing
+    (None: all do).  The save makes each first and removes it after its journal, so one
+    missing is UNPROVEN, never taken as "free"; one naming another journal means this one
+    reaches beyond its save (FOREIGN, crafted or copied)."""
     firsts: dict[str, str] = {}
-    for o in reversed(j.outputs):
+    for o in j.outputs:
         if not o.direct:
-            firsts[os.path.dirname(o.final)] = o.final
-    locks = dict(held)
-    try:
-        for directory in j.directories():
-            if directory in locks:
-                continue
-            path = _names.sibling(firsts[directory], j.token, _names.LOCK)
-            fd = liveness.acquire(path)
-            if fd is None:
-                raise _LockRefusalError(Found.UNPROVEN, f"its lock file {path} is missing, so "
-                                        "nothing proves the save is over")
-            locks[directory] = (path, fd)
-            said = _read_pointer(fd, j.token)
-            if said.damage is not None:
-                raise _LockRefusalError(Found.DAMAGED, f"{path}: {said.damage}")
-            if said.journal is None:  # emptied or zeroed: a lock file is linked whole
-                raise _LockRefusalError(Found.DAMAGED, f"{path}: its lock file is damaged (it "
-                                        "names no journal: emptied or zeroed after it was "
-                                        "written)")
-            if said.journal != pointer:
-                raise _LockRefusalError(Found.FOREIGN, f"the lock file {path} belongs to "
-                                        "another journal: this one reaches beyond its save")
-    except BaseException:
-        _sys.close_each([fd for d, (_p, fd) in locks.items() if d not in held])
-        raise
-    return locks
+            firsts.setdefault(os.path.dirname(o.final), o.final)
+    for directory, first in firsts.items():
+        if directory in locks:
+            continue
+        path = _names.sibling(first, j.token, _names.LOCK)
+        fd = liveness.acquire(path)
+        if fd is None:
+            return Found.UNPROVEN, f"its lock file {path} is missing, so nothing proves the " \
+                "save is over"
+        locks[directory] = (path, fd)
+        said = _read_pointer(fd, j.token)
+        if said.damage is not None:
+            return Found.DAMAGED, f"{path}: {said.damage}"
+        if said.journal is None:  # emptied or zeroed: a lock file is linked whole
+            return Found.DAMAGED, f"{path}: its lock file is damaged (it names no journal: " \
+                "emptied or zeroed after it was written)"
+        if said.journal != pointer:
+            return Found.FOREIGN, f"the lock file {path} belongs to another journal: this one " \
+                "reaches beyond its save"
+    return None
 
 
 def _recover_journal(
@@ -339,7 +316,6 @@ def _recover_journal(
 
 def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recovered | None:
     """The body of :func:`_recover_journal`; adds the lock files it takes to ``locks``."""
-    held = dict(locks)
     try:
         if suffix in _names.OLD_JOURNALS:  # version 3 named its stages
             raise journal.JournalVersionError(
@@ -357,25 +333,25 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
     except OSError as exc:  # e.g. ELOOP, the name is a symlink
         return _decided(path, Stage.MOVING, Found.UNREADABLE, f"{exc}; nothing was touched")
     stage = log_.stage
-    strays = [d for d in held if d not in log_.journal.directories()]
+    strays = [d for d in locks if d not in log_.journal.directories()]
     if strays:
         return _decided(path, stage, Found.FOREIGN, f"a lock file in {strays[0]} names this "
                         "journal, but the journal does not list that directory; nothing was "
                         "touched")
     try:
-        locks.update(_lock_all(log_.journal, held, path))
+        refused = _lock_all(log_.journal, locks, path)
     except liveness.LockBusyError:
         return _decided(path, stage, Found.BUSY, "its save is running (a lock is held)")
     except liveness.NotALockFileError as exc:
         return _decided(path, stage, Found.DAMAGED, f"its lock file is not a regular file "
                         f"({exc.strerror}); nothing was touched")
-    except _LockRefusalError as exc:
-        # A save removes its journal before its lock files: a lock gone with the journal too
-        # is a save that ended after the scan.
-        if exc.found is Found.UNPROVEN and undo.same_file(path, seen.st_dev, seen.st_ino) is None:
-            return None
-        return _decided(path, stage, exc.found, f"{exc}; nothing was touched")
-    return _act(path, log_)
+    if refused is None:
+        return _act(path, log_)
+    # A save removes its journal before its lock files: a lock gone with the journal too is a
+    # save that ended after the scan.
+    if refused[0] is Found.UNPROVEN and undo.same_file(path, seen.st_dev, seen.st_ino) is None:
+        return None
+    return _decided(path, stage, refused[0], f"{refused[1]}; nothing was touched")
 
 
 def _act(path: str, log_: journal.Log) -> Recovered:
@@ -422,19 +398,13 @@ def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
 def _finish(path: str, log_: journal.Log, action: table.Action, *, lost: bool) -> Recovered:
     j = log_.journal
     outputs, sources = tuple(o.final for o in j.outputs), tuple(s.path for s in j.sources)
-    try:
-        left = undo.finish(j, path, log_.looked)
-    except DataChangedError as exc:
-        if not exc.committed:
-            raise
-        # Everything else is finished and the changed source is kept where the notes say (a
-        # name the journal does not need): the save is over, not refused.
-        _sys.unlink(path)
-        log.warning("recover finished %s but kept a changed source: %s", path, exc)
-        return Recovered(path, table.OUTCOME[action], outputs, sources, detail=str(exc),
-                         notes=tuple(getattr(exc, "__notes__", ())),
-                         kept=tuple(getattr(exc, "kept", ())))
+    left, kept = undo.finish(j, path, log_.looked)
     _sys.unlink(path)
+    if kept is not None:  # the rest finished; the changed source is kept where the notes say
+        log.warning("recover finished %s but kept a changed source: %s", path, kept)
+        return Recovered(path, table.OUTCOME[action], outputs, sources, detail=str(kept),
+                         notes=tuple(getattr(kept, "__notes__", ())),
+                         kept=tuple(getattr(kept, "kept", ())))
     detail = [LOST_COMMIT] if lost else []
     if left:
         detail.append("kept, as no longer the file the save recorded (or not in a directory "
@@ -479,11 +449,5 @@ def _whereabouts(j: journal.Journal, inserted: frozenset[tuple[int, int]],
     """Where every byte is now, for a refusal's notes (looked at afresh: the files may have
     changed since the assessment, by this recover's own partial work).  ``log_``: what its
     moves left, given only before recover touched a file (a rollback grows sources back)."""
-    seen = assess.observe(j)
-    if seen.unreadable is not None:
-        return [f"could not look at the sources to say where their bytes are: {seen.unreadable}"]
-    held = stage is Stage.HELD
-    if log_ is None:
-        return assess.whereabouts(j, seen, inserted=inserted, held=held)
-    return assess.whereabouts(j, seen, done=log_.moved, inserted=inserted, held=held,
-                              cuts=log_.cuts)
+    return assess.where_now(j, None, 0 if log_ is None else log_.moved, inserted,
+                            held=stage is Stage.HELD, cuts=None if log_ is None else log_.cuts)[0]

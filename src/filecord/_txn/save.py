@@ -152,9 +152,9 @@ def _plan(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_place
 
 def _report(
     p: SavePlan, actions: PieceActions, *, dry_run: bool,
-    elapsed: float = 0.0, fsyncs: int = 0, used_journal: bool = False,
-    counters: transfer.Counters | None = None,
+    elapsed: float = 0.0, used_journal: bool = False, counters: transfer.Counters | None = None,
 ) -> SaveReport:
+    c = counters or transfer.Counters()
     return SaveReport(
         outputs=tuple(o.path for o in p.outputs),
         sizes=tuple(o.length for o in p.outputs),
@@ -164,12 +164,12 @@ def _report(
         window=p.window,
         dry_run=dry_run,
         elapsed_s=elapsed,
-        fsyncs=fsyncs,
+        fsyncs=c.fsyncs,
         journal=used_journal,
-        bytes_copied=counters.copied if counters else 0,
-        bytes_cloned=counters.cloned if counters else 0,
-        bytes_written=counters.written if counters else 0,
-        bytes_moved=counters.moved if counters else 0,
+        bytes_copied=c.copied,
+        bytes_cloned=c.cloned,
+        bytes_written=c.written,
+        bytes_moved=c.moved,
         window_note=p.window_choice.note(),
         adopt_note=p.in_place_note,
     )
@@ -256,8 +256,7 @@ def _run(
                                      skipped))
     return _report(
         plan, actions, dry_run=False, elapsed=time.perf_counter() - start,
-        fsyncs=txn.counters.fsyncs, used_journal=txn.record is not None,
-        counters=txn.counters,
+        used_journal=txn.record is not None, counters=txn.counters,
     )
 
 
@@ -281,7 +280,7 @@ def _prepare(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_pl
         add_note(err, "nothing was created or changed: the save can be retried")
         raise err from exc
     prep = Prepared(facts, plan)
-    for group in prep.datas.values():
+    for group in prep.facts.datas.values():
         for d in group:
             d.detach_cleanup()
     return prep
@@ -302,7 +301,7 @@ def _removals(prep: Prepared, remove: Sequence[Removal]
               ) -> tuple[tuple[journal.JournalRemoval, ...], tuple[str, ...], dict[str, str]]:
     """The removals the head records, those skipped (a source they go with is not consumed),
     and each recorded path -> the name the caller gave."""
-    keys = {d.path: key for key, ds in prep.datas.items() for d in ds}
+    keys = {d.path: key for key, ds in prep.facts.datas.items() for d in ds}
     consumed = set(prep.plan.consumed)
     outputs = {o.target for o in prep.plan.outputs}
     recorded: list[journal.JournalRemoval] = []
@@ -314,7 +313,7 @@ def _removals(prep: Prepared, remove: Sequence[Removal]
         except OSError:  # its directory is gone: nothing of it to record
             skipped.append(r.path)
             continue
-        if path in outputs or r.identity[:2] in prep.datas:
+        if path in outputs or r.identity[:2] in prep.facts.datas:
             continue  # replaced by the commit, or a source of the save: never a removal
         if any(keys.get(s) not in consumed for s in r.with_sources):
             skipped.append(r.path)
@@ -379,7 +378,7 @@ def _move(txn: Txn, m: MoveSource) -> None:
     fd = _sys.open(path, os.O_RDWR)
     try:
         st = _sys.fstat(fd)
-        was = txn.prep.datas[m.key][0].identity
+        was = txn.prep.facts.datas[m.key][0].identity
         if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (*m.key, m.size, was.mtime_ns):
             raise DataChangedError(m.path, expected_size=m.size, found_size=st.st_size,
                                    reason="another process changed it before it was moved")

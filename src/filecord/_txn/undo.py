@@ -193,9 +193,9 @@ def remove_temps(j: Journal) -> None:
 
 def finish(j: Journal, journal_path: str,
            looked: Mapping[tuple[int, int], tuple[int, int]] | None = None
-           ) -> tuple[str, ...]:
+           ) -> tuple[tuple[str, ...], DataChangedError | None]:
     """Finish a committed save (the module's notes); the removals kept (not the recorded
-    file)."""
+    file) and the error for the parked sources kept (:func:`unlink_parked`)."""
     _rename_outputs(j, journal_path)
     # Removals first, while the parked sources prove their directories the save's.
     _removed, removals_kept = discard_and_remove(j, proven_directories(j))
@@ -209,10 +209,7 @@ def finish(j: Journal, journal_path: str,
         if st.st_size != s.run_start or (st.st_size, st.st_mtime_ns) != was:
             return was[0]
         return None
-    kept = unlink_parked(j, changed, transfer.Counters())
-    if kept is not None:
-        raise kept
-    return removals_kept
+    return removals_kept, unlink_parked(j, changed, transfer.Counters())
 
 
 def unlink_parked(j: Journal, changed: Callable[[JournalSource, os.stat_result], int | None],
