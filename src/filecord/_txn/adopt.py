@@ -29,6 +29,7 @@ import os
 from filecord._io import syscalls as _sys
 from filecord._plan.types import MoveSource
 from filecord._txn import begin, fill, journal, looks, undo
+from filecord._txn.stages import Stage
 from filecord._txn.state import Placed, Txn
 from filecord.errors import ChangeKind, DataChangedError, SaveError
 
@@ -100,7 +101,8 @@ def _insert(txn: Txn, m: MoveSource, src: journal.JournalSource, fd: int) -> Pla
                                expected_size=m.size + src.inserted, found_size=now.st_size,
                                reason="another process wrote to or cut it as it was adopted")
     if src.inserted:
-        begin.append_step(txn, journal.encode_inserted(txn.moves_done, m.key))
+        begin.append_step(txn, journal.step(Stage.MOVING, moved=txn.moves_done,
+                                            inserted=list(m.key)))
         txn.inserted.add(m.key)
         log.debug("adopt %s: %d bytes inserted in front of it, recorded", m.path, src.inserted)
     return where

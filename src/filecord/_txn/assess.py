@@ -497,8 +497,12 @@ def _moved_where(j: Journal, s: JournalSource, f: SourceFacts,
                 f"{boundary}: another process changed it; " + (
                     f"its bytes [0, {kept}) are there" if kept else
                     "none of its bytes are there"))
-    if boundary < s.size:  # ``journal.confine`` proved the ranges hold the moved bytes
+    if boundary < s.size:
+        try:  # a source changed before its journal was written may be longer than its ranges
+            segs = cover(s.dests, max(boundary, s.run_start), s.size)
+        except ValueError:
+            segs = []
         line += "; " + ", ".join(
             f"[{a}, {b}) at offset {d.out_offset + a - d.src_offset} of {j.temp(d.output)}"
-            for a, b, d in cover(s.dests, max(boundary, s.run_start), s.size))
+            for a, b, d in segs)
     return line

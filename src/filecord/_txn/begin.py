@@ -192,10 +192,3 @@ def append_step(txn: Txn, record: bytes, stage: Stage | None = None) -> None:
     txn.journal_end = txn.journal_tail
     if stage is not None:
         txn.to(stage)
-
-
-def close_journal(txn: Txn) -> None:
-    """Close the journal's descriptor (its records are all fsynced); raises a close error."""
-    fd, txn.journal_fd = txn.journal_fd, None
-    if fd is not None:
-        _sys.close(fd)

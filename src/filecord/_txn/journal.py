@@ -352,11 +352,6 @@ def encode_moving(done: int) -> bytes:
     return step(Stage.MOVING, moved=done)
 
 
-def encode_inserted(done: int, key: tuple[int, int]) -> bytes:
-    """The adopted source ``key`` has the space inserted in front of it, durably."""
-    return step(Stage.MOVING, moved=done, inserted=list(key))
-
-
 def encode_cut(key: tuple[int, int], size: int) -> bytes:
     """The moved source ``key`` is about to be cut to ``size``: every byte past it is durable
     in the temps (appended before the truncate, after the temps' fsync)."""

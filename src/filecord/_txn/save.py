@@ -434,7 +434,9 @@ def _commit(txn: Txn) -> None:
         # COMMITTED once fsynced; a failed write or fsync leaves it MOVING and the failure
         # path writes its own step over this one.
         begin.append_step(txn, journal.encode_committed(seen), Stage.COMMITTED)
-        begin.close_journal(txn)
+        fd, txn.journal_fd = txn.journal_fd, None
+        if fd is not None:  # its records are all fsynced: a close error is raised
+            _sys.close(fd)
         adopt.take_owner_modes(txn, record)
     finals: list[str] = []
     for out, temp in zip(p.outputs, txn.temps, strict=True):

@@ -315,7 +315,11 @@ def _restore_window(src: int, m: MoveSource, segs: Sequence[tuple[int, int, Piec
         copy_range(tfd, src, at, a, n, c, kind="restored")
     c.fsync(src)
     for tfd, at, _a, n in held if punch else ():
-        _punch_best_effort(tfd, at, n)
+        try:  # frees disk early only: the temp is unlinked right after the rollback
+            if _sys.fstat(tfd).st_nlink <= 1:  # a temp another name links to is not ours
+                _sys.punch_hole(tfd, at, n)
+        except OSError as exc:  # noqa: PERF203 - best effort, each range
+            log.debug("punch_hole refused (%s); the temp keeps its copy until removed", exc)
 
 
 def _check_holds_data(fd: int, offset: int, n: int, m: MoveSource, src_at: int) -> None:
@@ -331,12 +335,3 @@ def _check_holds_data(fd: int, offset: int, n: int, m: MoveSource, src_at: int) 
             reason=f"the temp holds no data for its bytes from {src_at + hole - offset} on: "
             "they were never moved, so the source was shortened by someone else",
         )
-
-
-def _punch_best_effort(fd: int, offset: int, length: int) -> None:
-    try:  # frees disk early only: the temp is unlinked right after the rollback
-        if _sys.fstat(fd).st_nlink > 1:  # another name holds these blocks too: not ours
-            return
-        _sys.punch_hole(fd, offset, length)
-    except OSError as exc:
-        log.debug("punch_hole refused (%s); the temp keeps its copy until removed", exc)
