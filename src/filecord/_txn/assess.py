@@ -109,26 +109,14 @@ class Records:
 # --- the judgement --------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
-class Where:
-    """One source: the name holding it (None: neither), its size there (-1: not found), and
-    what changed (None: as the save left it)."""
-
-    path: str
-    name: str | None
-    size: int
-    change: ChangeKind | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class Assessment:
-    """What was found, the error that says so (raised to the caller), notes and why; per
-    source where it is; the source found changed since the save's look (its key)."""
+    """What was found, the error that says so (raised to the caller), notes and why, and the
+    source found changed since the save's look (its key)."""
 
     found: Found
     error: BaseException | None = None
     notes: tuple[str, ...] = ()
     why: str = ""
-    sources: tuple[Where, ...] = ()
     changed: Key | None = None
 
 
@@ -159,18 +147,9 @@ def locate(j: Journal, s: JournalSource, f: SourceFacts) -> tuple[str, Facts] | 
 
 def assess(j: Journal, records: Records, seen: Observed) -> Assessment:
     """Pure: what the files and records say about the save, for ``decide``."""
-    wheres = []
-    for s, f in zip(j.sources, seen.sources, strict=seen.unreadable is None):
-        at = locate(j, s, f)
-        wheres.append(Where(s.path, None, -1) if at is None else Where(s.path, at[0], at[1].size))
-    found = (_running(j, records, seen) if records.actor is Actor.SAVE
-             else _crashed(j, records, seen))
-    err = found.error if isinstance(found.error, DataChangedError) else None
-    for n, (w, s) in enumerate(zip(wheres, j.sources, strict=False)):
-        if found.changed == (s.dev, s.ino) or (err is not None and err.path in (w.path, w.name)):
-            wheres[n] = Where(w.path, w.name, w.size, err.kind if err else ChangeKind.CONTENT)
-    return Assessment(found.found, found.error, found.notes, found.why, tuple(wheres),
-                      found.changed)
+    if records.actor is Actor.SAVE:
+        return _running(j, records, seen)
+    return _crashed(j, records, seen)
 
 
 def _running(j: Journal, r: Records, seen: Observed) -> Assessment:

@@ -36,13 +36,11 @@ def journal_name(txn: Txn, suffix: str) -> str:
 
 def lock_directories(txn: Txn) -> None:
     """One locked lock file per directory that will hold a temp, before any temp exists."""
-    outs = [o for o in txn.prep.plan.outputs if not o.direct]
+    outs = [o.target for o in txn.prep.plan.outputs if not o.direct]
     if not outs:
         return
     content = liveness.pointer_record(journal_name(txn, _names.JOURNAL))
-    firsts = {os.path.dirname(o.target): o.target for o in reversed(outs)}
-    for directory in dict.fromkeys(os.path.dirname(o.target) for o in outs):
-        path = _names.sibling(firsts[directory], txn.token, _names.LOCK)
+    for path in journal.lock_files(outs, txn.token).values():
         try:
             fd = liveness.create(path, content)
         except liveness.LockBusyError as exc:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -190,6 +190,19 @@ class Journal:
         return list(dict.fromkeys(
             os.path.dirname(o.final) for o in self.outputs if not o.direct
         ))
+
+    def locks(self) -> dict[str, str]:
+        """Each of :meth:`directories` -> its lock file (:func:`lock_files`)."""
+        return lock_files((o.final for o in self.outputs if not o.direct), self.token)
+
+
+def lock_files(finals: Iterable[str], token: str) -> dict[str, str]:
+    """Per directory of ``finals`` (first seen first), its lock file, named after its first
+    output: the save makes them, recover takes the same names."""
+    firsts: dict[str, str] = {}
+    for final in finals:
+        firsts.setdefault(os.path.dirname(final), final)
+    return {d: _names.sibling(f, token, _names.LOCK) for d, f in firsts.items()}
 
 
 # The head's fields as written, in order (an output is a list, a source an object; a source's

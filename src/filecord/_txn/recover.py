@@ -269,14 +269,9 @@ def _lock_all(j: journal.Journal, locks: dict[str, tuple[str, int]], pointer: st
     (None: all do).  The save makes each first and removes it after its journal, so one
     missing is UNPROVEN, never taken as "free"; one naming another journal means this one
     reaches beyond its save (FOREIGN, crafted or copied)."""
-    firsts: dict[str, str] = {}
-    for o in j.outputs:
-        if not o.direct:
-            firsts.setdefault(os.path.dirname(o.final), o.final)
-    for directory, first in firsts.items():
+    for directory, path in j.locks().items():
         if directory in locks:
             continue
-        path = _names.sibling(first, j.token, _names.LOCK)
         fd = liveness.acquire(path)
         if fd is None:
             return Found.UNPROVEN, f"its lock file {path} is missing, so nothing proves the " \

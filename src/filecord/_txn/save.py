@@ -3,30 +3,23 @@
 Theory of operation
 -------------------
 Every file the save creates or renames carries its token; ``Txn.stage`` moves only along
-``stages``'s table.
+``stages``'s table (what each stage leaves, and how a failure there is undone).
 
-1. Preflight and plan (``_plan``): the facts as plain values, then every decision (each
-   piece's action, adoption, the sync window, the peak, which must fit).  Nothing exists yet;
-   from here on the plan alone says what is consumed and why.
-2. CREATED: a lock file per directory that will hold a temp (``begin``, ``liveness``), then
-   the temps ``.NAME.TOKEN.partial`` (``fill``).  A crash leaves garbage ``recover`` removes.
-3. FILLED: every byte that is not moved is written, cloned or copied, each source checked.
-4. JOURNALED (a move, a consumed source, several renames, a discard output or a removal): the
-   record is made durable under ``.filecord-pending``, every directory fsynced, then renamed
-   to ``.filecord-journal``.  No journal name proves nothing destructive happened.
-5. MOVING: every source the save shortens or deletes is parked under its token name
-   (``begin.park_sources``), then adopted (``adopt``) or moved window by window
-   (``transfer.move_source``); each finished move appends a ``moving`` step.
-6. COMMITTED: temps fsynced and closed, the parked sources compared with their last look
-   (``looks.check``), and the ``committed`` step (carrying those looks) appended: its fsync is
-   the commit point (without a journal, the single rename is).  A commit whose write or fsync
-   failed is cut off the journal and rolled back (``begin.append_step``).  RENAMED: the temps
-   renamed, directories fsynced; then discard temps and removals (``undo.discard_and_remove``,
-   which recover's finish runs too), the parked sources (each compared once more: a changed
-   one is kept and reported), the journal, the lock files.
-7. Before the commit point a failure is undone (``failure``: a ``rolling back`` step, then
-   ``undo.roll_back`` on the live files); a source changed by someone else holds the journal
-   instead.  After it nothing is undone: the error names the journal ``recover`` finishes.
+1. Preflight and plan (``_plan``): every decision (each piece's action, adoption, the sync
+   window, the peak, which must fit) before anything exists; from here on the plan alone
+   says what is consumed and why.
+2. CREATED, FILLED: lock files and temps (``begin``, ``fill``), every byte that is not moved.
+3. JOURNALED only where a crash needs it (a move, a consumed source, several renames, a
+   discard output or a removal: ``begin.write_journal``); MOVING: the sources parked, then
+   adopted (``adopt``) or moved window by window (``transfer.move_source``).
+4. COMMITTED: temps fsynced and closed, the parked sources compared with their last look
+   (``looks.check``), the ``committed`` step appended: its fsync is the commit point (without
+   a journal, the single rename is); a failed one is cut off and rolled back
+   (``begin.append_step``).  RENAMED: temps renamed, directories fsynced, then
+   ``undo.discard_and_remove`` and ``undo.unlink_parked`` (recover's finish runs both), the
+   journal, the lock files.
+5. Before the commit point a failure is undone (``failure``); after it nothing is, and the
+   error names the journal ``recover`` finishes.
 """
 
 from __future__ import annotations

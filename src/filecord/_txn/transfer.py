@@ -66,9 +66,6 @@ class Counters:
     restored: int = 0
     _buf: memoryview | None = field(default=None, repr=False)
 
-    def tally(self, kind: Tally, n: int) -> None:
-        setattr(self, kind, getattr(self, kind) + n)
-
     def buffer(self) -> memoryview:
         if self._buf is None:
             self._buf = memoryview(bytearray(BUFFER))
@@ -120,7 +117,7 @@ def copy_range(
             break
         done += got
         progress(got)
-    c.tally(kind, n)  # counted once complete: a failed copy raises and the save is undone
+    setattr(c, kind, getattr(c, kind) + n)  # counted once complete: a failed copy raises
 
 
 def write_bytes(
@@ -273,7 +270,6 @@ def restore_source(
     window: int,
     c: Counters,
     *,
-    punch: bool,
     dense: bool = False,
 ) -> int:
     """Put back the bytes a move took from ``src``, from its current size up (so a rerun
@@ -294,14 +290,13 @@ def restore_source(
                 pending[i] = (hi, b, d)
                 break
             i += 1
-        _restore_window(src, m, segs, temps, c, punch=punch, dense=dense)
+        _restore_window(src, m, segs, temps, c, dense=dense)
         pos = hi
     return m.size - start
 
 
 def _restore_window(src: int, m: MoveSource, segs: Sequence[tuple[int, int, PieceRef]],
-                    temps: Sequence[int | None], c: Counters, *, punch: bool,
-                    dense: bool) -> None:
+                    temps: Sequence[int | None], c: Counters, *, dense: bool) -> None:
     """One window copied back, every temp checked first; fsynced before a temp lets go."""
     held: list[tuple[int, int, int, int]] = []  # (temp, offset there, source offset, length)
     for a, b, d in segs:
@@ -314,7 +309,7 @@ def _restore_window(src: int, m: MoveSource, segs: Sequence[tuple[int, int, Piec
     for tfd, at, a, n in held:
         copy_range(tfd, src, at, a, n, c, kind="restored")
     c.fsync(src)
-    for tfd, at, _a, n in held if punch else ():
+    for tfd, at, _a, n in held:
         try:  # frees disk early only: the temp is unlinked right after the rollback
             if _sys.fstat(tfd).st_nlink <= 1:  # a temp another name links to is not ours
                 _sys.punch_hole(tfd, at, n)

@@ -123,8 +123,7 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
                 raise DataChangedError(at, expected_size=s.size, found_size=size,
                                        reason="outside the range a move of this save leaves")
             if size < s.size:
-                transfer.restore_source(fd, s.as_move(), temps, j.window, c, punch=True,
-                                        dense=s.dense)
+                transfer.restore_source(fd, s.as_move(), temps, j.window, c, dense=s.dense)
             # Whole with another mtime is this undo's own restore, stopped before this
             # futimens: ``check_strict`` refuses anyone else's rewrite before ``rolling back``.
             _sys.futimens(fd, s.atime_ns, s.mtime_ns)
@@ -191,8 +190,7 @@ def remove_temps(j: Journal) -> None:
     _sys.fsync_parents(temps)
 
 
-def finish(j: Journal, journal_path: str,
-           looked: Mapping[tuple[int, int], tuple[int, int]] | None = None
+def finish(j: Journal, journal_path: str, looked: Mapping[tuple[int, int], tuple[int, int]]
            ) -> tuple[tuple[str, ...], DataChangedError | None]:
     """Finish a committed save (the module's notes); the removals kept (not the recorded
     file) and the error for the parked sources kept (:func:`unlink_parked`)."""
@@ -202,7 +200,6 @@ def finish(j: Journal, journal_path: str,
     if removals_kept:
         log.warning("recover finished %s but kept %s: not provably the file the save recorded",
                     journal_path, ", ".join(removals_kept))
-    looked = looked or {}
 
     def changed(s: JournalSource, st: os.stat_result) -> int | None:
         was = looked.get((s.dev, s.ino), (s.run_start, st.st_mtime_ns))
