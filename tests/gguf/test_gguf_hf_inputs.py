@@ -404,7 +404,7 @@ def test_sentencepiece_tokenizer_json_is_refused_unless_llama_cpp_runs_it_as_tra
     # beside tokenizer.json it may only repeat it: transformers reads both files, llama.cpp's
     # converter tokenizer.json alone
     ("bpe", {"<|new|>": 319}, "added_tokens.json: <|new|>: '<|new|>' at id 319 is not in "
-                              "tokenizer.json (which has it at None)"),
+                              "tokenizer.json (which lacks the token)"),
     ("bpe", {"<|begin_of_text|>": 3}, "added_tokens.json: <|begin_of_text|>: "
                                       "'<|begin_of_text|>' at id 3 is not in tokenizer.json"),
     ("spm", {"<x>": "400"}, "added_tokens.json: <x>: must be a token id"),

@@ -447,3 +447,235 @@ def test_qwen2_nfc_differs_only_on_text_not_in_nfc(tmp_path: Path) -> None:
     decomposed = "cafe\u0301"
     assert ll.tokenize(decomposed.encode(), add_bos=False, special=True) != tok.encode(
         decomposed, add_special_tokens=False)
+
+
+def with_added_tokens(directory: Path, special: tuple[str, ...], normal: tuple[str, ...]
+                      ) -> int:
+    """Add tokens with transformers (past the SentencePiece pieces) and save the folder as it
+    writes it (tokenizer.json's added_tokens, no added_tokens_decoder); returns the size."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(directory)
+    tok.add_tokens(list(special), special_tokens=True)
+    tok.add_tokens(list(normal))
+    tok.save_pretrained(directory)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    assert "added_tokens_decoder" not in config
+    assert not (directory / "added_tokens.json").exists()
+    return len(tok)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_tokenizer_model_beside_tokenizer_json_keeps_its_added_tokens(tmp_path: Path, arch: str
+                                                                      ) -> None:
+    """A tokenizer.model beside a tokenizer.json whose added tokens lie past the .model's
+    pieces (ChatML markers added with transformers; Gemma's <bos>/<eos>/<pad> that
+    GemmaTokenizer adds to a .model without them): transformers matches them whole, and so
+    does llama.cpp, which is given them from tokenizer.json with their kinds (special:
+    control, else user-defined), never as unused [PADn] pieces. Gemma's BOS is such a token."""
+    from gguf import GGUFReader
+    from transformers import AutoTokenizer
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    # a Llama without the prefix: outside the README's LlamaTokenizer gap, which would also
+    # touch the text right after an added token
+    # (Gemma's BOS and EOS are not pieces of this .model: GemmaTokenizer adds them)
+    saved_spm_json(tok, *(("GemmaTokenizer",) if arch == "gemma2" else ("LlamaTokenizer",)),
+                   **({"bos_token": "<bos>", "eos_token": "<eos>"} if arch == "gemma2"
+                      else {"add_prefix_space": False}))
+    size = with_added_tokens(tok, ("<|im_start|>", "<|im_end|>"), ("<|note|>",))
+    model = tiny_model(tmp_path / "m", arch=arch, tokenizer="spm", dtype="float32",
+                       pad_vocab=size - 320, tied=arch == "gemma2")
+    (model / "tokenizer_config.json").unlink()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok / name, model / name)
+    assert (model / "tokenizer.model").exists()
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    hf = AutoTokenizer.from_pretrained(model)
+    added = {a.content: i for i, a in hf.added_tokens_decoder.items() if i >= 320}
+    assert {"<|im_start|>", "<|im_end|>", "<|note|>"} <= set(added)
+    fields = GGUFReader(out).fields
+    tokens, types = fields["tokenizer.ggml.tokens"], fields["tokenizer.ggml.token_type"]
+    for text, i in added.items():
+        assert bytes(tokens.parts[tokens.data[i]]).decode() == text
+        assert int(types.parts[types.data[i]][0]) == (4 if text == "<|note|>" else 3), text
+    ll = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
+    if arch == "gemma2":
+        assert hf.bos_token_id == ll.token_bos() == added["<bos>"]
+        assert hf.eos_token_id == ll.token_eos() == added["<eos>"]
+    for text in ["<|im_start|>user\nthe llama<|im_end|>", "the<|note|>llama moves",
+                 "file <|im_start|> cord", *[f"{t}the llama" for t in added]]:
+        for add in (False, True):
+            assert ll.tokenize(text.encode(), add_bos=add, special=True) == hf.encode(
+                text, add_special_tokens=add), (text, add)
+
+
+def bpe_with_eot(root: Path) -> tuple[Path, dict[str, int]]:
+    """A Llama 3 shaped byte-level BPE with a third special token, ``<|eot_id|>``, past the
+    trained pieces (as Llama 3 Instruct's), and a template that ends with ``<|end_of_text|>``."""
+    model = tiny_model(root / "m", tokenizer="bpe", dtype="float32", pad_vocab=1)
+    spec = json.loads((model / "tokenizer.json").read_text())
+    ids = {e["content"]: e["id"] for e in spec["added_tokens"]}
+    ids["<|eot_id|>"] = max(ids.values()) + 1
+    spec["added_tokens"].append({"id": ids["<|eot_id|>"], "content": "<|eot_id|>",
+                                 "single_word": False, "lstrip": False, "rstrip": False,
+                                 "normalized": False, "special": True})
+    bos, eos = ({"SpecialToken": {"id": t, "type_id": 0}}
+                for t in ("<|begin_of_text|>", "<|end_of_text|>"))
+    seq = {"Sequence": {"id": "A", "type_id": 0}}
+    template = spec["post_processor"]["processors"][1]
+    template["single"] = [bos, seq, eos]
+    template["pair"] = [bos, seq, {"Sequence": {"id": "B", "type_id": 1}}, eos]
+    template["special_tokens"]["<|end_of_text|>"] = {
+        "id": "<|end_of_text|>", "ids": [ids["<|end_of_text|>"]], "tokens": ["<|end_of_text|>"]}
+    (model / "tokenizer.json").write_text(json.dumps(spec))
+    return model, ids
+
+
+@pytest.mark.parametrize("names", ["tokenizer_config.json", "config.json"])
+def test_template_adding_an_eos_other_than_the_named_one_is_refused(tmp_path: Path, names: str
+                                                                    ) -> None:
+    """transformers ends the text with the template's token, llama.cpp with the EOS it is told
+    of, and generation stops on the one tokenizer_config.json (or config.json) names: a
+    template that adds another is refused, naming both (gguf-py would make the template's
+    token the EOS and the named one EOT)."""
+    model, ids = bpe_with_eot(tmp_path)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    if names == "tokenizer_config.json":
+        config["eos_token"] = "<|eot_id|>"  # noqa: S105 - a token, not a secret
+        says = ("tokenizer.json: post_processor and tokenizer_config.json: eos_token: the "
+                f"template adds '<|end_of_text|>' (ids [{ids['<|end_of_text|>']}]) but "
+                f"tokenizer_config.json names '<|eot_id|>' (id {ids['<|eot_id|>']})")
+    else:
+        del config["eos_token"]
+        edit_json(model, "config.json", eos_token_id=ids["<|eot_id|>"])
+        says = ("tokenizer.json: post_processor and config.json: eos_token_id: the template "
+                f"adds '<|end_of_text|>' (ids [{ids['<|end_of_text|>']}]) but config.json "
+                f"names id {ids['<|eot_id|>']}")
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 1, r.stderr
+    assert says in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_template_adding_the_named_eos_converts_and_adds_it(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    model, ids = bpe_with_eot(tmp_path)
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    hf = AutoTokenizer.from_pretrained(model)
+    ll = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
+    assert ll.token_eos() == hf.eos_token_id == ids["<|end_of_text|>"]
+    want = hf.encode("the llama")
+    assert want[-1] == ids["<|end_of_text|>"]
+    assert ll.tokenize(b"the llama", add_bos=True, special=True) == want
+
+
+@pytest.mark.parametrize("generation", ["[eot, end]", "eot", None])
+def test_eos_id_list_gives_the_eos_generation_stops_on_first(tmp_path: Path,
+                                                             generation: str | None) -> None:
+    """config.json's eos_token_id as a list (Llama 3.1 Instruct's form) where
+    tokenizer_config.json names no eos_token: transformers' generate stops on
+    generation_config.json's eos_token_id (else the config's list); the GGUF's EOS is the
+    first of those. gguf-py skips a list, so llama.cpp's converter writes no EOS and llama.cpp
+    falls back to id 11, an ordinary piece."""
+    from transformers import AutoModelForCausalLM
+
+    model, ids = bpe_with_eot(tmp_path)
+    eot, end = ids["<|eot_id|>"], ids["<|end_of_text|>"]
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    del config["eos_token"]
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    edit_json(model, "config.json", eos_token_id=[end, eot])
+    spec = json.loads((model / "tokenizer.json").read_text())
+    spec["post_processor"]["processors"][1]["single"].pop()  # the template adds no EOS
+    spec["post_processor"]["processors"][1]["pair"].pop()
+    (model / "tokenizer.json").write_text(json.dumps(spec))
+    if generation is None:
+        (model / "generation_config.json").unlink()
+    else:
+        edit_json(model, "generation_config.json",
+                  eos_token_id=[eot, end] if generation.startswith("[") else eot)
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 0, r.stderr
+    stops = AutoModelForCausalLM.from_pretrained(model).generation_config.eos_token_id
+    first = stops[0] if isinstance(stops, list) else stops
+    assert first == (end if generation is None else eot)
+    ll = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
+    assert ll.token_eos() == first
+    if generation is None:
+        ref = reference_or_skip()
+        run_reference(ref, model, tmp_path / "ref.gguf", pre="llama-bpe")
+        from gguf import GGUFReader
+
+        assert "tokenizer.ggml.eos_token_id" not in GGUFReader(tmp_path / "ref.gguf").fields
+
+
+def test_a_bos_id_list_nothing_else_names_is_refused(tmp_path: Path) -> None:
+    """A list for another special id, with no tokenizer_config.json token to take instead:
+    llama.cpp takes one id, transformers none; refused, not skipped."""
+    model, _ = bpe_with_eot(tmp_path)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    del config["bos_token"]
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    edit_json(model, "config.json", bos_token_id=[1, 2])
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 1, r.stderr
+    assert "config.json: bos_token_id: a list ([1, 2])" in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_quiet_convert_of_a_llama_3_shaped_folder_is_silent(bpe: Path, tmp_path: Path) -> None:
+    """gguf-py warns about the pair template of a Llama 3 shaped tokenizer.json (a separator
+    its crude parse does not know); convert judges the template itself, and -q silences the
+    chatter (without -q it is shown)."""
+    r = convert(bpe, tmp_path / "o.gguf")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    loud = subprocess.run([sys.executable, "-m", "filecord.cli", "convert", str(bpe), "-o",
+                           str(tmp_path / "p.gguf")], capture_output=True, text=True, env=ENV,
+                          check=False, timeout=300)
+    assert loud.returncode == 0, loud.stderr
+    assert "WARNING gguf.vocab: Unknown separator token" in loud.stderr
+
+
+@pytest.mark.parametrize("beside", [False, True])
+def test_normalized_added_token_under_the_prepend_normalizer_is_refused(
+        tmp_path: Path, beside: bool) -> None:
+    """transformers 4's Llama steps (Prepend + Replace normalizers): an added token with
+    "normalized": true (what add_tokens makes of a normal token) is normalized too, so
+    transformers matches it only after a space, spending the space; llama.cpp matches it
+    anywhere. Refused, in tokenizer.json alone or beside tokenizer.model."""
+    from transformers import AutoTokenizer
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    saved_spm_json(tok, "LlamaTokenizer")
+    as_transformers_4(tok)
+    size = with_added_tokens(tok, (), ("<|note|>",))
+    hf = AutoTokenizer.from_pretrained(tok)
+    note = hf.convert_tokens_to_ids("<|note|>")
+    assert note not in hf.encode("the<|note|>llama", add_special_tokens=False)
+    assert note in hf.encode("the <|note|>llama", add_special_tokens=False)
+    model = tiny_model(tmp_path / "m", arch="llama", tokenizer="spm", dtype="float32",
+                       pad_vocab=size - 320)
+    (model / "tokenizer_config.json").unlink()
+    if not beside:
+        (model / "tokenizer.model").unlink()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok / name, model / name)
+    out = tmp_path / "o.gguf"
+    r = convert(model, out)
+    assert r.returncode == 1, r.stderr
+    assert ("tokenizer.json: added_tokens[3].normalized: true for '<|note|>' under the Prepend "
+            "normalizer") in r.stderr, r.stderr
+    assert not out.exists()

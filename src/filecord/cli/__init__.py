@@ -74,6 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     verbose: int = getattr(args, "verbose", 0)
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if getattr(args, "quiet", False):
+        # gguf-py (run by convert) warns about post-processor templates it parses crudely;
+        # convert judges those itself and refuses what matters, so -q leaves its chatter out
+        logging.getLogger("gguf").setLevel(logging.ERROR)
     try:
         with sigterm_raises():  # a save stopped by SIGTERM rolls back like one stopped by Ctrl-C
             result: int = args.func(args)

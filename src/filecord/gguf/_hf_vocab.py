@@ -26,8 +26,10 @@ Special token ids, ``add_bos``/``add_eos``, merges and the chat template come fr
 ``SpecialVocab`` (gguf 0.19), the helper llama.cpp's own converter uses, so they follow the same
 rules for ``tokenizer_config.json``, ``config.json`` and post-processor templates; where the
 post-processor says whether BOS/EOS are added, its word wins over ``tokenizer_config.json``
-(what transformers does, and what llama.cpp's bundled gguf-py does).  Anything else is refused
-by name before a byte is written.
+(what transformers does, and what llama.cpp's bundled gguf-py does); a template's first or
+last token must be the BOS or EOS the checkpoint names, and a ``config.json`` id list gguf-py
+skips gives the EOS transformers' generate stops on first.  Anything else is refused by name
+before a byte is written.
 """
 
 from __future__ import annotations
@@ -386,6 +388,7 @@ def _special_kvs(directory: str, spec: Mapping[str, Any] | None, vocab_size: int
     special = gguf.SpecialVocab(directory, load_merges=merges, n_vocab=n_vocab)
     special.add_to_gguf(collector, quiet=True)
     kvs = {k: kv for k, kv in collector.kv_data.items() if k != "general.architecture"}
+    _listed_ids(directory, kvs)
     for key, kv in kvs.items():
         if key.endswith("_token_id") and isinstance(kv.value, int) and kv.value >= vocab_size:
             # gguf-py checks the range only when told the size (not for byte-level BPE)
@@ -393,7 +396,7 @@ def _special_kvs(directory: str, spec: Mapping[str, Any] | None, vocab_size: int
                 f"{kv.value} is outside config.json vocab_size {vocab_size} (the embedding's "
                 f"rows)", field=f"{key} (from tokenizer_config.json or config.json)")
     adds = post_processor_adds(spec, config)
-    _same_specials(spec, adds, kvs)
+    _same_specials(directory, spec, adds, kvs)
     for typ in unsaid:
         # with no tokenizer.json, transformers 5 adds what tokenizer_config.json says, only
         adds.setdefault(typ, spec is None and config.get(f"add_{typ}_token") is True)
@@ -403,12 +406,12 @@ def _special_kvs(directory: str, spec: Mapping[str, Any] | None, vocab_size: int
     return list(kvs.values())
 
 
-def _same_specials(spec: Mapping[str, Any] | None, adds: Mapping[str, bool],
+def _same_specials(directory: str, spec: Mapping[str, Any] | None, adds: Mapping[str, bool],
                    kvs: Mapping[str, KeyValue]) -> None:
-    """The token a template adds first (BOS) or last (EOS) must be the one llama.cpp is told
-    of: transformers adds the template's, llama.cpp its ``*_token_id`` (which comes from
-    ``tokenizer_config.json`` or ``config.json``), so two that differ give another first or
-    last token."""
+    """The token a template adds first (BOS) or last (EOS) must be the one
+    ``tokenizer_config.json`` (or, naming none, ``config.json``) names: transformers adds the
+    template's, llama.cpp its ``*_token_id``, and generation stops on the named EOS (gguf-py
+    would make a template's other last token the EOS, the named one EOT)."""
     pp = (spec or {}).get("post_processor")
     procs = (pp.get("processors") or () if pp.get("type") == "Sequence" else [pp]
              ) if isinstance(pp, Mapping) else ()
@@ -423,16 +426,70 @@ def _same_specials(spec: Mapping[str, Any] | None, adds: Mapping[str, bool],
             if name is None or not adds.get(typ):
                 continue
             ids = list(((proc.get("special_tokens") or {}).get(name) or {}).get("ids") or ())
-            kv = kvs.get(f"tokenizer.ggml.{typ}_token_id")
-            told = kv.value if kv is not None else None
-            if ids != [told]:
+            where, named, want = _named(directory, spec, typ, kvs)
+            if len(ids) != 1 or ids[0] not in want:
                 raise CheckpointFileError(
-                    f"the template adds {name!r} (ids {ids}) but the {typ} token llama.cpp "
-                    f"would add is id {told!r} (tokenizer_config.json {typ}_token, or "
-                    f"config.json {typ}_token_id): transformers and llama.cpp would begin or "
-                    "end the text with different tokens",
-                    field=f"tokenizer.json: post_processor and tokenizer_config.json: "
-                          f"{typ}_token")
+                    f"the template adds {name!r} (ids {ids}) but {named}: transformers and "
+                    "llama.cpp would begin or end the text with different tokens",
+                    field=f"tokenizer.json: post_processor and {where}")
+
+
+def _named(directory: str, spec: Mapping[str, Any] | None, typ: str,
+           kvs: Mapping[str, KeyValue]) -> tuple[str, str, list[int]]:
+    """(field, words, ids) of the ``typ`` token the checkpoint names: ``tokenizer_config.json``'s
+    token (found as gguf-py finds it, among tokenizer.json's added tokens), else
+    ``config.json``'s id or ids, else what llama.cpp is told."""
+    config_path = os.path.join(directory, "tokenizer_config.json")
+    config = check_tokenizer_config(config_path) if exists(config_path) else {}
+    text = _token_text(config_path, f"{typ}_token", config.get(f"{typ}_token"))
+    added = {e["content"]: e["id"] for e in (spec or {}).get("added_tokens") or ()}
+    if text is not None and text in added:
+        return (f"tokenizer_config.json: {typ}_token",
+                f"tokenizer_config.json names {text!r} (id {added[text]})", [added[text]])
+    path = os.path.join(directory, "config.json")
+    value = _json(path).get(f"{typ}_token_id") if exists(path) else None
+    if value is not None:
+        return (f"config.json: {typ}_token_id", f"config.json names id {json.dumps(value)}",
+                value if isinstance(value, list) else [value])
+    kv = kvs.get(f"tokenizer.ggml.{typ}_token_id")
+    if kv is not None and isinstance(kv.value, int):
+        return (f"tokenizer_config.json: {typ}_token",
+                f"the {typ} token llama.cpp would add is id {kv.value}", [kv.value])
+    return (f"tokenizer_config.json: {typ}_token",
+            f"neither tokenizer_config.json {typ}_token nor config.json {typ}_token_id names "
+            f"one, so llama.cpp would add no {typ} token", [])
+
+
+def _listed_ids(directory: str, kvs: dict[str, KeyValue]) -> None:
+    """``config.json`` may give a special id as a list (Llama 3.1 Instruct's ``eos_token_id``),
+    which gguf-py skips. Where ``tokenizer_config.json`` named no such token, the EOS written
+    is the first id transformers' generate stops on (``generation_config.json``'s
+    ``eos_token_id``, else the list); another list is refused (llama.cpp takes one id,
+    transformers' tokenizer none). Never skipped: llama.cpp would take a default piece."""
+    path = os.path.join(directory, "config.json")
+    if not exists(path):
+        return
+    config = _json(path)
+    for typ in SPECIAL_TYPES:
+        listed = config.get(f"{typ}_token_id")
+        key = f"tokenizer.ggml.{typ}_token_id"
+        if not isinstance(listed, list) or key in kvs:
+            continue
+        if typ != "eos" or not listed:
+            raise _bad(path, f"{typ}_token_id", f"a list ({json.dumps(listed)[:80]}) where "
+                       f"tokenizer_config.json names no {typ}_token: llama.cpp takes one id")
+        stops: Any = listed
+        gen = os.path.join(directory, "generation_config.json")
+        if exists(gen):
+            said = _json(gen).get("eos_token_id")
+            items = said if isinstance(said, list) else [said]
+            if said is not None and (not items or not all(
+                    isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items)):
+                raise _bad(gen, "eos_token_id", f"must be a token id or a non-empty list of "
+                           f"them, got {json.dumps(said)[:80]}")
+            stops = said if said is not None else listed
+        first = stops[0] if isinstance(stops, list) else stops
+        kvs[key] = KeyValue(key, ValueType.UINT32, first)
 
 
 def _arr(key: str, values: list[Any], sub: ValueType) -> KeyValue:
@@ -497,9 +554,11 @@ def _added_in_json(directory: str, spec: Mapping[str, Any] | None) -> None:
                   for key, entry in decoder.items()]
     for where, key, i, text in found:
         if ids.get(text) != i or isinstance(i, bool):
+            has = ("which lacks the token" if ids.get(text) is None
+                   else f"which has it at id {ids[text]}")
             raise _bad(where, key, f"{text!r} at id {json.dumps(i)[:40]} is not in "
-                       f"tokenizer.json (which has it at {ids.get(text)}): transformers would "
-                       "add it, llama.cpp's converter reads tokenizer.json only")
+                       f"tokenizer.json ({has}): transformers would add it, llama.cpp's "
+                       "converter reads tokenizer.json only")
 
 
 _BYTE_PIECE = re.compile(r"^<0x[0-9A-F]{2}>$")
@@ -623,6 +682,23 @@ def _spm_form(path: str, spec: Mapping[str, Any], config: Mapping[str, Any], fam
     return form
 
 
+def _prepended_added(path: str, spec: Mapping[str, Any], normalizer: Any) -> None:
+    """Under a Prepend normalizer (transformers 4's Llama steps) an added token with
+    ``normalized`` true is normalized too, so transformers matches it only after a space (the
+    prepended meta symbol is part of it) and spends that space on it; llama.cpp matches a
+    user-defined or control token anywhere and keeps the space."""
+    steps = (normalizer.get("normalizers") or () if normalizer.get("type") == "Sequence"
+             else [normalizer]) if isinstance(normalizer, Mapping) else ()
+    if not any(isinstance(s, Mapping) and s.get("type") == "Prepend" for s in steps):
+        return
+    for k, entry in enumerate(spec.get("added_tokens") or ()):
+        if entry.get("normalized"):
+            raise _bad(path, f"added_tokens[{k}].normalized", f"true for {entry['content']!r} "
+                       "under the Prepend normalizer: transformers prepends the meta symbol to "
+                       "the token too and matches it only after a space, llama.cpp anywhere "
+                       "(supported: false, as transformers writes a special token)")
+
+
 def _byte_pieces(path: str, field: str, pieces: Collection[str]) -> None:
     """A SentencePiece vocabulary must hold all 256 ``<0xNN>`` byte pieces: llama.cpp spells a
     character outside the vocabulary in them and aborts the process when one is not there
@@ -643,6 +719,7 @@ def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any], family: 
     config_path = os.path.join(directory, "tokenizer_config.json")
     form = _spm_form(path, spec, check_tokenizer_config(config_path) if exists(config_path)
                      else {}, family)
+    _prepended_added(path, spec, form.normalizer)
     model = spec["model"]
     vocab: dict[str, int] = model["vocab"]
     if not vocab:
@@ -678,12 +755,21 @@ def _spm_json(directory: str, vocab_size: int, spec: Mapping[str, Any], family: 
         # (the order of tokenizer.json's merges), and 0 for the others
         tokens[i], types[i] = piece, kind
         scores[i] = -float(i - first) if kind == NORMAL and first is not None else 0.0
-    for entry in spec.get("added_tokens") or ():  # ids inside vocab_size (checked)
+    _json_added(spec, n, tokens, scores, types)
+    return _spm_keys(directory, vocab_size, tokens, scores, types), form
+
+
+def _json_added(spec: Mapping[str, Any] | None, n: int, tokens: list[str], scores: list[float],
+                types: list[int]) -> None:
+    """``tokenizer.json``'s added tokens past the ``n`` SentencePiece pieces, written over the
+    lists in place: transformers matches each whole in text (a special one as a control
+    token), and llama.cpp does the same for a CONTROL or USER_DEFINED token; beside a
+    ``tokenizer.model`` too, which lacks them (ids inside vocab_size: checked)."""
+    for entry in (spec or {}).get("added_tokens") or ():
         i = entry["id"]
-        if i >= n:  # added on top of the SentencePiece pieces
+        if i >= n:
             tokens[i], scores[i] = entry["content"], ADDED_SCORE
             types[i] = CONTROL if entry.get("special") else USER_DEFINED
-    return _spm_keys(directory, vocab_size, tokens, scores, types), form
 
 
 def _spm_keys(directory: str, vocab_size: int, tokens: list[str], scores: list[float],
@@ -710,7 +796,7 @@ def _spm_processor(directory: str) -> Any:
     return proc
 
 
-def _spm(directory: str, vocab_size: int) -> list[KeyValue]:
+def _spm(directory: str, vocab_size: int, spec: Mapping[str, Any] | None) -> list[KeyValue]:
     path = os.path.join(directory, "tokenizer.model")
     proc = _spm_processor(directory)
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]
@@ -733,6 +819,7 @@ def _spm(directory: str, vocab_size: int) -> list[KeyValue]:
                 else USER_DEFINED if i in user else NORMAL)
         tokens[i], scores[i], types[i] = proc.IdToPiece(i), float(proc.GetScore(i)), kind
     _byte_pieces(path, "", [t for t, k in zip(tokens, types, strict=True) if k == BYTE])
+    _json_added(spec, n, tokens, scores, types)
     return _spm_keys(directory, vocab_size, tokens, scores, types)
 
 
@@ -904,8 +991,11 @@ def read_vocab(directory: str, vocab_size: int, family: Family) -> Vocab:
     spec = check_tokenizer_json(tok_json, vocab_size) if exists(tok_json) else None
     prefix: bool | None = None
     if exists(os.path.join(directory, "tokenizer.model")):
-        body = _spm(directory, vocab_size)
+        body = _spm(directory, vocab_size, spec)
         _same_pieces(directory, spec)
+        if spec is not None:  # transformers runs its steps, with its added tokens
+            run = check_tokenizer_config(config) if exists(config) else {}
+            _prepended_added(tok_json, spec, spm_steps(spec, run, family)[0])
         # beside it, transformers runs the tokenizer.json's post-processor; without one it
         # adds a BOS only where tokenizer_config.json says add_bos_token (llama.cpp's
         # SentencePiece default adds one unless told)
