@@ -38,6 +38,20 @@ JOURNAL_GONE = ("tests/txn/test_recover_confined.py::"
                 "test_temps_whose_lock_says_the_journal_was_made_are_never_discarded")
 NOTES = ("tests/txn/test_journal_steps_and_recover_notes.py::"
          "test_notes_never_place_moved_bytes_in_a_foreign_append")
+NAMED_BACK = f"{DECISIONS}::test_a_rollback_never_names_a_source_back_over_a_file_made_there"
+HOLE = f"{DECISIONS}::test_a_rollback_never_restores_a_hole_in_a_temp_as_a_sources_bytes"
+REPLACED = f"{DECISIONS}::test_a_finish_never_renames_over_a_final_name_replaced_after_the_stop"
+PREFIX = f"{DECISIONS}::test_a_kept_prefix_rewritten_after_the_commit_look_is_kept"
+OWN_NAME = f"{COMPLETED}::test_an_output_under_a_sources_own_name_is_no_proof_of_the_commit"
+EDGES = "tests/txn/test_consume.py::test_pieces_ending_next_to_a_window_edge_are_moved_whole"
+KIND = f"{DECISIONS}::test_the_kind_of_a_change_mid_move_decides_what_recover_does"
+CONTINUED = f"{DECISIONS}::test_a_recover_killed_before_putting_a_sources_times_back_is_continued"
+TEMPS_SYNCED = f"{ORDER}::test_every_temp_is_fsynced_after_its_last_write_before_the_commit_point"
+RENAMES_SYNCED = (f"{ORDER}::"
+                  "test_the_renames_are_durable_before_a_consumed_source_or_the_journal_is_unlinked")
+UNCLEAN = f"{CONFINED}::test_a_source_path_not_absolute_and_normalised_is_refused"
+AWAY = f"{CONFINED}::test_a_journal_away_from_its_first_outputs_directory_is_refused"
+OTHER_LOCK = f"{CONFINED}::test_a_lock_file_naming_another_journal_is_refused"
 
 MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     # --- the ones the issue lists -----------------------------------------------------------
@@ -172,12 +186,51 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("an adopted file linked to another name after its claim is committed", "adopt.py",
      "    refuse_linked(st, path)\n    was = ", "    was = ", [LINKED]),
     ("recover takes a held lock for no proof (refused, not skipped)", "recover.py",
-     'return _decided(path, stage, Found.BUSY, "its save is running (a lock is held)")',
-     'return _decided(path, stage, Found.UNPROVEN, "its save is running (a lock is held)")',
+     "return _decided(path, stage, Found.BUSY, BUSY)",
+     "return _decided(path, stage, Found.UNPROVEN, BUSY)",
      [LIVE]),
     ("recover discards a journal-less save whose lock says its journal was made", "recover.py",
      "        (said.journaled and others, Found.UNPROVEN,", "        (False, Found.UNPROVEN,",
      [JOURNAL_GONE]),
+    # --- the independent mutation audit's survivors (issue 36) ------------------------------
+    ("a source named back over a file made at its name (the parked bytes unlinked)", "undo.py",
+     "        if (there.st_dev, there.st_ino) != (here.st_dev, here.st_ino):\n"
+     "            raise taken from None",
+     "        if False:\n            raise taken from None", [NAMED_BACK]),
+    ("finish renames over a final name replaced after the save stopped", "undo.py",
+     "    if (st.st_dev, st.st_ino) != (out.old_dev, out.old_ino):\n        raise RecoverError(",
+     "    if False:\n        raise RecoverError(", [REPLACED]),
+    ("a window edge off by one: a piece's last byte left in no window", "transfer.py",
+     "        first = (m.size - (d.src_offset + d.length)) // window",
+     "        first = (m.size - (d.src_offset + d.length) + 1) // window", [EDGES]),
+    ("finish judges a kept prefix by its size alone (the committed look's mtime ignored)",
+     "undo.py",
+     "        if st.st_size != s.run_start or (st.st_size, st.st_mtime_ns) != was:",
+     "        if st.st_size != s.run_start:", [PREFIX]),
+    ("an output under a source's own name taken for proof of the commit", "assess.py",
+     "               and out.final not in own\n", "", [OWN_NAME]),
+    ("a rollback restores a temp's hole as a dense source's bytes", "transfer.py",
+     "        if dense:\n            _check_holds_data(",
+     "        if False:\n            _check_holds_data(", [HOLE]),
+    ("a rewrite mid-move taken for a metadata change (mtime not compared)", "transfer.py",
+     "    elif now.st_mtime_ns != seen.st_mtime_ns:\n",
+     "    elif False:\n", [KIND]),
+    ("a failed save that saw a content change keeps its journal unheld", "failure.py",
+     "    Action.HOLD: _hold,", "    Action.HOLD: _keep,", [KIND]),
+    ("recover rolls back without logging 'rolling back' first", "recover.py",
+     "    if stage is Stage.MOVING:  # ROLL_BACK from journaled or moving: first the log says so",
+     "    if False:", [CONTINUED]),
+    ("the temps not fsynced before the commit point", "save.py",
+     "        if fd in txn.dirty and txn.durable:", "        if False:", [TEMPS_SYNCED]),
+    ("the renames' directories not fsynced before the sources are unlinked", "save.py",
+     "    if txn.durable:\n        txn.counters.fsyncs += _sys.fsync_parents(finals)\n", "",
+     [RENAMES_SYNCED]),
+    ("a source path neither absolute nor normalised let through", "journal.py",
+     "    if not _clean(s.path):\n", "    if False:\n", [UNCLEAN]),
+    ("a journal away from its first output's directory let through", "journal.py",
+     "    if not dirs or dirs[0] != here:", "    if not dirs:", [AWAY]),
+    ("a lock file naming another journal taken for this one's", "recover.py",
+     "        if said.journal != pointer:", "        if False:", [OTHER_LOCK]),
 ]
 
 

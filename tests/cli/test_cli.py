@@ -108,6 +108,75 @@ def test_demo_json(tmp_path: Path) -> None:
     assert doc["model"] is None
 
 
+def _killed_consuming_save(d: Path, op: str, suffix: str, nth: int = 1) -> None:
+    """A consuming save of a.bin into out.bin in d, SIGKILLed right before its ``nth`` ``op``
+    whose first argument ends with ``suffix``."""
+    import signal
+
+    from filecord import Cord, FileBackedData, save
+    from filecord._io import syscalls as _sys
+    from support.killjob import fork_run
+
+    (d / "a.bin").write_bytes(b"A" * 10_000)
+    cord = Cord([b"hdr", FileBackedData(d / "a.bin", owned=True)])
+
+    class Kill(_sys.Backend):
+        n = 0
+
+        def hook(self, name: str, args: tuple[object, ...]) -> None:
+            if name == op and str(args[0]).endswith(suffix):
+                self.n += 1
+                if self.n == nth:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+    def job() -> None:
+        with _sys.use(Kill()):
+            save(d / "out.bin", cord, consume=True, window=4096)
+
+    assert fork_run(job) == -signal.SIGKILL
+
+
+def test_recover_says_a_held_lock_may_be_another_recovers(tmp_path: Path) -> None:
+    """A dead save's lock held by another recover: skipped, and the words never say only that
+    the save is running (a person would wait for a save that is gone)."""
+    import fcntl
+
+    from filecord._io import names as _names
+
+    _killed_consuming_save(tmp_path, "ftruncate", "", 2)  # mid-move, before its first cut
+    (lock,) = [p for p in tmp_path.iterdir() if p.name.endswith(_names.LOCK)]
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # what a recover at work holds
+        r = run("recover", str(tmp_path))
+    finally:
+        os.close(fd)
+    assert r.returncode == 0, r.stderr
+    assert "skipped" in r.stdout
+    assert "another recover" in r.stdout, r.stdout
+    r = run("recover", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "rolled back" in r.stdout
+    assert sorted(os.listdir(tmp_path)) == ["a.bin"]
+    assert (tmp_path / "a.bin").read_bytes() == b"A" * 10_000
+
+
+def test_recover_calls_a_lock_left_by_a_save_that_ended_what_it_is(tmp_path: Path) -> None:
+    """Killed between removing its journal and its lock file, the save had completed: its
+    left-over lock is removed, and never called that of a save that died before its journal."""
+    from filecord._io import names as _names
+
+    _killed_consuming_save(tmp_path, "unlink", _names.LOCK)
+    assert sorted(p.name.endswith(_names.LOCK) for p in tmp_path.iterdir()) == [
+        False, True]  # out.bin and the lock file
+    r = run("recover", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "died before its journal" not in r.stdout, r.stdout
+    assert "the save had ended" in r.stdout, r.stdout
+    assert sorted(os.listdir(tmp_path)) == ["out.bin"]
+    assert (tmp_path / "out.bin").read_bytes() == b"hdr" + b"A" * 10_000
+
+
 def test_recover_on_a_clean_directory(tmp_path: Path) -> None:
     r = run("recover", str(tmp_path))
     assert r.returncode == 0

@@ -11,7 +11,11 @@ names is removed (the mutation audit of issue 22):
   name;
 * a put-back fsyncs the source after restoring its times, before its name is given back;
 * a lock file's name is re-checked after ``flock``: a lock removed by a recover in between
-  stops the save before any temp exists.
+  stops the save before any temp exists;
+* every temp is fsynced after its last write, before the commit point (the ``committed``
+  step, or without a journal the rename);
+* the directories of the renamed outputs are fsynced before the first consumed source or the
+  journal is unlinked (the renames durable before what only they replace is gone).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from filecord import Cord, FileBackedData, save
+from filecord import Cord, FileBackedData, save, save_many
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._txn import journal
@@ -219,3 +223,50 @@ def test_a_lock_file_has_its_name_only_once_locked_and_written(tmp_path: Path) -
     assert all(locked and size > 0 for exists, locked, size in look.found[1:] if exists)
     assert (True, True) in {(e, locked) for e, locked, _size in look.found}
 
+
+
+_WRITES = ("pwrite", "write", "copy_file_range", "sendfile", "ftruncate", "fallocate",
+           "clone_range")
+
+
+@pytest.mark.parametrize("journaled", [False, True])
+def test_every_temp_is_fsynced_after_its_last_write_before_the_commit_point(
+        tmp_path: Path, journaled: bool) -> None:
+    """Copies and writes (nothing moved): the temps' only fsync is the one before the commit
+    point.  Two outputs need a journal (its ``committed`` step is the commit point), one does
+    not (its rename is)."""
+    a = pattern(3 * W + 5, "a")
+    (tmp_path / "a.bin").write_bytes(a)
+    outs = {tmp_path / "one.bin": Cord([b"hdr", FileBackedData(tmp_path / "a.bin")])}
+    if journaled:
+        outs[tmp_path / "two.bin"] = Cord([b"x" * 10, FileBackedData(tmp_path / "a.bin")])
+    tracer = _Writes()
+    with _sys.use(tracer):
+        save_many(outs, window=W)
+    assert (tmp_path / "one.bin").read_bytes() == b"hdr" + a
+    calls = tracer.calls
+    commit = min(c.index for c in calls if c.op == "rename" and str(c.args[1]) in map(str, outs))
+    if journaled:
+        commit = max(c.index for c in calls if c.index in tracer.data and c.index < commit)
+        assert b'"committed"' in tracer.data[commit]
+    temps = {c.path for c in calls if c.path.endswith(_names.TEMP)}
+    assert len(temps) == len(outs)
+    for t in temps:
+        last = max(c.index for c in calls if c.path == t and c.op in _WRITES)
+        assert any(c.op == "fsync" and c.path == t for c in calls if last < c.index < commit), (
+            f"{t}: written at call {last}, not fsynced before the commit point (call {commit})")
+
+
+def test_the_renames_are_durable_before_a_consumed_source_or_the_journal_is_unlinked(
+        tmp_path: Path) -> None:
+    tracer = _Writes()
+    a, b = _consume(tmp_path, tracer)
+    assert (tmp_path / "out.bin").read_bytes() == a + b
+    calls = tracer.calls
+    rename = next(c for c in calls if c.op == "rename"
+                  and str(c.args[1]) == str(tmp_path / "out.bin"))
+    first_unlink = min(c.index for c in calls if c.op == "unlink" and (
+        str(c.args[0]).endswith((_names.SOURCE, _names.JOURNAL))))
+    assert any(c.op == "fsync_dir" and os.path.realpath(str(c.args[0])) == os.path.realpath(
+        tmp_path) for c in calls if rename.index < c.index < first_unlink), (
+        "the rename onto out.bin is not durable before the consumed sources go")

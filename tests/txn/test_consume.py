@@ -109,6 +109,49 @@ def test_gap_below_moved_run(tmp_path: Path) -> None:
     assert not p.exists()  # consumed: deleted at commit
 
 
+@pytest.mark.parametrize("split", [W - 1, W, W + 1, 2 * W - 1, 2 * W, 2 * W + 1])
+def test_pieces_ending_next_to_a_window_edge_are_moved_whole(tmp_path: Path, split: int) -> None:
+    # One owned file in two slices, swapped: the one ending at ``split`` ends one byte before,
+    # at, or one byte past a window edge (windows are counted from the file's end), so its
+    # last byte is in a window of its own or shared with the other slice.
+    data = pattern(3 * W, "edge")
+    p = tmp_path / "src"
+    p.write_bytes(data)
+    f = FileBackedData(p, owned=True)
+    r = save(tmp_path / "o", Cord([b"hdr", f.slice(split, 3 * W - split), f.slice(0, split)]),
+             consume=True, window=W)
+    assert (tmp_path / "o").read_bytes() == b"hdr" + data[split:] + data[:split]
+    assert r.bytes_moved == 3 * W  # every byte the plan moves, once
+    assert [a.action for a in r.actions if a.source] == ["moved", "moved"]
+    assert not p.exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_a_move_that_took_other_bytes_than_the_plans_is_never_committed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A window arithmetic that copies one destination's part twice (a bug) is caught before
+    # the commit point by the count of bytes moved, and the save is rolled back.
+    from filecord._plan.types import MoveSource, PieceRef
+    from filecord._txn import transfer
+
+    real = transfer._by_window
+
+    def twice(m: MoveSource, window: int) -> dict[int, list[PieceRef]]:
+        buckets = real(m, window)
+        buckets[0].append(buckets[0][0])
+        return buckets
+
+    monkeypatch.setattr(transfer, "_by_window", twice)
+    data = pattern(3 * W, "twice")
+    p = tmp_path / "src"
+    p.write_bytes(data)
+    with pytest.raises(RuntimeError, match="not the plan's"):
+        save(tmp_path / "o", Cord([b"hdr", FileBackedData(p, owned=True)]), consume=True,
+             window=W)
+    assert p.read_bytes() == data
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
 class FailAfterTruncates(_sys.Backend):
     """Fail the first rename onto a final name: after the commit point, every move done."""
 

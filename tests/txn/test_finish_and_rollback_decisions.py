@@ -7,13 +7,19 @@ audit), each on real files, each failing when its decision is broken:
 * a later (not the first) moved source changed after the commit point: kept, never deleted,
   while the first is deleted and the save still finishes;
 * a rollback that gives a source its name back fsyncs that source's directory, even where the
-  directory holds no temp of the save.
+  directory holds no temp of the save;
+* a rollback never gives a source its name back over a file made there after the crash: the
+  original bytes stay at the parked name and recover refuses;
+* a rollback never puts a temp's hole into a source where moved bytes should be;
+* a finish never renames over a final name replaced after the save stopped;
+* a finish keeps a kept prefix rewritten (same size) after the commit look.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +29,9 @@ from filecord import Cord, FileBackedData, recover, save
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord.errors import ChangeKind, DataChangedError, RecoverError, SaveError
-from filecord_testing import pattern
+from filecord_testing import AtCall, consume_killed_at_truncate, pattern
 from support.faultfs import Tracer
+from support.killjob import fork_run
 
 W = 4096
 A, B = pattern(3 * W, "a"), pattern(2 * W, "b")
@@ -38,9 +45,9 @@ def _cord(src: Path) -> Cord:
                  FileBackedData(src / "b.bin", owned=True)])
 
 
-def committed(d: Path) -> None:
+def committed(d: Path, cord: Cord | None = None) -> None:
     """Stopped after the commit point: the rename onto out.bin fails."""
-    cord = _cord(d)
+    cord = _cord(d) if cord is None else cord
 
     class FailRename(_sys.Backend):
         def hook(self, op: str, args: tuple[object, ...]) -> None:
@@ -159,6 +166,118 @@ def test_the_kind_of_a_change_mid_move_decides_what_recover_does(tmp_path: Path,
         return
     got = recover(tmp_path)
     assert [r.action for r in got] == ["restored"]
+    assert (tmp_path / "a.bin").read_bytes() == A
+    assert (tmp_path / "b.bin").read_bytes() == B
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]
+
+
+def killed(d: Path, op: str, at: int) -> None:
+    """The save of ``_cord`` SIGKILLed right before its ``at``-th ``op``: a real crash."""
+    cord = _cord(d)
+
+    def job() -> None:
+        with _sys.use(AtCall(op, at, lambda: os.kill(os.getpid(), signal.SIGKILL))):
+            save(d / "out.bin", cord, consume=True, window=W)
+
+    assert fork_run(job) == -signal.SIGKILL
+
+
+def test_a_rollback_never_names_a_source_back_over_a_file_made_there(tmp_path: Path) -> None:
+    killed(tmp_path, "ftruncate", 3)  # mid-move: a source cut by one window, the next logged
+    (pa,) = [p for p in named(tmp_path, _names.SOURCE) if p.name.startswith(".a.bin.")]
+    (tmp_path / "a.bin").write_bytes(b"a new file")  # made at the parked source's name
+    with pytest.raises(RecoverError, match="now another file"):
+        recover(tmp_path)
+    assert (tmp_path / "a.bin").read_bytes() == b"a new file"
+    assert pa.read_bytes() == A  # its bytes put back, and kept at the parked name
+    assert len(named(tmp_path, _names.JOURNAL)) == 1
+    # Once the name is free again, the same journal finishes the rollback.
+    (tmp_path / "a.bin").unlink()
+    assert [r.action for r in recover(tmp_path)] == ["restored"]
+    assert (tmp_path / "a.bin").read_bytes() == A
+    assert (tmp_path / "b.bin").read_bytes() == B
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]
+
+
+def test_a_rollback_never_restores_a_hole_in_a_temp_as_a_sources_bytes(tmp_path: Path) -> None:
+    (tmp_path / "a.bin").write_bytes(A)
+    (tmp_path / "b.bin").write_bytes(B)
+    # Block-aligned (no header, no adoption in place): a.bin's last window [2W, 3W) is moved
+    # and cut, [W, 2W) moved and logged, its cut not done.
+    consume_killed_at_truncate(tmp_path, 3, W)
+    (pa,) = [p for p in named(tmp_path, _names.SOURCE) if p.name.startswith(".a.bin.")]
+    (temp,) = named(tmp_path, _names.TEMP)
+    assert pa.read_bytes() == A[:2 * W]
+    fd = os.open(temp, os.O_RDWR)
+    try:  # another process punches the moved bytes out of the temp
+        _sys.punch_hole(fd, 2 * W, W)
+    finally:
+        os.close(fd)
+    held = temp.read_bytes()
+    assert held[2 * W:3 * W] == bytes(W)
+    with pytest.raises((RecoverError, DataChangedError), match="holds no data"):
+        recover(tmp_path)
+    assert pa.read_bytes() == A[:2 * W]  # no zero written into the source
+    assert temp.read_bytes() == held
+    assert len(named(tmp_path, _names.JOURNAL)) == 1
+    assert not (tmp_path / "a.bin").exists()
+
+
+@pytest.mark.parametrize("old", [b"", b"the old file"])
+def test_a_finish_never_renames_over_a_final_name_replaced_after_the_stop(tmp_path: Path,
+                                                                           old: bytes) -> None:
+    if old:
+        (tmp_path / "out.bin").write_bytes(old)
+    committed(tmp_path)
+    (temp,) = named(tmp_path, _names.TEMP)
+    parked = named(tmp_path, _names.SOURCE)
+    newer = tmp_path / "newer"
+    newer.write_bytes(b"a newer file")
+    os.replace(newer, tmp_path / "out.bin")  # another inode at the final name
+    with pytest.raises(RecoverError, match="replaced after"):
+        recover(tmp_path)
+    assert (tmp_path / "out.bin").read_bytes() == b"a newer file"
+    assert temp.read_bytes() == b"hdr" + A + B  # the output stays at its temp
+    assert named(tmp_path, _names.SOURCE) == parked
+    assert len(named(tmp_path, _names.JOURNAL)) == 1
+
+
+def test_a_kept_prefix_rewritten_after_the_commit_look_is_kept(tmp_path: Path) -> None:
+    (tmp_path / "a.bin").write_bytes(A)
+    # a.bin's first W bytes are no output's: its kept prefix, left when its move is over.
+    committed(tmp_path, Cord([b"hdr", FileBackedData(tmp_path / "a.bin", owned=True).slice(
+        W, 2 * W)]))
+    (pa,) = named(tmp_path, _names.SOURCE)
+    assert pa.read_bytes() == A[:W]
+    fd = os.open(pa, os.O_WRONLY)
+    try:  # rewritten in place after the commit look: the same size, a later mtime
+        os.pwrite(fd, b"X" * 16, 0)
+        st = os.fstat(fd)
+        os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns + 10_000_000))
+    finally:
+        os.close(fd)
+    with pytest.raises((RecoverError, DataChangedError), match="kept"):
+        recover(tmp_path)
+    assert (tmp_path / "out.bin").read_bytes() == b"hdr" + A[W:]
+    assert (tmp_path / "a.bin").read_bytes() == b"X" * 16 + A[16:W]  # named back, not deleted
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "out.bin"]
+
+
+def test_a_recover_killed_before_putting_a_sources_times_back_is_continued(
+        tmp_path: Path) -> None:
+    """recover logs ``rolling back`` before it grows a source back: killed once a.bin is whole
+    again but before its times are put back (a new mtime, its full size: what another
+    process's rewrite would look like mid-move), the next recover continues the rollback."""
+    killed(tmp_path, "ftruncate", 3)  # a.bin cut by one window; b.bin parked, untouched
+
+    def job() -> None:  # b.bin's times come back first (newest first), then a.bin's
+        with _sys.use(AtCall("futimens", 2, lambda: os.kill(os.getpid(), signal.SIGKILL))):
+            recover(tmp_path)
+
+    assert fork_run(job) == -signal.SIGKILL
+    (pa,) = [p for p in named(tmp_path, _names.SOURCE) if p.name.startswith(".a.bin.")]
+    assert pa.read_bytes() == A  # whole again, its times not yet put back
+    assert [r.action for r in recover(tmp_path)] == ["restored"]
     assert (tmp_path / "a.bin").read_bytes() == A
     assert (tmp_path / "b.bin").read_bytes() == B
     assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]

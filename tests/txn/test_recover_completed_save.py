@@ -4,30 +4,36 @@ Once the outputs hold their final names, the commit point was passed (a rename c
 after the ``committed`` step's fsync): the files and the records that check decide, and a
 damaged or lost ``committed`` step does not make recover refuse forever with the data on disk
 twice.  What cannot be proven is refused as damage, naming the file, never blamed on another
-process: an emptied or zeroed lock file is such damage.
+process: an emptied or zeroed lock file is such damage.  So is a record before the last that
+does not check: the records before it and the files decide, and a save whose outputs are under
+their final names is finished (only files carrying its token removed).  An output under a
+source's own name proves nothing: that inode was the source's before it was the output's.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
-from filecord import Cord, FileBackedData, recover, save
+from filecord import Cord, FileBackedData, recover, save, save_many
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord.errors import RecoverError, SaveError
-from filecord_testing import pattern
+from filecord_testing import AtCall, pattern
+from support.killjob import fork_run
 
 W = 4096
 A, B = pattern(3 * W, "a"), pattern(2 * W, "b")
 
 
-def renamed(d: Path, fail_at: int = 1) -> None:
+def renamed(d: Path, fail_at: int = 1, suffix: str = _names.SOURCE) -> None:
     """A consuming save of a.bin + b.bin past its commit and the rename onto out.bin: the
-    ``fail_at``-th unlink of a parked source fails (the ones before it are done)."""
+    ``fail_at``-th unlink of a file named ``*suffix`` fails (a parked source: the ones before
+    it are done; the journal: every parked source is gone)."""
     (d / "a.bin").write_bytes(A)
     (d / "b.bin").write_bytes(B)
     # The header puts both at offsets no block divides: both are moved (and parked), never
@@ -39,12 +45,12 @@ def renamed(d: Path, fail_at: int = 1) -> None:
         n = 0
 
         def hook(self, op: str, args: tuple[object, ...]) -> None:
-            if op == "unlink" and str(args[0]).endswith(_names.SOURCE):
+            if op == "unlink" and str(args[0]).endswith(suffix):
                 self.n += 1
                 if self.n == fail_at:
                     raise OSError(errno.EIO, "injected after the commit point")
 
-    with _sys.use(FailUnlink()), pytest.raises(SaveError, match="after its commit"):
+    with _sys.use(FailUnlink()), pytest.raises(SaveError):  # committed: the outputs are done
         save(d / "out.bin", cord, consume=True, window=W)
     assert (d / "out.bin").read_bytes() == b"hdr" + A + B
 
@@ -119,4 +125,79 @@ def test_a_damaged_lock_file_is_damage_not_another_journal(tmp_path: Path, how: 
     assert "damaged" in story, story
     assert "another journal" not in story, story
     assert lock.name in story, story
+    assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before
+
+
+def test_an_output_under_a_sources_own_name_is_no_proof_of_the_commit(tmp_path: Path) -> None:
+    (tmp_path / "a.bin").write_bytes(A)
+    (tmp_path / "b.bin").write_bytes(B)
+    # a.bin is the whole of the output a.bin: adopted by a rename onto its temp, so the
+    # output's journaled inode is a.bin's own.  x.bin's temp is at its full length (a hole)
+    # before b.bin's bytes are moved into it.
+    outs = {tmp_path / "a.bin": Cord([FileBackedData(tmp_path / "a.bin", owned=True)]),
+            tmp_path / "x.bin": Cord([b"hdr", FileBackedData(tmp_path / "b.bin", owned=True)])}
+
+    def job() -> None:  # killed after the journal and b.bin's parking, before the adoption
+        with _sys.use(AtCall("rename", 3, lambda: os.kill(os.getpid(), signal.SIGKILL))):
+            save_many(outs, consume=True, window=W)
+
+    assert fork_run(job) == -signal.SIGKILL
+    assert (tmp_path / "a.bin").read_bytes() == A  # under its own name: the output's inode
+    (temp,) = [tmp_path / n for n in os.listdir(tmp_path)
+               if n.startswith(".x.bin.") and n.endswith(_names.TEMP)]
+    assert temp.stat().st_size == 3 + len(B)
+    got = recover(tmp_path)
+    assert [r.action for r in got] == ["restored"]  # never "finished": no commit was made
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]
+    assert (tmp_path / "a.bin").read_bytes() == A
+    assert (tmp_path / "b.bin").read_bytes() == B
+
+
+def flip_before_the_last(j: Path) -> None:
+    """One bit of the payload of the record before the journal's last (a ``moving`` step
+    before the ``committed`` one): a record that does not check before one that does."""
+    data = bytearray(j.read_bytes())
+    start, _end = last_record(bytes(data))
+    prev = data.rindex(b"\n", 0, start - 1) + 1
+    data[prev + 45] ^= 1
+    j.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("suffix", "fail_at"), [
+    (_names.SOURCE, 1), (_names.SOURCE, 2), (_names.JOURNAL, 1)])
+def test_an_earlier_damaged_record_of_a_renamed_save_is_finished_from_the_files(
+        tmp_path: Path, suffix: str, fail_at: int) -> None:
+    renamed(tmp_path, fail_at, suffix)
+    flip_before_the_last(journal_of(tmp_path))
+    got = recover(tmp_path)
+    assert [r.action for r in got] == ["finished"]
+    assert "damaged" in got[0].detail
+    assert finished(tmp_path)
+    assert recover(tmp_path) == []
+
+
+def test_an_earlier_damaged_record_of_a_save_not_renamed_is_refused_naming_the_files(
+        tmp_path: Path) -> None:
+    (tmp_path / "a.bin").write_bytes(A)
+    (tmp_path / "b.bin").write_bytes(B)
+    cord = Cord([b"hdr", FileBackedData(tmp_path / "a.bin", owned=True),
+                 FileBackedData(tmp_path / "b.bin", owned=True)])
+
+    class FailRename(_sys.Backend):  # past the commit point, before the rename
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "rename" and str(args[1]) == str(tmp_path / "out.bin"):
+                raise OSError(errno.EIO, "injected after the commit point")
+
+    with _sys.use(FailRename()), pytest.raises(SaveError, match="after its commit"):
+        save(tmp_path / "out.bin", cord, consume=True, window=W)
+    j = journal_of(tmp_path)
+    flip_before_the_last(j)
+    before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}
+    with pytest.raises(RecoverError) as info:
+        recover(tmp_path)
+    story = " ".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    assert "damaged" in story, story
+    assert "another process" not in story, story
+    for name in before:  # the journal, the temp, the parked sources (the lock holds no byte)
+        assert name in story or name.endswith(_names.LOCK), (name, story)
     assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before

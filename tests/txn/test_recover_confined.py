@@ -157,3 +157,118 @@ def test_temps_whose_lock_says_the_journal_was_made_are_never_discarded(
         recover(tmp_path)
     assert [r.action for r in info.value.results] == ["refused"]  # type: ignore[attr-defined]
     assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before
+
+
+@pytest.mark.parametrize("version", [4, 6])
+def test_a_journal_whose_magic_line_names_another_version_is_refused(tmp_path: Path,
+                                                                     version: int) -> None:
+    """Its records are this version's and check, its magic line says otherwise: another
+    version's journal (FOREIGN), never played back as this one's."""
+    j = committed(tmp_path)
+    data = j.read_bytes()
+    j.write_bytes(b"filecord-journal %d\n" % version + data[len(journal.MAGIC):])
+    before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}
+    with pytest.raises(RecoverError, match=rf"journal version {version}\)"):
+        recover(tmp_path)
+    assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before
+
+
+@pytest.mark.parametrize("how", ["dot-dot", "relative"])
+def test_a_source_path_not_absolute_and_normalised_is_refused(tmp_path: Path, how: str) -> None:
+    """A source's path must be one the save could have written: absolute and normalised.
+    One through ``..`` or relative (to whatever directory recover runs in) is refused before
+    a byte changes, though it leads to the save's own parked file."""
+    j = committed(tmp_path)
+    (tmp_path / "sub").mkdir()
+    path = str(tmp_path / "sub" / ".." / "a.bin") if how == "dot-dot" else "a.bin"
+    data = j.read_bytes()
+    out = [journal.MAGIC]
+    for line in data[len(journal.MAGIC):].split(b"\n")[:-1]:
+        rec = json.loads(line[42:])
+        if rec.get("stage") == "journaled" and "save" in rec:
+            (a,) = [s for s in rec["save"]["sources"] if s["path"] == str(tmp_path / "a.bin")]
+            a["path"] = path
+            out.append(journal.step(Stage.JOURNALED, save=rec["save"]))
+        else:
+            out.append(line + b"\n")
+    j.write_bytes(b"".join(out))
+    before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path) if n != "sub"}
+    with pytest.raises(RecoverError, match="is not confined"):
+        recover(tmp_path)
+    assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path) if n != "sub"} == before
+
+
+def test_a_journal_away_from_its_first_outputs_directory_is_refused(tmp_path: Path) -> None:
+    """A journal lies beside its first output, where its lock file is: a copy elsewhere (a
+    backup, or a crafted one) is refused as reaching beyond its save, touching nothing."""
+    j = committed(tmp_path)
+    (tmp_path / "other").mkdir()
+    copy = tmp_path / "other" / j.name
+    copy.write_bytes(j.read_bytes())
+    before = {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(RecoverError, match="not in its first output's directory"):
+        recover(copy)
+    with pytest.raises(RecoverError, match="not in its first output's directory"):
+        recover(tmp_path / "other")
+    assert {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_lock_file_naming_another_journal_is_refused(tmp_path: Path) -> None:
+    """The save's files copied to another directory, the copy's journal rewritten to name
+    that directory (its checksums made to hold): the copied lock file still names the first
+    journal, so the copy reaches beyond its save and is refused, touching nothing."""
+    j = committed(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    token = _names.parse(j.name)[0]  # type: ignore[index]
+    for n in os.listdir(tmp_path):
+        if token in n:
+            (other / n).write_bytes((tmp_path / n).read_bytes())
+    data = (other / j.name).read_bytes()
+    out = [journal.MAGIC]
+    for line in data[len(journal.MAGIC):].split(b"\n")[:-1]:
+        rec = json.loads(line[42:])
+        if rec.get("stage") == "journaled" and "save" in rec:
+            moved = json.dumps(rec["save"]).replace(f"{tmp_path}/", f"{other}/")
+            out.append(journal.step(Stage.JOURNALED, save=json.loads(moved)))
+        else:
+            out.append(line + b"\n")
+    (other / j.name).write_bytes(b"".join(out))
+    before = {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(RecoverError, match="belongs to another journal"):
+        recover(other)
+    assert {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_damaged_journal_of_a_renamed_save_removes_only_its_token_files(
+        tmp_path: Path) -> None:
+    """A record before the last does not check, and the output is under its final name: the
+    save is finished from the files, but a removal (a file without the save's token) is kept,
+    as the records that would vouch for the rest cannot be read."""
+    d = tmp_path / "save"
+    d.mkdir()
+    (d / "a.bin").write_bytes(A)
+    (d / "b.bin").write_bytes(B)
+    cord = Cord([FileBackedData(d / "a.bin", owned=True), FileBackedData(d / "b.bin", owned=True)])
+
+    class FailUnlink(_sys.Backend):  # after the rename onto out.bin
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "unlink" and str(args[0]).endswith(_names.SOURCE):
+                raise OSError(errno.EIO, "injected after the commit point")
+
+    with _sys.use(FailUnlink()), pytest.raises(SaveError):
+        save(d / "out.bin", cord, consume=True, window=W)
+    j = next(d / n for n in os.listdir(d) if n.endswith(_names.JOURNAL))
+    index = d / "index.json"
+    index.write_bytes(b"{}")
+    craft(j, {"removals": [removal(index)]})
+    data = bytearray(j.read_bytes())
+    last = data.rindex(b"\n", 0, len(data) - 1) + 1
+    data[data.rindex(b"\n", 0, last - 1) + 1 + 45] ^= 1  # the step before the committed one
+    j.write_bytes(bytes(data))
+    (got,) = recover(d)
+    assert got.action == "finished"
+    assert got.not_removed == (str(index),)
+    assert sorted(os.listdir(d)) == ["index.json", "out.bin"]
+    assert index.read_bytes() == b"{}"
+    assert (d / "out.bin").read_bytes() == A + B

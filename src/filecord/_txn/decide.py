@@ -113,7 +113,7 @@ class Action(enum.Enum):
     HOLD = "keep them, the journal held: recover never undoes over the change"
     REFUSE = "refuse: touch nothing, say why and where every byte is"
     COMPLETE = "the save had completed: report it"
-    SKIP = "skip it: its save is running"
+    SKIP = "skip it: its save (or another recover) is running"
 
 
 # What recover reports each of its actions as: the one vocabulary of the library

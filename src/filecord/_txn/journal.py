@@ -389,6 +389,9 @@ class Log:
     # a source was touched, the files tell).
     stage: Stage = Stage.MOVING
     end: int = 0  # the logical end: where the next step is appended
+    # ``read_log(intact_prefix=True)``: why a record before the last does not check (the
+    # steps above are then the records before it, and recover judges the rest from the files)
+    damage: str | None = None
     # per moved source, the sizes its ``cut`` steps name, in order: the only sizes besides
     # its own a crash can leave it at (a truncate may not reach the disk, none runs before
     # its step), every byte past the last one durable in the temps
@@ -399,6 +402,7 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
     """The head record, the whole lines after the magic line, whether a torn tail follows,
     and the offset of the first of those lines."""
     lines, torn = split_lines(data)
+    _refuse_another_version(data)
     start = 0
     # The magic line itself damaged: the checksum, not the position, says it is no record.
     if lines and (data.startswith(MAGIC) or _unframed(lines[0]) is None):
@@ -413,12 +417,6 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
             return _parse(rec["save"]), lines, torn, start
         except (ValueError, KeyError, TypeError, IndexError) as exc:  # noqa: PERF203 - two
             problems.append(f"copy {n}: {exc}")
-    version = data.split(b"\n", 1)[0].removeprefix(b"filecord-journal ")
-    if version.isdigit() and int(version) != VERSION:  # and no record of this version checks
-        raise JournalVersionError(
-            f"the journal was written by {'an older' if int(version) < VERSION else 'another'} "
-            f"filecord (journal version {int(version)}): recover it with the filecord that "
-            "wrote it; nothing was touched")
     if not data.startswith(MAGIC[:9]):
         raise NotAJournalError("the file is not a filecord journal (no magic line, no record)")
     raise JournalDamagedError(
@@ -427,16 +425,30 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
     )
 
 
+def _refuse_another_version(data: bytes) -> None:
+    """A magic line naming another version is refused naming it, whatever the records after
+    it say: a later version may keep this one's record layout, and is never played back as
+    this one.  A flip that turns the digit into another is refused alike (touching nothing)."""
+    line = data.split(b"\n", 1)[0]
+    version = line.removeprefix(b"filecord-journal ")
+    if len(line) < len(data) and version.isdigit() and int(version) != VERSION:
+        raise JournalVersionError(
+            f"the journal was written by {'an older' if int(version) < VERSION else 'another'} "
+            f"filecord (journal version {int(version)}): recover it with the filecord that "
+            "wrote it; nothing was touched")
+
+
 def decode(data: bytes) -> Journal:
     """The head record in ``data`` (either copy that checks)."""
     return _head(data)[0]
 
 
-def read_log(data: bytes) -> Log:
+def read_log(data: bytes, *, intact_prefix: bool = False) -> Log:
     """The head and the steps after it (WAL replay, strict); :class:`JournalDamagedError` for
     damage.  The head's second copy counts as a record (a damaged newline merges it with the
     first step, which must not vanish); a step where it belongs means the first copy went
-    with a damaged magic line, and is read as the first step."""
+    with a damaged magic line, and is read as the first step.  ``intact_prefix``: a record
+    that does not check before the last gives the steps before it, ``damage`` saying why."""
     j, lines, torn, start = _head(data)
     heads = 1 if len(lines) > 1 and _checks(lines[1]) and "save" not in (
         _unframed(lines[1]) or {}) else 2
@@ -450,8 +462,10 @@ def read_log(data: bytes) -> Log:
         raise JournalDamagedError("the journal is damaged: the second copy of its head does "
                                   "not check out, and a later record does")
     r = replay(rest, torn_tail=torn, after=Stage.JOURNALED)
-    if r.damage is not None:
-        raise JournalDamagedError(f"the journal is damaged: {r.damage}")
+    damage = None if r.damage is None else f"the journal is damaged: {r.damage}"
+    if damage is not None and not (
+            intact_prefix and _succession(list(r.records), Stage.JOURNALED) is None):
+        raise JournalDamagedError(damage)
     tail = data[data.rfind(b"\n") + 1:]
     if torn and _overlong(tail) and _checks(tail[:42 + int(tail[:8], 16)]):
         # a whole record and more (no crash appends past a record); a half-written one padded
@@ -463,7 +477,7 @@ def read_log(data: bytes) -> Log:
         raise JournalDamagedError(f"the journal is damaged: a step that checks says {exc}") \
             from None
     end = start + sum(len(line) + 1 for line in lines[:heads + len(r.records)])
-    return replace(log, torn=r.torn, end=end)
+    return replace(log, torn=r.torn, end=end, damage=damage)
 
 
 def _steps(j: Journal, records: tuple[dict[str, object], ...]) -> Log:

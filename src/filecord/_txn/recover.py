@@ -20,7 +20,10 @@ against the records (``assess``), and the row of the table (``decide``) acts: ``
 ``moving`` rolls back after appending ``rolling back``, ``rolling back`` continues,
 ``committed`` finishes (``undo.finish``), ``held`` is refused.  An output under its final name
 with no ``committed`` step that checks is a commit step lost: finished from the files
-(``LOST_COMMIT``).  Every result is a row, its word ``decide.OUTCOME``; every step is judged
+(``LOST_COMMIT``).  So is one whose journal has a record before its last that does not check:
+the records before it and the files decide, only files carrying the token are removed
+(``DAMAGED_COMMIT``), and without an output under its final name it is refused as damage,
+naming the files to check.  Every result is a row, its word ``decide.OUTCOME``; every step is judged
 from the files, so recover is idempotent and may be interrupted and run again.
 """
 
@@ -47,6 +50,16 @@ JOURNAL_LIMIT = 1 << 30  # a journal is a few bytes per piece; anything larger i
 LOST_COMMIT = ("its committed step is damaged or lost, but its outputs were under their final "
                "names (renamed only after that step's fsync): finished from the files, the "
                "parked sources judged by their size alone")
+# A held lock is a running save or another recover (which takes the same locks): not which.
+BUSY = "its lock is held: its save is running, or another recover is at work on it"
+# A lock file with no journal or parked source left: nothing destructive is left to undo,
+# because the journal never became durable (the rest is garbage) or the save had ended.
+ENDED = ("its journal was made and is gone with every file of the save but this lock file: "
+         "the save had ended (completed or rolled back) before it could remove it; removed")
+DAMAGED_COMMIT = ("but its outputs were under their final names (renamed only after the "
+                  "committed step's fsync): finished from the files and the records before the "
+                  "damage, the parked sources judged by their size alone, only files carrying "
+                  "the save's token removed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +67,9 @@ class Recovered:
     """One interrupted save handled.
 
     ``action``: "finished" (completed after its commit point), "restored" (rolled back: the
-    sources are whole again), "discarded" (it died before its journal: its temps removed),
-    "skipped" (it is still running: its lock is held) or "refused" (``detail`` says why; no
+    sources are whole again), "discarded" (nothing to undo: it died before its journal, its
+    temps removed, or it had ended and left only its lock file), "skipped" (its lock is held:
+    it is still running, or another recover is) or "refused" (``detail`` says why; no
     file was touched).  ``kept``: for a finished save, the consumed sources another process
     changed after the commit point, kept (never deleted) under their own names or, when those
     were taken, their parked names; ``detail`` and ``notes`` say where.
@@ -177,7 +191,7 @@ def _recover_journal_less(directory: str, token: str,
     try:
         fd = liveness.acquire(lock)
     except liveness.LockBusyError:
-        return _decided(lock, Stage.CREATED, Found.BUSY, "its save is running (the lock is held)")
+        return _decided(lock, Stage.CREATED, Found.BUSY, BUSY)
     except liveness.NotALockFileError as exc:
         return _decided(lock, Stage.CREATED, Found.DAMAGED,
                         f"named like a lock file, but {exc.strerror}; nothing was touched")
@@ -202,14 +216,14 @@ def _recover_journal_less(directory: str, token: str,
     if refused is not None:
         _sys.close(fd)
         return _decided(lock, Stage.CREATED, refused[0], f"{refused[1]}; nothing was touched")
-    # The journal never became durable: nothing destructive happened, the rest is garbage.
     action = table.decide(table.Actor.RECOVER, Stage.CREATED, Found.AS_LEFT)  # DISCARD
     garbage = [os.path.join(directory, n) for n in others]
     for p in garbage:
         _sys.unlink_missing_ok(p)
     _sys.fsync_parents([lock])
     liveness.release(lock, fd)
-    return Recovered(lock, table.OUTCOME[action], detail=f"removed {len(garbage)} temp file(s)")
+    return Recovered(lock, table.OUTCOME[action], detail=ENDED if said.journaled else
+                     f"it died before its journal: removed {len(garbage)} temp file(s)")
 
 
 def _refuse_lockless(directory: str, token: str, parked: list[str],
@@ -317,7 +331,7 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
                 f"named {suffix}: a journal of version 3 (its stage in its name), written "
                 "by an older filecord; recover it with the filecord that wrote it")
         raw, seen = _read(path)
-        log_ = journal.read_log(raw)
+        log_ = journal.read_log(raw, intact_prefix=True)
         journal.confine(log_.journal, path)
     except FileNotFoundError:
         return None  # removed since the scan: its save (or another recover) ended it
@@ -336,7 +350,7 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
     try:
         refused = _lock_all(log_.journal, locks, path)
     except liveness.LockBusyError:
-        return _decided(path, stage, Found.BUSY, "its save is running (a lock is held)")
+        return _decided(path, stage, Found.BUSY, BUSY)
     except liveness.NotALockFileError as exc:
         return _decided(path, stage, Found.DAMAGED, f"its lock file is not a regular file "
                         f"({exc.strerror}); nothing was touched")
@@ -353,6 +367,11 @@ def _act(path: str, log_: journal.Log) -> Recovered:
     j = log_.journal
     stage, found, torn_why = _assess(log_)
     action = table.decide(table.Actor.RECOVER, stage, found.found)
+    if action is table.Action.REFUSE and log_.damage is not None:
+        # Records are missing: where the bytes are is not told, only where to look.
+        return _decided(path, stage, found.found, found.why, [
+            "the files to check: " + ", ".join([path, *assess.token_files(j),
+                                                *(s.path for s in j.sources)])])
     if action is table.Action.REFUSE:
         notes = [f"the files: {torn_why}"] if torn_why else []
         # What the moves left, unless a rollback (which grows sources back) has begun.
@@ -381,26 +400,29 @@ def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
     if lost:
         stage = Stage.COMMITTED
         records = replace(records, stage=stage)
+    if log_.damage is not None and stage is not Stage.COMMITTED:  # nothing proves the rest
+        return stage, assess.damaged(journal.JournalDamagedError(log_.damage)), None
     found = assess.assess(j, records, seen)
     if (log_.torn or lost) and found.found is not Found.DAMAGED and table.decide(
             table.Actor.RECOVER, stage, found.found) is table.Action.REFUSE:
-        return stage, assess.damaged(journal.JournalDamagedError(
+        return stage, assess.damaged(journal.JournalDamagedError(log_.damage or (
             "the journal is damaged: its last record does not check out and the files are "
-            "not as the records before it leave them")), found.why
+            "not as the records before it leave them"))), found.why
     return stage, found, None
 
 
 def _finish(path: str, log_: journal.Log, action: table.Action, *, lost: bool) -> Recovered:
     j = log_.journal
     outputs, sources = tuple(o.final for o in j.outputs), tuple(s.path for s in j.sources)
-    left, kept = undo.finish(j, path, log_.looked)
+    left, kept = undo.finish(j, path, log_.looked, removals=log_.damage is None)
     _sys.unlink(path)
     if kept is not None:  # the rest finished; the changed source is kept where the notes say
         log.warning("recover finished %s but kept a changed source: %s", path, kept)
         return Recovered(path, table.OUTCOME[action], outputs, sources, detail=str(kept),
                          notes=tuple(getattr(kept, "__notes__", ())),
                          kept=tuple(getattr(kept, "kept", ())))
-    detail = [LOST_COMMIT] if lost else []
+    detail = ([f"{log_.damage}, {DAMAGED_COMMIT}"] if log_.damage is not None
+              else [LOST_COMMIT] if lost else [])
     if left:
         detail.append("kept, as no longer the file the save recorded (or not in a directory "
                       "the save's lock or parked files prove its own): " + ", ".join(left))

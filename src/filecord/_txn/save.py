@@ -421,6 +421,8 @@ def _seal(txn: Txn) -> None:
 def _commit(txn: Txn) -> None:
     _seal(txn)
     p = txn.prep.plan
+    if txn.counters.moved != sum(d.length for m in p.moves if not m.adopt for d in m.dests):
+        raise RuntimeError(f"a bug in filecord: {txn.counters.moved} bytes moved, not the plan's")
     record = txn.record
     if record is not None and txn.journal_path is not None:
         seen = looks.check(txn)  # the last look, just before the commit point

@@ -190,13 +190,15 @@ def remove_temps(j: Journal) -> None:
     _sys.fsync_parents(temps)
 
 
-def finish(j: Journal, journal_path: str, looked: Mapping[tuple[int, int], tuple[int, int]]
-           ) -> tuple[tuple[str, ...], DataChangedError | None]:
+def finish(j: Journal, journal_path: str, looked: Mapping[tuple[int, int], tuple[int, int]],
+           *, removals: bool = True) -> tuple[tuple[str, ...], DataChangedError | None]:
     """Finish a committed save (the module's notes); the removals kept (not the recorded
-    file) and the error for the parked sources kept (:func:`unlink_parked`)."""
+    file, or ``removals`` False: only files carrying the save's token are removed) and the
+    error for the parked sources kept (:func:`unlink_parked`)."""
     _rename_outputs(j, journal_path)
     # Removals first, while the parked sources prove their directories the save's.
-    _removed, removals_kept = discard_and_remove(j, proven_directories(j))
+    _removed, removals_kept = discard_and_remove(
+        j, proven_directories(j) if removals else frozenset())
     if removals_kept:
         log.warning("recover finished %s but kept %s: not provably the file the save recorded",
                     journal_path, ", ".join(removals_kept))

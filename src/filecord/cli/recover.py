@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the library is imported when the command runs, not to build
 _WORDS: dict[Action, str] = {
     "finished": "completed the save: outputs in place, consumed sources removed",
     "restored": "rolled back: sources restored byte-exact, temps removed",
-    "discarded": "removed the temps of a save that died before its journal",
+    "discarded": "removed the files of an interrupted save that had nothing to undo",
     "skipped": "skipped",
     "refused": "refused",
 }

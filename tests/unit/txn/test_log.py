@@ -101,12 +101,16 @@ def test_every_byte_flipped(mask: int) -> None:
             log = journal.read_log(data)
         except journal.JournalDamagedError as exc:
             got, why = "damaged", str(exc)
+        except journal.JournalVersionError as exc:  # the magic line names another version
+            got, why = "version", str(exc)
         else:
             why = "damaged"
             assert log.journal == record(), f"byte {i}: a head that was not written"
             assert is_prefix(log), f"byte {i}: progress records that were not written"
             got = "same" if progress_of(log) == PROGRESS else "prefix"
-        if i < m + h - 1:  # the magic line, or the first copy: the second one is read
+        if i == m - 2 and data[i:i + 1].isdigit():  # the magic line names another version
+            want = {"version"}
+        elif i < m + h - 1:  # the magic line, or the first copy: the second one is read
             want = {"same"}
         elif m + h <= i < m + 2 * h - 1:  # inside the second copy: the first serves, unless
             want = {"same", "damaged"}  # its length field now says more (read as a merge)
@@ -115,7 +119,7 @@ def test_every_byte_flipped(mask: int) -> None:
         else:  # the last record: a torn tail, or damage when its length now says less
             want = {"prefix", "damaged"}
         assert got in want, f"byte {i} ^ {mask:#x}: {got}, expected {want}"
-        assert "damaged" in why
+        assert ("journal version" if got == "version" else "damaged") in why
 
 
 def _digit_changes(line: bytes) -> list[bytes]:
@@ -355,6 +359,16 @@ def test_a_journal_of_a_later_version_is_named_as_such_not_damaged() -> None:
     with pytest.raises(journal.JournalVersionError, match=later):
         journal.read_log(b"filecord-journal %d\n" % v + WRITTEN[len(journal.MAGIC):].replace(
             b'"version":%d' % journal.VERSION, b'"version":%d' % v))
+
+
+@pytest.mark.parametrize("v", [4, 6])
+def test_a_magic_line_naming_another_version_is_refused_though_the_records_check(v: int) -> None:
+    """Only the magic line names the version: the records are this version's and check.  A
+    later version may keep this record layout, so the line decides, never the records."""
+    older = "an older" if v < journal.VERSION else "another"
+    with pytest.raises(journal.JournalVersionError,
+                       match=rf"{older} filecord \(journal version {v}\)"):
+        journal.read_log(b"filecord-journal %d\n" % v + WRITTEN[len(journal.MAGIC):])
 
 
 def test_a_version_4_journal_as_the_release_before_wrote_it_is_named_older_not_damaged() -> None:
