@@ -78,7 +78,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "                          else (s.size, *(cuts or {}).get(key, ())))",
      "                          else (s.size, f.parked.size))", [UNIT, GUARDS]),
     ("a window cut without its cut step", "transfer.py",
-     "        log_cut(lo)\n", "", [R4]),
+     "        log_cut(lo)  # before the check: nothing but the check may stand before the cut\n",
+     "", [R4]),
     ("finish compares the last look by size only", "undo.py",
      "if st.st_size != s.run_start or (st.st_size, st.st_mtime_ns) != was:",
      "if st.st_size != s.run_start or st.st_size != was[0]:", [GUARDS]),
@@ -91,7 +92,9 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("replay: an overlong (merged) record taken as torn", "journal.py",
      "            if _overlong(line):\n", "            if False:\n", [UNIT]),
     ("head: a damaged second copy before a good record ignored", "journal.py",
-     "        _overlong(lines[1]) or any(_checks(line) for line in rest)", "        False", [UNIT]),
+     "        _overlong(lines[1])\n"
+     "        or (len(lines[1]) != len(lines[0]) and any(_checks(line) for line in rest))",
+     "        False", [UNIT]),
     ("length field not compared", "journal.py",
      "or int(length, 16) != len(payload):", ":", [UNIT]),
     ("recover ignores the journal's moved records", "recover.py",
@@ -110,7 +113,7 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("assess: a truncate in flight not allowed for", "assess.py",
      "    return pending is not None and st.size == pending", "    return False", [UNIT]),
     ("assess: the unchanged-source mtime not checked", "assess.py",
-     "    if st.mtime_ns == s.mtime_ns:\n        return None", "    return None", [UNIT]),
+     "    if st.size == s.size and st.mtime_ns != s.mtime_ns:", "    if False:", [UNIT]),
     ("lock pointer: another token accepted", "liveness.py",
      "parsed != (token, _names.JOURNAL)", "parsed[1] != _names.JOURNAL", [UNIT]),
     ("of_change: a link taken as a content change", "assess.py",
@@ -141,8 +144,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("a reopened source held to a fresh baseline, not its first", "fill.py",
      "                _compare(data, was, st)\n                st = was\n", "", [PIECES]),
     ("notes ignore the moves the journal says finished", "recover.py",
-     "    return assess.whereabouts(j, seen, done=log_.moved, inserted=inserted, held=held,",
-     "    return assess.whereabouts(j, seen, inserted=inserted, held=held,",
+     "    return assess.where_now(j, None, 0 if log_ is None else log_.moved, inserted,",
+     "    return assess.where_now(j, None, 0, inserted,",
      [NOTES]),
     ("failure: the change seen mid-move ignored", "assess.py",
      "    return exc if isinstance(exc, DataChangedError) and key is not None else None",
@@ -174,8 +177,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "    lost = stage is Stage.MOVING and assess.renamed(j, seen)",
      "    lost = False", [COMPLETED]),
     ("an emptied lock file taken for another journal's", "recover.py",
-     "            if said.journal is None:  # emptied or zeroed",
-     "            if False:  # emptied or zeroed", [COMPLETED]),
+     "        if said.journal is None:  # emptied or zeroed",
+     "        if False:  # emptied or zeroed", [COMPLETED]),
     # --- issue 36's second pass: adoption as a plan option, recover's outcomes as rows ----
     ("in_place=False ignored: a source adopted in place anyway", "save.py",
      "    adopt_in_place = consume and in_place\n", "    adopt_in_place = consume\n",
@@ -187,7 +190,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "return _decided(path, stage, Found.UNPROVEN, BUSY)",
      [LIVE]),
     ("recover discards a journal-less save whose lock says its journal was made", "recover.py",
-     "        if journaled and others:", "        if False:", [JOURNAL_GONE]),
+     "        (said.journaled and others, Found.UNPROVEN,", "        (False, Found.UNPROVEN,",
+     [JOURNAL_GONE]),
     # --- the independent mutation audit's survivors (issue 36) ------------------------------
     ("a source named back over a file made at its name (the parked bytes unlinked)", "undo.py",
      "        if (there.st_dev, there.st_ino) != (here.st_dev, here.st_ino):\n"
@@ -226,7 +230,7 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("a journal away from its first output's directory let through", "journal.py",
      "    if not dirs or dirs[0] != here:", "    if not dirs:", [AWAY]),
     ("a lock file naming another journal taken for this one's", "recover.py",
-     "            if said.journal != pointer:", "            if False:", [OTHER_LOCK]),
+     "        if said.journal != pointer:", "        if False:", [OTHER_LOCK]),
 ]
 
 

@@ -29,6 +29,7 @@ import os
 from filecord._io import syscalls as _sys
 from filecord._plan.types import MoveSource
 from filecord._txn import begin, fill, journal, looks, undo
+from filecord._txn.stages import Stage
 from filecord._txn.state import Placed, Txn
 from filecord.errors import ChangeKind, DataChangedError, SaveError
 
@@ -59,7 +60,7 @@ def _claim(txn: Txn, m: MoveSource, src: journal.JournalSource) -> int:
     temp = txn.temps[o]
     if temp is None:  # pragma: no cover - the plan adopts only into temps
         raise SaveError(f"{m.path}: no temp to adopt into")
-    data = txn.prep.datas[m.key][0]
+    data = txn.prep.facts.datas[m.key][0]
     st = undo.same_file(data.path, *m.key)
     if st is None or (st.st_size, st.st_mtime_ns) != (m.size, data.identity.mtime_ns):
         raise DataChangedError(data.path, expected_size=m.size,
@@ -100,7 +101,8 @@ def _insert(txn: Txn, m: MoveSource, src: journal.JournalSource, fd: int) -> Pla
                                expected_size=m.size + src.inserted, found_size=now.st_size,
                                reason="another process wrote to or cut it as it was adopted")
     if src.inserted:
-        begin.append_step(txn, journal.encode_inserted(txn.moves_done, m.key))
+        begin.append_step(txn, journal.step(Stage.MOVING, moved=txn.moves_done,
+                                            inserted=list(m.key)))
         txn.inserted.add(m.key)
         log.debug("adopt %s: %d bytes inserted in front of it, recorded", m.path, src.inserted)
     return where
@@ -121,7 +123,7 @@ def check_at_commit(txn: Txn, o: int, st: os.stat_result) -> None:
     key = p.adopted[o]
     path, length = p.outputs[o].path, p.outputs[o].length
     refuse_linked(st, path)
-    was = txn.prep.datas[key][0].identity
+    was = txn.prep.facts.datas[key][0].identity
     # (only a file adopted whole: one adopted in place was written around by the save)
     if was.size == length and (st.st_size, st.st_mtime_ns) != (was.size, was.mtime_ns):
         raise DataChangedError(path, expected_size=was.size, found_size=st.st_size,

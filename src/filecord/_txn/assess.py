@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import errno
 import os
-import stat as stat_mod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._plan.plan import cover
-from filecord._txn import journal
+from filecord._txn import journal, undo
 from filecord._txn.decide import Actor, Found
 from filecord._txn.journal import Journal, JournalSource
 from filecord._txn.stages import Stage
@@ -110,26 +109,14 @@ class Records:
 # --- the judgement --------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
-class Where:
-    """One source: the name holding it (None: neither), its size there (-1: not found), and
-    what changed (None: as the save left it)."""
-
-    path: str
-    name: str | None
-    size: int
-    change: ChangeKind | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class Assessment:
-    """What was found, the error that says so (raised to the caller), notes and why; per
-    source where it is; the source found changed since the save's look (its key)."""
+    """What was found, the error that says so (raised to the caller), notes and why, and the
+    source found changed since the save's look (its key)."""
 
     found: Found
     error: BaseException | None = None
     notes: tuple[str, ...] = ()
     why: str = ""
-    sources: tuple[Where, ...] = ()
     changed: Key | None = None
 
 
@@ -143,22 +130,6 @@ def seen_mid_move(exc: BaseException, key: Key | None) -> DataChangedError | Non
     """The change a running save saw while a source was being moved or right after its last
     look (``key``: that source), or None when ``exc`` is something else."""
     return exc if isinstance(exc, DataChangedError) and key is not None else None
-
-
-def left_at(exc: BaseException, key: Key | None) -> dict[Key, int]:
-    """The size the move last left the changed source ``key`` at, when ``exc`` says it."""
-    during = seen_mid_move(exc, key)
-    return {} if during is None or key is None else {key: during.expected_size}
-
-
-def restored_note(restored: int, exc: BaseException) -> str:
-    """What a finished rollback of ``restored`` sources says about them."""
-    if isinstance(exc, DataChangedError):
-        # Only whole files were involved (an adopted file is renamed, never cut): they are
-        # back under their names, but the changed one holds the other process's change.
-        return (f"{restored} source file(s) were given back their names; {exc.path} holds "
-                "what another process made of it, not its original bytes")
-    return f"the moved bytes were put back into {restored} source file(s), byte-exact"
 
 
 def damaged(exc: journal.JournalDamagedError) -> Assessment:
@@ -176,18 +147,9 @@ def locate(j: Journal, s: JournalSource, f: SourceFacts) -> tuple[str, Facts] | 
 
 def assess(j: Journal, records: Records, seen: Observed) -> Assessment:
     """Pure: what the files and records say about the save, for ``decide``."""
-    wheres = []
-    for s, f in zip(j.sources, seen.sources, strict=seen.unreadable is None):
-        at = locate(j, s, f)
-        wheres.append(Where(s.path, None, -1) if at is None else Where(s.path, at[0], at[1].size))
-    found = (_running(j, records, seen) if records.actor is Actor.SAVE
-             else _crashed(j, records, seen))
-    err = found.error if isinstance(found.error, DataChangedError) else None
-    for n, (w, s) in enumerate(zip(wheres, j.sources, strict=False)):
-        if found.changed == (s.dev, s.ino) or (err is not None and err.path in (w.path, w.name)):
-            wheres[n] = Where(w.path, w.name, w.size, err.kind if err else ChangeKind.CONTENT)
-    return Assessment(found.found, found.error, found.notes, found.why, tuple(wheres),
-                      found.changed)
+    if records.actor is Actor.SAVE:
+        return _running(j, records, seen)
+    return _crashed(j, records, seen)
 
 
 def _running(j: Journal, r: Records, seen: Observed) -> Assessment:
@@ -208,13 +170,10 @@ def _running(j: Journal, r: Records, seen: Observed) -> Assessment:
         key = (s.dev, s.ino)
         look = r.looks.get(key)
         at = locate(j, s, f)
-        if s.adopt or look is None or at is None or as_seen(at[1], look.facts, look.pending):
+        err = None if s.adopt or look is None or at is None else changed_since(
+            at[0], at[1], look, "another process changed it after the save's last look")
+        if err is None:
             continue
-        kind = change_kind(at[1], look.facts)
-        err = DataChangedError(at[0], expected_size=look.facts.size, found_size=at[1].size,
-                               reason=(METADATA_ONLY if kind is ChangeKind.METADATA else
-                                       "another process changed it after the save's last look"),
-                               kind=kind)
         err.__context__ = r.cause
         found = of_change(err)
         why = ("a source's metadata was changed by another process: the journal and temps "
@@ -261,8 +220,6 @@ def _crashed(j: Journal, r: Records, seen: Observed) -> Assessment:
 
 # --- the predicates (pure, on observed facts) -------------------------------------------------
 
-
-
 def as_seen(st: Facts, look: Facts, pending: int | None = None) -> bool:
     """Whether ``st`` is the file as the save last looked at it: same size, modification and
     change times; or, with ``pending``, the size a truncate of the save in flight leaves."""
@@ -271,12 +228,15 @@ def as_seen(st: Facts, look: Facts, pending: int | None = None) -> bool:
     return pending is not None and st.size == pending
 
 
-def change_kind(st: Facts, look: Facts) -> ChangeKind:
-    """``METADATA`` when only the ctime differs from the look (same size and mtime: a chmod or
-    chattr, which holds no journal), else ``CONTENT``."""
-    if (st.size, st.mtime_ns) == (look.size, look.mtime_ns):
-        return ChangeKind.METADATA
-    return ChangeKind.CONTENT
+def changed_since(name: str, st: Facts, look: Look, why: str) -> DataChangedError | None:
+    """The change if ``st`` is not as the save last looked (:func:`as_seen`): ``METADATA``
+    when only the ctime moved (a chmod or chattr, which holds no journal), else ``why``."""
+    if as_seen(st, look.facts, look.pending):
+        return None
+    metadata = (st.size, st.mtime_ns) == (look.facts.size, look.facts.mtime_ns)
+    return DataChangedError(name, expected_size=look.facts.size, found_size=st.size,
+                            reason=METADATA_ONLY if metadata else why,
+                            kind=ChangeKind.METADATA if metadata else ChangeKind.CONTENT)
 
 
 def moved(j: Journal) -> list[JournalSource]:
@@ -310,14 +270,20 @@ def check_strict(j: Journal, seen: Observed, done: int = 0,
 
 def _cut_to(s: JournalSource, name: str, st: Facts, sizes: tuple[int, ...]
             ) -> DataChangedError | None:
-    """A parked source at one of the ``sizes`` this save's cuts can have left it at (at its
-    full size, also at its journaled mtime)."""
+    """A parked source at one of the ``sizes`` this save's cuts can have left it at.  At its
+    full size it was never shortened (or a rollback finished and put its times back), so its
+    mtime is the journaled one: a same-size rewrite is refused, never "restored" over."""
     if st.size not in sizes:
         return DataChangedError(
             name, expected_size=sizes[-1], found_size=st.size,
             reason=f"the save's records leave it at {' or '.join(map(str, sorted(set(sizes))))} "
             "bytes: another process changed it")
-    return _untouched(s, name, st) if st.size == s.size else None
+    if st.size == s.size and st.mtime_ns != s.mtime_ns:
+        return DataChangedError(
+            name, expected_size=s.size, found_size=st.size,
+            reason=f"its modification time is {st.mtime_ns} ns where the journal recorded "
+            f"{s.mtime_ns} ns and this save never shortened it: another process rewrote it")
+    return None
 
 
 def _adopted(j: Journal, s: JournalSource, f: SourceFacts, *,
@@ -327,27 +293,12 @@ def _adopted(j: Journal, s: JournalSource, f: SourceFacts, *,
     alone).  Under its own name it was never adopted, or the undo finished: nothing to check
     (the undo does not touch it there)."""
     length = j.outputs[s.dests[0].output].length
-    whole = not s.inserted and length == s.size
-    if f.at_temp is not None and not whole:  # a file adopted whole is only renamed back
-        if s.adopted_size(f.at_temp.size, length, inserted=inserted):
-            return None
-        return DataChangedError(
-            j.temp(s.dests[0].output), expected_size=s.size + s.inserted,
-            found_size=f.at_temp.size,
-            reason=s.adopted_change(f.at_temp.size, length, inserted=inserted))
-    return None
-
-
-def _untouched(s: JournalSource, name: str, st: Facts) -> DataChangedError | None:
-    """A source at its full size was never shortened by this save (or a rollback finished and
-    put its journaled mtime back), so its mtime must be the journaled one: a same-size rewrite
-    by another process is refused here, never "restored" and its mtime reset over the change."""
-    if st.mtime_ns == s.mtime_ns:
+    whole = not s.inserted and length == s.size  # a file adopted whole is only renamed back
+    if f.at_temp is None or whole or s.adopted_size(f.at_temp.size, length, inserted=inserted):
         return None
-    return DataChangedError(
-        name, expected_size=s.size, found_size=st.size,
-        reason=f"its modification time is {st.mtime_ns} ns where the journal recorded "
-        f"{s.mtime_ns} ns and this save never shortened it: another process rewrote it")
+    return DataChangedError(j.temp(s.dests[0].output), expected_size=s.size + s.inserted,
+                            found_size=f.at_temp.size,
+                            reason=s.adopted_change(f.at_temp.size, length, inserted=inserted))
 
 
 def check_temps(j: Journal, seen: Observed) -> OSError | None:
@@ -418,23 +369,15 @@ def check_committed(j: Journal, seen: Observed) -> RecoverError | None:
     for o, (out, of) in enumerate(zip(j.outputs, seen.outputs, strict=True)):
         if (not out.direct and not out.discard and of.temp is not None
                 and of.temp.size != out.length):
-            return RecoverError(f"{j.temp(o)}: the temp of {out.final} is {of.temp.size} bytes "
-                                f"where the journal says the complete output has {out.length}: "
-                                "another process changed it, so it is not renamed onto the "
-                                "final name")
+            return undo.temp_changed(j, o, of.temp.size)
     return None
 
 
 # --- the one look -----------------------------------------------------------------------------
 
 def _facts(path: str, dev: int, ino: int) -> Facts | None:
-    try:
-        st = _sys.lstat(path)
-    except FileNotFoundError:
-        return None
-    if (st.st_dev, st.st_ino) != (dev, ino) or not stat_mod.S_ISREG(st.st_mode):
-        return None
-    return Facts.of(st)
+    st = undo.same_file(path, dev, ino)
+    return None if st is None else Facts.of(st)
 
 
 def observe(j: Journal, *, recover: bool = False) -> Observed:
@@ -484,6 +427,18 @@ def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = 
             for s, f in zip(j.sources, seen.sources, strict=True)]
 
 
+def where_now(j: Journal, left_at: Mapping[Key, int] | None = None, done: int = 0,
+              inserted: frozenset[Key] = frozenset(), *, held: bool = False,
+              cuts: Mapping[Key, tuple[int, ...]] | None = None) -> tuple[list[str], Observed]:
+    """:func:`whereabouts` looked at afresh (the files may have changed since the assessment),
+    and that look."""
+    seen = observe(j)
+    if seen.unreadable is not None:
+        why = f"could not look at the sources to say where their bytes are: {seen.unreadable}"
+        return [why], seen
+    return whereabouts(j, seen, left_at, done, inserted, held=held, cuts=cuts), seen
+
+
 def _adopted_where(j: Journal, s: JournalSource, f: SourceFacts, *, inserted: bool,
                    held: bool) -> str:
     """:func:`whereabouts` of an adopted source: its name, or its temp and the offset there."""
@@ -522,12 +477,11 @@ def _moved_where(j: Journal, s: JournalSource, f: SourceFacts,
                     f"its bytes [0, {kept}) are there" if kept else
                     "none of its bytes are there"))
     if boundary < s.size:
-        try:
+        try:  # a source changed before its journal was written may be longer than its ranges
             segs = cover(s.dests, max(boundary, s.run_start), s.size)
         except ValueError:
             segs = []
         line += "; " + ", ".join(
             f"[{a}, {b}) at offset {d.out_offset + a - d.src_offset} of {j.temp(d.output)}"
-            for a, b, d in segs
-        )
+            for a, b, d in segs)
     return line

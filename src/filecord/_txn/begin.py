@@ -36,13 +36,11 @@ def journal_name(txn: Txn, suffix: str) -> str:
 
 def lock_directories(txn: Txn) -> None:
     """One locked lock file per directory that will hold a temp, before any temp exists."""
-    outs = [o for o in txn.prep.plan.outputs if not o.direct]
+    outs = [o.target for o in txn.prep.plan.outputs if not o.direct]
     if not outs:
         return
     content = liveness.pointer_record(journal_name(txn, _names.JOURNAL))
-    firsts = {os.path.dirname(o.target): o.target for o in reversed(outs)}
-    for directory in dict.fromkeys(os.path.dirname(o.target) for o in outs):
-        path = _names.sibling(firsts[directory], txn.token, _names.LOCK)
+    for path in journal.lock_files(outs, txn.token).values():
         try:
             fd = liveness.create(path, content)
         except liveness.LockBusyError as exc:
@@ -100,7 +98,7 @@ def _record(txn: Txn) -> journal.Journal:
     sources = []
     # In the order the moves run, then the sources only deleted at commit (recover checks it).
     for key in [*moves, *sorted(set(p.consumed) - set(moves))]:
-        data = txn.prep.datas[key][0]
+        data = txn.prep.facts.datas[key][0]
         st = _sys.stat(data.path)
         m = moves.get(key)
         sources.append(journal.JournalSource(
@@ -112,7 +110,7 @@ def _record(txn: Txn) -> journal.Journal:
         ))
     outputs = []
     for o, (out, fd, tst) in enumerate(
-        zip(p.outputs, txn.fds, txn.prep.target_stats, strict=True)
+        zip(p.outputs, txn.fds, txn.prep.facts.target_stats, strict=True)
     ):
         if out.direct or fd is None:
             outputs.append(journal.JournalOutput(out.target, 0, 0, out.length, direct=True))
@@ -166,9 +164,9 @@ def park_sources(txn: Txn, record: journal.Journal) -> None:
             continue
         if txn.stage is not Stage.MOVING:
             txn.to(Stage.MOVING)
-        current = txn.prep.datas[(s.dev, s.ino)][0].path
+        current = txn.prep.facts.datas[(s.dev, s.ino)][0].path
         if undo.same_file(current, s.dev, s.ino) is None:
-            txn.prep.datas[(s.dev, s.ino)][0].check()
+            txn.prep.facts.datas[(s.dev, s.ino)][0].check()
             raise SaveError(f"{current} was replaced during the save")
         _sys.rename(current, record.parked(s))
         parked.append(record.parked(s))
@@ -192,10 +190,3 @@ def append_step(txn: Txn, record: bytes, stage: Stage | None = None) -> None:
     txn.journal_end = txn.journal_tail
     if stage is not None:
         txn.to(stage)
-
-
-def close_journal(txn: Txn) -> None:
-    """Close the journal's descriptor (its records are all fsynced); raises a close error."""
-    fd, txn.journal_fd = txn.journal_fd, None
-    if fd is not None:
-        _sys.close(fd)

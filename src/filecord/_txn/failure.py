@@ -19,7 +19,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NoReturn, TypeVar
+from typing import NoReturn
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
@@ -29,6 +29,7 @@ from filecord._txn.journal import Journal
 from filecord._txn.stages import Stage, StageError
 from filecord._txn.state import Txn
 from filecord.errors import (
+    DataChangedError,
     FilecordError,
     SaveError,
     SourceState,
@@ -36,7 +37,6 @@ from filecord.errors import (
 )
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 def drop_locks(txn: Txn, *, remove: bool) -> None:
@@ -59,15 +59,6 @@ def close_descriptors(txn: Txn) -> list[OSError]:
     txn.fds = [None] * len(txn.fds)
     txn.src_fds.clear()
     return _sys.close_each(fds)
-
-
-def _attempt(fn: Callable[[T], None], arg: T) -> OSError | None:
-    """Run one cleanup call; its error is returned for the notes, never raised over the cause."""
-    try:
-        fn(arg)
-    except OSError as exc:
-        return exc
-    return None
 
 
 def _close(txn: Txn, notes: list[str]) -> None:
@@ -131,14 +122,12 @@ def _keep(txn: Txn, f: _Failed, notes: list[str], *, held: bool = False) -> NoRe
     drop_locks(txn, remove=False)
     record, path = _journaled(txn)
     states: tuple[SourceState, ...] = ()
-    left_at = assess.left_at(f.exc, txn.moving or txn.changed)
-    seen = assess.observe(record)
-    if seen.unreadable is not None:
-        notes.append("could not look at the sources to say where their bytes are: "
-                     f"{seen.unreadable}")
-    else:
-        notes.extend(assess.whereabouts(record, seen, left_at,
-                                        inserted=frozenset(txn.inserted), held=held))
+    key = txn.moving or txn.changed
+    during = assess.seen_mid_move(f.exc, key)  # the size the move last left it at
+    left_at = {} if during is None or key is None else {key: during.expected_size}
+    lines, seen = assess.where_now(record, left_at, inserted=frozenset(txn.inserted), held=held)
+    notes.extend(lines)
+    if seen.unreadable is None:
         states = _states(record, seen)
     notes.append(f"{f.why}; run `filecord recover {path}` once the cause is fixed")
     _raise(f.exc, f"saving {f.names} failed", notes, journal_path=path, sources=states)
@@ -230,17 +219,18 @@ def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     try:
         begin.append_step(txn, journal.step(Stage.ROLLING_BACK), Stage.ROLLING_BACK)
         _close(txn, notes)  # the undo opens what it needs by name, as recover does
-        temps = undo.open_temps(record)
-        try:
-            restored = undo.roll_back(record, temps, txn.counters, frozenset(txn.inserted))
-        finally:
-            undo.close_all(temps)
+        restored = undo.roll_back(record, txn.counters, frozenset(txn.inserted))
     except BaseException as rexc:  # noqa: BLE001 - any failure here leaves the journal in charge
         notes.append(f"rolling back also failed: {rexc!r}")
         _ACTIONS[decide(Actor.SAVE, txn.stage, Found.UNREADABLE)](
             txn, _Failed(f.exc, f.names, "the journal and temps are kept"), notes)
-    if restored:
-        notes.append(assess.restored_note(restored, f.exc))
+    if restored and isinstance(f.exc, DataChangedError):
+        # Only whole files were involved (an adopted file is renamed, never cut): they are
+        # back under their names, but the changed one holds the other process's change.
+        notes.append(f"{restored} source file(s) were given back their names; {f.exc.path} "
+                     "holds what another process made of it, not its original bytes")
+    elif restored:
+        notes.append(f"the moved bytes were put back into {restored} source file(s), byte-exact")
     _discard(txn, f, notes)
 
 
@@ -278,10 +268,13 @@ def _remove_garbage(txn: Txn, notes: list[str]) -> bool:
     first = next((o for o in txn.prep.plan.outputs if not o.direct), None)
     if first is not None:
         paths.append(_names.sibling(first.target, txn.token, _names.PENDING))
-    attempts = ((p, _attempt(_sys.unlink_missing_ok, p)) for p in paths)
-    failed = [(p, e) for p, e in attempts if e is not None]
-    notes.extend(f"could not remove {p}: {e}" for p, e in failed)
-    left = bool(failed)
+    left = False
+    for p in paths:  # each error is noted, never raised over the cause
+        try:
+            _sys.unlink_missing_ok(p)
+        except OSError as exc:  # noqa: PERF203 - every path is tried
+            notes.append(f"could not remove {p}: {exc}")
+            left = True
     if txn.journal_path is not None and not left:
         try:
             _sys.fsync_parents(paths)

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 def create_outputs(txn: Txn) -> None:
-    for out, st in zip(txn.prep.plan.outputs, txn.prep.target_stats, strict=True):
+    for out, st in zip(txn.prep.plan.outputs, txn.prep.facts.target_stats, strict=True):
         if out.direct:
             txn.temps.append(None)
             txn.fds.append(_sys.open(out.target, os.O_WRONLY))
@@ -55,7 +55,7 @@ def create_outputs(txn: Txn) -> None:
 def finish_modes(txn: Txn) -> None:
     """Give each complete temp the replaced file's owner, group and exact mode."""
     adopted = txn.prep.plan.adopted
-    for o, (fd, st) in enumerate(zip(txn.fds, txn.prep.target_stats, strict=True)):
+    for o, (fd, st) in enumerate(zip(txn.fds, txn.prep.facts.target_stats, strict=True)):
         if fd is None or st is None or txn.temps[o] is None or o in adopted:
             continue
         undo.apply_owner_mode(fd, st.st_mode, st.st_uid, st.st_gid)
@@ -122,7 +122,7 @@ def _close_oldest_source(txn: Txn) -> None:
     del txn.src_fds[key]
     _sys.close(fd)
     txn.src_closed[key] = was
-    _compare(txn.prep.datas[key][0], was, now)
+    _compare(txn.prep.facts.datas[key][0], was, now)
 
 
 def _compare(data: FileBackedData, was: os.stat_result, now: os.stat_result) -> None:
@@ -165,7 +165,7 @@ def fill_output(txn: Txn, o: int) -> None:
     adjacent in their source and in the output are one copy; each source of the plain copies
     is looked at once, after its last (rows from two shards: two looks, not one per row)."""
     p = txn.prep.plan
-    out, pieces = p.outputs[o], txn.prep.cords[o].pieces  # a property: built once here
+    out, pieces = p.outputs[o], txn.prep.facts.cords[o].pieces  # a property: built once here
     fd = txn.fds[o]
     if fd is None:
         raise SaveError(f"{out.path}: output descriptor missing")

@@ -42,8 +42,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
@@ -190,25 +191,40 @@ class Journal:
             os.path.dirname(o.final) for o in self.outputs if not o.direct
         ))
 
+    def locks(self) -> dict[str, str]:
+        """Each of :meth:`directories` -> its lock file (:func:`lock_files`)."""
+        return lock_files((o.final for o in self.outputs if not o.direct), self.token)
+
+
+def lock_files(finals: Iterable[str], token: str) -> dict[str, str]:
+    """Per directory of ``finals`` (first seen first), its lock file, named after its first
+    output: the save makes them, recover takes the same names."""
+    firsts: dict[str, str] = {}
+    for final in finals:
+        firsts.setdefault(os.path.dirname(final), final)
+    return {d: _names.sibling(f, token, _names.LOCK) for d, f in firsts.items()}
+
+
+# The head's fields as written, in order (an output is a list, a source an object; a source's
+# ``dests`` apart): its encoding and its strict parsing both read them here.
+_OUTPUT = (("final", str), ("dev", int), ("ino", int), ("length", int), ("mode", int),
+           ("uid", int), ("gid", int), ("direct", bool), ("old_dev", int), ("old_ino", int))
+_SOURCE = (("dev", int), ("ino", int), ("path", str), ("size", int), ("run_start", int),
+           ("atime_ns", int), ("mtime_ns", int), ("mode", int), ("adopt", bool), ("dense", bool))
+
 
 def _body(j: Journal) -> dict[str, object]:
     return {
         "version": VERSION,
         "token": j.token,
         "window": j.window,
-        "outputs": [
-            [o.final, o.dev, o.ino, o.length, o.mode, o.uid, o.gid, o.direct, o.old_dev,
-             o.old_ino, *([True] if o.discard else [])] for o in j.outputs
-        ],
+        "outputs": [[getattr(o, k) for k, _t in _OUTPUT] + ([True] if o.discard else [])
+                    for o in j.outputs],
         **({"removals": [[r.path, r.dev, r.ino, r.size, r.mtime_ns] for r in j.removals]}
            if j.removals else {}),
         "sources": [
-            {
-                "path": s.path, "dev": s.dev, "ino": s.ino, "size": s.size,
-                "run_start": s.run_start, "atime_ns": s.atime_ns, "mtime_ns": s.mtime_ns,
-                "mode": s.mode, "adopt": s.adopt, "dense": s.dense,
-                "dests": [[d.output, d.out_offset, d.length, d.src_offset] for d in s.dests],
-            }
+            {**{k: getattr(s, k) for k, _t in _SOURCE},
+             "dests": [[d.output, d.out_offset, d.length, d.src_offset] for d in s.dests]}
             for s in j.sources
         ],
     }
@@ -283,12 +299,12 @@ def _checks(line: bytes) -> bool:
     return True
 
 
-def _is_head(line: bytes) -> bool:
+def _unframed(line: bytes) -> dict[str, object] | None:
+    """:func:`unframe`, or None for a line that does not check (a stray record too)."""
     try:
-        rec = unframe(line)
+        return unframe(line)
     except (ValueError, KeyError, TypeError):
-        return False
-    return "save" in rec
+        return None
 
 
 def _overlong(line: bytes) -> bool:
@@ -349,11 +365,6 @@ def encode_moving(done: int) -> bytes:
     return step(Stage.MOVING, moved=done)
 
 
-def encode_inserted(done: int, key: tuple[int, int]) -> bytes:
-    """The adopted source ``key`` has the space inserted in front of it, durably."""
-    return step(Stage.MOVING, moved=done, inserted=list(key))
-
-
 def encode_cut(key: tuple[int, int], size: int) -> bytes:
     """The moved source ``key`` is about to be cut to ``size``: every byte past it is durable
     in the temps (appended before the truncate, after the temps' fsync)."""
@@ -393,13 +404,8 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
     lines, torn = split_lines(data)
     _refuse_another_version(data)
     start = 0
-    if lines and not data.startswith(MAGIC):
-        try:  # the magic line itself damaged: the checksum, not the position, is the proof
-            unframe(lines[0])
-        except (ValueError, KeyError, TypeError):
-            start = len(lines[0]) + 1
-            lines = lines[1:]
-    elif lines:
+    # The magic line itself damaged: the checksum, not the position, says it is no record.
+    if lines and (data.startswith(MAGIC) or _unframed(lines[0]) is None):
         start = len(lines[0]) + 1
         lines = lines[1:]
     problems: list[str] = []
@@ -444,7 +450,8 @@ def read_log(data: bytes, *, intact_prefix: bool = False) -> Log:
     with a damaged magic line, and is read as the first step.  ``intact_prefix``: a record
     that does not check before the last gives the steps before it, ``damage`` saying why."""
     j, lines, torn, start = _head(data)
-    heads = 1 if len(lines) > 1 and _checks(lines[1]) and not _is_head(lines[1]) else 2
+    heads = 1 if len(lines) > 1 and _checks(lines[1]) and "save" not in (
+        _unframed(lines[1]) or {}) else 2
     rest = lines[heads:]
     # A flip inside the second copy leaves it as long as the first (the first then serves);
     # one that merged it with the next line, or split it, is damage once a later record checks.
@@ -488,7 +495,7 @@ def _steps(j: Journal, records: tuple[dict[str, object], ...]) -> Log:
         if stage is Stage.JOURNALED:
             stage = Stage.MOVING
         elif "cut" in rec:
-            dev, ino, size = (_int(v) for v in _list(rec["cut"]))
+            dev, ino, size = (_a(int, v) for v in _a(list, rec["cut"]))
             was = cuts.get((dev, ino), ())
             s = sources.get((dev, ino))
             if (dev, ino) not in moved_keys or s is None or not (
@@ -496,51 +503,36 @@ def _steps(j: Journal, records: tuple[dict[str, object], ...]) -> Log:
                 raise ValueError(f"a cut of ({dev}, {ino}) to {size} no move of it makes")
             cuts[(dev, ino)] = (*was, size)
         elif stage is Stage.MOVING:
-            moved = max(moved, _int(rec["moved"]))
+            moved = max(moved, _a(int, rec["moved"]))
             if moved > len(moved_keys):
                 raise ValueError(f"{moved} moves finished of {len(moved_keys)}")
             if "inserted" in rec:
-                dev, ino = (_int(v) for v in _list(rec["inserted"]))
+                dev, ino = (_a(int, v) for v in _a(list, rec["inserted"]))
                 s = sources.get((dev, ino))
                 if s is None or not s.inserted:
                     raise ValueError(f"an insert in front of ({dev}, {ino}), which has none")
                 inserted.add((dev, ino))
         elif stage is Stage.COMMITTED:
-            for look in _list(rec["looked"]):
-                dev, ino, size, mtime = (_int(v) for v in _list(look))
+            for look in _a(list, rec["looked"]):
+                dev, ino, size, mtime = (_a(int, v) for v in _a(list, look))
                 if (dev, ino) not in sources:
                     raise ValueError(f"a look at ({dev}, {ino}), not a source of the save")
                 looked[(dev, ino)] = (size, mtime)
     return Log(j, moved, frozenset(inserted), looked, stage=stage, cuts=cuts)
 
 
-def _list(v: object) -> list[object]:
-    if not isinstance(v, list):
-        raise TypeError(f"{v!r} is not a list")
-    return v
+_T = TypeVar("_T")
+_KINDS = {list: "a list", int: "an integer", bool: "true or false", str: "a string"}
 
 
-def _int(v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{v!r} is not an integer")
-    return v
-
-
-def _bool(v: object) -> bool:
-    if not isinstance(v, bool):
-        raise TypeError(f"{v!r} is not true or false")
-    return v
-
-
-def _str(v: object) -> str:
-    if not isinstance(v, str):
-        raise TypeError(f"{v!r} is not a string")
+def _a(kind: type[_T], v: object) -> _T:
+    """``v`` if it is a ``kind`` as JSON reads one (true is not an integer), else TypeError."""
+    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+        raise TypeError(f"{v!r} is not {_KINDS[kind]}")
     return v
 
 
 _HEAD_KEYS = {"version", "token", "window", "outputs", "removals", "sources"}
-_SOURCE_KEYS = {"path", "dev", "ino", "size", "run_start", "atime_ns", "mtime_ns", "mode",
-                "adopt", "dense", "dests"}
 
 
 def _parse(body: object) -> Journal:
@@ -552,101 +544,91 @@ def _parse(body: object) -> Journal:
         raise ValueError(f"the head has fields {sorted(set(body) - _HEAD_KEYS)}")
     outputs = tuple(_output(o) for o in body["outputs"])
     removals = tuple(
-        JournalRemoval(_str(p), _int(d), _int(i), _int(n), _int(m))
+        JournalRemoval(_a(str, p), _a(int, d), _a(int, i), _a(int, n), _a(int, m))
         for p, d, i, n, m in body.get("removals", [])
     )
     sources = []
     for s in body["sources"]:
-        if set(s) != _SOURCE_KEYS:
+        if set(s) != {"dests", *(k for k, _t in _SOURCE)}:
             raise ValueError(f"a source has fields {sorted(s)}")
-        key = (_int(s["dev"]), _int(s["ino"]))
-        sources.append(JournalSource(
-            path=_str(s["path"]), dev=key[0], ino=key[1], size=_int(s["size"]),
-            run_start=_int(s["run_start"]), atime_ns=_int(s["atime_ns"]),
-            mtime_ns=_int(s["mtime_ns"]), mode=_int(s["mode"]), adopt=_bool(s["adopt"]),
-            dense=_bool(s["dense"]),
-            dests=tuple(
-                PieceRef(_int(o), 0, _int(off), _int(n), key, _int(so))
-                for o, off, n, so in s["dests"]
-            ),
-        ))
-    token = _str(body["token"])
+        fields: dict[str, Any] = {k: _a(kind, s[k]) for k, kind in _SOURCE}
+        key = (fields["dev"], fields["ino"])
+        sources.append(JournalSource(**fields, dests=tuple(
+            PieceRef(_a(int, o), 0, _a(int, off), _a(int, n), key, _a(int, so))
+            for o, off, n, so in s["dests"])))
+    token = _a(str, body["token"])
     if not _names.is_token(token):
         raise ValueError(f"token {token!r} is malformed")
-    return Journal(token, _int(body["window"]), outputs, tuple(sources), removals=removals)
+    return Journal(token, _a(int, body["window"]), outputs, tuple(sources), removals=removals)
 
 
 def _output(o: object) -> JournalOutput:
-    """One output entry: ten fields, and an eleventh ``true`` for a discard output (a head
-    written before discard outputs existed has ten)."""
+    """One output entry: the ten fields of ``_OUTPUT``, and an eleventh ``true`` for a discard
+    output (a head written before discard outputs existed has ten)."""
     if not isinstance(o, list) or len(o) not in (10, 11):
         raise ValueError("an output entry is not a list of 10 or 11 fields")
-    f, d, i, n, m, u, g, x, od, oi = o[:10]
     if len(o) == 11 and o[10] is not True:
         raise ValueError("an output's discard mark is not true")
-    return JournalOutput(_str(f), _int(d), _int(i), _int(n), _int(m), _int(u), _int(g),
-                         _bool(x), _int(od), _int(oi), discard=len(o) == 11)
+    fields: dict[str, Any] = {k: _a(kind, v) for (k, kind), v in zip(_OUTPUT, o, strict=False)}
+    return JournalOutput(**fields, discard=len(o) == 11)
 
 
 def _clean(path: str) -> bool:
     return os.path.isabs(path) and os.path.normpath(path) == path and "\0" not in path
 
 
-def _confine_source(j: Journal, s: JournalSource, journal_path: str) -> None:
-    """One source of :func:`confine`: its path clean, its ranges inside it and its outputs."""
-    if not _clean(s.path):
-        raise JournalDamagedError(f"{journal_path}: source path {s.path!r} is not confined")
-    if not 0 <= s.run_start <= s.size:
-        raise JournalDamagedError(f"{journal_path}: {s.path}: run start out of range")
-    if s.adopt and (len(s.dests) != 1 or s.dests[0].src_offset != 0
-                    or s.dests[0].length != s.size or s.dests[0].out_offset % BLOCK):
-        raise JournalDamagedError(f"{journal_path}: {s.path}: an adopted source must be "
-                                  "one whole range at a block-aligned offset")
-    if not s.adopt and s.run_start < s.size:
-        try:  # a rollback puts back every byte above the kept prefix from where these say
-            cover(s.dests, s.run_start, s.size)
-        except ValueError:
-            raise JournalDamagedError(f"{journal_path}: {s.path}: its ranges do not hold the "
-                                      f"bytes its move takes ({s.run_start} to {s.size})"
-                                      ) from None
-    for d in s.dests:
-        out = j.outputs[d.output] if 0 <= d.output < len(j.outputs) else None
-        if (out is None or out.direct or min(d.length, d.src_offset, d.out_offset) < 0
-                or d.src_offset + d.length > s.size or d.out_offset + d.length > out.length):
-            raise JournalDamagedError(f"{journal_path}: {s.path}: a range {d.src_offset}+"
-                                      f"{d.length} -> output {d.output} at {d.out_offset} is "
-                                      "outside the source, its outputs or their temps")
-
-
-def confine(j: Journal, journal_path: str) -> None:
-    """Refuse a head that could reach beyond its save: every path absolute and normalised,
-    indexes and ranges in bounds, the token the one in the journal's name, the journal in its
-    first output's directory (resolved)."""
+def _unconfined(j: Journal, journal_path: str) -> Iterator[str]:
+    """Why the head reaches beyond its save, first reason first (see :func:`confine`)."""
     parsed = _names.parse(os.path.basename(journal_path))
     if parsed is None or parsed[0] != j.token:
-        raise JournalDamagedError(f"{journal_path}: the record's token is not the one in its name")
+        yield "the record's token is not the one in its name"
     if j.window < 1:
-        raise JournalDamagedError(f"{journal_path}: window {j.window} is not positive")
+        yield f"window {j.window} is not positive"
     for o in j.outputs:
         if not _clean(o.final):
-            raise JournalDamagedError(f"{journal_path}: output path {o.final!r} is not confined")
+            yield f"output path {o.final!r} is not confined"
     for s in j.sources:
-        _confine_source(j, s, journal_path)
+        if not _clean(s.path):
+            yield f"source path {s.path!r} is not confined"
+        if not 0 <= s.run_start <= s.size:
+            yield f"{s.path}: run start out of range"
+        if s.adopt and (len(s.dests) != 1 or s.dests[0].src_offset != 0
+                        or s.dests[0].length != s.size or s.dests[0].out_offset % BLOCK):
+            yield f"{s.path}: an adopted source must be one whole range at a block-aligned offset"
+        if not s.adopt and s.run_start < s.size:
+            try:  # a rollback puts back every byte above the kept prefix from where these say
+                cover(s.dests, s.run_start, s.size)
+            except ValueError:
+                yield (f"{s.path}: its ranges do not hold the bytes its move takes "
+                       f"({s.run_start} to {s.size})")
+        for d in s.dests:
+            out = j.outputs[d.output] if 0 <= d.output < len(j.outputs) else None
+            if (out is None or out.direct or min(d.length, d.src_offset, d.out_offset) < 0
+                    or d.src_offset + d.length > s.size or d.out_offset + d.length > out.length):
+                yield (f"{s.path}: a range {d.src_offset}+{d.length} -> output {d.output} at "
+                       f"{d.out_offset} is outside the source, its outputs or their temps")
     dirs = j.directories()
     for o in j.outputs:
         if o.discard and o.direct:
-            raise JournalDamagedError(f"{journal_path}: {o.final}: a discard output is direct")
+            yield f"{o.final}: a discard output is direct"
     # A file the commit removes is not named by the token, so it must at least sit where the
     # save worked: beside an output with a temp (a direct output's directory holds no lock
     # file of the save) or a source (``undo.discard_and_remove`` asks recover for proof there).
     near = set(dirs) | {os.path.dirname(s.path) for s in j.sources}
     for r in j.removals:
         if not _clean(r.path) or os.path.dirname(r.path) not in near:
-            raise JournalDamagedError(f"{journal_path}: removal path {r.path!r} is not confined")
+            yield f"removal path {r.path!r} is not confined"
         if r.path in {o.final for o in j.outputs} | {s.path for s in j.sources}:
-            raise JournalDamagedError(f"{journal_path}: {r.path} is both removed and saved")
+            yield f"{r.path} is both removed and saved"
     here = _sys.realpath(os.path.dirname(_sys.abspath(journal_path)))
     if not dirs or dirs[0] != here:
-        raise JournalDamagedError(
-            f"{journal_path}: the journal is not in its first output's directory"
-        )
+        yield "the journal is not in its first output's directory"
+
+
+def confine(j: Journal, journal_path: str) -> None:
+    """Refuse a head that could reach beyond its save: every path absolute and normalised,
+    indexes and ranges in bounds, the token the one in the journal's name, the journal in its
+    first output's directory (resolved)."""
+    why = next(_unconfined(j, journal_path), None)
+    if why is not None:
+        raise JournalDamagedError(f"{journal_path}: {why}")

@@ -12,9 +12,9 @@ source the save keeps its last look (``Txn.looks``: size, mtime, ctime):
 2. just before the ``committed`` step (:func:`check`), every parked source re-stated and
    compared: a difference is a ``DataChangedError`` and the journal is held; the looks go
    into that step for recover's finish;
-3. immediately before each unlink after the commit (:func:`unlink_consumed`): a changed
-   source is kept (its name back with ``link``, else its parked name) and the save raises a
-   committed ``DataChangedError`` once the rest is done;
+3. immediately before each unlink after the commit (``undo.unlink_parked``, which recover's
+   finish runs too): a changed source is kept (its name back with ``link``, else its parked
+   name) and the save raises a committed ``DataChangedError`` once the rest is done;
 4. on a failure before the commit, the rollback's assessment compares them too (``assess``).
 
 An adopted file the save writes around is its output's inode, so size and times cannot tell
@@ -26,16 +26,15 @@ unlink is lost by any tool that deletes a file (guarantees.md, "What cannot be s
 
 from __future__ import annotations
 
-from typing import NoReturn
+import os
 
 from filecord._io import syscalls as _sys
 from filecord._plan.facts import unless_unsupported
 from filecord._txn import assess, undo
 from filecord._txn.assess import Facts
-from filecord._txn.journal import Journal
+from filecord._txn.journal import JournalSource
 from filecord._txn.state import Placed, Txn
-from filecord._txn.transfer import METADATA_ONLY
-from filecord.errors import ChangeKind, DataChangedError, add_note
+from filecord.errors import ChangeKind, DataChangedError
 
 
 def take(txn: Txn) -> None:
@@ -49,7 +48,7 @@ def take(txn: Txn) -> None:
         key = (s.dev, s.ino)
         st = undo.same_file(record.parked(s), *key)
         opened = txn.src_fds.get(key)
-        ident = txn.prep.datas[key][0].identity
+        ident = txn.prep.facts.datas[key][0].identity
         size, mtime = ((opened[1].st_size, opened[1].st_mtime_ns) if opened
                        else (ident.size, ident.mtime_ns))
         if st is None or (st.st_size, st.st_mtime_ns) != (size, mtime):
@@ -74,54 +73,24 @@ def check(txn: Txn) -> list[tuple[int, int, int, int]]:
         if s.adopt or key not in txn.looks:
             continue
         st = undo.same_file(record.parked(s), *key)
-        look = txn.looks[key][0]
-        if st is not None and not assess.as_seen(Facts.of(st), Facts.of(look)):
+        err = None if st is None else assess.changed_since(
+            record.parked(s), Facts.of(st), assess.Look(Facts.of(txn.looks[key][0])),
+            "another process changed it after the save's last look, before the commit")
+        if err is not None:
             txn.changed = key
-            kind = assess.change_kind(Facts.of(st), Facts.of(look))
-            raise DataChangedError(record.parked(s), expected_size=look.st_size,
-                                   found_size=st.st_size, reason=(
-                                       METADATA_ONLY if kind is ChangeKind.METADATA else
-                                       "another process changed it after the save's last "
-                                       "look, before the commit"), kind=kind)
+            raise err
         if st is not None:
             seen.append((s.dev, s.ino, st.st_size, st.st_mtime_ns))
     return seen  # for recover's finish, which has no look of its own
 
 
-Kept = tuple[str, str, int, int]  # a kept source: its path, where it is, size seen, size found
-
-
-def unlink_consumed(txn: Txn, record: Journal) -> list[Kept]:
-    """Delete the parked sources still as last seen (step 3); returns (path, where, the size
-    the save last saw, the size found) per kept one."""
-    kept: list[Kept] = []
-    parked = [record.parked(s) for s in record.sources if not s.adopt]
-    for s, path in zip((s for s in record.sources if not s.adopt), parked, strict=True):
-        st = undo.same_file(path, s.dev, s.ino)
-        if st is None:
-            continue
-        look = txn.looks.get((s.dev, s.ino))
-        if look is not None and not assess.as_seen(Facts.of(st), Facts.of(look[0])):
-            kept.append((s.path, f"{s.path}: {st.st_size} bytes (the save last saw "
-                         f"{look[0].st_size}); " + undo.keep_changed(path, s.path),
-                         look[0].st_size, st.st_size))
-            continue
-        _sys.unlink(path)
-    txn.counters.fsyncs += _sys.fsync_parents(parked)
-    return kept
-
-
-def raise_kept(kept: list[Kept]) -> NoReturn:
-    """The commit finished, but sources changed after the last look were kept (step 3)."""
-    path, _where, seen, found = kept[0]
-    err = DataChangedError(path, expected_size=seen, found_size=found,
-                           reason="another process changed a consumed source after the commit "
-                           "point, so it was not deleted")
-    err.committed = True
-    add_note(err, "the outputs are complete under their final names")
-    for _path, where, _seen, _found in kept:
-        add_note(err, where)
-    raise err
+def changed(txn: Txn, s: JournalSource, st: os.stat_result) -> int | None:
+    """The size the save last saw of parked source ``s`` if ``st`` is no longer as it saw it,
+    else None (step 3)."""
+    look = txn.looks.get((s.dev, s.ino))
+    if look is None or assess.as_seen(Facts.of(st), Facts.of(look[0])):
+        return None
+    return look[0].st_size
 
 
 _UNPLACED = _sys.FIEMAP_EXTENT_UNKNOWN | _sys.FIEMAP_EXTENT_DELALLOC

@@ -2,11 +2,8 @@
 
 Theory of operation
 -------------------
-What recover may touch is fixed by names and locks (the trust rule, ``decide``): files
-carrying a save's token, the final names of its outputs, a parked source's own name (given
-back with ``link``, never over a file), and after the commit point the head's removals, each
-only where the save's lock is held or a parked source of it lies, and only while it is the
-recorded file.  Nothing else is created, changed or deleted, whatever a journal says.
+What recover may touch is fixed by names and locks (the trust rule, ``decide``); nothing
+else is created, changed or deleted, whatever a journal says.
 
 A file argument must be named like a journal, be a regular file and hold a head that checks
 and that ``journal.confine`` accepts (anything else raises, or is refused, before a byte
@@ -202,35 +199,30 @@ def _recover_journal_less(directory: str, token: str,
         return None  # removed by whoever held it a moment ago
     try:
         said = _read_pointer(fd, token)
-        pointer, journaled = said.journal, said.journaled
-        if pointer is None and others:
-            _sys.close(fd)
-            damage = said.damage or "its lock file is damaged"
-            return _decided(lock, Stage.CREATED, Found.DAMAGED,
-                            f"{damage} and other files remain; nothing was touched")
-        if pointer is not None and _exists(pointer):
-            return _recover_journal(pointer, _names.JOURNAL, {_real_dir(lock): (lock, fd)})
-        if names.get(_names.SOURCE):
-            _sys.close(fd)
-            return _decided(lock, Stage.CREATED, Found.UNPROVEN,
-                            "parked sources without a journal; nothing was touched")
-        if journaled and others:
-            # The save made its journal durable (the lock says so) and the journal is gone:
-            # someone removed it, and these temps may hold bytes moved out of a source.
-            _sys.close(fd)
-            return _decided(lock, Stage.CREATED, Found.UNPROVEN, f"its journal {pointer} was "
-                            "made and is gone, and its temps may hold moved bytes; nothing was "
-                            "touched")
+        if said.journal is not None and _exists(said.journal):
+            return _recover_journal(said.journal, _names.JOURNAL, {_real_dir(lock): (lock, fd)})
     except BaseException:
-        _close_quietly(fd)
+        _sys.close_each([fd])
         raise
+    refusals = (  # the first that holds; a lock made "journaled" whose journal is gone was
+        # removed by someone, and its temps may hold bytes moved out of a source
+        (said.journal is None and others, Found.DAMAGED,
+         f"{said.damage or 'its lock file is damaged'} and other files remain"),
+        (names.get(_names.SOURCE), Found.UNPROVEN, "parked sources without a journal"),
+        (said.journaled and others, Found.UNPROVEN, f"its journal {said.journal} was made and "
+         "is gone, and its temps may hold moved bytes"),
+    )
+    refused = next(((found, why) for hit, found, why in refusals if hit), None)
+    if refused is not None:
+        _sys.close(fd)
+        return _decided(lock, Stage.CREATED, refused[0], f"{refused[1]}; nothing was touched")
     action = table.decide(table.Actor.RECOVER, Stage.CREATED, Found.AS_LEFT)  # DISCARD
     garbage = [os.path.join(directory, n) for n in others]
     for p in garbage:
         _sys.unlink_missing_ok(p)
     _sys.fsync_parents([lock])
     liveness.release(lock, fd)
-    return Recovered(lock, table.OUTCOME[action], detail=ENDED if journaled else
+    return Recovered(lock, table.OUTCOME[action], detail=ENDED if said.journaled else
                      f"it died before its journal: removed {len(garbage)} temp file(s)")
 
 
@@ -272,13 +264,6 @@ def _exists(path: str) -> bool:
     return True
 
 
-def _close_quietly(fd: int) -> None:
-    try:
-        _sys.close(fd)
-    except OSError as exc:
-        log.debug("closing a lock: %s", exc)
-
-
 def _read(path: str) -> tuple[bytes, os.stat_result]:
     """A journal's bytes and the file they were read from."""
     fd = liveness.open_regular(path)
@@ -292,52 +277,30 @@ def _read(path: str) -> tuple[bytes, os.stat_result]:
         _sys.close(fd)
 
 
-class _LockRefusalError(Exception):
-    """A lock file of the save proves nothing: missing (UNPROVEN), its records do not check
-    (DAMAGED) or it names another journal (FOREIGN)."""
-
-    def __init__(self, found: Found, why: str) -> None:
-        super().__init__(why)
-        self.found = found
-
-
-def _lock_all(
-    j: journal.Journal, held: dict[str, tuple[str, int]], pointer: str
-) -> dict[str, tuple[str, int]]:
-    """Take the lock file of every directory of the save.  The save makes each first and
-    removes it after its journal, so one missing is refused, never taken as "free"; one naming
-    another journal means this one reaches beyond its save (crafted or copied)."""
-    firsts: dict[str, str] = {}
-    for o in reversed(j.outputs):
-        if not o.direct:
-            firsts[os.path.dirname(o.final)] = o.final
-    locks = dict(held)
-    try:
-        for directory in j.directories():
-            if directory in locks:
-                continue
-            path = _names.sibling(firsts[directory], j.token, _names.LOCK)
-            fd = liveness.acquire(path)
-            if fd is None:
-                raise _LockRefusalError(Found.UNPROVEN, f"its lock file {path} is missing, so "
-                                        "nothing proves the save is over")
-            locks[directory] = (path, fd)
-            said = _read_pointer(fd, j.token)
-            if said.damage is not None:
-                raise _LockRefusalError(Found.DAMAGED, f"{path}: {said.damage}")
-            if said.journal is None:  # emptied or zeroed: a lock file is linked whole
-                raise _LockRefusalError(Found.DAMAGED, f"{path}: its lock file is damaged (it "
-                                        "names no journal: emptied or zeroed after it was "
-                                        "written)")
-            if said.journal != pointer:
-                raise _LockRefusalError(Found.FOREIGN, f"the lock file {path} belongs to "
-                                        "another journal: this one reaches beyond its save")
-    except BaseException:
-        for d, (_p, fd) in locks.items():
-            if d not in held:
-                _close_quietly(fd)
-        raise
-    return locks
+def _lock_all(j: journal.Journal, locks: dict[str, tuple[str, int]], pointer: str
+              ) -> tuple[Found, str] | None:
+    """Take the lock file of every directory of the save into ``locks``; what proves nothing
+    (None: all do).  The save makes each first and removes it after its journal, so one
+    missing is UNPROVEN, never taken as "free"; one naming another journal means this one
+    reaches beyond its save (FOREIGN, crafted or copied)."""
+    for directory, path in j.locks().items():
+        if directory in locks:
+            continue
+        fd = liveness.acquire(path)
+        if fd is None:
+            return Found.UNPROVEN, f"its lock file {path} is missing, so nothing proves the " \
+                "save is over"
+        locks[directory] = (path, fd)
+        said = _read_pointer(fd, j.token)
+        if said.damage is not None:
+            return Found.DAMAGED, f"{path}: {said.damage}"
+        if said.journal is None:  # emptied or zeroed: a lock file is linked whole
+            return Found.DAMAGED, f"{path}: its lock file is damaged (it names no journal: " \
+                "emptied or zeroed after it was written)"
+        if said.journal != pointer:
+            return Found.FOREIGN, f"the lock file {path} belongs to another journal: this one " \
+                "reaches beyond its save"
+    return None
 
 
 def _recover_journal(
@@ -350,20 +313,18 @@ def _recover_journal(
     try:
         result = _judge(path, suffix, locks)
     except BaseException:
-        for _p, fd in locks.values():
-            _close_quietly(fd)
+        _sys.close_each([fd for _p, fd in locks.values()])
         raise
     for lock, fd in locks.values():
         if result is not None and result.action in ("finished", "restored", "discarded"):
             liveness.release(lock, fd)
         else:
-            _close_quietly(fd)
+            _sys.close_each([fd])
     return result
 
 
 def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recovered | None:
     """The body of :func:`_recover_journal`; adds the lock files it takes to ``locks``."""
-    held = dict(locks)
     try:
         if suffix in _names.OLD_JOURNALS:  # version 3 named its stages
             raise journal.JournalVersionError(
@@ -381,25 +342,25 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
     except OSError as exc:  # e.g. ELOOP, the name is a symlink
         return _decided(path, Stage.MOVING, Found.UNREADABLE, f"{exc}; nothing was touched")
     stage = log_.stage
-    strays = [d for d in held if d not in log_.journal.directories()]
+    strays = [d for d in locks if d not in log_.journal.directories()]
     if strays:
         return _decided(path, stage, Found.FOREIGN, f"a lock file in {strays[0]} names this "
                         "journal, but the journal does not list that directory; nothing was "
                         "touched")
     try:
-        locks.update(_lock_all(log_.journal, held, path))
+        refused = _lock_all(log_.journal, locks, path)
     except liveness.LockBusyError:
         return _decided(path, stage, Found.BUSY, BUSY)
     except liveness.NotALockFileError as exc:
         return _decided(path, stage, Found.DAMAGED, f"its lock file is not a regular file "
                         f"({exc.strerror}); nothing was touched")
-    except _LockRefusalError as exc:
-        # A save removes its journal before its lock files: a lock gone with the journal too
-        # is a save that ended after the scan.
-        if exc.found is Found.UNPROVEN and undo.same_file(path, seen.st_dev, seen.st_ino) is None:
-            return None
-        return _decided(path, stage, exc.found, f"{exc}; nothing was touched")
-    return _act(path, log_)
+    if refused is None:
+        return _act(path, log_)
+    # A save removes its journal before its lock files: a lock gone with the journal too is a
+    # save that ended after the scan.
+    if refused[0] is Found.UNPROVEN and undo.same_file(path, seen.st_dev, seen.st_ino) is None:
+        return None
+    return _decided(path, stage, refused[0], f"{refused[1]}; nothing was touched")
 
 
 def _act(path: str, log_: journal.Log) -> Recovered:
@@ -453,19 +414,13 @@ def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
 def _finish(path: str, log_: journal.Log, action: table.Action, *, lost: bool) -> Recovered:
     j = log_.journal
     outputs, sources = tuple(o.final for o in j.outputs), tuple(s.path for s in j.sources)
-    try:
-        left = undo.finish(j, path, log_.looked, removals=log_.damage is None)
-    except DataChangedError as exc:
-        if not exc.committed:
-            raise
-        # Everything else is finished and the changed source is kept where the notes say (a
-        # name the journal does not need): the save is over, not refused.
-        _sys.unlink(path)
-        log.warning("recover finished %s but kept a changed source: %s", path, exc)
-        return Recovered(path, table.OUTCOME[action], outputs, sources, detail=str(exc),
-                         notes=tuple(getattr(exc, "__notes__", ())),
-                         kept=tuple(getattr(exc, "kept", ())))
+    left, kept = undo.finish(j, path, log_.looked, removals=log_.damage is None)
     _sys.unlink(path)
+    if kept is not None:  # the rest finished; the changed source is kept where the notes say
+        log.warning("recover finished %s but kept a changed source: %s", path, kept)
+        return Recovered(path, table.OUTCOME[action], outputs, sources, detail=str(kept),
+                         notes=tuple(getattr(kept, "__notes__", ())),
+                         kept=tuple(getattr(kept, "kept", ())))
     detail = ([f"{log_.damage}, {DAMAGED_COMMIT}"] if log_.damage is not None
               else [LOST_COMMIT] if lost else [])
     if left:
@@ -479,11 +434,7 @@ def _roll_back(path: str, log_: journal.Log, stage: Stage, action: table.Action)
     j = log_.journal
     if stage is Stage.MOVING:  # ROLL_BACK from journaled or moving: first the log says so
         _append(path, log_, journal.step(Stage.ROLLING_BACK))
-    temps = undo.open_temps(j)
-    try:
-        undo.roll_back(j, temps, transfer.Counters(), log_.inserted)
-    finally:
-        undo.close_all(temps)
+    undo.roll_back(j, transfer.Counters(), log_.inserted)
     undo.remove_temps(j)
     # The claim "temps removed" is checked against the directories, not the journal.
     left = assess.token_files(j)
@@ -515,11 +466,5 @@ def _whereabouts(j: journal.Journal, inserted: frozenset[tuple[int, int]],
     """Where every byte is now, for a refusal's notes (looked at afresh: the files may have
     changed since the assessment, by this recover's own partial work).  ``log_``: what its
     moves left, given only before recover touched a file (a rollback grows sources back)."""
-    seen = assess.observe(j)
-    if seen.unreadable is not None:
-        return [f"could not look at the sources to say where their bytes are: {seen.unreadable}"]
-    held = stage is Stage.HELD
-    if log_ is None:
-        return assess.whereabouts(j, seen, inserted=inserted, held=held)
-    return assess.whereabouts(j, seen, done=log_.moved, inserted=inserted, held=held,
-                              cuts=log_.cuts)
+    return assess.where_now(j, None, 0 if log_ is None else log_.moved, inserted,
+                            held=stage is Stage.HELD, cuts=None if log_ is None else log_.cuts)[0]

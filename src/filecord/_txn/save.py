@@ -3,30 +3,23 @@
 Theory of operation
 -------------------
 Every file the save creates or renames carries its token; ``Txn.stage`` moves only along
-``stages``'s table.
+``stages``'s table (what each stage leaves, and how a failure there is undone).
 
-1. Preflight and plan (``_plan``): the facts as plain values, then every decision (each
-   piece's action, adoption, the sync window, the peak, which must fit).  Nothing exists yet;
-   from here on the plan alone says what is consumed and why.
-2. CREATED: a lock file per directory that will hold a temp (``begin``, ``liveness``), then
-   the temps ``.NAME.TOKEN.partial`` (``fill``).  A crash leaves garbage ``recover`` removes.
-3. FILLED: every byte that is not moved is written, cloned or copied, each source checked.
-4. JOURNALED (a move, a consumed source, several renames, a discard output or a removal): the
-   record is made durable under ``.filecord-pending``, every directory fsynced, then renamed
-   to ``.filecord-journal``.  No journal name proves nothing destructive happened.
-5. MOVING: every source the save shortens or deletes is parked under its token name
-   (``begin.park_sources``), then adopted (``adopt``) or moved window by window
-   (``transfer.move_source``); each finished move appends a ``moving`` step.
-6. COMMITTED: temps fsynced and closed, the parked sources compared with their last look
-   (``looks.check``), and the ``committed`` step (carrying those looks) appended: its fsync is
-   the commit point (without a journal, the single rename is).  A commit whose write or fsync
-   failed is cut off the journal and rolled back (``begin.append_step``).  RENAMED: the temps
-   renamed, directories fsynced; then discard temps and removals (``undo.discard_and_remove``,
-   which recover's finish runs too), the parked sources (each compared once more: a changed
-   one is kept and reported), the journal, the lock files.
-7. Before the commit point a failure is undone (``failure``: a ``rolling back`` step, then
-   ``undo.roll_back`` on the live files); a source changed by someone else holds the journal
-   instead.  After it nothing is undone: the error names the journal ``recover`` finishes.
+1. Preflight and plan (``_plan``): every decision (each piece's action, adoption, the sync
+   window, the peak, which must fit) before anything exists; from here on the plan alone
+   says what is consumed and why.
+2. CREATED, FILLED: lock files and temps (``begin``, ``fill``), every byte that is not moved.
+3. JOURNALED only where a crash needs it (a move, a consumed source, several renames, a
+   discard output or a removal: ``begin.write_journal``); MOVING: the sources parked, then
+   adopted (``adopt``) or moved window by window (``transfer.move_source``).
+4. COMMITTED: temps fsynced and closed, the parked sources compared with their last look
+   (``looks.check``), the ``committed`` step appended: its fsync is the commit point (without
+   a journal, the single rename is); a failed one is cut off and rolled back
+   (``begin.append_step``).  RENAMED: temps renamed, directories fsynced, then
+   ``undo.discard_and_remove`` and ``undo.unlink_parked`` (recover's finish runs both), the
+   journal, the lock files.
+5. Before the commit point a failure is undone (``failure``); after it nothing is, and the
+   error names the journal ``recover`` finishes.
 """
 
 from __future__ import annotations
@@ -152,9 +145,9 @@ def _plan(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_place
 
 def _report(
     p: SavePlan, actions: PieceActions, *, dry_run: bool,
-    elapsed: float = 0.0, fsyncs: int = 0, used_journal: bool = False,
-    counters: transfer.Counters | None = None,
+    elapsed: float = 0.0, used_journal: bool = False, counters: transfer.Counters | None = None,
 ) -> SaveReport:
+    c = counters or transfer.Counters()
     return SaveReport(
         outputs=tuple(o.path for o in p.outputs),
         sizes=tuple(o.length for o in p.outputs),
@@ -164,12 +157,12 @@ def _report(
         window=p.window,
         dry_run=dry_run,
         elapsed_s=elapsed,
-        fsyncs=fsyncs,
+        fsyncs=c.fsyncs,
         journal=used_journal,
-        bytes_copied=counters.copied if counters else 0,
-        bytes_cloned=counters.cloned if counters else 0,
-        bytes_written=counters.written if counters else 0,
-        bytes_moved=counters.moved if counters else 0,
+        bytes_copied=c.copied,
+        bytes_cloned=c.cloned,
+        bytes_written=c.written,
+        bytes_moved=c.moved,
         window_note=p.window_choice.note(),
         adopt_note=p.in_place_note,
     )
@@ -256,8 +249,7 @@ def _run(
                                      skipped))
     return _report(
         plan, actions, dry_run=False, elapsed=time.perf_counter() - start,
-        fsyncs=txn.counters.fsyncs, used_journal=txn.record is not None,
-        counters=txn.counters,
+        used_journal=txn.record is not None, counters=txn.counters,
     )
 
 
@@ -281,7 +273,7 @@ def _prepare(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_pl
         add_note(err, "nothing was created or changed: the save can be retried")
         raise err from exc
     prep = Prepared(facts, plan)
-    for group in prep.datas.values():
+    for group in prep.facts.datas.values():
         for d in group:
             d.detach_cleanup()
     return prep
@@ -302,7 +294,7 @@ def _removals(prep: Prepared, remove: Sequence[Removal]
               ) -> tuple[tuple[journal.JournalRemoval, ...], tuple[str, ...], dict[str, str]]:
     """The removals the head records, those skipped (a source they go with is not consumed),
     and each recorded path -> the name the caller gave."""
-    keys = {d.path: key for key, ds in prep.datas.items() for d in ds}
+    keys = {d.path: key for key, ds in prep.facts.datas.items() for d in ds}
     consumed = set(prep.plan.consumed)
     outputs = {o.target for o in prep.plan.outputs}
     recorded: list[journal.JournalRemoval] = []
@@ -314,7 +306,7 @@ def _removals(prep: Prepared, remove: Sequence[Removal]
         except OSError:  # its directory is gone: nothing of it to record
             skipped.append(r.path)
             continue
-        if path in outputs or r.identity[:2] in prep.datas:
+        if path in outputs or r.identity[:2] in prep.facts.datas:
             continue  # replaced by the commit, or a source of the save: never a removal
         if any(keys.get(s) not in consumed for s in r.with_sources):
             skipped.append(r.path)
@@ -379,7 +371,7 @@ def _move(txn: Txn, m: MoveSource) -> None:
     fd = _sys.open(path, os.O_RDWR)
     try:
         st = _sys.fstat(fd)
-        was = txn.prep.datas[m.key][0].identity
+        was = txn.prep.facts.datas[m.key][0].identity
         if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (*m.key, m.size, was.mtime_ns):
             raise DataChangedError(m.path, expected_size=m.size, found_size=st.st_size,
                                    reason="another process changed it before it was moved")
@@ -437,7 +429,9 @@ def _commit(txn: Txn) -> None:
         # COMMITTED once fsynced; a failed write or fsync leaves it MOVING and the failure
         # path writes its own step over this one.
         begin.append_step(txn, journal.encode_committed(seen), Stage.COMMITTED)
-        begin.close_journal(txn)
+        fd, txn.journal_fd = txn.journal_fd, None
+        if fd is not None:  # its records are all fsynced: a close error is raised
+            _sys.close(fd)
         adopt.take_owner_modes(txn, record)
     finals: list[str] = []
     for out, temp in zip(p.outputs, txn.temps, strict=True):
@@ -449,13 +443,13 @@ def _commit(txn: Txn) -> None:
     txn.to(Stage.RENAMED)
     if txn.durable:
         txn.counters.fsyncs += _sys.fsync_parents(finals)
-    kept: list[looks.Kept] = []
+    kept = None
     if record is not None and txn.journal_path is not None:
         # Removals first: the parked sources prove their directories the save's to recover.
         txn.removed, txn.changed_removals = undo.discard_and_remove(record)
-        kept = looks.unlink_consumed(txn, record)
+        kept = undo.unlink_parked(record, lambda s, st: looks.changed(txn, s, st), txn.counters)
         _sys.unlink(txn.journal_path)
     txn.to(Stage.DONE)
     drop_locks(txn, remove=True)
-    if kept:  # the outputs are complete; a source written after the last look is kept
-        looks.raise_kept(kept)
+    if kept is not None:  # the outputs are complete; a source written after the last look
+        raise kept

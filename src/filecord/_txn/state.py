@@ -9,11 +9,9 @@ piece's action): nothing below the plan takes those as arguments again.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from filecord._pieces.cord import Cord
-from filecord._pieces.data import FileBackedData
 from filecord._plan.preflight import Facts
 from filecord._plan.types import PieceAction, SavePlan
 from filecord._txn import journal, transfer
@@ -30,18 +28,6 @@ class Prepared:
 
     facts: Facts
     plan: SavePlan
-
-    @property
-    def cords(self) -> tuple[Cord, ...]:
-        return self.facts.cords
-
-    @property
-    def datas(self) -> Mapping[tuple[int, int], tuple[FileBackedData, ...]]:
-        return self.facts.datas
-
-    @property
-    def target_stats(self) -> tuple[os.stat_result | None, ...]:
-        return self.facts.target_stats
 
 
 @dataclass

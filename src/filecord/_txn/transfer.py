@@ -66,9 +66,6 @@ class Counters:
     restored: int = 0
     _buf: memoryview | None = field(default=None, repr=False)
 
-    def tally(self, kind: Tally, n: int) -> None:
-        setattr(self, kind, getattr(self, kind) + n)
-
     def buffer(self) -> memoryview:
         if self._buf is None:
             self._buf = memoryview(bytearray(BUFFER))
@@ -120,7 +117,7 @@ def copy_range(
             break
         done += got
         progress(got)
-    c.tally(kind, n)  # counted once complete: a failed copy raises and the save is undone
+    setattr(c, kind, getattr(c, kind) + n)  # counted once complete: a failed copy raises
 
 
 def write_bytes(
@@ -273,7 +270,6 @@ def restore_source(
     window: int,
     c: Counters,
     *,
-    punch: bool,
     dense: bool = False,
 ) -> int:
     """Put back the bytes a move took from ``src``, from its current size up (so a rerun
@@ -294,14 +290,13 @@ def restore_source(
                 pending[i] = (hi, b, d)
                 break
             i += 1
-        _restore_window(src, m, segs, temps, c, punch=punch, dense=dense)
+        _restore_window(src, m, segs, temps, c, dense=dense)
         pos = hi
     return m.size - start
 
 
 def _restore_window(src: int, m: MoveSource, segs: Sequence[tuple[int, int, PieceRef]],
-                    temps: Sequence[int | None], c: Counters, *, punch: bool,
-                    dense: bool) -> None:
+                    temps: Sequence[int | None], c: Counters, *, dense: bool) -> None:
     """One window copied back, every temp checked first; fsynced before a temp lets go."""
     held: list[tuple[int, int, int, int]] = []  # (temp, offset there, source offset, length)
     for a, b, d in segs:
@@ -314,8 +309,12 @@ def _restore_window(src: int, m: MoveSource, segs: Sequence[tuple[int, int, Piec
     for tfd, at, a, n in held:
         copy_range(tfd, src, at, a, n, c, kind="restored")
     c.fsync(src)
-    for tfd, at, _a, n in held if punch else ():
-        _punch_best_effort(tfd, at, n)
+    for tfd, at, _a, n in held:
+        try:  # frees disk early only: the temp is unlinked right after the rollback
+            if _sys.fstat(tfd).st_nlink <= 1:  # a temp another name links to is not ours
+                _sys.punch_hole(tfd, at, n)
+        except OSError as exc:  # noqa: PERF203 - best effort, each range
+            log.debug("punch_hole refused (%s); the temp keeps its copy until removed", exc)
 
 
 def _check_holds_data(fd: int, offset: int, n: int, m: MoveSource, src_at: int) -> None:
@@ -331,12 +330,3 @@ def _check_holds_data(fd: int, offset: int, n: int, m: MoveSource, src_at: int) 
             reason=f"the temp holds no data for its bytes from {src_at + hole - offset} on: "
             "they were never moved, so the source was shortened by someone else",
         )
-
-
-def _punch_best_effort(fd: int, offset: int, length: int) -> None:
-    try:  # frees disk early only: the temp is unlinked right after the rollback
-        if _sys.fstat(fd).st_nlink > 1:  # another name holds these blocks too: not ours
-            return
-        _sys.punch_hole(fd, offset, length)
-    except OSError as exc:
-        log.debug("punch_hole refused (%s); the temp keeps its copy until removed", exc)

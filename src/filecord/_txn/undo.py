@@ -32,7 +32,7 @@ import errno
 import logging
 import os
 import stat as stat_mod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from filecord._io import syscalls as _sys
 from filecord._txn import transfer
@@ -65,17 +65,7 @@ def open_same(path: str, dev: int, ino: int, flags: int) -> int:
     return fd
 
 
-def keep_changed(parked: str, original: str) -> str:
-    """Name a changed consumed source back if its name is free, else leave it parked; where
-    it is, for the notes."""
-    try:
-        _name_back(parked, original)
-    except RecoverError:
-        return f"{original} is now another file, so the changed source is kept at {parked}"
-    return f"the changed source is kept under its own name {original}"
-
-
-def open_temps(j: Journal) -> list[int | None]:
+def _open_temps(j: Journal) -> list[int | None]:
     """Descriptors of the temps still holding this save's inodes (None where absent)."""
     fds: list[int | None] = []
     try:
@@ -85,26 +75,27 @@ def open_temps(j: Journal) -> list[int | None]:
             else:
                 fds.append(open_same(j.temp(o), out.dev, out.ino, os.O_RDWR))
     except BaseException:
-        close_all(fds)
+        _close_all(fds)
         raise
     return fds
 
 
-def close_all(fds: list[int | None]) -> None:
-    """Close every descriptor; the first close error is raised after."""
+def _close_all(fds: list[int | None]) -> None:
     errors = _sys.close_each([fd for fd in fds if fd is not None])
     if errors:
         raise errors[0]
 
 
-def roll_back(j: Journal, temps: list[int | None], c: transfer.Counters,
+def roll_back(j: Journal, c: transfer.Counters,
               inserted: frozenset[tuple[int, int]] = frozenset()) -> int:
     """Put every source back, byte-exact under its own name; how many moved back.
     ``inserted``: the adopted sources whose insert the journal records."""
-    restored = 0
-    for s in reversed(j.sources):
-        restored += _put_back(j, s, temps, c, inserted=(s.dev, s.ino) in inserted)
-    return restored
+    temps = _open_temps(j)
+    try:
+        return sum(_put_back(j, s, temps, c, inserted=(s.dev, s.ino) in inserted)
+                   for s in reversed(j.sources))
+    finally:
+        _close_all(temps)
 
 
 def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer.Counters, *,
@@ -132,8 +123,7 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
                 raise DataChangedError(at, expected_size=s.size, found_size=size,
                                        reason="outside the range a move of this save leaves")
             if size < s.size:
-                transfer.restore_source(fd, s.as_move(), temps, j.window, c, punch=True,
-                                        dense=s.dense)
+                transfer.restore_source(fd, s.as_move(), temps, j.window, c, dense=s.dense)
             # Whole with another mtime is this undo's own restore, stopped before this
             # futimens: ``check_strict`` refuses anyone else's rewrite before ``rolling back``.
             _sys.futimens(fd, s.atime_ns, s.mtime_ns)
@@ -200,34 +190,67 @@ def remove_temps(j: Journal) -> None:
     _sys.fsync_parents(temps)
 
 
-def finish(j: Journal, journal_path: str,
-           looked: Mapping[tuple[int, int], tuple[int, int]] | None = None, *,
-           removals: bool = True) -> tuple[str, ...]:
+def finish(j: Journal, journal_path: str, looked: Mapping[tuple[int, int], tuple[int, int]],
+           *, removals: bool = True) -> tuple[tuple[str, ...], DataChangedError | None]:
     """Finish a committed save (the module's notes); the removals kept (not the recorded
-    file, or ``removals`` False: only files carrying the save's token are removed)."""
+    file, or ``removals`` False: only files carrying the save's token are removed) and the
+    error for the parked sources kept (:func:`unlink_parked`)."""
     _rename_outputs(j, journal_path)
     # Removals first, while the parked sources prove their directories the save's.
-    _removed, changed = discard_and_remove(
+    _removed, removals_kept = discard_and_remove(
         j, proven_directories(j) if removals else frozenset())
-    if changed:
+    if removals_kept:
         log.warning("recover finished %s but kept %s: not provably the file the save recorded",
-                    journal_path, ", ".join(changed))
-    looked = looked or {}
-    parked = [j.parked(s) for s in j.sources if not s.adopt]
-    kept: list[tuple[JournalSource, os.stat_result, str]] = []
-    for s, p in zip((s for s in j.sources if not s.adopt), parked, strict=True):
-        st = same_file(p, s.dev, s.ino)
-        if st is None:
-            continue
+                    journal_path, ", ".join(removals_kept))
+
+    def changed(s: JournalSource, st: os.stat_result) -> int | None:
         was = looked.get((s.dev, s.ino), (s.run_start, st.st_mtime_ns))
         if st.st_size != s.run_start or (st.st_size, st.st_mtime_ns) != was:
-            kept.append((s, st, keep_changed(p, s.path)))
-            continue
-        _sys.unlink(p)
-    _sys.fsync_parents(parked)
-    if kept:
-        _raise_kept(j, kept)
-    return changed
+            return was[0]
+        return None
+    return removals_kept, unlink_parked(j, changed, transfer.Counters())
+
+
+def unlink_parked(j: Journal, changed: Callable[[JournalSource, os.stat_result], int | None],
+                  c: transfer.Counters) -> DataChangedError | None:
+    """Unlink each parked source still its inode unless ``changed`` gives the size last seen
+    of one that is no longer as last seen (the save's look, or the ``committed`` step's): that
+    one was written after the look and is kept, named back if its name is free, and the
+    committed error returned says where, once the rest are gone."""
+    moved = [s for s in j.sources if not s.adopt]
+    kept: list[tuple[JournalSource, int, int, str]] = []
+    for s in moved:
+        st = same_file(j.parked(s), s.dev, s.ino)
+        was = None if st is None else changed(s, st)
+        if st is not None and was is None:
+            _sys.unlink(j.parked(s))
+        elif st is not None and was is not None:
+            kept.append((s, was, st.st_size, f"{s.path}: {st.st_size} bytes (the save last saw "
+                         f"{was}); " + _keep_changed(j.parked(s), s.path)))
+    c.fsyncs += _sys.fsync_parents([j.parked(s) for s in moved])
+    if not kept:
+        return None
+    s, was, size, _where = kept[0]
+    err = DataChangedError(s.path, expected_size=was, found_size=size,
+                           reason="another process changed this consumed source after the "
+                           "commit point, so it was not deleted")
+    err.committed = True
+    for note in ["the outputs are complete under their final names", *(k[3] for k in kept)]:
+        add_note(err, note)
+    err.kept = tuple(  # type: ignore[attr-defined]
+        j.parked(s) if same_file(j.parked(s), s.dev, s.ino) is not None else s.path
+        for s, *_rest in kept)
+    return err
+
+
+def _keep_changed(parked: str, original: str) -> str:
+    """Name a changed consumed source back if its name is free, else leave it parked; where
+    it is, for the notes."""
+    try:
+        _name_back(parked, original)
+    except RecoverError:
+        return f"{original} is now another file, so the changed source is kept at {parked}"
+    return f"the changed source is kept under its own name {original}"
 
 
 def _rename_outputs(j: Journal, journal_path: str) -> None:
@@ -236,11 +259,7 @@ def _rename_outputs(j: Journal, journal_path: str) -> None:
     for o, out in enumerate(j.outputs):
         st = None if out.direct or out.discard else same_file(j.temp(o), out.dev, out.ino)
         if st is not None and st.st_size != out.length:
-            raise RecoverError(
-                f"{j.temp(o)}: the temp of {out.final} is {st.st_size} bytes where the journal "
-                f"says the complete output has {out.length}: another process changed it, so it "
-                "is not renamed onto the final name"
-            )
+            raise temp_changed(j, o, st.st_size)
     finals: list[str] = []
     for o, out in enumerate(j.outputs):
         if out.direct or out.discard:
@@ -260,21 +279,11 @@ def _rename_outputs(j: Journal, journal_path: str) -> None:
     _sys.fsync_parents(finals)
 
 
-def _raise_kept(j: Journal, kept: list[tuple[JournalSource, os.stat_result, str]]) -> None:
-    """The committed ``DataChangedError`` for the consumed sources changed after the commit."""
-    s, st, _where = kept[0]
-    err = DataChangedError(s.path, expected_size=s.run_start, found_size=st.st_size,
-                           reason="another process changed this consumed source after the "
-                           "commit point, so it was not deleted")
-    err.committed = True
-    add_note(err, "the outputs are complete under their final names")
-    for _s, _st, where in kept:
-        add_note(err, where)
-    err.kept = tuple(  # type: ignore[attr-defined]
-        p if same_file(p, s.dev, s.ino) is not None else s.path
-        for s, _st, _w in kept for p in (j.parked(s),)
-    )
-    raise err
+def temp_changed(j: Journal, o: int, size: int) -> RecoverError:
+    out = j.outputs[o]
+    return RecoverError(f"{j.temp(o)}: the temp of {out.final} is {size} bytes where the journal "
+                        f"says the complete output has {out.length}: another process changed "
+                        "it, so it is not renamed onto the final name")
 
 
 def proven_directories(j: Journal) -> frozenset[str]:
