@@ -169,15 +169,17 @@ def test_llama_tokenizer_json_converts_with_the_documented_gap(
             assert differences(model, out, add_space_prefix=prefix, add_bos_token=bos)
 
 
+@pytest.mark.parametrize("beside_model", [False, True], ids=["json", "json+model"])
 @pytest.mark.parametrize(("scheme", "add_prefix_space"),
                          [("never", None), ("never", True), ("first", False)])
 def test_mistral_runs_the_tokenizer_json_prefix_whatever_tokenizer_config_says(
-        tmp_path: Path, scheme: str, add_prefix_space: bool | None) -> None:
+        tmp_path: Path, scheme: str, add_prefix_space: bool | None, beside_model: bool) -> None:
     """transformers 5's AutoTokenizer runs a Mistral's tokenizer.json as written (the class it
     registers for model_type mistral, TokenizersBackend, wins over tokenizer_config.json's
     LlamaTokenizer), so the file's Metaspace prepend_scheme decides the prefix, not
-    tokenizer_config.json's add_prefix_space: the GGUF's add_space_prefix follows the file, and
-    llama.cpp tokenizes as transformers ("first": but for the known gap)."""
+    tokenizer_config.json's add_prefix_space, with a tokenizer.model beside it or not: the
+    GGUF's add_space_prefix follows the file, and llama.cpp tokenizes as transformers
+    ("first": but for the known gap)."""
     from transformers import AutoTokenizer
 
     def edit(d: Path) -> None:
@@ -186,7 +188,8 @@ def test_mistral_runs_the_tokenizer_json_prefix_whatever_tokenizer_config_says(
                                                       "prepend_scheme": scheme})
         edit_json(d, "tokenizer_config.json", add_prefix_space=add_prefix_space)
 
-    model = checkpoint(tmp_path, "mistral", "LlamaTokenizer", {}, edit)
+    model = (model_beside_json(tmp_path, "mistral", edit) if beside_model
+             else checkpoint(tmp_path, "mistral", "LlamaTokenizer", {}, edit))
     tok = AutoTokenizer.from_pretrained(model)
     assert type(tok).__name__ == "TokenizersBackend"
     assert tok.backend_tokenizer.pre_tokenizer.prepend_scheme == scheme
@@ -195,6 +198,14 @@ def test_mistral_runs_the_tokenizer_json_prefix_whatever_tokenizer_config_says(
     assert r.returncode == 0, r.stderr
     assert {text for text, _, _ in differences(model, out)} == {
         text for text in STRINGS if scheme == "first" and in_the_gap(text, scheme)}
+
+
+def assert_refused(model: Path, out: Path, says: str) -> None:
+    """The convert exits 1 saying ``says`` and writes no output."""
+    r = convert(model, out)
+    assert r.returncode == 1, r.stderr
+    assert says in r.stderr
+    assert not out.exists()
 
 
 USER = "<|user|>"
@@ -721,30 +732,6 @@ def test_tokenizer_model_beside_tokenizer_json_adds_no_eos_add_eos_token_names(
     assert differences(model, out) == []
 
 
-@pytest.mark.parametrize(("scheme", "add_prefix_space"),
-                         [("never", None), ("first", False)])
-def test_tokenizer_model_beside_a_mistral_tokenizer_json_runs_its_prefix(
-        tmp_path: Path, scheme: str, add_prefix_space: bool | None) -> None:
-    """With the tokenizer.model beside it, a Mistral's tokenizer.json still decides the prefix
-    (transformers 5 runs the file's Metaspace): the same form as the file alone."""
-    from transformers import AutoTokenizer
-
-    def edit(d: Path) -> None:
-        spec = json.loads((d / "tokenizer.json").read_text())
-        edit_json(d, "tokenizer.json", pre_tokenizer={**spec["pre_tokenizer"],
-                                                      "prepend_scheme": scheme})
-        edit_json(d, "tokenizer_config.json", add_prefix_space=add_prefix_space)
-
-    model = model_beside_json(tmp_path, "mistral", edit)
-    tok = AutoTokenizer.from_pretrained(model)
-    assert tok.backend_tokenizer.pre_tokenizer.prepend_scheme == scheme
-    out = tmp_path / "o.gguf"
-    r = convert(model, out)
-    assert r.returncode == 0, r.stderr
-    assert {text for text, _, _ in differences(model, out)} == {
-        text for text in STRINGS if scheme == "first" and in_the_gap(text, scheme)}
-
-
 def mistral_model_only(root: Path, **train: Any) -> Path:
     model = tiny_model(root / "m", arch="mistral", tokenizer="spm", dtype="float32")
     spm_dir = root / "spm"
@@ -877,11 +864,8 @@ def test_eos_token_the_vocabulary_lacks_is_refused(bpe: Path, tmp_path: Path) ->
     model = tmp_path / "m"
     shutil.copytree(bpe, model)
     edit_json(model, "tokenizer_config.json", eos_token="<|nope|>")  # noqa: S106 - a name
-    out = tmp_path / "o.gguf"
-    r = convert(model, out)
-    assert r.returncode == 1, r.stderr
-    assert "tokenizer_config.json: eos_token: '<|nope|>' is not a token" in r.stderr
-    assert not out.exists()
+    assert_refused(model, tmp_path / "o.gguf",
+                   "tokenizer_config.json: eos_token: '<|nope|>' is not a token")
 
 
 def test_too_many_named_special_tokens_are_refused_before_any_is_read(tmp_path: Path) -> None:
@@ -905,11 +889,7 @@ def test_split_special_tokens_is_refused(bpe: Path, tmp_path: Path) -> None:
     shutil.copytree(bpe, model)
     edit_json(model, "tokenizer_config.json", split_special_tokens=True)
     assert 299 not in AutoTokenizer.from_pretrained(model).encode("<|end_of_text|>")
-    out = tmp_path / "o.gguf"
-    r = convert(model, out)
-    assert r.returncode == 1, r.stderr
-    assert "tokenizer_config.json: split_special_tokens: true" in r.stderr
-    assert not out.exists()
+    assert_refused(model, tmp_path / "o.gguf", "tokenizer_config.json: split_special_tokens: true")
 
 
 @pytest.mark.parametrize(("stops", "converts"), [(298, False), ([298, 299], True)])
@@ -948,12 +928,8 @@ def test_qwen2_tokenizer_add_prefix_space_is_refused(tmp_path: Path) -> None:
     edit_json(model, "tokenizer_config.json", add_prefix_space=True)
     assert AutoTokenizer.from_pretrained(model).encode("hello",
                                                        add_special_tokens=False) != plain
-    out = tmp_path / "o.gguf"
-    r = convert(model, out)
-    assert r.returncode == 1, r.stderr
-    assert "tokenizer_config.json: add_prefix_space: true: transformers 5's Qwen2Tokenizer" \
-        in r.stderr
-    assert not out.exists()
+    assert_refused(model, tmp_path / "o.gguf",
+                   "tokenizer_config.json: add_prefix_space: true: transformers 5's Qwen2Tokenizer")
 
 
 def test_llama_tokenizer_added_ids_with_a_gap_are_refused(tmp_path: Path) -> None:
@@ -976,12 +952,8 @@ def test_llama_tokenizer_added_ids_with_a_gap_are_refused(tmp_path: Path) -> Non
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tok / name, model / name)
     assert AutoTokenizer.from_pretrained(model).convert_tokens_to_ids("<|im_end|>") == 320
-    out = tmp_path / "o.gguf"
-    r = convert(model, out)
-    assert r.returncode == 1, r.stderr
-    assert "tokenizer.json: added_tokens: an added token at id 321 where 320 is the next" \
-        in r.stderr
-    assert not out.exists()
+    assert_refused(model, tmp_path / "o.gguf",
+                   "tokenizer.json: added_tokens: an added token at id 321 where 320 is the next")
 
 
 def test_tokenizer_json_without_byte_fallback_beside_a_byte_fallback_model_is_refused(
@@ -998,8 +970,5 @@ def test_tokenizer_json_without_byte_fallback_beside_a_byte_fallback_model_is_re
     # no byte pieces (ids 3..258, after <unk>, <s>, </s>) in transformers' ids
     hf = AutoTokenizer.from_pretrained(model).encode("\u0416", add_special_tokens=False)
     assert not [i for i in hf if 3 <= i < 259], hf
-    out = tmp_path / "o.gguf"
-    r = convert(model, out)
-    assert r.returncode == 1, r.stderr
-    assert "tokenizer.json: model.byte_fallback: false beside a tokenizer.model" in r.stderr
-    assert not out.exists()
+    assert_refused(model, tmp_path / "o.gguf",
+                   "tokenizer.json: model.byte_fallback: false beside a tokenizer.model")

@@ -71,6 +71,15 @@ def last_record(data: bytes) -> tuple[int, int]:
     return start, end
 
 
+def refused(d: Path) -> tuple[dict[str, bytes], str]:
+    """The directory's files before a recover that must refuse, and what the refusal says
+    (its message and notes)."""
+    before = {n: (d / n).read_bytes() for n in os.listdir(d)}
+    with pytest.raises(RecoverError) as info:
+        recover(d)
+    return before, " ".join([str(info.value), *getattr(info.value, "__notes__", [])])
+
+
 def finished(d: Path) -> bool:
     return sorted(os.listdir(d)) == ["out.bin"] and (d / "out.bin").read_bytes() == b"hdr" + A + B
 
@@ -118,10 +127,7 @@ def test_a_damaged_lock_file_is_damage_not_another_journal(tmp_path: Path, how: 
     lock = lock_of(tmp_path)
     size = lock.stat().st_size
     lock.write_bytes(b"" if how == "emptied" else b"\0" * size)
-    before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}
-    with pytest.raises(RecoverError) as info:
-        recover(tmp_path)
-    story = " ".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    before, story = refused(tmp_path)
     assert "damaged" in story, story
     assert "another journal" not in story, story
     assert lock.name in story, story
@@ -192,10 +198,7 @@ def test_an_earlier_damaged_record_of_a_save_not_renamed_is_refused_naming_the_f
         save(tmp_path / "out.bin", cord, consume=True, window=W)
     j = journal_of(tmp_path)
     flip_before_the_last(j)
-    before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}
-    with pytest.raises(RecoverError) as info:
-        recover(tmp_path)
-    story = " ".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    before, story = refused(tmp_path)
     assert "damaged" in story, story
     assert "another process" not in story, story
     for name in before:  # the journal, the temp, the parked sources (the lock holds no byte)
