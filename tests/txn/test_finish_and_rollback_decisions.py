@@ -263,6 +263,27 @@ def test_a_kept_prefix_rewritten_after_the_commit_look_is_kept(tmp_path: Path) -
     assert sorted(os.listdir(tmp_path)) == ["a.bin", "out.bin"]
 
 
+def test_a_parked_source_replaced_after_the_commit_is_kept_and_said(tmp_path: Path) -> None:
+    """Another process puts a new file (another inode, the same size and times) at a parked
+    source's name after the commit point: the finish never deletes it, names it back (the
+    source's name is free), says so and fails; nothing is left under the save's token, so a
+    second recover has nothing to do."""
+    committed(tmp_path)
+    (pa,) = [p for p in named(tmp_path, _names.SOURCE) if p.name.startswith(".a.bin.")]
+    st = pa.stat()
+    theirs = b"T" * st.st_size
+    pa.rename(tmp_path / "old-parked")
+    pa.write_bytes(theirs)
+    os.utime(pa, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises((RecoverError, DataChangedError), match="kept") as info:
+        recover(tmp_path)
+    assert "a.bin" in " ".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    assert (tmp_path / "a.bin").read_bytes() == theirs
+    assert (tmp_path / "out.bin").read_bytes() == b"hdr" + A + B
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "old-parked", "out.bin"]
+    assert recover(tmp_path) == []
+
+
 def test_a_recover_killed_before_putting_a_sources_times_back_is_continued(
         tmp_path: Path) -> None:
     """recover logs ``rolling back`` before it grows a source back: killed once a.bin is whole

@@ -221,12 +221,21 @@ def unlink_parked(j: Journal, changed: Callable[[JournalSource, os.stat_result],
     kept: list[tuple[JournalSource, int, int, str]] = []
     for s in moved:
         st = same_file(j.parked(s), s.dev, s.ino)
-        was = None if st is None else changed(s, st)
-        if st is not None and was is None:
-            _sys.unlink(j.parked(s))
-        elif st is not None and was is not None:
+        if st is None:  # gone (unlinked before a stop), or another inode put at its name:
+            # that one is another process's, kept and reported like a changed source (never
+            # deleted, never left unsaid under the save's token)
+            st = _there(j.parked(s))
+            was = None if st is None else s.run_start
+        else:
+            was = changed(s, st)
+            if was is None:
+                _sys.unlink(j.parked(s))
+                continue
+        if st is not None and was is not None:
+            where = (_keep_changed(j.parked(s), s.path) if stat_mod.S_ISREG(st.st_mode)
+                     else f"another kind of file is kept at {j.parked(s)}")
             kept.append((s, was, st.st_size, f"{s.path}: {st.st_size} bytes (the save last saw "
-                         f"{was}); " + _keep_changed(j.parked(s), s.path)))
+                         f"{was}); " + where))
     c.fsyncs += _sys.fsync_parents([j.parked(s) for s in moved])
     if not kept:
         return None
@@ -238,9 +247,15 @@ def unlink_parked(j: Journal, changed: Callable[[JournalSource, os.stat_result],
     for note in ["the outputs are complete under their final names", *(k[3] for k in kept)]:
         add_note(err, note)
     err.kept = tuple(  # type: ignore[attr-defined]
-        j.parked(s) if same_file(j.parked(s), s.dev, s.ino) is not None else s.path
-        for s, *_rest in kept)
+        j.parked(s) if _there(j.parked(s)) is not None else s.path for s, *_rest in kept)
     return err
+
+
+def _there(path: str) -> os.stat_result | None:
+    try:
+        return _sys.lstat(path)
+    except FileNotFoundError:
+        return None
 
 
 def _keep_changed(parked: str, original: str) -> str:
