@@ -168,8 +168,9 @@ def test_a_journal_whose_magic_line_names_another_version_is_refused(tmp_path: P
     data = j.read_bytes()
     j.write_bytes(b"filecord-journal %d\n" % version + data[len(journal.MAGIC):])
     before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}
-    with pytest.raises(RecoverError, match=rf"journal version {version}\)"):
+    with pytest.raises(RecoverError, match=rf"journal version {version}\)") as info:
         recover(tmp_path)
+    assert str(info.value).count("nothing was touched") == 1, str(info.value)
     assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before
 
 

@@ -435,7 +435,7 @@ def _refuse_another_version(data: bytes) -> None:
         raise JournalVersionError(
             f"the journal was written by {'an older' if int(version) < VERSION else 'another'} "
             f"filecord (journal version {int(version)}): recover it with the filecord that "
-            "wrote it; nothing was touched")
+            "wrote it")
 
 
 def decode(data: bytes) -> Journal:
