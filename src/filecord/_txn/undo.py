@@ -44,11 +44,9 @@ log = logging.getLogger(__name__)
 
 def same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
     """``lstat(path)`` if it names the inode (dev, ino), else None."""
-    try:
-        st = _sys.lstat(path)
-    except FileNotFoundError:
-        return None
-    return st if (st.st_dev, st.st_ino) == (dev, ino) and stat_mod.S_ISREG(st.st_mode) else None
+    st = _there(path)
+    return st if st is not None and (st.st_dev, st.st_ino) == (dev, ino) and stat_mod.S_ISREG(
+        st.st_mode) else None
 
 
 def open_same(path: str, dev: int, ino: int, flags: int) -> int:
@@ -225,17 +223,19 @@ def unlink_parked(j: Journal, changed: Callable[[JournalSource, os.stat_result],
             # that one is another process's, kept and reported like a changed source (never
             # deleted, never left unsaid under the save's token)
             st = _there(j.parked(s))
-            was = None if st is None else s.run_start
+            if st is None:
+                continue
+            was = s.run_start
         else:
-            was = changed(s, st)
-            if was is None:
+            seen = changed(s, st)
+            if seen is None:
                 _sys.unlink(j.parked(s))
                 continue
-        if st is not None and was is not None:
-            where = (_keep_changed(j.parked(s), s.path) if stat_mod.S_ISREG(st.st_mode)
-                     else f"another kind of file is kept at {j.parked(s)}")
-            kept.append((s, was, st.st_size, f"{s.path}: {st.st_size} bytes (the save last saw "
-                         f"{was}); " + where))
+            was = seen
+        where = (_keep_changed(j.parked(s), s.path) if stat_mod.S_ISREG(st.st_mode)
+                 else f"another kind of file is kept at {j.parked(s)}")
+        kept.append((s, was, st.st_size, f"{s.path}: {st.st_size} bytes (the save last saw "
+                     f"{was}); " + where))
     c.fsyncs += _sys.fsync_parents([j.parked(s) for s in moved])
     if not kept:
         return None
