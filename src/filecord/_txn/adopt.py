@@ -46,12 +46,10 @@ def adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
         txn.adopted_blocks[o] = (src.inserted, m.size, where)
     fill.fill_output(txn, o)
     log.debug("adopt %s: the rest of %s written around it", m.path, txn.temps[o])
-    # Moved bytes follow: the final length (a hole) first; only now, so a file adopted whole
-    # and cut by someone else meanwhile is never padded back.
+    # Moved bytes follow: presized only now, so a file adopted whole and cut by someone else
+    # meanwhile is never padded back.
     if o in txn.prep.plan.receiving:
-        length = txn.prep.plan.outputs[o].length
-        if _sys.fstat(fd).st_size < length:
-            _sys.ftruncate(fd, length)
+        fill.presize(txn, o)
 
 
 def _claim(txn: Txn, m: MoveSource, src: journal.JournalSource) -> int:

@@ -49,16 +49,6 @@ def lock_directories(txn: Txn) -> None:
         txn.locks.append((path, fd))
 
 
-def _umask() -> int:
-    try:
-        for line in _sys.read_text("/proc/self/status").splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
-
-
 def _dense(path: str, st: os.stat_result) -> bool:
     """Whether every byte of the source is written data: no hole, no preallocated block (XFS
     and btrfs copy none of those, so a rollback would find holes and refuse for good).  FIEMAP
@@ -119,7 +109,7 @@ def _record(txn: Txn) -> journal.Journal:
         dev, ino = adopted_out.get(o, (mine.st_dev, mine.st_ino))
         mode, uid, gid = (-1, -1, -1) if tst is None else (tst.st_mode, tst.st_uid, tst.st_gid)
         if o in adopted_out and tst is None:
-            mode = 0o666 & ~_umask()  # what open() would have given a new file
+            mode = mine.st_mode  # the empty temp's: what open() gives a new file here
         old = (0, 0) if tst is None else (tst.st_dev, tst.st_ino)
         outputs.append(journal.JournalOutput(out.target, dev, ino, out.length, mode, uid, gid,
                                              old_dev=old[0], old_ino=old[1],

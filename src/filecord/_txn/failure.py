@@ -2,15 +2,14 @@
 
 Theory of operation
 -------------------
-``_fail`` decides nothing itself: it asks ``decide`` (from the stage and, past the journal, the
-assessment of the files) and runs the one function ``_ACTIONS`` gives for that row.  Before
-the journal the garbage goes (temps, a pending journal, then the lock files, last).  From
-JOURNALED a ``rolling back`` step is made durable first, so a crash continues the undo, then
-``undo.roll_back`` runs on the live files exactly as ``recover`` would.  A source changed by
-someone else, or an undo that fails, keeps everything: the locks are only closed and the notes
-say which file holds which bytes and which ``filecord recover`` continues.  Past the commit
-point nothing is undone and the error names the journal.  Its branch points are counted by
-``tools/failure_branches.py``.
+``fail`` decides nothing itself: it asks ``decide`` (the stage and, past the journal, the
+assessment of the files) and runs the function ``_ACTIONS`` gives for that row.  Before the
+journal the garbage goes (temps, a pending journal, the lock files last).  From JOURNALED a
+durable ``rolling back`` step comes first, so a crash continues the undo, then
+``undo.roll_back`` runs on the live files as ``recover`` would.  A source changed by someone
+else, or a failed undo, keeps everything: the locks only closed, the notes say which file
+holds which bytes and which ``filecord recover`` continues.  Past the commit point nothing is
+undone and the error names the journal.
 """
 
 from __future__ import annotations
@@ -87,6 +86,8 @@ def _raise(exc: BaseException, message: str, notes: list[str], **kw: object) -> 
 
 
 def _states(record: Journal, seen: assess.Observed) -> tuple[SourceState, ...]:
+    if seen.unreadable is not None:
+        return ()
     states = []
     for s, f in zip(record.sources, seen.sources, strict=True):
         found = assess.locate(record, s, f)
@@ -96,17 +97,7 @@ def _states(record: Journal, seen: assess.Observed) -> tuple[SourceState, ...]:
     return tuple(states)
 
 
-def records_of(txn: Txn, exc: BaseException) -> assess.Records:
-    """What a running save knows, as the records a crashed one leaves: its stage, its count of
-    finished moves, its last looks, and the change it saw mid-move."""
-    looks = {k: assess.Look(assess.Facts.of(st), pending) for k, (st, pending) in txn.looks.items()}
-    return assess.Records(Actor.SAVE, txn.stage, txn.moves_done, frozenset(txn.inserted),
-                          looks=looks,
-                          during=assess.seen_mid_move(exc, txn.moving or txn.changed),
-                          cause=exc)
-
-
-def _journaled(txn: Txn) -> tuple[Journal, str]:
+def journaled(txn: Txn) -> tuple[Journal, str]:
     """The record and journal name of a save past JOURNALED (the stage machine enters
     JOURNALED only once both exist); a bug in filecord otherwise."""
     record, path = txn.record, txn.journal_path
@@ -120,17 +111,15 @@ def _keep(txn: Txn, f: _Failed, notes: list[str], *, held: bool = False) -> NoRe
     not be checked); the notes say where every source's bytes are."""
     _close(txn, notes)
     drop_locks(txn, remove=False)
-    record, path = _journaled(txn)
-    states: tuple[SourceState, ...] = ()
+    record, path = journaled(txn)
     key = txn.moving or txn.changed
     during = assess.seen_mid_move(f.exc, key)  # the size the move last left it at
     left_at = {} if during is None or key is None else {key: during.expected_size}
     lines, seen = assess.where_now(record, left_at, inserted=frozenset(txn.inserted), held=held)
     notes.extend(lines)
-    if seen.unreadable is None:
-        states = _states(record, seen)
     notes.append(f"{f.why}; run `filecord recover {path}` once the cause is fixed")
-    _raise(f.exc, f"saving {f.names} failed", notes, journal_path=path, sources=states)
+    _raise(f.exc, f"saving {f.names} failed", notes, journal_path=path,
+           sources=_states(record, seen))
 
 
 def _hold(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
@@ -144,14 +133,6 @@ def _hold(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     _keep(txn, f, notes, held=True)
 
 
-def fail(txn: Txn, exc: BaseException) -> NoReturn:
-    """Clean up after ``exc`` and raise the error the caller sees; the save ends FAILED."""
-    try:
-        _fail(txn, exc)
-    finally:
-        txn.to(Stage.FAILED)
-
-
 @dataclass(frozen=True, slots=True)
 class _Failed:
     """The error to raise (the change found, else the cause), the outputs, why (in words)."""
@@ -161,21 +142,31 @@ class _Failed:
     why: str = ""
 
 
-def _fail(txn: Txn, exc: BaseException) -> NoReturn:
-    """Ask the table what to do (the stage, and past the journal the files' assessment)."""
+def fail(txn: Txn, exc: BaseException) -> NoReturn:
+    """Clean up after ``exc`` as the table says (from the stage and, past the journal, the
+    files' assessment) and raise the error the caller sees; the save ends FAILED."""
     names = ", ".join(o.path for o in txn.prep.plan.outputs)
     notes: list[str] = []
-    if txn.stage not in _UNDOABLE:  # nothing to assess: the stage alone decides
-        _ACTIONS[decide(Actor.SAVE, txn.stage, Found.AS_LEFT)](txn, _Failed(exc, names), notes)
-    record = _journaled(txn)[0]
-    records = records_of(txn, exc)
-    found = assess.assess(record, records, assess.observe(record))
-    txn.changed = found.changed or txn.changed  # for the notes: where the change is
-    if found.found is Found.METADATA:  # no byte changed: recover may roll it back
-        log.warning("%s; the save stops, recover may roll it back", found.error or exc)
-    notes.extend(found.notes)
-    _ACTIONS[decide(Actor.SAVE, txn.stage, found.found)](
-        txn, _Failed(found.error or exc, names, found.why), notes)
+    try:
+        if txn.stage not in _UNDOABLE:  # nothing to assess: the stage alone decides
+            _ACTIONS[decide(Actor.SAVE, txn.stage, Found.AS_LEFT)](txn, _Failed(exc, names),
+                                                                   notes)
+        record = journaled(txn)[0]
+        # What the running save knows, as the records a crashed one would leave.
+        looks = {k: assess.Look(assess.Facts.of(st), pending)
+                 for k, (st, pending) in txn.looks.items()}
+        records = assess.Records(Actor.SAVE, txn.stage, txn.moves_done, frozenset(txn.inserted),
+                                 looks=looks, cause=exc,
+                                 during=assess.seen_mid_move(exc, txn.moving or txn.changed))
+        found = assess.assess(record, records, assess.observe(record))
+        txn.changed = found.changed or txn.changed  # for the notes: where the change is
+        if found.found is Found.METADATA:  # no byte changed: recover may roll it back
+            log.warning("%s; the save stops, recover may roll it back", found.error or exc)
+        notes.extend(found.notes)
+        _ACTIONS[decide(Actor.SAVE, txn.stage, found.found)](
+            txn, _Failed(found.error or exc, names, found.why), notes)
+    finally:
+        txn.to(Stage.FAILED)
 
 
 def _complete(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
@@ -215,7 +206,7 @@ def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row ROLL_BACK: append the ``rolling back`` step (durable), put every byte back on the
     live files exactly as recover would, then discard the rest.  A failure of the undo asks
     the table again, at the stage reached, with the files unreadable."""
-    record, _path = _journaled(txn)
+    record, _path = journaled(txn)
     try:
         begin.append_step(txn, journal.step(Stage.ROLLING_BACK), Stage.ROLLING_BACK)
         _close(txn, notes)  # the undo opens what it needs by name, as recover does
@@ -265,9 +256,8 @@ _ACTIONS: dict[Action, Callable[[Txn, _Failed, list[str]], NoReturn]] = {
 def _remove_garbage(txn: Txn, notes: list[str]) -> bool:
     """Unlink temps, a pending journal and the journal; True if something could not go."""
     paths = [t for t in txn.temps if t is not None]
-    first = next((o for o in txn.prep.plan.outputs if not o.direct), None)
-    if first is not None:
-        paths.append(_names.sibling(first.target, txn.token, _names.PENDING))
+    if paths:  # a pending journal comes after the temps
+        paths.append(begin.journal_name(txn, _names.PENDING))
     left = False
     for p in paths:  # each error is noted, never raised over the cause
         try:

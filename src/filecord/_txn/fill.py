@@ -29,7 +29,7 @@ from filecord._pieces.data import FileBackedData
 from filecord._pieces.derived import Derived
 from filecord._pieces.rows import FileRows
 from filecord._plan.facts import is_clone_refusal
-from filecord._plan.types import BLOCK, CLONE_REFUSED, PAST_TAIL, PieceAction
+from filecord._plan.types import BLOCK, CLONE_REFUSED, PAST_TAIL, PieceAction, SavePlan
 from filecord._txn import transfer, undo
 from filecord._txn.stages import Stage
 from filecord._txn.state import Txn
@@ -50,6 +50,19 @@ def create_outputs(txn: Txn) -> None:
         fd = _sys.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
         txn.temps.append(temp)
         txn.fds.append(fd)
+
+
+def presize(txn: Txn, o: int) -> None:
+    """Output ``o``'s temp at its final length (a hole) before moved bytes land: moves write
+    from the end backwards, and XFS keeps the speculative space of each extending write
+    (measured: 2.3 MiB beyond the data for 40 runs of 1 MiB), so the peak stays one window."""
+    fd, length = txn.fds[o], txn.prep.plan.outputs[o].length
+    if fd is not None and _sys.fstat(fd).st_size < length:
+        _sys.ftruncate(fd, length)
+
+
+def block_of(p: SavePlan, dev: int) -> int:
+    return next((k.block for k in p.peaks if k.dev == dev), 0) or BLOCK
 
 
 def finish_modes(txn: Txn) -> None:
@@ -271,8 +284,7 @@ def _clone_or_copy(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -
     src = _source_fd(txn, piece)
     n = len(piece)
     tail, why = act.tail, act.tail_reason
-    block = next((p.block for p in txn.prep.plan.peaks if p.dev == piece.identity.dev), 0)
-    block = block if block > 0 else BLOCK
+    block = block_of(txn.prep.plan, piece.identity.dev)
     if tail == 0 and n % block and _sys.fstat(fd).st_size > act.out_offset + n:
         tail, why = n % block, PAST_TAIL
     body = n - tail

@@ -46,10 +46,10 @@ from filecord._plan.preflight import (
 )
 from filecord._plan.report import SaveReport
 from filecord._plan.space import check_space
-from filecord._plan.types import BLOCK, NOT_OWNED, MoveSource, PieceActions, SavePlan
+from filecord._plan.types import MoveSource, PieceActions, SavePlan
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord._txn import adopt, begin, fill, journal, looks, transfer, undo
-from filecord._txn.failure import close_descriptors, drop_locks
+from filecord._txn.failure import close_descriptors, drop_locks, journaled
 from filecord._txn.failure import fail as _fail
 from filecord._txn.stages import Stage
 from filecord._txn.state import Prepared, Txn
@@ -70,7 +70,7 @@ def save(
 ) -> SaveReport:
     """Write ``cord`` to ``path`` atomically and durably; see :func:`save_many`."""
     return _run(normalize(path, cord), consume=consume, window=window, progress=progress,
-                durable=durable, in_place=in_place)
+                durable=durable, in_place=in_place)[0]
 
 
 def save_many(
@@ -111,7 +111,7 @@ def save_many(
     keep the output's blocks apart from the source's).
     """
     return _run(normalize(outputs, None), consume=consume, window=window, progress=progress,
-                durable=durable, in_place=in_place)
+                durable=durable, in_place=in_place)[0]
 
 
 def plan(
@@ -197,21 +197,10 @@ def save_many_finishing(
 ) -> tuple[SaveReport, Removals]:
     """``save_many`` with ``discard`` outputs (built, then unlinked at the commit) and
     ``remove`` files (:class:`Removal`): steps after the commit point the journal carries, so
-    the save and ``recover`` finish them alike."""
-    txn_out: list[Removals] = []
-    report = _run(normalize(outputs, None), consume=consume, window=window, progress=progress,
-                  quiet_reasons=quiet_reasons, discard=discard, remove=remove,
-                  removals_out=txn_out, in_place=in_place)
-    return report, txn_out[0] if txn_out else Removals()
-
-
-def save_many_disowned(
-    outputs: Mapping[Target, CordLike], *, window: int, progress: ProgressCallback | None,
-) -> SaveReport:
-    """``save_many(consume=True)`` for a caller that hands over unowned the pieces it keeps
-    on purpose (and reports itself): "not owned" is then no reason to warn about a copy."""
-    return _run(normalize(outputs, None), consume=True, window=window, progress=progress,
-                quiet_reasons=frozenset({NOT_OWNED}))
+    the save and ``recover`` finish them alike.  A copy for a reason in ``quiet_reasons``
+    (pieces the caller keeps on purpose and reports itself) is not warned about."""
+    return _run(normalize(outputs, None), consume=consume, window=window, progress=progress,
+                quiet_reasons=quiet_reasons, discard=discard, remove=remove, in_place=in_place)
 
 
 def _run(
@@ -225,8 +214,7 @@ def _run(
     quiet_reasons: frozenset[str] = frozenset(),
     discard: frozenset[str] = frozenset(),
     remove: Sequence[Removal] = (),
-    removals_out: list[Removals] | None = None,
-) -> SaveReport:
+) -> tuple[SaveReport, Removals]:
     if consume and not durable:
         raise ValueError("durable=False is for copy saves only: a consuming save deletes its "
                          "sources, so its outputs must be on disk first")
@@ -235,22 +223,18 @@ def _run(
                     discard=discard)
     plan = prep.plan  # from here on, consume and the window are the plan's
     txn = Txn(prep, _names.new_token(), progress, durable=durable)
-    recorded, skipped, given = _removals(prep, remove)
-    txn.removals = recorded
+    txn.removals, skipped, given = _removals(prep, remove)
     try:
         _execute(txn)
     except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
         _fail(txn, exc)
     actions = plan.actions.with_outcomes(txn.outcomes)
     _warn_copies(plan, actions, quiet_reasons)
-    if removals_out is not None:  # by the names the caller gave
-        removals_out.append(Removals(tuple(given.get(p, p) for p in txn.removed),
-                                     tuple(given.get(p, p) for p in txn.changed_removals),
-                                     skipped))
-    return _report(
-        plan, actions, dry_run=False, elapsed=time.perf_counter() - start,
-        used_journal=txn.record is not None, counters=txn.counters,
-    )
+    report = _report(plan, actions, dry_run=False, elapsed=time.perf_counter() - start,
+                     used_journal=txn.record is not None, counters=txn.counters)
+    named = Removals(tuple(given.get(p, p) for p in txn.removed),  # as the caller named them
+                     tuple(given.get(p, p) for p in txn.changed_removals), skipped)
+    return report, named
 
 
 def _prepare(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_place: bool,
@@ -337,30 +321,22 @@ def _execute(txn: Txn) -> None:
 
 
 def _presize_for_moves(txn: Txn, *, before_fill: bool = False) -> None:
-    """Every temp that receives moved bytes at its final length (a hole) first: moves write
-    from the end backwards, and XFS keeps the speculative space of each extending write
-    (measured: 2.3 MiB beyond the data for 40 runs of 1 MiB), so the peak stays one window.
-    Before the fill, only temps that clone no partial last block (cloned only at the end)."""
+    """Before the fill, only temps that clone no partial last block (cloned only at the end)."""
     p = txn.prep.plan
     for o in sorted(p.receiving):
-        fd = txn.fds[o]
-        if fd is None or (before_fill and _clones_a_partial_block(p, o)):
-            continue
-        if _sys.fstat(fd).st_size < p.outputs[o].length:
-            _sys.ftruncate(fd, p.outputs[o].length)
+        if not (before_fill and _clones_a_partial_block(p, o)):
+            fill.presize(txn, o)
 
 
 def _clones_a_partial_block(p: SavePlan, o: int) -> bool:
-    block = next((k.block for k in p.peaks if k.dev == p.outputs[o].dev), BLOCK) or BLOCK
+    block = fill.block_of(p, p.outputs[o].dev)
     cloned = (p.actions.piece_action(pos) for pos in p.actions.positions(o)
               if p.actions.action_of(pos) == "cloned")
     return any(a.tail == 0 and a.length % block for a in cloned)
 
 
 def _move(txn: Txn, m: MoveSource) -> None:
-    record = txn.record
-    if record is None:  # pragma: no cover - moves always write a journal
-        raise SaveError("a move without a journal")
+    record = journaled(txn)[0]
     src = next(s for s in record.sources if (s.dev, s.ino) == m.key)
     if txn.stage is not Stage.MOVING:
         txn.to(Stage.MOVING)
