@@ -3,15 +3,14 @@
 Theory of operation
 -------------------
 Each temp ``.NAME.TOKEN.partial`` is created ``O_CREAT|O_EXCL`` with the replaced file's
-permission bits (a discard output's: 0600), never readable beyond the old file.  In-memory
-pieces are written, derived ones computed (their sources read while still whole) and
-file-backed ones cloned or copied at their final offsets, in output order (the kernel clones a
-partial EOF block only at the temp's end).  An output a source is adopted into is filled after
-the adoption, around it.  Nothing here shortens a source: undoing it is deleting the temp.
-Each source is compared (size, mtime, ctime) with itself as opened once the output's last
-bytes from it are copied, so a rewrite during the copy is a ``DataChangedError``, never a
-silent mix.  Then the temps get the replaced file's owner and exact mode (set-id bits on
-complete content).  A crash here leaves temps ``recover`` removes once the lock is free.
+permission bits (a discard output's: 0600), never readable beyond the old file.  Pieces are
+written, computed (derived: their sources read while whole), cloned or copied at their final
+offsets in output order (the kernel clones a partial EOF block only at the temp's end); an
+output a source is adopted into is filled after the adoption, around it.  Nothing here
+shortens a source: undoing it is deleting the temp.  Each source is compared (size, mtime,
+ctime) with itself as opened once the output's last bytes from it are copied: a rewrite during
+the copy is a ``DataChangedError``, never a silent mix.  Then the temps get the replaced file's
+owner and exact mode (set-id bits on complete content).
 """
 
 from __future__ import annotations
@@ -40,16 +39,12 @@ log = logging.getLogger(__name__)
 
 def create_outputs(txn: Txn) -> None:
     for out, st in zip(txn.prep.plan.outputs, txn.prep.facts.target_stats, strict=True):
-        if out.direct:
-            txn.temps.append(None)
-            txn.fds.append(_sys.open(out.target, os.O_WRONLY))
-            continue
-        temp = _names.sibling(out.target, txn.token, _names.TEMP)
+        temp = None if out.direct else _names.sibling(out.target, txn.token, _names.TEMP)
         mode = (0o600 if out.discard else 0o666 if st is None
                 else stat_mod.S_IMODE(st.st_mode) & 0o777)
-        fd = _sys.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
+        txn.fds.append(_sys.open(out.target, os.O_WRONLY) if temp is None
+                       else _sys.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode))
         txn.temps.append(temp)
-        txn.fds.append(fd)
 
 
 def presize(txn: Txn, o: int) -> None:
@@ -191,20 +186,22 @@ def fill_output(txn: Txn, o: int) -> None:
             continue
         piece = pieces[r.index]
         dst_off = None if out.direct else r.out_offset  # None: append to a stream
-        if isinstance(piece, FileBackedData) and action == "copied":
-            if run is not None and run.extends(piece, dst_off):
-                run.n += r.length
-            else:
-                if run is not None:
-                    _copy_run(txn, fd, run, copied)
-                run = _Run(piece, piece.offset, dst_off, r.length)
+        if isinstance(piece, FileRows) or (isinstance(piece, FileBackedData)
+                                           and action == "copied"):
+            base, spans = ((piece.base, list(piece.runs())) if isinstance(piece, FileRows)
+                           else (piece, [(piece.offset, r.length)]))
+            for src_off, n in spans:
+                if run is None or not run.extends(base, src_off, dst_off):
+                    if run is not None:
+                        _copy_run(txn, fd, run, copied)
+                    run = _Run(base, src_off, dst_off, 0)
+                run.n += n
+                dst_off = None if dst_off is None else dst_off + n
             continue
         if run is not None:
             _copy_run(txn, fd, run, copied)
             run = None
-        if isinstance(piece, FileRows):
-            _copy_rows(txn, piece, fd, dst_off)
-        elif isinstance(piece, Derived):
+        if isinstance(piece, Derived):
             _compute_piece(txn, piece, fd, dst_off)
         elif not isinstance(piece, FileBackedData):
             transfer.write_bytes(fd, piece, dst_off, txn.counters, txn.advance)
@@ -248,12 +245,12 @@ class _Run:
     dst_off: int | None  # None: appended to a stream
     n: int
 
-    def extends(self, piece: FileBackedData, dst_off: int | None) -> bool:
+    def extends(self, data: FileBackedData, src_off: int, dst_off: int | None) -> bool:
         d = self.data
-        return (piece.offset == self.src_off + self.n
-                and (piece.identity is d.identity or piece.identity == d.identity)
-                and piece.path == d.path
-                and (dst_off is None) == (self.dst_off is None)
+        # (one output's offsets are all None, a stream, or none is)
+        return (src_off == self.src_off + self.n
+                and (data.identity is d.identity or data.identity == d.identity)
+                and data.path == d.path
                 and (dst_off is None or dst_off == (self.dst_off or 0) + self.n))
 
 
@@ -265,16 +262,6 @@ def _copy_run(txn: Txn, fd: int, run: _Run, copied: dict[tuple[int, int], FileBa
                             txn.advance)
     ident = run.data.identity
     copied.setdefault((ident.dev, ident.ino), run.data)
-
-
-def _copy_rows(txn: Txn, rows: FileRows, fd: int, dst_off: int | None) -> None:
-    src = _source_fd(txn, rows.base)
-    at = dst_off
-    with _as_change(txn, rows.base):
-        for src_at, n in rows.runs():
-            transfer.copy_range(src, fd, src_at, at, n, txn.counters, txn.advance)
-            at = None if at is None else at + n
-    _recheck_source(txn, rows.base)
 
 
 def _clone_or_copy(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -> PieceAction:
