@@ -228,7 +228,23 @@ def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
 def _discard(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row DISCARD (and the end of ROLL_BACK): nothing of the save is left but its garbage."""
     _close(txn, notes)
-    left = _remove_garbage(txn, notes)
+    paths = [t for t in txn.temps if t is not None]
+    if paths:  # a pending journal comes after the temps
+        paths.append(begin.journal_name(txn, _names.PENDING))
+    left = False
+    for p in paths:  # each error is noted, never raised over the cause
+        try:
+            _sys.unlink_missing_ok(p)
+        except OSError as exc:  # noqa: PERF203 - every path is tried
+            notes.append(f"could not remove {p}: {exc}")
+            left = True
+    if txn.journal_path is not None and not left:
+        try:
+            _sys.fsync_parents(paths)
+            _sys.unlink_missing_ok(txn.journal_path)
+        except OSError as exc:
+            notes.append(f"could not remove the journal {txn.journal_path}: {exc}")
+            left = True
     drop_locks(txn, remove=not left)
     streams = [o.path for o in txn.prep.plan.outputs if o.direct]
     if streams:
@@ -251,25 +267,3 @@ _ACTIONS: dict[Action, Callable[[Txn, _Failed, list[str]], NoReturn]] = {
     Action.HOLD: _hold,
     Action.COMPLETE: _complete,
 }
-
-
-def _remove_garbage(txn: Txn, notes: list[str]) -> bool:
-    """Unlink temps, a pending journal and the journal; True if something could not go."""
-    paths = [t for t in txn.temps if t is not None]
-    if paths:  # a pending journal comes after the temps
-        paths.append(begin.journal_name(txn, _names.PENDING))
-    left = False
-    for p in paths:  # each error is noted, never raised over the cause
-        try:
-            _sys.unlink_missing_ok(p)
-        except OSError as exc:  # noqa: PERF203 - every path is tried
-            notes.append(f"could not remove {p}: {exc}")
-            left = True
-    if txn.journal_path is not None and not left:
-        try:
-            _sys.fsync_parents(paths)
-            _sys.unlink_missing_ok(txn.journal_path)
-        except OSError as exc:
-            notes.append(f"could not remove the journal {txn.journal_path}: {exc}")
-            left = True
-    return left

@@ -79,8 +79,14 @@ def _source_fd(txn: Txn, data: FileBackedData) -> int:
     ident = data.identity
     key = (ident.dev, ident.ino)
     if key not in txn.src_fds:
-        if len(txn.src_fds) >= OPEN_SOURCES:
-            _close_oldest_source(txn)
+        if len(txn.src_fds) >= OPEN_SOURCES:  # the oldest looked at and closed
+            old = next(iter(txn.src_fds))
+            old_fd, first = txn.src_fds[old]
+            now = _sys.fstat(old_fd)
+            del txn.src_fds[old]
+            _sys.close(old_fd)
+            txn.src_closed[old] = first
+            _compare(txn.prep.facts.datas[old][0], first, now)
         fd = _open_source(txn, data)
         try:
             st = _sys.fstat(fd)
@@ -121,16 +127,6 @@ def _open_source(txn: Txn, data: FileBackedData) -> int:
         raise DataChangedError(parked, expected_size=ident.size, found_size=st.st_size,
                                reason="the parked name now holds another file")
     return fd
-
-
-def _close_oldest_source(txn: Txn) -> None:
-    key = next(iter(txn.src_fds))
-    fd, was = txn.src_fds[key]
-    now = _sys.fstat(fd)
-    del txn.src_fds[key]
-    _sys.close(fd)
-    txn.src_closed[key] = was
-    _compare(txn.prep.facts.datas[key][0], was, now)
 
 
 def _compare(data: FileBackedData, was: os.stat_result, now: os.stat_result) -> None:

@@ -229,7 +229,12 @@ def _run(
     except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
         _fail(txn, exc)
     actions = plan.actions.with_outcomes(txn.outcomes)
-    _warn_copies(plan, actions, quiet_reasons)
+    loud = {why: n for why, n in actions.reasons().items() if why not in quiet_reasons}
+    if plan.consume and loud:
+        log.warning("consume=True copied %d file-backed piece(s) instead of moving them: %s",
+                    sum(loud.values()), "; ".join(sorted(loud)))
+    if plan.window_choice.why == "shrunk":
+        log.info("consume=True: sync window %s", plan.window_choice.note())
     report = _report(plan, actions, dry_run=False, elapsed=time.perf_counter() - start,
                      used_journal=txn.record is not None, counters=txn.counters)
     named = Removals(tuple(given.get(p, p) for p in txn.removed),  # as the caller named them
@@ -261,17 +266,6 @@ def _prepare(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_pl
         for d in group:
             d.detach_cleanup()
     return prep
-
-
-def _warn_copies(plan: SavePlan, actions: PieceActions, quiet: frozenset[str]) -> None:
-    loud = {why: n for why, n in actions.reasons().items() if why not in quiet}
-    if plan.consume and loud:
-        log.warning(
-            "consume=True copied %d file-backed piece(s) instead of moving them: %s",
-            sum(loud.values()), "; ".join(sorted(loud)),
-        )
-    if plan.window_choice.why == "shrunk":
-        log.info("consume=True: sync window %s", plan.window_choice.note())
 
 
 def _removals(prep: Prepared, remove: Sequence[Removal]
@@ -324,15 +318,11 @@ def _presize_for_moves(txn: Txn, *, before_fill: bool = False) -> None:
     """Before the fill, only temps that clone no partial last block (cloned only at the end)."""
     p = txn.prep.plan
     for o in sorted(p.receiving):
-        if not (before_fill and _clones_a_partial_block(p, o)):
+        block = fill.block_of(p, p.outputs[o].dev)
+        cloned = (p.actions.piece_action(pos) for pos in p.actions.positions(o)
+                  if p.actions.action_of(pos) == "cloned")
+        if not (before_fill and any(a.tail == 0 and a.length % block for a in cloned)):
             fill.presize(txn, o)
-
-
-def _clones_a_partial_block(p: SavePlan, o: int) -> bool:
-    block = fill.block_of(p, p.outputs[o].dev)
-    cloned = (p.actions.piece_action(pos) for pos in p.actions.positions(o)
-              if p.actions.action_of(pos) == "cloned")
-    return any(a.tail == 0 and a.length % block for a in cloned)
 
 
 def _move(txn: Txn, m: MoveSource) -> None:

@@ -167,7 +167,16 @@ def move_source(
             c.fsync(fd)  # raises on failure: the truncate below never runs after a bad fsync
         log_cut(lo)  # before the check: nothing but the check may stand before the cut
         _check_unchanged(src, m, pos, seen, None)
-        seen = _cut(src, m, lo, seen, looks)
+        looks[m.key] = (seen, lo)  # the size in flight, for the failure path
+        _sys.ftruncate(src, lo)
+        seen = _sys.fstat(src)
+        looks[m.key] = (seen, None)
+        if seen.st_nlink != 1:
+            # Linked between the check and the truncate: the other name now holds only the
+            # kept prefix.  Stop before the commit deletes the rest; a rollback puts it back.
+            raise DataChangedError(m.path, expected_size=lo, found_size=seen.st_size,
+                                   reason="another name was linked to it while it was being "
+                                   "moved", kind=ChangeKind.LINKED)
         progress(pos - lo)
         pos, k = lo, k + 1
 
@@ -194,21 +203,6 @@ def _copy_window(src: int, parts: Sequence[tuple[int, int, PieceRef]], temps: Se
                 behind, since = {}, 0
         touched.add(tfd)
     return touched
-
-
-def _cut(src: int, m: MoveSource, lo: int, seen: os.stat_result,
-         looks: dict[tuple[int, int], tuple[os.stat_result, int | None]]) -> os.stat_result:
-    looks[m.key] = (seen, lo)
-    _sys.ftruncate(src, lo)
-    seen = _sys.fstat(src)
-    looks[m.key] = (seen, None)
-    if seen.st_nlink != 1:
-        # Linked between the check and the truncate: the other name now holds only the
-        # kept prefix.  Stop before the commit deletes the rest; a rollback puts it back.
-        raise DataChangedError(m.path, expected_size=lo, found_size=seen.st_size,
-                               reason="another name was linked to it while it was being "
-                               "moved", kind=ChangeKind.LINKED)
-    return seen
 
 
 def _by_window(m: MoveSource, window: int) -> dict[int, list[PieceRef]]:
