@@ -3,19 +3,17 @@
 Theory of operation
 -------------------
 The plan decides, once and with its reasons, which sources are adopted (``MoveSource.adopt``):
-*whole* (the source is the whole of one output) or, with the ``in_place`` option, *in place*
-(used once, whole, at a block-aligned offset, on a file system that inserts ranges: the space
-in front of it inserted).  Nothing here re-decides it; what this module finds is only another
-process's doing, a ``DataChangedError`` that holds the journal.  The steps, each logged, each
-undone by ``undo._put_back`` (the temp's size says which step it reached):
+*whole* (the whole of one output) or *in place* (the ``in_place`` option: used once, whole, at a
+block-aligned offset, on a file system that inserts ranges).  What this module finds is only
+another process's doing, a ``DataChangedError`` that holds the journal.  Each step is logged
+and undone by ``undo._put_back`` (the temp's size says which step it reached):
 
-1. *claim*: the file, as the preflight saw it, is renamed onto the output's (empty, journaled)
-   temp, both directories fsynced, and reopened there with one link.
-2. *insert* (in place, ``src.inserted`` bytes): inserted in front and fsynced; the source's
-   blocks noted (``looks.blocks``); the insert recorded by a journal step before a byte is
-   written there (its size alone cannot tell the insert from another writer's append).
-3. *fill around*: the rest of the output (``fill.fill_output``), its final length a hole when
-   moved bytes of other sources follow.
+1. *claim*: the file, as the preflight saw it, renamed onto the output's (empty, journaled)
+   temp, both directories fsynced, reopened there with one link.
+2. *insert* (in place): ``src.inserted`` bytes inserted in front and fsynced, the source's
+   blocks noted (``looks.blocks``), a journal step before a byte is written there (its size
+   alone cannot tell the insert from another writer's append).
+3. *fill around*: the rest of the output (``fill.fill_output``).
 4. *at the commit* (``check_at_commit``): one link; adopted whole, its size and mtime; in
    place, the blocks of step 2 and the output's length.  Past the commit point, the replaced
    file's owner and mode (``take_owner_modes``).
@@ -37,7 +35,6 @@ log = logging.getLogger(__name__)
 
 
 def adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
-    """Make the source ``m`` its output's file (the module's steps)."""
     o = m.dests[0].output
     fd = _claim(txn, m, src)
     where = _insert(txn, m, src, fd) if src.inserted or (
@@ -53,7 +50,7 @@ def adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
 
 
 def _claim(txn: Txn, m: MoveSource, src: journal.JournalSource) -> int:
-    """Step 1: rename the source onto its output's temp; its descriptor there."""
+    """Step 1; the descriptor there."""
     o = m.dests[0].output
     temp = txn.temps[o]
     if temp is None:  # pragma: no cover - the plan adopts only into temps
