@@ -18,6 +18,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import NoReturn
 
 from filecord._io import names as _names
@@ -108,7 +109,15 @@ def journaled(txn: Txn) -> tuple[Journal, str]:
 
 def _keep(txn: Txn, f: _Failed, notes: list[str], *, held: bool = False) -> NoReturn:
     """Row KEEP: the journal and temps stay for recover (no byte changed, or the files could
-    not be checked); the notes say where every source's bytes are."""
+    not be checked); the notes say where every source's bytes are.  Row HOLD (``held``: a
+    source changed mid-move): the ``held`` step first, so no recover ever rolls back over the
+    change (it would fill the gap with whatever the temps hold)."""
+    if held:
+        try:
+            begin.append_step(txn, journal.step(Stage.HELD), Stage.HELD)
+        except OSError as exc:
+            notes.append(f"could not mark the journal held ({exc}): recover refuses it anyway "
+                         "if the change shows in the source's size")
     _close(txn, notes)
     drop_locks(txn, remove=False)
     record, path = journaled(txn)
@@ -120,17 +129,6 @@ def _keep(txn: Txn, f: _Failed, notes: list[str], *, held: bool = False) -> NoRe
     notes.append(f"{f.why}; run `filecord recover {path}` once the cause is fixed")
     _raise(f.exc, f"saving {f.names} failed", notes, journal_path=path,
            sources=_states(record, seen))
-
-
-def _hold(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
-    """Row HOLD: a source changed mid-move: the ``held`` step first, so no recover ever rolls
-    back over the change (it would fill the gap with whatever the temps hold), then KEEP."""
-    try:
-        begin.append_step(txn, journal.step(Stage.HELD), Stage.HELD)
-    except OSError as exc:
-        notes.append(f"could not mark the journal held ({exc}): recover refuses it anyway if "
-                     "the change shows in the source's size")
-    _keep(txn, f, notes, held=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +262,6 @@ _ACTIONS: dict[Action, Callable[[Txn, _Failed, list[str]], NoReturn]] = {
     Action.ROLL_BACK: _roll_back,
     Action.FINISH: _finish,
     Action.KEEP: _keep,
-    Action.HOLD: _hold,
+    Action.HOLD: partial(_keep, held=True),
     Action.COMPLETE: _complete,
 }

@@ -37,7 +37,6 @@ from filecord._pieces.cord import Cord
 from filecord._plan.plan import make_plan
 from filecord._plan.preflight import (
     CordLike,
-    Facts,
     Target,
     gather,
     normalize,
@@ -128,19 +127,19 @@ def plan(
     ``report.window`` is the sync window the save would use and ``report.window_note`` why it
     is smaller than the default, when it is.
     """
-    _facts, p = _plan(normalize(target, cord), consume=consume, window=window, in_place=in_place)
+    p = _plan(normalize(target, cord), consume=consume, window=window, in_place=in_place).plan
     return _report(p, p.actions, dry_run=True)
 
 
 def _plan(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_place: bool,
-          discard: frozenset[str] = frozenset()) -> tuple[Facts, SavePlan]:
+          discard: frozenset[str] = frozenset()) -> Prepared:
     """The preflight's facts and the plan made of them (insertion probed only if asked)."""
     adopt_in_place = consume and in_place
     facts = gather(items, consume=consume, discard=discard, probe_insert=adopt_in_place)
     p = make_plan(facts.outputs, facts.refs, facts.sources, facts.filesystems, consume=consume,
                   window=window, adopt=adopt_in_place and not replaces_a_source(facts))
     refuse_replaced_sources(facts, p.consumed)
-    return facts, p
+    return Prepared(facts, p)
 
 
 def _report(
@@ -249,9 +248,8 @@ def _prepare(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_pl
         unknown = discard - {p for p, _c in items}
         if unknown:
             raise ValueError(f"discard names no output: {', '.join(sorted(unknown))}")
-        facts, plan = _plan(items, consume=consume, window=window, in_place=in_place,
-                            discard=discard)
-        check_space(plan)
+        prep = _plan(items, consume=consume, window=window, in_place=in_place, discard=discard)
+        check_space(prep.plan)
     except OSError as exc:
         if isinstance(exc, FilecordError):
             raise
@@ -261,7 +259,6 @@ def _prepare(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_pl
         err = SaveError(f"saving {names} failed: {exc.strerror or exc}", errno=exc.errno)
         add_note(err, "nothing was created or changed: the save can be retried")
         raise err from exc
-    prep = Prepared(facts, plan)
     for group in prep.facts.datas.values():
         for d in group:
             d.detach_cleanup()
@@ -357,10 +354,7 @@ def _move(txn: Txn, m: MoveSource) -> None:
         _sys.close_each([fd])  # never let a close error hide why the move stopped
         raise
     _sys.close(fd)
-    for ref in m.dests:
-        out_fd = txn.fds[ref.output]
-        if out_fd is not None:  # descriptor 0 is a descriptor too
-            txn.dirty.discard(out_fd)
+    txn.dirty.difference_update(txn.fds[ref.output] for ref in m.dests)  # fsynced by the move
 
 
 def _seal(txn: Txn) -> None:
