@@ -146,7 +146,7 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
     names = ", ".join(o.path for o in txn.prep.plan.outputs)
     notes: list[str] = []
     try:
-        if txn.stage not in _UNDOABLE:  # nothing to assess: the stage alone decides
+        if txn.stage not in (Stage.JOURNALED, Stage.MOVING):  # the stage alone decides
             _ACTIONS[decide(Actor.SAVE, txn.stage, Found.AS_LEFT)](txn, _Failed(exc, names),
                                                                    notes)
         record = journaled(txn)[0]
@@ -255,7 +255,6 @@ def _discard(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     _raise(f.exc, f"saving {f.names} failed", notes, **kept)
 
 
-_UNDOABLE = (Stage.JOURNALED, Stage.MOVING)
 # Each row of the table (``decide.Action``) and the one function that carries it out.
 _ACTIONS: dict[Action, Callable[[Txn, _Failed, list[str]], NoReturn]] = {
     Action.DISCARD: _discard,

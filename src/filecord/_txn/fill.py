@@ -271,8 +271,10 @@ def _clone_or_copy(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -
     if tail == 0 and n % block and _sys.fstat(fd).st_size > act.out_offset + n:
         tail, why = n % block, PAST_TAIL
     body = n - tail
-    try:
-        transfer.clone(src, piece.offset, body, fd, act.out_offset, txn.counters)
+    try:  # (a length of 0 is "to the source's end" to FICLONERANGE: never asked)
+        if body > 0:  # an unaligned end must be the source's and reach the temp's (else EINVAL)
+            _sys.clone_range(src, piece.offset, body, fd, act.out_offset)
+            txn.counters.cloned += body
     except OSError as exc:
         if not is_clone_refusal(exc):
             raise

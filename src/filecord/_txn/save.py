@@ -330,8 +330,7 @@ def _move(txn: Txn, m: MoveSource) -> None:
     if m.adopt:
         adopt.adopt(txn, m, src)
         return
-    path = record.parked(src)
-    fd = _sys.open(path, os.O_RDWR)
+    fd = _sys.open(record.parked(src), os.O_RDWR)
     try:
         st = _sys.fstat(fd)
         was = txn.prep.facts.datas[m.key][0].identity

@@ -124,15 +124,6 @@ def write_bytes(
         progress(len(part))
 
 
-def clone(src: int, src_off: int, n: int, dst: int, dst_off: int, c: Counters) -> None:
-    """Share ``n`` bytes' extents (OSError when refused).  An unaligned end must be the
-    source's end and reach the destination's end (else the kernel says EINVAL)."""
-    if n <= 0:  # FICLONERANGE takes a length of 0 as "to the source's end": never ask that
-        return
-    _sys.clone_range(src, src_off, n, dst, dst_off)
-    c.cloned += n
-
-
 def move_source(
     src: int,
     m: MoveSource,
