@@ -66,8 +66,7 @@ def _claim(txn: Txn, m: MoveSource, src: journal.JournalSource) -> int:
     _sys.rename(data.path, temp)
     txn.counters.fsyncs += _sys.fsync_parents([temp, src.path])
     log.debug("adopt %s: renamed onto %s", m.path, temp)
-    old = txn.fds[o]
-    txn.fds[o] = None
+    old, txn.fds[o] = txn.fds[o], None
     if old is not None:
         _sys.close(old)  # the empty temp's inode, replaced by the rename
         txn.dirty.discard(old)
@@ -143,5 +142,4 @@ def take_owner_modes(txn: Txn, record: journal.Journal) -> None:
     """Past the commit point: each adopted file takes the replaced file's owner and mode."""
     for o in txn.prep.plan.adopted:
         jout = record.outputs[o]
-        undo.apply_owner_mode_at(record.temp(o), jout.dev, jout.ino, jout.mode, jout.uid,
-                                 jout.gid)
+        undo.apply_owner_mode_at(record.temp(o), jout.dev, jout.ino, jout.mode, jout.uid, jout.gid)

@@ -128,8 +128,7 @@ def write_journal(txn: Txn) -> journal.Journal:
     txn.journal_fd = fd  # kept open: the later steps are appended through it
     txn.journal_end = txn.journal_tail = len(head)
     # Every name the rollback needs (temps, lock files) durable before the journal's.
-    temps = [t for t in txn.temps if t is not None]
-    txn.counters.fsyncs += _sys.fsync_parents([pending, *temps])
+    txn.counters.fsyncs += _sys.fsync_parents([pending, *filter(None, txn.temps)])
     final = journal_name(txn, _names.JOURNAL)
     _sys.rename(pending, final)
     txn.journal_path = final

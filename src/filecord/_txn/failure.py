@@ -72,9 +72,8 @@ def _raise(exc: BaseException, message: str, notes: list[str], **kw: object) -> 
     """A system call's error becomes a ``SaveError``; the caller's own error keeps its type
     (a DataChangedError stays one), the journal it leaves riding along as attributes."""
     if isinstance(exc, OSError) and not isinstance(exc, FilecordError):
-        err = SaveError(
-            f"{message}: {exc.strerror or exc}", errno=exc.errno, **kw  # type: ignore[arg-type]
-        )
+        err = SaveError(f"{message}: {exc.strerror or exc}", errno=exc.errno,
+                        **kw)  # type: ignore[arg-type]
         for n in notes:
             add_note(err, n)
         raise err from exc
@@ -99,8 +98,7 @@ def _states(record: Journal, seen: assess.Observed) -> tuple[SourceState, ...]:
 
 
 def journaled(txn: Txn) -> tuple[Journal, str]:
-    """The record and journal name of a save past JOURNALED (the stage machine enters
-    JOURNALED only once both exist); a bug in filecord otherwise."""
+    """The record and journal name of a save past JOURNALED; a bug in filecord otherwise."""
     record, path = txn.record, txn.journal_path
     if record is None or path is None:  # pragma: no cover - the stage table rules it out
         raise StageError(f"a save at {txn.stage.value} without its journal")
@@ -147,8 +145,7 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
     notes: list[str] = []
     try:
         if txn.stage not in (Stage.JOURNALED, Stage.MOVING):  # the stage alone decides
-            _ACTIONS[decide(Actor.SAVE, txn.stage, Found.AS_LEFT)](txn, _Failed(exc, names),
-                                                                   notes)
+            _ACTIONS[decide(Actor.SAVE, txn.stage, Found.AS_LEFT)](txn, _Failed(exc, names), notes)
         record = journaled(txn)[0]
         # What the running save knows, as the records a crashed one would leave.
         looks = {k: assess.Look(assess.Facts.of(st), pending)

@@ -62,9 +62,8 @@ def block_of(p: SavePlan, dev: int) -> int:
 
 def finish_modes(txn: Txn) -> None:
     """Give each complete temp the replaced file's owner, group and exact mode."""
-    adopted = txn.prep.plan.adopted
     for o, (fd, st) in enumerate(zip(txn.fds, txn.prep.facts.target_stats, strict=True)):
-        if fd is None or st is None or txn.temps[o] is None or o in adopted:
+        if fd is None or st is None or txn.temps[o] is None or o in txn.prep.plan.adopted:
             continue
         undo.apply_owner_mode(fd, st.st_mode, st.st_uid, st.st_gid)
 
@@ -250,12 +249,10 @@ class _Run:
                 and (dst_off is None or dst_off == (self.dst_off or 0) + self.n))
 
 
-def _copy_run(txn: Txn, fd: int, run: _Run, copied: dict[tuple[int, int], FileBackedData]
-              ) -> None:
+def _copy_run(txn: Txn, fd: int, run: _Run, copied: dict[tuple[int, int], FileBackedData]) -> None:
     src = _source_fd(txn, run.data)
     with _as_change(txn, run.data):
-        transfer.copy_range(src, fd, run.src_off, run.dst_off, run.n, txn.counters,
-                            txn.advance)
+        transfer.copy_range(src, fd, run.src_off, run.dst_off, run.n, txn.counters, txn.advance)
     ident = run.data.identity
     copied.setdefault((ident.dev, ident.ino), run.data)
 
@@ -279,8 +276,7 @@ def _clone_or_copy(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -
         if not is_clone_refusal(exc):
             raise
         log.info("clone of %s refused (%s); copying", piece.path, exc)
-        transfer.copy_range(src, fd, piece.offset, act.out_offset, n, txn.counters,
-                            txn.advance)
+        transfer.copy_range(src, fd, piece.offset, act.out_offset, n, txn.counters, txn.advance)
         return replace(act, action="copied", tail=0, tail_reason=None,
                        reason=CLONE_REFUSED if txn.prep.plan.consume else None)
     txn.advance(body)

@@ -218,8 +218,7 @@ def _run(
         raise ValueError("durable=False is for copy saves only: a consuming save deletes its "
                          "sources, so its outputs must be on disk first")
     start = time.perf_counter()
-    prep = _prepare(items, consume=consume, window=window, in_place=in_place,
-                    discard=discard)
+    prep = _prepare(items, consume=consume, window=window, in_place=in_place, discard=discard)
     plan = prep.plan  # from here on, consume and the window are the plan's
     txn = Txn(prep, _names.new_token(), progress, durable=durable)
     txn.removals, skipped, given = _removals(prep, remove)
@@ -299,8 +298,7 @@ def _execute(txn: Txn) -> None:
     fill.fill(txn)
     txn.to(Stage.FILLED)
     fill.finish_modes(txn)
-    # Direct outputs are never renamed: several renames need a journal to finish them, and so
-    # do the steps after the commit point (a discard output, a removal).
+    # Only where a crash needs it (the theory's step 3); direct outputs are never renamed.
     if (p.moves or p.consumed or txn.removals or any(o.discard for o in p.outputs)
             or sum(not o.direct for o in p.outputs) > 1):
         begin.park_sources(txn, begin.write_journal(txn))
@@ -385,8 +383,6 @@ def _commit(txn: Txn) -> None:
     record = txn.record
     if record is not None and txn.journal_path is not None:
         seen = looks.check(txn)  # the last look, just before the commit point
-        # COMMITTED once fsynced; a failed write or fsync leaves it MOVING and the failure
-        # path writes its own step over this one.
         begin.append_step(txn, journal.encode_committed(seen), Stage.COMMITTED)
         fd, txn.journal_fd = txn.journal_fd, None
         if fd is not None:  # its records are all fsynced: a close error is raised

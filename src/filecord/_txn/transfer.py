@@ -92,8 +92,7 @@ def copy_range(
     src: int, dst: int, src_off: int, dst_off: int | None, n: int, c: Counters,
     progress: Progress = lambda _n: None, *, kind: Tally = "copied",
 ) -> None:
-    """Copy ``n`` bytes completely, at ``dst_off`` or (None) appended to a stream; ``kind``
-    is the tally they count in."""
+    """Copy ``n`` bytes completely, at ``dst_off`` or (None) appended to a stream."""
     done = 0
     while done < n:
         size = min(SEGMENT, n - done)
