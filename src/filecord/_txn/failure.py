@@ -177,11 +177,11 @@ def _finish(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row FINISH: after the commit point nothing is undone; recover finishes (or, without a
     journal, the one rename was the commit and only its directory's fsync failed)."""
     _close(txn, notes)
+    drop_locks(txn, remove=txn.journal_path is None)  # a journal's are recover's to remove
     if txn.journal_path is not None:
         # RENAMED: every output is under its final name, so the save succeeded and only its
         # clean-up did not (``committed``: the CLI exits 0 with this as a warning).
         renamed = txn.stage is Stage.RENAMED
-        drop_locks(txn, remove=False)
         left = ("every output is complete under its final name; run `filecord recover {}` to "
                 "remove what is left of the consumed sources and the journal" if renamed else
                 "the outputs are complete; run `filecord recover {}` to finish moving them to "
@@ -191,7 +191,6 @@ def _finish(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
             "failed after its commit point"
         _raise(f.exc, f"saving {f.names} {what}", notes, journal_path=txn.journal_path,
                committed=renamed)
-    drop_locks(txn, remove=True)
     notes.append(f"{f.names} holds the complete new content, but syncing its directory "
                  "failed: after a power loss the old file may come back")
     _raise(f.exc, f"saving {f.names} failed after the rename", notes)
