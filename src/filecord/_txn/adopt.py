@@ -139,7 +139,6 @@ def check_at_commit(txn: Txn, o: int, st: os.stat_result) -> None:
 
 
 def take_owner_modes(txn: Txn, record: journal.Journal) -> None:
-    """Past the commit point: each adopted file takes the replaced file's owner and mode."""
     for o in txn.prep.plan.adopted:
         jout = record.outputs[o]
         undo.apply_owner_mode_at(record.temp(o), jout.dev, jout.ino, jout.mode, jout.uid, jout.gid)

@@ -61,7 +61,6 @@ def block_of(p: SavePlan, dev: int) -> int:
 
 
 def finish_modes(txn: Txn) -> None:
-    """Give each complete temp the replaced file's owner, group and exact mode."""
     for o, (fd, st) in enumerate(zip(txn.fds, txn.prep.facts.target_stats, strict=True)):
         if fd is None or st is None or txn.temps[o] is None or o in txn.prep.plan.adopted:
             continue
