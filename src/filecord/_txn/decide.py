@@ -25,10 +25,9 @@ its records check** (SQLite's rule: a journal that checks is played back).
   proves the commit point was passed: ``assess.renamed``).  What neither proves is refused as
   damage, naming the files, never blamed on another process.
 
-The failure path (``failure.fail``) and ``recover`` both ask :func:`decide` and branch on
-nothing else: the stage from the stage machine (``stages``), the finding from the assessment
-(``assess``).  Every ``recover`` result is a row (journal-less saves, held, damaged, missing
-or foreign locks included); its word is the row's action's (:data:`OUTCOME`).
+The failure path and ``recover`` branch on :func:`decide` alone (the stage from ``stages``,
+the finding from ``assess``); every ``recover`` result is a row, reported by its word
+(:data:`OUTCOME`).
 
 Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault point)
 -------------------------------------------------------------------------------------
@@ -128,8 +127,7 @@ OUTCOME: dict[Action, Outcome] = {
 _UNDOABLE = (Stage.JOURNALED, Stage.MOVING)
 _BEFORE_JOURNAL = (Stage.CREATED, Stage.FILLED)
 _AFTER_COMMIT = (Stage.COMMITTED, Stage.RENAMED)
-# recover's stages: CREATED is a save without a journal (none made durable), MOVING one whose
-# last step is ``journaled`` or ``moving`` (or whose records do not check)
+# recover's stages: CREATED a save without a journal, MOVING one at ``journaled`` or ``moving``
 _RECOVERED = (Stage.CREATED, Stage.MOVING, Stage.ROLLING_BACK, Stage.COMMITTED, Stage.HELD)
 
 # The one table.  Rows not listed are impossible; :func:`decide` raises for them.
@@ -142,9 +140,8 @@ TABLE: dict[tuple[Actor, Stage, Found], Action] = {
     (Actor.SAVE, Stage.ROLLING_BACK, Found.UNREADABLE): Action.KEEP,  # the undo itself failed
     **{(Actor.SAVE, s, Found.AS_LEFT): Action.FINISH for s in _AFTER_COMMIT},
     (Actor.SAVE, Stage.DONE, Found.AS_LEFT): Action.COMPLETE,
-    # recover: a crashed save's stage is its journal's last step that checks (MOVING covers
-    # "journaled"; a save whose outputs are under their final names is past COMMITTED, lost
-    # step or not: ``assess.renamed``)
+    # recover (a save whose outputs are under their final names is past COMMITTED, lost step
+    # or not: ``assess.renamed``)
     (Actor.RECOVER, Stage.CREATED, Found.AS_LEFT): Action.DISCARD,
     (Actor.RECOVER, Stage.MOVING, Found.AS_LEFT): Action.ROLL_BACK,
     (Actor.RECOVER, Stage.ROLLING_BACK, Found.AS_LEFT): Action.ROLL_BACK,
