@@ -148,10 +148,7 @@ def assess(j: Journal, records: Records, seen: Observed) -> Assessment:
 
 def _running(j: Journal, r: Records, seen: Observed) -> Assessment:
     exc = r.during
-    if exc is not None:
-        # Bytes were being moved out of the changed file.  A new hard link or a ctime alone
-        # (chmod, chattr) changed no byte: recover may put the bytes back.  A write, append or
-        # truncate did: hold the journal.
+    if exc is not None:  # bytes were being moved out of the changed file
         found = of_change(exc)
         return Assessment(found, exc, why="a source changed under the move, so nothing was put "
                           "back over it: the journal and temps are kept" +
@@ -191,8 +188,7 @@ def _crashed(j: Journal, r: Records, seen: Observed) -> Assessment:
         err = RecoverError(seen.unreadable)
         return Assessment(Found.UNREADABLE, err, why=f"{err}; {KEPT_WHY}")
     # Every refusal an action can meet is decided here, before its first change.  A token
-    # file the journal does not name may hold a source's moved bytes: no action may touch its
-    # save (what a journal may touch is the trust rule's untrusted half).
+    # file the journal does not name may hold a source's moved bytes: nothing is touched.
     lost = unaccounted(j, seen)
     if lost is not None:
         return Assessment(Found.UNREADABLE, lost, why=f"{lost}; {KEPT_WHY}")
@@ -286,9 +282,8 @@ def _adopted(j: Journal, s: JournalSource, f: SourceFacts, *,
 
 
 def check_temps(j: Journal, seen: Observed) -> OSError | None:
-    """Every temp a cut source's bytes went to is there at its journaled inode and reaches
-    their end (temps are sized before the first move): else another process removed or cut
-    it, and a rollback would stop part way."""
+    """Every temp a cut source's bytes went to is there and reaches their end (temps are sized
+    before the first move), or a rollback would stop part way."""
     for s, f in zip(j.sources, seen.sources, strict=True):
         if s.adopt or f.parked is None or f.parked.size == s.size:
             continue
@@ -326,8 +321,8 @@ def unaccounted(j: Journal, seen: Observed) -> RecoverError | None:
 
 
 def token_files(j: Journal) -> tuple[str, ...]:
-    """List the save's directories (and its sources'): the temps and parked sources there
-    carrying its token, whatever the journal says."""
+    """The temps and parked sources carrying the token in the save's and its sources'
+    directories, whatever the journal says."""
     dirs = dict.fromkeys([*j.directories(), *(os.path.dirname(s.path) for s in j.sources)])
     return tuple(os.path.join(d, name) for d in dirs for name in sorted(_sys.listdir(d))
                  if (p := _names.parse(name)) is not None and p[0] == j.token

@@ -35,8 +35,7 @@ Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault 
    in a temp, at every instant, even after a crash that loses every unsynced write: a window
    is fsynced in the temps and its ``cut`` step in the journal before it is cut, a ``moving``
    step only after the source's last cut is fsynced, a put-back fsynced before the temp lets
-   go.
-   Tests: tests/sweeps/test_power_cuts.py, tests/sweeps/test_fault_points.py,
+   go.  Tests: tests/sweeps/test_power_cuts.py, tests/sweeps/test_fault_points.py,
    tests/sweeps/test_fsync_order.py.
 2. The final name holds its old content or the complete new file, never a mix (one rename per
    output after the commit point).  Tests: tests/sweeps/test_kill_points.py,
@@ -66,14 +65,12 @@ Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault 
    Tests: tests/sweeps/test_recover_acts_on_proof.py (Ctrl-C after completion),
    tests/sweeps/test_looks_order_and_records.py, tests/txn/test_recover_completed_save.py,
    tests/txn/test_finish_and_rollback_decisions.py.
-9. An adopted source (renamed onto its output's temp, in place: space inserted in front of it,
-   the rest of the output written around it) is only ever at a size its adoption leaves: its
-   own, or at least its own plus the inserted space; the undo judges from that size alone
-   (truncate, collapse, times, rename back) and any other size is CHANGED, never cut.  The
-   space is fsynced before a byte lands in it.  Tests: tests/unit/txn/test_assess.py (the
-   adopted rows), tests/unit/txn/test_log.py, tests/fsmatrix/test_adopt_in_place.py, and the
-   ``inplace`` scenario of tests/sweeps/test_kill_points.py, test_fault_points.py and
-   test_power_cuts.py.
+9. An adopted source is only ever at a size its adoption leaves: its own, or at least its own
+   plus the space inserted in front of it (fsynced before a byte lands in it); the undo judges
+   from that size alone and any other size is CHANGED, never cut.  Tests:
+   tests/unit/txn/test_assess.py (the adopted rows), tests/unit/txn/test_log.py,
+   tests/fsmatrix/test_adopt_in_place.py, and the ``inplace`` scenario of
+   tests/sweeps/test_kill_points.py, test_fault_points.py and test_power_cuts.py.
 """
 
 from __future__ import annotations

@@ -388,7 +388,15 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
     """The head record, the whole lines after the magic line, whether a torn tail follows,
     and the offset of the first of those lines."""
     lines, torn = split_lines(data)
-    _refuse_another_version(data)
+    # A magic line naming another version is refused naming it, whatever the records after it
+    # say (a later version may keep this layout, and is never played back as this one); a flip
+    # that turns the digit into another is refused alike, touching nothing.
+    version = lines[0].removeprefix(b"filecord-journal ") if lines else b""
+    if version.isdigit() and int(version) != VERSION:
+        raise JournalVersionError(
+            f"the journal was written by {'an older' if int(version) < VERSION else 'another'} "
+            f"filecord (journal version {int(version)}): recover it with the filecord that "
+            "wrote it")
     start = 0
     # The magic line itself damaged: the checksum, not the position, says it is no record.
     if lines and (data.startswith(MAGIC) or _unframed(lines[0]) is None):
@@ -409,19 +417,6 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
         "the journal is damaged: no copy of its head record checks out ("
         + "; ".join(problems or ["empty"]) + ")"
     )
-
-
-def _refuse_another_version(data: bytes) -> None:
-    """A magic line naming another version is refused naming it, whatever the records after
-    it say: a later version may keep this one's record layout, and is never played back as
-    this one.  A flip that turns the digit into another is refused alike (touching nothing)."""
-    line = data.split(b"\n", 1)[0]
-    version = line.removeprefix(b"filecord-journal ")
-    if len(line) < len(data) and version.isdigit() and int(version) != VERSION:
-        raise JournalVersionError(
-            f"the journal was written by {'an older' if int(version) < VERSION else 'another'} "
-            f"filecord (journal version {int(version)}): recover it with the filecord that "
-            "wrote it")
 
 
 def decode(data: bytes) -> Journal:
@@ -469,8 +464,8 @@ def read_log(data: bytes, *, intact_prefix: bool = False) -> Log:
 def _steps(j: Journal, records: tuple[dict[str, object], ...]) -> Log:
     """What the steps after the head say (moves finished, inserts done, cuts, last looks, the
     last stage), each field checked against the head: one out of range is damage."""
-    moved_keys = [(s.dev, s.ino) for s in j.moved()]
     sources = {(s.dev, s.ino): s for s in j.sources}
+    movers = {(s.dev, s.ino): s for s in j.moved()}
     moved = 0
     inserted: set[tuple[int, int]] = set()
     cuts: dict[tuple[int, int], tuple[int, ...]] = {}
@@ -482,16 +477,14 @@ def _steps(j: Journal, records: tuple[dict[str, object], ...]) -> Log:
             stage = Stage.MOVING
         elif "cut" in rec:
             dev, ino, size = (_a(int, v) for v in _a(list, rec["cut"]))
-            was = cuts.get((dev, ino), ())
-            s = sources.get((dev, ino))
-            if (dev, ino) not in moved_keys or s is None or not (
-                    s.run_start <= size < (was[-1] if was else s.size)):
+            was, s = cuts.get((dev, ino), ()), movers.get((dev, ino))
+            if s is None or not s.run_start <= size < (was[-1] if was else s.size):
                 raise ValueError(f"a cut of ({dev}, {ino}) to {size} no move of it makes")
             cuts[(dev, ino)] = (*was, size)
         elif stage is Stage.MOVING:
             moved = max(moved, _a(int, rec["moved"]))
-            if moved > len(moved_keys):
-                raise ValueError(f"{moved} moves finished of {len(moved_keys)}")
+            if moved > len(movers):
+                raise ValueError(f"{moved} moves finished of {len(movers)}")
             if "inserted" in rec:
                 dev, ino = (_a(int, v) for v in _a(list, rec["inserted"]))
                 s = sources.get((dev, ino))
