@@ -251,8 +251,7 @@ def stage_of(record: Step) -> Stage:
 
 
 def unframe(line: bytes) -> dict[str, object]:
-    """The step of one record line (without its newline); ValueError if it does not check:
-    wrong length, wrong checksum, not JSON, not a step of a recorded stage."""
+    """The step of one record line (without its newline); ValueError if it does not check."""
     if len(line) < 42 or line[8:9] != b" " or line[41:42] != b" ":
         raise ValueError("not a record")
     length, digest, payload = line[:8], line[9:41], line[42:]
@@ -313,10 +312,9 @@ def _overlong(line: bytes) -> bool:
 
 
 def replay(lines: list[bytes], *, torn_tail: bool, after: Stage | None = None) -> Replay:
-    """WAL replay of whole record lines: stop at the first that does not check; it is damage
-    when a later line checks or it runs into a record that followed it, else the torn tail.
-    The steps that check must follow each other as the stage table allows (from ``after``,
-    the stage of the records before these, if any): a succession no save writes is damage."""
+    """WAL replay of whole record lines: stop at the first that does not check, damage when a
+    later line checks or it runs into the next record, else the torn tail.  The steps must
+    follow each other (from ``after``, the stage before them) as the stage table allows."""
     records: list[dict[str, object]] = []
     for n, line in enumerate(lines, start=1):
         try:
@@ -557,7 +555,9 @@ def _clean(path: str) -> bool:
 
 
 def _unconfined(j: Journal, journal_path: str) -> Iterator[str]:
-    """Why the head reaches beyond its save, first reason first (see :func:`confine`)."""
+    """Why the head reaches beyond its save, first reason first: a path not absolute and
+    normalised, an index or range out of bounds, a token not its name's, the journal away from
+    its first output's directory (resolved)."""
     parsed = _names.parse(os.path.basename(journal_path))
     if parsed is None or parsed[0] != j.token:
         yield "the record's token is not the one in its name"
@@ -604,9 +604,7 @@ def _unconfined(j: Journal, journal_path: str) -> Iterator[str]:
 
 
 def confine(j: Journal, journal_path: str) -> None:
-    """Refuse a head that could reach beyond its save: every path absolute and normalised,
-    indexes and ranges in bounds, the token the one in the journal's name, the journal in its
-    first output's directory (resolved)."""
+    """Refuse a head that could reach beyond its save (:func:`_unconfined` says why)."""
     why = next(_unconfined(j, journal_path), None)
     if why is not None:
         raise JournalDamagedError(f"{journal_path}: {why}")
