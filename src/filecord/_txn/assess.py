@@ -101,7 +101,8 @@ class Records:
     cuts: Mapping[Key, tuple[int, ...]] = field(default_factory=dict)  # ``journal.Log.cuts``
     looks: Mapping[Key, Look] = field(default_factory=dict)
     during: DataChangedError | None = None  # the change a running save saw mid-move
-    cause: BaseException | None = None  # why a running save stopped
+    cause: BaseException | None = None  # why a running save stopped (the context of a change
+    # found since its last look, raised in its place)
 
 
 # --- the judgement --------------------------------------------------------------------------

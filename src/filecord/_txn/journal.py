@@ -167,8 +167,7 @@ class Journal:
     window: int
     outputs: tuple[JournalOutput, ...]
     sources: tuple[JournalSource, ...]
-    # Files the commit removes (:class:`JournalRemoval`), in order.
-    removals: tuple[JournalRemoval, ...] = ()
+    removals: tuple[JournalRemoval, ...] = ()  # unlinked at the commit, in order
 
     def temp(self, o: int) -> str:
         """Output ``o``'s temp path (derived, never stored)."""
