@@ -192,10 +192,7 @@ def recover_all(lay: Layout) -> str:
 
 
 @pytest.mark.slow
-def test_every_flip_and_truncation_of_a_mid_move_journal(ram_path: Path) -> None:
-    """On tmpfs: the sweep judges recover's reading of ~6,000 damaged journals, each in a
-    copy of one crashed tree (consume3 makes the same calls there as on ext4)."""
-    tmp_path = ram_path
+def test_every_flip_and_truncation_of_a_mid_move_journal(tmp_path: Path) -> None:
     calls = trace_save(SPEC, tmp_path / "trace")
     template = crashed(tmp_path, "template", kill_point(calls, mid_move))
     snap = template.snapshot()
