@@ -398,3 +398,39 @@ def test_a_parked_source_cut_below_its_kept_prefix_during_recover_is_refused(
     assert not a.exists()
     assert len(named(tmp_path, _names.JOURNAL)) == 1
     assert len(named(tmp_path, _names.TEMP)) == 1
+
+
+def test_a_file_adopted_in_place_cut_and_rewritten_before_the_commit_is_held(
+        tmp_path: Path) -> None:
+    """Another process cuts a file adopted in place back to the inserted space and writes
+    its own bytes to the output's full length before the commit: size and times cannot tell
+    that from the save's writes, the blocks can.  The save stops with a DataChangedError, the
+    journal kept (held), and nothing is published under the final name."""
+    blob = tmp_path / "blob.bin"
+    data = pattern(3 * W + 3, "s")
+    blob.write_bytes(data)
+    length = W + len(data) + 10
+
+    class RewriteBeforeTheCommit(_sys.Backend):
+        inserted = False
+        fsyncs = 0
+
+        def hook(self, op: str, args: tuple[Any, ...]) -> None:
+            if op == "insert_range" and isinstance(args[0], int):
+                self.inserted = os.readlink(f"/proc/self/fd/{args[0]}").endswith(_names.TEMP)
+            elif op == "fsync" and self.inserted and os.readlink(
+                    f"/proc/self/fd/{args[0]}").endswith(_names.TEMP):
+                self.fsyncs += 1
+                if self.fsyncs == 2:  # the temps' last fsync before the commit point
+                    os.ftruncate(args[0], W)
+                    os.pwrite(args[0], b"Z" * (length - W), W)
+
+    backend = RewriteBeforeTheCommit()
+    with _sys.use(backend), pytest.raises(DataChangedError) as info:
+        save(tmp_path / "out.bin", Cord([b"H" * W, FileBackedData(blob, owned=True),
+                                         b"T" * 10]), consume=True)
+    if not backend.inserted:
+        pytest.skip("no range inserted here: the source was not adopted in place")
+    assert "blocks adopted" in str(info.value)
+    assert not (tmp_path / "out.bin").exists()
+    assert len(named(tmp_path, _names.JOURNAL)) == 1
