@@ -434,3 +434,28 @@ def test_a_file_adopted_in_place_cut_and_rewritten_before_the_commit_is_held(
     assert "blocks adopted" in str(info.value)
     assert not (tmp_path / "out.bin").exists()
     assert len(named(tmp_path, _names.JOURNAL)) == 1
+
+
+def test_the_saves_own_finish_keeps_a_source_written_after_its_last_look(
+        tmp_path: Path) -> None:
+    """Past the commit point the save itself deletes only parked sources still as it last
+    saw them: one another process appended to after the ``committed`` step is kept under its
+    own name and the save raises a committed DataChangedError saying so (the outputs are
+    complete), while the unchanged one is deleted."""
+    cord = _cord(tmp_path)
+
+    class AppendAfterTheCommit(_sys.Backend):
+        def hook(self, op: str, args: tuple[Any, ...]) -> None:
+            if op == "rename" and str(args[1]) == str(tmp_path / "out.bin"):
+                (pb,) = [p for p in named(tmp_path, _names.SOURCE)
+                         if p.name.startswith(".b.bin.")]
+                with open(pb, "ab") as f:
+                    f.write(b"NEW")
+
+    with _sys.use(AppendAfterTheCommit()), pytest.raises(DataChangedError) as info:
+        save(tmp_path / "out.bin", cord, consume=True, window=W)
+    assert info.value.committed
+    assert (tmp_path / "out.bin").read_bytes() == b"hdr" + A + B
+    assert (tmp_path / "b.bin").read_bytes() == b"NEW"  # kept, its name back
+    assert not (tmp_path / "a.bin").exists()
+    assert sorted(os.listdir(tmp_path)) == ["b.bin", "out.bin"]
