@@ -381,3 +381,25 @@ def test_the_parked_names_are_durable_before_the_first_cut(tmp_path: Path) -> No
                    for c in calls if p.index < c.index < first_cut), (
             f"{p.args[1]}: parked at call {p.index}, not durable before the first cut "
             f"(call {first_cut})")
+
+
+def test_every_cut_follows_its_durable_cut_step(tmp_path: Path) -> None:
+    """Each truncate of a parked source comes after the journal's ``cut`` step naming that
+    very size is appended and fsynced: recover reads how far a move got from the log, so no
+    source may be at a size the log does not name."""
+    tracer = _Writes()
+    a, b = _consume(tmp_path, tracer)
+    assert (tmp_path / "out.bin").read_bytes() == a + b
+    calls = tracer.calls
+    cuts = [c for c in calls if c.op == "ftruncate" and c.path.endswith(_names.SOURCE)]
+    assert len(cuts) == 5
+    for cut in cuts:
+        steps = [c for c in calls if c.index < cut.index and c.index in tracer.data]
+        last = steps[-1]
+        # (the journal's first write is its magic line and head: its last line is a record)
+        record = journal.unframe(tracer.data[last.index].rstrip(b"\n").split(b"\n")[-1])
+        assert record.get("cut", [None])[-1] == cut.args[1], (  # type: ignore[index]
+            f"call {cut.index}: cut to {cut.args[1]} after the record {record}")
+        assert any(c.op == "fsync" and c.args[0] == last.args[0]
+                   for c in calls if last.index < c.index < cut.index), (
+            f"call {cut.index}: its cut step (call {last.index}) not fsynced before it")
