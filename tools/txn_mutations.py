@@ -237,15 +237,15 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      '            pass',
      ['tests/sweeps/test_power_cuts.py::test_power_cut_during_recover']),
     ("a window's cut step appended after its truncate (audit 3 A02)", 'transfer.py',
-     '        log_cut(lo)  # before the check: nothing but the check may stand before the cut\n        _check_unchanged(src, m, pos, seen, None)\n        seen = _cut(src, m, lo, seen, looks)\n',  # noqa: E501
-     '        _check_unchanged(src, m, pos, seen, None)\n        seen = _cut(src, m, lo, seen, looks)\n        log_cut(lo)\n',  # noqa: E501
+     '        log_cut(lo)  # before the check: nothing but the check may stand before the cut\n        _check_unchanged(src, m, pos, seen, None)\n        looks[m.key] = (seen, lo)  # the size in flight, for the failure path\n        _sys.ftruncate(src, lo)\n',  # noqa: E501
+     '        _check_unchanged(src, m, pos, seen, None)\n        looks[m.key] = (seen, lo)  # the size in flight, for the failure path\n        _sys.ftruncate(src, lo)\n        log_cut(lo)\n',  # noqa: E501
      ['tests/sweeps/test_fsync_order.py::test_every_cut_follows_its_durable_cut_step']),
     ("a moved source's last cut not fsynced before its moving mark (audit 3 A03)", 'save.py',
      '        txn.counters.fsync(fd)\n        begin.append_step(txn, journal.encode_moving(txn.moves_done))',  # noqa: E501
      '        begin.append_step(txn, journal.encode_moving(txn.moves_done))',
      ['tests/sweeps/test_fsync_order.py::test_a_source_is_fsynced_after_its_last_cut_before_its_moved_record']),
     ("the temps' directories not fsynced before the journal is named (audit 3 A04)", 'begin.py',
-     '    txn.counters.fsyncs += _sys.fsync_parents([pending, *temps])',
+     '    txn.counters.fsyncs += _sys.fsync_parents([pending, *filter(None, txn.temps)])',
      '    pass',
      ['tests/sweeps/test_fsync_order.py::test_every_temps_name_is_durable_before_the_journals_name']),
     ('the parked names not made durable before the first cut (audit 3 A05)', 'begin.py',
@@ -325,8 +325,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      '            pass',
      ['tests/txn/test_adoption_killed_and_recovered.py::test_kill_during_in_place_adoption_rolls_back']),
     ('cut steps of a source allowed to go up (audit 3 A27)', 'journal.py',
-     '                    s.run_start <= size < (was[-1] if was else s.size)):',
-     '                    s.run_start <= size <= s.size):',
+     'not s.run_start <= size < (was[-1] if was else s.size):',
+     'not s.run_start <= size <= s.size:',
      ['tests/unit/txn/test_log.py::test_a_step_no_save_writes_is_damage_even_last']),
     ('steps in an order the stage table forbids let through (audit 3 A28)', 'journal.py',
      '        if prev is not None and not may_follow(prev, now):',
@@ -357,8 +357,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      '    if True:',
      ['tests/txn/test_finish_and_rollback_decisions.py::test_the_saves_own_finish_keeps_a_source_written_after_its_last_look']),
     ("a kept journal's lock files removed (audit 3 A38)", 'failure.py',
-     '    _close(txn, notes)\n    drop_locks(txn, remove=False)\n    record, path = _journaled(txn)',  # noqa: E501
-     '    _close(txn, notes)\n    drop_locks(txn, remove=True)\n    record, path = _journaled(txn)',
+     '    _close(txn, notes)\n    drop_locks(txn, remove=False)\n    record, path = journaled(txn)',
+     '    _close(txn, notes)\n    drop_locks(txn, remove=True)\n    record, path = journaled(txn)',
      ['tests/txn/test_finish_and_rollback_decisions.py::test_the_kind_of_a_change_mid_move_decides_what_recover_does']),
     ('row HOLD without its held step (audit 3 A39)', 'failure.py',
      '        begin.append_step(txn, journal.step(Stage.HELD), Stage.HELD)',
