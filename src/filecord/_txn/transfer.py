@@ -310,9 +310,9 @@ def _restore_window(src: int, m: MoveSource, segs: Sequence[tuple[int, int, Piec
         copy_range(tfd, src, at, a, n, c, kind="restored")
     c.fsync(src)
     for tfd, at, _a, n in held:
-        try:  # frees disk early only: the temp is unlinked right after the rollback
-            if _sys.fstat(tfd).st_nlink <= 1:  # a temp another name links to is not ours
-                _sys.punch_hole(tfd, at, n)
+        try:  # frees disk early only: the temp is unlinked right after the rollback (one
+            # another name links to is open read-only, ``undo.open_own``: the punch fails)
+            _sys.punch_hole(tfd, at, n)
         except OSError as exc:  # noqa: PERF203 - best effort, each range
             log.debug("punch_hole refused (%s); the temp keeps its copy until removed", exc)
 

@@ -49,7 +49,20 @@ def same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
         st.st_mode) else None
 
 
-def open_same(path: str, dev: int, ino: int, flags: int) -> int:
+def open_own(path: str, dev: int, ino: int) -> tuple[int, bool]:
+    """The one door to every write of a rollback and of recover: ``path`` opened read-write,
+    and True, only where that name is the inode's one link; else read-only, and False (never
+    written).  A token name may be a hard link to any file on the file system, and a forged
+    journal can record that file's identity: a file only the save's token name reaches is
+    no one else's."""
+    fd, st = _open_proven(path, dev, ino, os.O_RDWR)
+    if st.st_nlink == 1:
+        return fd, True
+    _sys.close(fd)
+    return _open_proven(path, dev, ino, os.O_RDONLY)[0], False
+
+
+def _open_proven(path: str, dev: int, ino: int, flags: int) -> tuple[int, os.stat_result]:
     """Open ``path`` (no symlink followed) and prove through the descriptor that it is the
     inode (dev, ino): an ``lstat`` before ``open`` leaves a window to swap the name."""
     fd = _sys.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
@@ -60,7 +73,7 @@ def open_same(path: str, dev: int, ino: int, flags: int) -> int:
     except BaseException:
         _sys.close(fd)
         raise
-    return fd
+    return fd, st
 
 
 def _open_temps(j: Journal) -> list[int | None]:
@@ -71,7 +84,7 @@ def _open_temps(j: Journal) -> list[int | None]:
             if out.direct or same_file(j.temp(o), out.dev, out.ino) is None:
                 fds.append(None)
             else:
-                fds.append(open_same(j.temp(o), out.dev, out.ino, os.O_RDWR))
+                fds.append(open_own(j.temp(o), out.dev, out.ino)[0])
     except BaseException:
         _close_all(fds)
         raise
@@ -108,35 +121,54 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
             raise DataChangedError(s.path, expected_size=s.size, found_size=st.st_size,
                                    reason="changed by another process before the save moved it")
         return 0
-    fd = open_same(at, s.dev, s.ino, os.O_RDWR)
+    fd, own = open_own(at, s.dev, s.ino)
     try:
         if s.adopt:
-            length = j.outputs[s.dests[0].output].length
-            if s.inserted or length != s.size:  # adopted in place: the output was built on it
-                _unadopt(fd, at, s, length, c, inserted=inserted)
-            _sys.fchmod(fd, stat_mod.S_IMODE(s.mode))
+            copied = _unadopt(fd, at, s, j.outputs[s.dests[0].output].length, c, own=own,
+                              inserted=inserted)
         else:
-            size = _sys.fstat(fd).st_size
-            if not s.run_start <= size <= s.size:
-                raise DataChangedError(at, expected_size=s.size, found_size=size,
-                                       reason="outside the range a move of this save leaves")
-            if size < s.size:
-                transfer.restore_source(fd, s.as_move(), temps, j.window, c, dense=s.dense)
-            # Whole with another mtime is this undo's own restore, stopped before this
-            # futimens: ``check_strict`` refuses anyone else's rewrite before ``rolling back``.
-            _sys.futimens(fd, s.atime_ns, s.mtime_ns)
-            c.fsync(fd)
+            copied = _unpark(fd, at, s, temps, j.window, c, own=own)
     finally:
         _sys.close(fd)
-    _name_back(at, s.path)
+    if copied:  # the other name keeps the inode as it was; only the token name goes
+        _sys.unlink(at)
+        _sys.fsync_parents([s.path, at])
+    else:
+        _name_back(at, s.path)
     return 1
 
 
+def _unpark(fd: int, at: str, s: JournalSource, temps: list[int | None], window: int,
+            c: transfer.Counters, *, own: bool) -> bool:
+    """Give a parked source its moved bytes back, in place where ``own``, else in a new file
+    (:func:`_copy_out`; True: named)."""
+    size = _sys.fstat(fd).st_size
+    if not s.run_start <= size <= s.size:
+        raise DataChangedError(at, expected_size=s.size, found_size=size,
+                               reason="outside the range a move of this save leaves")
+
+    def restore(to: int) -> None:
+        if to != fd:  # a new file: the kept prefix first
+            transfer.copy_range(fd, to, 0, 0, size, c, kind="restored")
+        transfer.restore_source(to, s.as_move(), temps, window, c, dense=s.dense)
+
+    if not own:  # whole: named back as it is, nothing written
+        return size < s.size and _copy_out(fd, at, s, c, restore)
+    if size < s.size:
+        restore(fd)
+    # Whole with another mtime is this undo's own restore, stopped before this futimens:
+    # ``check_strict`` refuses anyone else's rewrite before ``rolling back``.
+    _sys.futimens(fd, s.atime_ns, s.mtime_ns)
+    c.fsync(fd)
+    return False
+
+
 def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Counters, *,
-             inserted: bool) -> None:
+             own: bool, inserted: bool) -> bool:
     """Give an adopted source at its output's temp back its own bytes (the save never writes
     its blocks), judged from the temp's size (``JournalSource.adopted_size``): past the source
-    and its inserted space, truncate; then collapse the space; its times back, fsynced."""
+    and its inserted space, truncate; then collapse the space; its times and mode back,
+    fsynced.  Not ``own``: copied out instead (:func:`_copy_out`; True: named)."""
     size = _sys.fstat(fd).st_size
     if not s.adopted_size(size, length, inserted=inserted):
         raise DataChangedError(temp, expected_size=s.size + s.inserted, found_size=size,
@@ -148,13 +180,49 @@ def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Coun
         # source's are another process's append.
         raise DataChangedError(temp, expected_size=s.size, found_size=size,
                                reason=s.adopted_change(size, length, inserted=inserted))
-    if size > s.size:
-        if size > s.size + s.inserted:
-            _sys.ftruncate(fd, s.size + s.inserted)
-        if s.inserted:
-            _sys.collapse_range(fd, 0, s.inserted)
+    at = s.inserted if size > s.size else 0  # where the source's bytes begin
+    if not own:  # untouched (its own size): named back as it is, nothing written
+        return size != s.size and _copy_out(fd, temp, s, c, lambda new: transfer.copy_range(
+            fd, new, at, 0, s.size, c, kind="restored"))
+    if size > s.size + s.inserted:
+        _sys.ftruncate(fd, s.size + s.inserted)
+    if at:
+        _sys.collapse_range(fd, 0, at)
     _sys.futimens(fd, s.atime_ns, s.mtime_ns)
+    _sys.fchmod(fd, stat_mod.S_IMODE(s.mode))
     c.fsync(fd)
+    return False
+
+
+def _copy_out(fd: int, at: str, s: JournalSource, c: transfer.Counters,
+              fill: Callable[[int], object]) -> bool:
+    """Build ``s``'s bytes (``fill``) in a new file, fsynced, then named ``s.path``: the inode
+    at ``at`` has another name, whose file is never written.  It gets that inode's owner and
+    mode, never set-id bits (a forged journal can name any inode), and the journaled times.
+    One already named (before a stop: ``s.path`` at ``s``'s size and mtime) is not rebuilt."""
+    there = _there(s.path)
+    if there is not None and stat_mod.S_ISREG(there.st_mode) and (
+            there.st_size, there.st_mtime_ns) == (s.size, s.mtime_ns):
+        return True
+    new = _sys.open_unnamed(os.path.dirname(s.path))
+    if new is None:
+        raise RecoverError(f"{at} has another hard link, and this file system makes no "
+                           f"unnamed file to rebuild {s.path} in; nothing was written")
+    try:
+        fill(new)
+        st = _sys.fstat(fd)
+        apply_owner_mode(new, st.st_mode & ~(stat_mod.S_ISUID | stat_mod.S_ISGID),
+                         st.st_uid, st.st_gid)
+        _sys.futimens(new, s.atime_ns, s.mtime_ns)
+        c.fsync(new)
+        try:
+            _sys.link_fd(new, s.path)
+        except FileExistsError:
+            raise RecoverError(f"{s.path} is now another file; the original bytes are kept "
+                               f"at {at} and in the temps") from None
+    finally:
+        _sys.close(new)
+    return True
 
 
 def _name_back(src: str, dst: str) -> None:
@@ -352,11 +420,20 @@ def _check_replaceable(out: JournalOutput, journal_path: str) -> None:
 
 
 def apply_owner_mode_at(path: str, dev: int, ino: int, mode: int, uid: int, gid: int) -> None:
+    """``apply_owner_mode`` through :func:`open_own`: a temp with another hard link is given
+    no mode or owner (that name's file is never changed), and one that needs them is refused."""
     if mode < 0 and uid < 0 and gid < 0:
         return
-    fd = open_same(path, dev, ino, os.O_RDONLY)
+    fd, own = open_own(path, dev, ino)
     try:
-        apply_owner_mode(fd, mode, uid, gid)
+        if own:
+            apply_owner_mode(fd, mode, uid, gid)
+            return
+        st = _sys.fstat(fd)
+        if (mode >= 0 and stat_mod.S_IMODE(st.st_mode) != stat_mod.S_IMODE(mode)) or (
+                uid >= 0 and st.st_uid != uid) or (gid >= 0 and st.st_gid != gid):
+            raise RecoverError(f"{path} has another hard link, so it is given no mode or owner "
+                               "(the file that name reaches is never changed) and not renamed")
     finally:
         _sys.close(fd)
 
