@@ -631,4 +631,4 @@ def confine(j: Journal, journal_path: str) -> None:
     first output's directory (resolved)."""
     why = next(_unconfined(j, journal_path), None)
     if why is not None:
-        raise JournalDamagedError(f"{journal_path}: {why}")
+        raise JournalDamagedError(why)  # the caller names the journal

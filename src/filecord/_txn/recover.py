@@ -97,7 +97,9 @@ def recover(path: str | os.PathLike[str]) -> list[Recovered]:
     """
     target = os.fspath(path)
     st = _sys.stat(target)  # a directory reached through a symlink is that directory
+    where = ""  # a journal given is named once, by its result
     if stat_mod.S_ISDIR(st.st_mode):
+        where = f" in {target}"
         real = _sys.realpath(target)
         # Saves with a journal first, then a fresh scan for the rest: a rollback gives an
         # adopted file its name back, and that name may carry another, journal-less save's
@@ -115,7 +117,7 @@ def recover(path: str | os.PathLike[str]) -> list[Recovered]:
     kept = [r for r in done if r.kept]
     if refused or kept:
         err = RecoverError("; ".join(
-            f"recover {what} {len(rs)} save(s) in {target}{but}: "
+            f"recover {what} {len(rs)} save(s){where}{but}: "
             + "; ".join(f"{r.journal}: {r.detail}" for r in rs)
             for what, but, rs in (("refused", "", refused), ("finished", " but kept consumed "
                                   "sources changed after the commit point", kept)) if rs))
@@ -293,9 +295,9 @@ def _lock_all(j: journal.Journal, locks: dict[str, tuple[str, int]], pointer: st
         locks[directory] = (path, fd)
         said = _read_pointer(fd, j.token)
         if said.damage is not None:
-            return Found.DAMAGED, f"{path}: {said.damage}"
+            return Found.DAMAGED, f"{said.damage}: {path}"
         if said.journal is None:  # emptied or zeroed: a lock file is linked whole
-            return Found.DAMAGED, f"{path}: its lock file is damaged (it names no journal: " \
+            return Found.DAMAGED, f"its lock file {path} is damaged (it names no journal: " \
                 "emptied or zeroed after it was written)"
         if said.journal != pointer:
             return Found.FOREIGN, f"the lock file {path} belongs to another journal: this one " \
