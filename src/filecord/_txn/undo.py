@@ -2,27 +2,31 @@
 
 Theory of operation
 -------------------
-Everything here is judged from the files, never from memory, so the rollback of a failed save
-and ``recover`` run the same code, and both can be interrupted at any call and run again.
+Judged from the files, never from memory: a failed save's rollback and ``recover`` run the
+same code, and both may be interrupted at any call and run again.  Every write goes through
+one door, :func:`open_own`: an inode is written (bytes, times, mode, owner) only where the
+token name is its one link.  A token name may be a hard link to any file on the file system
+and a forged journal can record that file's identity; one only the token name reaches is no
+one else's, and one with another name is never written.
 
-*Roll back* (before the commit point), per source, newest first: an adopted source is found at
-its output's temp by device and inode and, adopted in place, what the save appended truncated
-and the space inserted in front collapsed (``_unadopt``: the temp's size says how far it got);
-a parked source gets its moved bytes back (``transfer.restore_source``); then its times and
-mode are put back and fsynced, and its name restored by ``link`` then ``unlink`` (never over a
-file created there meanwhile: the bytes then stay at the parked name and recovery refuses).
-The caller then removes the temps, the journal and the lock files.  A crash anywhere leaves
-each source at one of its two names, between its kept prefix and its full size, the bytes
-above that size still in the temps.
+*Roll back* (before the commit point), per source, newest first: an adopted source at its
+output's temp has what the save appended truncated and the inserted space collapsed (the
+temp's size says how far it got); a parked source gets its moved bytes back from the temps;
+its times and mode are put back, fsynced, and its name by ``link`` then ``unlink`` (never
+over a file made there meanwhile: recovery then refuses).  With another link, its bytes are
+built in a new unnamed file, fsynced and linked to its name (not rebuilt if there from before
+a stop), and only the token name unlinked: the other name keeps what it held.  The caller
+removes the temps, journal and lock files.  A crash leaves each source at one of its two
+names, between its kept prefix and its full size, the rest still in the temps.
 
-*Finish* (after the commit point): each temp still holding its journaled inode gets its
-recorded mode and owner and is renamed onto its final name (one already there is done; one
-lost stops recovery).  Then the discard temps and the head's removals still the recorded file
-in a proven directory (``discard_and_remove``; a journal is untrusted for what it may touch),
-then the parked sources: one not at its kept prefix, or not at the size and mtime of the
-save's last look (the ``committed`` step), was written after that look and is kept, named
-back if its name is free, and a ``DataChangedError`` says so once the rest is finished.  Not
-ctime: a restore or copy of a crashed tree changes every ctime; mtime survives it.
+*Finish* (after the commit point): each temp still its journaled inode gets its recorded mode
+and owner (refused where it has another link and needs them) and is renamed onto its final
+name (one already there is done; one lost stops recovery).  Then the discard temps, the
+removals still the recorded file in a proven directory (a journal is untrusted for what it may
+touch), then the parked sources: one not at its kept prefix, or not at the size and mtime of
+the ``committed`` step's look, was written after it and is kept, named back if its name is
+free, and a ``DataChangedError`` says so once the rest is finished (not ctime: a restore or
+copy of a crashed tree changes every ctime; mtime survives it).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from collections.abc import Callable, Mapping
 
 from filecord._io import syscalls as _sys
 from filecord._txn import transfer
-from filecord._txn.journal import Journal, JournalOutput, JournalSource
+from filecord._txn.journal import Journal, JournalSource
 from filecord.errors import DataChangedError, RecoverError, add_note
 
 log = logging.getLogger(__name__)
@@ -50,11 +54,8 @@ def same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
 
 
 def open_own(path: str, dev: int, ino: int) -> tuple[int, bool]:
-    """The one door to every write of a rollback and of recover: ``path`` opened read-write,
-    and True, only where that name is the inode's one link; else read-only, and False (never
-    written).  A token name may be a hard link to any file on the file system, and a forged
-    journal can record that file's identity: a file only the save's token name reaches is
-    no one else's."""
+    """The one door to every write here (the module's notes): ``path``, proven the inode (dev,
+    ino), opened read-write and True where that name is its one link, else read-only and False."""
     fd, st = _open_proven(path, dev, ino, os.O_RDWR)
     if st.st_nlink == 1:
         return fd, True
@@ -76,37 +77,21 @@ def _open_proven(path: str, dev: int, ino: int, flags: int) -> tuple[int, os.sta
     return fd, st
 
 
-def _open_temps(j: Journal) -> list[int | None]:
-    """Descriptors of the temps still holding this save's inodes (None where absent)."""
-    fds: list[int | None] = []
-    try:
-        for o, out in enumerate(j.outputs):
-            if out.direct or same_file(j.temp(o), out.dev, out.ino) is None:
-                fds.append(None)
-            else:
-                fds.append(open_own(j.temp(o), out.dev, out.ino)[0])
-    except BaseException:
-        _close_all(fds)
-        raise
-    return fds
-
-
-def _close_all(fds: list[int | None]) -> None:
-    errors = _sys.close_each([fd for fd in fds if fd is not None])
-    if errors:
-        raise errors[0]
-
-
 def roll_back(j: Journal, c: transfer.Counters,
               inserted: frozenset[tuple[int, int]] = frozenset()) -> int:
     """Put every source back, byte-exact under its own name; how many moved back.
     ``inserted``: the adopted sources whose insert the journal records."""
-    temps = _open_temps(j)
+    temps: list[int | None] = []  # the temps still holding this save's inodes
     try:
+        for o, out in enumerate(j.outputs):
+            held = not out.direct and same_file(j.temp(o), out.dev, out.ino) is not None
+            temps.append(open_own(j.temp(o), out.dev, out.ino)[0] if held else None)
         return sum(_put_back(j, s, temps, c, inserted=(s.dev, s.ino) in inserted)
                    for s in reversed(j.sources))
     finally:
-        _close_all(temps)
+        errors = _sys.close_each([fd for fd in temps if fd is not None])
+        if errors:
+            raise errors[0]
 
 
 def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer.Counters, *,
@@ -300,8 +285,14 @@ def unlink_parked(j: Journal, changed: Callable[[JournalSource, os.stat_result],
                 _sys.unlink(j.parked(s))
                 continue
             was = seen
-        where = (_keep_changed(j.parked(s), s.path) if stat_mod.S_ISREG(st.st_mode)
-                 else f"another kind of file is kept at {j.parked(s)}")
+        where = f"another kind of file is kept at {j.parked(s)}"
+        if stat_mod.S_ISREG(st.st_mode):
+            try:
+                _name_back(j.parked(s), s.path)
+                where = f"the changed source is kept under its own name {s.path}"
+            except RecoverError:
+                where = f"{s.path} is now another file, so the changed source is kept at " \
+                    f"{j.parked(s)}"
         kept.append((s, was, st.st_size, f"{s.path}: {st.st_size} bytes (the save last saw "
                      f"{was}); " + where))
     c.fsyncs += _sys.fsync_parents([j.parked(s) for s in moved])
@@ -326,16 +317,6 @@ def _there(path: str) -> os.stat_result | None:
         return None
 
 
-def _keep_changed(parked: str, original: str) -> str:
-    """Name a changed consumed source back if its name is free, else leave it parked; where
-    it is, for the notes."""
-    try:
-        _name_back(parked, original)
-    except RecoverError:
-        return f"{original} is now another file, so the changed source is kept at {parked}"
-    return f"the changed source is kept under its own name {original}"
-
-
 def _rename_outputs(j: Journal, journal_path: str) -> None:
     """Each temp onto its final name (already there: renamed before a crash), fsynced.  A
     temp not its output's length was changed by someone else: nothing is renamed."""
@@ -349,7 +330,11 @@ def _rename_outputs(j: Journal, journal_path: str) -> None:
             continue
         temp = j.temp(o)
         if same_file(temp, out.dev, out.ino) is not None:
-            _check_replaceable(out, journal_path)
+            now = _there(out.final)  # what the save replaces, or nothing: never a newer file
+            if now is not None and (now.st_dev, now.st_ino) != (out.old_dev, out.old_ino):
+                raise RecoverError(f"{out.final} was replaced after the save of {journal_path} "
+                                   "stopped; the newer file is kept and this save's output "
+                                   "stays at its temp")
             apply_owner_mode_at(temp, out.dev, out.ino, out.mode, out.uid, out.gid)
             _sys.rename(temp, out.final)
         elif same_file(out.final, out.dev, out.ino) is None:
@@ -391,9 +376,8 @@ def discard_and_remove(j: Journal, proven: frozenset[str] | None = None
     removed: list[str] = []
     changed: list[str] = []
     for r in j.removals:
-        try:
-            st = _sys.lstat(r.path)
-        except FileNotFoundError:
+        st = _there(r.path)
+        if st is None:
             continue  # gone already (a finish that ran before, or someone else)
         if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != r.identity or (
                 proven is not None and os.path.dirname(r.path) not in proven):
@@ -404,19 +388,6 @@ def discard_and_remove(j: Journal, proven: frozenset[str] | None = None
     if gone or removed:
         _sys.fsync_parents([*gone, *removed])
     return tuple(removed), tuple(changed)
-
-
-def _check_replaceable(out: JournalOutput, journal_path: str) -> None:
-    """The final name must hold what the save replaces, or nothing: never a newer file."""
-    try:
-        st = _sys.lstat(out.final)
-    except FileNotFoundError:
-        return
-    if (st.st_dev, st.st_ino) != (out.old_dev, out.old_ino):
-        raise RecoverError(
-            f"{out.final} was replaced after the save of {journal_path} stopped; the newer "
-            f"file is kept and this save's output stays at its temp"
-        )
 
 
 def apply_owner_mode_at(path: str, dev: int, ino: int, mode: int, uid: int, gid: int) -> None:
