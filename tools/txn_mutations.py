@@ -52,6 +52,7 @@ RENAMES_SYNCED = (f"{ORDER}::"
 UNCLEAN = f"{CONFINED}::test_a_source_path_not_absolute_and_normalised_is_refused"
 AWAY = f"{CONFINED}::test_a_journal_away_from_its_first_outputs_directory_is_refused"
 OTHER_LOCK = f"{CONFINED}::test_a_lock_file_naming_another_journal_is_refused"
+LINKS = "tests/txn/test_recover_never_writes_a_linked_inode.py"
 
 MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     # --- the ones the issue lists -----------------------------------------------------------
@@ -65,8 +66,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "    _sys.write_all(fd, record, txn.journal_end)\n    txn.counters.fsync(fd)\n",
      "    _sys.write_all(fd, record, txn.journal_end)\n", [ORDER]),
     ("fsync after restoring times in a put-back removed", "undo.py",
-     "            _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n            c.fsync(fd)\n",
-     "            _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n", [ORDER]),
+     "    _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n    c.fsync(fd)\n    return False\n",
+     "    _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n    return False\n", [ORDER]),
     ("lock name not re-checked after flock", "liveness.py",
      '        if named and not _names_same(fd, path):\n'
      '            raise LockBusyError(errno.EAGAIN, f"{path} was removed',
@@ -198,8 +199,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "            raise taken from None",
      "        if False:\n            raise taken from None", [NAMED_BACK]),
     ("finish renames over a final name replaced after the save stopped", "undo.py",
-     "    if (st.st_dev, st.st_ino) != (out.old_dev, out.old_ino):\n        raise RecoverError(",
-     "    if False:\n        raise RecoverError(", [REPLACED]),
+     "            if now is not None and (now.st_dev, now.st_ino) != (out.old_dev, out.old_ino):",
+     "            if False:", [REPLACED]),
     ("a window edge off by one: a piece's last byte left in no window", "transfer.py",
      "        first = (m.size - (d.src_offset + d.length)) // window",
      "        first = (m.size - (d.src_offset + d.length) + 1) // window", [EDGES]),
@@ -231,6 +232,18 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "    if not dirs or dirs[0] != here:", "    if not dirs:", [AWAY]),
     ("a lock file naming another journal taken for this one's", "recover.py",
      "        if said.journal != pointer:", "        if False:", [OTHER_LOCK]),
+    # --- the one door to every write of recover and of a rollback (issue 36, fifth pass) ----
+    ("an inode another name reaches opened for writing", "undo.py",
+     "    if st.st_nlink == 1:\n        return fd, True", "    if True:\n        return fd, True",
+     [LINKS]),
+    ("a temp with another link given the journal's mode and owner", "undo.py",
+     "        if own:\n            apply_owner_mode(fd, mode, uid, gid)",
+     "        if True:\n            apply_owner_mode(fd, mode, uid, gid)", [LINKS]),
+    ("a source rebuilt before a stop is built again", "undo.py",
+     "    if there is not None and stat_mod.S_ISREG(there.st_mode) and (",
+     "    if False and (", [LINKS]),
+    ("a rebuilt source gets the set-id bits of the inode it was copied from", "undo.py",
+     "st.st_mode & ~(stat_mod.S_ISUID | stat_mod.S_ISGID)", "st.st_mode", [LINKS]),
 ]
 
 

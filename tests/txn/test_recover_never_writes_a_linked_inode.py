@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -88,13 +89,15 @@ def _relink(token_name: Path, victim: Path) -> tuple[tuple[int, int], tuple[int,
 
 def test_a_forged_parked_source_linked_elsewhere_is_never_appended_to(tmp_path: Path) -> None:
     """The parked a.bin replaced by a link to a file elsewhere of the same size, the journal
-    re-pointed to its inode: the rollback builds a.bin in a new file and leaves the other file
-    as it was (it once grew by a's moved tail and was retimed)."""
+    re-pointed to its inode: the rollback builds a.bin in a new file (that file's mode without
+    its set-id bits) and leaves the other file as it was (it once grew by a's moved tail and
+    was retimed)."""
     d = tmp_path / "save"
     d.mkdir()
     _killed_mid_move(d)
     parked = _token_file(d, _names.SOURCE, ".a.bin.")
     victim = _victim(tmp_path / "elsewhere" / "victim.bin", pattern(parked.stat().st_size, "v"))
+    os.chmod(victim, 0o6700)  # set-id: never given to the new file built from its bytes
     old, new = _relink(parked, victim)
 
     def edit(rec: Record) -> None:
@@ -111,6 +114,7 @@ def test_a_forged_parked_source_linked_elsewhere_is_never_appended_to(tmp_path: 
     assert _look(victim) == before, story
     assert os.stat(victim).st_nlink == 1, story  # only the token name let go of it
     assert (d / "a.bin").stat().st_ino != before[5]
+    assert stat.S_IMODE((d / "a.bin").stat().st_mode) == 0o700, story
     assert (d / "b.bin").read_bytes() == B
 
 
