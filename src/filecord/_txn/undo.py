@@ -125,8 +125,7 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
 
 def _unpark(fd: int, at: str, s: JournalSource, temps: list[int | None], window: int,
             c: transfer.Counters, *, own: bool) -> bool:
-    """Give a parked source its moved bytes back, in place where ``own``, else in a new file
-    (:func:`_copy_out`; True: named)."""
+    """A parked source's moved bytes back: in place where ``own``, else copied out (True)."""
     size = _sys.fstat(fd).st_size
     if not s.run_start <= size <= s.size:
         raise DataChangedError(at, expected_size=s.size, found_size=size,
@@ -150,10 +149,9 @@ def _unpark(fd: int, at: str, s: JournalSource, temps: list[int | None], window:
 
 def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Counters, *,
              own: bool, inserted: bool) -> bool:
-    """Give an adopted source at its output's temp back its own bytes (the save never writes
-    its blocks), judged from the temp's size (``JournalSource.adopted_size``): past the source
-    and its inserted space, truncate; then collapse the space; its times and mode back,
-    fsynced.  Not ``own``: copied out instead (:func:`_copy_out`; True: named)."""
+    """Give an adopted source at its output's temp its own bytes back, judged from the temp's
+    size (``JournalSource.adopted_size``): in place where ``own`` (what follows it truncated,
+    the space in front collapsed), else copied out (:func:`_copy_out`; True: named)."""
     size = _sys.fstat(fd).st_size
     if not s.adopted_size(size, length, inserted=inserted):
         raise DataChangedError(temp, expected_size=s.size + s.inserted, found_size=size,
@@ -181,10 +179,9 @@ def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Coun
 
 def _copy_out(fd: int, at: str, s: JournalSource, c: transfer.Counters,
               fill: Callable[[int], object]) -> bool:
-    """Build ``s``'s bytes (``fill``) in a new file, fsynced, then named ``s.path``: the inode
-    at ``at`` has another name, whose file is never written.  It gets that inode's owner and
-    mode, never set-id bits (a forged journal can name any inode), and the journaled times.
-    One already named (before a stop: ``s.path`` at ``s``'s size and mtime) is not rebuilt."""
+    """Build ``s``'s bytes (``fill``) in a new file with the owner and mode of the inode at
+    ``at`` (never set-id bits: a forged journal can name any inode) and the journaled times,
+    fsynced, then named ``s.path``; one named before a stop (its size and mtime) is kept."""
     there = _there(s.path)
     if there is not None and stat_mod.S_ISREG(there.st_mode) and (
             there.st_size, there.st_mtime_ns) == (s.size, s.mtime_ns):
@@ -222,14 +219,11 @@ def _name_back(src: str, dst: str) -> None:
     except OSError as exc:
         if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
             raise
-        # No hard links here (FAT, some FUSE): rename, after checking the name is free.
-        try:
-            _sys.lstat(dst)
-        except FileNotFoundError:
-            _sys.rename(src, dst)
-            _sys.fsync_parents([dst])
-            return
-        raise taken from exc
+        if _there(dst) is not None:  # no hard links here (FAT, some FUSE): rename if free
+            raise taken from exc
+        _sys.rename(src, dst)
+        _sys.fsync_parents([dst])
+        return
     _sys.unlink(src)
     _sys.fsync_parents([dst, src])
 
@@ -243,9 +237,8 @@ def remove_temps(j: Journal) -> None:
 
 def finish(j: Journal, journal_path: str, looked: Mapping[tuple[int, int], tuple[int, int]],
            *, removals: bool = True) -> tuple[tuple[str, ...], DataChangedError | None]:
-    """Finish a committed save (the module's notes); the removals kept (not the recorded
-    file, or ``removals`` False: only files carrying the save's token are removed) and the
-    error for the parked sources kept (:func:`unlink_parked`)."""
+    """Finish a committed save (the module's notes); the removals kept (``removals`` False:
+    only token files go) and the error for the parked sources kept (:func:`unlink_parked`)."""
     _rename_outputs(j, journal_path)
     # Removals first, while the parked sources prove their directories the save's.
     _removed, removals_kept = discard_and_remove(
@@ -272,9 +265,8 @@ def unlink_parked(j: Journal, changed: Callable[[JournalSource, os.stat_result],
     kept: list[tuple[JournalSource, int, int, str]] = []
     for s in moved:
         st = same_file(j.parked(s), s.dev, s.ino)
-        if st is None:  # gone (unlinked before a stop), or another inode put at its name:
-            # that one is another process's, kept and reported like a changed source (never
-            # deleted, never left unsaid under the save's token)
+        if st is None:  # gone (unlinked before a stop), or another process's inode put at
+            # its name: kept and said like a changed source, never left unsaid
             st = _there(j.parked(s))
             if st is None:
                 continue
