@@ -61,6 +61,8 @@ class Recovered:
     "skipped" (its lock is held) or "refused" (``detail`` says why).  ``kept``: consumed
     sources another process changed after the commit point, kept (never deleted) under their
     own names or, when taken, their parked names; ``detail`` and ``notes`` say where.
+    ``not_removed``: files a finished save was to remove (an index of consumed data files)
+    that another process changed or replaced since: kept, never an error.
     """
 
     journal: str
@@ -70,8 +72,6 @@ class Recovered:
     detail: str = ""
     notes: tuple[str, ...] = field(default=(), repr=False)
     kept: tuple[str, ...] = ()
-    # For a finished save: files the commit was to remove (an index of consumed data files)
-    # that another process changed or replaced since; kept, never an error.
     not_removed: tuple[str, ...] = ()
 
 
@@ -165,7 +165,16 @@ def _recover_journal_less(directory: str, token: str,
     locks = names.get(_names.LOCK, [])
     others = [n for s, ns in names.items() if s != _names.LOCK for n in ns]
     if not locks:
-        return _refuse_lockless(directory, token, names.get(_names.SOURCE, []), others)
+        # A consuming save parks its sources beside them but keeps its lock and journal
+        # beside its outputs: point there, the one place recover can act from.
+        parked = names.get(_names.SOURCE, [])
+        return _decided(os.path.join(directory, (parked or others)[0]), Stage.CREATED,
+                        Found.UNPROVEN, f"a source parked by save {token}, whose lock and "
+                        "journal are in the directory of that save's output (named .OUTPUT."
+                        f"{token}{_names.JOURNAL}): run `filecord recover` on that directory; "
+                        "nothing was touched" if parked else "files of an interrupted save "
+                        "without its lock file: cannot prove the save is over or that no "
+                        "journal needs them; nothing was touched")
     lock = _sys.abspath(os.path.join(directory, locks[0]))
     try:
         fd = liveness.acquire(lock)
@@ -203,21 +212,6 @@ def _recover_journal_less(directory: str, token: str,
     liveness.release(lock, fd)
     return Recovered(lock, table.OUTCOME[action], detail=ENDED if said.journaled else
                      f"it died before its journal: removed {len(garbage)} temp file(s)")
-
-
-def _refuse_lockless(directory: str, token: str, parked: list[str],
-                     others: list[str]) -> Recovered:
-    if parked:
-        # A consuming save parks its sources beside them but keeps its lock and journal
-        # beside its outputs: point there, the one place recover can act from.
-        return _decided(os.path.join(directory, parked[0]), Stage.CREATED, Found.UNPROVEN,
-                        f"a source parked by save {token}, whose lock and journal are in "
-                       f"the directory of that save's output (named .OUTPUT.{token}"
-                       f"{_names.JOURNAL}): run `filecord recover` on that directory; "
-                       "nothing was touched")
-    return _decided(os.path.join(directory, others[0]), Stage.CREATED, Found.UNPROVEN,
-                    "files of an interrupted save without its lock file: cannot prove the "
-                   "save is over or that no journal needs them; nothing was touched")
 
 
 _LOCK_LIMIT = 1 << 16  # bytes of a lock file read: two short records, far below this
