@@ -244,6 +244,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "    if False and (", [LINKS]),
     ("a rebuilt source gets the set-id bits of the inode it was copied from", "undo.py",
      "st.st_mode & ~(stat_mod.S_ISUID | stat_mod.S_ISGID)", "st.st_mode", [LINKS]),
+    ("a source rebuilt in an unnamed file frees the temps before it is named", "undo.py",
+     "free=to == fd)", "free=True)", [LINKS]),
 ]
 
 

@@ -170,6 +170,35 @@ def test_a_rebuilt_source_named_before_a_stop_is_not_built_again(tmp_path: Path)
     assert sorted(os.listdir(d)) == ["a.bin", "b.bin", "out.bin"]
 
 
+def test_a_rebuild_stopped_before_it_is_named_loses_no_byte(tmp_path: Path) -> None:
+    """recover killed while the rebuilt a.bin is still a file without a name (right before
+    its link): the temps were not freed under it (a crash takes an unnamed file with it), so
+    the next recover rebuilds it from them, byte-exact."""
+    from support.killjob import fork_run
+
+    d = tmp_path / "save"
+    d.mkdir()
+    _killed_mid_move(d)
+    rescue = tmp_path / "rescue.bin"
+    os.link(_token_file(d, _names.SOURCE, ".a.bin."), rescue)
+
+    class KillAtNaming(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "link" and str(args[0]).startswith("/proc/self/fd/"):
+                os.kill(os.getpid(), 9)
+
+    def job() -> None:
+        with _sys.use(KillAtNaming()):
+            recover(d)
+
+    assert fork_run(job) == -9
+    assert not (d / "a.bin").exists()
+    (got,) = recover(d)
+    assert got.action == "restored"
+    assert ((d / "a.bin").read_bytes(), rescue.read_bytes()) == (A, A[:2 * W])
+    assert (d / "b.bin").read_bytes() == B
+
+
 # --- an adopted source ------------------------------------------------------------------------
 
 def _adopted_killed(d: Path) -> None:

@@ -14,10 +14,11 @@ output's temp has what the save appended truncated and the inserted space collap
 temp's size says how far it got); a parked source gets its moved bytes back from the temps;
 its times and mode are put back, fsynced, and its name by ``link`` then ``unlink`` (never
 over a file made there meanwhile: recovery then refuses).  With another link, its bytes are
-built in a new unnamed file, fsynced and linked to its name (not rebuilt if there from before
-a stop), and only the token name unlinked: the other name keeps what it held.  The caller
-removes the temps, journal and lock files.  A crash leaves each source at one of its two
-names, between its kept prefix and its full size, the rest still in the temps.
+built in a new unnamed file (the temps not freed meanwhile), fsynced and linked to its name
+(not rebuilt if there from before a stop), and only the token name unlinked: the other name
+keeps what it held.  The caller removes the temps, journal and lock files.  A crash leaves
+each source at one of its two names, between its kept prefix and its full size, the rest
+still in the temps.
 
 *Finish* (after the commit point): each temp still its journaled inode gets its recorded mode
 and owner (refused where it has another link and needs them) and is renamed onto its final
@@ -134,7 +135,8 @@ def _unpark(fd: int, at: str, s: JournalSource, temps: list[int | None], window:
     def restore(to: int) -> None:
         if to != fd:  # a new file: the kept prefix first
             transfer.copy_range(fd, to, 0, 0, size, c, kind="restored")
-        transfer.restore_source(to, s.as_move(), temps, window, c, dense=s.dense)
+        transfer.restore_source(to, s.as_move(), temps, window, c, dense=s.dense,
+                                free=to == fd)  # a new file: not named until it is whole
 
     if not own:  # whole: named back as it is, nothing written
         return size < s.size and _copy_out(fd, at, s, c, restore)
