@@ -155,27 +155,26 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
                         "several journals carry one token; nothing was touched")
     if journals:
         return _recover_journal(os.path.join(directory, journals[0][0]), journals[0][1], {})
-    return _recover_journal_less(directory, token, names)
+    if _names.LOCK in names:
+        return _recover_journal_less(directory, token, names)
+    # A consuming save parks its sources beside them but keeps its lock and journal beside
+    # its outputs: point there, the one place recover can act from.
+    parked, first = names.get(_names.SOURCE), next(iter(names.values()))[0]
+    return _decided(os.path.join(directory, parked[0] if parked else first), Stage.CREATED,
+                    Found.UNPROVEN, f"a source parked by save {token}, whose lock and journal "
+                    f"are in the directory of that save's output (named .OUTPUT.{token}"
+                    f"{_names.JOURNAL}): run `filecord recover` on that directory; nothing was "
+                    "touched" if parked else "files of an interrupted save without its lock "
+                    "file: cannot prove the save is over or that no journal needs them; "
+                    "nothing was touched")
 
 
 def _recover_journal_less(directory: str, token: str,
                           names: dict[str, list[str]]) -> Recovered | None:
     """A save without a journal in ``directory``: its lock file says whether one was made
     (and where), or that nothing destructive happened and the rest is garbage."""
-    locks = names.get(_names.LOCK, [])
     others = [n for s, ns in names.items() if s != _names.LOCK for n in ns]
-    if not locks:
-        # A consuming save parks its sources beside them but keeps its lock and journal
-        # beside its outputs: point there, the one place recover can act from.
-        parked = names.get(_names.SOURCE, [])
-        return _decided(os.path.join(directory, (parked or others)[0]), Stage.CREATED,
-                        Found.UNPROVEN, f"a source parked by save {token}, whose lock and "
-                        "journal are in the directory of that save's output (named .OUTPUT."
-                        f"{token}{_names.JOURNAL}): run `filecord recover` on that directory; "
-                        "nothing was touched" if parked else "files of an interrupted save "
-                        "without its lock file: cannot prove the save is over or that no "
-                        "journal needs them; nothing was touched")
-    lock = _sys.abspath(os.path.join(directory, locks[0]))
+    lock = _sys.abspath(os.path.join(directory, names[_names.LOCK][0]))
     try:
         fd = liveness.acquire(lock)
     except liveness.LockBusyError:
