@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from filecord import Cord, save
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._pieces.data import FileBackedData
+
+if TYPE_CHECKING:
+    import pytest
 
 
 def pattern(n: int, seed: str = "x") -> bytes:
@@ -89,3 +96,26 @@ def consume_killed_at_truncate(d: Path, at: int, window: int) -> None:
                  consume=True, window=window, in_place=False)
 
     assert fork_run(job) == -9
+
+
+def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """The directory ``build`` filled, built once per test session however many pytest-xdist
+    workers ask: the first one builds it under a file lock while the others wait, then all
+    read the same files.  A slow module fixture whose result is files (exported programs)
+    otherwise runs again in every worker that draws one of its tests.  A build that raised
+    leaves nothing behind, so the next worker tries again (and fails the same way).
+    """
+    base = factory.getbasetemp()
+    # Under xdist each worker's base is one folder of the session's; alone, the base is the
+    # session's own (its parent holds earlier sessions, whose builds must not be reused).
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    done = shared / f"built-{name}"
+    with open(shared / f"built-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_dir():
+            work = shared / f"building-{name}"
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir()
+            build(work)
+            work.rename(done)
+    return done

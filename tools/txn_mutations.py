@@ -217,7 +217,7 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "    elif now.st_mtime_ns != seen.st_mtime_ns:\n",
      "    elif False:\n", [KIND]),
     ("a failed save that saw a content change keeps its journal unheld", "failure.py",
-     "    Action.HOLD: _hold,", "    Action.HOLD: _keep,", [KIND]),
+     "    Action.HOLD: partial(_keep, held=True),", "    Action.HOLD: _keep,", [KIND]),
     ("recover rolls back without logging 'rolling back' first", "recover.py",
      "    if stage is Stage.MOVING:  # ROLL_BACK from journaled or moving: first the log says so",
      "    if False:", [CONTINUED]),

@@ -34,6 +34,7 @@ from filecord._io import syscalls as _sys
 from filecord.errors import DataChangedError
 from filecord.executorch import _lean, _storage, adapter
 from filecord.executorch._mapped import MappedFiles
+from filecord_testing import built_once
 
 pytestmark = pytest.mark.interop
 
@@ -231,9 +232,16 @@ def save_filecord(manager: Any, out: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, bytes]]:
-    """ExecuTorch's unmodified flow, each program saved by ExecuTorch."""
-    root = tmp_path_factory.mktemp("reference")
-    return {name: save_executorch(make(), root / name) for name, (make, _) in FLOWS.items()}
+    """ExecuTorch's unmodified flow, each program saved by ExecuTorch (once per session: the
+    byte-identity cases below are spread over the workers, and each would export all the
+    flows again)."""
+    def build(root: Path) -> None:
+        for name, (make, _) in FLOWS.items():
+            save_executorch(make(), root / name)
+
+    root = built_once(tmp_path_factory, "lean-export-reference", build)
+    return {name: {p.name: p.read_bytes() for p in sorted((root / name).iterdir())}
+            for name in FLOWS}
 
 
 # --- byte identity --------------------------------------------------------------------------

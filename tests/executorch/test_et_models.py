@@ -162,6 +162,13 @@ def _export(model: str, config: str, module: Any, x: Any, out: Path) -> Case:
     return Case(model, config, d / "m.pte", ptds, runnable, manager, module, x, expected)
 
 
+# The tests that read ``cases`` share one worker (the suite runs ``--dist loadgroup``): the
+# fixture exports 15 programs (minutes on 2 cores), which each worker drawing one of them
+# would otherwise do again.  Its managers and modules are live objects, not files another
+# process could read.
+ONE_EXPORT = pytest.mark.xdist_group("et_models_cases")
+
+
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Case]:
     out = tmp_path_factory.mktemp("models")
@@ -189,6 +196,8 @@ def test_transformers_is_installed_for_the_llama_cases() -> None:
     assert HAS_TRANSFORMERS, "install the dev extra: transformers is needed for the Llama model"
 
 
+@ONE_EXPORT
+@pytest.mark.slow  # started first: its group exports for minutes
 def test_each_program_runs_and_verify_agrees(cases: dict[tuple[str, str], Case]) -> None:
     counts = {"runs": 0, "verify_pass": 0, "needs_data": 0, "absent": 0, "wrong": 0,
               "missing_key": 0, "runtime_rejects_missing_key": 0}
@@ -251,6 +260,8 @@ def test_each_program_runs_and_verify_agrees(cases: dict[tuple[str, str], Case])
                       "runtime_rejects_missing_key": 3 * n}
 
 
+@ONE_EXPORT
+@pytest.mark.slow  # started first: its group exports for minutes
 def test_verify_names_the_delegate_keys_of_an_xnnpack_program(
     cases: dict[tuple[str, str], Case],
 ) -> None:
@@ -270,6 +281,8 @@ def test_verify_names_the_delegate_keys_of_an_xnnpack_program(
                 assert entries[key].size >= (size or 0), (model, key)
 
 
+@ONE_EXPORT
+@pytest.mark.slow  # started first: its group exports for minutes
 def test_cli_verify_summary_and_structure_only_warning(
     cases: dict[tuple[str, str], Case], tmp_path: Path
 ) -> None:
@@ -302,6 +315,8 @@ def test_cli_verify_summary_and_structure_only_warning(
         passed.stdout)
 
 
+@ONE_EXPORT
+@pytest.mark.slow  # started first: its group exports for minutes
 def test_recipe_writes_the_data_file_a_llama_program_needs(
     cases: dict[tuple[str, str], Case], tmp_path: Path
 ) -> None:
@@ -347,6 +362,8 @@ def test_recipe_writes_the_data_file_a_llama_program_needs(
     assert _close(run_program(tmp_path / "model.pte", c.x, tmp_path / "readme.ptd"), c.expected)
 
 
+@ONE_EXPORT
+@pytest.mark.slow  # started first: its group exports for minutes
 def test_recipe_refuses_a_module_that_is_not_the_exported_one(
     cases: dict[tuple[str, str], Case], tmp_path: Path
 ) -> None:

@@ -32,8 +32,7 @@ consumed
 parked
     a consumed source renamed to ``.NAME.TOKEN.filecord-src`` before it is cut.
 move
-    a source's bytes copied into the temps from its end, a window at a time, each fsynced
-    there before the source is cut below it.
+    a source's bytes copied into the temps from its end, each window fsynced before its cut.
 window
     the bytes a move copies, fsyncs and cuts at a time (the sync window).
 cut
@@ -43,8 +42,7 @@ kept prefix
 adopted
     a whole source renamed onto its output's temp, no byte copied.
 in place
-    adopted with space inserted in front and the output written around it (the ``in_place``
-    option, on by default, lets the plan choose it).
+    adopted with space inserted in front, the output written around it (option ``in_place``).
 removal
     a file that is not the save's, unlinked at the commit while still the recorded file.
 commit point
@@ -56,8 +54,7 @@ assessment
 finding
     what the assessment found (``decide.Found``).
 action
-    what the table says to do with a finding at a stage (``decide.Action``), reported by one
-    word (``decide.OUTCOME``).
+    what the table says to do with a finding at a stage (``decide.Action``; its word: OUTCOME).
 roll back
     put every source back byte-exact under its own name.
 finish
@@ -67,6 +64,6 @@ held
 damaged
     a record that does not check where one must: refused, never blamed on anyone.
 proven directory
-    one where recover holds the save's lock or finds a parked source of it: the only places
-    it removes a file without the token (the trust rule, ``decide``).
+    one holding the save's lock or a parked source of it: the only places recover removes a
+    file without the token (the trust rule, ``decide``).
 """

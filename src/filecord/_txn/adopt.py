@@ -3,19 +3,17 @@
 Theory of operation
 -------------------
 The plan decides, once and with its reasons, which sources are adopted (``MoveSource.adopt``):
-*whole* (the source is the whole of one output) or, with the ``in_place`` option, *in place*
-(used once, whole, at a block-aligned offset, on a file system that inserts ranges: the space
-in front of it inserted).  Nothing here re-decides it; what this module finds is only another
-process's doing, a ``DataChangedError`` that holds the journal.  The steps, each logged, each
-undone by ``undo._put_back`` (the temp's size says which step it reached):
+*whole* (the whole of one output) or *in place* (the ``in_place`` option: used once, whole, at a
+block-aligned offset, on a file system that inserts ranges).  What this module finds is only
+another process's doing, a ``DataChangedError`` that holds the journal.  Each step is logged
+and undone by ``undo._put_back`` (the temp's size says which step it reached):
 
-1. *claim*: the file, as the preflight saw it, is renamed onto the output's (empty, journaled)
-   temp, both directories fsynced, and reopened there with one link.
-2. *insert* (in place, ``src.inserted`` bytes): inserted in front and fsynced; the source's
-   blocks noted (``looks.blocks``); the insert recorded by a journal step before a byte is
-   written there (its size alone cannot tell the insert from another writer's append).
-3. *fill around*: the rest of the output (``fill.fill_output``), its final length a hole when
-   moved bytes of other sources follow.
+1. *claim*: the file, as the preflight saw it, renamed onto the output's (empty, journaled)
+   temp, both directories fsynced, reopened there with one link.
+2. *insert* (in place): ``src.inserted`` bytes inserted in front and fsynced, the source's
+   blocks noted (``looks.blocks``), a journal step before a byte is written there (its size
+   alone cannot tell the insert from another writer's append).
+3. *fill around*: the rest of the output (``fill.fill_output``).
 4. *at the commit* (``check_at_commit``): one link; adopted whole, its size and mtime; in
    place, the blocks of step 2 and the output's length.  Past the commit point, the replaced
    file's owner and mode (``take_owner_modes``).
@@ -37,7 +35,6 @@ log = logging.getLogger(__name__)
 
 
 def adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
-    """Make the source ``m`` its output's file (the module's steps)."""
     o = m.dests[0].output
     fd = _claim(txn, m, src)
     where = _insert(txn, m, src, fd) if src.inserted or (
@@ -46,16 +43,14 @@ def adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
         txn.adopted_blocks[o] = (src.inserted, m.size, where)
     fill.fill_output(txn, o)
     log.debug("adopt %s: the rest of %s written around it", m.path, txn.temps[o])
-    # Moved bytes follow: the final length (a hole) first; only now, so a file adopted whole
-    # and cut by someone else meanwhile is never padded back.
+    # Moved bytes follow: presized only now, so a file adopted whole and cut by someone else
+    # meanwhile is never padded back.
     if o in txn.prep.plan.receiving:
-        length = txn.prep.plan.outputs[o].length
-        if _sys.fstat(fd).st_size < length:
-            _sys.ftruncate(fd, length)
+        fill.presize(txn, o)
 
 
 def _claim(txn: Txn, m: MoveSource, src: journal.JournalSource) -> int:
-    """Step 1: rename the source onto its output's temp; its descriptor there."""
+    """Step 1; the descriptor there."""
     o = m.dests[0].output
     temp = txn.temps[o]
     if temp is None:  # pragma: no cover - the plan adopts only into temps
@@ -71,8 +66,7 @@ def _claim(txn: Txn, m: MoveSource, src: journal.JournalSource) -> int:
     _sys.rename(data.path, temp)
     txn.counters.fsyncs += _sys.fsync_parents([temp, src.path])
     log.debug("adopt %s: renamed onto %s", m.path, temp)
-    old = txn.fds[o]
-    txn.fds[o] = None
+    old, txn.fds[o] = txn.fds[o], None
     if old is not None:
         _sys.close(old)  # the empty temp's inode, replaced by the rename
         txn.dirty.discard(old)
@@ -145,8 +139,6 @@ def check_at_commit(txn: Txn, o: int, st: os.stat_result) -> None:
 
 
 def take_owner_modes(txn: Txn, record: journal.Journal) -> None:
-    """Past the commit point: each adopted file takes the replaced file's owner and mode."""
     for o in txn.prep.plan.adopted:
         jout = record.outputs[o]
-        undo.apply_owner_mode_at(record.temp(o), jout.dev, jout.ino, jout.mode, jout.uid,
-                                 jout.gid)
+        undo.apply_owner_mode_at(record.temp(o), jout.dev, jout.ino, jout.mode, jout.uid, jout.gid)

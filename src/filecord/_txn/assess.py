@@ -5,12 +5,11 @@ Theory of operation
 The in-process failure path (``failure``) and ``recover`` both look, judge and ask ``decide``:
 
 1. :func:`observe` (the only I/O here) ``lstat``s each source at its parked and own names (an
-   adopted one at its temp) and each output at its temp and final names, by device and inode
-   (a name holding another file counts as absent).  An error is kept as ``unreadable``.
-2. :func:`assess` is pure: from the head, the :class:`Records` and the :class:`Observed` facts
-   it says where each source's bytes are and sums up one :class:`~filecord._txn.decide.Found`.
-   The records are trusted for what happened (the trust rule, ``decide``); the files are
-   judged only for what another process or a crash can make differ from them:
+   adopted one at its temp) and each output at its temp and final names; a name holding
+   another inode counts as absent, an error is kept as ``unreadable``.
+2. :func:`assess` is pure: the records are trusted for what happened (the trust rule,
+   ``decide``); the files are judged only for what another process or a crash can make differ
+   from them, into one :class:`~filecord._txn.decide.Found`:
 
    * a running save (``Actor.SAVE``): the change it saw mid-move (by its typed kind), then each
      parked source against its last look (size, mtime, ctime, or its truncate in flight);
@@ -102,16 +101,15 @@ class Records:
     cuts: Mapping[Key, tuple[int, ...]] = field(default_factory=dict)  # ``journal.Log.cuts``
     looks: Mapping[Key, Look] = field(default_factory=dict)
     during: DataChangedError | None = None  # the change a running save saw mid-move
-    cause: BaseException | None = None  # why a running save stopped (a change found since
-    # its last look is raised in its place, this as its context)
+    cause: BaseException | None = None  # why a running save stopped (the context of a change
+    # found since its last look, raised in its place)
 
 
 # --- the judgement --------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
 class Assessment:
-    """What was found, the error that says so (raised to the caller), notes and why, and the
-    source found changed since the save's look (its key)."""
+    """What was found, the error that says so, notes and why, and the changed source's key."""
 
     found: Found
     error: BaseException | None = None
@@ -146,18 +144,12 @@ def locate(j: Journal, s: JournalSource, f: SourceFacts) -> tuple[str, Facts] | 
 
 
 def assess(j: Journal, records: Records, seen: Observed) -> Assessment:
-    """Pure: what the files and records say about the save, for ``decide``."""
-    if records.actor is Actor.SAVE:
-        return _running(j, records, seen)
-    return _crashed(j, records, seen)
+    return (_running if records.actor is Actor.SAVE else _crashed)(j, records, seen)
 
 
 def _running(j: Journal, r: Records, seen: Observed) -> Assessment:
     exc = r.during
-    if exc is not None:
-        # Bytes were being moved out of the changed file.  A new hard link or a ctime alone
-        # (chmod, chattr) changed no byte: recover may put the bytes back.  A write, append or
-        # truncate did: hold the journal.
+    if exc is not None:  # bytes were being moved out of the changed file
         found = of_change(exc)
         return Assessment(found, exc, why="a source changed under the move, so nothing was put "
                           "back over it: the journal and temps are kept" +
@@ -197,8 +189,7 @@ def _crashed(j: Journal, r: Records, seen: Observed) -> Assessment:
         err = RecoverError(seen.unreadable)
         return Assessment(Found.UNREADABLE, err, why=f"{err}; {KEPT_WHY}")
     # Every refusal an action can meet is decided here, before its first change.  A token
-    # file the journal does not name may hold a source's moved bytes: no action may touch its
-    # save (what a journal may touch is the trust rule's untrusted half).
+    # file the journal does not name may hold a source's moved bytes: nothing is touched.
     lost = unaccounted(j, seen)
     if lost is not None:
         return Assessment(Found.UNREADABLE, lost, why=f"{lost}; {KEPT_WHY}")
@@ -239,21 +230,13 @@ def changed_since(name: str, st: Facts, look: Look, why: str) -> DataChangedErro
                             kind=ChangeKind.METADATA if metadata else ChangeKind.CONTENT)
 
 
-def moved(j: Journal) -> list[JournalSource]:
-    """The sources a move shortens, in the order the moves run (the journal's)."""
-    return [s for s in j.sources if not s.adopt and s.run_start < s.size]
-
-
 def check_strict(j: Journal, seen: Observed, done: int = 0,
                  inserted: frozenset[Key] = frozenset(),
                  cuts: Mapping[Key, tuple[int, ...]] | None = None) -> DataChangedError | None:
-    """A source not as this save can have left it (None: all are).
-
-    ``done``: the moved sources (journal order) whose moves finished (the journal's ``moving``
-    step, or the save's own count): each is at its kept prefix.  ``cuts``: per moved source,
-    the sizes its cuts can have left it at besides its own (recover: its ``cut`` steps; the
-    running save: its look and the truncate in flight).  Any other size is another process's."""
-    finished = {(s.dev, s.ino) for s in moved(j)[:done]}
+    """A source not as this save can have left it (None: all are): the first ``done`` moved
+    sources at their kept prefix, the others at their own size or one of their ``cuts`` (the
+    ``cut`` steps, or the running save's look and truncate in flight)."""
+    finished = {(s.dev, s.ino) for s in j.moved()[:done]}
     for s, f in zip(j.sources, seen.sources, strict=True):
         key = (s.dev, s.ino)
         if s.adopt:
@@ -288,10 +271,8 @@ def _cut_to(s: JournalSource, name: str, st: Facts, sizes: tuple[int, ...]
 
 def _adopted(j: Journal, s: JournalSource, f: SourceFacts, *,
              inserted: bool) -> DataChangedError | None:
-    """An adopted source at its output's temp as this save can have left it: at its own size
-    or at least its size plus the space inserted in front of it (the undo acts on that size
-    alone).  Under its own name it was never adopted, or the undo finished: nothing to check
-    (the undo does not touch it there)."""
+    """An adopted source at its output's temp at a size its adoption leaves (invariant 9);
+    under its own name the undo does not touch it: nothing to check."""
     length = j.outputs[s.dests[0].output].length
     whole = not s.inserted and length == s.size  # a file adopted whole is only renamed back
     if f.at_temp is None or whole or s.adopted_size(f.at_temp.size, length, inserted=inserted):
@@ -302,9 +283,8 @@ def _adopted(j: Journal, s: JournalSource, f: SourceFacts, *,
 
 
 def check_temps(j: Journal, seen: Observed) -> OSError | None:
-    """Every temp a cut source's bytes went to is there at its journaled inode and reaches
-    their end (temps are sized before the first move): else another process removed or cut
-    it, and a rollback would stop part way."""
+    """Every temp a cut source's bytes went to is there and reaches their end (temps are sized
+    before the first move), or a rollback would stop part way."""
     for s, f in zip(j.sources, seen.sources, strict=True):
         if s.adopt or f.parked is None or f.parked.size == s.size:
             continue
@@ -342,8 +322,8 @@ def unaccounted(j: Journal, seen: Observed) -> RecoverError | None:
 
 
 def token_files(j: Journal) -> tuple[str, ...]:
-    """List the save's directories (and its sources'): the temps and parked sources there
-    carrying its token, whatever the journal says."""
+    """The temps and parked sources carrying the token in the save's and its sources'
+    directories, whatever the journal says."""
     dirs = dict.fromkeys([*j.directories(), *(os.path.dirname(s.path) for s in j.sources)])
     return tuple(os.path.join(d, name) for d in dirs for name in sorted(_sys.listdir(d))
                  if (p := _names.parse(name)) is not None and p[0] == j.token
@@ -351,10 +331,8 @@ def token_files(j: Journal) -> tuple[str, ...]:
 
 
 def renamed(j: Journal, seen: Observed) -> bool:
-    """Whether an output of the save is under its final name (its journaled inode there): the
-    save renames only after its ``committed`` step is fsynced, so the commit point was passed
-    whatever the records after the head still say.  An output at a source's own name is no
-    proof (that inode was the source's before it was the output's)."""
+    """Whether an output is under its final name, so the commit point was passed whatever the
+    records say.  One at a source's own name is no proof (the inode was the source's first)."""
     own = {s.path for s in j.sources}
     return any(of.final is not None and not out.direct and not out.discard
                and out.final not in own
@@ -362,10 +340,8 @@ def renamed(j: Journal, seen: Observed) -> bool:
 
 
 def check_committed(j: Journal, seen: Observed) -> RecoverError | None:
-    """A temp not at the journaled length (None: all are): another process cut or grew it, so
-    it is never renamed onto the final name (``undo.finish`` checks again before its first
-    rename).  Nothing else is re-proved: a ``committed`` step that checks is played back (the
-    trust rule, ``decide``); a parked source someone wrote to after it is kept by the finish."""
+    """A temp not at the journaled length (None: all are): another process cut or grew it.
+    Nothing else is re-proved (the trust rule); the finish keeps a parked source written to."""
     for o, (out, of) in enumerate(zip(j.outputs, seen.outputs, strict=True)):
         if (not out.direct and not out.discard and of.temp is not None
                 and of.temp.size != out.length):
@@ -375,14 +351,12 @@ def check_committed(j: Journal, seen: Observed) -> RecoverError | None:
 
 # --- the one look -----------------------------------------------------------------------------
 
-def _facts(path: str, dev: int, ino: int) -> Facts | None:
-    st = undo.same_file(path, dev, ino)
-    return None if st is None else Facts.of(st)
-
-
 def observe(j: Journal, *, recover: bool = False) -> Observed:
-    """Look at every name of the save (``lstat``; for ``recover``, also list its directories'
-    token files); change nothing."""
+    """Look at every name of the save (for ``recover``, list its token files too)."""
+    def _facts(path: str, dev: int, ino: int) -> Facts | None:
+        st = undo.same_file(path, dev, ino)
+        return None if st is None else Facts.of(st)
+
     sources: list[SourceFacts] = []
     outputs: list[OutputFacts] = []
     try:
@@ -411,19 +385,13 @@ def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = 
                 ) -> list[str]:
     """One line per source: how many bytes are in it (and under which name), where the rest is.
 
-    The size the move left a source at: ``left_at`` (the in-process error), its kept prefix
-    for the first ``done`` moved sources, else its last ``cut`` step where its size is none
-    they name (reported as changed).  ``inserted``: the adopted sources whose insert is
-    recorded.  ``held``: an adopted file is named as where its bytes were put, not claimed
-    whole (a writer that cut it may have left zeros there)."""
-    left_at = {**{(s.dev, s.ino): s.run_start for s in moved(j)[:done]}, **(left_at or {})}
-    for s, f in zip(j.sources, seen.sources, strict=True):
-        at, key = locate(j, s, f), (s.dev, s.ino)
-        sizes = (s.size, *(cuts or {}).get(key, ()))
-        if cuts is not None and at is not None and key not in left_at and at[1].size not in sizes:
-            left_at[key] = sizes[-1]
+    The size the move left a source at: ``left_at`` (the in-process error), the kept prefix of
+    the first ``done`` moved sources, else its last of ``cuts`` where its size is none they
+    name.  ``held``: an adopted file is named as where its bytes were put, not claimed whole
+    (a writer that cut it may have left zeros there)."""
+    left_at = {**{(s.dev, s.ino): s.run_start for s in j.moved()[:done]}, **(left_at or {})}
     return [_adopted_where(j, s, f, inserted=(s.dev, s.ino) in inserted, held=held) if s.adopt
-            else _moved_where(j, s, f, left_at)
+            else _moved_where(j, s, f, left_at, cuts)
             for s, f in zip(j.sources, seen.sources, strict=True)]
 
 
@@ -459,15 +427,16 @@ def _adopted_where(j: Journal, s: JournalSource, f: SourceFacts, *, inserted: bo
             f"{s.path}: not found under its name or at {temp}")  # never a guess
 
 
-def _moved_where(j: Journal, s: JournalSource, f: SourceFacts,
-                 left_at: Mapping[Key, int]) -> str:
+def _moved_where(j: Journal, s: JournalSource, f: SourceFacts, left_at: Mapping[Key, int],
+                 cuts: Mapping[Key, tuple[int, ...]] | None) -> str:
     """:func:`whereabouts` of a moved (or only consumed) source: its bytes in it, the rest
     in the temps."""
     found = locate(j, s, f)
     if found is None:
         return f"{s.path}: not found under its name or {j.parked(s)}"
     name, size = found[0], found[1].size
-    boundary = left_at.get((s.dev, s.ino), size)
+    sizes = (s.size, *(cuts or {}).get((s.dev, s.ino), ()))
+    boundary = left_at.get((s.dev, s.ino), size if cuts is None or size in sizes else sizes[-1])
     if boundary == size:
         line = f"{s.path}: bytes [0, {size}) of {s.size} are in {name}"
     else:

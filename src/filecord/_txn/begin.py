@@ -2,17 +2,16 @@
 
 Theory of operation
 -------------------
-1. Before any temp, a lock file per directory (``liveness.create``: made unnamed, ``flock``ed,
-   its ``created`` step naming the journal written and fsynced, then linked to its name): a
-   temp's name implies its lock and that step.
-2. The record (each source's density read through a read-only descriptor) goes to
-   ``.filecord-pending``, fsynced; every directory of the save is fsynced; it is renamed to
-   ``.filecord-journal`` and its directory fsynced: a journal name never holds a torn head.
-   Its descriptor stays open for the later steps, appended at its logical end and fsynced.
-   Each lock file then gets a durable ``journaled`` step: a journal missing later was removed.
-3. Every source the save will shorten or delete is renamed to ``.NAME.TOKEN.filecord-src``
-   and the directories fsynced before anything is cut: a crash leaves each source at one of
-   its two names, both known to ``recover``.
+1. Before any temp, a lock file per directory (``liveness.create``), its ``created`` step
+   naming the journal durable: a temp's name implies its lock and that step.
+2. The record goes to ``.filecord-pending``, fsynced, every directory of the save fsynced,
+   then is renamed to ``.filecord-journal``, its directory fsynced: a journal name never holds
+   a torn head.  Later steps are appended through its open descriptor at its logical end, each
+   fsynced.  Each lock file then gets a durable ``journaled`` step: a journal missing later was
+   removed.
+3. Every source the save will shorten or delete is renamed to ``.NAME.TOKEN.filecord-src``,
+   the directories fsynced, before anything is cut: a crash leaves each source at one of its
+   two names, both known to ``recover``.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import os
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._io.paths import kernel_path
+from filecord._plan.facts import unless_unsupported
 from filecord._txn import journal, liveness, undo
 from filecord._txn.stages import Stage
 from filecord._txn.state import Txn
@@ -35,7 +35,6 @@ def journal_name(txn: Txn, suffix: str) -> str:
 
 
 def lock_directories(txn: Txn) -> None:
-    """One locked lock file per directory that will hold a temp, before any temp exists."""
     outs = [o.target for o in txn.prep.plan.outputs if not o.direct]
     if not outs:
         return
@@ -47,16 +46,6 @@ def lock_directories(txn: Txn) -> None:
             raise SaveError(f"{path}: {exc.strerror}; nothing was written, retry the save",
                             errno=exc.errno) from exc
         txn.locks.append((path, fd))
-
-
-def _umask() -> int:
-    try:
-        for line in _sys.read_text("/proc/self/status").splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
 
 
 def _dense(path: str, st: os.stat_result) -> bool:
@@ -71,16 +60,14 @@ def _dense(path: str, st: os.stat_result) -> bool:
         now = _sys.fstat(fd)
         if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             return False  # replaced meanwhile: the weaker claim, the checks at rollback decide
-        try:
+        extents = unless_unsupported(lambda: _sys.extents(fd, 0, st.st_size))
+        if extents is not None:
             pos = 0
-            for lo, n, flags, _at in sorted(_sys.extents(fd, 0, st.st_size)):
+            for lo, n, flags, _at in sorted(extents):
                 if lo > pos or flags & _sys.FIEMAP_EXTENT_UNWRITTEN:
                     return False
                 pos = max(pos, lo + n)
             return pos >= st.st_size
-        except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL):
-                raise
         try:
             return _sys.lseek(fd, 0, getattr(os, "SEEK_HOLE", 4)) >= st.st_size
         except OSError as exc:
@@ -94,7 +81,6 @@ def _dense(path: str, st: os.stat_result) -> bool:
 def _record(txn: Txn) -> journal.Journal:
     p = txn.prep.plan
     moves = {m.key: m for m in p.moves}
-    adopted_out = p.adopted
     sources = []
     # In the order the moves run, then the sources only deleted at commit (recover checks it).
     for key in [*moves, *sorted(set(p.consumed) - set(moves))]:
@@ -116,10 +102,10 @@ def _record(txn: Txn) -> journal.Journal:
             outputs.append(journal.JournalOutput(out.target, 0, 0, out.length, direct=True))
             continue
         mine = _sys.fstat(fd)
-        dev, ino = adopted_out.get(o, (mine.st_dev, mine.st_ino))
+        dev, ino = p.adopted.get(o, (mine.st_dev, mine.st_ino))
         mode, uid, gid = (-1, -1, -1) if tst is None else (tst.st_mode, tst.st_uid, tst.st_gid)
-        if o in adopted_out and tst is None:
-            mode = 0o666 & ~_umask()  # what open() would have given a new file
+        if o in p.adopted and tst is None:
+            mode = mine.st_mode  # the empty temp's: what open() gives a new file here
         old = (0, 0) if tst is None else (tst.st_dev, tst.st_ino)
         outputs.append(journal.JournalOutput(out.target, dev, ino, out.length, mode, uid, gid,
                                              old_dev=old[0], old_ino=old[1],
@@ -129,7 +115,6 @@ def _record(txn: Txn) -> journal.Journal:
 
 
 def write_journal(txn: Txn) -> journal.Journal:
-    """Pending record, fsync, fsync every directory, rename to the journal name, fsync."""
     record = txn.record = _record(txn)
     pending = journal_name(txn, _names.PENDING)
     head = journal.encode(record)  # once: a head of 100,000 moved ranges is megabytes
@@ -143,8 +128,7 @@ def write_journal(txn: Txn) -> journal.Journal:
     txn.journal_fd = fd  # kept open: the later steps are appended through it
     txn.journal_end = txn.journal_tail = len(head)
     # Every name the rollback needs (temps, lock files) durable before the journal's.
-    temps = [t for t in txn.temps if t is not None]
-    txn.counters.fsyncs += _sys.fsync_parents([pending, *temps])
+    txn.counters.fsyncs += _sys.fsync_parents([pending, *filter(None, txn.temps)])
     final = journal_name(txn, _names.JOURNAL)
     _sys.rename(pending, final)
     txn.journal_path = final
@@ -157,7 +141,6 @@ def write_journal(txn: Txn) -> journal.Journal:
 
 
 def park_sources(txn: Txn, record: journal.Journal) -> None:
-    """Rename every source the save will shorten or delete to its token name, durably."""
     parked: list[str] = []
     for s in record.sources:
         if s.adopt:
@@ -174,10 +157,9 @@ def park_sources(txn: Txn, record: journal.Journal) -> None:
 
 
 def append_step(txn: Txn, record: bytes, stage: Stage | None = None) -> None:
-    """Append one step at the journal's logical end and fsync it, before the action it
-    licenses; ``stage`` is entered once the fsync returns.  A step whose write or fsync failed
-    is not taken: the next (``rolling back``, ``held``) first cuts the journal back to the
-    logical end.  Until then a crash may keep the failed record, but the files are as it says
+    """One durable step before the action it licenses; ``stage`` is entered once its fsync
+    returns.  A step whose write or fsync failed is not taken: the next (``rolling back``,
+    ``held``) first cuts it off.  Until then a crash may keep it, but the files are as it says
     (every step precedes its action)."""
     fd = txn.journal_fd
     if fd is None:  # pragma: no cover - steps follow the journal's write

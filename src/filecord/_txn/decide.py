@@ -28,10 +28,9 @@ its records check** (SQLite's rule: a journal that checks is played back).
   proves the commit point was passed: ``assess.renamed``).  What neither proves is refused as
   damage, naming the files, never blamed on another process.
 
-The failure path (``failure.fail``) and ``recover`` both ask :func:`decide` and branch on
-nothing else: the stage from the stage machine (``stages``), the finding from the assessment
-(``assess``).  Every ``recover`` result is a row (journal-less saves, held, damaged, missing
-or foreign locks included); its word is the row's action's (:data:`OUTCOME`).
+The failure path and ``recover`` branch on :func:`decide` alone (the stage from ``stages``,
+the finding from ``assess``); every ``recover`` result is a row, reported by its word
+(:data:`OUTCOME`).
 
 Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault point)
 -------------------------------------------------------------------------------------
@@ -39,8 +38,7 @@ Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault 
    in a temp, at every instant, even after a crash that loses every unsynced write: a window
    is fsynced in the temps and its ``cut`` step in the journal before it is cut, a ``moving``
    step only after the source's last cut is fsynced, a put-back fsynced before the temp lets
-   go.
-   Tests: tests/sweeps/test_power_cuts.py, tests/sweeps/test_fault_points.py,
+   go.  Tests: tests/sweeps/test_power_cuts.py, tests/sweeps/test_fault_points.py,
    tests/sweeps/test_fsync_order.py.
 2. The final name holds its old content or the complete new file, never a mix (one rename per
    output after the commit point).  Tests: tests/sweeps/test_kill_points.py,
@@ -71,14 +69,12 @@ Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault 
    Tests: tests/sweeps/test_recover_acts_on_proof.py (Ctrl-C after completion),
    tests/sweeps/test_looks_order_and_records.py, tests/txn/test_recover_completed_save.py,
    tests/txn/test_finish_and_rollback_decisions.py.
-9. An adopted source (renamed onto its output's temp, in place: space inserted in front of it,
-   the rest of the output written around it) is only ever at a size its adoption leaves: its
-   own, or at least its own plus the inserted space; the undo judges from that size alone
-   (truncate, collapse, times, rename back) and any other size is CHANGED, never cut.  The
-   space is fsynced before a byte lands in it.  Tests: tests/unit/txn/test_assess.py (the
-   adopted rows), tests/unit/txn/test_log.py, tests/fsmatrix/test_adopt_in_place.py, and the
-   ``inplace`` scenario of tests/sweeps/test_kill_points.py, test_fault_points.py and
-   test_power_cuts.py.
+9. An adopted source is only ever at a size its adoption leaves: its own, or at least its own
+   plus the space inserted in front of it (fsynced before a byte lands in it); the undo judges
+   from that size alone and any other size is CHANGED, never cut.  Tests:
+   tests/unit/txn/test_assess.py (the adopted rows), tests/unit/txn/test_log.py,
+   tests/fsmatrix/test_adopt_in_place.py, and the ``inplace`` scenario of
+   tests/sweeps/test_kill_points.py, test_fault_points.py and test_power_cuts.py.
 """
 
 from __future__ import annotations
@@ -132,8 +128,7 @@ OUTCOME: dict[Action, Outcome] = {
 _UNDOABLE = (Stage.JOURNALED, Stage.MOVING)
 _BEFORE_JOURNAL = (Stage.CREATED, Stage.FILLED)
 _AFTER_COMMIT = (Stage.COMMITTED, Stage.RENAMED)
-# recover's stages: CREATED is a save without a journal (none made durable), MOVING one whose
-# last step is ``journaled`` or ``moving`` (or whose records do not check)
+# recover's stages: CREATED a save without a journal, MOVING one at ``journaled`` or ``moving``
 _RECOVERED = (Stage.CREATED, Stage.MOVING, Stage.ROLLING_BACK, Stage.COMMITTED, Stage.HELD)
 
 # The one table.  Rows not listed are impossible; :func:`decide` raises for them.
@@ -146,9 +141,8 @@ TABLE: dict[tuple[Actor, Stage, Found], Action] = {
     (Actor.SAVE, Stage.ROLLING_BACK, Found.UNREADABLE): Action.KEEP,  # the undo itself failed
     **{(Actor.SAVE, s, Found.AS_LEFT): Action.FINISH for s in _AFTER_COMMIT},
     (Actor.SAVE, Stage.DONE, Found.AS_LEFT): Action.COMPLETE,
-    # recover: a crashed save's stage is its journal's last step that checks (MOVING covers
-    # "journaled"; a save whose outputs are under their final names is past COMMITTED, lost
-    # step or not: ``assess.renamed``)
+    # recover (a save whose outputs are under their final names is past COMMITTED, lost step
+    # or not: ``assess.renamed``)
     (Actor.RECOVER, Stage.CREATED, Found.AS_LEFT): Action.DISCARD,
     (Actor.RECOVER, Stage.MOVING, Found.AS_LEFT): Action.ROLL_BACK,
     (Actor.RECOVER, Stage.ROLLING_BACK, Found.AS_LEFT): Action.ROLL_BACK,

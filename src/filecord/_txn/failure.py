@@ -2,15 +2,14 @@
 
 Theory of operation
 -------------------
-``_fail`` decides nothing itself: it asks ``decide`` (from the stage and, past the journal, the
-assessment of the files) and runs the one function ``_ACTIONS`` gives for that row.  Before
-the journal the garbage goes (temps, a pending journal, then the lock files, last).  From
-JOURNALED a ``rolling back`` step is made durable first, so a crash continues the undo, then
-``undo.roll_back`` runs on the live files exactly as ``recover`` would.  A source changed by
-someone else, or an undo that fails, keeps everything: the locks are only closed and the notes
-say which file holds which bytes and which ``filecord recover`` continues.  Past the commit
-point nothing is undone and the error names the journal.  Its branch points are counted by
-``tools/failure_branches.py``.
+``fail`` decides nothing itself: it asks ``decide`` (the stage and, past the journal, the
+assessment of the files) and runs the function ``_ACTIONS`` gives for that row.  Before the
+journal the garbage goes (temps, a pending journal, the lock files last).  From JOURNALED a
+durable ``rolling back`` step comes first, so a crash continues the undo, then
+``undo.roll_back`` runs on the live files as ``recover`` would.  A source changed by someone
+else, or a failed undo, keeps everything: the locks only closed, the notes say which file
+holds which bytes and which ``filecord recover`` continues.  Past the commit point nothing is
+undone and the error names the journal.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import NoReturn
 
 from filecord._io import names as _names
@@ -72,9 +72,8 @@ def _raise(exc: BaseException, message: str, notes: list[str], **kw: object) -> 
     """A system call's error becomes a ``SaveError``; the caller's own error keeps its type
     (a DataChangedError stays one), the journal it leaves riding along as attributes."""
     if isinstance(exc, OSError) and not isinstance(exc, FilecordError):
-        err = SaveError(
-            f"{message}: {exc.strerror or exc}", errno=exc.errno, **kw  # type: ignore[arg-type]
-        )
+        err = SaveError(f"{message}: {exc.strerror or exc}", errno=exc.errno,
+                        **kw)  # type: ignore[arg-type]
         for n in notes:
             add_note(err, n)
         raise err from exc
@@ -87,6 +86,8 @@ def _raise(exc: BaseException, message: str, notes: list[str], **kw: object) -> 
 
 
 def _states(record: Journal, seen: assess.Observed) -> tuple[SourceState, ...]:
+    if seen.unreadable is not None:
+        return ()
     states = []
     for s, f in zip(record.sources, seen.sources, strict=True):
         found = assess.locate(record, s, f)
@@ -96,19 +97,8 @@ def _states(record: Journal, seen: assess.Observed) -> tuple[SourceState, ...]:
     return tuple(states)
 
 
-def records_of(txn: Txn, exc: BaseException) -> assess.Records:
-    """What a running save knows, as the records a crashed one leaves: its stage, its count of
-    finished moves, its last looks, and the change it saw mid-move."""
-    looks = {k: assess.Look(assess.Facts.of(st), pending) for k, (st, pending) in txn.looks.items()}
-    return assess.Records(Actor.SAVE, txn.stage, txn.moves_done, frozenset(txn.inserted),
-                          looks=looks,
-                          during=assess.seen_mid_move(exc, txn.moving or txn.changed),
-                          cause=exc)
-
-
-def _journaled(txn: Txn) -> tuple[Journal, str]:
-    """The record and journal name of a save past JOURNALED (the stage machine enters
-    JOURNALED only once both exist); a bug in filecord otherwise."""
+def journaled(txn: Txn) -> tuple[Journal, str]:
+    """The record and journal name of a save past JOURNALED; a bug in filecord otherwise."""
     record, path = txn.record, txn.journal_path
     if record is None or path is None:  # pragma: no cover - the stage table rules it out
         raise StageError(f"a save at {txn.stage.value} without its journal")
@@ -117,39 +107,26 @@ def _journaled(txn: Txn) -> tuple[Journal, str]:
 
 def _keep(txn: Txn, f: _Failed, notes: list[str], *, held: bool = False) -> NoReturn:
     """Row KEEP: the journal and temps stay for recover (no byte changed, or the files could
-    not be checked); the notes say where every source's bytes are."""
+    not be checked); the notes say where every source's bytes are.  Row HOLD (``held``: a
+    source changed mid-move): the ``held`` step first, so no recover ever rolls back over the
+    change (it would fill the gap with whatever the temps hold)."""
+    if held:
+        try:
+            begin.append_step(txn, journal.step(Stage.HELD), Stage.HELD)
+        except OSError as exc:
+            notes.append(f"could not mark the journal held ({exc}): recover refuses it anyway "
+                         "if the change shows in the source's size")
     _close(txn, notes)
     drop_locks(txn, remove=False)
-    record, path = _journaled(txn)
-    states: tuple[SourceState, ...] = ()
+    record, path = journaled(txn)
     key = txn.moving or txn.changed
     during = assess.seen_mid_move(f.exc, key)  # the size the move last left it at
     left_at = {} if during is None or key is None else {key: during.expected_size}
     lines, seen = assess.where_now(record, left_at, inserted=frozenset(txn.inserted), held=held)
     notes.extend(lines)
-    if seen.unreadable is None:
-        states = _states(record, seen)
     notes.append(f"{f.why}; run `filecord recover {path}` once the cause is fixed")
-    _raise(f.exc, f"saving {f.names} failed", notes, journal_path=path, sources=states)
-
-
-def _hold(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
-    """Row HOLD: a source changed mid-move: the ``held`` step first, so no recover ever rolls
-    back over the change (it would fill the gap with whatever the temps hold), then KEEP."""
-    try:
-        begin.append_step(txn, journal.step(Stage.HELD), Stage.HELD)
-    except OSError as exc:
-        notes.append(f"could not mark the journal held ({exc}): recover refuses it anyway if "
-                     "the change shows in the source's size")
-    _keep(txn, f, notes, held=True)
-
-
-def fail(txn: Txn, exc: BaseException) -> NoReturn:
-    """Clean up after ``exc`` and raise the error the caller sees; the save ends FAILED."""
-    try:
-        _fail(txn, exc)
-    finally:
-        txn.to(Stage.FAILED)
+    _raise(f.exc, f"saving {f.names} failed", notes, journal_path=path,
+           sources=_states(record, seen))
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,21 +138,30 @@ class _Failed:
     why: str = ""
 
 
-def _fail(txn: Txn, exc: BaseException) -> NoReturn:
-    """Ask the table what to do (the stage, and past the journal the files' assessment)."""
+def fail(txn: Txn, exc: BaseException) -> NoReturn:
+    """Clean up after ``exc`` as the table says (from the stage and, past the journal, the
+    files' assessment) and raise the error the caller sees; the save ends FAILED."""
     names = ", ".join(o.path for o in txn.prep.plan.outputs)
     notes: list[str] = []
-    if txn.stage not in _UNDOABLE:  # nothing to assess: the stage alone decides
-        _ACTIONS[decide(Actor.SAVE, txn.stage, Found.AS_LEFT)](txn, _Failed(exc, names), notes)
-    record = _journaled(txn)[0]
-    records = records_of(txn, exc)
-    found = assess.assess(record, records, assess.observe(record))
-    txn.changed = found.changed or txn.changed  # for the notes: where the change is
-    if found.found is Found.METADATA:  # no byte changed: recover may roll it back
-        log.warning("%s; the save stops, recover may roll it back", found.error or exc)
-    notes.extend(found.notes)
-    _ACTIONS[decide(Actor.SAVE, txn.stage, found.found)](
-        txn, _Failed(found.error or exc, names, found.why), notes)
+    try:
+        if txn.stage not in (Stage.JOURNALED, Stage.MOVING):  # the stage alone decides
+            _ACTIONS[decide(Actor.SAVE, txn.stage, Found.AS_LEFT)](txn, _Failed(exc, names), notes)
+        record = journaled(txn)[0]
+        # What the running save knows, as the records a crashed one would leave.
+        looks = {k: assess.Look(assess.Facts.of(st), pending)
+                 for k, (st, pending) in txn.looks.items()}
+        records = assess.Records(Actor.SAVE, txn.stage, txn.moves_done, frozenset(txn.inserted),
+                                 looks=looks, cause=exc,
+                                 during=assess.seen_mid_move(exc, txn.moving or txn.changed))
+        found = assess.assess(record, records, assess.observe(record))
+        txn.changed = found.changed or txn.changed  # for the notes: where the change is
+        if found.found is Found.METADATA:  # no byte changed: recover may roll it back
+            log.warning("%s; the save stops, recover may roll it back", found.error or exc)
+        notes.extend(found.notes)
+        _ACTIONS[decide(Actor.SAVE, txn.stage, found.found)](
+            txn, _Failed(found.error or exc, names, found.why), notes)
+    finally:
+        txn.to(Stage.FAILED)
 
 
 def _complete(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
@@ -191,11 +177,11 @@ def _finish(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row FINISH: after the commit point nothing is undone; recover finishes (or, without a
     journal, the one rename was the commit and only its directory's fsync failed)."""
     _close(txn, notes)
+    drop_locks(txn, remove=txn.journal_path is None)  # a journal's are recover's to remove
     if txn.journal_path is not None:
         # RENAMED: every output is under its final name, so the save succeeded and only its
         # clean-up did not (``committed``: the CLI exits 0 with this as a warning).
         renamed = txn.stage is Stage.RENAMED
-        drop_locks(txn, remove=False)
         left = ("every output is complete under its final name; run `filecord recover {}` to "
                 "remove what is left of the consumed sources and the journal" if renamed else
                 "the outputs are complete; run `filecord recover {}` to finish moving them to "
@@ -205,7 +191,6 @@ def _finish(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
             "failed after its commit point"
         _raise(f.exc, f"saving {f.names} {what}", notes, journal_path=txn.journal_path,
                committed=renamed)
-    drop_locks(txn, remove=True)
     notes.append(f"{f.names} holds the complete new content, but syncing its directory "
                  "failed: after a power loss the old file may come back")
     _raise(f.exc, f"saving {f.names} failed after the rename", notes)
@@ -215,7 +200,7 @@ def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row ROLL_BACK: append the ``rolling back`` step (durable), put every byte back on the
     live files exactly as recover would, then discard the rest.  A failure of the undo asks
     the table again, at the stage reached, with the files unreadable."""
-    record, _path = _journaled(txn)
+    record, _path = journaled(txn)
     try:
         begin.append_step(txn, journal.step(Stage.ROLLING_BACK), Stage.ROLLING_BACK)
         _close(txn, notes)  # the undo opens what it needs by name, as recover does
@@ -237,37 +222,9 @@ def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
 def _discard(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row DISCARD (and the end of ROLL_BACK): nothing of the save is left but its garbage."""
     _close(txn, notes)
-    left = _remove_garbage(txn, notes)
-    drop_locks(txn, remove=not left)
-    streams = [o.path for o in txn.prep.plan.outputs if o.direct]
-    if streams:
-        notes.append(f"bytes already written to {', '.join(streams)} (not a regular file) "
-                     "cannot be taken back")
-    notes.append("no final name was changed and the sources are intact: the save can be retried")
-    # A journal that could not be removed (its last step ``rolling back``: the rollback is
-    # done) is named, so the caller can have ``recover`` remove it.
-    kept = {"journal_path": txn.journal_path} if left else {}
-    _raise(f.exc, f"saving {f.names} failed", notes, **kept)
-
-
-_UNDOABLE = (Stage.JOURNALED, Stage.MOVING)
-# Each row of the table (``decide.Action``) and the one function that carries it out.
-_ACTIONS: dict[Action, Callable[[Txn, _Failed, list[str]], NoReturn]] = {
-    Action.DISCARD: _discard,
-    Action.ROLL_BACK: _roll_back,
-    Action.FINISH: _finish,
-    Action.KEEP: _keep,
-    Action.HOLD: _hold,
-    Action.COMPLETE: _complete,
-}
-
-
-def _remove_garbage(txn: Txn, notes: list[str]) -> bool:
-    """Unlink temps, a pending journal and the journal; True if something could not go."""
     paths = [t for t in txn.temps if t is not None]
-    first = next((o for o in txn.prep.plan.outputs if not o.direct), None)
-    if first is not None:
-        paths.append(_names.sibling(first.target, txn.token, _names.PENDING))
+    if paths:  # a pending journal comes after the temps
+        paths.append(begin.journal_name(txn, _names.PENDING))
     left = False
     for p in paths:  # each error is noted, never raised over the cause
         try:
@@ -282,4 +239,24 @@ def _remove_garbage(txn: Txn, notes: list[str]) -> bool:
         except OSError as exc:
             notes.append(f"could not remove the journal {txn.journal_path}: {exc}")
             left = True
-    return left
+    drop_locks(txn, remove=not left)
+    streams = [o.path for o in txn.prep.plan.outputs if o.direct]
+    if streams:
+        notes.append(f"bytes already written to {', '.join(streams)} (not a regular file) "
+                     "cannot be taken back")
+    notes.append("no final name was changed and the sources are intact: the save can be retried")
+    # A journal that could not be removed (its last step ``rolling back``: the rollback is
+    # done) is named, so the caller can have ``recover`` remove it.
+    kept = {"journal_path": txn.journal_path} if left else {}
+    _raise(f.exc, f"saving {f.names} failed", notes, **kept)
+
+
+# Each row of the table (``decide.Action``) and the one function that carries it out.
+_ACTIONS: dict[Action, Callable[[Txn, _Failed, list[str]], NoReturn]] = {
+    Action.DISCARD: _discard,
+    Action.ROLL_BACK: _roll_back,
+    Action.FINISH: _finish,
+    Action.KEEP: _keep,
+    Action.HOLD: partial(_keep, held=True),
+    Action.COMPLETE: _complete,
+}

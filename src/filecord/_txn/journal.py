@@ -6,35 +6,30 @@ A magic line, then one record per line::
 
     LLLLLLLL SSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSS {"moved": 1, "stage": "moving"}
 
-``L`` is the payload's length (8 hex digits), ``S`` the first 16 bytes of its sha256 (in the
-standard library, and unlike a CRC no digit changed elsewhere can make it match), the payload
-canonical ASCII JSON.  The one record kind is the *step*, a stage entered (``stages.Stage``),
-appended and fsynced before what it licenses:
+``L`` is the payload's length (8 hex digits), ``S`` the first 16 bytes of its sha256 (unlike a
+CRC, no digit changed elsewhere can make it match), the payload canonical ASCII JSON.  The one
+record kind is the *step*, a stage entered (``stages.Stage``), appended and fsynced before what
+it licenses:
 
 * ``journaled`` with ``save``, the head (:class:`Journal`), written **twice** under the
   ``.filecord-pending`` name, fsynced, then renamed: a journal name never holds a torn head;
 * ``moving`` with ``cut: [dev, ino, size]``, after a window's fsync in the temps and before the
-  truncate: a moved source is at its own size or one its ``cut`` steps name, never below the
-  last (a truncate may not reach the disk, none runs before its step: ``Log.cuts``);
-* ``moving`` with ``moved: N``, after the Nth moved source's last truncate is fsynced, and with
-  ``inserted: [dev, ino]`` too once an adopted file's inserted space is fsynced (its size
-  alone cannot say: a writer may have appended as much);
+  truncate (a truncate may not reach the disk, none runs before its step: ``Log.cuts``);
+* ``moving`` with ``moved: N`` once the Nth moved source's last truncate is fsynced, and with
+  ``inserted: [dev, ino]`` once an adopted file's inserted space is (its size alone cannot
+  say: a writer may have appended as much);
 * ``committed`` with ``looked`` (the last look at each parked source): the commit point once
   fsynced (``begin.append_step`` cuts a failed one off before the next step);
-* ``rolling back`` and ``held``.
+* ``rolling back`` and ``held``; the lock files (``liveness``) hold ``created`` (the journal's
+  path) and ``journaled``.
 
-The lock files (``liveness``) hold ``created`` (the journal's path) and ``journaled`` steps.
-
-:func:`read_log` replays WAL style: it stops at the first record that does not check; that is
-a torn tail when no later record checks, else damage (a crash only cuts the tail).  The
-format is strict: a record whose checksum holds but that no save writes (an unknown stage or
-field, a field out of range for the head), bytes after a complete last record, or steps in an
-order the stage table forbids (``stages.may_follow``) are damage (:class:`JournalDamagedError`,
-never "another process").  The stage of a crashed save is its last step.  Appends go at the
-logical end (after the last record that checks), so a torn one is overwritten, not merged.
-
-Temp and parked paths are derived from the token (``_names``), never stored; :func:`confine`
-bounds every path and range a head holds (the trust rule, ``decide``).
+:func:`read_log` replays WAL style, strictly: it stops at the first record that does not check,
+a torn tail when no later record checks, else damage (a crash only cuts the tail).  A record
+whose checksum holds but that no save writes, bytes after a complete last record, or steps in
+an order the stage table forbids (``stages.may_follow``) are damage too, never "another
+process".  Appends go at the logical end (after the last record that checks), so a torn one is
+overwritten, not merged.  Temp and parked paths are derived from the token, never stored;
+:func:`confine` bounds every path and range a head holds (the trust rule, ``decide``).
 """
 
 from __future__ import annotations
@@ -117,15 +112,13 @@ class JournalSource:
 
     @property
     def inserted(self) -> int:
-        """For an adopted source, the bytes inserted in front of it in its output's temp (its
-        journaled offset there; 0: a whole-output rename, or one the output starts with)."""
+        """The bytes inserted in front of an adopted source in its output's temp (its offset)."""
         return self.dests[0].out_offset if self.adopt and self.dests else 0
 
     def adopted_size(self, size: int, length: int, *, inserted: bool) -> bool:
-        """Whether this save's adoption (or its undo) can have left the adopted source at
-        ``size`` at its temp (complete: ``length``): its own size; with the insert recorded,
-        up to ``length`` from its size plus the space; without, exactly that (the insert done,
-        its step not yet).  Any other size is another process's cut or append."""
+        """Whether its adoption (or undo) can have left the adopted source at ``size`` at its
+        temp: its own; up to ``length`` from its size plus the space once the insert is
+        recorded; exactly that before (done, its step not yet).  Else another process's."""
         if size == self.size:
             return True
         if inserted or not self.inserted:  # nothing to insert: nothing to record
@@ -174,8 +167,7 @@ class Journal:
     window: int
     outputs: tuple[JournalOutput, ...]
     sources: tuple[JournalSource, ...]
-    # Files the commit removes (:class:`JournalRemoval`), in order.
-    removals: tuple[JournalRemoval, ...] = ()
+    removals: tuple[JournalRemoval, ...] = ()  # unlinked at the commit, in order
 
     def temp(self, o: int) -> str:
         """Output ``o``'s temp path (derived, never stored)."""
@@ -187,13 +179,15 @@ class Journal:
 
     def directories(self) -> list[str]:
         """Every directory holding a temp, in output order, without repeats."""
-        return list(dict.fromkeys(
-            os.path.dirname(o.final) for o in self.outputs if not o.direct
-        ))
+        return list(self.locks())
 
     def locks(self) -> dict[str, str]:
-        """Each of :meth:`directories` -> its lock file (:func:`lock_files`)."""
+        """Each directory holding a temp -> its lock file (:func:`lock_files`)."""
         return lock_files((o.final for o in self.outputs if not o.direct), self.token)
+
+    def moved(self) -> list[JournalSource]:
+        """The sources a move shortens, in the order the moves run."""
+        return [s for s in self.sources if not s.adopt and s.run_start < s.size]
 
 
 def lock_files(finals: Iterable[str], token: str) -> dict[str, str]:
@@ -213,8 +207,9 @@ _SOURCE = (("dev", int), ("ino", int), ("path", str), ("size", int), ("run_start
            ("atime_ns", int), ("mtime_ns", int), ("mode", int), ("adopt", bool), ("dense", bool))
 
 
-def _body(j: Journal) -> dict[str, object]:
-    return {
+def encode(j: Journal) -> bytes:
+    """The journal as written under its pending name: magic and the head, twice."""
+    head = step(Stage.JOURNALED, save={
         "version": VERSION,
         "token": j.token,
         "window": j.window,
@@ -227,7 +222,8 @@ def _body(j: Journal) -> dict[str, object]:
              "dests": [[d.output, d.out_offset, d.length, d.src_offset] for d in s.dests]}
             for s in j.sources
         ],
-    }
+    })
+    return MAGIC + head + head
 
 
 def _sum(payload: bytes) -> bytes:
@@ -254,8 +250,7 @@ def stage_of(record: Step) -> Stage:
 
 
 def unframe(line: bytes) -> dict[str, object]:
-    """The step of one record line (without its newline); ValueError if it does not check:
-    wrong length, wrong checksum, not JSON, not a step of a recorded stage."""
+    """The step of one record line (without its newline); ValueError if it does not check."""
     if len(line) < 42 or line[8:9] != b" " or line[41:42] != b" ":
         raise ValueError("not a record")
     length, digest, payload = line[:8], line[9:41], line[42:]
@@ -316,10 +311,9 @@ def _overlong(line: bytes) -> bool:
 
 
 def replay(lines: list[bytes], *, torn_tail: bool, after: Stage | None = None) -> Replay:
-    """WAL replay of whole record lines: stop at the first that does not check; it is damage
-    when a later line checks or it runs into a record that followed it, else the torn tail.
-    The steps that check must follow each other as the stage table allows (from ``after``,
-    the stage of the records before these, if any): a succession no save writes is damage."""
+    """WAL replay of whole record lines: stop at the first that does not check, damage when a
+    later line checks or it runs into the next record, else the torn tail.  The steps must
+    follow each other (from ``after``, the stage before them) as the stage table allows."""
     records: list[dict[str, object]] = []
     for n, line in enumerate(lines, start=1):
         try:
@@ -355,12 +349,6 @@ def split_lines(data: bytes) -> tuple[list[bytes], bool]:
     return lines[:-1], lines[-1] != b""
 
 
-def encode(j: Journal) -> bytes:
-    """The journal as written under its pending name: magic and the head, twice."""
-    head = step(Stage.JOURNALED, save=_body(j))
-    return MAGIC + head + head
-
-
 def encode_moving(done: int) -> bytes:
     return step(Stage.MOVING, moved=done)
 
@@ -381,20 +369,15 @@ class Log:
 
     journal: Journal
     moved: int = 0  # the first N moved sources (journal order) have finished, durably
-    # adopted sources whose inserted space is durable (their ``inserted`` steps)
-    inserted: frozenset[tuple[int, int]] = frozenset()
+    inserted: frozenset[tuple[int, int]] = frozenset()  # their ``inserted`` steps
     looked: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     torn: bool = False
-    # The stage of a crashed save: its last step (MOVING when the head is the last: whether
-    # a source was touched, the files tell).
+    # the last step's (MOVING for the head alone: whether a source was touched, the files tell)
     stage: Stage = Stage.MOVING
     end: int = 0  # the logical end: where the next step is appended
-    # ``read_log(intact_prefix=True)``: why a record before the last does not check (the
-    # steps above are then the records before it, and recover judges the rest from the files)
-    damage: str | None = None
-    # per moved source, the sizes its ``cut`` steps name, in order: the only sizes besides
-    # its own a crash can leave it at (a truncate may not reach the disk, none runs before
-    # its step), every byte past the last one durable in the temps
+    damage: str | None = None  # ``intact_prefix``: why a record before the last does not check
+    # per moved source, the sizes its ``cut`` steps name, in order: besides its own, the only
+    # sizes a crash can leave it at, every byte past the last one durable in the temps
     cuts: Mapping[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
 
 
@@ -402,7 +385,15 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
     """The head record, the whole lines after the magic line, whether a torn tail follows,
     and the offset of the first of those lines."""
     lines, torn = split_lines(data)
-    _refuse_another_version(data)
+    # A magic line naming another version is refused naming it, whatever the records after it
+    # say (a later version may keep this layout, and is never played back as this one); a flip
+    # that turns the digit into another is refused alike, touching nothing.
+    version = lines[0].removeprefix(b"filecord-journal ") if lines else b""
+    if version.isdigit() and int(version) != VERSION:
+        raise JournalVersionError(
+            f"the journal was written by {'an older' if int(version) < VERSION else 'another'} "
+            f"filecord (journal version {int(version)}): recover it with the filecord that "
+            "wrote it")
     start = 0
     # The magic line itself damaged: the checksum, not the position, says it is no record.
     if lines and (data.startswith(MAGIC) or _unframed(lines[0]) is None):
@@ -423,19 +414,6 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
         "the journal is damaged: no copy of its head record checks out ("
         + "; ".join(problems or ["empty"]) + ")"
     )
-
-
-def _refuse_another_version(data: bytes) -> None:
-    """A magic line naming another version is refused naming it, whatever the records after
-    it say: a later version may keep this one's record layout, and is never played back as
-    this one.  A flip that turns the digit into another is refused alike (touching nothing)."""
-    line = data.split(b"\n", 1)[0]
-    version = line.removeprefix(b"filecord-journal ")
-    if len(line) < len(data) and version.isdigit() and int(version) != VERSION:
-        raise JournalVersionError(
-            f"the journal was written by {'an older' if int(version) < VERSION else 'another'} "
-            f"filecord (journal version {int(version)}): recover it with the filecord that "
-            "wrote it")
 
 
 def decode(data: bytes) -> Journal:
@@ -483,8 +461,8 @@ def read_log(data: bytes, *, intact_prefix: bool = False) -> Log:
 def _steps(j: Journal, records: tuple[dict[str, object], ...]) -> Log:
     """What the steps after the head say (moves finished, inserts done, cuts, last looks, the
     last stage), each field checked against the head: one out of range is damage."""
-    moved_keys = [(s.dev, s.ino) for s in j.sources if not s.adopt and s.run_start < s.size]
     sources = {(s.dev, s.ino): s for s in j.sources}
+    movers = {(s.dev, s.ino): s for s in j.moved()}
     moved = 0
     inserted: set[tuple[int, int]] = set()
     cuts: dict[tuple[int, int], tuple[int, ...]] = {}
@@ -496,16 +474,14 @@ def _steps(j: Journal, records: tuple[dict[str, object], ...]) -> Log:
             stage = Stage.MOVING
         elif "cut" in rec:
             dev, ino, size = (_a(int, v) for v in _a(list, rec["cut"]))
-            was = cuts.get((dev, ino), ())
-            s = sources.get((dev, ino))
-            if (dev, ino) not in moved_keys or s is None or not (
-                    s.run_start <= size < (was[-1] if was else s.size)):
+            was, s = cuts.get((dev, ino), ()), movers.get((dev, ino))
+            if s is None or not s.run_start <= size < (was[-1] if was else s.size):
                 raise ValueError(f"a cut of ({dev}, {ino}) to {size} no move of it makes")
             cuts[(dev, ino)] = (*was, size)
         elif stage is Stage.MOVING:
             moved = max(moved, _a(int, rec["moved"]))
-            if moved > len(moved_keys):
-                raise ValueError(f"{moved} moves finished of {len(moved_keys)}")
+            if moved > len(movers):
+                raise ValueError(f"{moved} moves finished of {len(movers)}")
             if "inserted" in rec:
                 dev, ino = (_a(int, v) for v in _a(list, rec["inserted"]))
                 s = sources.get((dev, ino))
@@ -578,7 +554,9 @@ def _clean(path: str) -> bool:
 
 
 def _unconfined(j: Journal, journal_path: str) -> Iterator[str]:
-    """Why the head reaches beyond its save, first reason first (see :func:`confine`)."""
+    """Why the head reaches beyond its save, first reason first: a path not absolute and
+    normalised, an index or range out of bounds, a token not its name's, the journal away from
+    its first output's directory (resolved)."""
     parsed = _names.parse(os.path.basename(journal_path))
     if parsed is None or parsed[0] != j.token:
         yield "the record's token is not the one in its name"
@@ -587,6 +565,8 @@ def _unconfined(j: Journal, journal_path: str) -> Iterator[str]:
     for o in j.outputs:
         if not _clean(o.final):
             yield f"output path {o.final!r} is not confined"
+        if o.discard and o.direct:
+            yield f"{o.final}: a discard output is direct"
     for s in j.sources:
         if not _clean(s.path):
             yield f"source path {s.path!r} is not confined"
@@ -608,9 +588,6 @@ def _unconfined(j: Journal, journal_path: str) -> Iterator[str]:
                 yield (f"{s.path}: a range {d.src_offset}+{d.length} -> output {d.output} at "
                        f"{d.out_offset} is outside the source, its outputs or their temps")
     dirs = j.directories()
-    for o in j.outputs:
-        if o.discard and o.direct:
-            yield f"{o.final}: a discard output is direct"
     # A file the commit removes is not named by the token, so it must at least sit where the
     # save worked: beside an output with a temp (a direct output's directory holds no lock
     # file of the save) or a source (``undo.discard_and_remove`` asks recover for proof there).
@@ -626,9 +603,7 @@ def _unconfined(j: Journal, journal_path: str) -> Iterator[str]:
 
 
 def confine(j: Journal, journal_path: str) -> None:
-    """Refuse a head that could reach beyond its save: every path absolute and normalised,
-    indexes and ranges in bounds, the token the one in the journal's name, the journal in its
-    first output's directory (resolved)."""
+    """Refuse a head that could reach beyond its save (:func:`_unconfined` says why)."""
     why = next(_unconfined(j, journal_path), None)
     if why is not None:
         raise JournalDamagedError(why)  # the caller names the journal

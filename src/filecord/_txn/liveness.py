@@ -69,7 +69,7 @@ def _names_same(fd: int, path: str) -> bool:
 
 
 def create(path: str, content: bytes) -> int:
-    """Make and lock a new lock file (the save's side, as the module says); its descriptor."""
+    """The save's side (the module's steps); the descriptor."""
     fd = _sys.open_unnamed(os.path.dirname(path) or ".")
     named = fd is None
     if fd is None:  # no unnamed file here: made under its name, locked at once
@@ -126,8 +126,7 @@ def pointer_record(journal_path: str) -> bytes:
 
 
 def mark_journaled(fd: int, end: int) -> None:
-    """Append the ``journaled`` step at ``end``, durably: a journal missing from now on was
-    removed, never not made."""
+    """The durable ``journaled`` step: a journal missing from now on was removed."""
     _sys.write_all(fd, journal.step(Stage.JOURNALED), end)
     _sys.fsync(fd)
 
@@ -143,8 +142,7 @@ class Pointer:
 
 
 def read_pointer(raw: bytes, token: str) -> Pointer:
-    """The steps of a lock file: ``created`` (with the journal's path), then at most a
-    ``journaled``; anything else is damage."""
+    """``created`` (with the journal's path), then at most ``journaled``; else damage."""
     lines, _torn = journal.split_lines(raw)
     r = journal.replay(lines, torn_tail=_torn)
     if r.damage is not None:

@@ -4,18 +4,12 @@ back into, only a file still as last seen.
 Theory of operation
 -------------------
 The inode alone proves nothing about a write by a process that had the file open, so per
-source the save keeps its last look (``Txn.looks``: size, mtime, ctime):
-
-1. after parking (:func:`take`; the rename moved the ctime), size and mtime still those the
-   copies checked; a move replaces the look after each truncate and records the size a
-   truncate in flight leaves (``transfer.move_source``);
-2. just before the ``committed`` step (:func:`check`), every parked source re-stated and
-   compared: a difference is a ``DataChangedError`` and the journal is held; the looks go
-   into that step for recover's finish;
-3. immediately before each unlink after the commit (``undo.unlink_parked``, which recover's
-   finish runs too): a changed source is kept (its name back with ``link``, else its parked
-   name) and the save raises a committed ``DataChangedError`` once the rest is done;
-4. on a failure before the commit, the rollback's assessment compares them too (``assess``).
+source the save keeps its last look (``Txn.looks``: size, mtime, ctime), taken after parking
+(:func:`take`) and after each truncate (``transfer.move_source``, with the size a truncate in
+flight leaves), and compares it just before the ``committed`` step (:func:`check`: a
+difference is a ``DataChangedError``, the journal held; the looks go into that step for
+recover's finish), before each unlink after the commit (:func:`changed`: a changed source is
+kept and the committed save raises once the rest is done), and in the rollback's assessment.
 
 An adopted file the save writes around is its output's inode, so size and times cannot tell
 another process's cut from the save's writes: once its blocks are durable the save records
@@ -38,7 +32,7 @@ from filecord.errors import ChangeKind, DataChangedError
 
 
 def take(txn: Txn) -> None:
-    """The first look at each parked source (step 1)."""
+    """The first look at each parked source."""
     record = txn.record
     if record is None:  # pragma: no cover - parking needs a journal
         return
@@ -62,8 +56,8 @@ def take(txn: Txn) -> None:
 
 
 def check(txn: Txn) -> list[tuple[int, int, int, int]]:
-    """Every parked source as last seen, just before the commit point (step 2): the looks
-    (dev, ino, size, mtime) for the ``committed`` step."""
+    """Every parked source as last seen, just before the commit point: the looks (dev, ino,
+    size, mtime) for the ``committed`` step."""
     record = txn.record
     if record is None:
         return []
@@ -86,7 +80,7 @@ def check(txn: Txn) -> list[tuple[int, int, int, int]]:
 
 def changed(txn: Txn, s: JournalSource, st: os.stat_result) -> int | None:
     """The size the save last saw of parked source ``s`` if ``st`` is no longer as it saw it,
-    else None (step 3)."""
+    else None."""
     look = txn.looks.get((s.dev, s.ino))
     if look is None or assess.as_seen(Facts.of(st), Facts.of(look[0])):
         return None

@@ -37,7 +37,6 @@ from filecord._pieces.cord import Cord
 from filecord._plan.plan import make_plan
 from filecord._plan.preflight import (
     CordLike,
-    Facts,
     Target,
     gather,
     normalize,
@@ -46,10 +45,10 @@ from filecord._plan.preflight import (
 )
 from filecord._plan.report import SaveReport
 from filecord._plan.space import check_space
-from filecord._plan.types import BLOCK, NOT_OWNED, MoveSource, PieceActions, SavePlan
+from filecord._plan.types import MoveSource, PieceActions, SavePlan
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord._txn import adopt, begin, fill, journal, looks, transfer, undo
-from filecord._txn.failure import close_descriptors, drop_locks
+from filecord._txn.failure import close_descriptors, drop_locks, journaled
 from filecord._txn.failure import fail as _fail
 from filecord._txn.stages import Stage
 from filecord._txn.state import Prepared, Txn
@@ -70,7 +69,7 @@ def save(
 ) -> SaveReport:
     """Write ``cord`` to ``path`` atomically and durably; see :func:`save_many`."""
     return _run(normalize(path, cord), consume=consume, window=window, progress=progress,
-                durable=durable, in_place=in_place)
+                durable=durable, in_place=in_place)[0]
 
 
 def save_many(
@@ -111,7 +110,7 @@ def save_many(
     keep the output's blocks apart from the source's).
     """
     return _run(normalize(outputs, None), consume=consume, window=window, progress=progress,
-                durable=durable, in_place=in_place)
+                durable=durable, in_place=in_place)[0]
 
 
 def plan(
@@ -128,19 +127,19 @@ def plan(
     ``report.window`` is the sync window the save would use and ``report.window_note`` why it
     is smaller than the default, when it is.
     """
-    _facts, p = _plan(normalize(target, cord), consume=consume, window=window, in_place=in_place)
+    p = _plan(normalize(target, cord), consume=consume, window=window, in_place=in_place).plan
     return _report(p, p.actions, dry_run=True)
 
 
 def _plan(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_place: bool,
-          discard: frozenset[str] = frozenset()) -> tuple[Facts, SavePlan]:
+          discard: frozenset[str] = frozenset()) -> Prepared:
     """The preflight's facts and the plan made of them (insertion probed only if asked)."""
     adopt_in_place = consume and in_place
     facts = gather(items, consume=consume, discard=discard, probe_insert=adopt_in_place)
     p = make_plan(facts.outputs, facts.refs, facts.sources, facts.filesystems, consume=consume,
                   window=window, adopt=adopt_in_place and not replaces_a_source(facts))
     refuse_replaced_sources(facts, p.consumed)
-    return facts, p
+    return Prepared(facts, p)
 
 
 def _report(
@@ -197,21 +196,10 @@ def save_many_finishing(
 ) -> tuple[SaveReport, Removals]:
     """``save_many`` with ``discard`` outputs (built, then unlinked at the commit) and
     ``remove`` files (:class:`Removal`): steps after the commit point the journal carries, so
-    the save and ``recover`` finish them alike."""
-    txn_out: list[Removals] = []
-    report = _run(normalize(outputs, None), consume=consume, window=window, progress=progress,
-                  quiet_reasons=quiet_reasons, discard=discard, remove=remove,
-                  removals_out=txn_out, in_place=in_place)
-    return report, txn_out[0] if txn_out else Removals()
-
-
-def save_many_disowned(
-    outputs: Mapping[Target, CordLike], *, window: int, progress: ProgressCallback | None,
-) -> SaveReport:
-    """``save_many(consume=True)`` for a caller that hands over unowned the pieces it keeps
-    on purpose (and reports itself): "not owned" is then no reason to warn about a copy."""
-    return _run(normalize(outputs, None), consume=True, window=window, progress=progress,
-                quiet_reasons=frozenset({NOT_OWNED}))
+    the save and ``recover`` finish them alike.  A copy for a reason in ``quiet_reasons``
+    (pieces the caller keeps on purpose and reports itself) is not warned about."""
+    return _run(normalize(outputs, None), consume=consume, window=window, progress=progress,
+                quiet_reasons=quiet_reasons, discard=discard, remove=remove, in_place=in_place)
 
 
 def _run(
@@ -225,32 +213,31 @@ def _run(
     quiet_reasons: frozenset[str] = frozenset(),
     discard: frozenset[str] = frozenset(),
     remove: Sequence[Removal] = (),
-    removals_out: list[Removals] | None = None,
-) -> SaveReport:
+) -> tuple[SaveReport, Removals]:
     if consume and not durable:
         raise ValueError("durable=False is for copy saves only: a consuming save deletes its "
                          "sources, so its outputs must be on disk first")
     start = time.perf_counter()
-    prep = _prepare(items, consume=consume, window=window, in_place=in_place,
-                    discard=discard)
+    prep = _prepare(items, consume=consume, window=window, in_place=in_place, discard=discard)
     plan = prep.plan  # from here on, consume and the window are the plan's
     txn = Txn(prep, _names.new_token(), progress, durable=durable)
-    recorded, skipped, given = _removals(prep, remove)
-    txn.removals = recorded
+    txn.removals, skipped, given = _removals(prep, remove)
     try:
         _execute(txn)
     except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
         _fail(txn, exc)
     actions = plan.actions.with_outcomes(txn.outcomes)
-    _warn_copies(plan, actions, quiet_reasons)
-    if removals_out is not None:  # by the names the caller gave
-        removals_out.append(Removals(tuple(given.get(p, p) for p in txn.removed),
-                                     tuple(given.get(p, p) for p in txn.changed_removals),
-                                     skipped))
-    return _report(
-        plan, actions, dry_run=False, elapsed=time.perf_counter() - start,
-        used_journal=txn.record is not None, counters=txn.counters,
-    )
+    loud = {why: n for why, n in actions.reasons().items() if why not in quiet_reasons}
+    if plan.consume and loud:
+        log.warning("consume=True copied %d file-backed piece(s) instead of moving them: %s",
+                    sum(loud.values()), "; ".join(sorted(loud)))
+    if plan.window_choice.why == "shrunk":
+        log.info("consume=True: sync window %s", plan.window_choice.note())
+    report = _report(plan, actions, dry_run=False, elapsed=time.perf_counter() - start,
+                     used_journal=txn.record is not None, counters=txn.counters)
+    named = Removals(tuple(given.get(p, p) for p in txn.removed),  # as the caller named them
+                     tuple(given.get(p, p) for p in txn.changed_removals), skipped)
+    return report, named
 
 
 def _prepare(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_place: bool,
@@ -260,9 +247,8 @@ def _prepare(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_pl
         unknown = discard - {p for p, _c in items}
         if unknown:
             raise ValueError(f"discard names no output: {', '.join(sorted(unknown))}")
-        facts, plan = _plan(items, consume=consume, window=window, in_place=in_place,
-                            discard=discard)
-        check_space(plan)
+        prep = _plan(items, consume=consume, window=window, in_place=in_place, discard=discard)
+        check_space(prep.plan)
     except OSError as exc:
         if isinstance(exc, FilecordError):
             raise
@@ -272,22 +258,10 @@ def _prepare(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_pl
         err = SaveError(f"saving {names} failed: {exc.strerror or exc}", errno=exc.errno)
         add_note(err, "nothing was created or changed: the save can be retried")
         raise err from exc
-    prep = Prepared(facts, plan)
     for group in prep.facts.datas.values():
         for d in group:
             d.detach_cleanup()
     return prep
-
-
-def _warn_copies(plan: SavePlan, actions: PieceActions, quiet: frozenset[str]) -> None:
-    loud = {why: n for why, n in actions.reasons().items() if why not in quiet}
-    if plan.consume and loud:
-        log.warning(
-            "consume=True copied %d file-backed piece(s) instead of moving them: %s",
-            sum(loud.values()), "; ".join(sorted(loud)),
-        )
-    if plan.window_choice.why == "shrunk":
-        log.info("consume=True: sync window %s", plan.window_choice.note())
 
 
 def _removals(prep: Prepared, remove: Sequence[Removal]
@@ -324,8 +298,7 @@ def _execute(txn: Txn) -> None:
     fill.fill(txn)
     txn.to(Stage.FILLED)
     fill.finish_modes(txn)
-    # Direct outputs are never renamed: several renames need a journal to finish them, and so
-    # do the steps after the commit point (a discard output, a removal).
+    # Only where a crash needs it (the theory's step 3); direct outputs are never renamed.
     if (p.moves or p.consumed or txn.removals or any(o.discard for o in p.outputs)
             or sum(not o.direct for o in p.outputs) > 1):
         begin.park_sources(txn, begin.write_journal(txn))
@@ -337,38 +310,25 @@ def _execute(txn: Txn) -> None:
 
 
 def _presize_for_moves(txn: Txn, *, before_fill: bool = False) -> None:
-    """Every temp that receives moved bytes at its final length (a hole) first: moves write
-    from the end backwards, and XFS keeps the speculative space of each extending write
-    (measured: 2.3 MiB beyond the data for 40 runs of 1 MiB), so the peak stays one window.
-    Before the fill, only temps that clone no partial last block (cloned only at the end)."""
+    """Before the fill, only temps that clone no partial last block (cloned only at the end)."""
     p = txn.prep.plan
     for o in sorted(p.receiving):
-        fd = txn.fds[o]
-        if fd is None or (before_fill and _clones_a_partial_block(p, o)):
-            continue
-        if _sys.fstat(fd).st_size < p.outputs[o].length:
-            _sys.ftruncate(fd, p.outputs[o].length)
-
-
-def _clones_a_partial_block(p: SavePlan, o: int) -> bool:
-    block = next((k.block for k in p.peaks if k.dev == p.outputs[o].dev), BLOCK) or BLOCK
-    cloned = (p.actions.piece_action(pos) for pos in p.actions.positions(o)
-              if p.actions.action_of(pos) == "cloned")
-    return any(a.tail == 0 and a.length % block for a in cloned)
+        block = fill.block_of(p, p.outputs[o].dev)
+        cloned = (p.actions.piece_action(pos) for pos in p.actions.positions(o)
+                  if p.actions.action_of(pos) == "cloned")
+        if not (before_fill and any(a.tail == 0 and a.length % block for a in cloned)):
+            fill.presize(txn, o)
 
 
 def _move(txn: Txn, m: MoveSource) -> None:
-    record = txn.record
-    if record is None:  # pragma: no cover - moves always write a journal
-        raise SaveError("a move without a journal")
+    record = journaled(txn)[0]
     src = next(s for s in record.sources if (s.dev, s.ino) == m.key)
     if txn.stage is not Stage.MOVING:
         txn.to(Stage.MOVING)
     if m.adopt:
         adopt.adopt(txn, m, src)
         return
-    path = record.parked(src)
-    fd = _sys.open(path, os.O_RDWR)
+    fd = _sys.open(record.parked(src), os.O_RDWR)
     try:
         st = _sys.fstat(fd)
         was = txn.prep.facts.datas[m.key][0].identity
@@ -391,10 +351,7 @@ def _move(txn: Txn, m: MoveSource) -> None:
         _sys.close_each([fd])  # never let a close error hide why the move stopped
         raise
     _sys.close(fd)
-    for ref in m.dests:
-        out_fd = txn.fds[ref.output]
-        if out_fd is not None:  # descriptor 0 is a descriptor too
-            txn.dirty.discard(out_fd)
+    txn.dirty.difference_update(txn.fds[ref.output] for ref in m.dests)  # fsynced by the move
 
 
 def _seal(txn: Txn) -> None:
@@ -426,8 +383,6 @@ def _commit(txn: Txn) -> None:
     record = txn.record
     if record is not None and txn.journal_path is not None:
         seen = looks.check(txn)  # the last look, just before the commit point
-        # COMMITTED once fsynced; a failed write or fsync leaves it MOVING and the failure
-        # path writes its own step over this one.
         begin.append_step(txn, journal.encode_committed(seen), Stage.COMMITTED)
         fd, txn.journal_fd = txn.journal_fd, None
         if fd is not None:  # its records are all fsynced: a close error is raised

@@ -1,30 +1,20 @@
 """The stages of a save and the one table of legal moves between them.
 
-A running save holds its stage in a variable; a crashed one is read back from its journal,
-because every stage that matters after a crash is entered by a checksummed step record
-(``journal``: one kind, appended and fsynced; the lock files' ``created`` and ``journaled``,
-the journal's head, ``moving``, ``committed``, ``rolling back``, ``held``) whose succession
-must be one this table allows (:func:`may_follow`):
+A running save holds its stage in a variable; a crashed one's is its journal's last step that
+checks (``journal``; the lock files hold ``created`` and ``journaled``), in a succession this
+table allows (:func:`may_follow`).  What a failure or crash then does is ``decide``'s table.
 
-=============  ==================================  ===========================================
-stage          what exists                          what a failure or crash is undone by
-=============  ==================================  ===========================================
-CREATED        lock files (a ``created`` step),     removing temps (nothing destructive yet)
-               empty temps
-FILLED         complete copies in the temps         removing temps
-JOURNALED      ``.filecord-journal`` (its head,     rolling back (sources still whole)
-               a ``journaled`` step, durable)
-MOVING         sources renamed, being shortened     rolling back: put bytes and names back
-               (a ``moving`` step per cut and
-               per finished move)
-ROLLING_BACK   a ``rolling back`` step              rolling back, continued
-HELD           a ``held`` step                      nothing: another process changed a source
-                                                    mid-move; recover refuses and says where
-                                                    every byte is
-COMMITTED      a ``committed`` step                 finishing: renames, delete sources
-RENAMED        final names replaced                 finishing: delete sources
-DONE           nothing                              nothing
-=============  ==================================  ===========================================
+=============  ================================================================
+CREATED        lock files (a ``created`` step), empty temps
+FILLED         complete copies in the temps
+JOURNALED      the journal: its head, a ``journaled`` step, durable
+MOVING         sources renamed and being shortened (``moving`` steps)
+ROLLING_BACK   a ``rolling back`` step: bytes and names being put back
+HELD           a ``held`` step: another process changed a source mid-move
+COMMITTED      a ``committed`` step: finishing (renames, sources deleted)
+RENAMED        final names replaced
+DONE           nothing
+=============  ================================================================
 
 ``FAILED`` is the poisoned state of h11's machines: a save that reached it is over.
 """

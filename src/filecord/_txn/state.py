@@ -43,8 +43,7 @@ class Txn:
     locks: list[tuple[str, int]] = field(default_factory=list)
     dirty: set[int] = field(default_factory=set)
     src_fds: dict[tuple[int, int], tuple[int, os.stat_result]] = field(default_factory=dict)
-    # Sources whose descriptor was closed to stay under the descriptor limit (fill: at most
-    # OPEN_SOURCES open): the baseline a reopened one is held to.
+    # closed to stay under the descriptor limit: the baseline a reopened one is held to
     src_closed: dict[tuple[int, int], os.stat_result] = field(default_factory=dict)
     record: journal.Journal | None = None
     journal_path: str | None = None  # the journal's name, once it has one
@@ -52,28 +51,24 @@ class Txn:
     journal_end: int = 0  # the end of its last whole record: where the next step goes
     journal_tail: int = 0  # the most written past it (a step whose write or fsync failed)
     moving: tuple[int, int] | None = None  # the source being moved right now
-    # Per consumed source, the save's last look at it (after parking, after each truncate) and
-    # the size a truncate in flight leaves (None when none is): the commit deletes, and the
-    # rollback puts back into, only a file still as last seen.
+    # per consumed source, the save's last look at it and the size a truncate in flight
+    # leaves (None when none is): ``looks``
     looks: dict[tuple[int, int], tuple[os.stat_result, int | None]] = field(default_factory=dict)
     changed: tuple[int, int] | None = None  # a source found changed since that look
     moves_done: int = 0  # moved sources (journal order) whose moves finished, marked durably
     # adopted sources whose inserted space is durable and recorded (the journal's step)
     inserted: set[tuple[int, int]] = field(default_factory=set)
-    # per output an adopted file is written around in: the source's range in the temp
-    # (offset, size) and where its bytes lie on the device once durable (``looks.blocks``),
-    # required again at the commit
+    # per output an adopted file is written around in: its range in the temp (offset, size)
+    # and where its bytes lie on the device once durable (``looks.blocks``)
     adopted_blocks: dict[int, tuple[int, int, Placed]] = field(default_factory=dict)
     durable: bool = True  # False: no fsync of the outputs and their directories (copy only)
-    # Files the commit removes (recorded in the journal's head), and what became of them:
-    # ``removed`` unlinked, ``changed`` kept (no longer the recorded file).
+    # files the commit removes (the journal's head): ``removed`` or kept as ``changed``
     removals: tuple[journal.JournalRemoval, ...] = ()
     removed: tuple[str, ...] = ()
     changed_removals: tuple[str, ...] = ()
     done: int = 0
     counters: transfer.Counters = field(default_factory=transfer.Counters)
-    # Position in the plan's placements -> the action as the fill carried it out, where that
-    # differs from the plan's (a refused clone copied): ``PieceActions.with_outcomes``.
+    # placement -> the action the fill took where it differs from the plan's (a refused clone)
     outcomes: dict[int, PieceAction] = field(default_factory=dict)
 
     def to(self, stage: Stage) -> None:

@@ -3,23 +3,21 @@ rollback and ``recover`` give the bytes back here).
 
 Theory of operation
 -------------------
-*Copy*: ``copy_file_range`` (or ``sendfile`` into a stream) in bounded segments, else
-``pread``/``pwrite`` through one reused buffer when the kernel refuses or returns 0 early.  A
+*Copy*: ``copy_file_range`` (``sendfile`` into a stream) in bounded segments, else
+``pread``/``pwrite`` through one reused buffer where the kernel refuses or returns 0 early; a
 short count is continued, a zero count is an error (F3).
 
-*Move* shortens a source from its end, one sync window at a time: (1) copy the window's bytes
-to every temp that uses them, starting the writeback of each :data:`WRITE_BEHIND` bytes while
-more are left (a hint, nothing durable); (2) ``fsync`` every temp touched; (3) append and
-``fsync`` the window's ``cut`` step to the journal; (4) ``fstat`` the source: exactly as the
-last truncate left it, or a ``DataChangedError``; (5) only then ``ftruncate`` it to the
-window's start.  So each byte is always durable in the source or at its journaled offset, and
-the log says how far the move got: the source is at its own size or at a size a ``cut`` step
-names, never below the last (no truncate runs before its step; one may not reach the disk).
-The check stays right before the truncate, so a change made while the step is written is seen.
+*Move* shortens a source from its end, a sync window at a time: copy the window into every
+temp that uses it (starting writeback every :data:`WRITE_BEHIND` bytes, a hint); ``fsync``
+those temps; append and ``fsync`` the window's ``cut`` step; ``fstat`` the source (as the last
+truncate left it, else ``DataChangedError``; right before the truncate, so a change made while
+the step is written is seen); only then ``ftruncate`` it to the window's start.  Each byte is
+always durable in the source or at its journaled offset, and the source is at its own size or
+at a size a ``cut`` step names, never below the last.
 
 *Restore* runs it in reverse: copy back to the source's end, ``fsync`` the source, only then
-punch the temp (best effort: the temp is deleted afterwards), never a temp another name links
-to (a user's rescue copy, or a forged journal's file elsewhere: not the save's to change).
+punch the temp (best effort), never a temp another name links to (a user's rescue copy, or a
+forged journal's file elsewhere: not the save's to change).
 """
 
 from __future__ import annotations
@@ -55,8 +53,7 @@ Tally = Literal["copied", "moved", "restored"]
 
 @dataclass
 class Counters:
-    """Per-save tallies (fsyncs; bytes ``copied``, ``cloned``, ``written``, ``moved``,
-    ``restored`` as asked of the kernel) and the one reused copy buffer."""
+    """Per-save tallies (bytes as asked of the kernel) and the one reused copy buffer."""
 
     fsyncs: int = 0
     copied: int = 0
@@ -76,10 +73,6 @@ class Counters:
         self.fsyncs += 1
 
 
-def _nop(_n: int) -> None:
-    return None
-
-
 def _buffered_copy(
     src: int, dst: int, src_off: int, dst_off: int | None, n: int, c: Counters, progress: Progress
 ) -> None:
@@ -97,10 +90,9 @@ def _buffered_copy(
 
 def copy_range(
     src: int, dst: int, src_off: int, dst_off: int | None, n: int, c: Counters,
-    progress: Progress = _nop, *, kind: Tally = "copied",
+    progress: Progress = lambda _n: None, *, kind: Tally = "copied",
 ) -> None:
-    """Copy ``n`` bytes completely, at ``dst_off`` or (None) appended to a stream; ``kind``
-    is the tally they count in."""
+    """Copy ``n`` bytes completely, at ``dst_off`` or (None) appended to a stream."""
     done = 0
     while done < n:
         size = min(SEGMENT, n - done)
@@ -121,7 +113,7 @@ def copy_range(
 
 
 def write_bytes(
-    dst: int, data: memoryview, dst_off: int | None, c: Counters, progress: Progress = _nop
+    dst: int, data: memoryview, dst_off: int | None, c: Counters, progress: Progress
 ) -> None:
     """Write an in-memory piece in bounded slices (so progress moves and no slice is huge)."""
     c.written += len(data)
@@ -129,15 +121,6 @@ def write_bytes(
         part = data[start : start + BUFFER]
         _sys.write_all(dst, part, None if dst_off is None else dst_off + start)
         progress(len(part))
-
-
-def clone(src: int, src_off: int, n: int, dst: int, dst_off: int, c: Counters) -> None:
-    """Share ``n`` bytes' extents (OSError when refused).  An unaligned end must be the
-    source's end and reach the destination's end (else the kernel says EINVAL)."""
-    if n <= 0:  # FICLONERANGE takes a length of 0 as "to the source's end": never ask that
-        return
-    _sys.clone_range(src, src_off, n, dst, dst_off)
-    c.cloned += n
 
 
 def move_source(
@@ -154,11 +137,9 @@ def move_source(
 ) -> None:
     """Move ``m``'s run into the temps (``temps[i]``: output ``i``'s), one window at a time.
 
-    ``seen``: the caller's checked look at the source, which every later look is compared
-    with.  ``looks[m.key]`` holds the last look and the size of a truncate in flight, so the
-    failure path can tell the save's cut from anyone else's change.  ``log_cut(lo)`` makes the
-    cut durable in the journal (its ``cut`` step) before the source's last check: recover reads
-    how far the move got from the log, never infers it from the source's size."""
+    ``seen``: the caller's checked look at the source.  ``looks[m.key]`` holds the last look
+    and the size of a truncate in flight, so the failure path can tell the save's cut from
+    anyone else's change.  ``log_cut(lo)`` makes the ``cut`` step durable."""
     buckets = _by_window(m, window)
     pos, k = m.size, 0
     while pos > m.run_start:
@@ -176,14 +157,22 @@ def move_source(
             c.fsync(fd)  # raises on failure: the truncate below never runs after a bad fsync
         log_cut(lo)  # before the check: nothing but the check may stand before the cut
         _check_unchanged(src, m, pos, seen, None)
-        seen = _cut(src, m, lo, seen, looks)
+        looks[m.key] = (seen, lo)  # the size in flight, for the failure path
+        _sys.ftruncate(src, lo)
+        seen = _sys.fstat(src)
+        looks[m.key] = (seen, None)
+        if seen.st_nlink != 1:
+            # Linked between the check and the truncate: the other name now holds only the
+            # kept prefix.  Stop before the commit deletes the rest; a rollback puts it back.
+            raise DataChangedError(m.path, expected_size=lo, found_size=seen.st_size,
+                                   reason="another name was linked to it while it was being "
+                                   "moved", kind=ChangeKind.LINKED)
         progress(pos - lo)
         pos, k = lo, k + 1
 
 
 def _copy_window(src: int, parts: Sequence[tuple[int, int, PieceRef]], temps: Sequence[int],
                  c: Counters) -> set[int]:
-    """Copy one window's ``(start, end, destination)`` parts; the temps written."""
     touched: set[int] = set()
     left = sum(b - a for a, b, _d in parts)
     behind: dict[int, tuple[int, int]] = {}  # temp -> its range copied since the last hint
@@ -206,26 +195,8 @@ def _copy_window(src: int, parts: Sequence[tuple[int, int, PieceRef]], temps: Se
     return touched
 
 
-def _cut(src: int, m: MoveSource, lo: int, seen: os.stat_result,
-         looks: dict[tuple[int, int], tuple[os.stat_result, int | None]]) -> os.stat_result:
-    """Truncate the source to ``lo``, the size in flight noted in ``looks`` first; the look
-    after."""
-    looks[m.key] = (seen, lo)
-    _sys.ftruncate(src, lo)
-    seen = _sys.fstat(src)
-    looks[m.key] = (seen, None)
-    if seen.st_nlink != 1:
-        # Linked between the check and the truncate: the other name now holds only the
-        # kept prefix.  Stop before the commit deletes the rest; a rollback puts it back.
-        raise DataChangedError(m.path, expected_size=lo, found_size=seen.st_size,
-                               reason="another name was linked to it while it was being "
-                               "moved", kind=ChangeKind.LINKED)
-    return seen
-
-
 def _by_window(m: MoveSource, window: int) -> dict[int, list[PieceRef]]:
-    """The destinations meeting each window (window 0 ends at ``m.size``): O(N + W), not
-    O(N * W)."""
+    """The destinations meeting each window (window 0 ends at ``m.size``), in O(N + W)."""
     buckets: dict[int, list[PieceRef]] = {}
     for d in m.dests:
         if d.length <= 0:
@@ -246,8 +217,8 @@ METADATA_ONLY = ("only its change time moved (a chmod, chown or chattr?): no byt
 def _check_unchanged(
     src: int, m: MoveSource, pos: int, seen: os.stat_result, cause: OSError | None
 ) -> None:
-    """DataChangedError unless the source is as the last truncate left it (length ``pos``,
-    one name, the same times): cutting another writer's file would lose their bytes."""
+    """DataChangedError unless the source is as the last truncate left it: cutting another
+    writer's file would lose their bytes."""
     now = _sys.fstat(src)
     why, kind = None, ChangeKind.CONTENT
     if now.st_size != pos:
@@ -300,7 +271,6 @@ def restore_source(
 def _restore_window(src: int, m: MoveSource, segs: Sequence[tuple[int, int, PieceRef]],
                     temps: Sequence[int | None], c: Counters, *, dense: bool,
                     free: bool) -> None:
-    """One window copied back, every temp checked first; fsynced before a temp lets go."""
     held: list[tuple[int, int, int, int]] = []  # (temp, offset there, source offset, length)
     for a, b, d in segs:
         tfd = temps[d.output]

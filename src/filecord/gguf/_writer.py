@@ -35,8 +35,9 @@ from filecord._pieces.cord import Cord
 from filecord._pieces.data import FileBackedData
 from filecord._plan.preflight import CordLike, Target
 from filecord._plan.report import SaveReport
+from filecord._plan.types import NOT_OWNED
 from filecord._plan.window import DEFAULT_WINDOW
-from filecord._txn.save import plan, save_many, save_many_disowned
+from filecord._txn.save import plan, save_many, save_many_finishing
 from filecord.gguf._build import build_split
 from filecord.gguf._pieces import to_tensor
 from filecord.gguf._types import (
@@ -358,8 +359,10 @@ class GGUFWriter:
         consume, outs = self._consume()
         try:
             if consume and not self.consume:  # only the writer's own scratch is consumed
-                self.report = save_many_disowned(outs, window=self.window,
-                                                 progress=self.progress)
+                # Pieces it keeps on purpose are handed over unowned: no reason to warn.
+                self.report = save_many_finishing(
+                    outs, consume=True, window=self.window, progress=self.progress,
+                    quiet_reasons=frozenset({NOT_OWNED}))[0]
             else:
                 self.report = save_many(outs, consume=consume, window=self.window,
                                         progress=self.progress)
