@@ -52,6 +52,7 @@ RENAMES_SYNCED = (f"{ORDER}::"
 UNCLEAN = f"{CONFINED}::test_a_source_path_not_absolute_and_normalised_is_refused"
 AWAY = f"{CONFINED}::test_a_journal_away_from_its_first_outputs_directory_is_refused"
 OTHER_LOCK = f"{CONFINED}::test_a_lock_file_naming_another_journal_is_refused"
+LINKS = "tests/txn/test_recover_never_writes_a_linked_inode.py"
 
 MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     # --- the ones the issue lists -----------------------------------------------------------
@@ -65,8 +66,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "    _sys.write_all(fd, record, txn.journal_end)\n    txn.counters.fsync(fd)\n",
      "    _sys.write_all(fd, record, txn.journal_end)\n", [ORDER]),
     ("fsync after restoring times in a put-back removed", "undo.py",
-     "            _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n            c.fsync(fd)\n",
-     "            _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n", [ORDER]),
+     "    _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n    c.fsync(fd)\n    return False\n",
+     "    _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n    return False\n", [ORDER]),
     ("lock name not re-checked after flock", "liveness.py",
      '        if named and not _names_same(fd, path):\n'
      '            raise LockBusyError(errno.EAGAIN, f"{path} was removed',
@@ -144,8 +145,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("a reopened source held to a fresh baseline, not its first", "fill.py",
      "                _compare(data, was, st)\n                st = was\n", "", [PIECES]),
     ("notes ignore the moves the journal says finished", "recover.py",
-     "    return assess.where_now(j, None, 0 if log_ is None else log_.moved, inserted,",
-     "    return assess.where_now(j, None, 0, inserted,",
+     "        where = assess.where_now(j, None, 0 if back else log_.moved, log_.inserted,",
+     "        where = assess.where_now(j, None, 0, log_.inserted,",
      [NOTES]),
     ("failure: the change seen mid-move ignored", "assess.py",
      "    return exc if isinstance(exc, DataChangedError) and key is not None else None",
@@ -198,8 +199,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "            raise taken from None",
      "        if False:\n            raise taken from None", [NAMED_BACK]),
     ("finish renames over a final name replaced after the save stopped", "undo.py",
-     "    if (st.st_dev, st.st_ino) != (out.old_dev, out.old_ino):\n        raise RecoverError(",
-     "    if False:\n        raise RecoverError(", [REPLACED]),
+     "            if now is not None and (now.st_dev, now.st_ino) != (out.old_dev, out.old_ino):",
+     "            if False:", [REPLACED]),
     ("a window edge off by one: a piece's last byte left in no window", "transfer.py",
      "        first = (m.size - (d.src_offset + d.length)) // window",
      "        first = (m.size - (d.src_offset + d.length) + 1) // window", [EDGES]),
@@ -253,8 +254,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      '    pass',
      ['tests/sweeps/test_fsync_order.py::test_the_parked_names_are_durable_before_the_first_cut']),
     ("a put-back window punched out of the temp before the source's fsync (audit 3 A06)", 'transfer.py',  # noqa: E501
-     '    c.fsync(src)\n    for tfd, at, _a, n in held:',
-     '    for tfd, at, _a, n in held:',
+     '    c.fsync(src)\n    for tfd, at, _a, n in held if free else []:',
+     '    for tfd, at, _a, n in held if free else []:',
      ['tests/sweeps/test_fsync_order.py::test_a_put_back_window_is_fsynced_in_the_source_before_the_temp_lets_go']),
     ("a source named back without its directory's fsync (audit 3 A07)", 'undo.py',
      '    _sys.unlink(src)\n    _sys.fsync_parents([dst, src])',
@@ -281,14 +282,10 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      '        if False:\n            return RecoverError(f"the journal does not account',
      ['tests/txn/test_recover_confined.py::test_a_token_file_the_journal_does_not_name_stops_recover_before_any_change']),
     ('a finish renaming over a final name replaced after the stop (audit 3 A14)', 'undo.py',
-     '    if (st.st_dev, st.st_ino) != (out.old_dev, out.old_ino):',
-     '    if False:',
+     '            if now is not None and (now.st_dev, now.st_ino) != (out.old_dev, out.old_ino):',
+     '            if False:',
      ['tests/txn/test_finish_and_rollback_decisions.py::test_a_finish_never_renames_over_a_final_name_replaced_after_the_stop']),
-    ('a temp another name links to punched by the rollback (audit 3 A15)', 'transfer.py',
-     '            if _sys.fstat(tfd).st_nlink <= 1:  # a temp another name links to is not ours',
-     '            if True:',
-     ['tests/txn/test_finish_and_rollback_decisions.py::test_a_rollback_never_punches_a_temp_another_name_links_to']),
-    ('a source named back over a file made at its name (audit 3 A16)', 'undo.py',
+        ('a source named back over a file made at its name (audit 3 A16)', 'undo.py',
      '        if (there.st_dev, there.st_ino) != (here.st_dev, here.st_ino):\n            raise taken from None',  # noqa: E501
      '        if (there.st_dev, there.st_ino) != (here.st_dev, here.st_ino):\n            _sys.rename(src, dst)\n            _sys.fsync_parents([dst])\n            return',  # noqa: E501
      ['tests/txn/test_finish_and_rollback_decisions.py::test_a_rollback_never_names_a_source_back_over_a_file_made_there']),
@@ -313,15 +310,15 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      '    **{(Actor.RECOVER, s, Found.BUSY): Action.REFUSE for s in _RECOVERED},',
      ['tests/unit/txn/test_decide.py::test_every_row']),
     ('a parked source below its kept prefix grown back (audit 3 A22)', 'undo.py',
-     '            if not s.run_start <= size <= s.size:',
-     '            if not 0 <= size <= s.size:',
+     '    if not s.run_start <= size <= s.size:',
+     '    if not 0 <= size <= s.size:',
      ['tests/txn/test_finish_and_rollback_decisions.py::test_a_parked_source_cut_below_its_kept_prefix_during_recover_is_refused']),
     ("a rolled-back source's times not put back (audit 3 A23)", 'undo.py',
-     '            _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n            c.fsync(fd)\n    finally:',
-     '            c.fsync(fd)\n    finally:',
+     '    _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n    c.fsync(fd)\n    return False\n\n\ndef _unadopt',  # noqa: E501
+     '    c.fsync(fd)\n    return False\n\n\ndef _unadopt',
      ['tests/txn/test_finish_and_rollback_decisions.py::test_a_recover_killed_before_putting_a_sources_times_back_is_continued']),
     ('the inserted space not collapsed by the undo (audit 3 A24)', 'undo.py',
-     '            _sys.collapse_range(fd, 0, s.inserted)',
+     '        _sys.collapse_range(fd, 0, at)',
      '            pass',
      ['tests/txn/test_adoption_killed_and_recovered.py::test_kill_during_in_place_adoption_rolls_back']),
     ('cut steps of a source allowed to go up (audit 3 A27)', 'journal.py',
@@ -368,6 +365,20 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      '    elif now.st_mtime_ns != seen.st_mtime_ns:\n        why = "another process wrote to it while it was being moved"',  # noqa: E501
      '    elif False:\n        why = "another process wrote to it while it was being moved"',
      ['tests/txn/test_finish_and_rollback_decisions.py::test_the_kind_of_a_change_mid_move_decides_what_recover_does']),
+    # --- the one door to every write of recover and of a rollback (issue 36, fifth pass) ----
+    ("an inode another name reaches opened for writing", "undo.py",
+     "    if st.st_nlink == 1:\n        return fd, True", "    if True:\n        return fd, True",
+     [LINKS, 'tests/txn/test_finish_and_rollback_decisions.py::test_a_rollback_never_punches_a_temp_another_name_links_to']),  # noqa: E501
+    ("a temp with another link given the journal's mode and owner", "undo.py",
+     "        if own:\n            apply_owner_mode(fd, mode, uid, gid)",
+     "        if True:\n            apply_owner_mode(fd, mode, uid, gid)", [LINKS]),
+    ("a source rebuilt before a stop is built again", "undo.py",
+     "    if there is not None and stat_mod.S_ISREG(there.st_mode) and (",
+     "    if False and (", [LINKS]),
+    ("a rebuilt source gets the set-id bits of the inode it was copied from", "undo.py",
+     "st.st_mode & ~(stat_mod.S_ISUID | stat_mod.S_ISGID)", "st.st_mode", [LINKS]),
+    ("a source rebuilt in an unnamed file frees the temps before it is named", "undo.py",
+     "free=to == fd)", "free=True)", [LINKS]),
 ]
 
 

@@ -313,3 +313,28 @@ def test_a_token_file_the_journal_does_not_name_stops_recover_before_any_change(
     with pytest.raises(RecoverError, match="does not account for"):
         recover(tmp_path)
     assert {n: (tmp_path / n).read_bytes() for n in sorted(os.listdir(tmp_path))} == before
+
+
+@pytest.mark.parametrize(("how", "given"), [("removal", "directory"), ("removal", "journal"),
+                                            ("lock emptied", "directory")])
+def test_a_refusal_names_each_file_once(tmp_path: Path, how: str, given: str) -> None:
+    """The journal's path, the lock file's and what is refused are each said once (they were
+    said twice in a row: "recover refused J: J: removal path ...")."""
+    d = tmp_path / "save"
+    d.mkdir()
+    j = committed(d)
+    lock = next(d / n for n in os.listdir(d) if n.endswith(_names.LOCK))
+    if how == "removal":
+        (tmp_path / "elsewhere").mkdir()
+        victim = tmp_path / "elsewhere" / "precious.txt"
+        victim.write_bytes(PRECIOUS)
+        craft(j, {"removals": [removal(victim)]})
+    else:
+        lock.write_bytes(b"")
+    with pytest.raises(RecoverError, match="is not confined" if how == "removal" else
+                       "is damaged") as info:
+        recover(d if given == "directory" else j)
+    said = str(info.value)
+    assert said.count(str(j)) == 1, said
+    assert said.count(str(lock)) == (how == "lock emptied"), said
+    assert said.count("nothing was touched") == 1, said
