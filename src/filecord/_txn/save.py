@@ -237,10 +237,11 @@ def _run(
     txn = Txn(prep, _names.new_token(), progress, durable=durable)
     recorded, skipped, given = _removals(prep, remove)
     txn.removals = recorded
-    try:
-        _execute(txn)
-    except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
-        _fail(txn, exc)
+    with _sys.pinned():  # what _execute pins, its failure path acts in too
+        try:
+            _execute(txn)
+        except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
+            _fail(txn, exc)
     actions = plan.actions.with_outcomes(txn.outcomes)
     _warn_copies(plan, actions, quiet_reasons)
     if removals_out is not None:  # by the names the caller gave
@@ -319,6 +320,10 @@ def _removals(prep: Prepared, remove: Sequence[Removal]
 def _execute(txn: Txn) -> None:
     p = txn.prep.plan
     begin.lock_directories(txn)
+    # Checks and acts from here on reach the directories the lock was taken in (see _io).
+    _sys.pin(os.path.dirname(f) for f in [
+        *(o.target for o in p.outputs), *(r.path for r in txn.removals),
+        *(d.path for ds in txn.prep.facts.datas.values() for d in ds)])
     fill.create_outputs(txn)
     _presize_for_moves(txn, before_fill=True)
     fill.fill(txn)
