@@ -111,3 +111,65 @@ def test_recover_finishes_a_removal_in_its_own_directory_when_it_is_swapped(
     real = d.parent / "save.real"
     assert sorted(os.listdir(real)) == ["out.bin"]
     assert (real / "out.bin").read_bytes() == A + B
+
+
+class DieAtFtruncate(_sys.Backend):
+    """The process ends (as by SIGKILL: nothing cleans up) at its ``n``-th ftruncate."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.seen = n, 0
+
+    def hook(self, op: str, args: tuple[object, ...]) -> None:
+        if op == "ftruncate":
+            self.seen += 1
+            if self.seen == self.n:
+                os._exit(9)
+
+
+class SwapAtLink(SwapAtUnlink):
+    """As :class:`SwapAtUnlink`, at the first link (``link_fd`` included) onto ``path``."""
+
+    def hook(self, op: str, args: tuple[object, ...]) -> None:
+        if op == "link" and str(args[1]) == self.path and not self.swapped:
+            self.swapped = True
+            d = os.path.dirname(self.path)
+            os.rename(d, d + ".real")
+            os.symlink(self.elsewhere, d)
+
+
+def test_recover_gives_a_source_its_name_back_in_its_own_directory_when_it_is_swapped(
+        tmp_path: Path) -> None:
+    """A consuming save killed mid-move (b.bin parked and cut by one window) is rolled back;
+    the swap at the link that gives b.bin its name back leaves the other directory as it was
+    and b.bin, byte-exact, in the save's real directory."""
+    from support.killjob import fork_run
+
+    root = tmp_path.resolve()
+    d, victim = root / "parent" / "save", root / "victim"
+    d.mkdir(parents=True)
+    victim.mkdir()
+    (victim / "index.json").write_bytes(VICTIM)
+    (d / "a.bin").write_bytes(A)
+    (d / "b.bin").write_bytes(B)
+    cord = Cord([FileBackedData(str(d / "a.bin"), owned=True),
+                 FileBackedData(str(d / "b.bin"), owned=True)])
+
+    def killed() -> None:
+        with _sys.use(DieAtFtruncate(4)):
+            save_many_finishing({str(d / "out.bin"): cord}, consume=True, window=W,
+                                progress=None)
+
+    assert fork_run(killed) == 9
+    (parked,) = (p for p in d.iterdir() if p.name.startswith(".b.bin."))
+    assert parked.stat().st_size == W  # cut by one window: mid-move
+    swap = SwapAtLink(d / "b.bin", victim)
+    with _sys.use(swap):
+        done = recover(d)
+    assert swap.swapped
+    assert [r.action for r in done] == ["restored"]
+    assert sorted(os.listdir(victim)) == ["index.json"]
+    assert (victim / "index.json").read_bytes() == VICTIM
+    real = d.parent / "save.real"
+    assert sorted(os.listdir(real)) == ["a.bin", "b.bin"]
+    assert (real / "a.bin").read_bytes() == A
+    assert (real / "b.bin").read_bytes() == B
