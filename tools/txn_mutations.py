@@ -58,8 +58,9 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("journal checksum compare removed", "journal.py",
      "    if digest != _sum(payload):\n", "    if False:\n", [UNIT]),
     ("source fsync before its moving step removed", "save.py",
-     "        txn.counters.fsync(fd)\n        begin.append_step(txn, journal.encode_moving(",
-     "        begin.append_step(txn, journal.encode_moving(", [ORDER]),
+     "        txn.counters.fsync(fd)\n"
+     "        begin.append_step(txn, journal.step(Stage.MOVING, moved=",
+     "        begin.append_step(txn, journal.step(Stage.MOVING, moved=", [ORDER]),
     # version 4: the commit is the committed step's fsync (no rename, no directory fsync)
     ("a step's fsync removed (the committed step's included)", "begin.py",
      "    _sys.write_all(fd, record, txn.journal_end)\n    txn.counters.fsync(fd)\n",

@@ -349,20 +349,6 @@ def split_lines(data: bytes) -> tuple[list[bytes], bool]:
     return lines[:-1], lines[-1] != b""
 
 
-def encode_moving(done: int) -> bytes:
-    return step(Stage.MOVING, moved=done)
-
-
-def encode_cut(key: tuple[int, int], size: int) -> bytes:
-    """The moved source ``key`` is about to be cut to ``size``: every byte past it is durable
-    in the temps (appended before the truncate, after the temps' fsync)."""
-    return step(Stage.MOVING, cut=[*key, size])
-
-
-def encode_committed(looks: list[tuple[int, int, int, int]]) -> bytes:
-    return step(Stage.COMMITTED, looked=[list(look) for look in looks])
-
-
 @dataclass(frozen=True, slots=True)
 class Log:
     """A journal read back: its head, its last step's stage and what its steps say."""

@@ -340,13 +340,13 @@ def _move(txn: Txn, m: MoveSource) -> None:
         txn.looks[m.key] = (st, None)
         transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance,
                              seen=st, looks=txn.looks, log_cut=lambda lo: begin.append_step(
-                                 txn, journal.encode_cut(m.key, lo)))
+                                 txn, journal.step(Stage.MOVING, cut=[*m.key, lo])))
         txn.moving = None
         # This move is over: recover may insist on the kept prefix.  The last cut is durable
         # first (btrfs's fsync persists one inode): the mark never outlives the cut.
         txn.moves_done += 1
         txn.counters.fsync(fd)
-        begin.append_step(txn, journal.encode_moving(txn.moves_done))
+        begin.append_step(txn, journal.step(Stage.MOVING, moved=txn.moves_done))
     except BaseException:
         _sys.close_each([fd])  # never let a close error hide why the move stopped
         raise
@@ -383,7 +383,7 @@ def _commit(txn: Txn) -> None:
     record = txn.record
     if record is not None and txn.journal_path is not None:
         seen = looks.check(txn)  # the last look, just before the commit point
-        begin.append_step(txn, journal.encode_committed(seen), Stage.COMMITTED)
+        begin.append_step(txn, journal.step(Stage.COMMITTED, looked=seen), Stage.COMMITTED)
         fd, txn.journal_fd = txn.journal_fd, None
         if fd is not None:  # its records are all fsynced: a close error is raised
             _sys.close(fd)
