@@ -466,5 +466,6 @@ def _whereabouts(j: journal.Journal, inserted: frozenset[tuple[int, int]],
     """Where every byte is now, for a refusal's notes (looked at afresh: the files may have
     changed since the assessment, by this recover's own partial work).  ``log_``: what its
     moves left, given only before recover touched a file (a rollback grows sources back)."""
-    return assess.where_now(j, None, 0 if log_ is None else log_.moved, inserted,
-                            held=stage is Stage.HELD, cuts=None if log_ is None else log_.cuts)[0]
+    return assess.whereabouts(j, assess.observe(j), None, 0 if log_ is None else log_.moved,
+                              inserted, held=stage is Stage.HELD,
+                              cuts=None if log_ is None else log_.cuts)
