@@ -324,7 +324,7 @@ def unaccounted(j: Journal, seen: Observed) -> RecoverError | None:
 def token_files(j: Journal) -> tuple[str, ...]:
     """The temps and parked sources carrying the token in the save's and its sources'
     directories, whatever the journal says."""
-    dirs = dict.fromkeys([*j.directories(), *(os.path.dirname(s.path) for s in j.sources)])
+    dirs = dict.fromkeys([*j.locks(), *(os.path.dirname(s.path) for s in j.sources)])
     return tuple(os.path.join(d, name) for d in dirs for name in sorted(_sys.listdir(d))
                  if (p := _names.parse(name)) is not None and p[0] == j.token
                  and p[1] in (_names.TEMP, _names.SOURCE))

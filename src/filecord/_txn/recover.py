@@ -342,7 +342,7 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
     except OSError as exc:  # e.g. ELOOP, the name is a symlink
         return _decided(path, Stage.MOVING, Found.UNREADABLE, f"{exc}; nothing was touched")
     stage = log_.stage
-    strays = [d for d in locks if d not in log_.journal.directories()]
+    strays = [d for d in locks if d not in log_.journal.locks()]
     if strays:
         return _decided(path, stage, Found.FOREIGN, f"a lock file in {strays[0]} names this "
                         "journal, but the journal does not list that directory; nothing was "
