@@ -158,8 +158,9 @@ def test_a_name_linked_to_the_adopted_file_stops_the_save_and_gets_the_source_ba
         mount, when: str) -> None:
     # The session 31 attack: `ln` to the file while it was adopted in place left the other
     # name holding the output (header, blob, tail) and the save reported success.  Now the
-    # save stops (LINKED) and its rollback gives the inode its bytes back: both names hold
-    # the source.
+    # save stops (LINKED) and its rollback, which never writes an inode another name reaches,
+    # builds the source in a new file under its name: the other name keeps what it held, the
+    # whole output (the link came before the header and the tail were written).
     from filecord.errors import ChangeKind, DataChangedError
 
     point = mount("ext4", 320 * MiB)
@@ -176,10 +177,16 @@ def test_a_name_linked_to_the_adopted_file_stops_the_save_and_gets_the_source_ba
     with pytest.raises(DataChangedError) as info, _sys.use(Link()):
         filecord.save(str(point / "model.ptd"), _cord(blob), consume=True)
     assert info.value.kind is ChangeKind.LINKED
-    assert backup.exists()
-    for name in (blob, backup):
-        assert name.stat().st_size == BLOB
-        assert fskit.mismatch(name, 0, BLOB, seed=26) is None
+    assert blob.stat().st_size == BLOB
+    assert fskit.mismatch(blob, 0, BLOB, seed=26) is None
+    tail = b"tail" * 1000
+    assert backup.stat().st_size == HEADER + BLOB + len(tail)
+    assert fskit.mismatch(backup, HEADER, BLOB, seed=26) is None
+    with backup.open("rb") as f:
+        assert f.read(HEADER) == b"H" * HEADER
+        f.seek(HEADER + BLOB)
+        assert f.read() == tail
+    assert blob.stat().st_ino != backup.stat().st_ino
     assert sorted(p.name for p in point.iterdir()) == ["backup.bin", "lost+found", "weights.bin"]
 
 

@@ -15,7 +15,10 @@ names is removed (the mutation audit of issue 22):
 * every temp is fsynced after its last write, before the commit point (the ``committed``
   step, or without a journal the rename);
 * the directories of the renamed outputs are fsynced before the first consumed source or the
-  journal is unlinked (the renames durable before what only they replace is gone).
+  journal is unlinked (the renames durable before what only they replace is gone);
+* the space inserted in front of a file adopted in place is fsynced before its ``inserted``
+  step and before the first byte is written into the file;
+* every temp's directory is fsynced before the journal gets its name (two directories).
 """
 
 from __future__ import annotations
@@ -150,6 +153,35 @@ def test_a_put_back_fsyncs_the_restored_times_before_the_name_comes_back(
             f"{t.path}: its times are not fsynced before its name is given back")
 
 
+def test_a_put_back_window_is_fsynced_in_the_source_before_the_temp_lets_go(
+    tmp_path: Path,
+) -> None:
+    """A rollback copies a window back into the source and fsyncs the source before it
+    punches that window out of the temp: the bytes are durable in one of the two always."""
+    tracer = _FailSecondMove()
+    with pytest.raises(SaveError):
+        _consume(tmp_path, tracer)
+    assert (tmp_path / "a.bin").read_bytes() == pattern(3 * W, "a")
+    calls = tracer.calls
+    punches = [c for c in calls if c.op == "punch_hole" and c.path.endswith(_names.TEMP)]
+    assert punches, "no window was put back"
+    for p in punches:
+        back = [c for c in calls if c.index < p.index and c.op in _WRITES
+                and c.op != "ftruncate" and (c.args[1] if c.op == "copy_file_range"
+                                             else c.args[0]) in _source_fds(tracer)]
+        assert back, f"call {p.index}: a punch before any byte went back"
+        last = back[-1]
+        src_fd = last.args[1] if last.op == "copy_file_range" else last.args[0]
+        assert any(c.op == "fsync" and c.args[0] == src_fd
+                   for c in calls if last.index < c.index < p.index), (
+            f"call {p.index}: the temp punched before the source (written at call "
+            f"{last.index}) was fsynced")
+
+
+def _source_fds(tracer: Tracer) -> set[int]:
+    return {fd for fd, path in tracer.paths.items() if path.endswith(_names.SOURCE)}
+
+
 class _RemoveLockAtFlock(_sys.Backend):
     """A recover that found the new lock file unlocked and removed it, between the save's
     ``open`` and its ``flock``: only where the lock is made under its name, so unnamed files
@@ -270,3 +302,104 @@ def test_the_renames_are_durable_before_a_consumed_source_or_the_journal_is_unli
     assert any(c.op == "fsync_dir" and os.path.realpath(str(c.args[0])) == os.path.realpath(
         tmp_path) for c in calls if rename.index < c.index < first_unlink), (
         "the rename onto out.bin is not durable before the consumed sources go")
+
+
+def test_the_inserted_space_is_fsynced_before_its_step_and_before_a_byte_lands_in_it(
+        tmp_path: Path) -> None:
+    """Adoption in place: the space inserted in front of the adopted file is fsynced after the
+    insert, before the journal's ``inserted`` step is appended and before the save writes the
+    first byte into the adopted file (its size alone cannot tell the insert from an append)."""
+    data = pattern(3 * W + 3, "s")
+    (tmp_path / "src.bin").write_bytes(data)
+    tracer = _Writes()
+    with _sys.use(tracer):
+        report = save(tmp_path / "out.bin", Cord([b"H" * W, FileBackedData(
+            tmp_path / "src.bin", owned=True), b"T" * 10]), consume=True)
+    assert (tmp_path / "out.bin").read_bytes() == b"H" * W + data + b"T" * 10
+    calls = tracer.calls
+    # (the preflight probes insertion on a scratch file of its own first)
+    inserts = [c for c in calls if c.op == "insert_range" and c.path.endswith(_names.TEMP)]
+    if not inserts:
+        pytest.skip(f"no range inserted here ({report.adopt_note})")
+    (ins,) = inserts
+    fd = ins.args[0]
+    step = next(c for c in calls if c.index > ins.index and c.index in tracer.data
+                and b'"inserted"' in tracer.data[c.index])
+    first_write = min(c.index for c in calls if c.index > ins.index and c.op in _WRITES
+                      and (c.args[0] == fd or (c.op == "copy_file_range" and c.args[1] == fd)))
+    synced = [c.index for c in calls if c.op == "fsync" and c.args[0] == fd
+              and ins.index < c.index]
+    assert synced, f"insert at call {ins.index}: the file never fsynced after it"
+    assert synced[0] < min(step.index, first_write), (
+        f"insert at call {ins.index}, its step at {step.index}, the first write into the "
+        f"file at {first_write}, its fsyncs at {synced}")
+
+
+def test_every_temps_name_is_durable_before_the_journals_name(tmp_path: Path) -> None:
+    """Two outputs in two directories: each temp's directory is fsynced after the temp is
+    made and before the pending journal is renamed to its journal name, so no crash leaves a
+    journal whose temps (where moved bytes go) have no names."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    a, b = pattern(3 * W, "a"), pattern(2 * W, "b")
+    (tmp_path / "a.bin").write_bytes(a)
+    (tmp_path / "b.bin").write_bytes(b)
+    tracer = _Writes()
+    with _sys.use(tracer):
+        save_many({one / "x.bin": Cord([b"hdr", FileBackedData(tmp_path / "a.bin")]),
+                   two / "y.bin": Cord([b"hdr", FileBackedData(tmp_path / "b.bin")])}, window=W)
+    assert (one / "x.bin").read_bytes() == b"hdr" + a
+    assert (two / "y.bin").read_bytes() == b"hdr" + b
+    calls = tracer.calls
+    named_journal = next(c.index for c in calls if c.op == "rename"
+                         and str(c.args[1]).endswith(_names.JOURNAL))
+    for d in (one, two):
+        made = next(c.index for c in calls if c.op == "open" and c.path.endswith(_names.TEMP)
+                    and os.path.dirname(c.path) == str(d))
+        assert any(c.op == "fsync_dir" and os.path.realpath(str(c.args[0])) == str(d)
+                   for c in calls if made < c.index < named_journal), (
+            f"{d}: its temp made at call {made}, its name not durable before the journal's "
+            f"(call {named_journal})")
+
+
+def test_the_parked_names_are_durable_before_the_first_cut(tmp_path: Path) -> None:
+    """Every source is renamed to its parked name and that directory fsynced before any
+    source is cut: a crash leaves each source at one of its two names, never at its own
+    name cut short."""
+    tracer = _Writes()
+    a, b = _consume(tmp_path, tracer)
+    assert (tmp_path / "out.bin").read_bytes() == a + b
+    calls = tracer.calls
+    parks = [c for c in calls if c.op == "rename" and str(c.args[1]).endswith(_names.SOURCE)]
+    assert len(parks) == 2
+    first_cut = min(c.index for c in calls if c.op == "ftruncate"
+                    and c.path.endswith(_names.SOURCE))
+    for p in parks:
+        d = os.path.realpath(os.path.dirname(str(p.args[1])))
+        assert any(c.op == "fsync_dir" and os.path.realpath(str(c.args[0])) == d
+                   for c in calls if p.index < c.index < first_cut), (
+            f"{p.args[1]}: parked at call {p.index}, not durable before the first cut "
+            f"(call {first_cut})")
+
+
+def test_every_cut_follows_its_durable_cut_step(tmp_path: Path) -> None:
+    """Each truncate of a parked source comes after the journal's ``cut`` step naming that
+    very size is appended and fsynced: recover reads how far a move got from the log, so no
+    source may be at a size the log does not name."""
+    tracer = _Writes()
+    a, b = _consume(tmp_path, tracer)
+    assert (tmp_path / "out.bin").read_bytes() == a + b
+    calls = tracer.calls
+    cuts = [c for c in calls if c.op == "ftruncate" and c.path.endswith(_names.SOURCE)]
+    assert len(cuts) == 5
+    for cut in cuts:
+        steps = [c for c in calls if c.index < cut.index and c.index in tracer.data]
+        last = steps[-1]
+        # (the journal's first write is its magic line and head: its last line is a record)
+        record = journal.unframe(tracer.data[last.index].rstrip(b"\n").split(b"\n")[-1])
+        assert record.get("cut", [None])[-1] == cut.args[1], (  # type: ignore[index]
+            f"call {cut.index}: cut to {cut.args[1]} after the record {record}")
+        assert any(c.op == "fsync" and c.args[0] == last.args[0]
+                   for c in calls if last.index < c.index < cut.index), (
+            f"call {cut.index}: its cut step (call {last.index}) not fsynced before it")

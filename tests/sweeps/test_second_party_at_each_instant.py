@@ -119,11 +119,14 @@ def test_a_hard_link_made_during_a_move_keeps_every_byte(tmp_path: Path, k: int)
         save(tmp_path / "out", Cord([b"H", f]), consume=True, window=W)
     assert not (tmp_path / "out").exists()
     close_leaked(tmp_path)
-    # Every byte is in the parked source (the backup's inode) or the temp, and recover puts
-    # them back: the backup link holds the whole file again.
+    # Every byte is in the parked source (the backup's inode) or the temp.  recover never
+    # writes an inode another name reaches: src.bin is rebuilt in a new file (the kept prefix
+    # and the moved bytes), and the backup keeps what it held, the prefix the truncates before
+    # the link left (#1, before any: the whole file, named back as it is).
     assert [r.action for r in recover(tmp_path)] == ["restored"]
     assert (tmp_path / "src.bin").read_bytes() == data
-    assert backup.read_bytes() == data
+    assert backup.read_bytes() == data[:4 * W - max(k - 1, 0) * W]
+    assert (os.stat(backup).st_ino == os.stat(tmp_path / "src.bin").st_ino) == (k == 1)
     assert leftovers(tmp_path) == []
 
 

@@ -25,7 +25,7 @@ FLOORS = {
     "test_clones_and_windows.py": 14,
     "test_looks_order_and_records.py": 13,
     "test_damaged_records.py": 1,
-    "test_fsync_order.py": 7,
+    "test_fsync_order.py": 12,
     "test_recover_guards.py": 5,
 }
 

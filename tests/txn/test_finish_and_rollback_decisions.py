@@ -12,7 +12,9 @@ audit), each on real files, each failing when its decision is broken:
   original bytes stay at the parked name and recover refuses;
 * a rollback never puts a temp's hole into a source where moved bytes should be;
 * a finish never renames over a final name replaced after the save stopped;
-* a finish keeps a kept prefix rewritten (same size) after the commit look.
+* a finish keeps a kept prefix rewritten (same size) after the commit look;
+* a rollback never punches a temp another name links to (a rescue copy keeps its bytes);
+* an append of exactly the inserted length before an unrecorded insert is never collapsed.
 """
 
 from __future__ import annotations
@@ -302,3 +304,158 @@ def test_a_recover_killed_before_putting_a_sources_times_back_is_continued(
     assert (tmp_path / "a.bin").read_bytes() == A
     assert (tmp_path / "b.bin").read_bytes() == B
     assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]
+
+
+def test_a_rollback_never_punches_a_temp_another_name_links_to(tmp_path: Path) -> None:
+    """A temp someone linked to another name (a rescue copy) is not the save's alone: the
+    rollback copies the moved bytes back out of it but never punches them out of it."""
+    (tmp_path / "a.bin").write_bytes(A)
+    (tmp_path / "b.bin").write_bytes(B)
+    consume_killed_at_truncate(tmp_path, 3, W)  # a.bin's last window moved and cut
+    (temp,) = named(tmp_path, _names.TEMP)
+    rescue = tmp_path / "rescue.bin"
+    os.link(temp, rescue)
+    held = rescue.read_bytes()
+    assert held[2 * W:3 * W] == A[2 * W:]  # the moved window, only there now
+    assert [r.action for r in recover(tmp_path)] == ["restored"]
+    assert (tmp_path / "a.bin").read_bytes() == A
+    assert (tmp_path / "b.bin").read_bytes() == B
+    assert rescue.read_bytes() == held  # byte for byte: no range punched out of it
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin", "rescue.bin"]
+
+
+def test_an_append_of_the_inserted_length_before_the_insert_is_never_collapsed(
+        tmp_path: Path) -> None:
+    """A source adopted in place, killed at its insert after another writer appended exactly
+    as many bytes as the insert adds: the size is the one an insert leaves, but the insert is
+    not recorded and no hole stands in front of the source (its own bytes do), so the bytes
+    past it are the writer's.  recover refuses and cuts nothing: collapsing the front would
+    throw away the source's own first block."""
+    blob = tmp_path / "blob.bin"
+    data = pattern(3 * W + 3, "s")
+    blob.write_bytes(data)
+    ino = blob.stat().st_ino
+    extra = b"W" * W  # the inserted length: the header is one block
+    writer = os.open(blob, os.O_WRONLY | os.O_APPEND)
+
+    class AppendThenDie(_sys.Backend):
+        def hook(self, op: str, args: tuple[Any, ...]) -> None:
+            if op == "insert_range" and isinstance(args[0], int) and (
+                    os.fstat(args[0]).st_ino == ino):
+                os.write(writer, extra)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    def job() -> None:
+        with _sys.use(AppendThenDie()):
+            save(tmp_path / "out.bin", Cord([b"H" * W, FileBackedData(blob, owned=True),
+                                             b"T" * 10]), consume=True)
+
+    try:
+        status = fork_run(job)
+    finally:
+        os.close(writer)
+    if status == 0:
+        pytest.skip("no range inserted here: the source was not adopted in place")
+    assert status == -signal.SIGKILL
+    (temp,) = named(tmp_path, _names.TEMP)
+    assert temp.read_bytes() == data + extra  # the source renamed onto the temp, appended to
+    with pytest.raises(RecoverError, match="does not record the space inserted"):
+        recover(tmp_path)
+    assert temp.read_bytes() == data + extra  # nothing collapsed, nothing cut
+    assert not blob.exists()
+    assert len(named(tmp_path, _names.JOURNAL)) == 1
+
+
+def test_a_parked_source_cut_below_its_kept_prefix_during_recover_is_refused(
+        tmp_path: Path) -> None:
+    """Another process cuts a parked source below its kept prefix (bytes no output holds)
+    after recover judged the files and before it puts the source back: the put-back refuses
+    (a RecoverError naming where the bytes are), writes nothing, and keeps the journal."""
+    a = tmp_path / "a.bin"
+    a.write_bytes(A)
+    # a.bin's first W bytes are no output's: its kept prefix (run_start W); [W, 3W) moved.
+    cord = Cord([b"hdr", FileBackedData(a, owned=True).slice(W, 2 * W)])
+
+    def job() -> None:  # killed before the second cut: the move half done
+        with _sys.use(AtCall("ftruncate", 3, lambda: os.kill(os.getpid(), signal.SIGKILL))):
+            save(tmp_path / "out.bin", cord, consume=True, window=W)
+
+    assert fork_run(job) == -signal.SIGKILL
+    (pa,) = named(tmp_path, _names.SOURCE)
+    assert pa.read_bytes() == A[:2 * W]
+
+    class CutBelowThePrefix(_sys.Backend):
+        done = False
+
+        def hook(self, op: str, args: tuple[Any, ...]) -> None:
+            if op == "open" and str(args[0]) == str(pa) and not self.done:
+                self.done = True  # the put-back opens it to grow it back: cut first
+                os.truncate(pa, W // 2)
+
+    with _sys.use(CutBelowThePrefix()), pytest.raises(RecoverError):
+        recover(tmp_path)
+    assert pa.read_bytes() == A[:W // 2]  # nothing written into it, nothing renamed
+    assert not a.exists()
+    assert len(named(tmp_path, _names.JOURNAL)) == 1
+    assert len(named(tmp_path, _names.TEMP)) == 1
+
+
+def test_a_file_adopted_in_place_cut_and_rewritten_before_the_commit_is_held(
+        tmp_path: Path) -> None:
+    """Another process cuts a file adopted in place back to the inserted space and writes
+    its own bytes to the output's full length before the commit: size and times cannot tell
+    that from the save's writes, the blocks can.  The save stops with a DataChangedError, the
+    journal kept (held), and nothing is published under the final name."""
+    blob = tmp_path / "blob.bin"
+    data = pattern(3 * W + 3, "s")
+    blob.write_bytes(data)
+    length = W + len(data) + 10
+
+    class RewriteBeforeTheCommit(_sys.Backend):
+        inserted = False
+        fsyncs = 0
+
+        def hook(self, op: str, args: tuple[Any, ...]) -> None:
+            if op == "insert_range" and isinstance(args[0], int):
+                self.inserted = os.readlink(f"/proc/self/fd/{args[0]}").endswith(_names.TEMP)
+            elif op == "fsync" and self.inserted and os.readlink(
+                    f"/proc/self/fd/{args[0]}").endswith(_names.TEMP):
+                self.fsyncs += 1
+                if self.fsyncs == 2:  # the temps' last fsync before the commit point
+                    os.ftruncate(args[0], W)
+                    os.pwrite(args[0], b"Z" * (length - W), W)
+
+    backend = RewriteBeforeTheCommit()
+    with _sys.use(backend), pytest.raises(DataChangedError) as info:
+        save(tmp_path / "out.bin", Cord([b"H" * W, FileBackedData(blob, owned=True),
+                                         b"T" * 10]), consume=True)
+    if not backend.inserted:
+        pytest.skip("no range inserted here: the source was not adopted in place")
+    assert "blocks adopted" in str(info.value)
+    assert not (tmp_path / "out.bin").exists()
+    assert len(named(tmp_path, _names.JOURNAL)) == 1
+
+
+def test_the_saves_own_finish_keeps_a_source_written_after_its_last_look(
+        tmp_path: Path) -> None:
+    """Past the commit point the save itself deletes only parked sources still as it last
+    saw them: one another process appended to after the ``committed`` step is kept under its
+    own name and the save raises a committed DataChangedError saying so (the outputs are
+    complete), while the unchanged one is deleted."""
+    cord = _cord(tmp_path)
+
+    class AppendAfterTheCommit(_sys.Backend):
+        def hook(self, op: str, args: tuple[Any, ...]) -> None:
+            if op == "rename" and str(args[1]) == str(tmp_path / "out.bin"):
+                (pb,) = [p for p in named(tmp_path, _names.SOURCE)
+                         if p.name.startswith(".b.bin.")]
+                with open(pb, "ab") as f:
+                    f.write(b"NEW")
+
+    with _sys.use(AppendAfterTheCommit()), pytest.raises(DataChangedError) as info:
+        save(tmp_path / "out.bin", cord, consume=True, window=W)
+    assert info.value.committed
+    assert (tmp_path / "out.bin").read_bytes() == b"hdr" + A + B
+    assert (tmp_path / "b.bin").read_bytes() == b"NEW"  # kept, its name back
+    assert not (tmp_path / "a.bin").exists()
+    assert sorted(os.listdir(tmp_path)) == ["b.bin", "out.bin"]

@@ -23,7 +23,7 @@ from filecord._io import syscalls as _sys
 from filecord._txn import journal
 from filecord._txn.stages import Stage
 from filecord.errors import RecoverError, SaveError
-from filecord_testing import pattern
+from filecord_testing import consume_killed_at_truncate, pattern
 
 W = 4096
 A, B = pattern(3 * W, "a"), pattern(2 * W, "b")
@@ -273,3 +273,68 @@ def test_a_damaged_journal_of_a_renamed_save_removes_only_its_token_files(
     assert sorted(os.listdir(d)) == ["index.json", "out.bin"]
     assert index.read_bytes() == b"{}"
     assert (d / "out.bin").read_bytes() == A + B
+
+
+def test_a_removal_beside_only_a_direct_output_is_refused_as_not_confined(
+        tmp_path: Path) -> None:
+    """The head itself is refused (damaged, "not confined") when a removal sits beside only a
+    direct output, where the save holds no lock: recover touches nothing, not even the save's
+    own files, rather than finish a journal that reaches beyond its save."""
+    d, elsewhere = tmp_path / "save", tmp_path / "elsewhere"
+    d.mkdir()
+    elsewhere.mkdir()
+    j = committed(d)
+    victim = elsewhere / "precious.txt"
+    victim.write_bytes(PRECIOUS)
+    os.mkfifo(elsewhere / "pipe")
+    craft(j, {"outputs": [[str(elsewhere / "pipe"), 0, 0, 0, -1, -1, -1, True, 0, 0]],
+              "removals": [removal(victim)]})
+    before = {str(p): p.read_bytes() for p in d.iterdir()}
+    with pytest.raises(RecoverError, match="not confined"):
+        recover(d)
+    assert {str(p): p.read_bytes() for p in d.iterdir()} == before
+    assert not (d / "out.bin").exists()
+    assert victim.read_bytes() == PRECIOUS
+
+
+def test_a_token_file_the_journal_does_not_name_stops_recover_before_any_change(
+        tmp_path: Path) -> None:
+    """A temp carrying the save's token that its journal does not name may hold a source's
+    moved bytes: recover refuses before its first change (no source put back, no temp
+    removed), and says which file."""
+    (tmp_path / "a.bin").write_bytes(A)
+    (tmp_path / "b.bin").write_bytes(B)
+    consume_killed_at_truncate(tmp_path, 3, W)  # mid-move: a.bin cut by one window
+    token = _names.parse(next(n for n in os.listdir(tmp_path)
+                              if n.endswith(_names.JOURNAL)))[0]  # type: ignore[index]
+    stray = tmp_path / f".other.bin.{token}{_names.TEMP}"
+    stray.write_bytes(b"moved bytes, perhaps")
+    before = {n: (tmp_path / n).read_bytes() for n in sorted(os.listdir(tmp_path))}
+    with pytest.raises(RecoverError, match="does not account for"):
+        recover(tmp_path)
+    assert {n: (tmp_path / n).read_bytes() for n in sorted(os.listdir(tmp_path))} == before
+
+
+@pytest.mark.parametrize(("how", "given"), [("removal", "directory"), ("removal", "journal"),
+                                            ("lock emptied", "directory")])
+def test_a_refusal_names_each_file_once(tmp_path: Path, how: str, given: str) -> None:
+    """The journal's path, the lock file's and what is refused are each said once (they were
+    said twice in a row: "recover refused J: J: removal path ...")."""
+    d = tmp_path / "save"
+    d.mkdir()
+    j = committed(d)
+    lock = next(d / n for n in os.listdir(d) if n.endswith(_names.LOCK))
+    if how == "removal":
+        (tmp_path / "elsewhere").mkdir()
+        victim = tmp_path / "elsewhere" / "precious.txt"
+        victim.write_bytes(PRECIOUS)
+        craft(j, {"removals": [removal(victim)]})
+    else:
+        lock.write_bytes(b"")
+    with pytest.raises(RecoverError, match="is not confined" if how == "removal" else
+                       "is damaged") as info:
+        recover(d if given == "directory" else j)
+    said = str(info.value)
+    assert said.count(str(j)) == 1, said
+    assert said.count(str(lock)) == (how == "lock emptied"), said
+    assert said.count("nothing was touched") == 1, said

@@ -10,8 +10,11 @@ its records check** (SQLite's rule: a journal that checks is played back).
   save's token in a directory whose lock file recover holds (and which names this journal),
   or it is a parked source of the save (token-named, its inode the journaled one), or it is
   a file the save recorded for removal, in such a directory or beside such a parked source,
-  and still the recorded file (``undo.proven_directories``).  A checksum proves a record
-  intact, not who wrote it, so no record widens this.
+  and still the recorded file (``undo.proven_directories``).  Names alone do not confine a
+  write: a token name may be a hard link to any file on the file system, so an inode is
+  written (bytes, times, mode, owner) only where the token name is its one link
+  (``undo.open_own``); one with another name is copied out or refused, never written.  A
+  checksum proves a record intact, not who wrote it, so no record widens this.
 * *What happened*: the stage is the last step that checks; the ``moving`` count, the
   ``inserted`` steps and the ``committed`` step's looks are taken as written, never re-proved
   from the files.  A forged record that checks is therefore played back, and what it can do
@@ -49,10 +52,11 @@ Invariants (DESIGN.md section 4; the sweeps check them at every crash and fault 
 5. ``recover`` acts only on proof: a held lock is skipped; a record that does not check (or
    steps in an order the stage table forbids, or files past a last record that does not
    check) is DAMAGED and refused, never blamed on another process; every path is derived
-   from the token, and a file without the token is removed only in a directory proven the
-   save's (the trust rule above).  Tests: tests/sweeps/test_hostile_journals.py,
-   tests/unit/txn/test_log.py, tests/sweeps/test_damaged_records.py,
-   tests/sweeps/test_recover_guards.py, tests/txn/test_recover_confined.py.
+   from the token, a file without the token is removed only in a directory proven the
+   save's, and an inode another name reaches is never written (the trust rule above).
+   Tests: tests/sweeps/test_hostile_journals.py, tests/unit/txn/test_log.py,
+   tests/sweeps/test_damaged_records.py, tests/sweeps/test_recover_guards.py,
+   tests/txn/test_recover_confined.py, tests/txn/test_recover_never_writes_a_linked_inode.py.
 6. Owned sources outlive a failed save: only a committed consuming save deletes them
    (rows FINISH only after the commit point).  Tests: tests/sweeps/test_recover_acts_on_proof.py.
 7. A source changed by someone else is an error with a typed kind (``ChangeKind``), never

@@ -588,4 +588,4 @@ def confine(j: Journal, journal_path: str) -> None:
     """Refuse a head that could reach beyond its save (:func:`_unconfined` says why)."""
     why = next(_unconfined(j, journal_path), None)
     if why is not None:
-        raise JournalDamagedError(f"{journal_path}: {why}")
+        raise JournalDamagedError(why)  # the caller names the journal

@@ -2,29 +2,22 @@
 
 Theory of operation
 -------------------
-What recover may touch is fixed by names and locks (the trust rule, ``decide``); nothing
-else is created, changed or deleted, whatever a journal says.
+What recover may touch is fixed by names, locks and links (the trust rule, ``decide``):
+nothing else is created, changed or deleted, whatever a journal says.  A file argument must
+be named like a journal, regular, with a head ``journal.confine`` accepts (else refused before
+a byte changes).  A directory's token-named files are grouped by token: without a journal,
+the lock file is taken (``LOCK_NB``): held is a running save (skipped), free names the journal
+it was made for (found and recovered, or never durable: the rest is garbage, removed); files
+without a lock file or journal are refused.  Before acting, recover takes the lock file of
+every directory the journal lists, each naming this journal.
 
-A file argument must be named like a journal, be a regular file and hold a head that checks
-and that ``journal.confine`` accepts (anything else raises, or is refused, before a byte
-changes; a version 3 name or another version's magic is FOREIGN).  A directory is scanned and
-its token-named files grouped by token: a journal is handled as above; without one, the lock
-file is taken (``LOCK_NB``): held is a running save (skipped), free names the journal it was
-made for (found elsewhere and recovered, or, never made durable, the rest is garbage and
-removed); temps or parked sources without a lock file or journal are refused.  Before acting
-on a journal recover takes the lock file of every directory it lists; each must name this
-journal.
-
-The stage is the journal's last step (``journal.read_log``); the assessment judges the files
-against the records (``assess``), and the row of the table (``decide``) acts: ``journaled`` or
-``moving`` rolls back after appending ``rolling back``, ``rolling back`` continues,
-``committed`` finishes (``undo.finish``), ``held`` is refused.  An output under its final name
-with no ``committed`` step that checks is a commit step lost: finished from the files
-(``LOST_COMMIT``).  So is one whose journal has a record before its last that does not check:
-the records before it and the files decide, only files carrying the token are removed
-(``DAMAGED_COMMIT``), and without an output under its final name it is refused as damage,
-naming the files to check.  Every result is a row, its word ``decide.OUTCOME``; every step is judged
-from the files, so recover is idempotent and may be interrupted and run again.
+The stage is the last step that checks, the files are judged against the records
+(``assess``), and the table's row acts (``decide``): ``journaled`` or ``moving`` rolls back
+after logging ``rolling back``, ``rolling back`` continues, ``committed`` finishes, ``held`` is
+refused.  An output under its final name proves a ``committed`` step lost or damaged: finished
+from the files (``LOST_COMMIT``, ``DAMAGED_COMMIT``: then only token files removed); without
+it, damage is refused naming the files to check.  Every result is a row (``decide.OUTCOME``),
+judged from the files, so recover is idempotent and may be interrupted and run again.
 """
 
 from __future__ import annotations
@@ -50,10 +43,7 @@ JOURNAL_LIMIT = 1 << 30  # a journal is a few bytes per piece; anything larger i
 LOST_COMMIT = ("its committed step is damaged or lost, but its outputs were under their final "
                "names (renamed only after that step's fsync): finished from the files, the "
                "parked sources judged by their size alone")
-# A held lock is a running save or another recover (which takes the same locks): not which.
 BUSY = "its lock is held: its save is running, or another recover is at work on it"
-# A lock file with no journal or parked source left: nothing destructive is left to undo,
-# because the journal never became durable (the rest is garbage) or the save had ended.
 ENDED = ("its journal was made and is gone with every file of the save but this lock file: "
          "the save had ended (completed or rolled back) before it could remove it; removed")
 DAMAGED_COMMIT = ("but its outputs were under their final names (renamed only after the "
@@ -67,12 +57,12 @@ class Recovered:
     """One interrupted save handled.
 
     ``action``: "finished" (completed after its commit point), "restored" (rolled back: the
-    sources are whole again), "discarded" (nothing to undo: it died before its journal, its
-    temps removed, or it had ended and left only its lock file), "skipped" (its lock is held:
-    it is still running, or another recover is) or "refused" (``detail`` says why; no
-    file was touched).  ``kept``: for a finished save, the consumed sources another process
-    changed after the commit point, kept (never deleted) under their own names or, when those
-    were taken, their parked names; ``detail`` and ``notes`` say where.
+    sources whole again), "discarded" (nothing to undo: its temps or lock file removed),
+    "skipped" (its lock is held) or "refused" (``detail`` says why).  ``kept``: consumed
+    sources another process changed after the commit point, kept (never deleted) under their
+    own names or, when taken, their parked names; ``detail`` and ``notes`` say where.
+    ``not_removed``: files a finished save was to remove (an index of consumed data files)
+    that another process changed or replaced since: kept, never an error.
     """
 
     journal: str
@@ -82,8 +72,6 @@ class Recovered:
     detail: str = ""
     notes: tuple[str, ...] = field(default=(), repr=False)
     kept: tuple[str, ...] = ()
-    # For a finished save: files the commit was to remove (an index of consumed data files)
-    # that another process changed or replaced since; kept, never an error.
     not_removed: tuple[str, ...] = ()
 
 
@@ -97,7 +85,9 @@ def recover(path: str | os.PathLike[str]) -> list[Recovered]:
     """
     target = os.fspath(path)
     st = _sys.stat(target)  # a directory reached through a symlink is that directory
+    where = ""  # a journal given is named once, by its result
     if stat_mod.S_ISDIR(st.st_mode):
+        where = f" in {target}"
         real = _sys.realpath(target)
         # Saves with a journal first, then a fresh scan for the rest: a rollback gives an
         # adopted file its name back, and that name may carry another, journal-less save's
@@ -109,13 +99,13 @@ def recover(path: str | os.PathLike[str]) -> list[Recovered]:
         results += [_recover_token(real, token, names)
                     for token, names in sorted(_scan(real).items()) if token not in journaled]
     else:
-        results = [_recover_file(target, _sys.lstat(target))]
+        results = [_recover_file(target)]
     done = [r for r in results if r is not None]
     refused = [r for r in done if r.action == "refused"]
     kept = [r for r in done if r.kept]
     if refused or kept:
         err = RecoverError("; ".join(
-            f"recover {what} {len(rs)} save(s) in {target}{but}: "
+            f"recover {what} {len(rs)} save(s){where}{but}: "
             + "; ".join(f"{r.journal}: {r.detail}" for r in rs)
             for what, but, rs in (("refused", "", refused), ("finished", " but kept consumed "
                                   "sources changed after the commit point", kept)) if rs))
@@ -146,16 +136,14 @@ def _decided(where: str, stage: Stage, found: Found, why: str,
     return Recovered(where, table.OUTCOME[action], detail=why, notes=tuple(notes))
 
 
-def _recover_file(path: str, st: os.stat_result) -> Recovered | None:
+def _recover_file(path: str) -> Recovered | None:
     parsed = _names.parse(os.path.basename(path))
     if parsed is None or parsed[1] not in _names.JOURNALS:
         raise journal.NotAJournalError(
             f"{path} is not a filecord journal (journals are named "
             ".NAME.TOKEN.filecord-journal); nothing was touched"
         )
-    if not stat_mod.S_ISREG(st.st_mode):  # named like a journal: refused, not a typo
-        raise RecoverError(f"{path} is named like a journal but is not a regular file (a "
-                           "symlink?); nothing was touched")
+    # Named like a journal: a symlink or FIFO is refused as one (a row), not as a typo.
     real = os.path.join(_real_dir(path), os.path.basename(path))
     return _recover_journal(real, parsed[1], {})
 
@@ -166,40 +154,39 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
         return _decided(os.path.join(directory, journals[0][0]), Stage.MOVING, Found.DAMAGED,
                         "several journals carry one token; nothing was touched")
     if journals:
-        name, suffix = journals[0]
-        path = os.path.join(directory, name)
-        try:
-            st = _sys.lstat(path)
-        except FileNotFoundError:
-            return None  # removed since the scan: its save (or another recover) ended it
-        if not stat_mod.S_ISREG(st.st_mode):
-            return _decided(path, Stage.MOVING, Found.DAMAGED, "named like a journal but not a "
-                            "regular file (a symlink?); nothing was touched")
-        return _recover_journal(path, suffix, {})
-    return _recover_journal_less(directory, token, names)
+        return _recover_journal(os.path.join(directory, journals[0][0]), journals[0][1], {})
+    if _names.LOCK in names:
+        return _recover_journal_less(directory, token, names)
+    # A consuming save parks its sources beside them but keeps its lock and journal beside
+    # its outputs: point there, the one place recover can act from.
+    parked, first = names.get(_names.SOURCE), next(iter(names.values()))[0]
+    return _decided(os.path.join(directory, parked[0] if parked else first), Stage.CREATED,
+                    Found.UNPROVEN, f"a source parked by save {token}, whose lock and journal "
+                    f"are in the directory of that save's output (named .OUTPUT.{token}"
+                    f"{_names.JOURNAL}): run `filecord recover` on that directory; nothing was "
+                    "touched" if parked else "files of an interrupted save without its lock "
+                    "file: cannot prove the save is over or that no journal needs them; "
+                    "nothing was touched")
 
 
 def _recover_journal_less(directory: str, token: str,
                           names: dict[str, list[str]]) -> Recovered | None:
     """A save without a journal in ``directory``: its lock file says whether one was made
     (and where), or that nothing destructive happened and the rest is garbage."""
-    locks = names.get(_names.LOCK, [])
     others = [n for s, ns in names.items() if s != _names.LOCK for n in ns]
-    if not locks:
-        return _refuse_lockless(directory, token, names.get(_names.SOURCE, []), others)
-    lock = _sys.abspath(os.path.join(directory, locks[0]))
+    lock = _sys.abspath(os.path.join(directory, names[_names.LOCK][0]))
     try:
         fd = liveness.acquire(lock)
     except liveness.LockBusyError:
         return _decided(lock, Stage.CREATED, Found.BUSY, BUSY)
-    except liveness.NotALockFileError as exc:
-        return _decided(lock, Stage.CREATED, Found.DAMAGED,
-                        f"named like a lock file, but {exc.strerror}; nothing was touched")
+    except liveness.NotALockFileError as exc:  # its strerror names it
+        return _decided(lock, Stage.CREATED, Found.DAMAGED, f"{exc.strerror}; nothing was "
+                        "touched")
     if fd is None:
         return None  # removed by whoever held it a moment ago
     try:
         said = _read_pointer(fd, token)
-        if said.journal is not None and _exists(said.journal):
+        if said.journal is not None and _sys.lexists(said.journal):
             return _recover_journal(said.journal, _names.JOURNAL, {_real_dir(lock): (lock, fd)})
     except BaseException:
         _sys.close_each([fd])
@@ -226,42 +213,17 @@ def _recover_journal_less(directory: str, token: str,
                      f"it died before its journal: removed {len(garbage)} temp file(s)")
 
 
-def _refuse_lockless(directory: str, token: str, parked: list[str],
-                     others: list[str]) -> Recovered:
-    if parked:
-        # A consuming save parks its sources beside them but keeps its lock and journal
-        # beside its outputs: point there, the one place recover can act from.
-        return _decided(os.path.join(directory, parked[0]), Stage.CREATED, Found.UNPROVEN,
-                        f"a source parked by save {token}, whose lock and journal are in "
-                       f"the directory of that save's output (named .OUTPUT.{token}"
-                       f"{_names.JOURNAL}): run `filecord recover` on that directory; "
-                       "nothing was touched")
-    return _decided(os.path.join(directory, others[0]), Stage.CREATED, Found.UNPROVEN,
-                    "files of an interrupted save without its lock file: cannot prove the "
-                   "save is over or that no journal needs them; nothing was touched")
-
-
 _LOCK_LIMIT = 1 << 16  # bytes of a lock file read: two short records, far below this
 
 
 def _read_pointer(fd: int, token: str) -> liveness.Pointer:
     """What a lock file says: the journal it names and whether that journal was made."""
-    size = _sys.fstat(fd).st_size
-    if size <= 0:
-        return liveness.Pointer(None)
-    return liveness.read_pointer(_sys.read_all(fd, 0, min(size, _LOCK_LIMIT)), token)
+    size = min(_sys.fstat(fd).st_size, _LOCK_LIMIT)
+    return liveness.read_pointer(_sys.read_all(fd, 0, size), token)
 
 
 def _real_dir(path: str) -> str:
     return _sys.realpath(os.path.dirname(_sys.abspath(path)))
-
-
-def _exists(path: str) -> bool:
-    try:
-        _sys.lstat(path)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def _read(path: str) -> tuple[bytes, os.stat_result]:
@@ -280,9 +242,8 @@ def _read(path: str) -> tuple[bytes, os.stat_result]:
 def _lock_all(j: journal.Journal, locks: dict[str, tuple[str, int]], pointer: str
               ) -> tuple[Found, str] | None:
     """Take the lock file of every directory of the save into ``locks``; what proves nothing
-    (None: all do).  The save makes each first and removes it after its journal, so one
-    missing is UNPROVEN, never taken as "free"; one naming another journal means this one
-    reaches beyond its save (FOREIGN, crafted or copied)."""
+    (None: all do).  One missing is UNPROVEN (the save removes each after its journal), one
+    naming another journal FOREIGN (this one reaches beyond its save)."""
     for directory, path in j.locks().items():
         if directory in locks:
             continue
@@ -293,9 +254,9 @@ def _lock_all(j: journal.Journal, locks: dict[str, tuple[str, int]], pointer: st
         locks[directory] = (path, fd)
         said = _read_pointer(fd, j.token)
         if said.damage is not None:
-            return Found.DAMAGED, f"{path}: {said.damage}"
+            return Found.DAMAGED, f"{said.damage}: {path}"
         if said.journal is None:  # emptied or zeroed: a lock file is linked whole
-            return Found.DAMAGED, f"{path}: its lock file is damaged (it names no journal: " \
+            return Found.DAMAGED, f"its lock file {path} is damaged (it names no journal: " \
                 "emptied or zeroed after it was written)"
         if said.journal != pointer:
             return Found.FOREIGN, f"the lock file {path} belongs to another journal: this one " \
@@ -306,9 +267,8 @@ def _lock_all(j: journal.Journal, locks: dict[str, tuple[str, int]], pointer: st
 def _recover_journal(
     path: str, suffix: str, held: dict[str, tuple[str, int]]
 ) -> Recovered | None:
-    """Recover the save whose journal is ``path`` (None: the journal went while we looked).
-    Every lock taken here or ``held`` is let go on every path: removed once the save is over,
-    only closed otherwise (a refused or skipped save keeps its lock files)."""
+    """Recover the save whose journal is ``path`` (None: gone while we looked).  Every lock
+    taken or ``held`` is removed once the save is over, else only closed."""
     locks = dict(held)
     try:
         result = _judge(path, suffix, locks)
@@ -335,6 +295,9 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
         journal.confine(log_.journal, path)
     except FileNotFoundError:
         return None  # removed since the scan: its save (or another recover) ended it
+    except liveness.NotALockFileError:  # a symlink or FIFO: refused, never opened through
+        return _decided(path, Stage.MOVING, Found.DAMAGED, "named like a journal but not a "
+                        "regular file (a symlink?); nothing was touched")
     except journal.JournalDamagedError as exc:  # a record does not check: damaged
         return _decided(path, Stage.MOVING, Found.DAMAGED, assess.damaged(exc).why)
     except RecoverError as exc:  # a version not this one's, a path beyond the save
@@ -351,9 +314,8 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
         refused = _lock_all(log_.journal, locks, path)
     except liveness.LockBusyError:
         return _decided(path, stage, Found.BUSY, BUSY)
-    except liveness.NotALockFileError as exc:
-        return _decided(path, stage, Found.DAMAGED, f"its lock file is not a regular file "
-                        f"({exc.strerror}); nothing was touched")
+    except liveness.NotALockFileError as exc:  # its strerror names it
+        return _decided(path, stage, Found.DAMAGED, f"{exc.strerror}; nothing was touched")
     if refused is None:
         return _act(path, log_)
     # A save removes its journal before its lock files: a lock gone with the journal too is a
@@ -374,17 +336,20 @@ def _act(path: str, log_: journal.Log) -> Recovered:
                                                 *(s.path for s in j.sources)])])
     if action is table.Action.REFUSE:
         notes = [f"the files: {torn_why}"] if torn_why else []
-        # What the moves left, unless a rollback (which grows sources back) has begun.
-        moves = None if stage is Stage.ROLLING_BACK else log_
-        return _decided(path, stage, found.found, found.why,
-                        [*notes, *_whereabouts(j, log_.inserted, moves, stage)])
+        # Where every byte is: what the moves left, unless a rollback (which grows sources
+        # back) has begun; looked at afresh, as for the refusals below after partial work.
+        back = stage is Stage.ROLLING_BACK
+        where = assess.whereabouts(j, assess.observe(j), None, 0 if back else log_.moved,
+                                   log_.inserted, held=stage is Stage.HELD,
+                                   cuts=None if back else log_.cuts)
+        return _decided(path, stage, found.found, found.why, [*notes, *where])
     try:
         if action is table.Action.FINISH:
             return _finish(path, log_, action, lost=log_.stage is not stage)
         return _roll_back(path, log_, stage, action)
     except (RecoverError, DataChangedError, OSError) as exc:
         return _decided(path, stage, Found.UNREADABLE, f"{exc}; the journal and temps are "
-                        "kept", _whereabouts(j, log_.inserted))
+                        "kept", assess.whereabouts(j, assess.observe(j), None, 0, log_.inserted))
 
 
 def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
@@ -433,7 +398,16 @@ def _finish(path: str, log_: journal.Log, action: table.Action, *, lost: bool) -
 def _roll_back(path: str, log_: journal.Log, stage: Stage, action: table.Action) -> Recovered:
     j = log_.journal
     if stage is Stage.MOVING:  # ROLL_BACK from journaled or moving: first the log says so
-        _append(path, log_, journal.step(Stage.ROLLING_BACK))
+        # At its logical end, fsynced; a torn tail cut off first (a shorter step over it
+        # would leave its rest behind as a record that does not check).
+        fd = liveness.open_regular(path, os.O_WRONLY)
+        try:
+            if log_.torn:
+                _sys.ftruncate(fd, log_.end)
+            _sys.write_all(fd, journal.step(Stage.ROLLING_BACK), log_.end)
+            _sys.fsync(fd)
+        finally:
+            _sys.close(fd)
     undo.roll_back(j, transfer.Counters(), log_.inserted)
     undo.remove_temps(j)
     # The claim "temps removed" is checked against the directories, not the journal.
@@ -441,31 +415,8 @@ def _roll_back(path: str, log_: journal.Log, stage: Stage, action: table.Action)
     if left:
         return _decided(path, Stage.ROLLING_BACK, Found.UNREADABLE, f"the sources are "
                         f"restored, but {', '.join(left)} still carr(ies) this save's token; "
-                        "the journal is kept", _whereabouts(j, log_.inserted))
+                        "the journal is kept",
+                        assess.whereabouts(j, assess.observe(j), None, 0, log_.inserted))
     _sys.unlink(path)
     return Recovered(path, table.OUTCOME[action], tuple(o.final for o in j.outputs),
                      tuple(s.path for s in j.sources))
-
-
-def _append(path: str, log_: journal.Log, record: bytes) -> None:
-    """Append a step at the log's logical end and fsync it; a torn tail is cut off first (a
-    shorter step written over it would leave its rest behind as a record that does not
-    check)."""
-    fd = liveness.open_regular(path, os.O_WRONLY)
-    try:
-        if log_.torn:
-            _sys.ftruncate(fd, log_.end)
-        _sys.write_all(fd, record, log_.end)
-        _sys.fsync(fd)
-    finally:
-        _sys.close(fd)
-
-
-def _whereabouts(j: journal.Journal, inserted: frozenset[tuple[int, int]],
-                 log_: journal.Log | None = None, stage: Stage | None = None) -> list[str]:
-    """Where every byte is now, for a refusal's notes (looked at afresh: the files may have
-    changed since the assessment, by this recover's own partial work).  ``log_``: what its
-    moves left, given only before recover touched a file (a rollback grows sources back)."""
-    return assess.whereabouts(j, assess.observe(j), None, 0 if log_ is None else log_.moved,
-                              inserted, held=stage is Stage.HELD,
-                              cuts=None if log_ is None else log_.cuts)

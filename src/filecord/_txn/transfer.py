@@ -242,11 +242,13 @@ def restore_source(
     c: Counters,
     *,
     dense: bool = False,
+    free: bool = True,
 ) -> int:
     """Put back the bytes a move took from ``src``, from its current size up (so a rerun
     continues); how many.  ``temps[i]`` None: output ``i`` holds none of them.  ``dense``
     (the source had no holes): a hole in a temp where moved bytes should be proves they were
-    never moved, a ``DataChangedError`` before anything is written."""
+    never moved, a ``DataChangedError`` before anything is written.  ``free`` False: the
+    temps' copies are kept (``src`` has no name yet: a crash would take it with it)."""
     start = _sys.fstat(src).st_size  # within the run: the caller checked it
     pos = start
     pending = cover(m.dests, start, m.size) if start < m.size else []
@@ -261,13 +263,14 @@ def restore_source(
                 pending[i] = (hi, b, d)
                 break
             i += 1
-        _restore_window(src, m, segs, temps, c, dense=dense)
+        _restore_window(src, m, segs, temps, c, dense=dense, free=free)
         pos = hi
     return m.size - start
 
 
 def _restore_window(src: int, m: MoveSource, segs: Sequence[tuple[int, int, PieceRef]],
-                    temps: Sequence[int | None], c: Counters, *, dense: bool) -> None:
+                    temps: Sequence[int | None], c: Counters, *, dense: bool,
+                    free: bool) -> None:
     held: list[tuple[int, int, int, int]] = []  # (temp, offset there, source offset, length)
     for a, b, d in segs:
         tfd = temps[d.output]
@@ -279,10 +282,10 @@ def _restore_window(src: int, m: MoveSource, segs: Sequence[tuple[int, int, Piec
     for tfd, at, a, n in held:
         copy_range(tfd, src, at, a, n, c, kind="restored")
     c.fsync(src)
-    for tfd, at, _a, n in held:
-        try:  # frees disk early only: the temp is unlinked right after the rollback
-            if _sys.fstat(tfd).st_nlink <= 1:  # a temp another name links to is not ours
-                _sys.punch_hole(tfd, at, n)
+    for tfd, at, _a, n in held if free else []:
+        try:  # frees disk early only: the temp is unlinked right after the rollback (one
+            # another name links to is open read-only, ``undo.open_own``: the punch fails)
+            _sys.punch_hole(tfd, at, n)
         except OSError as exc:  # noqa: PERF203 - best effort, each range
             log.debug("punch_hole refused (%s); the temp keeps its copy until removed", exc)
 

@@ -2,27 +2,32 @@
 
 Theory of operation
 -------------------
-Everything here is judged from the files, never from memory, so the rollback of a failed save
-and ``recover`` run the same code, and both can be interrupted at any call and run again.
+Judged from the files, never from memory: a failed save's rollback and ``recover`` run the
+same code, and both may be interrupted at any call and run again.  Every write goes through
+one door, :func:`open_own`: an inode is written (bytes, times, mode, owner) only where the
+token name is its one link.  A token name may be a hard link to any file on the file system
+and a forged journal can record that file's identity; one only the token name reaches is no
+one else's, and one with another name is never written.
 
-*Roll back* (before the commit point), per source, newest first: an adopted source is found at
-its output's temp by device and inode and, adopted in place, what the save appended truncated
-and the space inserted in front collapsed (``_unadopt``: the temp's size says how far it got);
-a parked source gets its moved bytes back (``transfer.restore_source``); then its times and
-mode are put back and fsynced, and its name restored by ``link`` then ``unlink`` (never over a
-file created there meanwhile: the bytes then stay at the parked name and recovery refuses).
-The caller then removes the temps, the journal and the lock files.  A crash anywhere leaves
-each source at one of its two names, between its kept prefix and its full size, the bytes
-above that size still in the temps.
+*Roll back* (before the commit point), per source, newest first: an adopted source at its
+output's temp has what the save appended truncated and the inserted space collapsed (the
+temp's size says how far it got); a parked source gets its moved bytes back from the temps;
+its times and mode are put back, fsynced, and its name by ``link`` then ``unlink`` (never
+over a file made there meanwhile: recovery then refuses).  With another link, its bytes are
+built in a new unnamed file (the temps not freed meanwhile), fsynced and linked to its name
+(not rebuilt if there from before a stop), and only the token name unlinked: the other name
+keeps what it held.  The caller removes the temps, journal and lock files.  A crash leaves
+each source at one of its two names, between its kept prefix and its full size, the rest
+still in the temps.
 
-*Finish* (after the commit point): each temp still holding its journaled inode gets its
-recorded mode and owner and is renamed onto its final name (one already there is done; one
-lost stops recovery).  Then the discard temps and the head's removals still the recorded file
-in a proven directory (``discard_and_remove``; a journal is untrusted for what it may touch),
-then the parked sources: one not at its kept prefix, or not at the size and mtime of the
-save's last look (the ``committed`` step), was written after that look and is kept, named
-back if its name is free, and a ``DataChangedError`` says so once the rest is finished.  Not
-ctime: a restore or copy of a crashed tree changes every ctime; mtime survives it.
+*Finish* (after the commit point): each temp still its journaled inode gets its recorded mode
+and owner (refused where it has another link and needs them) and is renamed onto its final
+name (one already there is done; one lost stops recovery).  Then the discard temps, the
+removals still the recorded file in a proven directory (a journal is untrusted for what it may
+touch), then the parked sources: one not at its kept prefix, or not at the size and mtime of
+the ``committed`` step's look, was written after it and is kept, named back if its name is
+free, and a ``DataChangedError`` says so once the rest is finished (not ctime: a restore or
+copy of a crashed tree changes every ctime; mtime survives it).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from collections.abc import Callable, Mapping
 
 from filecord._io import syscalls as _sys
 from filecord._txn import transfer
-from filecord._txn.journal import Journal, JournalOutput, JournalSource
+from filecord._txn.journal import Journal, JournalSource
 from filecord.errors import DataChangedError, RecoverError, add_note
 
 log = logging.getLogger(__name__)
@@ -49,7 +54,17 @@ def same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
         st.st_mode) else None
 
 
-def open_same(path: str, dev: int, ino: int, flags: int) -> int:
+def open_own(path: str, dev: int, ino: int) -> tuple[int, bool]:
+    """The one door to every write here (the module's notes): ``path``, proven the inode (dev,
+    ino), opened read-write and True where that name is its one link, else read-only and False."""
+    fd, st = _open_proven(path, dev, ino, os.O_RDWR)
+    if st.st_nlink == 1:
+        return fd, True
+    _sys.close(fd)
+    return _open_proven(path, dev, ino, os.O_RDONLY)[0], False
+
+
+def _open_proven(path: str, dev: int, ino: int, flags: int) -> tuple[int, os.stat_result]:
     """Open ``path`` (no symlink followed) and prove through the descriptor that it is the
     inode (dev, ino): an ``lstat`` before ``open`` leaves a window to swap the name."""
     fd = _sys.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
@@ -60,40 +75,24 @@ def open_same(path: str, dev: int, ino: int, flags: int) -> int:
     except BaseException:
         _sys.close(fd)
         raise
-    return fd
-
-
-def _open_temps(j: Journal) -> list[int | None]:
-    """Descriptors of the temps still holding this save's inodes (None where absent)."""
-    fds: list[int | None] = []
-    try:
-        for o, out in enumerate(j.outputs):
-            if out.direct or same_file(j.temp(o), out.dev, out.ino) is None:
-                fds.append(None)
-            else:
-                fds.append(open_same(j.temp(o), out.dev, out.ino, os.O_RDWR))
-    except BaseException:
-        _close_all(fds)
-        raise
-    return fds
-
-
-def _close_all(fds: list[int | None]) -> None:
-    errors = _sys.close_each([fd for fd in fds if fd is not None])
-    if errors:
-        raise errors[0]
+    return fd, st
 
 
 def roll_back(j: Journal, c: transfer.Counters,
               inserted: frozenset[tuple[int, int]] = frozenset()) -> int:
     """Put every source back, byte-exact under its own name; how many moved back.
     ``inserted``: the adopted sources whose insert the journal records."""
-    temps = _open_temps(j)
+    temps: list[int | None] = []  # the temps still holding this save's inodes
     try:
+        for o, out in enumerate(j.outputs):
+            held = not out.direct and same_file(j.temp(o), out.dev, out.ino) is not None
+            temps.append(open_own(j.temp(o), out.dev, out.ino)[0] if held else None)
         return sum(_put_back(j, s, temps, c, inserted=(s.dev, s.ino) in inserted)
                    for s in reversed(j.sources))
     finally:
-        _close_all(temps)
+        errors = _sys.close_each([fd for fd in temps if fd is not None])
+        if errors:
+            raise errors[0]
 
 
 def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer.Counters, *,
@@ -108,35 +107,53 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
             raise DataChangedError(s.path, expected_size=s.size, found_size=st.st_size,
                                    reason="changed by another process before the save moved it")
         return 0
-    fd = open_same(at, s.dev, s.ino, os.O_RDWR)
+    fd, own = open_own(at, s.dev, s.ino)
     try:
         if s.adopt:
-            length = j.outputs[s.dests[0].output].length
-            if s.inserted or length != s.size:  # adopted in place: the output was built on it
-                _unadopt(fd, at, s, length, c, inserted=inserted)
-            _sys.fchmod(fd, stat_mod.S_IMODE(s.mode))
+            copied = _unadopt(fd, at, s, j.outputs[s.dests[0].output].length, c, own=own,
+                              inserted=inserted)
         else:
-            size = _sys.fstat(fd).st_size
-            if not s.run_start <= size <= s.size:
-                raise DataChangedError(at, expected_size=s.size, found_size=size,
-                                       reason="outside the range a move of this save leaves")
-            if size < s.size:
-                transfer.restore_source(fd, s.as_move(), temps, j.window, c, dense=s.dense)
-            # Whole with another mtime is this undo's own restore, stopped before this
-            # futimens: ``check_strict`` refuses anyone else's rewrite before ``rolling back``.
-            _sys.futimens(fd, s.atime_ns, s.mtime_ns)
-            c.fsync(fd)
+            copied = _unpark(fd, at, s, temps, j.window, c, own=own)
     finally:
         _sys.close(fd)
-    _name_back(at, s.path)
+    if copied:  # the other name keeps the inode as it was; only the token name goes
+        _sys.unlink(at)
+        _sys.fsync_parents([s.path, at])
+    else:
+        _name_back(at, s.path)
     return 1
 
 
+def _unpark(fd: int, at: str, s: JournalSource, temps: list[int | None], window: int,
+            c: transfer.Counters, *, own: bool) -> bool:
+    """A parked source's moved bytes back: in place where ``own``, else copied out (True)."""
+    size = _sys.fstat(fd).st_size
+    if not s.run_start <= size <= s.size:
+        raise DataChangedError(at, expected_size=s.size, found_size=size,
+                               reason="outside the range a move of this save leaves")
+
+    def restore(to: int) -> None:
+        if to != fd:  # a new file: the kept prefix first
+            transfer.copy_range(fd, to, 0, 0, size, c, kind="restored")
+        transfer.restore_source(to, s.as_move(), temps, window, c, dense=s.dense,
+                                free=to == fd)  # a new file: not named until it is whole
+
+    if not own:  # whole: named back as it is, nothing written
+        return size < s.size and _copy_out(fd, at, s, c, restore)
+    if size < s.size:
+        restore(fd)
+    # Whole with another mtime is this undo's own restore, stopped before this futimens:
+    # ``check_strict`` refuses anyone else's rewrite before ``rolling back``.
+    _sys.futimens(fd, s.atime_ns, s.mtime_ns)
+    c.fsync(fd)
+    return False
+
+
 def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Counters, *,
-             inserted: bool) -> None:
-    """Give an adopted source at its output's temp back its own bytes (the save never writes
-    its blocks), judged from the temp's size (``JournalSource.adopted_size``): past the source
-    and its inserted space, truncate; then collapse the space; its times back, fsynced."""
+             own: bool, inserted: bool) -> bool:
+    """Give an adopted source at its output's temp its own bytes back, judged from the temp's
+    size (``JournalSource.adopted_size``): in place where ``own`` (what follows it truncated,
+    the space in front collapsed), else copied out (:func:`_copy_out`; True: named)."""
     size = _sys.fstat(fd).st_size
     if not s.adopted_size(size, length, inserted=inserted):
         raise DataChangedError(temp, expected_size=s.size + s.inserted, found_size=size,
@@ -148,13 +165,48 @@ def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Coun
         # source's are another process's append.
         raise DataChangedError(temp, expected_size=s.size, found_size=size,
                                reason=s.adopted_change(size, length, inserted=inserted))
-    if size > s.size:
-        if size > s.size + s.inserted:
-            _sys.ftruncate(fd, s.size + s.inserted)
-        if s.inserted:
-            _sys.collapse_range(fd, 0, s.inserted)
+    at = s.inserted if size > s.size else 0  # where the source's bytes begin
+    if not own:  # untouched (its own size): named back as it is, nothing written
+        return size != s.size and _copy_out(fd, temp, s, c, lambda new: transfer.copy_range(
+            fd, new, at, 0, s.size, c, kind="restored"))
+    if size > s.size + s.inserted:
+        _sys.ftruncate(fd, s.size + s.inserted)
+    if at:
+        _sys.collapse_range(fd, 0, at)
     _sys.futimens(fd, s.atime_ns, s.mtime_ns)
+    _sys.fchmod(fd, stat_mod.S_IMODE(s.mode))
     c.fsync(fd)
+    return False
+
+
+def _copy_out(fd: int, at: str, s: JournalSource, c: transfer.Counters,
+              fill: Callable[[int], object]) -> bool:
+    """Build ``s``'s bytes (``fill``) in a new file with the owner and mode of the inode at
+    ``at`` (never set-id bits: a forged journal can name any inode) and the journaled times,
+    fsynced, then named ``s.path``; one named before a stop (its size and mtime) is kept."""
+    there = _there(s.path)
+    if there is not None and stat_mod.S_ISREG(there.st_mode) and (
+            there.st_size, there.st_mtime_ns) == (s.size, s.mtime_ns):
+        return True
+    new = _sys.open_unnamed(os.path.dirname(s.path))
+    if new is None:
+        raise RecoverError(f"{at} has another hard link, and this file system makes no "
+                           f"unnamed file to rebuild {s.path} in; nothing was written")
+    try:
+        fill(new)
+        st = _sys.fstat(fd)
+        apply_owner_mode(new, st.st_mode & ~(stat_mod.S_ISUID | stat_mod.S_ISGID),
+                         st.st_uid, st.st_gid)
+        _sys.futimens(new, s.atime_ns, s.mtime_ns)
+        c.fsync(new)
+        try:
+            _sys.link_fd(new, s.path)
+        except FileExistsError:
+            raise RecoverError(f"{s.path} is now another file; the original bytes are kept "
+                               f"at {at} and in the temps") from None
+    finally:
+        _sys.close(new)
+    return True
 
 
 def _name_back(src: str, dst: str) -> None:
@@ -169,14 +221,11 @@ def _name_back(src: str, dst: str) -> None:
     except OSError as exc:
         if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
             raise
-        # No hard links here (FAT, some FUSE): rename, after checking the name is free.
-        try:
-            _sys.lstat(dst)
-        except FileNotFoundError:
-            _sys.rename(src, dst)
-            _sys.fsync_parents([dst])
-            return
-        raise taken from exc
+        if _there(dst) is not None:  # no hard links here (FAT, some FUSE): rename if free
+            raise taken from exc
+        _sys.rename(src, dst)
+        _sys.fsync_parents([dst])
+        return
     _sys.unlink(src)
     _sys.fsync_parents([dst, src])
 
@@ -190,9 +239,8 @@ def remove_temps(j: Journal) -> None:
 
 def finish(j: Journal, journal_path: str, looked: Mapping[tuple[int, int], tuple[int, int]],
            *, removals: bool = True) -> tuple[tuple[str, ...], DataChangedError | None]:
-    """Finish a committed save (the module's notes); the removals kept (not the recorded
-    file, or ``removals`` False: only files carrying the save's token are removed) and the
-    error for the parked sources kept (:func:`unlink_parked`)."""
+    """Finish a committed save (the module's notes); the removals kept (``removals`` False:
+    only token files go) and the error for the parked sources kept (:func:`unlink_parked`)."""
     _rename_outputs(j, journal_path)
     # Removals first, while the parked sources prove their directories the save's.
     _removed, removals_kept = discard_and_remove(
@@ -219,9 +267,8 @@ def unlink_parked(j: Journal, changed: Callable[[JournalSource, os.stat_result],
     kept: list[tuple[JournalSource, int, int, str]] = []
     for s in moved:
         st = same_file(j.parked(s), s.dev, s.ino)
-        if st is None:  # gone (unlinked before a stop), or another inode put at its name:
-            # that one is another process's, kept and reported like a changed source (never
-            # deleted, never left unsaid under the save's token)
+        if st is None:  # gone (unlinked before a stop), or another process's inode put at
+            # its name: kept and said like a changed source, never left unsaid
             st = _there(j.parked(s))
             if st is None:
                 continue
@@ -232,8 +279,14 @@ def unlink_parked(j: Journal, changed: Callable[[JournalSource, os.stat_result],
                 _sys.unlink(j.parked(s))
                 continue
             was = seen
-        where = (_keep_changed(j.parked(s), s.path) if stat_mod.S_ISREG(st.st_mode)
-                 else f"another kind of file is kept at {j.parked(s)}")
+        where = f"another kind of file is kept at {j.parked(s)}"
+        if stat_mod.S_ISREG(st.st_mode):
+            try:
+                _name_back(j.parked(s), s.path)
+                where = f"the changed source is kept under its own name {s.path}"
+            except RecoverError:
+                where = f"{s.path} is now another file, so the changed source is kept at " \
+                    f"{j.parked(s)}"
         kept.append((s, was, st.st_size, f"{s.path}: {st.st_size} bytes (the save last saw "
                      f"{was}); " + where))
     c.fsyncs += _sys.fsync_parents([j.parked(s) for s in moved])
@@ -258,16 +311,6 @@ def _there(path: str) -> os.stat_result | None:
         return None
 
 
-def _keep_changed(parked: str, original: str) -> str:
-    """Name a changed consumed source back if its name is free, else leave it parked; where
-    it is, for the notes."""
-    try:
-        _name_back(parked, original)
-    except RecoverError:
-        return f"{original} is now another file, so the changed source is kept at {parked}"
-    return f"the changed source is kept under its own name {original}"
-
-
 def _rename_outputs(j: Journal, journal_path: str) -> None:
     """Each temp onto its final name (already there: renamed before a crash), fsynced.  A
     temp not its output's length was changed by someone else: nothing is renamed."""
@@ -281,7 +324,11 @@ def _rename_outputs(j: Journal, journal_path: str) -> None:
             continue
         temp = j.temp(o)
         if same_file(temp, out.dev, out.ino) is not None:
-            _check_replaceable(out, journal_path)
+            now = _there(out.final)  # what the save replaces, or nothing: never a newer file
+            if now is not None and (now.st_dev, now.st_ino) != (out.old_dev, out.old_ino):
+                raise RecoverError(f"{out.final} was replaced after the save of {journal_path} "
+                                   "stopped; the newer file is kept and this save's output "
+                                   "stays at its temp")
             apply_owner_mode_at(temp, out.dev, out.ino, out.mode, out.uid, out.gid)
             _sys.rename(temp, out.final)
         elif same_file(out.final, out.dev, out.ino) is None:
@@ -323,9 +370,8 @@ def discard_and_remove(j: Journal, proven: frozenset[str] | None = None
     removed: list[str] = []
     changed: list[str] = []
     for r in j.removals:
-        try:
-            st = _sys.lstat(r.path)
-        except FileNotFoundError:
+        st = _there(r.path)
+        if st is None:
             continue  # gone already (a finish that ran before, or someone else)
         if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != r.identity or (
                 proven is not None and os.path.dirname(r.path) not in proven):
@@ -338,25 +384,21 @@ def discard_and_remove(j: Journal, proven: frozenset[str] | None = None
     return tuple(removed), tuple(changed)
 
 
-def _check_replaceable(out: JournalOutput, journal_path: str) -> None:
-    """The final name must hold what the save replaces, or nothing: never a newer file."""
-    try:
-        st = _sys.lstat(out.final)
-    except FileNotFoundError:
-        return
-    if (st.st_dev, st.st_ino) != (out.old_dev, out.old_ino):
-        raise RecoverError(
-            f"{out.final} was replaced after the save of {journal_path} stopped; the newer "
-            f"file is kept and this save's output stays at its temp"
-        )
-
-
 def apply_owner_mode_at(path: str, dev: int, ino: int, mode: int, uid: int, gid: int) -> None:
+    """``apply_owner_mode`` through :func:`open_own`: a temp with another hard link is given
+    no mode or owner (that name's file is never changed), and one that needs them is refused."""
     if mode < 0 and uid < 0 and gid < 0:
         return
-    fd = open_same(path, dev, ino, os.O_RDONLY)
+    fd, own = open_own(path, dev, ino)
     try:
-        apply_owner_mode(fd, mode, uid, gid)
+        if own:
+            apply_owner_mode(fd, mode, uid, gid)
+            return
+        st = _sys.fstat(fd)
+        if (mode >= 0 and stat_mod.S_IMODE(st.st_mode) != stat_mod.S_IMODE(mode)) or (
+                uid >= 0 and st.st_uid != uid) or (gid >= 0 and st.st_gid != gid):
+            raise RecoverError(f"{path} has another hard link, so it is given no mode or owner "
+                               "(the file that name reaches is never changed) and not renamed")
     finally:
         _sys.close(fd)
 

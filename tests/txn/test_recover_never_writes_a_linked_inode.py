@@ -1,0 +1,313 @@
+"""``recover`` and a failed save's rollback never write into an inode another name reaches.
+
+A journal is untrusted for *what* it may touch, and a name carrying the save's token may be a
+hard link to any file on the same file system: a forged journal that records that file's
+identity for a temp or a parked source must not make recover cut, collapse, append to, retime,
+chmod or chown it.  A file only the save's token name reaches is the save's; one with another
+name is never written: a parked or adopted source's bytes are built in a new file under its
+own name (the other name keeps what it held), and a temp to finish is given no mode or owner
+(refused, naming it, where one is needed).  A user's rescue link (``cp -al``) is the same on
+the files as a forgery, so it gets the same: both names' bytes checked exactly below.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from filecord import Cord, FileBackedData, recover, save
+from filecord._io import names as _names
+from filecord._io import syscalls as _sys
+from filecord._txn import journal
+from filecord._txn.stages import Stage
+from filecord.errors import RecoverError, SaveError
+from filecord_testing import AtCall, consume_killed_at_truncate, pattern
+
+W = 4096
+A, B = pattern(3 * W, "a"), pattern(2 * W, "b")
+Record = dict[str, object]
+
+
+def _token_file(d: Path, suffix: str, name: str = "") -> Path:
+    return next(d / n for n in sorted(os.listdir(d)) if n.endswith(suffix) and name in n)
+
+
+def _forge(j: Path, edit: Callable[[Record], None]) -> None:
+    """Apply ``edit`` to every record of the journal ``j``, every checksum made to hold."""
+    raw = j.read_bytes()
+    lines = raw[len(journal.MAGIC):].split(b"\n")[:-1]
+    recs = [json.loads(line[42:]) for line in lines]
+    for rec in recs:
+        edit(rec)
+    j.write_bytes(journal.MAGIC + b"".join(journal.frame(r) for r in recs))
+
+
+def _look(p: Path) -> tuple[bytes, int, int, int, int, int]:
+    st = os.stat(p)
+    return p.read_bytes(), st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns, st.st_ino
+
+
+def _recover_story(d: Path) -> str:
+    try:
+        return repr(recover(d))
+    except RecoverError as exc:
+        return " ".join([str(exc), *getattr(exc, "__notes__", [])])
+
+
+def _killed_mid_move(d: Path) -> None:
+    """a.bin + b.bin consumed into out.bin (it held b"OLD"), killed mid-move: a parked and cut
+    to two windows of three, b parked whole."""
+    (d / "a.bin").write_bytes(A)
+    (d / "b.bin").write_bytes(B)
+    (d / "out.bin").write_bytes(b"OLD")
+    consume_killed_at_truncate(d, 3, W)
+
+
+def _victim(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(data)
+    os.chmod(path, 0o600)
+    os.utime(path, ns=(1_000_000_000_000_000_000, 1_100_000_000_000_000_000))
+    return path
+
+
+def _relink(token_name: Path, victim: Path) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Put ``victim`` under ``token_name`` (a hard link); (old identity, victim's)."""
+    old = os.stat(token_name)
+    os.unlink(token_name)
+    os.link(victim, token_name)
+    new = os.stat(victim)
+    return (old.st_dev, old.st_ino), (new.st_dev, new.st_ino)
+
+
+# --- a parked source --------------------------------------------------------------------------
+
+def test_a_forged_parked_source_linked_elsewhere_is_never_appended_to(tmp_path: Path) -> None:
+    """The parked a.bin replaced by a link to a file elsewhere of the same size, the journal
+    re-pointed to its inode: the rollback builds a.bin in a new file (that file's mode without
+    its set-id bits) and leaves the other file as it was (it once grew by a's moved tail and
+    was retimed)."""
+    d = tmp_path / "save"
+    d.mkdir()
+    _killed_mid_move(d)
+    parked = _token_file(d, _names.SOURCE, ".a.bin.")
+    victim = _victim(tmp_path / "elsewhere" / "victim.bin", pattern(parked.stat().st_size, "v"))
+    os.chmod(victim, 0o6700)  # set-id: never given to the new file built from its bytes
+    old, new = _relink(parked, victim)
+
+    def edit(rec: Record) -> None:
+        for s in rec.get("save", {}).get("sources", []):  # type: ignore[attr-defined]
+            if s["path"] == str(d / "a.bin"):
+                s["dev"], s["ino"], s["mode"] = *new, 0o106777
+        cut = rec.get("cut")
+        if isinstance(cut, list) and tuple(cut[:2]) == old:
+            cut[:2] = new
+
+    _forge(_token_file(d, _names.JOURNAL), edit)
+    before = _look(victim)
+    story = _recover_story(d)
+    assert _look(victim) == before, story
+    assert os.stat(victim).st_nlink == 1, story  # only the token name let go of it
+    assert (d / "a.bin").stat().st_ino != before[5]
+    assert stat.S_IMODE((d / "a.bin").stat().st_mode) == 0o700, story
+    assert (d / "b.bin").read_bytes() == B
+
+
+def test_a_parked_source_with_a_rescue_link_is_rebuilt_under_its_name(tmp_path: Path) -> None:
+    """A user links the parked a.bin elsewhere before recover (a ``cp -al`` backup): a.bin is
+    rebuilt byte-exact in a new file, the rescue name keeps exactly what it held (a's first two
+    windows), and no token name is left."""
+    d = tmp_path / "save"
+    d.mkdir()
+    _killed_mid_move(d)
+    rescue = tmp_path / "rescue.bin"
+    os.link(_token_file(d, _names.SOURCE, ".a.bin."), rescue)
+    assert rescue.read_bytes() == A[:2 * W]
+    a_mode = os.stat(rescue).st_mode
+    (got,) = recover(d)
+    assert got.action == "restored"
+    assert (d / "a.bin").read_bytes() == A
+    assert os.stat(d / "a.bin").st_mode == a_mode
+    assert rescue.read_bytes() == A[:2 * W]
+    assert os.stat(rescue).st_nlink == 1
+    assert (d / "b.bin").read_bytes() == B
+    assert sorted(os.listdir(d)) == ["a.bin", "b.bin", "out.bin"]
+    assert (d / "out.bin").read_bytes() == b"OLD"
+
+
+def test_a_rebuilt_source_named_before_a_stop_is_not_built_again(tmp_path: Path) -> None:
+    """recover killed after it named the rebuilt a.bin, before it let go of the parked name:
+    the next recover only lets go of that name (the rescue link's bytes as they were)."""
+    from support.killjob import fork_run
+
+    d = tmp_path / "save"
+    d.mkdir()
+    _killed_mid_move(d)
+    rescue = tmp_path / "rescue.bin"
+    parked = _token_file(d, _names.SOURCE, ".a.bin.")
+    os.link(parked, rescue)
+
+    class KillOnceNamed(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "unlink" and (d / "a.bin").exists():
+                os.kill(os.getpid(), 9)
+
+    def job() -> None:
+        with _sys.use(KillOnceNamed()):
+            recover(d)
+
+    assert fork_run(job) == -9
+    assert (d / "a.bin").read_bytes() == A
+    assert parked.exists()
+    (got,) = recover(d)
+    assert got.action == "restored"
+    assert ((d / "a.bin").read_bytes(), rescue.read_bytes()) == (A, A[:2 * W])
+    assert sorted(os.listdir(d)) == ["a.bin", "b.bin", "out.bin"]
+
+
+def test_a_rebuild_stopped_before_it_is_named_loses_no_byte(tmp_path: Path) -> None:
+    """recover killed while the rebuilt a.bin is still a file without a name (right before
+    its link): the temps were not freed under it (a crash takes an unnamed file with it), so
+    the next recover rebuilds it from them, byte-exact."""
+    from support.killjob import fork_run
+
+    d = tmp_path / "save"
+    d.mkdir()
+    _killed_mid_move(d)
+    rescue = tmp_path / "rescue.bin"
+    os.link(_token_file(d, _names.SOURCE, ".a.bin."), rescue)
+
+    class KillAtNaming(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "link" and str(args[0]).startswith("/proc/self/fd/"):
+                os.kill(os.getpid(), 9)
+
+    def job() -> None:
+        with _sys.use(KillAtNaming()):
+            recover(d)
+
+    assert fork_run(job) == -9
+    assert not (d / "a.bin").exists()
+    (got,) = recover(d)
+    assert got.action == "restored"
+    assert ((d / "a.bin").read_bytes(), rescue.read_bytes()) == (A, A[:2 * W])
+    assert (d / "b.bin").read_bytes() == B
+
+
+# --- an adopted source ------------------------------------------------------------------------
+
+def _adopted_killed(d: Path) -> None:
+    """big.bin adopted in place behind a 4 KiB header (the space inserted, its step logged),
+    small.bin moved after it, killed at small's second cut; skipped where ranges do not insert."""
+    from support.killjob import fork_run
+
+    (d / "big.bin").write_bytes(pattern(16 * W, "big"))
+    (d / "small.bin").write_bytes(pattern(3 * W, "small"))
+
+    def job() -> None:
+        with _sys.use(AtCall("ftruncate", 4, lambda: os.kill(os.getpid(), 9))):
+            save(d / "out.bin", Cord([b"H" * W, FileBackedData(d / "big.bin", owned=True),
+                                      FileBackedData(d / "small.bin", owned=True)]),
+                 consume=True, window=W)
+
+    assert fork_run(job) == -9
+    if b'"inserted"' not in _token_file(d, _names.JOURNAL).read_bytes():
+        pytest.skip("this file system does not insert ranges: nothing is adopted in place")
+
+
+@pytest.mark.parametrize("mode", [None, 0o106777])
+def test_a_forged_adopted_temp_linked_elsewhere_is_never_cut(tmp_path: Path,
+                                                             mode: int | None) -> None:
+    """The temp of a save that adopted big.bin in place replaced by a link to a file elsewhere
+    of the temp's size, the journal's output, adopted source and ``inserted`` step re-pointed
+    to it: the file is never truncated, collapsed, retimed or chmodded (its first 4 KiB were
+    once cut off)."""
+    d = tmp_path / "save"
+    d.mkdir()
+    _adopted_killed(d)
+    temp = _token_file(d, _names.TEMP)
+    victim = _victim(tmp_path / "elsewhere" / "victim.bin", pattern(temp.stat().st_size, "v"))
+    _old, new = _relink(temp, victim)
+
+    def edit(rec: Record) -> None:
+        body = rec.get("save")
+        if isinstance(body, dict):
+            body["outputs"][0][1:3] = new
+            for s in body["sources"]:
+                if s["adopt"]:
+                    s["dev"], s["ino"] = new
+                    if mode is not None:
+                        s["mode"] = mode
+        if "inserted" in rec:
+            rec["inserted"] = list(new)
+
+    _forge(_token_file(d, _names.JOURNAL), edit)
+    before = _look(victim)
+    story = _recover_story(d)
+    assert _look(victim) == before, story
+    assert os.stat(victim).st_nlink == 1, story
+    assert (d / "big.bin").stat().st_ino != before[5]
+
+
+# --- a temp the finish renames ----------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", ["mode", "owner"])
+def test_a_forged_committed_temp_linked_elsewhere_gets_no_mode_or_owner(
+        tmp_path: Path, variant: str) -> None:
+    """The temp of a save killed mid-move replaced by a link to a root-owned 0600 file
+    elsewhere, the journal's output re-pointed to it with mode 0o106777 (or owner 4321) and a
+    ``committed`` step appended: the file's mode and owner stay (it was once made setuid and
+    world-writable, or given away)."""
+    d = tmp_path / "save"
+    d.mkdir()
+    _killed_mid_move(d)
+    temp = _token_file(d, _names.TEMP)
+    victim = _victim(tmp_path / "elsewhere" / "victim.bin", pattern(len(A) + len(B), "v"))
+    _old, new = _relink(temp, victim)
+
+    def edit(rec: Record) -> None:
+        body = rec.get("save")
+        if isinstance(body, dict):
+            out = body["outputs"][0]
+            out[1:3] = new
+            out[4:7] = [0o106777, -1, -1] if variant == "mode" else [0o100644, 4321, 4321]
+
+    j = _token_file(d, _names.JOURNAL)
+    _forge(j, edit)
+    with j.open("ab") as f:
+        f.write(journal.step(Stage.COMMITTED, looked=[]))
+    before = _look(victim)
+    story = _recover_story(d)
+    assert _look(victim)[:5] == before[:5], story
+
+
+def test_a_committed_temp_with_a_rescue_link_is_finished(tmp_path: Path) -> None:
+    """The control: a committed save's temp linked elsewhere by a user already has its mode
+    and owner (given before the commit point), so the finish only renames it: both names hold
+    the output."""
+    d = tmp_path / "save"
+    d.mkdir()
+    (d / "a.bin").write_bytes(A)
+    (d / "b.bin").write_bytes(B)
+    cord = Cord([FileBackedData(d / "a.bin", owned=True), FileBackedData(d / "b.bin", owned=True)])
+
+    class FailRename(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "rename" and str(args[1]) == str(d / "out.bin"):
+                raise OSError(errno.EIO, "injected after the commit point")
+
+    with _sys.use(FailRename()), pytest.raises(SaveError, match="after its commit"):
+        save(d / "out.bin", cord, consume=True, window=W)
+    rescue = tmp_path / "rescue.bin"
+    os.link(_token_file(d, _names.TEMP), rescue)
+    (got,) = recover(d)
+    assert got.action == "finished"
+    assert (d / "out.bin").read_bytes() == A + B
+    assert rescue.read_bytes() == A + B
+    assert sorted(os.listdir(d)) == ["out.bin"]
