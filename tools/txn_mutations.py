@@ -59,8 +59,9 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("journal checksum compare removed", "journal.py",
      "    if digest != _sum(payload):\n", "    if False:\n", [UNIT]),
     ("source fsync before its moving step removed", "save.py",
-     "        txn.counters.fsync(fd)\n        begin.append_step(txn, journal.encode_moving(",
-     "        begin.append_step(txn, journal.encode_moving(", [ORDER]),
+     "        txn.counters.fsync(fd)\n"
+     "        begin.append_step(txn, journal.step(Stage.MOVING, moved=",
+     "        begin.append_step(txn, journal.step(Stage.MOVING, moved=", [ORDER]),
     # version 4: the commit is the committed step's fsync (no rename, no directory fsync)
     ("a step's fsync removed (the committed step's included)", "begin.py",
      "    _sys.write_all(fd, record, txn.journal_end)\n    txn.counters.fsync(fd)\n",
@@ -145,8 +146,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("a reopened source held to a fresh baseline, not its first", "fill.py",
      "                _compare(data, was, st)\n                st = was\n", "", [PIECES]),
     ("notes ignore the moves the journal says finished", "recover.py",
-     "        where = assess.where_now(j, None, 0 if back else log_.moved, log_.inserted,",
-     "        where = assess.where_now(j, None, 0, log_.inserted,",
+     "        where = assess.whereabouts(j, assess.observe(j), None, 0 if back else log_.moved,",
+     "        where = assess.whereabouts(j, assess.observe(j), None, 0,",
      [NOTES]),
     ("failure: the change seen mid-move ignored", "assess.py",
      "    return exc if isinstance(exc, DataChangedError) and key is not None else None",
@@ -242,8 +243,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      '        _check_unchanged(src, m, pos, seen, None)\n        looks[m.key] = (seen, lo)  # the size in flight, for the failure path\n        _sys.ftruncate(src, lo)\n        log_cut(lo)\n',  # noqa: E501
      ['tests/sweeps/test_fsync_order.py::test_every_cut_follows_its_durable_cut_step']),
     ("a moved source's last cut not fsynced before its moving mark (audit 3 A03)", 'save.py',
-     '        txn.counters.fsync(fd)\n        begin.append_step(txn, journal.encode_moving(txn.moves_done))',  # noqa: E501
-     '        begin.append_step(txn, journal.encode_moving(txn.moves_done))',
+     '        txn.counters.fsync(fd)\n        begin.append_step(txn, journal.step(Stage.MOVING, moved=txn.moves_done))',  # noqa: E501
+     '        begin.append_step(txn, journal.step(Stage.MOVING, moved=txn.moves_done))',
      ['tests/sweeps/test_fsync_order.py::test_a_source_is_fsynced_after_its_last_cut_before_its_moved_record']),
     ("the temps' directories not fsynced before the journal is named (audit 3 A04)", 'begin.py',
      '    txn.counters.fsyncs += _sys.fsync_parents([pending, *filter(None, txn.temps)])',

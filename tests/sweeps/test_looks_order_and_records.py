@@ -210,7 +210,7 @@ def test_a_forged_committed_step_mid_move_is_played_back_and_confined_to_the_sav
         if n.endswith(".filecord-src") and looked == "plausible":
             st = os.stat(d / n)
             looks.append((st.st_dev, st.st_ino, 0, st.st_mtime_ns))
-    _append(journal, journal_codec.encode_committed(looks))
+    _append(journal, journal_codec.step(Stage.COMMITTED, looked=[list(look) for look in looks]))
     with pytest.raises(RecoverError, match="changed this consumed source after the commit"):
         recover(d)
     # Played back: the temp is renamed onto the output, the journal and locks are gone ...
@@ -243,13 +243,13 @@ def test_r4_5_crafted_moved_line_only_makes_recover_refuse(
     back byte-exact."""
     a, b = _killed_mid_move(tmp_path, 3)
     lock = next(tmp_path / n for n in _names(tmp_path) if n.endswith(".filecord-journal"))
-    _append(lock, journal_codec.encode_moving(moved))
+    _append(lock, journal_codec.step(Stage.MOVING, moved=moved))
     before = {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)}
     with pytest.raises(RecoverError, match=why):
         recover(tmp_path)
     assert {n: (tmp_path / n).read_bytes() for n in _names(tmp_path)} == before
     # Damage to the last record (a torn or garbled append) is ignored, not trusted.
-    crafted = journal_codec.encode_moving(moved)
+    crafted = journal_codec.step(Stage.MOVING, moved=moved)
     raw = lock.read_bytes().replace(crafted, crafted.replace(b'"moved":', b'"moved"=')
                                     + b"moved 1")
     lock.write_bytes(raw)

@@ -201,7 +201,7 @@ def test_26_a_committed_step_appended_mid_move_is_played_back_keeping_the_source
     end = journal.read_log(j.read_bytes()).end
     with j.open("r+b") as fh:
         fh.seek(end)
-        fh.write(journal.encode_committed([]))
+        fh.write(journal.step(Stage.COMMITTED, looked=[]))
     assert journal.read_log(j.read_bytes()).stage is Stage.COMMITTED
     with pytest.raises(RecoverError, match="changed this consumed source after the commit"):
         recover(tmp_path)

@@ -25,6 +25,7 @@ from filecord import Cord, FileBackedData, recover, save
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._txn import journal
+from filecord._txn.stages import Stage
 from filecord.errors import RecoverError, SaveError
 from filecord_testing import AtCall, consume_killed_at_truncate, pattern
 
@@ -280,7 +281,7 @@ def test_a_forged_committed_temp_linked_elsewhere_gets_no_mode_or_owner(
     j = _token_file(d, _names.JOURNAL)
     _forge(j, edit)
     with j.open("ab") as f:
-        f.write(journal.encode_committed([]))
+        f.write(journal.step(Stage.COMMITTED, looked=[]))
     before = _look(victim)
     story = _recover_story(d)
     assert _look(victim)[:5] == before[:5], story

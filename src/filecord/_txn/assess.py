@@ -324,7 +324,7 @@ def unaccounted(j: Journal, seen: Observed) -> RecoverError | None:
 def token_files(j: Journal) -> tuple[str, ...]:
     """The temps and parked sources carrying the token in the save's and its sources'
     directories, whatever the journal says."""
-    dirs = dict.fromkeys([*j.directories(), *(os.path.dirname(s.path) for s in j.sources)])
+    dirs = dict.fromkeys([*j.locks(), *(os.path.dirname(s.path) for s in j.sources)])
     return tuple(os.path.join(d, name) for d in dirs for name in sorted(_sys.listdir(d))
                  if (p := _names.parse(name)) is not None and p[0] == j.token
                  and p[1] in (_names.TEMP, _names.SOURCE))
@@ -389,22 +389,12 @@ def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = 
     the first ``done`` moved sources, else its last of ``cuts`` where its size is none they
     name.  ``held``: an adopted file is named as where its bytes were put, not claimed whole
     (a writer that cut it may have left zeros there)."""
+    if seen.unreadable is not None:
+        return [f"could not look at the sources to say where their bytes are: {seen.unreadable}"]
     left_at = {**{(s.dev, s.ino): s.run_start for s in j.moved()[:done]}, **(left_at or {})}
     return [_adopted_where(j, s, f, inserted=(s.dev, s.ino) in inserted, held=held) if s.adopt
             else _moved_where(j, s, f, left_at, cuts)
             for s, f in zip(j.sources, seen.sources, strict=True)]
-
-
-def where_now(j: Journal, left_at: Mapping[Key, int] | None = None, done: int = 0,
-              inserted: frozenset[Key] = frozenset(), *, held: bool = False,
-              cuts: Mapping[Key, tuple[int, ...]] | None = None) -> tuple[list[str], Observed]:
-    """:func:`whereabouts` looked at afresh (the files may have changed since the assessment),
-    and that look."""
-    seen = observe(j)
-    if seen.unreadable is not None:
-        why = f"could not look at the sources to say where their bytes are: {seen.unreadable}"
-        return [why], seen
-    return whereabouts(j, seen, left_at, done, inserted, held=held, cuts=cuts), seen
 
 
 def _adopted_where(j: Journal, s: JournalSource, f: SourceFacts, *, inserted: bool,

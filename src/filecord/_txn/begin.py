@@ -145,8 +145,7 @@ def park_sources(txn: Txn, record: journal.Journal) -> None:
     for s in record.sources:
         if s.adopt:
             continue
-        if txn.stage is not Stage.MOVING:
-            txn.to(Stage.MOVING)
+        txn.to(Stage.MOVING)
         current = txn.prep.facts.datas[(s.dev, s.ino)][0].path
         if undo.same_file(current, s.dev, s.ino) is None:
             txn.prep.facts.datas[(s.dev, s.ino)][0].check()

@@ -122,8 +122,9 @@ def _keep(txn: Txn, f: _Failed, notes: list[str], *, held: bool = False) -> NoRe
     key = txn.moving or txn.changed
     during = assess.seen_mid_move(f.exc, key)  # the size the move last left it at
     left_at = {} if during is None or key is None else {key: during.expected_size}
-    lines, seen = assess.where_now(record, left_at, inserted=frozenset(txn.inserted), held=held)
-    notes.extend(lines)
+    seen = assess.observe(record)  # afresh: the files may have changed since the assessment
+    notes.extend(assess.whereabouts(record, seen, left_at, inserted=frozenset(txn.inserted),
+                                    held=held))
     notes.append(f"{f.why}; run `filecord recover {path}` once the cause is fixed")
     _raise(f.exc, f"saving {f.names} failed", notes, journal_path=path,
            sources=_states(record, seen))

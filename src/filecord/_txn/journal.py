@@ -177,12 +177,8 @@ class Journal:
         """Where source ``s`` sits, renamed with the token, between journal and commit."""
         return _names.sibling(s.path, self.token, _names.SOURCE)
 
-    def directories(self) -> list[str]:
-        """Every directory holding a temp, in output order, without repeats."""
-        return list(self.locks())
-
     def locks(self) -> dict[str, str]:
-        """Each directory holding a temp -> its lock file (:func:`lock_files`)."""
+        """Each directory holding a temp (in output order) -> its lock file (:func:`lock_files`)."""
         return lock_files((o.final for o in self.outputs if not o.direct), self.token)
 
     def moved(self) -> list[JournalSource]:
@@ -347,20 +343,6 @@ def split_lines(data: bytes) -> tuple[list[bytes], bool]:
     """Whole lines, and whether a cut last line (no newline: a torn append) followed them."""
     lines = data.split(b"\n")
     return lines[:-1], lines[-1] != b""
-
-
-def encode_moving(done: int) -> bytes:
-    return step(Stage.MOVING, moved=done)
-
-
-def encode_cut(key: tuple[int, int], size: int) -> bytes:
-    """The moved source ``key`` is about to be cut to ``size``: every byte past it is durable
-    in the temps (appended before the truncate, after the temps' fsync)."""
-    return step(Stage.MOVING, cut=[*key, size])
-
-
-def encode_committed(looks: list[tuple[int, int, int, int]]) -> bytes:
-    return step(Stage.COMMITTED, looked=[list(look) for look in looks])
 
 
 @dataclass(frozen=True, slots=True)
@@ -587,7 +569,7 @@ def _unconfined(j: Journal, journal_path: str) -> Iterator[str]:
                     or d.src_offset + d.length > s.size or d.out_offset + d.length > out.length):
                 yield (f"{s.path}: a range {d.src_offset}+{d.length} -> output {d.output} at "
                        f"{d.out_offset} is outside the source, its outputs or their temps")
-    dirs = j.directories()
+    dirs = list(j.locks())
     # A file the commit removes is not named by the token, so it must at least sit where the
     # save worked: beside an output with a temp (a direct output's directory holds no lock
     # file of the save) or a source (``undo.discard_and_remove`` asks recover for proof there).

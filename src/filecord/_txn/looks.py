@@ -55,13 +55,13 @@ def take(txn: Txn) -> None:
         txn.looks[key] = (st, None)
 
 
-def check(txn: Txn) -> list[tuple[int, int, int, int]]:
+def check(txn: Txn) -> list[list[int]]:
     """Every parked source as last seen, just before the commit point: the looks (dev, ino,
     size, mtime) for the ``committed`` step."""
     record = txn.record
     if record is None:
         return []
-    seen: list[tuple[int, int, int, int]] = []
+    seen: list[list[int]] = []
     for s in record.sources:
         key = (s.dev, s.ino)
         if s.adopt or key not in txn.looks:
@@ -74,7 +74,7 @@ def check(txn: Txn) -> list[tuple[int, int, int, int]]:
             txn.changed = key
             raise err
         if st is not None:
-            seen.append((s.dev, s.ino, st.st_size, st.st_mtime_ns))
+            seen.append([s.dev, s.ino, st.st_size, st.st_mtime_ns])
     return seen  # for recover's finish, which has no look of its own
 
 

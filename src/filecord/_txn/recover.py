@@ -315,7 +315,7 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
     except OSError as exc:  # e.g. ELOOP, the name is a symlink
         return _decided(path, Stage.MOVING, Found.UNREADABLE, f"{exc}; nothing was touched")
     stage = log_.stage
-    strays = [d for d in locks if d not in log_.journal.directories()]
+    strays = [d for d in locks if d not in log_.journal.locks()]
     if strays:
         return _decided(path, stage, Found.FOREIGN, f"a lock file in {strays[0]} names this "
                         "journal, but the journal does not list that directory; nothing was "
@@ -349,8 +349,9 @@ def _act(path: str, log_: journal.Log) -> Recovered:
         # Where every byte is: what the moves left, unless a rollback (which grows sources
         # back) has begun; looked at afresh, as for the refusals below after partial work.
         back = stage is Stage.ROLLING_BACK
-        where = assess.where_now(j, None, 0 if back else log_.moved, log_.inserted,
-                                 held=stage is Stage.HELD, cuts=None if back else log_.cuts)[0]
+        where = assess.whereabouts(j, assess.observe(j), None, 0 if back else log_.moved,
+                                   log_.inserted, held=stage is Stage.HELD,
+                                   cuts=None if back else log_.cuts)
         return _decided(path, stage, found.found, found.why, [*notes, *where])
     try:
         if action is table.Action.FINISH:
@@ -358,7 +359,7 @@ def _act(path: str, log_: journal.Log) -> Recovered:
         return _roll_back(path, log_, stage, action)
     except (RecoverError, DataChangedError, OSError) as exc:
         return _decided(path, stage, Found.UNREADABLE, f"{exc}; the journal and temps are "
-                        "kept", assess.where_now(j, None, 0, log_.inserted)[0])
+                        "kept", assess.whereabouts(j, assess.observe(j), None, 0, log_.inserted))
 
 
 def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
@@ -424,7 +425,8 @@ def _roll_back(path: str, log_: journal.Log, stage: Stage, action: table.Action)
     if left:
         return _decided(path, Stage.ROLLING_BACK, Found.UNREADABLE, f"the sources are "
                         f"restored, but {', '.join(left)} still carr(ies) this save's token; "
-                        "the journal is kept", assess.where_now(j, None, 0, log_.inserted)[0])
+                        "the journal is kept",
+                        assess.whereabouts(j, assess.observe(j), None, 0, log_.inserted))
     _sys.unlink(path)
     return Recovered(path, table.OUTCOME[action], tuple(o.final for o in j.outputs),
                      tuple(s.path for s in j.sources))

@@ -97,11 +97,10 @@ def save_many(
     copy of anything; a consuming save is always durable (it refuses ``durable=False``).
 
     ``window``: the sync window of a move (bytes copied, fsynced and cut from a source at a
-    time; a move's peak disk holds one window twice).  Left at :data:`DEFAULT_WINDOW`, it
-    shrinks, halving from 64 MiB down to 4 MiB, to the largest that fits the free space, and
-    ``report.window_note`` says so; the save is refused only when even 4 MiB does not fit.  A
-    window passed explicitly is used as is (a save that does not fit with it is refused, and
-    the message says whether the default would have fit).
+    time; a move's peak disk holds one window twice).  Left at :data:`DEFAULT_WINDOW`, it halves
+    from 64 MiB down to 4 MiB to fit the free space, refused only if 4 MiB does not
+    (``report.window_note`` says so); one passed explicitly is used as is (a refusal then says
+    whether the default would have fit).
 
     ``in_place`` (consume only): a source used once, whole, at a block-aligned offset of its
     output, on a file system that inserts ranges, becomes the output's file with the space in
@@ -121,12 +120,8 @@ def plan(
     window: int = DEFAULT_WINDOW,
     in_place: bool = True,
 ) -> SaveReport:
-    """A dry run: what ``save``/``save_many`` with these arguments would do to each piece, and why.
-
-    Nothing is written.  ``report.peaks`` says per file system whether the save would fit;
-    ``report.window`` is the sync window the save would use and ``report.window_note`` why it
-    is smaller than the default, when it is.
-    """
+    """A dry run of :func:`save_many` with these arguments, writing nothing: what it would do to
+    each piece and why (``report.peaks``: whether it fits, ``report.window``: its window)."""
     p = _plan(normalize(target, cord), consume=consume, window=window, in_place=in_place).plan
     return _report(p, p.actions, dry_run=True)
 
@@ -328,8 +323,7 @@ def _presize_for_moves(txn: Txn, *, before_fill: bool = False) -> None:
 def _move(txn: Txn, m: MoveSource) -> None:
     record = journaled(txn)[0]
     src = next(s for s in record.sources if (s.dev, s.ino) == m.key)
-    if txn.stage is not Stage.MOVING:
-        txn.to(Stage.MOVING)
+    txn.to(Stage.MOVING)
     if m.adopt:
         adopt.adopt(txn, m, src)
         return
@@ -345,13 +339,13 @@ def _move(txn: Txn, m: MoveSource) -> None:
         txn.looks[m.key] = (st, None)
         transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance,
                              seen=st, looks=txn.looks, log_cut=lambda lo: begin.append_step(
-                                 txn, journal.encode_cut(m.key, lo)))
+                                 txn, journal.step(Stage.MOVING, cut=[*m.key, lo])))
         txn.moving = None
         # This move is over: recover may insist on the kept prefix.  The last cut is durable
         # first (btrfs's fsync persists one inode): the mark never outlives the cut.
         txn.moves_done += 1
         txn.counters.fsync(fd)
-        begin.append_step(txn, journal.encode_moving(txn.moves_done))
+        begin.append_step(txn, journal.step(Stage.MOVING, moved=txn.moves_done))
     except BaseException:
         _sys.close_each([fd])  # never let a close error hide why the move stopped
         raise
@@ -388,7 +382,7 @@ def _commit(txn: Txn) -> None:
     record = txn.record
     if record is not None and txn.journal_path is not None:
         seen = looks.check(txn)  # the last look, just before the commit point
-        begin.append_step(txn, journal.encode_committed(seen), Stage.COMMITTED)
+        begin.append_step(txn, journal.step(Stage.COMMITTED, looked=seen), Stage.COMMITTED)
         fd, txn.journal_fd = txn.journal_fd, None
         if fd is not None:  # its records are all fsynced: a close error is raised
             _sys.close(fd)
@@ -398,8 +392,7 @@ def _commit(txn: Txn) -> None:
         if temp is not None and not out.discard:  # a discard temp is unlinked below
             _sys.rename(temp, out.target)  # without a journal, this one rename is the commit
             finals.append(out.target)
-    if txn.stage is not Stage.COMMITTED:
-        txn.to(Stage.COMMITTED)
+    txn.to(Stage.COMMITTED)  # without a journal, the rename above
     txn.to(Stage.RENAMED)
     if txn.durable:
         txn.counters.fsyncs += _sys.fsync_parents(finals)

@@ -72,7 +72,8 @@ class Txn:
     outcomes: dict[int, PieceAction] = field(default_factory=dict)
 
     def to(self, stage: Stage) -> None:
-        self.stage = advance(self.stage, stage)
+        if stage is not self.stage:  # a stage several steps log (each move's) is entered once
+            self.stage = advance(self.stage, stage)
 
     def advance(self, n: int) -> None:
         self.done += n

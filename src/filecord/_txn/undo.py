@@ -354,7 +354,7 @@ def proven_directories(j: Journal) -> frozenset[str]:
     token-named file of the journaled inode there)."""
     parked = {os.path.dirname(j.parked(s)) for s in j.sources
               if not s.adopt and same_file(j.parked(s), s.dev, s.ino) is not None}
-    return frozenset(j.directories()) | parked
+    return frozenset(j.locks()) | parked
 
 
 def discard_and_remove(j: Journal, proven: frozenset[str] | None = None

@@ -39,11 +39,11 @@ def record() -> Journal:
 
 
 PROGRESS = [
-    journal.encode_cut((2049, 77), 16384),
-    journal.encode_cut((2049, 77), 0),
-    journal.encode_moving(1),
-    journal.encode_moving(2),
-    journal.encode_committed([(2049, 77, 0, 6)]),
+    journal.step(Stage.MOVING, cut=[2049, 77, 16384]),
+    journal.step(Stage.MOVING, cut=[2049, 77, 0]),
+    journal.step(Stage.MOVING, moved=1),
+    journal.step(Stage.MOVING, moved=2),
+    journal.step(Stage.COMMITTED, looked=[[2049, 77, 0, 6]]),
 ]
 WRITTEN = journal.encode(record()) + b"".join(PROGRESS)
 HEAD_END = len(journal.MAGIC) + len(journal.encode(record())[len(journal.MAGIC):]) // 2
@@ -184,7 +184,7 @@ def test_not_a_journal() -> None:
 
 
 def test_unframe_rejects_a_wrong_length() -> None:
-    rec = journal.encode_moving(3)[:-1]
+    rec = journal.step(Stage.MOVING, moved=3)[:-1]
     with pytest.raises(ValueError, match="length"):
         journal.unframe(b"%08x" % (int(rec[:8], 16) + 1) + rec[8:])
     with pytest.raises(ValueError, match="checksum"):
@@ -204,7 +204,7 @@ def test_lock_round_trip() -> None:
     assert liveness.read_pointer(first[:-3], TOKEN) == liveness.Pointer(None)  # torn: no temp
     assert liveness.read_pointer(LOCK, "f" * 16).damage is not None  # another save's token
     # Steps no save writes into a lock file: damage, never a pointer.
-    for extra in (journal.step(Stage.JOURNALED), journal.encode_moving(1)):
+    for extra in (journal.step(Stage.JOURNALED), journal.step(Stage.MOVING, moved=1)):
         assert liveness.read_pointer(LOCK + extra, TOKEN).damage is not None
     assert liveness.read_pointer(journal.step(Stage.JOURNALED) + first, TOKEN).damage is not None
 
@@ -246,7 +246,7 @@ def test_a_version_3_journal_is_named_as_such_not_damaged() -> None:
 
 
 HEAD = journal.encode(record())
-MOVING, COMMITTED = journal.encode_moving(1), journal.encode_committed([])
+MOVING, COMMITTED = journal.step(Stage.MOVING, moved=1), journal.step(Stage.COMMITTED, looked=[])
 ROLLING, HELD = journal.step(Stage.ROLLING_BACK), journal.step(Stage.HELD)
 
 
@@ -322,10 +322,10 @@ A_KEY = (2049, 77)
     journal.frame({"stage": "filled"}),  # a stage no step names
     journal.frame({"stage": "committed"}),  # its looks missing
     journal.frame({"kind": "begin"}),  # version 3's schema
-    journal.encode_cut(A_KEY, 20480),  # not below the source's size
-    journal.encode_cut((2049, 99), 0),  # not a source of the save
-    journal.encode_moving(3),  # more moves finished than the save has
-    journal.encode_committed([(2049, 99, 0, 6)]),  # a look at no source of the save
+    journal.step(Stage.MOVING, cut=[*A_KEY, 20480]),  # not below the source's size
+    journal.step(Stage.MOVING, cut=[2049, 99, 0]),  # not a source of the save
+    journal.step(Stage.MOVING, moved=3),  # more moves finished than the save has
+    journal.step(Stage.COMMITTED, looked=[[2049, 99, 0, 6]]),  # a look at no source of the save
 ], ids=["unknown-field", "unrecorded-stage", "missing-field", "v3-kind", "cut-too-long",
         "cut-stranger", "moved-too-many", "look-stranger"])
 def test_a_step_no_save_writes_is_damage_even_last(step: bytes) -> None:
@@ -336,17 +336,18 @@ def test_a_step_no_save_writes_is_damage_even_last(step: bytes) -> None:
 
 def test_cuts_of_a_source_only_go_down() -> None:
     head = journal.encode(record())
-    up = journal.encode_cut(A_KEY, 8192) + journal.encode_cut(A_KEY, 12288)
+    up = (journal.step(Stage.MOVING, cut=[*A_KEY, 8192])
+          + journal.step(Stage.MOVING, cut=[*A_KEY, 12288]))
     with pytest.raises(journal.JournalDamagedError, match="no move of it makes"):
         journal.read_log(head + up)
-    log = journal.read_log(head + journal.encode_cut(A_KEY, 12288)
-                           + journal.encode_cut(A_KEY, 8192))
+    log = journal.read_log(head + journal.step(Stage.MOVING, cut=[*A_KEY, 12288])
+                           + journal.step(Stage.MOVING, cut=[*A_KEY, 8192]))
     assert dict(log.cuts) == {A_KEY: (12288, 8192)}
 
 
 def test_bytes_after_a_complete_last_record_are_damage_a_cut_one_a_torn_tail() -> None:
     head = journal.encode(record())
-    step = journal.encode_cut(A_KEY, 16384)
+    step = journal.step(Stage.MOVING, cut=[*A_KEY, 16384])
     with pytest.raises(journal.JournalDamagedError, match="bytes follow its last record"):
         journal.read_log(head + step[:-1] + b"xyz")  # no crash appends past a record
     log = journal.read_log(head + step[:-5])  # a crash cuts it short: torn, ignored
@@ -380,7 +381,7 @@ def test_a_version_4_journal_as_the_release_before_wrote_it_is_named_older_not_d
     body = json.loads(head_line.split(b" ", 2)[2])
     body["save"].update(version=4, ordered=True)
     framed = journal.frame(body)
-    moving = journal.encode_moving(1)
+    moving = journal.step(Stage.MOVING, moved=1)
     with pytest.raises(journal.JournalVersionError,
                        match=r"an older filecord \(journal version 4\)"):
         journal.read_log(b"filecord-journal 4\n" + framed + framed + moving)
@@ -389,7 +390,7 @@ def test_a_version_4_journal_as_the_release_before_wrote_it_is_named_older_not_d
 def test_a_last_record_half_written_and_zero_padded_is_a_torn_tail() -> None:
     """After a power cut an unsynced append can come back as its first half and zeros to its
     full length (the size reached the disk, not all the data): a torn tail, not damage."""
-    last = journal.encode_cut(A_KEY, 8192)
+    last = journal.step(Stage.MOVING, cut=[*A_KEY, 8192])
     head = journal.encode(record())
     padded = last[:len(last) // 2] + b"\0" * (len(last) - len(last) // 2)
     log = journal.read_log(head + padded)
