@@ -43,6 +43,7 @@ JOURNAL_LIMIT = 1 << 30  # a journal is a few bytes per piece; anything larger i
 LOST_COMMIT = ("its committed step is damaged or lost, but its outputs were under their final "
                "names (renamed only after that step's fsync): finished from the files, the "
                "parked sources judged by their size alone")
+FAILED = "recover failed after it began"  # a system call's error midway: files may be changed
 BUSY = "its lock is held: its save is running, or another recover is at work on it"
 ENDED = ("its journal was made and is gone with every file of the save but this lock file: "
          "the save had ended (completed or rolled back) before it could remove it; removed")
@@ -58,9 +59,11 @@ class Recovered:
 
     ``action``: "finished" (completed after its commit point), "restored" (rolled back: the
     sources whole again), "discarded" (nothing to undo: its temps or lock file removed),
-    "skipped" (its lock is held) or "refused" (``detail`` says why).  ``kept``: consumed
-    sources another process changed after the commit point, kept (never deleted) under their
-    own names or, when taken, their parked names; ``detail`` and ``notes`` say where.
+    "skipped" (its lock is held) or "refused" (``detail`` says why; it begins with
+    :data:`FAILED` where a system call failed after recover began to change files).
+    ``kept``: consumed sources another process changed after the commit point, kept (never
+    deleted) under their own names or, when taken, their parked names; ``detail`` and
+    ``notes`` say where.
     ``not_removed``: files a finished save was to remove (an index of consumed data files)
     that another process changed or replaced since: kept, never an error.
     """
@@ -101,15 +104,17 @@ def recover(path: str | os.PathLike[str]) -> list[Recovered]:
     else:
         results = [_recover_file(target)]
     done = [r for r in results if r is not None]
-    refused = [r for r in done if r.action == "refused"]
+    failed = [r for r in done if r.detail.startswith(FAILED)]
+    refused = [r for r in done if r.action == "refused" and r not in failed]
     kept = [r for r in done if r.kept]
-    if refused or kept:
+    if refused or failed or kept:
         err = RecoverError("; ".join(
             f"recover {what} {len(rs)} save(s){where}{but}: "
             + "; ".join(f"{r.journal}: {r.detail}" for r in rs)
-            for what, but, rs in (("refused", "", refused), ("finished", " but kept consumed "
-                                  "sources changed after the commit point", kept)) if rs))
-        for r in refused + kept:
+            for what, but, rs in (("refused", "", refused), ("failed in", "", failed),
+                                  ("finished", " but kept consumed sources changed after the "
+                                   "commit point", kept)) if rs))
+        for r in refused + failed + kept:
             for note in r.notes:
                 add_note(err, note)
         err.results = done  # type: ignore[attr-defined]
@@ -347,8 +352,14 @@ def _act(path: str, log_: journal.Log) -> Recovered:
             return _finish(path, log_, action, lost=log_.stage is not stage)
         return _roll_back(path, log_, stage, action)
     except (RecoverError, DataChangedError, OSError) as exc:
-        return _decided(path, stage, Found.UNREADABLE, f"{exc}; the journal and temps are "
-                        "kept", assess.where_now(j, None, 0, log_.inserted)[0])
+        where = assess.where_now(j, None, 0, log_.inserted)[0]
+        if isinstance(exc, (RecoverError, DataChangedError)):  # a check's refusal
+            return _decided(path, stage, Found.UNREADABLE, f"{exc}; the journal and temps "
+                            "are kept", where)
+        # The system failed a call, perhaps after files were changed: not a refusal.
+        log.warning("recover failed %s after it began: %s", path, exc)
+        return Recovered(path, table.OUTCOME[table.Action.REFUSE], detail=f"{FAILED}: {exc}; "
+                         "the journal and temps are kept: run it again", notes=tuple(where))
 
 
 def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
