@@ -370,7 +370,7 @@ def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
     j, stage = log_.journal, log_.stage
     records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
                              log_.cuts)
-    seen = assess.observe(j, recover=True)
+    seen = assess.observe(j, recover=True, rebuilt=log_.rebuilt)
     lost = stage is Stage.MOVING and assess.renamed(j, seen)
     if lost:
         stage = Stage.COMMITTED
@@ -407,18 +407,10 @@ def _finish(path: str, log_: journal.Log, action: table.Action, *, lost: bool) -
 
 def _roll_back(path: str, log_: journal.Log, stage: Stage, action: table.Action) -> Recovered:
     j = log_.journal
+    log = liveness.appender(path, log_.end, torn=log_.torn)
     if stage is Stage.MOVING:  # ROLL_BACK from journaled or moving: first the log says so
-        # At its logical end, fsynced; a torn tail cut off first (a shorter step over it
-        # would leave its rest behind as a record that does not check).
-        fd = liveness.open_regular(path, os.O_WRONLY)
-        try:
-            if log_.torn:
-                _sys.ftruncate(fd, log_.end)
-            _sys.write_all(fd, journal.step(Stage.ROLLING_BACK), log_.end)
-            _sys.fsync(fd)
-        finally:
-            _sys.close(fd)
-    undo.roll_back(j, transfer.Counters(), log_.inserted)
+        log(journal.step(Stage.ROLLING_BACK))
+    undo.roll_back(j, transfer.Counters(), log_.inserted, log_.rebuilt, log)
     undo.remove_temps(j)
     # The claim "temps removed" is checked against the directories, not the journal.
     left = assess.token_files(j)
