@@ -371,7 +371,7 @@ def test_kill_after_commit_then_recover_leaves_nothing_behind(base: Path, tmp_pa
     # the first unlink is the insert probe's (it clears the name of its unnamed file, ENOENT);
     # the second comes after the commit (the consumed shards' removal): out.is_file() below
     # fails loudly should that ever move before the commit
-    assert _kill_at(model, out, "unlink", 2, "--outtype", outtype) != 0
+    assert _kill_at(model, out, "unlinkat", 2, "--outtype", outtype) != 0
     _recover(tmp_path)
     _recover(model)
     assert out.is_file()
@@ -496,7 +496,7 @@ def test_kill_during_cast_leaves_no_scratch(base: Path, tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == ["model"]  # no .gguf-cast scratch, no temp
 
 
-@pytest.mark.parametrize(("syscall", "n"), [("fsync", 3), ("fsync", 20), ("rename", 5)])
+@pytest.mark.parametrize(("syscall", "n"), [("fsync", 3), ("fsync", 20), ("renameat", 5)])
 def test_kill_before_commit_rolls_back_every_byte(base: Path, tmp_path: Path,
                                                           syscall: str, n: int) -> None:
     model = fresh(base, tmp_path)

@@ -190,8 +190,10 @@ def test_fsync_order_under_strace(tmp_path: Path) -> None:
             events.append((int(pid), m.group(1), m.group(2)))
     temp_syncs = [(i, pid) for i, (pid, call, args) in enumerate(events)
                   if call in ("fsync", "fdatasync") and ".partial>" in args]
+    # By path, or (renameat) through the descriptor of the output's directory, pinned.
+    onto = (f'"{final}"', f'<{out}>, "{os.path.basename(final)}"')
     final_rename = next(i for i, (_p, call, args) in enumerate(events)
-                        if call.startswith("rename") and args.rstrip().endswith(f'"{final}"'))
+                        if call.startswith("rename") and args.rstrip().endswith(onto))
     dir_sync = next(i for i, (_p, call, args) in enumerate(events)
                     if i > final_rename and call == "fsync" and f"<{out}>" in args)
     pids_before = {pid for i, pid in temp_syncs if i < final_rename}

@@ -137,7 +137,7 @@ def moved1(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def committed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A killed save whose journal's last step is `committed`, its temp not yet renamed."""
-    return find_kill(tmp_path_factory.mktemp("committed"), "rename", "committed")
+    return find_kill(tmp_path_factory.mktemp("committed"), "renameat", "committed")
 
 
 # ---------------------------------------------------------------------------------- findings
@@ -175,7 +175,7 @@ def test_notes_never_place_moved_bytes_in_a_foreign_append(moved1: Path, tmp_pat
 
 def pack_with_late_append(tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], bytes]:
     """``filecord pack -o out.ptd x.bin --consume`` with every rename held 0.5 s after it returns
-    (``strace -e inject=rename:delay_exit``): after the output's rename the commit point is past
+    (``strace -e inject=renameat:delay_exit``): after the output's rename the commit point is past
     and the output is in place when another process appends 11 bytes to x.bin's parked file
     (``O_APPEND`` without ``O_CREAT``: never a file of its own under that name)."""
     _strace()
@@ -183,7 +183,7 @@ def pack_with_late_append(tmp_path: Path) -> tuple[subprocess.CompletedProcess[s
     (tmp_path / "x.bin").write_bytes(data)
     out = tmp_path / "out.ptd"
     p = subprocess.Popen(["strace", "-f", "-qq", "-o", os.devnull, "-e",
-                          "inject=rename:delay_exit=500000", sys.executable, "-m", "filecord",
+                          "inject=renameat:delay_exit=500000", sys.executable, "-m", "filecord",
                           "pack", "-q", "-o", str(out), "x.bin", "--consume"],
                          cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
@@ -308,9 +308,9 @@ def test_consuming_save_with_a_rewritten_unowned_slice_rolls_back(tmp_path: Path
     assert now == {"A.bin": A_DATA}
 
 
-@pytest.mark.parametrize(("syscall", "n"), [("rename", 2), ("rename", 3), ("ftruncate", 3),
+@pytest.mark.parametrize(("syscall", "n"), [("renameat", 2), ("renameat", 3), ("ftruncate", 3),
                                             ("ftruncate", 6), ("fsync", 12), ("fsync", 17),
-                                            ("unlink", 3), ("pwrite64", 5)])
+                                            ("unlinkat", 3), ("pwrite64", 5)])
 def test_kill_then_recover_twice_is_all_or_nothing(tmp_path: Path, syscall: str,
                                                            n: int) -> None:
     d = tmp_path / "d"
@@ -366,7 +366,7 @@ def test_a_forged_committed_step_mid_move_is_played_back_losing_no_source_byte(
 def test_damaged_steps_of_a_committed_journal(committed: Path, tmp_path: Path,
                                                       damage: str, expect: str) -> None:
     d = tmp_path / "d"
-    assert killed(d, "rename", int(committed.name.removeprefix("rename"))) != 0
+    assert killed(d, "renameat", int(committed.name.removeprefix("renameat"))) != 0
     j = journal(d)
     recs = lines(j)
     assert json.loads(recs[-1][42:])["stage"] == "committed"
@@ -409,7 +409,7 @@ def test_damaged_steps_of_a_committed_journal(committed: Path, tmp_path: Path,
 def test_committed_journal_and_its_temp(committed: Path, tmp_path: Path,
                                                 temp: str) -> None:
     d = tmp_path / "d"
-    assert killed(d, "rename", int(committed.name.removeprefix("rename"))) != 0
+    assert killed(d, "renameat", int(committed.name.removeprefix("renameat"))) != 0
     t = next(p for p in d.iterdir() if p.name.endswith(".partial"))
     if temp == "removed":
         t.unlink()
@@ -509,9 +509,9 @@ W_DATA = RND.randbytes(2 * M + 3 * 4096)  # whole at offset 4096: adopted in pla
 
 
 @pytest.mark.parametrize(("syscall", "n"), [
-    ("fallocate", 1), ("fallocate", 2), ("fallocate", 3), ("rename", 2), ("rename", 3),
-    ("rename", 4), ("ftruncate", 1), ("ftruncate", 2), ("fsync", 4), ("fsync", 8),
-    ("fsync", 11), ("unlink", 2)])
+    ("fallocate", 1), ("fallocate", 2), ("fallocate", 3), ("renameat", 2), ("renameat", 3),
+    ("renameat", 4), ("ftruncate", 1), ("ftruncate", 2), ("fsync", 4), ("fsync", 8),
+    ("fsync", 11), ("unlinkat", 2)])
 def test_kill_during_adoption_in_place_and_a_sliced_move(tmp_path: Path, syscall: str,
                                                                  n: int) -> None:
     """W whole at offset 4096 (adopted in place where the file system can insert a range, as

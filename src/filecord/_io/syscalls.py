@@ -9,6 +9,15 @@ I/O: it calls the functions below, which forward to the active :class:`Backend`.
 passes through ``Backend.hook(op, args)``; a test backend overrides ``hook`` to raise or to kill,
 and overrides single methods to return short counts or to record what is durable.
 
+A path names a file by walking directories, so a check (``lstat``) and the act after it
+(``unlink``) may each reach a different directory when someone renames one above it in between.
+Inside ``with pinned(dirs):`` each of those directories is opened once, and every call below
+that names a file in one of them (or the directory itself, for ``open``, ``fsync_dir`` and
+``listdir``) is made relative to that descriptor (``unlinkat(dirfd, name)``, ...): the checks
+and the acts of a save or a recover all reach the directory inode it pinned, whatever is
+renamed or symlinked above it.  The pins are per thread and nest; the hook and the test
+backends still receive the paths, and only the real calls resolve them.
+
 Nothing here orders calls or retries them; callers own the protocol.  ``fsync`` uses
 ``F_FULLFSYNC`` where the platform has it, because plain ``fsync`` on macOS leaves data in the
 drive's cache.
@@ -27,7 +36,8 @@ import shutil
 import stat as _stat_mod
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 # --- constants the os module lacks, and fallocate through libc ------------------------------
@@ -87,6 +97,39 @@ def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
+# --- pinned directories: where a path's directory is a descriptor --------------------------
+
+class _Pins(threading.local):
+    def __init__(self) -> None:
+        self.fds: dict[str, int] = {}  # directory (absolute, normalised) -> its descriptor
+        self.scopes: list[list[str]] = []  # per open ``pinned``: the directories it opened
+
+
+_pins = _Pins()
+
+
+def _key(path: str) -> str:
+    return os.path.normpath(path if os.path.isabs(path) else os.path.join(os.getcwd(), path))
+
+
+def _at(path: str) -> tuple[int | None, str]:
+    """``(dir_fd, name)`` for a path whose directory is pinned, else ``(None, path)``."""
+    if not _pins.fds:
+        return None, path
+    full = _key(path)
+    head, name = os.path.split(full)
+    fd = _pins.fds.get(head)
+    if fd is None or name in ("", ".", ".."):
+        return None, path
+    return fd, name
+
+
+def _here(path: str) -> tuple[int | None, str]:
+    """As :func:`_at`, and a pinned directory itself is ``(its fd, ".")``."""
+    fd = _pins.fds.get(_key(path)) if _pins.fds else None
+    return (fd, ".") if fd is not None else _at(path)
+
+
 # --- the backend: real calls, and the hook that tests override ------------------------------
 
 class Backend:
@@ -97,7 +140,12 @@ class Backend:
 
     # --- descriptors -----------------------------------------------------------------------
     def open(self, path: str, flags: int, mode: int) -> int:
-        return os.open(path, flags | getattr(os, "O_CLOEXEC", 0), mode)
+        fd, name = _here(path)
+        return os.open(name, flags | getattr(os, "O_CLOEXEC", 0), mode, dir_fd=fd)
+
+    def open_dir(self, path: str) -> int:
+        """A descriptor of the directory ``path`` for :func:`pinned` (symlinks followed)."""
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
     def close(self, fd: int) -> None:
         os.close(fd)
@@ -222,44 +270,53 @@ class Backend:
 
     # --- names -----------------------------------------------------------------------------
     def fsync_dir(self, path: str) -> None:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        at, name = _here(path)
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0), dir_fd=at)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
 
     def rename(self, src: str, dst: str) -> None:
-        os.rename(src, dst)
+        (sfd, sname), (dfd, dname) = _at(src), _at(dst)
+        os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
 
     def unlink(self, path: str) -> None:
-        os.unlink(path)
+        fd, name = _at(path)
+        os.unlink(name, dir_fd=fd)
 
     def link(self, src: str, dst: str) -> None:
-        os.link(src, dst, follow_symlinks=False)
+        (sfd, sname), (dfd, dname) = _at(src), _at(dst)
+        os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
 
     def symlink(self, target: str, dst: str) -> None:
-        os.symlink(target, dst)
+        fd, name = _at(dst)
+        os.symlink(target, name, dir_fd=fd)
 
     def link_fd(self, fd: int, dst: str) -> None:
         # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N: the unprivileged way to give an
         # O_TMPFILE file a name (os.link uses plain link(2) unless a directory fd is given)
         proc = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            os.link(str(fd), dst, src_dir_fd=proc, follow_symlinks=True)
+            at, name = _at(dst)
+            os.link(str(fd), name, src_dir_fd=proc, dst_dir_fd=at, follow_symlinks=True)
         finally:
             os.close(proc)
 
     def stat(self, path: str) -> os.stat_result:
-        return os.stat(path)
+        fd, name = _at(path)
+        return os.stat(name, dir_fd=fd)
 
     def lstat(self, path: str) -> os.stat_result:
-        return os.lstat(path)
+        fd, name = _at(path)
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
 
     def statvfs(self, path: str) -> os.statvfs_result:
         return os.statvfs(path)
 
     def listdir(self, path: str) -> list[str]:
-        return os.listdir(path)
+        fd = _pins.fds.get(_key(path)) if _pins.fds else None
+        return os.listdir(path if fd is None else fd)
 
     def access(self, path: str, mode: int) -> bool:
         return os.access(path, mode)
@@ -305,6 +362,41 @@ def use(backend: Backend) -> Iterator[Backend]:
         yield backend
     finally:
         _active = previous
+
+
+# --- pinned directories ---------------------------------------------------------------------
+
+@contextlib.contextmanager
+def pinned(dirs: Iterable[str] = ()) -> Iterator[None]:
+    """Pin ``dirs`` (and whatever :func:`pin` adds) while the block runs: every call of this
+    module naming a file in one of them acts through the descriptor opened here, so a
+    directory renamed away and replaced (by a symlink elsewhere) is not followed.  Nested
+    blocks share the outer pins; each closes only what it opened."""
+    _pins.scopes.append([])
+    try:
+        pin(dirs)
+        yield
+    finally:
+        for d in _pins.scopes.pop():
+            os.close(_pins.fds.pop(d))
+
+
+def pin(dirs: Iterable[str]) -> None:
+    """Pin ``dirs`` too, until the innermost :func:`pinned` block ends.  A directory already
+    pinned keeps its first descriptor (the one the checks so far used); one that does not
+    exist is not pinned (nothing can be made in it: acts there fail as they would)."""
+    if not _pins.scopes:
+        raise RuntimeError("syscalls.pin outside a syscalls.pinned block")
+    for d in dict.fromkeys(_key(d) for d in dirs):
+        if d in _pins.fds:
+            continue
+        _active.hook("pin", (d,))
+        try:
+            fd = _active.open_dir(d)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        _pins.fds[d] = fd
+        _pins.scopes[-1].append(d)
 
 
 # --- descriptors: open, map, read, write, sync, size, locks ---------------------------------

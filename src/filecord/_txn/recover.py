@@ -86,12 +86,17 @@ def recover(path: str | os.PathLike[str]) -> list[Recovered]:
     everything else, when anything was refused or a finished save kept a changed source; its
     ``results`` attribute holds the list.
     """
-    target = os.fspath(path)
+    with _sys.pinned():  # the directories recover checks and acts in (see _io)
+        return _recover(os.fspath(path))
+
+
+def _recover(target: str) -> list[Recovered]:
     st = _sys.stat(target)  # a directory reached through a symlink is that directory
     where = ""  # a journal given is named once, by its result
     if stat_mod.S_ISDIR(st.st_mode):
         where = f" in {target}"
         real = _sys.realpath(target)
+        _sys.pin([real])
         # Saves with a journal first, then a fresh scan for the rest: a rollback gives an
         # adopted file its name back, and that name may carry another, journal-less save's
         # token (a filecord.dcp temp committed by a save that died), whose clean-up must see it.
@@ -150,6 +155,7 @@ def _recover_file(path: str) -> Recovered | None:
         )
     # Named like a journal: a symlink or FIFO is refused as one (a row), not as a typo.
     real = os.path.join(_real_dir(path), os.path.basename(path))
+    _sys.pin([os.path.dirname(real)])
     return _recover_journal(real, parsed[1], {})
 
 
@@ -298,6 +304,10 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
         raw, seen = _read(path)
         log_ = journal.read_log(raw, intact_prefix=True)
         journal.confine(log_.journal, path)
+        j = log_.journal  # confined: now its directories are pinned
+        _sys.pin(os.path.dirname(f) for f in [*(o.final for o in j.outputs),
+                                              *(s.path for s in j.sources),
+                                              *(r.path for r in j.removals)])
     except FileNotFoundError:
         return None  # removed since the scan: its save (or another recover) ended it
     except liveness.NotALockFileError:  # a symlink or FIFO: refused, never opened through

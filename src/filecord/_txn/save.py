@@ -222,10 +222,11 @@ def _run(
     plan = prep.plan  # from here on, consume and the window are the plan's
     txn = Txn(prep, _names.new_token(), progress, durable=durable)
     txn.removals, skipped, given = _removals(prep, remove)
-    try:
-        _execute(txn)
-    except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
-        _fail(txn, exc)
+    with _sys.pinned():  # what _execute pins, its failure path acts in too
+        try:
+            _execute(txn)
+        except BaseException as exc:  # noqa: BLE001 - fail() cleans up and always raises
+            _fail(txn, exc)
     actions = plan.actions.with_outcomes(txn.outcomes)
     loud = {why: n for why, n in actions.reasons().items() if why not in quiet_reasons}
     if plan.consume and loud:
@@ -293,6 +294,10 @@ def _removals(prep: Prepared, remove: Sequence[Removal]
 def _execute(txn: Txn) -> None:
     p = txn.prep.plan
     begin.lock_directories(txn)
+    # Checks and acts from here on reach the directories the lock was taken in (see _io).
+    _sys.pin(os.path.dirname(f) for f in [
+        *(o.target for o in p.outputs), *(r.path for r in txn.removals),
+        *(d.path for ds in txn.prep.facts.datas.values() for d in ds)])
     fill.create_outputs(txn)
     _presize_for_moves(txn, before_fill=True)
     fill.fill(txn)
