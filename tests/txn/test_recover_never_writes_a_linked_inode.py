@@ -311,3 +311,103 @@ def test_a_committed_temp_with_a_rescue_link_is_finished(tmp_path: Path) -> None
     assert (d / "out.bin").read_bytes() == A + B
     assert rescue.read_bytes() == A + B
     assert sorted(os.listdir(d)) == ["out.bin"]
+
+
+# --- a rebuilt source, recover stopped after it was named --------------------------------------
+
+class _KillAfterNamed(_sys.Backend):
+    """SIGKILL at the ``at``-th call after ``name`` first holds a file ``token`` is not."""
+
+    def __init__(self, name: Path, token: Path, at: int) -> None:
+        self.name, self.token, self.at, self.calls = name, token, at, 0
+        self.ino = os.stat(token).st_ino
+
+    def hook(self, op: str, args: tuple[object, ...]) -> None:
+        if self.calls or (self.name.exists() and self.name.stat().st_ino != self.ino):
+            self.calls += 1
+            if self.calls == self.at:
+                os.kill(os.getpid(), 9)
+
+
+@pytest.mark.parametrize("at", range(1, 13))
+def test_a_recover_killed_after_naming_a_rebuilt_parked_source_is_finished_by_the_next(
+        tmp_path: Path, at: int) -> None:
+    """recover killed at each call after the rebuilt a.bin got its name (the parked name
+    unlinked or not): the next recover proves a.bin the file it rebuilt and completes the
+    rollback, both names' bytes exact."""
+    from support.killjob import fork_run
+
+    d = tmp_path / "save"
+    d.mkdir()
+    _killed_mid_move(d)
+    rescue = tmp_path / "rescue.bin"
+    parked = _token_file(d, _names.SOURCE, ".a.bin.")
+    os.link(parked, rescue)
+
+    def job() -> None:
+        with _sys.use(_KillAfterNamed(d / "a.bin", parked, at)):
+            recover(d)
+
+    fork_run(job)
+    assert (d / "a.bin").read_bytes() == A
+    recover(d)
+    assert ((d / "a.bin").read_bytes(), rescue.read_bytes()) == (A, A[:2 * W])
+    assert (d / "b.bin").read_bytes() == B
+    assert (d / "out.bin").read_bytes() == b"OLD"
+    assert sorted(os.listdir(d)) == ["a.bin", "b.bin", "out.bin"]
+
+
+@pytest.mark.parametrize("at", range(1, 11))
+def test_a_recover_killed_after_naming_a_copied_out_adopted_source_is_finished_by_the_next(
+        tmp_path: Path, at: int) -> None:
+    """The same for big.bin adopted in place, its temp linked elsewhere: killed at each call
+    after the copied-out big.bin got its name, the next recover completes, the rescue link's
+    bytes as they were."""
+    from support.killjob import fork_run
+
+    d = tmp_path / "save"
+    d.mkdir()
+    _adopted_killed(d)
+    temp = _token_file(d, _names.TEMP)
+    rescue = tmp_path / "rescue.bin"
+    os.link(temp, rescue)
+    held = rescue.read_bytes()
+
+    def job() -> None:
+        with _sys.use(_KillAfterNamed(d / "big.bin", temp, at)):
+            recover(d)
+
+    fork_run(job)
+    recover(d)
+    assert (d / "big.bin").read_bytes() == pattern(16 * W, "big")
+    assert (d / "small.bin").read_bytes() == pattern(3 * W, "small")
+    assert rescue.read_bytes() == held
+    assert sorted(os.listdir(d)) == ["big.bin", "small.bin"]
+
+
+def test_a_recover_failing_after_it_began_says_so_and_the_next_completes(
+        tmp_path: Path) -> None:
+    """An EIO at the parked name's unlink, after the rebuilt a.bin was named: not a refusal
+    (those are decided before the first change) but a failure midway, said so; a rerun
+    completes."""
+    d = tmp_path / "save"
+    d.mkdir()
+    _killed_mid_move(d)
+    parked = _token_file(d, _names.SOURCE, ".a.bin.")
+    os.link(parked, tmp_path / "rescue.bin")
+
+    class FailUnlink(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "unlink" and str(args[0]) == str(parked):
+                raise OSError(errno.EIO, "injected")
+
+    with _sys.use(FailUnlink()), pytest.raises(RecoverError) as caught:
+        recover(d)
+    said = str(caught.value)
+    assert "recover failed in 1 save(s)" in said
+    assert "recover failed after it began" in said
+    assert "run it again" in said
+    assert "refused" not in said
+    (got,) = recover(d)
+    assert got.action == "restored"
+    assert (d / "a.bin").read_bytes() == A

@@ -351,8 +351,10 @@ def check_committed(j: Journal, seen: Observed) -> RecoverError | None:
 
 # --- the one look -----------------------------------------------------------------------------
 
-def observe(j: Journal, *, recover: bool = False) -> Observed:
-    """Look at every name of the save (for ``recover``, list its token files too)."""
+def observe(j: Journal, *, recover: bool = False,
+            rebuilt: Mapping[Key, Key] | None = None) -> Observed:
+    """Look at every name of the save (for ``recover``, list its token files too); a source
+    at its name is its inode or the file a ``rebuilt`` step names (``journal.Log.rebuilt``)."""
     def _facts(path: str, dev: int, ino: int) -> Facts | None:
         st = undo.same_file(path, dev, ino)
         return None if st is None else Facts.of(st)
@@ -364,7 +366,8 @@ def observe(j: Journal, *, recover: bool = False) -> Observed:
             temp = j.temp(s.dests[0].output) if s.adopt and s.dests else None
             sources.append(SourceFacts(
                 parked=None if s.adopt else _facts(j.parked(s), s.dev, s.ino),
-                own=_facts(s.path, s.dev, s.ino),
+                own=_facts(s.path, *(rebuilt or {}).get((s.dev, s.ino), (s.dev, s.ino)))
+                or _facts(s.path, s.dev, s.ino),
                 at_temp=None if temp is None else _facts(temp, s.dev, s.ino)))
         for o, out in enumerate(j.outputs):
             # A discard output is never published: its final name is no business of the save.

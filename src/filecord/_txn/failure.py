@@ -201,11 +201,12 @@ def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row ROLL_BACK: append the ``rolling back`` step (durable), put every byte back on the
     live files exactly as recover would, then discard the rest.  A failure of the undo asks
     the table again, at the stage reached, with the files unreadable."""
-    record, _path = journaled(txn)
+    record, path = journaled(txn)
     try:
         begin.append_step(txn, journal.step(Stage.ROLLING_BACK), Stage.ROLLING_BACK)
         _close(txn, notes)  # the undo opens what it needs by name, as recover does
-        restored = undo.roll_back(record, txn.counters, frozenset(txn.inserted))
+        restored = undo.roll_back(record, txn.counters, frozenset(txn.inserted), {},
+                                  liveness.appender(path, txn.journal_end, torn=False))
     except BaseException as rexc:  # noqa: BLE001 - any failure here leaves the journal in charge
         notes.append(f"rolling back also failed: {rexc!r}")
         _ACTIONS[decide(Actor.SAVE, txn.stage, Found.UNREADABLE)](

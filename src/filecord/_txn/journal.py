@@ -20,7 +20,10 @@ it licenses:
   say: a writer may have appended as much);
 * ``committed`` with ``looked`` (the last look at each parked source): the commit point once
   fsynced (``begin.append_step`` cuts a failed one off before the next step);
-* ``rolling back`` and ``held``; the lock files (``liveness``) hold ``created`` (the journal's
+* ``rolling back``, then one with ``rebuilt: [dev, ino, new_dev, new_ino]`` per source
+  rebuilt in a new file (``undo``: its token name had another link) before that file is
+  linked under the source's name: the proof that the file there is the rollback's own;
+* ``held``; the lock files (``liveness``) hold ``created`` (the journal's
   path) and ``journaled``.
 
 :func:`read_log` replays WAL style, strictly: it stops at the first record that does not check,
@@ -57,7 +60,7 @@ _FIELDS: dict[Stage, tuple[frozenset[str], ...]] = {
     Stage.JOURNALED: (frozenset(), frozenset({"save"})),
     Stage.MOVING: (frozenset({"moved"}), frozenset({"moved", "inserted"}), frozenset({"cut"})),
     Stage.COMMITTED: (frozenset({"looked"}),),
-    Stage.ROLLING_BACK: (frozenset(),),
+    Stage.ROLLING_BACK: (frozenset(), frozenset({"rebuilt"})),
     Stage.HELD: (frozenset(),),
 }
 
@@ -361,6 +364,8 @@ class Log:
     # per moved source, the sizes its ``cut`` steps name, in order: besides its own, the only
     # sizes a crash can leave it at, every byte past the last one durable in the temps
     cuts: Mapping[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
+    # per source rebuilt in a new file by a rollback, that file (its ``rebuilt`` steps)
+    rebuilt: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
 
 
 def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
@@ -449,6 +454,7 @@ def _steps(j: Journal, records: tuple[dict[str, object], ...]) -> Log:
     inserted: set[tuple[int, int]] = set()
     cuts: dict[tuple[int, int], tuple[int, ...]] = {}
     looked: dict[tuple[int, int], tuple[int, int]] = {}
+    rebuilt: dict[tuple[int, int], tuple[int, int]] = {}
     stage = Stage.MOVING
     for rec in records:
         stage = stage_of(rec)
@@ -476,7 +482,13 @@ def _steps(j: Journal, records: tuple[dict[str, object], ...]) -> Log:
                 if (dev, ino) not in sources:
                     raise ValueError(f"a look at ({dev}, {ino}), not a source of the save")
                 looked[(dev, ino)] = (size, mtime)
-    return Log(j, moved, frozenset(inserted), looked, stage=stage, cuts=cuts)
+        elif "rebuilt" in rec:
+            dev, ino, new_dev, new_ino = (_a(int, v) for v in _a(list, rec["rebuilt"]))
+            if (dev, ino) not in sources:
+                raise ValueError(f"a rebuild of ({dev}, {ino}), not a source of the save")
+            rebuilt[(dev, ino)] = (new_dev, new_ino)
+    return Log(j, moved, frozenset(inserted), looked, stage=stage, cuts=cuts,
+               rebuilt=rebuilt)
 
 
 _T = TypeVar("_T")

@@ -23,6 +23,7 @@ import errno
 import fcntl
 import os
 import stat as stat_mod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from filecord._io import names as _names
@@ -57,6 +58,25 @@ def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
         _sys.close(fd)
         raise
     return fd
+
+
+def appender(path: str, end: int, *, torn: bool) -> Callable[[bytes], None]:
+    """Append steps to the journal ``path`` at its logical end ``end``, each fsynced before
+    the call returns; ``torn``: what follows ``end`` is cut off first (a shorter step over it
+    would leave its rest behind as a record that does not check)."""
+    at = [end, torn]
+
+    def append(record: bytes) -> None:
+        fd = open_regular(path, os.O_WRONLY)
+        try:
+            if at[1]:
+                _sys.ftruncate(fd, at[0])
+            _sys.write_all(fd, record, at[0])
+            _sys.fsync(fd)
+        finally:
+            _sys.close(fd)
+        at[:] = [at[0] + len(record), False]
+    return append
 
 
 def _names_same(fd: int, path: str) -> bool:

@@ -43,6 +43,7 @@ JOURNAL_LIMIT = 1 << 30  # a journal is a few bytes per piece; anything larger i
 LOST_COMMIT = ("its committed step is damaged or lost, but its outputs were under their final "
                "names (renamed only after that step's fsync): finished from the files, the "
                "parked sources judged by their size alone")
+FAILED = "recover failed after it began"  # a system call's error midway: files may be changed
 BUSY = "its lock is held: its save is running, or another recover is at work on it"
 ENDED = ("its journal was made and is gone with every file of the save but this lock file: "
          "the save had ended (completed or rolled back) before it could remove it; removed")
@@ -58,9 +59,11 @@ class Recovered:
 
     ``action``: "finished" (completed after its commit point), "restored" (rolled back: the
     sources whole again), "discarded" (nothing to undo: its temps or lock file removed),
-    "skipped" (its lock is held) or "refused" (``detail`` says why).  ``kept``: consumed
-    sources another process changed after the commit point, kept (never deleted) under their
-    own names or, when taken, their parked names; ``detail`` and ``notes`` say where.
+    "skipped" (its lock is held) or "refused" (``detail`` says why; it begins with
+    :data:`FAILED` where a system call failed after recover began to change files).
+    ``kept``: consumed sources another process changed after the commit point, kept (never
+    deleted) under their own names or, when taken, their parked names; ``detail`` and
+    ``notes`` say where.
     ``not_removed``: files a finished save was to remove (an index of consumed data files)
     that another process changed or replaced since: kept, never an error.
     """
@@ -106,15 +109,17 @@ def _recover(target: str) -> list[Recovered]:
     else:
         results = [_recover_file(target)]
     done = [r for r in results if r is not None]
-    refused = [r for r in done if r.action == "refused"]
+    failed = [r for r in done if r.detail.startswith(FAILED)]
+    refused = [r for r in done if r.action == "refused" and r not in failed]
     kept = [r for r in done if r.kept]
-    if refused or kept:
+    if refused or failed or kept:
         err = RecoverError("; ".join(
             f"recover {what} {len(rs)} save(s){where}{but}: "
             + "; ".join(f"{r.journal}: {r.detail}" for r in rs)
-            for what, but, rs in (("refused", "", refused), ("finished", " but kept consumed "
-                                  "sources changed after the commit point", kept)) if rs))
-        for r in refused + kept:
+            for what, but, rs in (("refused", "", refused), ("failed in", "", failed),
+                                  ("finished", " but kept consumed sources changed after the "
+                                   "commit point", kept)) if rs))
+        for r in refused + failed + kept:
             for note in r.notes:
                 add_note(err, note)
         err.results = done  # type: ignore[attr-defined]
@@ -358,8 +363,15 @@ def _act(path: str, log_: journal.Log) -> Recovered:
             return _finish(path, log_, action, lost=log_.stage is not stage)
         return _roll_back(path, log_, stage, action)
     except (RecoverError, DataChangedError, OSError) as exc:
-        return _decided(path, stage, Found.UNREADABLE, f"{exc}; the journal and temps are "
-                        "kept", assess.whereabouts(j, assess.observe(j), None, 0, log_.inserted))
+        where = assess.whereabouts(j, assess.observe(j, rebuilt=log_.rebuilt), None, 0,
+                                  log_.inserted)
+        if isinstance(exc, (RecoverError, DataChangedError)):  # a check's refusal
+            return _decided(path, stage, Found.UNREADABLE, f"{exc}; the journal and temps "
+                            "are kept", where)
+        # The system failed a call, perhaps after files were changed: not a refusal.
+        log.warning("recover failed %s after it began: %s", path, exc)
+        return Recovered(path, table.OUTCOME[table.Action.REFUSE], detail=f"{FAILED}: {exc}; "
+                         "the journal and temps are kept: run it again", notes=tuple(where))
 
 
 def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
@@ -370,7 +382,7 @@ def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
     j, stage = log_.journal, log_.stage
     records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
                              log_.cuts)
-    seen = assess.observe(j, recover=True)
+    seen = assess.observe(j, recover=True, rebuilt=log_.rebuilt)
     lost = stage is Stage.MOVING and assess.renamed(j, seen)
     if lost:
         stage = Stage.COMMITTED
@@ -407,18 +419,10 @@ def _finish(path: str, log_: journal.Log, action: table.Action, *, lost: bool) -
 
 def _roll_back(path: str, log_: journal.Log, stage: Stage, action: table.Action) -> Recovered:
     j = log_.journal
+    log = liveness.appender(path, log_.end, torn=log_.torn)
     if stage is Stage.MOVING:  # ROLL_BACK from journaled or moving: first the log says so
-        # At its logical end, fsynced; a torn tail cut off first (a shorter step over it
-        # would leave its rest behind as a record that does not check).
-        fd = liveness.open_regular(path, os.O_WRONLY)
-        try:
-            if log_.torn:
-                _sys.ftruncate(fd, log_.end)
-            _sys.write_all(fd, journal.step(Stage.ROLLING_BACK), log_.end)
-            _sys.fsync(fd)
-        finally:
-            _sys.close(fd)
-    undo.roll_back(j, transfer.Counters(), log_.inserted)
+        log(journal.step(Stage.ROLLING_BACK))
+    undo.roll_back(j, transfer.Counters(), log_.inserted, log_.rebuilt, log)
     undo.remove_temps(j)
     # The claim "temps removed" is checked against the directories, not the journal.
     left = assess.token_files(j)

@@ -9,7 +9,7 @@ CREATED        lock files (a ``created`` step), empty temps
 FILLED         complete copies in the temps
 JOURNALED      the journal: its head, a ``journaled`` step, durable
 MOVING         sources renamed and being shortened (``moving`` steps)
-ROLLING_BACK   a ``rolling back`` step: bytes and names being put back
+ROLLING_BACK   a ``rolling back`` step: bytes and names being put back (``rebuilt`` steps)
 HELD           a ``held`` step: another process changed a source mid-move
 COMMITTED      a ``committed`` step: finishing (renames, sources deleted)
 RENAMED        final names replaced
@@ -64,6 +64,6 @@ def advance(current: Stage, new: Stage) -> Stage:
 
 def may_follow(prev: Stage, new: Stage) -> bool:
     """Whether a step of ``new`` may follow one of ``prev`` in a log: a legal move, possibly
-    through FILLED (which no step names), or another ``moving`` step."""
-    return (new in _LEGAL[prev] or (prev is new is Stage.MOVING)
+    through FILLED (which no step names), or another ``moving`` or ``rolling back`` step."""
+    return (new in _LEGAL[prev] or (prev is new and new in (Stage.MOVING, Stage.ROLLING_BACK))
             or (Stage.FILLED in _LEGAL[prev] and new in _LEGAL[Stage.FILLED]))

@@ -14,9 +14,11 @@ output's temp has what the save appended truncated and the inserted space collap
 temp's size says how far it got); a parked source gets its moved bytes back from the temps;
 its times and mode are put back, fsynced, and its name by ``link`` then ``unlink`` (never
 over a file made there meanwhile: recovery then refuses).  With another link, its bytes are
-built in a new unnamed file (the temps not freed meanwhile), fsynced and linked to its name
-(not rebuilt if there from before a stop), and only the token name unlinked: the other name
-keeps what it held.  The caller removes the temps, journal and lock files.  A crash leaves
+built in a new unnamed file (the temps not freed meanwhile), fsynced, its identity logged (a
+``rebuilt`` step, fsynced) and then linked to its name, and only the token name unlinked: the
+other name keeps what it held.  The step is the proof a rerun needs: the file at the source's
+name that it names is the rollback's own (not built again; the source found), never one a
+third party put there.  The caller removes the temps, journal and lock files.  A crash leaves
 each source at one of its two names, between its kept prefix and its full size, the rest
 still in the temps.
 
@@ -38,10 +40,12 @@ import logging
 import os
 import stat as stat_mod
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from filecord._io import syscalls as _sys
 from filecord._txn import transfer
-from filecord._txn.journal import Journal, JournalSource
+from filecord._txn.journal import Journal, JournalSource, step
+from filecord._txn.stages import Stage
 from filecord.errors import DataChangedError, RecoverError, add_note
 
 log = logging.getLogger(__name__)
@@ -78,16 +82,21 @@ def _open_proven(path: str, dev: int, ino: int, flags: int) -> tuple[int, os.sta
     return fd, st
 
 
-def roll_back(j: Journal, c: transfer.Counters,
-              inserted: frozenset[tuple[int, int]] = frozenset()) -> int:
+Key = tuple[int, int]  # (st_dev, st_ino)
+
+
+def roll_back(j: Journal, c: transfer.Counters, inserted: frozenset[Key],
+              rebuilt: Mapping[Key, Key], log: Callable[[bytes], None]) -> int:
     """Put every source back, byte-exact under its own name; how many moved back.
-    ``inserted``: the adopted sources whose insert the journal records."""
+    ``inserted``: the adopted sources whose insert the journal records; ``rebuilt`` the files
+    its ``rebuilt`` steps name; ``log`` appends a step to the journal, durably."""
     temps: list[int | None] = []  # the temps still holding this save's inodes
     try:
         for o, out in enumerate(j.outputs):
             held = not out.direct and same_file(j.temp(o), out.dev, out.ino) is not None
             temps.append(open_own(j.temp(o), out.dev, out.ino)[0] if held else None)
-        return sum(_put_back(j, s, temps, c, inserted=(s.dev, s.ino) in inserted)
+        return sum(_put_back(j, s, temps, c, inserted=(s.dev, s.ino) in inserted,
+                             copy_out=_Rebuild(rebuilt.get((s.dev, s.ino)), log))
                    for s in reversed(j.sources))
     finally:
         errors = _sys.close_each([fd for fd in temps if fd is not None])
@@ -96,10 +105,12 @@ def roll_back(j: Journal, c: transfer.Counters,
 
 
 def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer.Counters, *,
-              inserted: bool) -> int:
+              inserted: bool, copy_out: _Rebuild) -> int:
     at = j.temp(s.dests[0].output) if s.adopt else j.parked(s)
     if same_file(at, s.dev, s.ino) is None:
         st = same_file(s.path, s.dev, s.ino)
+        if st is None and copy_out.new is not None:  # rebuilt and named before a stop
+            st = same_file(s.path, *copy_out.new)
         if st is None:
             raise RecoverError(f"{s.path}: the {'adopted ' if s.adopt else ''}source is neither "
                                f"at its name nor at {at}")
@@ -111,9 +122,9 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
     try:
         if s.adopt:
             copied = _unadopt(fd, at, s, j.outputs[s.dests[0].output].length, c, own=own,
-                              inserted=inserted)
+                              inserted=inserted, copy_out=copy_out)
         else:
-            copied = _unpark(fd, at, s, temps, j.window, c, own=own)
+            copied = _unpark(fd, at, s, temps, j.window, c, own=own, copy_out=copy_out)
     finally:
         _sys.close(fd)
     if copied:  # the other name keeps the inode as it was; only the token name goes
@@ -125,7 +136,7 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
 
 
 def _unpark(fd: int, at: str, s: JournalSource, temps: list[int | None], window: int,
-            c: transfer.Counters, *, own: bool) -> bool:
+            c: transfer.Counters, *, own: bool, copy_out: _Rebuild) -> bool:
     """A parked source's moved bytes back: in place where ``own``, else copied out (True)."""
     size = _sys.fstat(fd).st_size
     if not s.run_start <= size <= s.size:
@@ -139,7 +150,7 @@ def _unpark(fd: int, at: str, s: JournalSource, temps: list[int | None], window:
                                 free=to == fd)  # a new file: not named until it is whole
 
     if not own:  # whole: named back as it is, nothing written
-        return size < s.size and _copy_out(fd, at, s, c, restore)
+        return size < s.size and copy_out(fd, at, s, c, restore)
     if size < s.size:
         restore(fd)
     # Whole with another mtime is this undo's own restore, stopped before this futimens:
@@ -150,10 +161,10 @@ def _unpark(fd: int, at: str, s: JournalSource, temps: list[int | None], window:
 
 
 def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Counters, *,
-             own: bool, inserted: bool) -> bool:
+             own: bool, inserted: bool, copy_out: _Rebuild) -> bool:
     """Give an adopted source at its output's temp its own bytes back, judged from the temp's
     size (``JournalSource.adopted_size``): in place where ``own`` (what follows it truncated,
-    the space in front collapsed), else copied out (:func:`_copy_out`; True: named)."""
+    the space in front collapsed), else copied out (:class:`_Rebuild`; True: named)."""
     size = _sys.fstat(fd).st_size
     if not s.adopted_size(size, length, inserted=inserted):
         raise DataChangedError(temp, expected_size=s.size + s.inserted, found_size=size,
@@ -167,7 +178,7 @@ def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Coun
                                reason=s.adopted_change(size, length, inserted=inserted))
     at = s.inserted if size > s.size else 0  # where the source's bytes begin
     if not own:  # untouched (its own size): named back as it is, nothing written
-        return size != s.size and _copy_out(fd, temp, s, c, lambda new: transfer.copy_range(
+        return size != s.size and copy_out(fd, temp, s, c, lambda new: transfer.copy_range(
             fd, new, at, 0, s.size, c, kind="restored"))
     if size > s.size + s.inserted:
         _sys.ftruncate(fd, s.size + s.inserted)
@@ -179,15 +190,26 @@ def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Coun
     return False
 
 
+@dataclass(frozen=True, slots=True)
+class _Rebuild:
+    """A source's rebuild: ``new`` the file a ``rebuilt`` step names, ``log`` the journal."""
+
+    new: Key | None
+    log: Callable[[bytes], None]
+
+    def __call__(self, fd: int, at: str, s: JournalSource, c: transfer.Counters,
+                 fill: Callable[[int], object]) -> bool:
+        """Build ``s``'s bytes (``fill``) in a new file with the owner and mode of the inode
+        at ``at`` (never set-id bits: a forged journal can name any inode) and the journaled
+        times, fsynced, logged, then named ``s.path``; the one logged and named before a stop
+        is kept."""
+        if self.new is not None and same_file(s.path, *self.new) is not None:
+            return True
+        return _copy_out(fd, at, s, c, fill, self.log)
+
+
 def _copy_out(fd: int, at: str, s: JournalSource, c: transfer.Counters,
-              fill: Callable[[int], object]) -> bool:
-    """Build ``s``'s bytes (``fill``) in a new file with the owner and mode of the inode at
-    ``at`` (never set-id bits: a forged journal can name any inode) and the journaled times,
-    fsynced, then named ``s.path``; one named before a stop (its size and mtime) is kept."""
-    there = _there(s.path)
-    if there is not None and stat_mod.S_ISREG(there.st_mode) and (
-            there.st_size, there.st_mtime_ns) == (s.size, s.mtime_ns):
-        return True
+              fill: Callable[[int], object], log: Callable[[bytes], None]) -> bool:
     new = _sys.open_unnamed(os.path.dirname(s.path))
     if new is None:
         raise RecoverError(f"{at} has another hard link, and this file system makes no "
@@ -199,6 +221,8 @@ def _copy_out(fd: int, at: str, s: JournalSource, c: transfer.Counters,
                          st.st_uid, st.st_gid)
         _sys.futimens(new, s.atime_ns, s.mtime_ns)
         c.fsync(new)
+        built = _sys.fstat(new)
+        log(step(Stage.ROLLING_BACK, rebuilt=[s.dev, s.ino, built.st_dev, built.st_ino]))
         try:
             _sys.link_fd(new, s.path)
         except FileExistsError:

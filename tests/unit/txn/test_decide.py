@@ -147,14 +147,15 @@ def test_no_dead_stage() -> None:
 
 def test_the_succession_of_step_records_follows_the_table() -> None:
     """The stage is a step record now, not the journal's name (the suffixes went with journal
-    version 3): which record may follow which is the table's, through FILLED (no record)."""
+    version 3): which record may follow which is the table's, through FILLED (no record); a
+    ``rolling back`` step may follow one (its ``rebuilt`` steps)."""
     ok = [(Stage.CREATED, Stage.JOURNALED), (Stage.JOURNALED, Stage.MOVING),
           (Stage.MOVING, Stage.MOVING), (Stage.MOVING, Stage.COMMITTED),
           (Stage.JOURNALED, Stage.COMMITTED), (Stage.MOVING, Stage.ROLLING_BACK),
-          (Stage.MOVING, Stage.HELD)]
+          (Stage.MOVING, Stage.HELD), (Stage.ROLLING_BACK, Stage.ROLLING_BACK)]
     bad = [(Stage.COMMITTED, Stage.MOVING), (Stage.COMMITTED, Stage.ROLLING_BACK),
            (Stage.ROLLING_BACK, Stage.COMMITTED), (Stage.HELD, Stage.ROLLING_BACK),
-           (Stage.ROLLING_BACK, Stage.ROLLING_BACK), (Stage.JOURNALED, Stage.JOURNALED),
+           (Stage.HELD, Stage.HELD), (Stage.JOURNALED, Stage.JOURNALED),
            (Stage.CREATED, Stage.MOVING), (Stage.COMMITTED, Stage.COMMITTED)]
     assert all(stages.may_follow(a, b) for a, b in ok)
     assert not any(stages.may_follow(a, b) for a, b in bad)

@@ -261,7 +261,7 @@ def test_the_stage_is_the_last_step(steps: list[bytes], stage: Stage) -> None:
 
 @pytest.mark.parametrize("steps", [
     [COMMITTED, MOVING], [COMMITTED, ROLLING], [COMMITTED, COMMITTED], [ROLLING, COMMITTED],
-    [ROLLING, ROLLING], [HELD, ROLLING], [MOVING, HELD, COMMITTED], [HEAD[len(journal.MAGIC):]
+    [HELD, HELD], [HELD, ROLLING], [MOVING, HELD, COMMITTED], [HEAD[len(journal.MAGIC):]
                                                                    .split(b"\n")[0] + b"\n"],
     [liveness.pointer_record(JPATH)],
 ])
@@ -326,12 +326,22 @@ A_KEY = (2049, 77)
     journal.step(Stage.MOVING, cut=[2049, 99, 0]),  # not a source of the save
     journal.step(Stage.MOVING, moved=3),  # more moves finished than the save has
     journal.step(Stage.COMMITTED, looked=[[2049, 99, 0, 6]]),  # a look at no source of the save
+    journal.step(Stage.ROLLING_BACK, rebuilt=[2049, 99, 2049, 100]),  # no source rebuilt
 ], ids=["unknown-field", "unrecorded-stage", "missing-field", "v3-kind", "cut-too-long",
-        "cut-stranger", "moved-too-many", "look-stranger"])
+        "cut-stranger", "moved-too-many", "look-stranger", "rebuild-stranger"])
 def test_a_step_no_save_writes_is_damage_even_last(step: bytes) -> None:
     with pytest.raises(journal.JournalDamagedError, match="damaged"):
         journal.read_log(WRITTEN[:HEAD_END] + WRITTEN[HEAD_END:len(journal.encode(record()))]
                          + step)
+
+
+def test_a_rebuilt_step_names_the_file_at_the_source_s_name_the_last_one_counting() -> None:
+    """A rollback logs each source it rebuilds in a new file before naming it; a rerun after a
+    stop before the name rebuilds and logs again: the last step names the file."""
+    steps = [journal.step(Stage.ROLLING_BACK, rebuilt=[*A_KEY, 2049, n]) for n in (90, 91)]
+    log = journal.read_log(HEAD + MOVING + ROLLING + b"".join(steps))
+    assert (log.stage, dict(log.rebuilt)) == (Stage.ROLLING_BACK, {A_KEY: (2049, 91)})
+    assert journal.read_log(HEAD + MOVING + ROLLING).rebuilt == {}
 
 
 def test_cuts_of_a_source_only_go_down() -> None:
