@@ -26,8 +26,9 @@ from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._txn import journal
 from filecord._txn.stages import Stage
-from filecord.errors import RecoverError, SaveError
+from filecord.errors import RecoverError
 from filecord_testing import AtCall, consume_killed_at_truncate, pattern
+from txn.test_recover_confined import committed
 
 W = 4096
 A, B = pattern(3 * W, "a"), pattern(2 * W, "b")
@@ -293,17 +294,7 @@ def test_a_committed_temp_with_a_rescue_link_is_finished(tmp_path: Path) -> None
     the output."""
     d = tmp_path / "save"
     d.mkdir()
-    (d / "a.bin").write_bytes(A)
-    (d / "b.bin").write_bytes(B)
-    cord = Cord([FileBackedData(d / "a.bin", owned=True), FileBackedData(d / "b.bin", owned=True)])
-
-    class FailRename(_sys.Backend):
-        def hook(self, op: str, args: tuple[object, ...]) -> None:
-            if op == "rename" and str(args[1]) == str(d / "out.bin"):
-                raise OSError(errno.EIO, "injected after the commit point")
-
-    with _sys.use(FailRename()), pytest.raises(SaveError, match="after its commit"):
-        save(d / "out.bin", cord, consume=True, window=W)
+    committed(d)
     rescue = tmp_path / "rescue.bin"
     os.link(_token_file(d, _names.TEMP), rescue)
     (got,) = recover(d)

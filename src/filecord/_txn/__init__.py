@@ -59,6 +59,9 @@ roll back
     put every source back byte-exact under its own name.
 finish
     rename the temps, delete the parked sources and removals.
+rebuilt
+    a source given back in a new file where another name reaches its inode (recover writes
+    only an inode its token name alone reaches); logged before it is named.
 held
     a journal kept because another process changed a source: never undone over it.
 damaged
