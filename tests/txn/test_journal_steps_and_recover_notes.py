@@ -145,14 +145,18 @@ def committed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # was a finding (fixed): the notes took the nearest size a move leaves (17), not the
 # kept prefix the journal's moving step proves (0)
-def test_notes_never_place_moved_bytes_in_a_foreign_append(moved1: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("whole", [False, True], ids=["16-bytes", "back-to-its-size"])
+def test_notes_never_place_moved_bytes_in_a_foreign_append(moved1: Path, tmp_path: Path,
+                                                          whole: bool) -> None:
+    """An append to a moved source is never taken for its bytes, not even one that gives it
+    back its recorded size (a size a ``cut`` step names too)."""
     d = tmp_path / "d"
     assert killed(d, "fsync", int(moved1.name.removeprefix("fsync"))) != 0
     assert stages(journal(d))[-1] == {"moved": 1, "stage": "moving"}
     src = parked(d, "A.bin")
     assert src.stat().st_size == 0  # A is at its kept prefix: every byte of A is in the temp
     with open(src, "ab") as f:
-        f.write(b"APPENDED-BY-USER")  # 16 bytes another process wrote
+        f.write(b"Z" * len(A_DATA) if whole else b"APPENDED-BY-USER")  # another process
     r = recover(d)
     assert r.returncode == 1, r.stderr  # the refusal itself is right
     note = next(line for line in r.stderr.splitlines() if line.strip().startswith(f"{d}/A.bin:"))
