@@ -366,6 +366,11 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      '    elif now.st_mtime_ns != seen.st_mtime_ns:\n        why = "another process wrote to it while it was being moved"',  # noqa: E501
      '    elif False:\n        why = "another process wrote to it while it was being moved"',
      ['tests/txn/test_finish_and_rollback_decisions.py::test_the_kind_of_a_change_mid_move_decides_what_recover_does']),
+    ("a rebuilt file taken on its inode number alone", "undo.py",
+     "    return st if st is not None and (st.st_size, st.st_mtime_ns) == (s.size, s.mtime_ns) else None",  # noqa: E501
+     "    return st",
+     ["tests/txn/test_recover_never_writes_a_linked_inode.py::"
+      "test_a_file_put_at_the_name_on_a_rebuilt_files_inode_number_is_not_taken_for_it"]),
     # --- the one door to every write of recover and of a rollback (issue 36, fifth pass) ----
     ("an inode another name reaches opened for writing", "undo.py",
      "    if st.st_nlink == 1:\n        return fd, True", "    if True:\n        return fd, True",
@@ -374,16 +379,17 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "        if own:\n            apply_owner_mode(fd, mode, uid, gid)",
      "        if True:\n            apply_owner_mode(fd, mode, uid, gid)", [LINKS]),
     ("a source rebuilt before a stop is built again", "undo.py",
-     "        if self.new is not None and same_file(s.path, *self.new) is not None:",
+     "        if rebuilt_at(s.path, s, self.new) is not None:",
      "        if False:", [LINKS]),
     ("a rebuilt source is named before its rebuilt step is logged", "undo.py",
      "        log(step(Stage.ROLLING_BACK, rebuilt=", "        (step(Stage.ROLLING_BACK, rebuilt=",
      [LINKS]),
     ("the rollback does not find a source at its name as the file its rebuilt step names",
-     "undo.py", "        if st is None and copy_out.new is not None:", "        if False:",
+     "undo.py", "        st = st or rebuilt_at(s.path, s, copy_out.new)",
+     "        st = st",
      [LINKS]),
     ("the assessment does not find a source at its name as the file its rebuilt step names",
-     "assess.py", "(rebuilt or {}).get((s.dev, s.ino), (s.dev, s.ino))", "(s.dev, s.ino)",
+     "assess.py", "own=_facts(s.path, s.dev, s.ino) or _rebuilt(s),", "own=_facts(s.path, s.dev, s.ino),",  # noqa: E501
      [LINKS]),
     ("a rebuilt source gets the set-id bits of the inode it was copied from", "undo.py",
      "st.st_mode & ~(stat_mod.S_ISUID | stat_mod.S_ISGID)", "st.st_mode", [LINKS]),

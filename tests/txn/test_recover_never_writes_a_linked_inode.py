@@ -201,6 +201,49 @@ def test_a_rebuild_stopped_before_it_is_named_loses_no_byte(tmp_path: Path) -> N
     assert (d / "b.bin").read_bytes() == B
 
 
+def test_a_file_put_at_the_name_on_a_rebuilt_files_inode_number_is_not_taken_for_it(
+        tmp_path: Path) -> None:
+    """recover killed between the ``rebuilt`` step and the link: the unnamed file is gone and
+    ext4 gives its inode number to the next new file at once.  A file another process then
+    puts at a.bin on that number (modelled: the step made to name the new file's number) is
+    not the rebuilt source: recover keeps the parked prefix and the temps (it said "restored"
+    and deleted them, the third attack's T1 of its rerun)."""
+    from support.killjob import fork_run
+
+    d = tmp_path / "save"
+    d.mkdir()
+    _killed_mid_move(d)
+    rescue = tmp_path / "rescue.bin"
+    os.link(_token_file(d, _names.SOURCE, ".a.bin."), rescue)
+
+    class KillAtNaming(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "link" and str(args[0]).startswith("/proc/self/fd/"):
+                os.kill(os.getpid(), 9)
+
+    def job() -> None:
+        with _sys.use(KillAtNaming()):
+            recover(d)
+
+    assert fork_run(job) == -9
+    (d / "a.bin").write_bytes(b"another process's file")
+    planted = os.stat(d / "a.bin")
+
+    def reuse(rec: Record) -> None:
+        if "rebuilt" in rec:
+            rec["rebuilt"] = [*rec["rebuilt"][:2], planted.st_dev, planted.st_ino]
+
+    _forge(_token_file(d, _names.JOURNAL), reuse)
+    temp = _token_file(d, _names.TEMP)
+    kept = (rescue.read_bytes(), temp.read_bytes())
+    story = _recover_story(d)
+    assert "restored" not in story, story
+    assert "now another file" in story, story
+    assert (d / "a.bin").read_bytes() == b"another process's file"
+    assert (rescue.read_bytes(), temp.read_bytes()) == kept
+    assert _token_file(d, _names.SOURCE, ".a.bin.").read_bytes() == A[:2 * W]
+
+
 # --- an adopted source ------------------------------------------------------------------------
 
 def _adopted_killed(d: Path) -> None:

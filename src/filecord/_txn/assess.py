@@ -359,6 +359,10 @@ def observe(j: Journal, *, recover: bool = False,
         st = undo.same_file(path, dev, ino)
         return None if st is None else Facts.of(st)
 
+    def _rebuilt(s: JournalSource) -> Facts | None:
+        st = undo.rebuilt_at(s.path, s, (rebuilt or {}).get((s.dev, s.ino)))
+        return None if st is None else Facts.of(st)
+
     sources: list[SourceFacts] = []
     outputs: list[OutputFacts] = []
     try:
@@ -366,8 +370,7 @@ def observe(j: Journal, *, recover: bool = False,
             temp = j.temp(s.dests[0].output) if s.adopt and s.dests else None
             sources.append(SourceFacts(
                 parked=None if s.adopt else _facts(j.parked(s), s.dev, s.ino),
-                own=_facts(s.path, *(rebuilt or {}).get((s.dev, s.ino), (s.dev, s.ino)))
-                or _facts(s.path, s.dev, s.ino),
+                own=_facts(s.path, s.dev, s.ino) or _rebuilt(s),
                 at_temp=None if temp is None else _facts(temp, s.dev, s.ino)))
         for o, out in enumerate(j.outputs):
             # A discard output is never published: its final name is no business of the save.

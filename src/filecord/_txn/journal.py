@@ -484,8 +484,8 @@ def _steps(j: Journal, records: tuple[dict[str, object], ...]) -> Log:
                 looked[(dev, ino)] = (size, mtime)
         elif "rebuilt" in rec:
             dev, ino, new_dev, new_ino = (_a(int, v) for v in _a(list, rec["rebuilt"]))
-            if (dev, ino) not in sources:
-                raise ValueError(f"a rebuild of ({dev}, {ino}), not a source of the save")
+            if (dev, ino) not in sources or not all(0 <= v < 1 << 64 for v in (new_dev, new_ino)):
+                raise ValueError(f"a rebuild of ({dev}, {ino}) no rollback of the save makes")
             rebuilt[(dev, ino)] = (new_dev, new_ino)
     return Log(j, moved, frozenset(inserted), looked, stage=stage, cuts=cuts,
                rebuilt=rebuilt)

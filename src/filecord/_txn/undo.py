@@ -58,6 +58,14 @@ def same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
         st.st_mode) else None
 
 
+def rebuilt_at(path: str, s: JournalSource, new: Key | None) -> os.stat_result | None:
+    """``lstat(path)`` if it is ``s`` rebuilt: the inode a ``rebuilt`` step names (``new``)
+    with the size and mtime the rebuild gives it before that step (an unnamed file's inode
+    number is reused at once, so the number alone proves nothing)."""
+    st = None if new is None else same_file(path, *new)
+    return st if st is not None and (st.st_size, st.st_mtime_ns) == (s.size, s.mtime_ns) else None
+
+
 def open_own(path: str, dev: int, ino: int) -> tuple[int, bool]:
     """The one door to every write here (the module's notes): ``path``, proven the inode (dev,
     ino), opened read-write and True where that name is its one link, else read-only and False."""
@@ -109,8 +117,7 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
     at = j.temp(s.dests[0].output) if s.adopt else j.parked(s)
     if same_file(at, s.dev, s.ino) is None:
         st = same_file(s.path, s.dev, s.ino)
-        if st is None and copy_out.new is not None:  # rebuilt and named before a stop
-            st = same_file(s.path, *copy_out.new)
+        st = st or rebuilt_at(s.path, s, copy_out.new)  # rebuilt and named before a stop
         if st is None:
             raise RecoverError(f"{s.path}: the {'adopted ' if s.adopt else ''}source is neither "
                                f"at its name nor at {at}")
@@ -203,7 +210,7 @@ class _Rebuild:
         at ``at`` (never set-id bits: a forged journal can name any inode) and the journaled
         times, fsynced, logged, then named ``s.path``; the one logged and named before a stop
         is kept."""
-        if self.new is not None and same_file(s.path, *self.new) is not None:
+        if rebuilt_at(s.path, s, self.new) is not None:
             return True
         return _copy_out(fd, at, s, c, fill, self.log)
 

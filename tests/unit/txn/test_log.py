@@ -344,6 +344,15 @@ def test_a_rebuilt_step_names_the_file_at_the_source_s_name_the_last_one_countin
     assert journal.read_log(HEAD + MOVING + ROLLING).rebuilt == {}
 
 
+@pytest.mark.parametrize("new", [(2049, -1), (-5, 91), (2049, 1 << 70)])
+def test_a_rebuilt_step_naming_no_file_a_system_has_is_damage(new: tuple[int, int]) -> None:
+    good = journal.step(Stage.ROLLING_BACK, rebuilt=[*A_KEY, 2049, 91])
+    assert dict(journal.read_log(HEAD + MOVING + ROLLING + good).rebuilt) == {A_KEY: (2049, 91)}
+    with pytest.raises(journal.JournalDamagedError, match="damaged"):
+        journal.read_log(HEAD + MOVING + ROLLING
+                         + journal.step(Stage.ROLLING_BACK, rebuilt=[*A_KEY, *new]))
+
+
 def test_cuts_of_a_source_only_go_down() -> None:
     head = journal.encode(record())
     up = (journal.step(Stage.MOVING, cut=[*A_KEY, 8192])
