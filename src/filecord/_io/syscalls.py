@@ -108,15 +108,18 @@ class _Pins(threading.local):
 _pins = _Pins()
 
 
-def _key(path: str) -> str:
-    return os.path.normpath(path if os.path.isabs(path) else os.path.join(os.getcwd(), path))
+def _key(path: str) -> str | None:
+    """The pin key of ``path``; None where it has a ``..`` (after a symlink the kernel's ``..``
+    is not the text's: such a path is never matched to a pin, it stays path based)."""
+    full = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+    return None if ".." in full.split(os.sep) else os.path.normpath(full)
 
 
 def _at(path: str) -> tuple[int | None, str]:
     """``(dir_fd, name)`` for a path whose directory is pinned, else ``(None, path)``."""
-    if not _pins.fds:
+    full = _key(path) if _pins.fds else None
+    if full is None:
         return None, path
-    full = _key(path)
     head, name = os.path.split(full)
     fd = _pins.fds.get(head)
     if fd is None or name in ("", ".", ".."):
@@ -126,7 +129,8 @@ def _at(path: str) -> tuple[int | None, str]:
 
 def _here(path: str) -> tuple[int | None, str]:
     """As :func:`_at`, and a pinned directory itself is ``(its fd, ".")``."""
-    fd = _pins.fds.get(_key(path)) if _pins.fds else None
+    key = _key(path) if _pins.fds else None
+    fd = None if key is None else _pins.fds.get(key)
     return (fd, ".") if fd is not None else _at(path)
 
 
@@ -315,8 +319,8 @@ class Backend:
         return os.statvfs(path)
 
     def listdir(self, path: str) -> list[str]:
-        fd = _pins.fds.get(_key(path)) if _pins.fds else None
-        return os.listdir(path if fd is None else fd)
+        fd, name = _here(path)
+        return os.listdir(path if fd is None or name != "." else fd)
 
     def access(self, path: str, mode: int) -> bool:
         return os.access(path, mode)
@@ -388,7 +392,7 @@ def pin(dirs: Iterable[str]) -> None:
     if not _pins.scopes:
         raise RuntimeError("syscalls.pin outside a syscalls.pinned block")
     for d in dict.fromkeys(_key(d) for d in dirs):
-        if d in _pins.fds:
+        if d is None or d in _pins.fds:
             continue
         _active.hook("pin", (d,))
         try:
