@@ -127,9 +127,10 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
         return 0
     fd, own = open_own(at, s.dev, s.ino)
     try:
-        if s.adopt:
-            copied = _unadopt(fd, at, s, j.outputs[s.dests[0].output].length, c, own=own,
-                              inserted=inserted, copy_out=copy_out)
+        if s.adopt:  # adopted whole, the output is the file as it is: nothing to undo in it
+            length = j.outputs[s.dests[0].output].length
+            copied = (bool(s.inserted) or length != s.size) and _unadopt(
+                fd, at, s, length, c, own=own, inserted=inserted, copy_out=copy_out)
         else:
             copied = _unpark(fd, at, s, temps, j.window, c, own=own, copy_out=copy_out)
     finally:
