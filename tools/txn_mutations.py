@@ -372,8 +372,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      ["tests/txn/test_recover_never_writes_a_linked_inode.py::"
       "test_a_file_put_at_the_name_on_a_rebuilt_files_inode_number_is_not_taken_for_it"]),
     ("a source adopted whole sent through the in-place undo", "undo.py",
-     "            copied = (bool(s.inserted) or length != s.size) and _unadopt(",
-     "            copied = _unadopt(",
+     "        if s.adopt and (s.inserted or length != s.size):",
+     "        if s.adopt:",
      ["tests/sweeps/test_second_party.py::test_second_party_changes_a_source[adopt2-D-append]"]),
     # --- the one door to every write of recover and of a rollback (issue 36, fifth pass) ----
     ("an inode another name reaches opened for writing", "undo.py",

@@ -127,10 +127,14 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
         return 0
     fd, own = open_own(at, s.dev, s.ino)
     try:
-        if s.adopt:  # adopted whole, the output is the file as it is: nothing to undo in it
-            length = j.outputs[s.dests[0].output].length
-            copied = (bool(s.inserted) or length != s.size) and _unadopt(
-                fd, at, s, length, c, own=own, inserted=inserted, copy_out=copy_out)
+        length = j.outputs[s.dests[0].output].length if s.adopt else 0
+        if s.adopt and (s.inserted or length != s.size):  # in place: the output built on it
+            copied = _unadopt(fd, at, s, length, c, own=own, inserted=inserted,
+                              copy_out=copy_out)
+        elif s.adopt:  # whole: the file as it is, only the output's mode taken back
+            copied = False
+            if own:
+                _sys.fchmod(fd, stat_mod.S_IMODE(s.mode))
         else:
             copied = _unpark(fd, at, s, temps, j.window, c, own=own, copy_out=copy_out)
     finally:
