@@ -63,9 +63,9 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "        begin.append_step(txn, journal.step(Stage.MOVING, moved=",
      "        begin.append_step(txn, journal.step(Stage.MOVING, moved=", [ORDER]),
     # version 4: the commit is the committed step's fsync (no rename, no directory fsync)
-    ("a step's fsync removed (the committed step's included)", "begin.py",
-     "    _sys.write_all(fd, record, txn.journal_end)\n    txn.counters.fsync(fd)\n",
-     "    _sys.write_all(fd, record, txn.journal_end)\n", [ORDER]),
+    ("a step's fsync removed (the committed step's included)", "liveness.py",
+     "            _sys.write_all(fd, record, self.end)\n            self.fsync(fd)\n",
+     "            _sys.write_all(fd, record, self.end)\n", [ORDER]),
     ("fsync after restoring times in a put-back removed", "undo.py",
      "    _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n    c.fsync(fd)\n    return False\n",
      "    _sys.futimens(fd, s.atime_ns, s.mtime_ns)\n    return False\n", [ORDER]),
@@ -134,12 +134,10 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "            }.get(exc.kind, Found.CHANGED)", [UNIT, R4]),
     # --- this session's changes --------------------------------------------------------------
     ("a step taken at its write, before its fsync", "begin.py",
-     "    txn.counters.fsync(fd)\n    txn.journal_end = txn.journal_tail\n"
-     "    if stage is not None:\n        txn.to(stage)\n",
-     "    if stage is not None:\n        txn.to(stage)\n    txn.counters.fsync(fd)\n"
-     "    txn.journal_end = txn.journal_tail\n", [STOPS]),
-    ("a failed step not cut before the next", "begin.py",
-     "    if txn.journal_tail > txn.journal_end:\n        _sys.ftruncate(fd, txn.journal_end)\n",
+     "    txn.log(record)\n    if stage is not None:\n        txn.to(stage)\n",
+     "    if stage is not None:\n        txn.to(stage)\n    txn.log(record)\n", [STOPS]),
+    ("a failed step not cut before the next", "liveness.py",
+     "            if self.torn:\n                _sys.ftruncate(fd, self.end)\n",
      "", [CUT]),
     ("a reopened source held to a fresh baseline, not its first", "fill.py",
      "                _compare(data, was, st)\n                st = was\n", "", [PIECES]),
@@ -260,9 +258,9 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      '    _sys.unlink(src)\n    _sys.fsync_parents([dst, src])',
      '    _sys.unlink(src)',
      ['tests/txn/test_finish_and_rollback_decisions.py::test_a_rollback_fsyncs_the_directory_a_source_is_named_back_in']),
-    ('a step appended without its fsync (audit 3 A08)', 'begin.py',
-     '    _sys.write_all(fd, record, txn.journal_end)\n    txn.counters.fsync(fd)',
-     '    _sys.write_all(fd, record, txn.journal_end)',
+    ('a step appended without its fsync (audit 3 A08)', 'liveness.py',
+     '            self.fsync(fd)\n            self.end, self.torn',
+     '            self.end, self.torn',
      ['tests/sweeps/test_fsync_order.py::test_a_source_is_fsynced_after_its_last_cut_before_its_moved_record']),
     ("a removal beside only a direct output let through the head's confinement (audit 3 A10)", 'journal.py',  # noqa: E501
      '    near = set(dirs) | {os.path.dirname(s.path) for s in j.sources}',

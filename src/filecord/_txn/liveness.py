@@ -60,23 +60,32 @@ def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
     return fd
 
 
-def appender(path: str, end: int, *, torn: bool) -> Callable[[bytes], None]:
-    """Append steps to the journal ``path`` at its logical end ``end``, each fsynced before
-    the call returns; ``torn``: what follows ``end`` is cut off first (a shorter step over it
-    would leave its rest behind as a record that does not check)."""
-    at = [end, torn]
+@dataclass(slots=True)
+class Appender:
+    """The one way a step is appended (the save's, the failure path's and recover's): at the
+    journal's logical end ``end``, fsynced before the call returns.  ``torn``: something
+    follows ``end`` (a torn tail, or a step whose write or fsync failed, which is not taken),
+    cut off first: a shorter step over it would leave its rest behind as a record that does
+    not check.  Through ``fd`` while the save holds it open, else opened by ``path``."""
 
-    def append(record: bytes) -> None:
-        fd = open_regular(path, os.O_WRONLY)
+    path: str
+    end: int
+    torn: bool = False
+    fd: int | None = None
+    fsync: Callable[[int], None] = _sys.fsync
+
+    def __call__(self, record: bytes) -> None:
+        fd = open_regular(self.path, os.O_WRONLY) if self.fd is None else self.fd
         try:
-            if at[1]:
-                _sys.ftruncate(fd, at[0])
-            _sys.write_all(fd, record, at[0])
-            _sys.fsync(fd)
+            if self.torn:
+                _sys.ftruncate(fd, self.end)
+            self.torn = True  # until its fsync returns
+            _sys.write_all(fd, record, self.end)
+            self.fsync(fd)
+            self.end, self.torn = self.end + len(record), False
         finally:
-            _sys.close(fd)
-        at[:] = [at[0] + len(record), False]
-    return append
+            if fd != self.fd:
+                _sys.close(fd)
 
 
 def _names_same(fd: int, path: str) -> bool:

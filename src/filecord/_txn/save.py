@@ -383,8 +383,8 @@ def _commit(txn: Txn) -> None:
     if record is not None and txn.journal_path is not None:
         seen = looks.check(txn)  # the last look, just before the commit point
         begin.append_step(txn, journal.step(Stage.COMMITTED, looked=seen), Stage.COMMITTED)
-        fd, txn.journal_fd = txn.journal_fd, None
-        if fd is not None:  # its records are all fsynced: a close error is raised
+        if txn.log is not None and txn.log.fd is not None:  # its steps fsynced: a close
+            fd, txn.log.fd = txn.log.fd, None  # error is raised
             _sys.close(fd)
         adopt.take_owner_modes(txn, record)
     finals: list[str] = []
