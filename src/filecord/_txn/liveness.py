@@ -62,10 +62,9 @@ def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
 
 @dataclass(slots=True)
 class Appender:
-    """The one way a step is appended (the save's, the failure path's and recover's): at the
-    journal's logical end ``end``, fsynced before the call returns.  ``torn``: something
-    follows ``end`` (a torn tail, or a step whose write or fsync failed, which is not taken),
-    cut off first: a shorter step over it would leave its rest behind as a record that does
+    """Every step's append (the save's, recover's): at the journal's logical end, fsynced before
+    the call returns.  ``torn``: what follows ``end`` (a torn tail, a step whose write or fsync
+    failed) is cut off first, else a shorter step would leave its rest as a record that does
     not check.  Through ``fd`` while the save holds it open, else opened by ``path``."""
 
     path: str
@@ -97,6 +96,13 @@ def _names_same(fd: int, path: str) -> bool:
     return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
+def _lock(fd: int, path: str, held: str) -> None:
+    try:
+        _sys.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise LockBusyError(errno.EAGAIN, f"{path} {held}") from None
+
+
 def create(path: str, content: bytes) -> int:
     """The save's side (the module's steps); the descriptor."""
     fd = _sys.open_unnamed(os.path.dirname(path) or ".")
@@ -104,12 +110,7 @@ def create(path: str, content: bytes) -> int:
     if fd is None:  # no unnamed file here: made under its name, locked at once
         fd = _sys.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        try:
-            _sys.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LockBusyError(
-                errno.EAGAIN, f"{path} was locked by a recover as it was made"
-            ) from None
+        _lock(fd, path, "was locked by a recover as it was made")
         if named and not _names_same(fd, path):
             raise LockBusyError(errno.EAGAIN, f"{path} was removed by a recover as it was made")
         _sys.write_all(fd, content, 0)
@@ -136,10 +137,7 @@ def acquire(path: str) -> int | None:
     except FileNotFoundError:
         return None
     try:
-        try:
-            _sys.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LockBusyError(errno.EAGAIN, f"{path} is locked: its save is running") from None
+        _lock(fd, path, "is locked: its save is running")
         if not _names_same(fd, path):
             _sys.close(fd)
             return None
