@@ -383,9 +383,9 @@ def _commit(txn: Txn) -> None:
     if record is not None and txn.journal_path is not None:
         seen = looks.check(txn)  # the last look, just before the commit point
         begin.append_step(txn, journal.step(Stage.COMMITTED, looked=seen), Stage.COMMITTED)
-        if txn.log is not None and txn.log.fd is not None:  # its steps fsynced: a close
-            fd, txn.log.fd = txn.log.fd, None  # error is raised
-            _sys.close(fd)
+        if txn.log is not None and txn.log.fd is not None:
+            fd, txn.log.fd = txn.log.fd, None
+            _sys.close(fd)  # its steps all fsynced: a close error is raised
         adopt.take_owner_modes(txn, record)
     finals: list[str] = []
     for out, temp in zip(p.outputs, txn.temps, strict=True):
