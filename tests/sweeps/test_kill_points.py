@@ -30,7 +30,7 @@ import pytest
 import filecord
 import filecord.errors
 from filecord._plan import facts
-from support.faultfs import Call, commit_point, destructive_points
+from support.faultfs import POINT_KINDS, Call, commit_point, destructive_points
 from support.killjob import run_job
 from support.scenarios import SPECS, Layout, trace_save
 
@@ -43,13 +43,8 @@ POINT_FLOOR = {"consume3": 55, "copy3": 25, "single": 6, "adopt2": 29, "onsrc": 
 # run now.
 RECOVER_POINT_FLOOR = {"consume3": 1130, "discard2": 590, "inplace": 300}
 # The kinds of destructive call each scenario makes, the same on ext4 and on the tmpfs the
-# sweeps below run on (``ram_path``): every kind is killed before.  ``inplace`` stays on the
-# disk: it adopts in place where the file system inserts ranges, which tmpfs cannot.
-_ALL_KINDS = frozenset({"open", "ftruncate", "rename", "link", "unlink", "fsync", "fsync_dir",
-                        "insert_range"})
-_NO_CUTS = frozenset({"open", "rename", "link", "unlink", "fsync", "fsync_dir"})
-KINDS = {"consume3": _ALL_KINDS, "copy3": _NO_CUTS, "single": _NO_CUTS, "adopt2": _ALL_KINDS,
-         "onsrc": _ALL_KINDS, "discard2": _ALL_KINDS}
+# sweeps below run on (``ram_path``): every kind is killed before.
+KINDS = POINT_KINDS
 
 
 def scratch(spec_name: str, tmp_path: Path, ram_path: Path) -> Path:
