@@ -5,7 +5,7 @@ its head and a ``moving`` step), one stopped just after its commit point (``movi
 ``moving``, ``committed``), and the same with a discard output (a.bin's first window) and an
 index removed at the commit, so the head carries both (their digits are changed like the rest).
 In each, every byte of every step record (the journal's head, the steps after it, and both
-steps of the lock file) is flipped (xor 0xFF, and the lowest bit), and
+steps of the lock file) is changed (its lowest bit; the framing also xor 0xFF), and
 every decimal digit of every record is changed to another digit (a record that still parses
 and looks plausible: only its checksum tells).  After each, ``recover``:
 
@@ -45,9 +45,10 @@ save = functools.partial(filecord_save, in_place=False)
 
 W = 4096
 A, B = pattern(3 * W, "a"), pattern(2 * W, "b")
-# Cases actually run per crash point: about 90% of the 2,901, 3,572, 3,991 and 3,569 that run
-# today (every byte of every step record, the head included).
-CASES_FLOOR = {"mid-move": 2600, "committed": 3200, "committed-discard": 3590, "renamed": 3200}
+# Cases actually run per crash point: about 90% of the 1,914, 2,407, 2,660 and 2,402 that run
+# today on tmpfs (every byte of every step record, the head included; the records hold the
+# save's paths, so a longer scratch path gives more).
+CASES_FLOOR = {"mid-move": 1720, "committed": 2160, "committed-discard": 2390, "renamed": 2160}
 
 
 def _sources(d: Path) -> Cord:
@@ -162,17 +163,30 @@ def _targets(d: Path) -> dict[str, Path]:
     return {"journal": d / journal, "lock": d / lock}
 
 
+# A record line: 8 hex digits of length, a space, 32 of checksum, a space, the payload.
+PAYLOAD = 42
+
+
 def _cases(data: bytes, target: str) -> list[tuple[str, int, int]]:
-    """(how, line, offset in line): every byte of every step record flipped (the journal's
-    magic line is not a record), every digit of every record changed."""
+    """(how, line, offset in line): every byte of every step record changed (the journal's
+    magic line is not a record), every digit of every record changed to another digit.
+
+    Every byte gets its lowest bit flipped; the framing (the length, the checksum, the two
+    spaces, the newline) is also flipped whole (xor 0xFF), where the two tell different
+    stories (a plausible length or none, a newline kept or merged).  In the payload a whole
+    flip tells the same story as the lowest bit (the length holds, the checksum does not: the
+    reader looks no further), so it is left out; the codec's answer to every mask at every
+    byte is tests/unit/txn/test_log.py's."""
     lines = data.split(b"\n")[:-1]
     first = 1 if target == "journal" else 0  # the magic line
     out = []
     for n, line in enumerate(lines):
         for k in range(len(line) + 1):  # + its newline
             if n >= first:
-                out += [("flip", n, k), ("bit", n, k)]
-            if k < len(line) and line[k:k + 1].isdigit() and k > 42:
+                out.append(("bit", n, k))
+                if k < PAYLOAD or k == len(line):
+                    out.append(("flip", n, k))
+            if k < len(line) and line[k:k + 1].isdigit() and k > PAYLOAD:
                 out.append(("digit", n, k))
     return out
 
