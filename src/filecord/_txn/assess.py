@@ -211,18 +211,11 @@ def _crashed(j: Journal, r: Records, seen: Observed) -> Assessment:
 
 # --- the predicates (pure, on observed facts) -------------------------------------------------
 
-def as_seen(st: Facts, look: Facts, pending: int | None = None) -> bool:
-    """Whether ``st`` is the file as the save last looked at it: same size, modification and
-    change times; or, with ``pending``, the size a truncate of the save in flight leaves."""
-    if (st.size, st.mtime_ns, st.ctime_ns) == (look.size, look.mtime_ns, look.ctime_ns):
-        return True
-    return pending is not None and st.size == pending
-
-
 def changed_since(name: str, st: Facts, look: Look, why: str) -> DataChangedError | None:
-    """The change if ``st`` is not as the save last looked (:func:`as_seen`): ``METADATA``
-    when only the ctime moved (a chmod or chattr, which holds no journal), else ``why``."""
-    if as_seen(st, look.facts, look.pending):
+    """The change if ``st`` is not as the save last looked (size, mtime and ctime; or the size
+    a truncate of the save in flight leaves): ``METADATA`` when only the ctime moved (a chmod
+    or chattr, which holds no journal), else ``why``."""
+    if st == look.facts or st.size == look.pending:
         return None
     metadata = (st.size, st.mtime_ns) == (look.facts.size, look.facts.mtime_ns)
     return DataChangedError(name, expected_size=look.facts.size, found_size=st.size,

@@ -273,7 +273,7 @@ def remove_temps(j: Journal) -> None:
     _sys.fsync_parents(temps)
 
 
-def finish(j: Journal, journal_path: str, looked: Mapping[tuple[int, int], tuple[int, int]],
+def finish(j: Journal, journal_path: str, looked: Mapping[Key, tuple[int, int]],
            *, removals: bool = True) -> tuple[tuple[str, ...], DataChangedError | None]:
     """Finish a committed save (the module's notes); the removals kept (``removals`` False:
     only token files go) and the error for the parked sources kept (:func:`unlink_parked`)."""
@@ -284,21 +284,15 @@ def finish(j: Journal, journal_path: str, looked: Mapping[tuple[int, int], tuple
     if removals_kept:
         log.warning("recover finished %s but kept %s: not provably the file the save recorded",
                     journal_path, ", ".join(removals_kept))
-
-    def changed(s: JournalSource, st: os.stat_result) -> int | None:
-        was = looked.get((s.dev, s.ino), (s.run_start, st.st_mtime_ns))
-        if st.st_size != s.run_start or (st.st_size, st.st_mtime_ns) != was:
-            return was[0]
-        return None
-    return removals_kept, unlink_parked(j, changed, transfer.Counters())
+    return removals_kept, unlink_parked(j, looked, transfer.Counters())
 
 
-def unlink_parked(j: Journal, changed: Callable[[JournalSource, os.stat_result], int | None],
+def unlink_parked(j: Journal, looked: Mapping[Key, tuple[int, int]],
                   c: transfer.Counters) -> DataChangedError | None:
-    """Unlink each parked source still its inode unless ``changed`` gives the size last seen
-    of one that is no longer as last seen (the save's look, or the ``committed`` step's): that
-    one was written after the look and is kept, named back if its name is free, and the
-    committed error returned says where, once the rest are gone."""
+    """Unlink each parked source still its inode, at its kept prefix and as ``looked`` (the
+    ``committed`` step's last look: size and mtime); one that is not was written after the
+    look and is kept, named back if its name is free, and the committed error returned says
+    where, once the rest are gone.  The save and recover judge alike."""
     moved = [s for s in j.sources if not s.adopt]
     kept: list[tuple[JournalSource, int, int, str]] = []
     for s in moved:
@@ -310,11 +304,10 @@ def unlink_parked(j: Journal, changed: Callable[[JournalSource, os.stat_result],
                 continue
             was = s.run_start
         else:
-            seen = changed(s, st)
-            if seen is None:
+            was, mtime = looked.get((s.dev, s.ino), (s.run_start, st.st_mtime_ns))
+            if (st.st_size, st.st_mtime_ns) == (s.run_start, mtime) and was == s.run_start:
                 _sys.unlink(j.parked(s))
                 continue
-            was = seen
         where = f"another kind of file is kept at {j.parked(s)}"
         if stat_mod.S_ISREG(st.st_mode):
             try:
