@@ -215,7 +215,7 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "        if dense:\n            _check_holds_data(",
      "        if False:\n            _check_holds_data(", [HOLE]),
     ("a rewrite mid-move taken for a metadata change (mtime not compared)", "transfer.py",
-     "    elif now.st_mtime_ns != seen.st_mtime_ns:\n",
+     "    elif now.st_mtime_ns != seen.mtime_ns:\n",
      "    elif False:\n", [KIND]),
     ("a failed save that saw a content change keeps its journal unheld", "failure.py",
      "    Action.HOLD: partial(_keep, held=True),", "    Action.HOLD: _keep,", [KIND]),
@@ -239,8 +239,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      '            pass',
      ['tests/sweeps/test_power_cuts.py::test_power_cut_during_recover']),
     ("a window's cut step appended after its truncate (audit 3 A02)", 'transfer.py',
-     '        log_cut(lo)  # before the check: nothing but the check may stand before the cut\n        _check_unchanged(src, m, pos, seen, None)\n        looks[m.key] = (seen, lo)  # the size in flight, for the failure path\n        _sys.ftruncate(src, lo)\n',  # noqa: E501
-     '        _check_unchanged(src, m, pos, seen, None)\n        looks[m.key] = (seen, lo)  # the size in flight, for the failure path\n        _sys.ftruncate(src, lo)\n        log_cut(lo)\n',  # noqa: E501
+     '        log_cut(lo)  # before the check: nothing but the check may stand before the cut\n        _check_unchanged(src, m, pos, looks[m.key].facts, None)\n        looks[m.key] = Look(looks[m.key].facts, lo)  # the size in flight, for the failure path\n        _sys.ftruncate(src, lo)\n',  # noqa: E501
+     '        _check_unchanged(src, m, pos, looks[m.key].facts, None)\n        looks[m.key] = Look(looks[m.key].facts, lo)  # the size in flight, for the failure path\n        _sys.ftruncate(src, lo)\n        log_cut(lo)\n',  # noqa: E501
      ['tests/sweeps/test_fsync_order.py::test_every_cut_follows_its_durable_cut_step']),
     ("a moved source's last cut not fsynced before its moving mark (audit 3 A03)", 'save.py',
      '        txn.counters.fsync(fd)\n        begin.append_step(txn, journal.step(Stage.MOVING, moved=txn.moves_done))',  # noqa: E501
@@ -363,7 +363,7 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      '        txn.to(Stage.HELD)',
      ['tests/txn/test_finish_and_rollback_decisions.py::test_the_kind_of_a_change_mid_move_decides_what_recover_does']),
     ('a same-size rewrite mid-move taken for a ctime change (audit 3 A40)', 'transfer.py',
-     '    elif now.st_mtime_ns != seen.st_mtime_ns:\n        why = "another process wrote to it while it was being moved"',  # noqa: E501
+     '    elif now.st_mtime_ns != seen.mtime_ns:\n        why = "another process wrote to it while it was being moved"',  # noqa: E501
      '    elif False:\n        why = "another process wrote to it while it was being moved"',
      ['tests/txn/test_finish_and_rollback_decisions.py::test_the_kind_of_a_change_mid_move_decides_what_recover_does']),
     ("a rebuilt file taken on its inode number alone", "undo.py",

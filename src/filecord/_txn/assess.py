@@ -34,7 +34,7 @@ from filecord._txn import journal, undo
 from filecord._txn.decide import Actor, Found
 from filecord._txn.journal import Journal, JournalSource
 from filecord._txn.stages import Stage
-from filecord._txn.transfer import METADATA_ONLY
+from filecord._txn.transfer import METADATA_ONLY, Facts, Look
 from filecord.errors import ChangeKind, DataChangedError, RecoverError
 
 HELD_WHY = ("a source was changed by another process, so nothing was put back over it: the "
@@ -45,19 +45,6 @@ Key = tuple[int, int]  # (st_dev, st_ino)
 
 
 # --- the facts ------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Facts:
-    """One ``lstat`` of a name that holds the expected inode (a regular file)."""
-
-    size: int
-    mtime_ns: int
-    ctime_ns: int = 0
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> Facts:
-        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
 
 @dataclass(frozen=True, slots=True)
 class SourceFacts:
@@ -79,15 +66,6 @@ class Observed:
     unreadable: str | None = None  # why the files could not all be looked at
     # recover: every temp and parked source carrying the token in the save's directories
     token_files: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Look:
-    """A running save's last look at a parked source, and the size its truncate in flight
-    leaves (None when none is)."""
-
-    facts: Facts
-    pending: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,8 +24,8 @@ from __future__ import annotations
 from filecord._io import syscalls as _sys
 from filecord._plan.facts import unless_unsupported
 from filecord._txn import assess, undo
-from filecord._txn.assess import Facts
 from filecord._txn.state import Placed, Txn
+from filecord._txn.transfer import Facts, Look
 from filecord.errors import ChangeKind, DataChangedError
 
 
@@ -50,7 +50,7 @@ def take(txn: Txn) -> None:
                                    reason="another process changed it as it was parked",
                                    kind=ChangeKind.REPLACED if st is None else
                                    ChangeKind.CONTENT)
-        txn.looks[key] = (st, None)
+        txn.looks[key] = Look(Facts.of(st))
 
 
 def check(txn: Txn) -> dict[tuple[int, int], tuple[int, int]]:
@@ -66,7 +66,7 @@ def check(txn: Txn) -> dict[tuple[int, int], tuple[int, int]]:
             continue
         st = undo.same_file(record.parked(s), *key)
         err = None if st is None else assess.changed_since(
-            record.parked(s), Facts.of(st), assess.Look(Facts.of(txn.looks[key][0])),
+            record.parked(s), Facts.of(st), txn.looks[key],
             "another process changed it after the save's last look, before the commit")
         if err is not None:
             txn.changed = key

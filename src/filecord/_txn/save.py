@@ -336,9 +336,9 @@ def _move(txn: Txn, m: MoveSource) -> None:
                                    reason="another process changed it before it was moved")
         temps = [fd_ if fd_ is not None else -1 for fd_ in txn.fds]
         txn.moving = m.key
-        txn.looks[m.key] = (st, None)
+        txn.looks[m.key] = transfer.Look(transfer.Facts.of(st))
         transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance,
-                             seen=st, looks=txn.looks, log_cut=lambda lo: begin.append_step(
+                             looks=txn.looks, log_cut=lambda lo: begin.append_step(
                                  txn, journal.step(Stage.MOVING, cut=[*m.key, lo])))
         txn.moving = None
         # This move is over: recover may insist on the kept prefix.  The last cut is durable
