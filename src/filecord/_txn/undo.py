@@ -40,7 +40,6 @@ import logging
 import os
 import stat as stat_mod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from filecord._io import syscalls as _sys
 from filecord._txn import transfer
@@ -104,7 +103,7 @@ def roll_back(j: Journal, c: transfer.Counters, inserted: frozenset[Key],
             held = not out.direct and same_file(j.temp(o), out.dev, out.ino) is not None
             temps.append(open_own(j.temp(o), out.dev, out.ino)[0] if held else None)
         return sum(_put_back(j, s, temps, c, inserted=(s.dev, s.ino) in inserted,
-                             copy_out=_Rebuild(rebuilt.get((s.dev, s.ino)), log))
+                             new=rebuilt.get((s.dev, s.ino)), log=log)
                    for s in reversed(j.sources))
     finally:
         errors = _sys.close_each([fd for fd in temps if fd is not None])
@@ -113,11 +112,14 @@ def roll_back(j: Journal, c: transfer.Counters, inserted: frozenset[Key],
 
 
 def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer.Counters, *,
-              inserted: bool, copy_out: _Rebuild) -> int:
+              inserted: bool, new: Key | None, log: Callable[[bytes], None]) -> int:
+    """One source back (``new``: the file its ``rebuilt`` step names).  An inode with another
+    link is not written: its bytes are rebuilt in a new file (:func:`_copy_out`), unless the
+    one logged and named before a stop is at its name, and only the token name goes."""
     at = j.temp(s.dests[0].output) if s.adopt else j.parked(s)
     if same_file(at, s.dev, s.ino) is None:
         st = same_file(s.path, s.dev, s.ino)
-        st = st or rebuilt_at(s.path, s, copy_out.new)  # rebuilt and named before a stop
+        st = st or rebuilt_at(s.path, s, new)  # rebuilt and named before a stop
         if st is None:
             raise RecoverError(f"{s.path}: the {'adopted ' if s.adopt else ''}source is neither "
                                f"at its name nor at {at}")
@@ -128,18 +130,18 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
     fd, own = open_own(at, s.dev, s.ino)
     try:
         length = j.outputs[s.dests[0].output].length if s.adopt else 0
+        fill = None
         if s.adopt and (s.inserted or length != s.size):  # in place: the output built on it
-            copied = _unadopt(fd, at, s, length, c, own=own, inserted=inserted,
-                              copy_out=copy_out)
-        elif s.adopt:  # whole: the file as it is, only the output's mode taken back
-            copied = False
-            if own:
-                _sys.fchmod(fd, stat_mod.S_IMODE(s.mode))
-        else:
-            copied = _unpark(fd, at, s, temps, j.window, c, own=own, copy_out=copy_out)
+            fill = _unadopt(fd, at, s, length, c, own=own, inserted=inserted)
+        elif s.adopt and own:  # whole: the file as it is, only the output's mode taken back
+            _sys.fchmod(fd, stat_mod.S_IMODE(s.mode))
+        elif not s.adopt:
+            fill = _unpark(fd, at, s, temps, j.window, c, own=own)
+        if fill is not None and rebuilt_at(s.path, s, new) is None:
+            _copy_out(fd, at, s, c, fill, log)
     finally:
         _sys.close(fd)
-    if copied:  # the other name keeps the inode as it was; only the token name goes
+    if fill is not None:  # the other name keeps the inode as it was; only the token name goes
         _sys.unlink(at)
         _sys.fsync_parents([s.path, at])
     else:
@@ -148,8 +150,8 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
 
 
 def _unpark(fd: int, at: str, s: JournalSource, temps: list[int | None], window: int,
-            c: transfer.Counters, *, own: bool, copy_out: _Rebuild) -> bool:
-    """A parked source's moved bytes back: in place where ``own``, else copied out (True)."""
+            c: transfer.Counters, *, own: bool) -> Callable[[int], object] | None:
+    """A parked source's moved bytes back in place where ``own``, else what fills a copy."""
     size = _sys.fstat(fd).st_size
     if not s.run_start <= size <= s.size:
         raise DataChangedError(at, expected_size=s.size, found_size=size,
@@ -162,21 +164,21 @@ def _unpark(fd: int, at: str, s: JournalSource, temps: list[int | None], window:
                                 free=to == fd)  # a new file: not named until it is whole
 
     if not own:  # whole: named back as it is, nothing written
-        return size < s.size and copy_out(fd, at, s, c, restore)
+        return restore if size < s.size else None
     if size < s.size:
         restore(fd)
     # Whole with another mtime is this undo's own restore, stopped before this futimens:
     # ``check_strict`` refuses anyone else's rewrite before ``rolling back``.
     _sys.futimens(fd, s.atime_ns, s.mtime_ns)
     c.fsync(fd)
-    return False
+    return None
 
 
 def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Counters, *,
-             own: bool, inserted: bool, copy_out: _Rebuild) -> bool:
+             own: bool, inserted: bool) -> Callable[[int], object] | None:
     """Give an adopted source at its output's temp its own bytes back, judged from the temp's
     size (``JournalSource.adopted_size``): in place where ``own`` (what follows it truncated,
-    the space in front collapsed), else copied out (:class:`_Rebuild`; True: named)."""
+    the space in front collapsed), else what fills a copy."""
     size = _sys.fstat(fd).st_size
     if not s.adopted_size(size, length, inserted=inserted):
         raise DataChangedError(temp, expected_size=s.size + s.inserted, found_size=size,
@@ -190,8 +192,8 @@ def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Coun
                                reason=s.adopted_change(size, length, inserted=inserted))
     at = s.inserted if size > s.size else 0  # where the source's bytes begin
     if not own:  # untouched (its own size): named back as it is, nothing written
-        return size != s.size and copy_out(fd, temp, s, c, lambda new: transfer.copy_range(
-            fd, new, at, 0, s.size, c, kind="restored"))
+        return None if size == s.size else lambda new: transfer.copy_range(
+            fd, new, at, 0, s.size, c, kind="restored")
     if size > s.size + s.inserted:
         _sys.ftruncate(fd, s.size + s.inserted)
     if at:
@@ -199,29 +201,14 @@ def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Coun
     _sys.futimens(fd, s.atime_ns, s.mtime_ns)
     _sys.fchmod(fd, stat_mod.S_IMODE(s.mode))
     c.fsync(fd)
-    return False
-
-
-@dataclass(frozen=True, slots=True)
-class _Rebuild:
-    """A source's rebuild: ``new`` the file a ``rebuilt`` step names, ``log`` the journal."""
-
-    new: Key | None
-    log: Callable[[bytes], None]
-
-    def __call__(self, fd: int, at: str, s: JournalSource, c: transfer.Counters,
-                 fill: Callable[[int], object]) -> bool:
-        """Build ``s``'s bytes (``fill``) in a new file with the owner and mode of the inode
-        at ``at`` (never set-id bits: a forged journal can name any inode) and the journaled
-        times, fsynced, logged, then named ``s.path``; the one logged and named before a stop
-        is kept."""
-        if rebuilt_at(s.path, s, self.new) is not None:
-            return True
-        return _copy_out(fd, at, s, c, fill, self.log)
+    return None
 
 
 def _copy_out(fd: int, at: str, s: JournalSource, c: transfer.Counters,
-              fill: Callable[[int], object], log: Callable[[bytes], None]) -> bool:
+              fill: Callable[[int], object], log: Callable[[bytes], None]) -> None:
+    """Build ``s``'s bytes (``fill``) in a new file with the owner and mode of the inode at
+    ``at`` (never set-id bits: a forged journal can name any inode) and the journaled times,
+    fsynced, logged (a ``rebuilt`` step), then named ``s.path``."""
     new = _sys.open_unnamed(os.path.dirname(s.path))
     if new is None:
         raise RecoverError(f"{at} has another hard link, and this file system makes no "
@@ -242,7 +229,6 @@ def _copy_out(fd: int, at: str, s: JournalSource, c: transfer.Counters,
                                f"at {at} and in the temps") from None
     finally:
         _sys.close(new)
-    return True
 
 
 def _name_back(src: str, dst: str) -> None:
