@@ -351,20 +351,14 @@ def _act(path: str, log_: journal.Log) -> Recovered:
                                                 *(s.path for s in j.sources)])])
     if action is table.Action.REFUSE:
         notes = [f"the files: {torn_why}"] if torn_why else []
-        # Where every byte is: what the moves left, unless a rollback (which grows sources
-        # back) has begun; looked at afresh, as for the refusals below after partial work.
-        back = stage is Stage.ROLLING_BACK
-        where = assess.whereabouts(j, assess.observe(j), None, 0 if back else log_.moved,
-                                   log_.inserted, held=stage is Stage.HELD,
-                                   cuts=None if back else log_.cuts)
-        return _decided(path, stage, found.found, found.why, [*notes, *where])
+        return _decided(path, stage, found.found, found.why,
+                        [*notes, *_where(log_, acted=stage is Stage.ROLLING_BACK)])
     try:
         if action is table.Action.FINISH:
             return _finish(path, log_, action, lost=log_.stage is not stage)
         return _roll_back(path, log_, stage, action)
     except (RecoverError, DataChangedError, OSError) as exc:
-        where = assess.whereabouts(j, assess.observe(j, rebuilt=log_.rebuilt), None, 0,
-                                  log_.inserted)
+        where = _where(log_)
         if isinstance(exc, (RecoverError, DataChangedError)):  # a check's refusal
             return _decided(path, stage, Found.UNREADABLE, f"{exc}; the journal and temps "
                             "are kept", where)
@@ -372,6 +366,15 @@ def _act(path: str, log_: journal.Log) -> Recovered:
         log.warning("recover failed %s after it began: %s", path, exc)
         return Recovered(path, table.OUTCOME[table.Action.REFUSE], detail=f"{FAILED}: {exc}; "
                          "the journal and temps are kept: run it again", notes=tuple(where))
+
+
+def _where(log_: journal.Log, *, acted: bool = True) -> list[str]:
+    """Where every byte is, looked at afresh: what the moves left, unless a rollback (which
+    grows sources back) has begun or recover ``acted``."""
+    j = log_.journal
+    return assess.whereabouts(j, assess.observe(j, rebuilt=log_.rebuilt), None,
+                              0 if acted else log_.moved, log_.inserted,
+                              held=log_.stage is Stage.HELD, cuts=None if acted else log_.cuts)
 
 
 def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
@@ -429,8 +432,7 @@ def _roll_back(path: str, log_: journal.Log, stage: Stage, action: table.Action)
     if left:
         return _decided(path, Stage.ROLLING_BACK, Found.UNREADABLE, f"the sources are "
                         f"restored, but {', '.join(left)} still carr(ies) this save's token; "
-                        "the journal is kept",
-                        assess.whereabouts(j, assess.observe(j), None, 0, log_.inserted))
+                        "the journal is kept", _where(log_))
     _sys.unlink(path)
     return Recovered(path, table.OUTCOME[action], tuple(o.final for o in j.outputs),
                      tuple(s.path for s in j.sources))
