@@ -163,28 +163,18 @@ def _crashed(j: Journal, r: Records, seen: Observed) -> Assessment:
         return Assessment(Found.CHANGED, why=(
             "the save stopped because another process changed a source mid-move; nothing "
             "is undone over that change (the notes say where every byte is)"))
-    if seen.unreadable is not None:
-        err = RecoverError(seen.unreadable)
-        return Assessment(Found.UNREADABLE, err, why=f"{err}; {KEPT_WHY}")
     # Every refusal an action can meet is decided here, before its first change.  A token
     # file the journal does not name may hold a source's moved bytes: nothing is touched.
-    lost = unaccounted(j, seen)
-    if lost is not None:
-        return Assessment(Found.UNREADABLE, lost, why=f"{lost}; {KEPT_WHY}")
-    bad: OSError | None = None
-    if r.stage is Stage.ROLLING_BACK:
-        bad = check_findable(j, seen)
-    elif r.stage is Stage.COMMITTED:
-        bad = check_committed(j, seen)
-    elif r.stage is Stage.MOVING:
-        bad = (check_strict(j, seen, r.moved, r.inserted, r.cuts) or check_temps(j, seen)
-               or check_findable(j, seen))
-    if isinstance(bad, DataChangedError) or (
-            isinstance(bad, RecoverError) and r.stage is Stage.COMMITTED):
-        return Assessment(Found.CHANGED, bad, why=f"{bad}; {KEPT_WHY}")
-    if bad is not None:
-        return Assessment(Found.UNREADABLE, bad, why=f"{bad}; {KEPT_WHY}")
-    return Assessment(Found.AS_LEFT)
+    moving = r.stage is Stage.MOVING
+    bad = (RecoverError(seen.unreadable) if seen.unreadable is not None else unaccounted(j, seen)
+           or (check_committed(j, seen) if r.stage is Stage.COMMITTED else None)
+           or (check_strict(j, seen, r.moved, r.inserted, r.cuts) if moving else None)
+           or (check_temps(j, seen) if moving else None)
+           or (check_findable(j, seen) if moving or r.stage is Stage.ROLLING_BACK else None))
+    if bad is None:
+        return Assessment(Found.AS_LEFT)
+    changed = isinstance(bad, DataChangedError)  # else the files could not be checked
+    return Assessment(Found.CHANGED if changed else Found.UNREADABLE, bad, why=f"{bad}; {KEPT_WHY}")
 
 
 # --- the predicates (pure, on observed facts) -------------------------------------------------
@@ -310,7 +300,7 @@ def renamed(j: Journal, seen: Observed) -> bool:
                for out, of in zip(j.outputs, seen.outputs, strict=False))
 
 
-def check_committed(j: Journal, seen: Observed) -> RecoverError | None:
+def check_committed(j: Journal, seen: Observed) -> DataChangedError | None:
     """A temp not at the journaled length (None: all are): another process cut or grew it.
     Nothing else is re-proved (the trust rule); the finish keeps a parked source written to."""
     for o, (out, of) in enumerate(zip(j.outputs, seen.outputs, strict=True)):

@@ -310,15 +310,13 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
                                               *(r.path for r in j.removals)])
     except FileNotFoundError:
         return None  # removed since the scan: its save (or another recover) ended it
-    except liveness.NotALockFileError:  # a symlink or FIFO: refused, never opened through
-        return _decided(path, Stage.MOVING, Found.DAMAGED, "named like a journal but not a "
-                        "regular file (a symlink?); nothing was touched")
-    except journal.JournalDamagedError as exc:  # a record does not check: damaged
-        return _decided(path, Stage.MOVING, Found.DAMAGED, assess.damaged(exc).why)
-    except RecoverError as exc:  # a version not this one's, a path beyond the save
-        return _decided(path, Stage.MOVING, Found.FOREIGN, f"{exc}; nothing was touched")
-    except OSError as exc:  # e.g. ELOOP, the name is a symlink
-        return _decided(path, Stage.MOVING, Found.UNREADABLE, f"{exc}; nothing was touched")
+    except OSError as exc:  # refused: a symlink or FIFO, or a record that does not check, is
+        # damaged; a version not this one's or a path beyond the save, foreign
+        odd = isinstance(exc, liveness.NotALockFileError)
+        found = (Found.DAMAGED if odd or isinstance(exc, journal.JournalDamagedError)
+                 else Found.FOREIGN if isinstance(exc, RecoverError) else Found.UNREADABLE)
+        return _decided(path, Stage.MOVING, found,
+                        f"{exc.strerror if odd else exc}; nothing was touched")
     stage = log_.stage
     strays = [d for d in locks if d not in log_.journal.locks()]
     if strays:

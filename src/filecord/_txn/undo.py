@@ -356,11 +356,12 @@ def _rename_outputs(j: Journal, journal_path: str) -> None:
     _sys.fsync_parents(finals)
 
 
-def temp_changed(j: Journal, o: int, size: int) -> RecoverError:
+def temp_changed(j: Journal, o: int, size: int) -> DataChangedError:
     out = j.outputs[o]
-    return RecoverError(f"{j.temp(o)}: the temp of {out.final} is {size} bytes where the journal "
-                        f"says the complete output has {out.length}: another process changed "
-                        "it, so it is not renamed onto the final name")
+    return DataChangedError(j.temp(o), expected_size=out.length, found_size=size,
+                            reason=f"the temp of {out.final} is not the complete output the "
+                            "journal records: another process changed it, so it is not "
+                            "renamed onto the final name")
 
 
 def proven_directories(j: Journal) -> frozenset[str]:
