@@ -306,7 +306,10 @@ def check_committed(j: Journal, seen: Observed) -> DataChangedError | None:
     for o, (out, of) in enumerate(zip(j.outputs, seen.outputs, strict=True)):
         if (not out.direct and not out.discard and of.temp is not None
                 and of.temp.size != out.length):
-            return undo.temp_changed(j, o, of.temp.size)
+            return DataChangedError(
+                j.temp(o), expected_size=out.length, found_size=of.temp.size,
+                reason=f"the temp of {out.final} is not the complete output the journal "
+                "records: another process changed it, so it is not renamed onto the final name")
     return None
 
 

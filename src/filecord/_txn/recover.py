@@ -404,18 +404,17 @@ def _finish(path: str, log_: journal.Log, action: table.Action, *, lost: bool) -
     outputs, sources = tuple(o.final for o in j.outputs), tuple(s.path for s in j.sources)
     left, kept = undo.finish(j, path, log_.looked, removals=log_.damage is None)
     _sys.unlink(path)
-    if kept is not None:  # the rest finished; the changed source is kept where the notes say
-        log.warning("recover finished %s but kept a changed source: %s", path, kept)
-        return Recovered(path, table.OUTCOME[action], outputs, sources, detail=str(kept),
-                         notes=tuple(getattr(kept, "__notes__", ())),
-                         kept=tuple(getattr(kept, "kept", ())))
-    detail = ([f"{log_.damage}, {DAMAGED_COMMIT}"] if log_.damage is not None
-              else [LOST_COMMIT] if lost else [])
+    detail = [str(kept)] if kept is not None else []  # the changed source: the notes say where
+    if log_.damage is not None or lost:
+        detail.append(f"{log_.damage}, {DAMAGED_COMMIT}" if log_.damage else LOST_COMMIT)
     if left:
         detail.append("kept, as no longer the file the save recorded (or not in a directory "
                       "the save's lock or parked files prove its own): " + ", ".join(left))
+    if left or kept is not None:
+        log.warning("recover finished %s: %s", path, "; ".join(detail))
     return Recovered(path, table.OUTCOME[action], outputs, sources, detail="; ".join(detail),
-                     not_removed=left)
+                     notes=tuple(getattr(kept, "__notes__", ())),
+                     kept=tuple(getattr(kept, "kept", ())), not_removed=left)
 
 
 def _roll_back(path: str, log_: journal.Log, stage: Stage, action: table.Action) -> Recovered:

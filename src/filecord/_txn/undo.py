@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import stat as stat_mod
 from collections.abc import Callable, Mapping
@@ -46,8 +45,6 @@ from filecord._txn import transfer
 from filecord._txn.journal import Journal, JournalSource, step
 from filecord._txn.stages import Stage
 from filecord.errors import DataChangedError, RecoverError, add_note
-
-log = logging.getLogger(__name__)
 
 
 def same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
@@ -267,9 +264,6 @@ def finish(j: Journal, journal_path: str, looked: Mapping[Key, tuple[int, int]],
     # Removals first, while the parked sources prove their directories the save's.
     _removed, removals_kept = discard_and_remove(
         j, proven_directories(j) if removals else frozenset())
-    if removals_kept:
-        log.warning("recover finished %s but kept %s: not provably the file the save recorded",
-                    journal_path, ", ".join(removals_kept))
     return removals_kept, unlink_parked(j, looked, transfer.Counters())
 
 
@@ -327,12 +321,8 @@ def _there(path: str) -> os.stat_result | None:
 
 
 def _rename_outputs(j: Journal, journal_path: str) -> None:
-    """Each temp onto its final name (already there: renamed before a crash), fsynced.  A
-    temp not its output's length was changed by someone else: nothing is renamed."""
-    for o, out in enumerate(j.outputs):
-        st = None if out.direct or out.discard else same_file(j.temp(o), out.dev, out.ino)
-        if st is not None and st.st_size != out.length:
-            raise temp_changed(j, o, st.st_size)
+    """Each temp onto its final name (already there: renamed before a crash), fsynced; each
+    at its journaled length (``assess.check_committed``: else nothing is renamed)."""
     finals: list[str] = []
     for o, out in enumerate(j.outputs):
         if out.direct or out.discard:
@@ -354,14 +344,6 @@ def _rename_outputs(j: Journal, journal_path: str) -> None:
             )
         finals.append(out.final)
     _sys.fsync_parents(finals)
-
-
-def temp_changed(j: Journal, o: int, size: int) -> DataChangedError:
-    out = j.outputs[o]
-    return DataChangedError(j.temp(o), expected_size=out.length, found_size=size,
-                            reason=f"the temp of {out.final} is not the complete output the "
-                            "journal records: another process changed it, so it is not "
-                            "renamed onto the final name")
 
 
 def proven_directories(j: Journal) -> frozenset[str]:
