@@ -274,42 +274,39 @@ def unlink_parked(j: Journal, looked: Mapping[Key, tuple[int, int]],
     look and is kept, named back if its name is free, and the committed error returned says
     where, once the rest are gone.  The save and recover judge alike."""
     moved = [s for s in j.sources if not s.adopt]
-    kept: list[tuple[JournalSource, int, int, str]] = []
+    kept: list[tuple[str, int, int, str]] = []  # (source, size last seen, now, where kept)
+    notes = ["the outputs are complete under their final names"]
     for s in moved:
-        st = same_file(j.parked(s), s.dev, s.ino)
-        if st is None:  # gone (unlinked before a stop), or another process's inode put at
-            # its name: kept and said like a changed source, never left unsaid
-            st = _there(j.parked(s))
-            if st is None:
-                continue
-            was = s.run_start
-        else:
-            was, mtime = looked.get((s.dev, s.ino), (s.run_start, st.st_mtime_ns))
-            if (st.st_size, st.st_mtime_ns) == (s.run_start, mtime) and was == s.run_start:
-                _sys.unlink(j.parked(s))
-                continue
-        where = f"another kind of file is kept at {j.parked(s)}"
+        # Another process's inode put at its name is kept and said like a changed source.
+        parked, own = j.parked(s), same_file(j.parked(s), s.dev, s.ino)
+        st = own or _there(parked)
+        if st is None:
+            continue  # unlinked before a stop
+        was, mtime = looked.get((s.dev, s.ino), (s.run_start, st.st_mtime_ns))
+        unchanged = (st.st_size, st.st_mtime_ns, was) == (s.run_start, mtime, s.run_start)
+        if own is not None and unchanged:
+            _sys.unlink(parked)
+            continue
+        at, why = parked, "another kind of file"
         if stat_mod.S_ISREG(st.st_mode):
             try:
-                _name_back(j.parked(s), s.path)
-                where = f"the changed source is kept under its own name {s.path}"
+                _name_back(parked, s.path)
+                at, why = s.path, "under its own name"
             except RecoverError:
-                where = f"{s.path} is now another file, so the changed source is kept at " \
-                    f"{j.parked(s)}"
-        kept.append((s, was, st.st_size, f"{s.path}: {st.st_size} bytes (the save last saw "
-                     f"{was}); " + where))
+                why = f"{s.path} is now another file"
+        kept.append((s.path, was, st.st_size, at))
+        notes.append(f"{s.path}: {st.st_size} bytes (the save last saw {was}); kept at {at} "
+                     f"({why})")
     c.fsyncs += _sys.fsync_parents([j.parked(s) for s in moved])
     if not kept:
         return None
-    s, was, size, _where = kept[0]
-    err = DataChangedError(s.path, expected_size=was, found_size=size,
+    err = DataChangedError(kept[0][0], expected_size=kept[0][1], found_size=kept[0][2],
                            reason="another process changed this consumed source after the "
                            "commit point, so it was not deleted")
     err.committed = True
-    for note in ["the outputs are complete under their final names", *(k[3] for k in kept)]:
+    for note in notes:
         add_note(err, note)
-    err.kept = tuple(  # type: ignore[attr-defined]
-        j.parked(s) if _there(j.parked(s)) is not None else s.path for s, *_rest in kept)
+    err.kept = tuple(k[3] for k in kept)  # type: ignore[attr-defined]
     return err
 
 
