@@ -375,6 +375,11 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "        if s.adopt and (s.inserted or length != s.size):",
      "        if s.adopt:",
      ["tests/sweeps/test_second_party.py::test_second_party_changes_a_source[adopt2-D-append]"]),
+    ("a source adopted whole given back with the mode its temp was given", "undo.py",
+     "        elif s.adopt and own:  # whole: the file as it is, only the output's mode taken back",
+     "        elif False:  # whole: the file as it is, only the output's mode taken back",
+     ["tests/txn/test_consume.py::"
+      "test_a_failed_whole_adoption_gives_the_source_its_own_mode_back"]),
     # --- the one door to every write of recover and of a rollback (issue 36, fifth pass) ----
     ("an inode another name reaches opened for writing", "undo.py",
      "    if st.st_nlink == 1:\n        return fd, True", "    if True:\n        return fd, True",

@@ -385,6 +385,31 @@ def test_a_failed_adoption_renames_the_source_back(tmp_path: Path) -> None:
     assert leftovers(tmp_path) == []
 
 
+
+def test_a_failed_whole_adoption_gives_the_source_its_own_mode_back(tmp_path: Path) -> None:
+    """Once renamed onto the temp, the adopted file is the save's: a mode given it there (here
+    by another process; past the commit point the save gives it the output's) is taken back by
+    the rollback, so the source returns as it was, bytes and mode."""
+    a = pattern(100_000, "a")
+    fa = owned(tmp_path, "a", a)
+    os.chmod(fa.path, 0o640)
+    path, ino = fa.path, os.stat(fa.path).st_ino
+
+    class ChmodTheTemp(FailCommitStep):
+        def rename(self, src: str, dst: str) -> None:
+            super().rename(src, dst)
+            if src == path:
+                os.chmod(dst, 0o600)
+
+    with _sys.use(ChmodTheTemp()), pytest.raises(SaveError, match="injected"):
+        save(tmp_path / "o", Cord([fa]), consume=True, window=W)
+    st = os.stat(path)
+    assert (st.st_ino, st.st_mode & 0o7777) == (ino, 0o640)
+    assert Path(path).read_bytes() == a
+    assert not (tmp_path / "o").exists()
+    assert leftovers(tmp_path) == []
+
+
 SCRIPT = r"""
 import sys
 from filecord import Cord, FileBackedData, save_many

@@ -445,3 +445,72 @@ def test_a_recover_failing_after_it_began_says_so_and_the_next_completes(
     (got,) = recover(d)
     assert got.action == "restored"
     assert (d / "a.bin").read_bytes() == A
+
+
+def test_a_check_stopping_a_rollback_midway_says_it_failed_after_it_began(
+        tmp_path: Path) -> None:
+    """b.bin is already back when another process puts a file at a.bin: the rollback keeps
+    that file and a's bytes (parked, whole again) and stops; b was changed, so the words are
+    a failure after recover began, never "refused" (which promises nothing was touched).
+    Once the file is moved away, a rerun completes."""
+    d = tmp_path / "save"
+    d.mkdir()
+    _killed_mid_move(d)
+    parked = _token_file(d, _names.SOURCE, ".a.bin.")
+    planted = b"put here by another process"
+
+    class PlantAfterB(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if (str(parked) in map(str, args) and (d / "b.bin").exists()
+                    and not (d / "a.bin").exists()):
+                (d / "a.bin").write_bytes(planted)
+
+    with _sys.use(PlantAfterB()), pytest.raises(RecoverError) as caught:
+        recover(d)
+    said = str(caught.value)
+    assert "recover failed in 1 save(s)" in said, said
+    assert "recover failed after it began" in said
+    assert "a.bin is now another file" in said
+    assert "refused" not in said, said
+    (got,) = caught.value.results  # type: ignore[attr-defined]
+    assert got.action == "refused"
+    assert got.detail.startswith("recover failed after it began")
+    assert (d / "b.bin").read_bytes() == B  # changed before the stop: put back
+    assert (d / "a.bin").read_bytes() == planted  # the other process's file, kept
+    assert parked.read_bytes() == A  # a's bytes, whole, under the token name
+    (d / "a.bin").rename(tmp_path / "planted.bin")
+    (again,) = recover(d)
+    assert again.action == "restored"
+    assert (d / "a.bin").read_bytes() == A
+    assert (d / "b.bin").read_bytes() == B
+    assert sorted(os.listdir(d)) == ["a.bin", "b.bin", "out.bin"]
+
+
+def test_a_token_file_left_after_a_rollback_is_a_failure_after_it_began(tmp_path: Path) -> None:
+    """Another process makes a file named like one of the save's temps while recover removes
+    them: the sources are already back, so recover says it failed after it began (never
+    "refused"), keeps the journal and that file, and a rerun once it is gone completes."""
+    d = tmp_path / "save"
+    d.mkdir()
+    _killed_mid_move(d)
+    temp = _token_file(d, _names.TEMP)
+    stray = d / temp.name.replace(".out.bin.", ".other.bin.")
+
+    class PlantAtTempRemoval(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op.startswith("unlink") and str(temp) in map(str, args):
+                stray.write_bytes(b"not the save's")
+
+    with _sys.use(PlantAtTempRemoval()), pytest.raises(RecoverError) as caught:
+        recover(d)
+    said = str(caught.value)
+    assert "recover failed after it began: the sources are restored" in said, said
+    assert "refused" not in said, said
+    assert (d / "a.bin").read_bytes() == A
+    assert (d / "b.bin").read_bytes() == B
+    assert stray.read_bytes() == b"not the save's"
+    assert _token_file(d, _names.JOURNAL).exists()
+    stray.unlink()
+    (again,) = recover(d)
+    assert again.action == "restored"
+    assert sorted(os.listdir(d)) == ["a.bin", "b.bin", "out.bin"]

@@ -356,14 +356,14 @@ def _act(path: str, log_: journal.Log) -> Recovered:
             return _finish(path, log_, action, lost=log_.stage is not stage)
         return _roll_back(path, log_, stage, action)
     except (RecoverError, DataChangedError, OSError) as exc:
+        # Every refusal was decided above, before the first change: what stops the act now (a
+        # check meeting a file put there meanwhile, a system call's error) may come after
+        # files were changed, so it is never said as a refusal.
         where = _where(log_)
-        if isinstance(exc, (RecoverError, DataChangedError)):  # a check's refusal
-            return _decided(path, stage, Found.UNREADABLE, f"{exc}; the journal and temps "
-                            "are kept", where)
-        # The system failed a call, perhaps after files were changed: not a refusal.
         log.warning("recover failed %s after it began: %s", path, exc)
+        again = "" if isinstance(exc, (RecoverError, DataChangedError)) else ": run it again"
         return Recovered(path, table.OUTCOME[table.Action.REFUSE], detail=f"{FAILED}: {exc}; "
-                         "the journal and temps are kept: run it again", notes=tuple(where))
+                         f"the journal and temps are kept{again}", notes=tuple(where))
 
 
 def _where(log_: journal.Log, *, acted: bool = True) -> list[str]:
@@ -427,9 +427,8 @@ def _roll_back(path: str, log_: journal.Log, stage: Stage, action: table.Action)
     # The claim "temps removed" is checked against the directories, not the journal.
     left = assess.token_files(j)
     if left:
-        return _decided(path, Stage.ROLLING_BACK, Found.UNREADABLE, f"the sources are "
-                        f"restored, but {', '.join(left)} still carr(ies) this save's token; "
-                        "the journal is kept", _where(log_))
+        raise RecoverError(f"the sources are restored, but {', '.join(left)} still "
+                           "carr(ies) this save's token")
     _sys.unlink(path)
     return Recovered(path, table.OUTCOME[action], tuple(o.final for o in j.outputs),
                      tuple(s.path for s in j.sources))
