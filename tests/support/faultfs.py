@@ -27,6 +27,17 @@ DESTRUCTIVE_OPS = frozenset(
 # Recovery and rollback also punch temps, put back the sources' times and modes, and owners.
 RECOVER_OPS = DESTRUCTIVE_OPS | {"punch_hole", "futimens", "fchmod", "fchown", "collapse_range"}
 
+# The kinds of destructive call (of :data:`DESTRUCTIVE_OPS`, an open that creates a name as
+# ``open``) each scenario's save makes: the same on ext4 and on tmpfs, so a sweep that judges
+# what recover decides may run there (``ram_path``, ``model_disk_path``) and asserts them.
+# ``inplace`` stays on the disk: it adopts in place where the file system inserts ranges,
+# which tmpfs cannot.
+_ALL_KINDS = frozenset({"open", "ftruncate", "rename", "link", "unlink", "fsync", "fsync_dir",
+                        "insert_range"})
+_NO_CUTS = frozenset({"open", "rename", "link", "unlink", "fsync", "fsync_dir"})
+POINT_KINDS = {"consume3": _ALL_KINDS, "copy3": _NO_CUTS, "single": _NO_CUTS,
+               "adopt2": _ALL_KINDS, "onsrc": _ALL_KINDS, "discard2": _ALL_KINDS}
+
 ERRNOS = {"eio": errno.EIO, "enospc": errno.ENOSPC}
 KINDS = ("eio", "enospc", "short-write", "short-read")
 

@@ -269,8 +269,9 @@ class Layout:
         return done
 
     def leftovers(self) -> list[str]:
-        """Every filecord-named file under the root (relative paths)."""
-        return sorted(r for r in self.snapshot() if is_filecord_name(r))
+        """Every filecord-named file under the root (relative paths; the names only, so no
+        file is read)."""
+        return sorted(r for r in self.names() if is_filecord_name(r))
 
     # --- setup -------------------------------------------------------------------------------
     def create(self, *, mtime_ns: int | None = None) -> None:
@@ -352,6 +353,12 @@ class Layout:
         return {**kept, **published}
 
     # --- judging -----------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        """Every file under the root, hidden ones included, by relative path: the keys of
+        :meth:`snapshot`, without reading a byte."""
+        return [os.path.relpath(os.path.join(dirpath, name), self.root)
+                for dirpath, _dirs, files in os.walk(self.root) for name in files]
+
     def snapshot(self) -> dict[str, bytes]:
         """Every file under the root, hidden ones included, by relative path."""
         out: dict[str, bytes] = {}

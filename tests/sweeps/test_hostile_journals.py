@@ -59,7 +59,9 @@ SPEC = "consume3"
 SRC = Path(filecord.__file__).resolve().parents[1]
 
 # Floors near the real counts (about 90% of what runs against the v2 core).
-FLIP_RESTORED_FLOOR = 2800  # of ~3,130 flips: one copy of the record survives a flip
+# Of ~2,450 flips on tmpfs (the record holds the save's paths: ~3,130 under pytest's longer
+# tmp_path), one copy of the record survives a flip.
+FLIP_RESTORED_FLOOR = 2200
 REUSE_POINTS_FLOOR = 40
 CRAFTED_FLOOR = 22
 
@@ -105,9 +107,19 @@ def journal_file(lay: Layout) -> Path:
     return Path(lay.journal_dir) / names[0]
 
 
+def inodes(root: Path) -> dict[str, int]:
+    """The inode numbers of :func:`tree` (the same entries), without reading a byte."""
+    out: dict[str, int] = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(dirpath, d))]:
+            full = os.path.join(dirpath, name)
+            out[os.path.relpath(full, root)] = os.lstat(full).st_ino
+    return out
+
+
 def _inos(old: Path, new: Path) -> dict[int, int]:
     """Each file's inode number in the tree ``old`` and in its copy ``new``."""
-    return {ino: os.lstat(new / rel).st_ino for rel, (ino, _b) in tree(old).items()
+    return {ino: os.lstat(new / rel).st_ino for rel, ino in inodes(old).items()
             if (new / rel).exists()}
 
 
@@ -192,7 +204,12 @@ def recover_all(lay: Layout) -> str:
 
 
 @pytest.mark.slow
-def test_every_flip_and_truncation_of_a_mid_move_journal(tmp_path: Path) -> None:
+def test_every_flip_and_truncation_of_a_mid_move_journal(ram_path: Path) -> None:
+    """On tmpfs (``ram_path``): recover's decisions on a damaged record, thousands of copied
+    trees and recoveries without fsyncs (``NoSync``); consume3 moves, nothing is adopted in
+    place, so its calls are the same kinds there (tests/sweeps/test_kill_points.py asserts
+    them)."""
+    tmp_path = ram_path
     calls = trace_save(SPEC, tmp_path / "trace")
     template = crashed(tmp_path, "template", kill_point(calls, mid_move))
     snap = template.snapshot()

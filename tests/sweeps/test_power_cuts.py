@@ -43,6 +43,7 @@ from filecord._io import syscalls as _sys
 from filecord._txn import transfer as _transfer
 from support.faultfs import (
     PENDING_SUFFIX,
+    POINT_KINDS,
     RECOVER_OPS,
     Call,
     commit_bounds,
@@ -144,8 +145,12 @@ def crash_at(
     return state, f"{where}: {story}", rcrashed
 
 
-def sweep(tmp_path: Path, spec_name: str, *, mode: str) -> tuple[int, Counter[str], list[str]]:
+def sweep(tmp_path: Path, spec_name: str, *, mode: str,
+          kinds: frozenset[str] | None = None) -> tuple[int, Counter[str], list[str]]:
+    """``kinds``: the kinds of destructive call the save must make (a sweep on tmpfs)."""
     calls = trace_save(spec_name, tmp_path / "trace")
+    if kinds is not None:
+        assert {c.op for c in destructive_points(calls)} == kinds
     n = len(destructive_points(calls)) + 1  # every destructive call, and after the save
     outcomes: Counter[str] = Counter()
     failures: list[str] = []
@@ -163,8 +168,15 @@ def sweep(tmp_path: Path, spec_name: str, *, mode: str) -> tuple[int, Counter[st
 # output): both must be durable before Q is cut.
 @pytest.mark.parametrize("spec_name", ["consume3", "copy3", "single", "adopt2", "inplace",
                                        "discard2"])
-def test_power_cut_at_every_destructive_call(tmp_path: Path, spec_name: str, mode: str) -> None:
-    n, outcomes, failures = sweep(tmp_path, spec_name, mode=mode)
+def test_power_cut_at_every_destructive_call(tmp_path: Path, model_disk_path: Path,
+                                             spec_name: str, mode: str) -> None:
+    """On tmpfs (``model_disk_path``: the model decides what a cut keeps) for every scenario
+    whose destructive calls are of the same kinds there (asserted); ``inplace`` on the disk."""
+    if spec_name == "inplace":
+        n, outcomes, failures = sweep(tmp_path, spec_name, mode=mode)
+    else:
+        n, outcomes, failures = sweep(model_disk_path, spec_name, mode=mode,
+                                      kinds=POINT_KINDS[spec_name])
     print(f"\n{spec_name}: power cut ({mode}) at {n - len(failures)}/{n} points recovered "
           f"all-or-nothing ({dict(outcomes)})")
     assert not failures, "\n".join(failures)
@@ -207,6 +219,13 @@ def test_model_catches_a_missing_fsync_before_truncate(
     assert len(failures) >= 3
 
 
+def known_limit(request: pytest.FixtureRequest) -> bool:
+    """Whether this case is a known limit (a strict xfail): its sweep stops at the first
+    violation, which is all it proves (an xfail hides whatever else it would find); once the
+    limit is lifted it runs every point and passes, and strict makes that a failure to see."""
+    return request.node.get_closest_marker("xfail") is not None
+
+
 _SIZE_BEFORE_DATA = pytest.mark.xfail(
     strict=True,
     reason="known limit (docs/guarantees.md): a put-back's progress is the source's size; a "
@@ -220,22 +239,26 @@ _SIZE_BEFORE_DATA = pytest.mark.xfail(
 @pytest.mark.parametrize(
     "mode", ["drop", "keep", pytest.param("eager-torn", marks=_SIZE_BEFORE_DATA)]
 )
-def test_power_cut_during_recover(model_disk_path: Path, mode: str) -> None:
+def test_power_cut_during_recover(model_disk_path: Path, mode: str,
+                                  request: pytest.FixtureRequest) -> None:
     """After each save crash point, cut the power again at each destructive call of recover."""
     tmp_path = model_disk_path
+    stop = known_limit(request)
     calls = trace_save("consume3", tmp_path / "trace")
     assert {c.op for c in destructive_points(calls)} >= CONSUME3_KINDS
     n = len(destructive_points(calls)) + 1
     failures: list[str] = []
     points = 0
     for p in range(1, n + 1):
+        if stop and failures:
+            break
         j = 1
         while True:
             state, story, crashed = crash_at(tmp_path, "consume3", calls, p, mode=mode,
                                              recover_at=j)
             if state is None:
                 failures.append(story)
-            if not crashed:
+            if not crashed or (stop and failures):
                 break  # recovery needed fewer than j destructive calls: all of them were hit
             points += 1
             j += 1
@@ -249,7 +272,8 @@ def test_power_cut_during_recover(model_disk_path: Path, mode: str) -> None:
 @pytest.mark.parametrize(
     ("mode", "stride"), [("drop", 1), pytest.param("eager-torn", 3, marks=_SIZE_BEFORE_DATA)]
 )
-def test_power_cut_during_rollback(model_disk_path: Path, mode: str, stride: int) -> None:
+def test_power_cut_during_rollback(model_disk_path: Path, mode: str, stride: int,
+                                   request: pytest.FixtureRequest) -> None:
     """Fail a call of the consuming save with EIO, then cut the power at each destructive call
     of the rollback it starts (and once after the failed save returned): recover must restore.
 
@@ -258,6 +282,7 @@ def test_power_cut_during_rollback(model_disk_path: Path, mode: str, stride: int
     """
     spec_name = "consume3"
     tmp_path = model_disk_path
+    stop = known_limit(request)
     calls = trace_save(spec_name, tmp_path / "trace")
     assert {c.op for c in destructive_points(calls)} >= CONSUME3_KINDS
     last_pre, _first_post = commit_bounds(calls)
@@ -266,6 +291,8 @@ def test_power_cut_during_rollback(model_disk_path: Path, mode: str, stride: int
     failures: list[str] = []
     points = 0
     for k in range(first_journal, last_pre + 1, stride):
+        if stop and failures:
+            break
         j = 1
         while True:
             lay = Layout(SPECS[spec_name], tmp_path / f"k{k}-j{j}")
@@ -291,7 +318,7 @@ def test_power_cut_during_rollback(model_disk_path: Path, mode: str, stride: int
                                 f"rollback call {j}: {story}")
             else:
                 shutil.rmtree(lay.root)
-            if not crashed:
+            if not crashed or (stop and failures):
                 break
             j += 1
     calls_failed = len(range(first_journal, last_pre + 1, stride))
