@@ -34,7 +34,7 @@ from filecord._txn import journal, undo
 from filecord._txn.decide import Actor, Found
 from filecord._txn.journal import Journal, JournalSource
 from filecord._txn.stages import Stage
-from filecord._txn.transfer import METADATA_ONLY
+from filecord._txn.transfer import METADATA_ONLY, Facts, Look
 from filecord.errors import ChangeKind, DataChangedError, RecoverError
 
 HELD_WHY = ("a source was changed by another process, so nothing was put back over it: the "
@@ -45,19 +45,6 @@ Key = tuple[int, int]  # (st_dev, st_ino)
 
 
 # --- the facts ------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Facts:
-    """One ``lstat`` of a name that holds the expected inode (a regular file)."""
-
-    size: int
-    mtime_ns: int
-    ctime_ns: int = 0
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> Facts:
-        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
 
 @dataclass(frozen=True, slots=True)
 class SourceFacts:
@@ -79,15 +66,6 @@ class Observed:
     unreadable: str | None = None  # why the files could not all be looked at
     # recover: every temp and parked source carrying the token in the save's directories
     token_files: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Look:
-    """A running save's last look at a parked source, and the size its truncate in flight
-    leaves (None when none is)."""
-
-    facts: Facts
-    pending: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,44 +163,27 @@ def _crashed(j: Journal, r: Records, seen: Observed) -> Assessment:
         return Assessment(Found.CHANGED, why=(
             "the save stopped because another process changed a source mid-move; nothing "
             "is undone over that change (the notes say where every byte is)"))
-    if seen.unreadable is not None:
-        err = RecoverError(seen.unreadable)
-        return Assessment(Found.UNREADABLE, err, why=f"{err}; {KEPT_WHY}")
     # Every refusal an action can meet is decided here, before its first change.  A token
     # file the journal does not name may hold a source's moved bytes: nothing is touched.
-    lost = unaccounted(j, seen)
-    if lost is not None:
-        return Assessment(Found.UNREADABLE, lost, why=f"{lost}; {KEPT_WHY}")
-    bad: OSError | None = None
-    if r.stage is Stage.ROLLING_BACK:
-        bad = check_findable(j, seen)
-    elif r.stage is Stage.COMMITTED:
-        bad = check_committed(j, seen)
-    elif r.stage is Stage.MOVING:
-        bad = (check_strict(j, seen, r.moved, r.inserted, r.cuts) or check_temps(j, seen)
-               or check_findable(j, seen))
-    if isinstance(bad, DataChangedError) or (
-            isinstance(bad, RecoverError) and r.stage is Stage.COMMITTED):
-        return Assessment(Found.CHANGED, bad, why=f"{bad}; {KEPT_WHY}")
-    if bad is not None:
-        return Assessment(Found.UNREADABLE, bad, why=f"{bad}; {KEPT_WHY}")
-    return Assessment(Found.AS_LEFT)
+    moving = r.stage is Stage.MOVING
+    bad = (RecoverError(seen.unreadable) if seen.unreadable is not None else unaccounted(j, seen)
+           or (check_committed(j, seen) if r.stage is Stage.COMMITTED else None)
+           or (check_strict(j, seen, r.moved, r.inserted, r.cuts) if moving else None)
+           or (check_temps(j, seen) if moving else None)
+           or (check_findable(j, seen) if moving or r.stage is Stage.ROLLING_BACK else None))
+    if bad is None:
+        return Assessment(Found.AS_LEFT)
+    changed = isinstance(bad, DataChangedError)  # else the files could not be checked
+    return Assessment(Found.CHANGED if changed else Found.UNREADABLE, bad, why=f"{bad}; {KEPT_WHY}")
 
 
 # --- the predicates (pure, on observed facts) -------------------------------------------------
 
-def as_seen(st: Facts, look: Facts, pending: int | None = None) -> bool:
-    """Whether ``st`` is the file as the save last looked at it: same size, modification and
-    change times; or, with ``pending``, the size a truncate of the save in flight leaves."""
-    if (st.size, st.mtime_ns, st.ctime_ns) == (look.size, look.mtime_ns, look.ctime_ns):
-        return True
-    return pending is not None and st.size == pending
-
-
 def changed_since(name: str, st: Facts, look: Look, why: str) -> DataChangedError | None:
-    """The change if ``st`` is not as the save last looked (:func:`as_seen`): ``METADATA``
-    when only the ctime moved (a chmod or chattr, which holds no journal), else ``why``."""
-    if as_seen(st, look.facts, look.pending):
+    """The change if ``st`` is not as the save last looked (size, mtime and ctime; or the size
+    a truncate of the save in flight leaves): ``METADATA`` when only the ctime moved (a chmod
+    or chattr, which holds no journal), else ``why``."""
+    if st == look.facts or st.size == look.pending:
         return None
     metadata = (st.size, st.mtime_ns) == (look.facts.size, look.facts.mtime_ns)
     return DataChangedError(name, expected_size=look.facts.size, found_size=st.size,
@@ -339,13 +300,16 @@ def renamed(j: Journal, seen: Observed) -> bool:
                for out, of in zip(j.outputs, seen.outputs, strict=False))
 
 
-def check_committed(j: Journal, seen: Observed) -> RecoverError | None:
+def check_committed(j: Journal, seen: Observed) -> DataChangedError | None:
     """A temp not at the journaled length (None: all are): another process cut or grew it.
     Nothing else is re-proved (the trust rule); the finish keeps a parked source written to."""
     for o, (out, of) in enumerate(zip(j.outputs, seen.outputs, strict=True)):
         if (not out.direct and not out.discard and of.temp is not None
                 and of.temp.size != out.length):
-            return undo.temp_changed(j, o, of.temp.size)
+            return DataChangedError(
+                j.temp(o), expected_size=out.length, found_size=of.temp.size,
+                reason=f"the temp of {out.final} is not the complete output the journal "
+                "records: another process changed it, so it is not renamed onto the final name")
     return None
 
 

@@ -150,10 +150,8 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
             _ACTIONS[decide(Actor.SAVE, txn.stage, Found.AS_LEFT)](txn, _Failed(exc, names), notes)
         record = journaled(txn)[0]
         # What the running save knows, as the records a crashed one would leave.
-        looks = {k: assess.Look(assess.Facts.of(st), pending)
-                 for k, (st, pending) in txn.looks.items()}
         records = assess.Records(Actor.SAVE, txn.stage, txn.moves_done, frozenset(txn.inserted),
-                                 looks=looks, cause=exc,
+                                 looks=txn.looks, cause=exc,
                                  during=assess.seen_mid_move(exc, txn.moving or txn.changed))
         found = assess.assess(record, records, assess.observe(record))
         txn.changed = found.changed or txn.changed  # for the notes: where the change is

@@ -7,9 +7,10 @@ The inode alone proves nothing about a write by a process that had the file open
 source the save keeps its last look (``Txn.looks``: size, mtime, ctime), taken after parking
 (:func:`take`) and after each truncate (``transfer.move_source``, with the size a truncate in
 flight leaves), and compares it just before the ``committed`` step (:func:`check`: a
-difference is a ``DataChangedError``, the journal held; the looks go into that step for
-recover's finish), before each unlink after the commit (:func:`changed`: a changed source is
-kept and the committed save raises once the rest is done), and in the rollback's assessment.
+difference is a ``DataChangedError``, the journal held) and in the rollback's assessment.
+Size and mtime go into that step: the save and recover's finish unlink only a parked source
+still as they say (``undo.unlink_parked``: a changed one is kept, and the committed save
+raises once the rest is done).
 
 An adopted file the save writes around is its output's inode, so size and times cannot tell
 another process's cut from the save's writes: once its blocks are durable the save records
@@ -20,14 +21,11 @@ unlink is lost by any tool that deletes a file (guarantees.md, "What cannot be s
 
 from __future__ import annotations
 
-import os
-
 from filecord._io import syscalls as _sys
 from filecord._plan.facts import unless_unsupported
 from filecord._txn import assess, undo
-from filecord._txn.assess import Facts
-from filecord._txn.journal import JournalSource
 from filecord._txn.state import Placed, Txn
+from filecord._txn.transfer import Facts, Look
 from filecord.errors import ChangeKind, DataChangedError
 
 
@@ -52,39 +50,30 @@ def take(txn: Txn) -> None:
                                    reason="another process changed it as it was parked",
                                    kind=ChangeKind.REPLACED if st is None else
                                    ChangeKind.CONTENT)
-        txn.looks[key] = (st, None)
+        txn.looks[key] = Look(Facts.of(st))
 
 
-def check(txn: Txn) -> list[list[int]]:
-    """Every parked source as last seen, just before the commit point: the looks (dev, ino,
-    size, mtime) for the ``committed`` step."""
+def check(txn: Txn) -> dict[tuple[int, int], tuple[int, int]]:
+    """Every parked source as last seen, just before the commit point: the looks (size,
+    mtime) for the ``committed`` step and the unlinks after it (``undo.unlink_parked``)."""
     record = txn.record
     if record is None:
-        return []
-    seen: list[list[int]] = []
+        return {}
+    seen: dict[tuple[int, int], tuple[int, int]] = {}
     for s in record.sources:
         key = (s.dev, s.ino)
         if s.adopt or key not in txn.looks:
             continue
         st = undo.same_file(record.parked(s), *key)
         err = None if st is None else assess.changed_since(
-            record.parked(s), Facts.of(st), assess.Look(Facts.of(txn.looks[key][0])),
+            record.parked(s), Facts.of(st), txn.looks[key],
             "another process changed it after the save's last look, before the commit")
         if err is not None:
             txn.changed = key
             raise err
         if st is not None:
-            seen.append([s.dev, s.ino, st.st_size, st.st_mtime_ns])
-    return seen  # for recover's finish, which has no look of its own
-
-
-def changed(txn: Txn, s: JournalSource, st: os.stat_result) -> int | None:
-    """The size the save last saw of parked source ``s`` if ``st`` is no longer as it saw it,
-    else None."""
-    look = txn.looks.get((s.dev, s.ino))
-    if look is None or assess.as_seen(Facts.of(st), Facts.of(look[0])):
-        return None
-    return look[0].st_size
+            seen[key] = (st.st_size, st.st_mtime_ns)
+    return seen
 
 
 _UNPLACED = _sys.FIEMAP_EXTENT_UNKNOWN | _sys.FIEMAP_EXTENT_DELALLOC

@@ -310,15 +310,13 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
                                               *(r.path for r in j.removals)])
     except FileNotFoundError:
         return None  # removed since the scan: its save (or another recover) ended it
-    except liveness.NotALockFileError:  # a symlink or FIFO: refused, never opened through
-        return _decided(path, Stage.MOVING, Found.DAMAGED, "named like a journal but not a "
-                        "regular file (a symlink?); nothing was touched")
-    except journal.JournalDamagedError as exc:  # a record does not check: damaged
-        return _decided(path, Stage.MOVING, Found.DAMAGED, assess.damaged(exc).why)
-    except RecoverError as exc:  # a version not this one's, a path beyond the save
-        return _decided(path, Stage.MOVING, Found.FOREIGN, f"{exc}; nothing was touched")
-    except OSError as exc:  # e.g. ELOOP, the name is a symlink
-        return _decided(path, Stage.MOVING, Found.UNREADABLE, f"{exc}; nothing was touched")
+    except OSError as exc:  # refused: a symlink or FIFO, or a record that does not check, is
+        # damaged; a version not this one's or a path beyond the save, foreign
+        odd = isinstance(exc, liveness.NotALockFileError)
+        found = (Found.DAMAGED if odd or isinstance(exc, journal.JournalDamagedError)
+                 else Found.FOREIGN if isinstance(exc, RecoverError) else Found.UNREADABLE)
+        return _decided(path, Stage.MOVING, found,
+                        f"{exc.strerror if odd else exc}; nothing was touched")
     stage = log_.stage
     strays = [d for d in locks if d not in log_.journal.locks()]
     if strays:
@@ -351,13 +349,8 @@ def _act(path: str, log_: journal.Log) -> Recovered:
                                                 *(s.path for s in j.sources)])])
     if action is table.Action.REFUSE:
         notes = [f"the files: {torn_why}"] if torn_why else []
-        # Where every byte is: what the moves left, unless a rollback (which grows sources
-        # back) has begun; looked at afresh, as for the refusals below after partial work.
-        back = stage is Stage.ROLLING_BACK
-        where = assess.whereabouts(j, assess.observe(j), None, 0 if back else log_.moved,
-                                   log_.inserted, held=stage is Stage.HELD,
-                                   cuts=None if back else log_.cuts)
-        return _decided(path, stage, found.found, found.why, [*notes, *where])
+        return _decided(path, stage, found.found, found.why,
+                        [*notes, *_where(log_, acted=stage is Stage.ROLLING_BACK)])
     try:
         if action is table.Action.FINISH:
             return _finish(path, log_, action, lost=log_.stage is not stage)
@@ -366,12 +359,20 @@ def _act(path: str, log_: journal.Log) -> Recovered:
         # Every refusal was decided above, before the first change: what stops the act now (a
         # check meeting a file put there meanwhile, a system call's error) may come after
         # files were changed, so it is never said as a refusal.
-        where = assess.whereabouts(j, assess.observe(j, rebuilt=log_.rebuilt), None, 0,
-                                  log_.inserted)
+        where = _where(log_)
         log.warning("recover failed %s after it began: %s", path, exc)
         again = "" if isinstance(exc, (RecoverError, DataChangedError)) else ": run it again"
         return Recovered(path, table.OUTCOME[table.Action.REFUSE], detail=f"{FAILED}: {exc}; "
                          f"the journal and temps are kept{again}", notes=tuple(where))
+
+
+def _where(log_: journal.Log, *, acted: bool = True) -> list[str]:
+    """Where every byte is, looked at afresh: what the moves left, unless a rollback (which
+    grows sources back) has begun or recover ``acted``."""
+    j = log_.journal
+    return assess.whereabouts(j, assess.observe(j, rebuilt=log_.rebuilt), None,
+                              0 if acted else log_.moved, log_.inserted,
+                              held=log_.stage is Stage.HELD, cuts=None if acted else log_.cuts)
 
 
 def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
@@ -403,18 +404,17 @@ def _finish(path: str, log_: journal.Log, action: table.Action, *, lost: bool) -
     outputs, sources = tuple(o.final for o in j.outputs), tuple(s.path for s in j.sources)
     left, kept = undo.finish(j, path, log_.looked, removals=log_.damage is None)
     _sys.unlink(path)
-    if kept is not None:  # the rest finished; the changed source is kept where the notes say
-        log.warning("recover finished %s but kept a changed source: %s", path, kept)
-        return Recovered(path, table.OUTCOME[action], outputs, sources, detail=str(kept),
-                         notes=tuple(getattr(kept, "__notes__", ())),
-                         kept=tuple(getattr(kept, "kept", ())))
-    detail = ([f"{log_.damage}, {DAMAGED_COMMIT}"] if log_.damage is not None
-              else [LOST_COMMIT] if lost else [])
+    detail = [str(kept)] if kept is not None else []  # the changed source: the notes say where
+    if log_.damage is not None or lost:
+        detail.append(f"{log_.damage}, {DAMAGED_COMMIT}" if log_.damage else LOST_COMMIT)
     if left:
         detail.append("kept, as no longer the file the save recorded (or not in a directory "
                       "the save's lock or parked files prove its own): " + ", ".join(left))
+    if left or kept is not None:
+        log.warning("recover finished %s: %s", path, "; ".join(detail))
     return Recovered(path, table.OUTCOME[action], outputs, sources, detail="; ".join(detail),
-                     not_removed=left)
+                     notes=tuple(getattr(kept, "__notes__", ())),
+                     kept=tuple(getattr(kept, "kept", ())), not_removed=left)
 
 
 def _roll_back(path: str, log_: journal.Log, stage: Stage, action: table.Action) -> Recovered:

@@ -336,9 +336,9 @@ def _move(txn: Txn, m: MoveSource) -> None:
                                    reason="another process changed it before it was moved")
         temps = [fd_ if fd_ is not None else -1 for fd_ in txn.fds]
         txn.moving = m.key
-        txn.looks[m.key] = (st, None)
+        txn.looks[m.key] = transfer.Look(transfer.Facts.of(st))
         transfer.move_source(fd, m, temps, txn.prep.plan.window, txn.counters, txn.advance,
-                             seen=st, looks=txn.looks, log_cut=lambda lo: begin.append_step(
+                             looks=txn.looks, log_cut=lambda lo: begin.append_step(
                                  txn, journal.step(Stage.MOVING, cut=[*m.key, lo])))
         txn.moving = None
         # This move is over: recover may insist on the kept prefix.  The last cut is durable
@@ -380,9 +380,10 @@ def _commit(txn: Txn) -> None:
     if txn.counters.moved != sum(d.length for m in p.moves if not m.adopt for d in m.dests):
         raise RuntimeError(f"a bug in filecord: {txn.counters.moved} bytes moved, not the plan's")
     record = txn.record
+    seen = looks.check(txn)  # the last look, just before the commit point
     if record is not None and txn.journal_path is not None:
-        seen = looks.check(txn)  # the last look, just before the commit point
-        begin.append_step(txn, journal.step(Stage.COMMITTED, looked=seen), Stage.COMMITTED)
+        begin.append_step(txn, journal.step(Stage.COMMITTED, looked=[
+            [*k, *v] for k, v in seen.items()]), Stage.COMMITTED)
         if txn.log is not None and txn.log.fd is not None:
             fd, txn.log.fd = txn.log.fd, None
             _sys.close(fd)  # its steps all fsynced: a close error is raised
@@ -400,7 +401,7 @@ def _commit(txn: Txn) -> None:
     if record is not None and txn.journal_path is not None:
         # Removals first: the parked sources prove their directories the save's to recover.
         txn.removed, txn.changed_removals = undo.discard_and_remove(record)
-        kept = undo.unlink_parked(record, lambda s, st: looks.changed(txn, s, st), txn.counters)
+        kept = undo.unlink_parked(record, seen, txn.counters)
         _sys.unlink(txn.journal_path)
     txn.to(Stage.DONE)
     drop_locks(txn, remove=True)

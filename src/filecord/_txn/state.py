@@ -51,7 +51,7 @@ class Txn:
     moving: tuple[int, int] | None = None  # the source being moved right now
     # per consumed source, the save's last look at it and the size a truncate in flight
     # leaves (None when none is): ``looks``
-    looks: dict[tuple[int, int], tuple[os.stat_result, int | None]] = field(default_factory=dict)
+    looks: dict[tuple[int, int], transfer.Look] = field(default_factory=dict)
     changed: tuple[int, int] | None = None  # a source found changed since that look
     moves_done: int = 0  # moved sources (journal order) whose moves finished, marked durably
     # adopted sources whose inserted space is durable and recorded (the journal's step)

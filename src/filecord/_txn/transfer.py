@@ -47,6 +47,29 @@ _CFR_FALLBACK = frozenset(
     {errno.EXDEV, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF, errno.ETXTBSY}
 )
 
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """One ``lstat`` of a file (``assess`` keeps the names holding the expected inode)."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int = 0
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> Facts:
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class Look:
+    """A running save's last look at a parked source, and the size its truncate in flight
+    leaves (None when none is)."""
+
+    facts: Facts
+    pending: int | None = None
+
+
 Progress = Callable[[int], None]
 Tally = Literal["copied", "moved", "restored"]
 
@@ -131,15 +154,14 @@ def move_source(
     c: Counters,
     progress: Progress,
     *,
-    seen: os.stat_result,
-    looks: dict[tuple[int, int], tuple[os.stat_result, int | None]],
+    looks: dict[tuple[int, int], Look],
     log_cut: Callable[[int], None],
 ) -> None:
     """Move ``m``'s run into the temps (``temps[i]``: output ``i``'s), one window at a time.
 
-    ``seen``: the caller's checked look at the source.  ``looks[m.key]`` holds the last look
-    and the size of a truncate in flight, so the failure path can tell the save's cut from
-    anyone else's change.  ``log_cut(lo)`` makes the ``cut`` step durable."""
+    ``looks[m.key]``: the caller's checked look at the source, then the last one and the size
+    of a truncate in flight, so the failure path can tell the save's cut from anyone else's
+    change.  ``log_cut(lo)`` makes the ``cut`` step durable."""
     buckets = _by_window(m, window)
     pos, k = m.size, 0
     while pos > m.run_start:
@@ -149,18 +171,18 @@ def move_source(
         try:
             touched = _copy_window(src, [(a, b, d) for a, b, d in parts if a < b], temps, c)
         except OSError as exc:
-            _check_unchanged(src, m, pos, seen, exc)
+            _check_unchanged(src, m, pos, looks[m.key].facts, exc)
             raise
         if lo > m.run_start:  # read the next window while this one's fsync writes
             _sys.prefetch(src, max(m.run_start, lo - window), lo - max(m.run_start, lo - window))
         for fd in sorted(touched):
             c.fsync(fd)  # raises on failure: the truncate below never runs after a bad fsync
         log_cut(lo)  # before the check: nothing but the check may stand before the cut
-        _check_unchanged(src, m, pos, seen, None)
-        looks[m.key] = (seen, lo)  # the size in flight, for the failure path
+        _check_unchanged(src, m, pos, looks[m.key].facts, None)
+        looks[m.key] = Look(looks[m.key].facts, lo)  # the size in flight, for the failure path
         _sys.ftruncate(src, lo)
         seen = _sys.fstat(src)
-        looks[m.key] = (seen, None)
+        looks[m.key] = Look(Facts.of(seen))
         if seen.st_nlink != 1:
             # Linked between the check and the truncate: the other name now holds only the
             # kept prefix.  Stop before the commit deletes the rest; a rollback puts it back.
@@ -214,9 +236,8 @@ METADATA_ONLY = ("only its change time moved (a chmod, chown or chattr?): no byt
                  "far as size and modification time tell")
 
 
-def _check_unchanged(
-    src: int, m: MoveSource, pos: int, seen: os.stat_result, cause: OSError | None
-) -> None:
+def _check_unchanged(src: int, m: MoveSource, pos: int, seen: Facts, cause: OSError | None
+                     ) -> None:
     """DataChangedError unless the source is as the last truncate left it: cutting another
     writer's file would lose their bytes."""
     now = _sys.fstat(src)
@@ -225,9 +246,9 @@ def _check_unchanged(
         why = "another process changed its size while it was being moved"
     elif now.st_nlink != 1:
         why, kind = "another name was linked to it while it was being moved", ChangeKind.LINKED
-    elif now.st_mtime_ns != seen.st_mtime_ns:
+    elif now.st_mtime_ns != seen.mtime_ns:
         why = "another process wrote to it while it was being moved"
-    elif now.st_ctime_ns != seen.st_ctime_ns:
+    elif now.st_ctime_ns != seen.ctime_ns:
         why, kind = METADATA_ONLY, ChangeKind.METADATA
     if why is not None:
         raise DataChangedError(m.path, expected_size=pos, found_size=now.st_size,

@@ -36,19 +36,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import stat as stat_mod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from filecord._io import syscalls as _sys
 from filecord._txn import transfer
 from filecord._txn.journal import Journal, JournalSource, step
 from filecord._txn.stages import Stage
 from filecord.errors import DataChangedError, RecoverError, add_note
-
-log = logging.getLogger(__name__)
 
 
 def same_file(path: str, dev: int, ino: int) -> os.stat_result | None:
@@ -104,7 +100,7 @@ def roll_back(j: Journal, c: transfer.Counters, inserted: frozenset[Key],
             held = not out.direct and same_file(j.temp(o), out.dev, out.ino) is not None
             temps.append(open_own(j.temp(o), out.dev, out.ino)[0] if held else None)
         return sum(_put_back(j, s, temps, c, inserted=(s.dev, s.ino) in inserted,
-                             copy_out=_Rebuild(rebuilt.get((s.dev, s.ino)), log))
+                             new=rebuilt.get((s.dev, s.ino)), log=log)
                    for s in reversed(j.sources))
     finally:
         errors = _sys.close_each([fd for fd in temps if fd is not None])
@@ -113,11 +109,14 @@ def roll_back(j: Journal, c: transfer.Counters, inserted: frozenset[Key],
 
 
 def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer.Counters, *,
-              inserted: bool, copy_out: _Rebuild) -> int:
+              inserted: bool, new: Key | None, log: Callable[[bytes], None]) -> int:
+    """One source back (``new``: the file its ``rebuilt`` step names).  An inode with another
+    link is not written: its bytes are rebuilt in a new file (:func:`_copy_out`), unless the
+    one logged and named before a stop is at its name, and only the token name goes."""
     at = j.temp(s.dests[0].output) if s.adopt else j.parked(s)
     if same_file(at, s.dev, s.ino) is None:
         st = same_file(s.path, s.dev, s.ino)
-        st = st or rebuilt_at(s.path, s, copy_out.new)  # rebuilt and named before a stop
+        st = st or rebuilt_at(s.path, s, new)  # rebuilt and named before a stop
         if st is None:
             raise RecoverError(f"{s.path}: the {'adopted ' if s.adopt else ''}source is neither "
                                f"at its name nor at {at}")
@@ -128,18 +127,18 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
     fd, own = open_own(at, s.dev, s.ino)
     try:
         length = j.outputs[s.dests[0].output].length if s.adopt else 0
+        fill = None
         if s.adopt and (s.inserted or length != s.size):  # in place: the output built on it
-            copied = _unadopt(fd, at, s, length, c, own=own, inserted=inserted,
-                              copy_out=copy_out)
-        elif s.adopt:  # whole: the file as it is, only the output's mode taken back
-            copied = False
-            if own:
-                _sys.fchmod(fd, stat_mod.S_IMODE(s.mode))
-        else:
-            copied = _unpark(fd, at, s, temps, j.window, c, own=own, copy_out=copy_out)
+            fill = _unadopt(fd, at, s, length, c, own=own, inserted=inserted)
+        elif s.adopt and own:  # whole: the file as it is, only the output's mode taken back
+            _sys.fchmod(fd, stat_mod.S_IMODE(s.mode))
+        elif not s.adopt:
+            fill = _unpark(fd, at, s, temps, j.window, c, own=own)
+        if fill is not None and rebuilt_at(s.path, s, new) is None:
+            _copy_out(fd, at, s, c, fill, log)
     finally:
         _sys.close(fd)
-    if copied:  # the other name keeps the inode as it was; only the token name goes
+    if fill is not None:  # the other name keeps the inode as it was; only the token name goes
         _sys.unlink(at)
         _sys.fsync_parents([s.path, at])
     else:
@@ -148,8 +147,8 @@ def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer
 
 
 def _unpark(fd: int, at: str, s: JournalSource, temps: list[int | None], window: int,
-            c: transfer.Counters, *, own: bool, copy_out: _Rebuild) -> bool:
-    """A parked source's moved bytes back: in place where ``own``, else copied out (True)."""
+            c: transfer.Counters, *, own: bool) -> Callable[[int], object] | None:
+    """A parked source's moved bytes back in place where ``own``, else what fills a copy."""
     size = _sys.fstat(fd).st_size
     if not s.run_start <= size <= s.size:
         raise DataChangedError(at, expected_size=s.size, found_size=size,
@@ -162,21 +161,21 @@ def _unpark(fd: int, at: str, s: JournalSource, temps: list[int | None], window:
                                 free=to == fd)  # a new file: not named until it is whole
 
     if not own:  # whole: named back as it is, nothing written
-        return size < s.size and copy_out(fd, at, s, c, restore)
+        return restore if size < s.size else None
     if size < s.size:
         restore(fd)
     # Whole with another mtime is this undo's own restore, stopped before this futimens:
     # ``check_strict`` refuses anyone else's rewrite before ``rolling back``.
     _sys.futimens(fd, s.atime_ns, s.mtime_ns)
     c.fsync(fd)
-    return False
+    return None
 
 
 def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Counters, *,
-             own: bool, inserted: bool, copy_out: _Rebuild) -> bool:
+             own: bool, inserted: bool) -> Callable[[int], object] | None:
     """Give an adopted source at its output's temp its own bytes back, judged from the temp's
     size (``JournalSource.adopted_size``): in place where ``own`` (what follows it truncated,
-    the space in front collapsed), else copied out (:class:`_Rebuild`; True: named)."""
+    the space in front collapsed), else what fills a copy."""
     size = _sys.fstat(fd).st_size
     if not s.adopted_size(size, length, inserted=inserted):
         raise DataChangedError(temp, expected_size=s.size + s.inserted, found_size=size,
@@ -190,8 +189,8 @@ def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Coun
                                reason=s.adopted_change(size, length, inserted=inserted))
     at = s.inserted if size > s.size else 0  # where the source's bytes begin
     if not own:  # untouched (its own size): named back as it is, nothing written
-        return size != s.size and copy_out(fd, temp, s, c, lambda new: transfer.copy_range(
-            fd, new, at, 0, s.size, c, kind="restored"))
+        return None if size == s.size else lambda new: transfer.copy_range(
+            fd, new, at, 0, s.size, c, kind="restored")
     if size > s.size + s.inserted:
         _sys.ftruncate(fd, s.size + s.inserted)
     if at:
@@ -199,29 +198,14 @@ def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Coun
     _sys.futimens(fd, s.atime_ns, s.mtime_ns)
     _sys.fchmod(fd, stat_mod.S_IMODE(s.mode))
     c.fsync(fd)
-    return False
-
-
-@dataclass(frozen=True, slots=True)
-class _Rebuild:
-    """A source's rebuild: ``new`` the file a ``rebuilt`` step names, ``log`` the journal."""
-
-    new: Key | None
-    log: Callable[[bytes], None]
-
-    def __call__(self, fd: int, at: str, s: JournalSource, c: transfer.Counters,
-                 fill: Callable[[int], object]) -> bool:
-        """Build ``s``'s bytes (``fill``) in a new file with the owner and mode of the inode
-        at ``at`` (never set-id bits: a forged journal can name any inode) and the journaled
-        times, fsynced, logged, then named ``s.path``; the one logged and named before a stop
-        is kept."""
-        if rebuilt_at(s.path, s, self.new) is not None:
-            return True
-        return _copy_out(fd, at, s, c, fill, self.log)
+    return None
 
 
 def _copy_out(fd: int, at: str, s: JournalSource, c: transfer.Counters,
-              fill: Callable[[int], object], log: Callable[[bytes], None]) -> bool:
+              fill: Callable[[int], object], log: Callable[[bytes], None]) -> None:
+    """Build ``s``'s bytes (``fill``) in a new file with the owner and mode of the inode at
+    ``at`` (never set-id bits: a forged journal can name any inode) and the journaled times,
+    fsynced, logged (a ``rebuilt`` step), then named ``s.path``."""
     new = _sys.open_unnamed(os.path.dirname(s.path))
     if new is None:
         raise RecoverError(f"{at} has another hard link, and this file system makes no "
@@ -242,7 +226,6 @@ def _copy_out(fd: int, at: str, s: JournalSource, c: transfer.Counters,
                                f"at {at} and in the temps") from None
     finally:
         _sys.close(new)
-    return True
 
 
 def _name_back(src: str, dst: str) -> None:
@@ -273,7 +256,7 @@ def remove_temps(j: Journal) -> None:
     _sys.fsync_parents(temps)
 
 
-def finish(j: Journal, journal_path: str, looked: Mapping[tuple[int, int], tuple[int, int]],
+def finish(j: Journal, journal_path: str, looked: Mapping[Key, tuple[int, int]],
            *, removals: bool = True) -> tuple[tuple[str, ...], DataChangedError | None]:
     """Finish a committed save (the module's notes); the removals kept (``removals`` False:
     only token files go) and the error for the parked sources kept (:func:`unlink_parked`)."""
@@ -281,62 +264,49 @@ def finish(j: Journal, journal_path: str, looked: Mapping[tuple[int, int], tuple
     # Removals first, while the parked sources prove their directories the save's.
     _removed, removals_kept = discard_and_remove(
         j, proven_directories(j) if removals else frozenset())
-    if removals_kept:
-        log.warning("recover finished %s but kept %s: not provably the file the save recorded",
-                    journal_path, ", ".join(removals_kept))
-
-    def changed(s: JournalSource, st: os.stat_result) -> int | None:
-        was = looked.get((s.dev, s.ino), (s.run_start, st.st_mtime_ns))
-        if st.st_size != s.run_start or (st.st_size, st.st_mtime_ns) != was:
-            return was[0]
-        return None
-    return removals_kept, unlink_parked(j, changed, transfer.Counters())
+    return removals_kept, unlink_parked(j, looked, transfer.Counters())
 
 
-def unlink_parked(j: Journal, changed: Callable[[JournalSource, os.stat_result], int | None],
+def unlink_parked(j: Journal, looked: Mapping[Key, tuple[int, int]],
                   c: transfer.Counters) -> DataChangedError | None:
-    """Unlink each parked source still its inode unless ``changed`` gives the size last seen
-    of one that is no longer as last seen (the save's look, or the ``committed`` step's): that
-    one was written after the look and is kept, named back if its name is free, and the
-    committed error returned says where, once the rest are gone."""
+    """Unlink each parked source still its inode, at its kept prefix and as ``looked`` (the
+    ``committed`` step's last look: size and mtime); one that is not was written after the
+    look and is kept, named back if its name is free, and the committed error returned says
+    where, once the rest are gone.  The save and recover judge alike."""
     moved = [s for s in j.sources if not s.adopt]
-    kept: list[tuple[JournalSource, int, int, str]] = []
+    kept: list[tuple[str, int, int, str]] = []  # (source, size last seen, now, where kept)
+    notes = ["the outputs are complete under their final names"]
     for s in moved:
-        st = same_file(j.parked(s), s.dev, s.ino)
-        if st is None:  # gone (unlinked before a stop), or another process's inode put at
-            # its name: kept and said like a changed source, never left unsaid
-            st = _there(j.parked(s))
-            if st is None:
-                continue
-            was = s.run_start
-        else:
-            seen = changed(s, st)
-            if seen is None:
-                _sys.unlink(j.parked(s))
-                continue
-            was = seen
-        where = f"another kind of file is kept at {j.parked(s)}"
+        # Another process's inode put at its name is kept and said like a changed source.
+        parked, own = j.parked(s), same_file(j.parked(s), s.dev, s.ino)
+        st = own or _there(parked)
+        if st is None:
+            continue  # unlinked before a stop
+        was, mtime = looked.get((s.dev, s.ino), (s.run_start, st.st_mtime_ns))
+        unchanged = (st.st_size, st.st_mtime_ns, was) == (s.run_start, mtime, s.run_start)
+        if own is not None and unchanged:
+            _sys.unlink(parked)
+            continue
+        at, why = parked, "another kind of file"
         if stat_mod.S_ISREG(st.st_mode):
             try:
-                _name_back(j.parked(s), s.path)
-                where = f"the changed source is kept under its own name {s.path}"
+                _name_back(parked, s.path)
+                at, why = s.path, "under its own name"
             except RecoverError:
-                where = f"{s.path} is now another file, so the changed source is kept at " \
-                    f"{j.parked(s)}"
-        kept.append((s, was, st.st_size, f"{s.path}: {st.st_size} bytes (the save last saw "
-                     f"{was}); " + where))
+                why = f"{s.path} is now another file"
+        kept.append((s.path, was, st.st_size, at))
+        notes.append(f"{s.path}: {st.st_size} bytes (the save last saw {was}); kept at {at} "
+                     f"({why})")
     c.fsyncs += _sys.fsync_parents([j.parked(s) for s in moved])
     if not kept:
         return None
-    s, was, size, _where = kept[0]
-    err = DataChangedError(s.path, expected_size=was, found_size=size,
+    err = DataChangedError(kept[0][0], expected_size=kept[0][1], found_size=kept[0][2],
                            reason="another process changed this consumed source after the "
                            "commit point, so it was not deleted")
     err.committed = True
-    for note in ["the outputs are complete under their final names", *(k[3] for k in kept)]:
+    for note in notes:
         add_note(err, note)
-    err.kept = tuple(  # type: ignore[attr-defined]
-        j.parked(s) if _there(j.parked(s)) is not None else s.path for s, *_rest in kept)
+    err.kept = tuple(k[3] for k in kept)  # type: ignore[attr-defined]
     return err
 
 
@@ -348,12 +318,8 @@ def _there(path: str) -> os.stat_result | None:
 
 
 def _rename_outputs(j: Journal, journal_path: str) -> None:
-    """Each temp onto its final name (already there: renamed before a crash), fsynced.  A
-    temp not its output's length was changed by someone else: nothing is renamed."""
-    for o, out in enumerate(j.outputs):
-        st = None if out.direct or out.discard else same_file(j.temp(o), out.dev, out.ino)
-        if st is not None and st.st_size != out.length:
-            raise temp_changed(j, o, st.st_size)
+    """Each temp onto its final name (already there: renamed before a crash), fsynced; each
+    at its journaled length (``assess.check_committed``: else nothing is renamed)."""
     finals: list[str] = []
     for o, out in enumerate(j.outputs):
         if out.direct or out.discard:
@@ -375,13 +341,6 @@ def _rename_outputs(j: Journal, journal_path: str) -> None:
             )
         finals.append(out.final)
     _sys.fsync_parents(finals)
-
-
-def temp_changed(j: Journal, o: int, size: int) -> RecoverError:
-    out = j.outputs[o]
-    return RecoverError(f"{j.temp(o)}: the temp of {out.final} is {size} bytes where the journal "
-                        f"says the complete output has {out.length}: another process changed "
-                        "it, so it is not renamed onto the final name")
 
 
 def proven_directories(j: Journal) -> frozenset[str]:

@@ -28,7 +28,7 @@ from filecord._txn.assess import (
 from filecord._txn.decide import Action, Actor, Found, decide
 from filecord._txn.journal import Journal, JournalOutput, JournalSource
 from filecord._txn.stages import Stage
-from filecord.errors import ChangeKind, DataChangedError, RecoverError
+from filecord.errors import ChangeKind, DataChangedError
 
 TOKEN = "0123456789abcdef"  # noqa: S105 - a save token, not a password
 W = 4096
@@ -221,7 +221,8 @@ def test_a_committed_step_that_checks_is_played_back_whatever_the_sources_sizes(
 def test_committed_with_a_temp_not_at_its_length_is_changed_and_refused() -> None:
     got = assess(J, COMMITTED, seen(Facts(0, 7), Facts(0, 9), temp=Facts(4 * W - 1, 1)))
     assert got.found is Found.CHANGED
-    assert isinstance(got.error, RecoverError)
+    assert isinstance(got.error, DataChangedError)
+    assert (got.error.expected_size, got.error.found_size) == (4 * W, 4 * W - 1)
     assert "another process changed it" in got.why
     assert decide(Actor.RECOVER, Stage.COMMITTED, got.found) is Action.REFUSE
 
