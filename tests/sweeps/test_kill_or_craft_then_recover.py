@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-MAGIC = b"filecord-journal 5\n"
+MAGIC = b"filecord-journal 6\n"
 
 CHILD = textwrap.dedent(
     """

@@ -38,7 +38,7 @@ M = 1 << 20
 RND = random.Random(30)  # noqa: S311 - test data, not secrets
 A_DATA = RND.randbytes(3 * M + 17)
 B_DATA = RND.randbytes(2 * M + 5)
-MAGIC = b"filecord-journal 5\n"
+MAGIC = b"filecord-journal 6\n"
 CHILD = """
 import os, sys
 from filecord import Cord, FileBackedData, save_many

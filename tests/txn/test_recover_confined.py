@@ -48,7 +48,7 @@ def committed(d: Path) -> Path:
 
 
 def craft(path: Path, edit: dict[str, object]) -> None:
-    """Rewrite both copies of the head with ``edit`` applied, every checksum made to hold."""
+    """Rewrite the head with ``edit`` applied, every checksum made to hold."""
     data = path.read_bytes()
     lines = data[len(journal.MAGIC):].split(b"\n")[:-1]
     out = [journal.MAGIC]
@@ -87,7 +87,7 @@ def test_a_removal_beside_a_direct_output_is_never_unlinked(tmp_path: Path) -> N
     os.mkfifo(elsewhere / "pipe")
     # A direct output (written in place: no temp, so no lock file there) in another directory,
     # and a removal beside it whose identity is the victim's own.
-    craft(j, {"outputs": [[str(elsewhere / "pipe"), 0, 0, 0, -1, -1, -1, True, 0, 0]],
+    craft(j, {"outputs": [[str(elsewhere / "pipe"), 0, 0, 0, -1, -1, -1, True, 0, 0, False]],
               "removals": [removal(victim)]})
     story = _recover_quietly(d)
     assert victim.read_bytes() == PRECIOUS, story
@@ -159,7 +159,7 @@ def test_temps_whose_lock_says_the_journal_was_made_are_never_discarded(
     assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before
 
 
-@pytest.mark.parametrize("version", [4, 6])
+@pytest.mark.parametrize("version", [5, 7])
 def test_a_journal_whose_magic_line_names_another_version_is_refused(tmp_path: Path,
                                                                      version: int) -> None:
     """Its records are this version's and check, its magic line says otherwise: another
@@ -287,7 +287,7 @@ def test_a_removal_beside_only_a_direct_output_is_refused_as_not_confined(
     victim = elsewhere / "precious.txt"
     victim.write_bytes(PRECIOUS)
     os.mkfifo(elsewhere / "pipe")
-    craft(j, {"outputs": [[str(elsewhere / "pipe"), 0, 0, 0, -1, -1, -1, True, 0, 0]],
+    craft(j, {"outputs": [[str(elsewhere / "pipe"), 0, 0, 0, -1, -1, -1, True, 0, 0, False]],
               "removals": [removal(victim)]})
     before = {str(p): p.read_bytes() for p in d.iterdir()}
     with pytest.raises(RecoverError, match="not confined"):

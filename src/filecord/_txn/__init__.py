@@ -22,7 +22,7 @@ lock file
 journal
     ``.NAME.TOKEN.filecord-journal``, the save's log of step records.
 head
-    the journal's first step, written twice: what the save is.
+    the journal's first step, renamed into place whole: what the save is.
 step
     one checksummed, fsynced record of a stage entered.
 stage

@@ -125,13 +125,13 @@ def write_journal(txn: Txn) -> journal.Journal:
     except BaseException:
         _sys.close_each([fd])
         raise
-    txn.journal_fd = fd  # kept open: the later steps are appended through it
-    txn.journal_end = txn.journal_tail = len(head)
+    # kept open: the later steps are appended through it
+    txn.log = liveness.Appender(pending, len(head), fd=fd, fsync=txn.counters.fsync)
     # Every name the rollback needs (temps, lock files) durable before the journal's.
     txn.counters.fsyncs += _sys.fsync_parents([pending, *filter(None, txn.temps)])
     final = journal_name(txn, _names.JOURNAL)
     _sys.rename(pending, final)
-    txn.journal_path = final
+    txn.journal_path = txn.log.path = final
     txn.to(Stage.JOURNALED)  # the rename is the transition; a failed fsync below rolls back
     txn.counters.fsyncs += _sys.fsync_parents([final])
     created = len(liveness.pointer_record(final))
@@ -157,17 +157,11 @@ def park_sources(txn: Txn, record: journal.Journal) -> None:
 
 def append_step(txn: Txn, record: bytes, stage: Stage | None = None) -> None:
     """One durable step before the action it licenses; ``stage`` is entered once its fsync
-    returns.  A step whose write or fsync failed is not taken: the next (``rolling back``,
-    ``held``) first cuts it off.  Until then a crash may keep it, but the files are as it says
-    (every step precedes its action)."""
-    fd = txn.journal_fd
-    if fd is None:  # pragma: no cover - steps follow the journal's write
+    returns.  A step whose write or fsync failed is not taken (``liveness.Appender``): until
+    the next cuts it off a crash may keep it, but the files are as it says (every step
+    precedes its action)."""
+    if txn.log is None:  # pragma: no cover - steps follow the journal's write
         raise SaveError("a journal step without a journal")
-    if txn.journal_tail > txn.journal_end:
-        _sys.ftruncate(fd, txn.journal_end)
-    txn.journal_tail = txn.journal_end + len(record)
-    _sys.write_all(fd, record, txn.journal_end)
-    txn.counters.fsync(fd)
-    txn.journal_end = txn.journal_tail
+    txn.log(record)
     if stage is not None:
         txn.to(stage)

@@ -62,8 +62,9 @@ def close_descriptors(txn: Txn) -> list[OSError]:
 
 
 def _close(txn: Txn, notes: list[str]) -> None:
-    fds = [] if txn.journal_fd is None else [txn.journal_fd]
-    txn.journal_fd = None
+    fds = [] if txn.log is None or txn.log.fd is None else [txn.log.fd]
+    if txn.log is not None:
+        txn.log.fd = None  # from here on a step opens the journal by name
     errors = close_descriptors(txn) + _sys.close_each(fds)
     notes.extend(f"could not close a descriptor: {exc}" for exc in errors)
 
@@ -199,12 +200,12 @@ def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row ROLL_BACK: append the ``rolling back`` step (durable), put every byte back on the
     live files exactly as recover would, then discard the rest.  A failure of the undo asks
     the table again, at the stage reached, with the files unreadable."""
-    record, path = journaled(txn)
+    record = journaled(txn)[0]
     try:
         begin.append_step(txn, journal.step(Stage.ROLLING_BACK), Stage.ROLLING_BACK)
         _close(txn, notes)  # the undo opens what it needs by name, as recover does
         restored = undo.roll_back(record, txn.counters, frozenset(txn.inserted), {},
-                                  liveness.appender(path, txn.journal_end, torn=False))
+                                  lambda step: begin.append_step(txn, step))
     except BaseException as rexc:  # noqa: BLE001 - any failure here leaves the journal in charge
         notes.append(f"rolling back also failed: {rexc!r}")
         _ACTIONS[decide(Actor.SAVE, txn.stage, Found.UNREADABLE)](

@@ -1,4 +1,4 @@
-"""The save's log (journal version 5): one file of length-prefixed, checksummed step records.
+"""The save's log (journal version 6): one file of length-prefixed, checksummed step records.
 
 Theory of operation
 -------------------
@@ -11,8 +11,9 @@ CRC, no digit changed elsewhere can make it match), the payload canonical ASCII 
 record kind is the *step*, a stage entered (``stages.Stage``), appended and fsynced before what
 it licenses:
 
-* ``journaled`` with ``save``, the head (:class:`Journal`), written **twice** under the
-  ``.filecord-pending`` name, fsynced, then renamed: a journal name never holds a torn head;
+* ``journaled`` with ``save``, the head (:class:`Journal`), written under the
+  ``.filecord-pending`` name, fsynced, then renamed: a journal name never holds a torn head, so
+  a magic line or head that does not check is damage;
 * ``moving`` with ``cut: [dev, ino, size]``, after a window's fsync in the temps and before the
   truncate (a truncate may not reach the disk, none runs before its step: ``Log.cuts``);
 * ``moving`` with ``moved: N`` once the Nth moved source's last truncate is fsynced, and with
@@ -51,8 +52,8 @@ from filecord._plan.types import BLOCK, MoveSource, PieceRef
 from filecord._txn.stages import Stage, may_follow
 from filecord.errors import RecoverError
 
-VERSION = 5
-MAGIC = b"filecord-journal 5\n"
+VERSION = 6
+MAGIC = b"filecord-journal 6\n"
 # The stages a step may name and the fields it may carry, as the save writes them (strict:
 # anything else is damage).  FILLED, RENAMED and DONE leave nothing a crash needs.
 _FIELDS: dict[Stage, tuple[frozenset[str], ...]] = {
@@ -198,31 +199,32 @@ def lock_files(finals: Iterable[str], token: str) -> dict[str, str]:
     return {d: _names.sibling(f, token, _names.LOCK) for d, f in firsts.items()}
 
 
-# The head's fields as written, in order (an output is a list, a source an object; a source's
-# ``dests`` apart): its encoding and its strict parsing both read them here.
+# The head's fields as written, in order (an output, a removal and a range are lists, a source
+# an object with its ``dests`` besides): its encoding and its strict parsing both read them here.
 _OUTPUT = (("final", str), ("dev", int), ("ino", int), ("length", int), ("mode", int),
-           ("uid", int), ("gid", int), ("direct", bool), ("old_dev", int), ("old_ino", int))
+           ("uid", int), ("gid", int), ("direct", bool), ("old_dev", int), ("old_ino", int),
+           ("discard", bool))
+_REMOVAL = (("path", str), ("dev", int), ("ino", int), ("size", int), ("mtime_ns", int))
+_DEST = (("output", int), ("out_offset", int), ("length", int), ("src_offset", int))
 _SOURCE = (("dev", int), ("ino", int), ("path", str), ("size", int), ("run_start", int),
            ("atime_ns", int), ("mtime_ns", int), ("mode", int), ("adopt", bool), ("dense", bool))
 
 
+def _row(table: tuple[tuple[str, type], ...], obj: object) -> list[Any]:
+    return [getattr(obj, k) for k, _t in table]
+
+
 def encode(j: Journal) -> bytes:
-    """The journal as written under its pending name: magic and the head, twice."""
-    head = step(Stage.JOURNALED, save={
+    """The journal as written under its pending name: the magic line and the head."""
+    return MAGIC + step(Stage.JOURNALED, save={
         "version": VERSION,
         "token": j.token,
         "window": j.window,
-        "outputs": [[getattr(o, k) for k, _t in _OUTPUT] + ([True] if o.discard else [])
-                    for o in j.outputs],
-        **({"removals": [[r.path, r.dev, r.ino, r.size, r.mtime_ns] for r in j.removals]}
-           if j.removals else {}),
-        "sources": [
-            {**{k: getattr(s, k) for k, _t in _SOURCE},
-             "dests": [[d.output, d.out_offset, d.length, d.src_offset] for d in s.dests]}
-            for s in j.sources
-        ],
+        "outputs": [_row(_OUTPUT, o) for o in j.outputs],
+        "removals": [_row(_REMOVAL, r) for r in j.removals],
+        "sources": [{**{k: getattr(s, k) for k, _t in _SOURCE},
+                     "dests": [_row(_DEST, d) for d in s.dests]} for s in j.sources],
     })
-    return MAGIC + head + head
 
 
 def _sum(payload: bytes) -> bytes:
@@ -293,14 +295,6 @@ def _checks(line: bytes) -> bool:
     return True
 
 
-def _unframed(line: bytes) -> dict[str, object] | None:
-    """:func:`unframe`, or None for a line that does not check (a stray record too)."""
-    try:
-        return unframe(line)
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
 def _overlong(line: bytes) -> bool:
     """Whether a line is longer than the record its (intact) header announces: a damaged
     newline merged it with the next record.  A cut record is only ever shorter."""
@@ -368,10 +362,9 @@ class Log:
     rebuilt: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
 
 
-def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
-    """The head record, the whole lines after the magic line, whether a torn tail follows,
-    and the offset of the first of those lines."""
-    lines, torn = split_lines(data)
+def _head(lines: list[bytes], data: bytes) -> Journal:
+    """The head: the magic line, then the ``journaled`` step carrying the save.  It is renamed
+    into place whole, so a head that does not check is damage, never a torn write."""
     # A magic line naming another version is refused naming it, whatever the records after it
     # say (a later version may keep this layout, and is never played back as this one); a flip
     # that turns the digit into another is refused alike, touching nothing.
@@ -381,52 +374,33 @@ def _head(data: bytes) -> tuple[Journal, list[bytes], bool, int]:
             f"the journal was written by {'an older' if int(version) < VERSION else 'another'} "
             f"filecord (journal version {int(version)}): recover it with the filecord that "
             "wrote it")
-    start = 0
-    # The magic line itself damaged: the checksum, not the position, says it is no record.
-    if lines and (data.startswith(MAGIC) or _unframed(lines[0]) is None):
-        start = len(lines[0]) + 1
-        lines = lines[1:]
-    problems: list[str] = []
-    for n, line in enumerate(lines[:2], start=1):
-        try:
-            rec = unframe(line)
-            if stage_of(rec) is not Stage.JOURNALED or "save" not in rec:
-                raise ValueError(f"a {rec['stage']} step where the head belongs")
-            return _parse(rec["save"]), lines, torn, start
-        except (ValueError, KeyError, TypeError, IndexError) as exc:  # noqa: PERF203 - two
-            problems.append(f"copy {n}: {exc}")
-    if not data.startswith(MAGIC[:9]):
-        raise NotAJournalError("the file is not a filecord journal (no magic line, no record)")
-    raise JournalDamagedError(
-        "the journal is damaged: no copy of its head record checks out ("
-        + "; ".join(problems or ["empty"]) + ")"
-    )
+    try:
+        if lines[0] + b"\n" != MAGIC:
+            raise ValueError("its magic line is not filecord's")
+        rec = unframe(lines[1])
+        if stage_of(rec) is not Stage.JOURNALED or "save" not in rec:
+            raise ValueError(f"a {rec['stage']} step where the head belongs")
+        return _parse(rec["save"])
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        if not data.startswith(MAGIC[:9]) and not (len(lines) > 1 and _checks(lines[1])):
+            raise NotAJournalError("the file is not a filecord journal (no magic line, no "
+                                   "record)") from None
+        raise JournalDamagedError(f"the journal is damaged: its head does not check out ({exc})"
+                                  ) from None
 
 
 def decode(data: bytes) -> Journal:
-    """The head record in ``data`` (either copy that checks)."""
-    return _head(data)[0]
+    """The head in ``data``."""
+    return _head(split_lines(data)[0], data)
 
 
 def read_log(data: bytes, *, intact_prefix: bool = False) -> Log:
     """The head and the steps after it (WAL replay, strict); :class:`JournalDamagedError` for
-    damage.  The head's second copy counts as a record (a damaged newline merges it with the
-    first step, which must not vanish); a step where it belongs means the first copy went
-    with a damaged magic line, and is read as the first step.  ``intact_prefix``: a record
-    that does not check before the last gives the steps before it, ``damage`` saying why."""
-    j, lines, torn, start = _head(data)
-    heads = 1 if len(lines) > 1 and _checks(lines[1]) and "save" not in (
-        _unframed(lines[1]) or {}) else 2
-    rest = lines[heads:]
-    # A flip inside the second copy leaves it as long as the first (the first then serves);
-    # one that merged it with the next line, or split it, is damage once a later record checks.
-    if len(lines) > 1 and not _checks(lines[1]) and (
-        _overlong(lines[1])
-        or (len(lines[1]) != len(lines[0]) and any(_checks(line) for line in rest))
-    ):
-        raise JournalDamagedError("the journal is damaged: the second copy of its head does "
-                                  "not check out, and a later record does")
-    r = replay(rest, torn_tail=torn, after=Stage.JOURNALED)
+    damage.  ``intact_prefix``: a record that does not check before the last gives the steps
+    before it, ``damage`` saying why."""
+    lines, torn = split_lines(data)
+    j = _head(lines, data)
+    r = replay(lines[2:], torn_tail=torn, after=Stage.JOURNALED)
     damage = None if r.damage is None else f"the journal is damaged: {r.damage}"
     if damage is not None and not (
             intact_prefix and _succession(list(r.records), Stage.JOURNALED) is None):
@@ -441,7 +415,7 @@ def read_log(data: bytes, *, intact_prefix: bool = False) -> Log:
     except (ValueError, KeyError, TypeError) as exc:
         raise JournalDamagedError(f"the journal is damaged: a step that checks says {exc}") \
             from None
-    end = start + sum(len(line) + 1 for line in lines[:heads + len(r.records)])
+    end = sum(len(line) + 1 for line in lines[:2 + len(r.records)])
     return replace(log, torn=r.torn, end=end, damage=damage)
 
 
@@ -505,42 +479,35 @@ def _a(kind: type[_T], v: object) -> _T:
 _HEAD_KEYS = {"version", "token", "window", "outputs", "removals", "sources"}
 
 
+def _entry(table: tuple[tuple[str, type], ...], values: object) -> dict[str, Any]:
+    """A list entry of the head: exactly the fields of ``table``, each of its type."""
+    if not isinstance(values, list) or len(values) != len(table):
+        raise ValueError(f"an entry is not a list of {len(table)} fields")
+    return {k: _a(kind, v) for (k, kind), v in zip(table, values, strict=True)}
+
+
 def _parse(body: object) -> Journal:
     if not isinstance(body, dict):
         raise TypeError("the head is not an object")
     if body["version"] != VERSION:
         raise ValueError(f"version {body['version']!r} is not {VERSION}")
-    if not set(body) <= _HEAD_KEYS:
-        raise ValueError(f"the head has fields {sorted(set(body) - _HEAD_KEYS)}")
-    outputs = tuple(_output(o) for o in body["outputs"])
-    removals = tuple(
-        JournalRemoval(_a(str, p), _a(int, d), _a(int, i), _a(int, n), _a(int, m))
-        for p, d, i, n, m in body.get("removals", [])
-    )
+    if set(body) != _HEAD_KEYS:
+        raise ValueError(f"the head has fields {sorted(body)}")
     sources = []
-    for s in body["sources"]:
-        if set(s) != {"dests", *(k for k, _t in _SOURCE)}:
+    for s in _a(list, body["sources"]):
+        if not isinstance(s, dict) or set(s) != {"dests", *(k for k, _t in _SOURCE)}:
             raise ValueError(f"a source has fields {sorted(s)}")
         fields: dict[str, Any] = {k: _a(kind, s[k]) for k, kind in _SOURCE}
         key = (fields["dev"], fields["ino"])
         sources.append(JournalSource(**fields, dests=tuple(
-            PieceRef(_a(int, o), 0, _a(int, off), _a(int, n), key, _a(int, so))
-            for o, off, n, so in s["dests"])))
+            PieceRef(index=0, source=key, **_entry(_DEST, d)) for d in _a(list, s["dests"]))))
     token = _a(str, body["token"])
     if not _names.is_token(token):
         raise ValueError(f"token {token!r} is malformed")
-    return Journal(token, _a(int, body["window"]), outputs, tuple(sources), removals=removals)
-
-
-def _output(o: object) -> JournalOutput:
-    """One output entry: the ten fields of ``_OUTPUT``, and an eleventh ``true`` for a discard
-    output (a head written before discard outputs existed has ten)."""
-    if not isinstance(o, list) or len(o) not in (10, 11):
-        raise ValueError("an output entry is not a list of 10 or 11 fields")
-    if len(o) == 11 and o[10] is not True:
-        raise ValueError("an output's discard mark is not true")
-    fields: dict[str, Any] = {k: _a(kind, v) for (k, kind), v in zip(_OUTPUT, o, strict=False)}
-    return JournalOutput(**fields, discard=len(o) == 11)
+    return Journal(token, _a(int, body["window"]),
+                   tuple(JournalOutput(**_entry(_OUTPUT, o)) for o in _a(list, body["outputs"])),
+                   tuple(sources),
+                   tuple(JournalRemoval(**_entry(_REMOVAL, r)) for r in _a(list, body["removals"])))
 
 
 def _clean(path: str) -> bool:

@@ -60,23 +60,31 @@ def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
     return fd
 
 
-def appender(path: str, end: int, *, torn: bool) -> Callable[[bytes], None]:
-    """Append steps to the journal ``path`` at its logical end ``end``, each fsynced before
-    the call returns; ``torn``: what follows ``end`` is cut off first (a shorter step over it
-    would leave its rest behind as a record that does not check)."""
-    at = [end, torn]
+@dataclass(slots=True)
+class Appender:
+    """Every step's append (the save's, recover's): at the journal's logical end, fsynced before
+    the call returns.  ``torn``: what follows ``end`` (a torn tail, a step whose write or fsync
+    failed) is cut off first, else a shorter step would leave its rest as a record that does
+    not check.  Through ``fd`` while the save holds it open, else opened by ``path``."""
 
-    def append(record: bytes) -> None:
-        fd = open_regular(path, os.O_WRONLY)
+    path: str
+    end: int
+    torn: bool = False
+    fd: int | None = None
+    fsync: Callable[[int], None] = _sys.fsync
+
+    def __call__(self, record: bytes) -> None:
+        fd = open_regular(self.path, os.O_WRONLY) if self.fd is None else self.fd
         try:
-            if at[1]:
-                _sys.ftruncate(fd, at[0])
-            _sys.write_all(fd, record, at[0])
-            _sys.fsync(fd)
+            if self.torn:
+                _sys.ftruncate(fd, self.end)
+            self.torn = True  # until its fsync returns
+            _sys.write_all(fd, record, self.end)
+            self.fsync(fd)
+            self.end, self.torn = self.end + len(record), False
         finally:
-            _sys.close(fd)
-        at[:] = [at[0] + len(record), False]
-    return append
+            if fd != self.fd:
+                _sys.close(fd)
 
 
 def _names_same(fd: int, path: str) -> bool:
@@ -88,6 +96,13 @@ def _names_same(fd: int, path: str) -> bool:
     return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
+def _lock(fd: int, path: str, held: str) -> None:
+    try:
+        _sys.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise LockBusyError(errno.EAGAIN, f"{path} {held}") from None
+
+
 def create(path: str, content: bytes) -> int:
     """The save's side (the module's steps); the descriptor."""
     fd = _sys.open_unnamed(os.path.dirname(path) or ".")
@@ -95,12 +110,7 @@ def create(path: str, content: bytes) -> int:
     if fd is None:  # no unnamed file here: made under its name, locked at once
         fd = _sys.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        try:
-            _sys.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LockBusyError(
-                errno.EAGAIN, f"{path} was locked by a recover as it was made"
-            ) from None
+        _lock(fd, path, "was locked by a recover as it was made")
         if named and not _names_same(fd, path):
             raise LockBusyError(errno.EAGAIN, f"{path} was removed by a recover as it was made")
         _sys.write_all(fd, content, 0)
@@ -127,10 +137,7 @@ def acquire(path: str) -> int | None:
     except FileNotFoundError:
         return None
     try:
-        try:
-            _sys.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LockBusyError(errno.EAGAIN, f"{path} is locked: its save is running") from None
+        _lock(fd, path, "is locked: its save is running")
         if not _names_same(fd, path):
             _sys.close(fd)
             return None

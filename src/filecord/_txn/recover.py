@@ -419,7 +419,7 @@ def _finish(path: str, log_: journal.Log, action: table.Action, *, lost: bool) -
 
 def _roll_back(path: str, log_: journal.Log, stage: Stage, action: table.Action) -> Recovered:
     j = log_.journal
-    log = liveness.appender(path, log_.end, torn=log_.torn)
+    log = liveness.Appender(path, log_.end, torn=log_.torn)
     if stage is Stage.MOVING:  # ROLL_BACK from journaled or moving: first the log says so
         log(journal.step(Stage.ROLLING_BACK))
     undo.roll_back(j, transfer.Counters(), log_.inserted, log_.rebuilt, log)

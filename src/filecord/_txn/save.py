@@ -384,9 +384,9 @@ def _commit(txn: Txn) -> None:
     if record is not None and txn.journal_path is not None:
         begin.append_step(txn, journal.step(Stage.COMMITTED, looked=[
             [*k, *v] for k, v in seen.items()]), Stage.COMMITTED)
-        fd, txn.journal_fd = txn.journal_fd, None
-        if fd is not None:  # its records are all fsynced: a close error is raised
-            _sys.close(fd)
+        if txn.log is not None and txn.log.fd is not None:
+            fd, txn.log.fd = txn.log.fd, None
+            _sys.close(fd)  # its steps all fsynced: a close error is raised
         adopt.take_owner_modes(txn, record)
     finals: list[str] = []
     for out, temp in zip(p.outputs, txn.temps, strict=True):

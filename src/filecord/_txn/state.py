@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from filecord._plan.preflight import Facts
 from filecord._plan.types import PieceAction, SavePlan
-from filecord._txn import journal, transfer
+from filecord._txn import journal, liveness, transfer
 from filecord._txn.stages import Stage, advance
 
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
@@ -47,9 +47,7 @@ class Txn:
     src_closed: dict[tuple[int, int], os.stat_result] = field(default_factory=dict)
     record: journal.Journal | None = None
     journal_path: str | None = None  # the journal's name, once it has one
-    journal_fd: int | None = None  # open from its write to the commit point: steps append
-    journal_end: int = 0  # the end of its last whole record: where the next step goes
-    journal_tail: int = 0  # the most written past it (a step whose write or fsync failed)
+    log: liveness.Appender | None = None  # the journal's steps (its descriptor: to the commit)
     moving: tuple[int, int] | None = None  # the source being moved right now
     # per consumed source, the save's last look at it and the size a truncate in flight
     # leaves (None when none is): ``looks``
