@@ -74,8 +74,10 @@ XFS_RANGE_BLOCKS_PER_BLOCK = 250
 XFS_INSERT_BLOCKS = 64
 XFS_REMAP_BLOCKS = 64
 BTRFS_BLOCKS = 16
-# A bound on the journal's bytes (``_txn.journal``: the head written twice, then the steps):
-# fixed fields per output, per source and per destination, beside the paths themselves.
+# A bound on the journal's bytes (``_txn.journal``: the head, then the steps): fixed fields
+# per output, per source and per destination, beside the paths themselves.  The head is
+# counted twice (journal version 5 wrote it twice; version 6 once): a looser bound, never a
+# smaller one, so no plan that fitted before is refused now.
 JOURNAL_FIXED = 1024
 JOURNAL_PER_OUTPUT = 256
 JOURNAL_PER_SOURCE = 512  # its fields in the head, and its look in the committed step
@@ -108,7 +110,7 @@ class Shape:
 
 def journal_bytes(outputs: Sequence[OutputFacts], moves: Sequence[MoveSource],
                   consumed: Sequence[str]) -> int:
-    """A bound on the journal's length: its head twice, and every step it can append."""
+    """A bound on the journal's length: twice its head, and every step it can append."""
     def path(p: str) -> int:  # as JSON, made absolute and resolved (up to 256 bytes more)
         return len(json.dumps(p)) + 256
 
