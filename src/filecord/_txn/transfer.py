@@ -278,9 +278,14 @@ def restore_source(
             tfd = temps[d.output]
             if tfd is None:
                 raise OSError(errno.ENOENT, f"the temp file holding {m.path}[{a}:{b}] is missing")
-            if dense:
-                _check_holds_data(tfd, d.out_offset + (a - d.src_offset), b - a, m, a)
-            held.append((tfd, d.out_offset + (a - d.src_offset), a, b - a))
+            at = d.out_offset + (a - d.src_offset)
+            hole = first_hole(tfd, at) if dense else None
+            if hole is not None and hole < at + b - a:
+                raise DataChangedError(
+                    m.path, expected_size=m.size, found_size=a,
+                    reason=f"the temp holds no data for its bytes from {a + hole - at} on: "
+                    "they were never moved, so the source was shortened by someone else")
+            held.append((tfd, at, a, b - a))
         for tfd, at, a, n in held:
             copy_range(tfd, src, at, a, n, c, kind="restored")
         c.fsync(src)
@@ -293,16 +298,12 @@ def restore_source(
     return m.size - start
 
 
-def _check_holds_data(fd: int, offset: int, n: int, m: MoveSource, src_at: int) -> None:
+def first_hole(fd: int, offset: int) -> int | None:
+    """Where the first hole from ``offset`` on begins (the file's end is one); None where the
+    file system cannot say (no ``SEEK_HOLE``: no holes reported)."""
     try:
-        hole = _sys.lseek(fd, offset, getattr(os, "SEEK_HOLE", 4))
-    except OSError as exc:  # no SEEK_HOLE here: no holes reported, the check passes
+        return _sys.lseek(fd, offset, getattr(os, "SEEK_HOLE", 4))
+    except OSError as exc:
         if exc.errno in (errno.EINVAL, errno.ENXIO, errno.EOPNOTSUPP):
-            return
+            return None
         raise
-    if hole < offset + n:
-        raise DataChangedError(
-            m.path, expected_size=m.size, found_size=src_at,
-            reason=f"the temp holds no data for its bytes from {src_at + hole - offset} on: "
-            "they were never moved, so the source was shortened by someone else",
-        )
