@@ -166,13 +166,13 @@ def move_source(
     spans = [(d.src_offset, d.src_offset + d.length, d) for d in m.dests]
     for lo, pos, parts in _windows(m, spans, m.run_start, window):
         try:
-            touched = _copy_window(src, parts, temps, c)
+            _copy_window(src, parts, temps, c)
         except OSError as exc:
             _check_unchanged(src, m, pos, looks[m.key].facts, exc)
             raise
         if lo > m.run_start:  # read the next window while this one's fsync writes
             _sys.prefetch(src, max(m.run_start, lo - window), lo - max(m.run_start, lo - window))
-        for fd in sorted(touched):
+        for fd in sorted({temps[d.output] for _a, _b, d in parts}):
             c.fsync(fd)  # raises on failure: the truncate below never runs after a bad fsync
         log_cut(lo)  # before the check: nothing but the check may stand before the cut
         _check_unchanged(src, m, pos, looks[m.key].facts, None)
@@ -190,8 +190,7 @@ def move_source(
 
 
 def _copy_window(src: int, parts: Sequence[tuple[int, int, PieceRef]], temps: Sequence[int],
-                 c: Counters) -> set[int]:
-    touched: set[int] = set()
+                 c: Counters) -> None:
     left = sum(b - a for a, b, _d in parts)
     behind: dict[int, tuple[int, int]] = {}  # temp -> its range copied since the last hint
     since = 0
@@ -209,8 +208,6 @@ def _copy_window(src: int, parts: Sequence[tuple[int, int, PieceRef]], temps: Se
                 for fd, (p, q) in sorted(behind.items()):
                     _sys.start_writeback(fd, p, q - p)
                 behind, since = {}, 0
-        touched.add(tfd)
-    return touched
 
 
 def _windows(m: MoveSource, spans: Sequence[tuple[int, int, PieceRef]], start: int,
