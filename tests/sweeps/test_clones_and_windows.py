@@ -305,7 +305,7 @@ def test_r3_3_recover_of_a_pte_given_by_mistake_exits_2_and_touches_nothing(
 # guarantees.md, "What a failure leaves": before the commit point the sources are "byte-exact
 # under their own names"; a crash: "recover restores".  A source whose tail is preallocated
 # but never written (posix_fallocate, then the head written: unwritten extents) counts as
-# dense (st_blocks covers st_size), so the rollback's proof (_transfer._check_holds_data)
+# dense (st_blocks covers st_size), so the rollback's proof (_transfer.first_hole)
 # insists the temp hold *data* there.  On XFS a move's copy_file_range reflinks aligned
 # windows, unwritten extents included (btrfs too), and SEEK_HOLE reports them as holes: the
 # rollback concludes "they were never moved, so the source was shortened by someone else",

@@ -149,7 +149,8 @@ def copy_case(template: Layout, root: Path) -> tuple[Layout, Path, _journal.Jour
                 out += _journal.frame(step)
             (root / rel).write_bytes(out)
     jt = journal_file(template)
-    j = repoint(_journal.decode(jt.read_bytes()), template.root, root)
+    head = _journal.read_log(jt.read_bytes(), intact_prefix=True).journal
+    j = repoint(head, template.root, root)
     return lay, root / os.path.relpath(jt, template.root), j
 
 

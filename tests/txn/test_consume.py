@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -131,17 +132,16 @@ def test_a_move_that_took_other_bytes_than_the_plans_is_never_committed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A window arithmetic that copies one destination's part twice (a bug) is caught before
     # the commit point by the count of bytes moved, and the save is rolled back.
-    from filecord._plan.types import MoveSource, PieceRef
     from filecord._txn import transfer
 
-    real = transfer._by_window
+    real = transfer._windows
 
-    def twice(m: MoveSource, window: int) -> dict[int, list[PieceRef]]:
-        buckets = real(m, window)
-        buckets[0].append(buckets[0][0])
-        return buckets
+    def twice(*args: Any) -> Any:
+        windows = real(*args)
+        windows[0][2].append(windows[0][2][0])
+        return windows
 
-    monkeypatch.setattr(transfer, "_by_window", twice)
+    monkeypatch.setattr(transfer, "_windows", twice)
     data = pattern(3 * W, "twice")
     p = tmp_path / "src"
     p.write_bytes(data)

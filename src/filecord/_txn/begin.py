@@ -16,14 +16,13 @@ Theory of operation
 
 from __future__ import annotations
 
-import errno
 import os
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord._io.paths import kernel_path
 from filecord._plan.facts import unless_unsupported
-from filecord._txn import journal, liveness, undo
+from filecord._txn import journal, liveness, transfer, undo
 from filecord._txn.stages import Stage
 from filecord._txn.state import Txn
 from filecord.errors import SaveError
@@ -68,12 +67,8 @@ def _dense(path: str, st: os.stat_result) -> bool:
                     return False
                 pos = max(pos, lo + n)
             return pos >= st.st_size
-        try:
-            return _sys.lseek(fd, 0, getattr(os, "SEEK_HOLE", 4)) >= st.st_size
-        except OSError as exc:
-            if exc.errno in (errno.EINVAL, errno.ENXIO, errno.EOPNOTSUPP):
-                return True
-            raise
+        hole = transfer.first_hole(fd, 0)
+        return hole is None or hole >= st.st_size
     finally:
         _sys.close(fd)
 

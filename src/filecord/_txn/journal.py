@@ -389,11 +389,6 @@ def _head(lines: list[bytes], data: bytes) -> Journal:
                                   ) from None
 
 
-def decode(data: bytes) -> Journal:
-    """The head in ``data``."""
-    return _head(split_lines(data)[0], data)
-
-
 def read_log(data: bytes, *, intact_prefix: bool = False) -> Log:
     """The head and the steps after it (WAL replay, strict); :class:`JournalDamagedError` for
     damage.  ``intact_prefix``: a record that does not check before the last gives the steps

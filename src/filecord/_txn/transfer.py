@@ -15,9 +15,10 @@ the step is written is seen); only then ``ftruncate`` it to the window's start. 
 always durable in the source or at its journaled offset, and the source is at its own size or
 at a size a ``cut`` step names, never below the last.
 
-*Restore* runs it in reverse: copy back to the source's end, ``fsync`` the source, only then
-punch the temp (best effort), never a temp another name links to (a user's rescue copy, or a
-forged journal's file elsewhere: not the save's to change).
+*Restore* runs it in reverse through the same windows (``_windows``): copy back to the
+source's end, ``fsync`` the source, only then punch the temp (best effort), never a temp
+another name links to (a user's rescue copy, or a forged journal's file elsewhere: not the
+save's to change).
 """
 
 from __future__ import annotations
@@ -162,20 +163,16 @@ def move_source(
     ``looks[m.key]``: the caller's checked look at the source, then the last one and the size
     of a truncate in flight, so the failure path can tell the save's cut from anyone else's
     change.  ``log_cut(lo)`` makes the ``cut`` step durable."""
-    buckets = _by_window(m, window)
-    pos, k = m.size, 0
-    while pos > m.run_start:
-        lo = max(m.run_start, pos - window)
-        parts = [(max(d.src_offset, lo), min(d.src_offset + d.length, pos), d)
-                 for d in buckets.get(k, ())]
+    spans = [(d.src_offset, d.src_offset + d.length, d) for d in m.dests]
+    for lo, pos, parts in _windows(m, spans, m.run_start, window):
         try:
-            touched = _copy_window(src, [(a, b, d) for a, b, d in parts if a < b], temps, c)
+            _copy_window(src, parts, temps, c)
         except OSError as exc:
             _check_unchanged(src, m, pos, looks[m.key].facts, exc)
             raise
         if lo > m.run_start:  # read the next window while this one's fsync writes
             _sys.prefetch(src, max(m.run_start, lo - window), lo - max(m.run_start, lo - window))
-        for fd in sorted(touched):
+        for fd in sorted({temps[d.output] for _a, _b, d in parts}):
             c.fsync(fd)  # raises on failure: the truncate below never runs after a bad fsync
         log_cut(lo)  # before the check: nothing but the check may stand before the cut
         _check_unchanged(src, m, pos, looks[m.key].facts, None)
@@ -190,12 +187,10 @@ def move_source(
                                    reason="another name was linked to it while it was being "
                                    "moved", kind=ChangeKind.LINKED)
         progress(pos - lo)
-        pos, k = lo, k + 1
 
 
 def _copy_window(src: int, parts: Sequence[tuple[int, int, PieceRef]], temps: Sequence[int],
-                 c: Counters) -> set[int]:
-    touched: set[int] = set()
+                 c: Counters) -> None:
     left = sum(b - a for a, b, _d in parts)
     behind: dict[int, tuple[int, int]] = {}  # temp -> its range copied since the last hint
     since = 0
@@ -213,21 +208,24 @@ def _copy_window(src: int, parts: Sequence[tuple[int, int, PieceRef]], temps: Se
                 for fd, (p, q) in sorted(behind.items()):
                     _sys.start_writeback(fd, p, q - p)
                 behind, since = {}, 0
-        touched.add(tfd)
-    return touched
 
 
-def _by_window(m: MoveSource, window: int) -> dict[int, list[PieceRef]]:
-    """The destinations meeting each window (window 0 ends at ``m.size``), in O(N + W)."""
-    buckets: dict[int, list[PieceRef]] = {}
-    for d in m.dests:
-        if d.length <= 0:
-            continue
-        first = (m.size - (d.src_offset + d.length)) // window
-        last = (m.size - d.src_offset - 1) // window
-        for k in range(first, last + 1):
-            buckets.setdefault(k, []).append(d)
-    return buckets
+def _windows(m: MoveSource, spans: Sequence[tuple[int, int, PieceRef]], start: int,
+             window: int) -> list[tuple[int, int, list[tuple[int, int, PieceRef]]]]:
+    """``[start, m.size)`` in sync windows ending at ``m.size`` (the one a move cuts first
+    comes first), each with the parts of ``spans`` inside it; in O(N + W)."""
+    buckets: dict[int, list[tuple[int, int, PieceRef]]] = {}
+    for a, b, d in spans:
+        for k in range((m.size - b) // window, (m.size - max(a, start) - 1) // window + 1):
+            buckets.setdefault(k, []).append((a, b, d))
+    out: list[tuple[int, int, list[tuple[int, int, PieceRef]]]] = []
+    hi = m.size
+    while hi > start:
+        lo = max(start, hi - window)
+        parts = [(max(a, lo), min(b, hi), d) for a, b, d in buckets.get(len(out), ())]
+        out.append((lo, hi, [(a, b, d) for a, b, d in parts if a < b]))
+        hi = lo
+    return out
 
 
 # The reason for a change of ctime alone (ChangeKind.METADATA: chmod, chown, chattr): the save
@@ -271,56 +269,38 @@ def restore_source(
     never moved, a ``DataChangedError`` before anything is written.  ``free`` False: the
     temps' copies are kept (``src`` has no name yet: a crash would take it with it)."""
     start = _sys.fstat(src).st_size  # within the run: the caller checked it
-    pos = start
-    pending = cover(m.dests, start, m.size) if start < m.size else []
-    i = 0
-    while pos < m.size:
-        hi = min(m.size, pos + window)
-        segs: list[tuple[int, int, PieceRef]] = []
-        while i < len(pending) and pending[i][0] < hi:  # one sweep over the cover, clipped
-            a, b, d = pending[i]
-            segs.append((a, min(b, hi), d))
-            if b > hi:
-                pending[i] = (hi, b, d)
-                break
-            i += 1
-        _restore_window(src, m, segs, temps, c, dense=dense, free=free)
-        pos = hi
+    for _lo, _hi, segs in reversed(_windows(m, cover(m.dests, start, m.size), start, window)):
+        held: list[tuple[int, int, int, int]] = []  # (temp, offset there, source offset, length)
+        for a, b, d in segs:
+            tfd = temps[d.output]
+            if tfd is None:
+                raise OSError(errno.ENOENT, f"the temp file holding {m.path}[{a}:{b}] is missing")
+            at = d.out_offset + (a - d.src_offset)
+            hole = first_hole(tfd, at) if dense else None
+            if hole is not None and hole < at + b - a:
+                raise DataChangedError(
+                    m.path, expected_size=m.size, found_size=a,
+                    reason=f"the temp holds no data for its bytes from {a + hole - at} on: "
+                    "they were never moved, so the source was shortened by someone else")
+            held.append((tfd, at, a, b - a))
+        for tfd, at, a, n in held:
+            copy_range(tfd, src, at, a, n, c, kind="restored")
+        c.fsync(src)
+        for tfd, at, _a, n in held if free else []:
+            try:  # frees disk early only: the temp is unlinked right after the rollback (one
+                # another name links to is open read-only, ``undo.open_own``: the punch fails)
+                _sys.punch_hole(tfd, at, n)
+            except OSError as exc:  # noqa: PERF203 - best effort, each range
+                log.debug("punch_hole refused (%s); the temp keeps its copy until removed", exc)
     return m.size - start
 
 
-def _restore_window(src: int, m: MoveSource, segs: Sequence[tuple[int, int, PieceRef]],
-                    temps: Sequence[int | None], c: Counters, *, dense: bool,
-                    free: bool) -> None:
-    held: list[tuple[int, int, int, int]] = []  # (temp, offset there, source offset, length)
-    for a, b, d in segs:
-        tfd = temps[d.output]
-        if tfd is None:
-            raise OSError(errno.ENOENT, f"the temp file holding {m.path}[{a}:{b}] is missing")
-        if dense:
-            _check_holds_data(tfd, d.out_offset + (a - d.src_offset), b - a, m, a)
-        held.append((tfd, d.out_offset + (a - d.src_offset), a, b - a))
-    for tfd, at, a, n in held:
-        copy_range(tfd, src, at, a, n, c, kind="restored")
-    c.fsync(src)
-    for tfd, at, _a, n in held if free else []:
-        try:  # frees disk early only: the temp is unlinked right after the rollback (one
-            # another name links to is open read-only, ``undo.open_own``: the punch fails)
-            _sys.punch_hole(tfd, at, n)
-        except OSError as exc:  # noqa: PERF203 - best effort, each range
-            log.debug("punch_hole refused (%s); the temp keeps its copy until removed", exc)
-
-
-def _check_holds_data(fd: int, offset: int, n: int, m: MoveSource, src_at: int) -> None:
+def first_hole(fd: int, offset: int) -> int | None:
+    """Where the first hole from ``offset`` on begins (the file's end is one); None where the
+    file system cannot say (no ``SEEK_HOLE``: no holes reported)."""
     try:
-        hole = _sys.lseek(fd, offset, getattr(os, "SEEK_HOLE", 4))
-    except OSError as exc:  # no SEEK_HOLE here: no holes reported, the check passes
+        return _sys.lseek(fd, offset, getattr(os, "SEEK_HOLE", 4))
+    except OSError as exc:
         if exc.errno in (errno.EINVAL, errno.ENXIO, errno.EOPNOTSUPP):
-            return
+            return None
         raise
-    if hole < offset + n:
-        raise DataChangedError(
-            m.path, expected_size=m.size, found_size=src_at,
-            reason=f"the temp holds no data for its bytes from {src_at + hole - offset} on: "
-            "they were never moved, so the source was shortened by someone else",
-        )

@@ -98,7 +98,7 @@ def test_a_head_without_the_notions_round_trips_in_the_same_shape() -> None:
     plain = Journal(TOKEN, W, (JournalOutput("/d/out.bin", 1, 20, W),), ())
     data = journal.encode(plain)
     assert json.loads(data.split(b"\n")[1][42:])["save"]["removals"] == []
-    assert journal.decode(data) == plain
+    assert journal.read_log(data).journal == plain
 
 
 @pytest.mark.parametrize("bad", [
@@ -110,7 +110,7 @@ def test_an_output_entry_of_another_shape_is_refused(bad: list[object]) -> None:
     body = json.loads(journal.encode(J).split(b"\n")[1][42:])["save"]
     body["outputs"] = bad
     with pytest.raises(journal.JournalDamagedError):
-        journal.decode(journal.MAGIC + journal.step(Stage.JOURNALED, save=body))
+        journal.read_log(journal.MAGIC + journal.step(Stage.JOURNALED, save=body))
 
 
 def _confined(tmp_path: Path, removal: str) -> None:

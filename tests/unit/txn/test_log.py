@@ -81,7 +81,7 @@ def test_round_trip() -> None:
     assert (log.moved, dict(log.looked), log.torn) == (2, {(2049, 77): (0, 6)}, False)
     assert dict(log.cuts) == {(2049, 77): (16384, 0)}
     assert (log.stage, log.end) == (Stage.COMMITTED, len(WRITTEN))
-    assert journal.decode(WRITTEN) == record()
+    assert journal.read_log(WRITTEN).journal == record()
     for rec in PROGRESS:  # one line each, length-prefixed, checksummed
         step = journal.unframe(rec[:-1])
         assert rec.endswith(b"\n")
@@ -168,12 +168,12 @@ def test_every_cut() -> None:
 def test_a_record_of_another_kind_where_the_head_belongs_is_damage() -> None:
     data = journal.MAGIC + PROGRESS[0] + PROGRESS[1]
     with pytest.raises(journal.JournalDamagedError):
-        journal.decode(data)
+        journal.read_log(data)
 
 
 def test_not_a_journal() -> None:
     with pytest.raises(journal.NotAJournalError):
-        journal.decode(b"PTE\x00" * 100)
+        journal.read_log(b"PTE\x00" * 100)
 
 
 def test_unframe_rejects_a_wrong_length() -> None:
