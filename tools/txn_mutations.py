@@ -373,6 +373,12 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "        if s.adopt and (s.inserted or length != s.size):",
      "        if s.adopt:",
      ["tests/sweeps/test_second_party.py::test_second_party_changes_a_source[adopt2-D-append]"]),
+    ("an output under its final name taken for a commit the whole records disprove",
+     "recover.py",
+     "        log_.moved == len(j.moved()) and all((s.dev, s.ino) in log_.inserted",
+     "        True or all((s.dev, s.ino) in log_.inserted",
+     ["tests/txn/test_recover_completed_save.py::"
+      "test_a_temp_renamed_by_hand_before_the_moves_finished_is_no_commit"]),
     ("a source adopted whole given back with the mode its temp was given", "undo.py",
      "        elif s.adopt and own:  # whole: the file as it is, only the output's mode taken back",
      "        elif False:  # whole: the file as it is, only the output's mode taken back",

@@ -22,7 +22,7 @@ import pytest
 from filecord import Cord, FileBackedData, recover, save, save_many
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
-from filecord.errors import RecoverError, SaveError
+from filecord.errors import DataChangedError, RecoverError, SaveError
 from filecord_testing import AtCall, pattern
 from support.killjob import fork_run
 
@@ -204,3 +204,110 @@ def test_an_earlier_damaged_record_of_a_save_not_renamed_is_refused_naming_the_f
     for name in before:  # the journal, the temp, the parked sources (the lock holds no byte)
         assert name in story or name.endswith(_names.LOCK), (name, story)
     assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before
+
+
+def test_a_temp_renamed_by_hand_before_the_moves_finished_is_no_commit(tmp_path: Path) -> None:
+    """Killed mid-move (whole records, no ``moved`` step yet), then the temp renamed onto
+    out.bin by someone rescuing the output: the records prove the commit point was never
+    reached, so recover does not finish (it would delete the parked sources and the journal,
+    the one record of where a's moved bytes are); it refuses, naming out.bin as where they
+    are.  Renamed back, the next recover rolls back byte-exact."""
+    from filecord_testing import consume_killed_at_truncate
+
+    (tmp_path / "a.bin").write_bytes(A)
+    (tmp_path / "b.bin").write_bytes(B)
+    (tmp_path / "out.bin").write_bytes(b"OLD")
+    consume_killed_at_truncate(tmp_path, 3, W)
+    temp = next(tmp_path / n for n in os.listdir(tmp_path) if n.endswith(_names.TEMP))
+    parked = sorted(n for n in os.listdir(tmp_path) if n.endswith(_names.SOURCE))
+    before = {n: (tmp_path / n).read_bytes() for n in parked}
+    temp.rename(tmp_path / "out.bin")
+    with pytest.raises(RecoverError) as caught:
+        recover(tmp_path)
+    said = " ".join([str(caught.value), *getattr(caught.value, "__notes__", [])])
+    (got,) = caught.value.results  # type: ignore[attr-defined]
+    assert got.action == "refused", said
+    assert "never reached its commit point" in said, said
+    assert f"of {tmp_path / 'out.bin'}" in " ".join(got.notes), got.notes  # the bytes' place
+    assert {n: (tmp_path / n).read_bytes() for n in parked} == before
+    assert any(n.endswith(_names.JOURNAL) for n in os.listdir(tmp_path))
+    (tmp_path / "out.bin").rename(temp)
+    (again,) = recover(tmp_path)
+    assert again.action == "restored"
+    assert (tmp_path / "a.bin").read_bytes() == A
+    assert (tmp_path / "b.bin").read_bytes() == B
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]
+
+
+def test_a_source_kept_parked_by_a_finished_save_is_said_as_such_by_recover(
+        tmp_path: Path) -> None:
+    """After the commit another process grows parked a and puts a file at a.bin: the save
+    finishes and keeps a's file under its parked name (its own name is taken).  Nothing of
+    the save is left but that file, so recover (a start-up run on the directory) says both
+    things it can be, never only "run recover on the output's directory" (this is that
+    directory), and touches nothing."""
+    (tmp_path / "a.bin").write_bytes(A)
+    (tmp_path / "b.bin").write_bytes(B)
+
+    class ChangeAfterCommit(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "rename" and str(args[1]) == str(tmp_path / "out.bin"):
+                parked = next(tmp_path / n for n in os.listdir(tmp_path)
+                              if n.startswith(".a.bin.") and n.endswith(_names.SOURCE))
+                with parked.open("ab") as f:
+                    f.write(b"late")
+                (tmp_path / "a.bin").write_bytes(b"other")
+
+    cord = Cord([b"h", FileBackedData(tmp_path / "a.bin", owned=True),
+                 FileBackedData(tmp_path / "b.bin", owned=True)])
+    with _sys.use(ChangeAfterCommit()), pytest.raises(DataChangedError):
+        save(tmp_path / "out.bin", cord, consume=True, window=W)
+    assert (tmp_path / "out.bin").read_bytes() == b"h" + A + B
+    (kept,) = (n for n in os.listdir(tmp_path) if n.endswith(_names.SOURCE))
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(RecoverError) as caught:
+        recover(tmp_path)
+    said = str(caught.value)
+    assert f"{tmp_path / kept}: a source parked by save" in said, said
+    assert "finished and kept this file" in said, said
+    assert sorted(os.listdir(tmp_path)) == before
+    assert (tmp_path / kept).read_bytes().endswith(b"late")
+
+
+def test_a_committed_step_that_cannot_be_cut_off_is_said_to_be_recovers_to_play(
+        tmp_path: Path) -> None:
+    """The ``committed`` step's fsync fails and so does every cut-off after it: the step stays
+    whole in the journal, so the save's error must not promise a rollback; it says recover
+    plays the step, and recover then completes the save."""
+    (tmp_path / "a.bin").write_bytes(A)
+    (tmp_path / "b.bin").write_bytes(B)
+
+    class CommitStuck(_sys.Backend):
+        written = failed = False
+
+        def pwrite(self, fd: int, data: memoryview | bytes, offset: int) -> int:
+            self.written = self.written or b'"stage":"committed"' in bytes(data)
+            return super().pwrite(fd, data, offset)
+
+        def fsync(self, fd: int) -> None:
+            if self.written and not self.failed:
+                self.failed = True
+                raise OSError(errno.EIO, "injected EIO at the commit point")
+            super().fsync(fd)
+
+        def ftruncate(self, fd: int, size: int) -> None:
+            if self.failed:
+                raise OSError(errno.EIO, "injected EIO at the cut-off")
+            super().ftruncate(fd, size)
+
+    cord = Cord([b"h", FileBackedData(tmp_path / "a.bin", owned=True),
+                 FileBackedData(tmp_path / "b.bin", owned=True)])
+    with _sys.use(CommitStuck()), pytest.raises(SaveError) as caught:
+        save(tmp_path / "out.bin", cord, consume=True, window=W)
+    notes = " ".join(caught.value.__notes__)
+    assert "could not be cut off the journal" in notes, notes
+    assert "the save then completes" in notes, notes
+    (got,) = recover(tmp_path)
+    assert got.action == "finished"
+    assert (tmp_path / "out.bin").read_bytes() == b"h" + A + B
+    assert sorted(os.listdir(tmp_path)) == ["out.bin"]

@@ -252,8 +252,11 @@ def check_temps(j: Journal, seen: Observed) -> OSError | None:
         for d in (d for d in s.dests if d.src_offset + d.length > f.parked.size):
             temp = seen.outputs[d.output].temp
             if temp is None:
+                renamed_by_hand = "" if seen.outputs[d.output].final is None else (
+                    f" from there: it is at {j.outputs[d.output].final}, renamed by another "
+                    "process, as this save never reached its commit point")
                 return OSError(errno.ENOENT, f"{j.temp(d.output)}, which holds bytes moved out "
-                               f"of {s.path}, is missing")
+                               f"of {s.path}, is missing{renamed_by_hand}")
             if temp.size < d.out_offset + d.length:
                 return DataChangedError(
                     j.temp(d.output), expected_size=j.outputs[d.output].length,
@@ -362,8 +365,11 @@ def whereabouts(j: Journal, seen: Observed, left_at: Mapping[Key, int] | None = 
     if seen.unreadable is not None:
         return [f"could not look at the sources to say where their bytes are: {seen.unreadable}"]
     left_at = {**{(s.dev, s.ino): s.run_start for s in j.moved()[:done]}, **(left_at or {})}
+    # a temp renamed onto its final name by another process holds the bytes there
+    temps = [out.final if of.temp is None and of.final is not None else j.temp(o)
+             for o, (out, of) in enumerate(zip(j.outputs, seen.outputs, strict=True))]
     return [_adopted_where(j, s, f, inserted=(s.dev, s.ino) in inserted, held=held) if s.adopt
-            else _moved_where(j, s, f, left_at, cuts)
+            else _moved_where(j, s, f, left_at, cuts, temps)
             for s, f in zip(j.sources, seen.sources, strict=True)]
 
 
@@ -388,7 +394,7 @@ def _adopted_where(j: Journal, s: JournalSource, f: SourceFacts, *, inserted: bo
 
 
 def _moved_where(j: Journal, s: JournalSource, f: SourceFacts, left_at: Mapping[Key, int],
-                 cuts: Mapping[Key, tuple[int, ...]] | None) -> str:
+                 cuts: Mapping[Key, tuple[int, ...]] | None, temps: list[str]) -> str:
     """:func:`whereabouts` of a moved (or only consumed) source: its bytes in it, the rest
     in the temps."""
     found = locate(j, s, f)
@@ -411,6 +417,6 @@ def _moved_where(j: Journal, s: JournalSource, f: SourceFacts, left_at: Mapping[
         except ValueError:
             segs = []
         line += "; " + ", ".join(
-            f"[{a}, {b}) at offset {d.out_offset + a - d.src_offset} of {j.temp(d.output)}"
+            f"[{a}, {b}) at offset {d.out_offset + a - d.src_offset} of {temps[d.output]}"
             for a, b, d in segs)
     return line

@@ -208,6 +208,10 @@ def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
                                   lambda step: begin.append_step(txn, step))
     except BaseException as rexc:  # noqa: BLE001 - any failure here leaves the journal in charge
         notes.append(f"rolling back also failed: {rexc!r}")
+        if txn.log is not None and txn.log.torn:
+            notes.append("the step whose write or fsync failed could not be cut off the "
+                         "journal: where it reads back whole `filecord recover` plays it (a "
+                         "failed `committed` step: the save then completes, not rolled back)")
         _ACTIONS[decide(Actor.SAVE, txn.stage, Found.UNREADABLE)](
             txn, _Failed(f.exc, f.names, "the journal and temps are kept"), notes)
     if restored and isinstance(f.exc, DataChangedError):

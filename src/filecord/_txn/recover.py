@@ -172,12 +172,14 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
     # its outputs: point there, the one place recover can act from.
     parked, first = names.get(_names.SOURCE), next(iter(names.values()))[0]
     return _decided(os.path.join(directory, parked[0] if parked else first), Stage.CREATED,
-                    Found.UNPROVEN, f"a source parked by save {token}, whose lock and journal "
-                    f"are in the directory of that save's output (named .OUTPUT.{token}"
-                    f"{_names.JOURNAL}): run `filecord recover` on that directory; nothing was "
-                    "touched" if parked else "files of an interrupted save without its lock "
-                    "file: cannot prove the save is over or that no journal needs them; "
-                    "nothing was touched")
+                    Found.UNPROVEN, f"a source parked by save {token}, with no lock file or "
+                    "journal of that save here: if they are in the directory of its output "
+                    f"(.OUTPUT.{token}{_names.JOURNAL}), run `filecord recover` there; if that "
+                    "save finished and kept this file (another process changed it after the "
+                    "commit point, as the save warned), it holds that process's bytes: move "
+                    "it back to its name or delete it; nothing was touched" if parked else
+                    "files of an interrupted save without its lock file: cannot prove the "
+                    "save is over or that no journal needs them; nothing was touched")
 
 
 def _recover_journal_less(directory: str, token: str,
@@ -384,7 +386,11 @@ def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
     records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
                              log_.cuts)
     seen = assess.observe(j, recover=True, rebuilt=log_.rebuilt)
-    lost = stage is Stage.MOVING and assess.renamed(j, seen)
+    # ... unless whole records disprove it: the ``committed`` step follows every ``moved`` and
+    # ``inserted`` step, so without one the commit was never reached (a temp renamed by hand).
+    lost = stage is Stage.MOVING and assess.renamed(j, seen) and (log_.damage is not None or (
+        log_.moved == len(j.moved()) and all((s.dev, s.ino) in log_.inserted
+                                             for s in j.sources if s.adopt and s.inserted)))
     if lost:
         stage = Stage.COMMITTED
         records = replace(records, stage=stage)
