@@ -217,7 +217,8 @@ def test_recover_of_the_checkpoint_first_points_to_the_output_directory(
     left = {p.name: p.read_bytes() for p in model.iterdir()}
     r = recover(model)
     assert r.returncode == 1
-    assert "run `filecord recover` on that directory" in r.stderr
+    assert "if they are in the directory of its output" in r.stderr
+    assert "run `filecord recover` there" in r.stderr
     assert "filecord-journal" in r.stderr
     assert {p.name: p.read_bytes() for p in model.iterdir()} == left
     assert recover(o).returncode == 0
