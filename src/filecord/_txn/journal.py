@@ -377,6 +377,8 @@ def _head(lines: list[bytes], data: bytes) -> Journal:
     try:
         if lines[0] + b"\n" != MAGIC:
             raise ValueError("its magic line is not filecord's")
+        if len(lines) < 2:
+            raise ValueError("no whole head record follows its magic line")
         rec = unframe(lines[1])
         if stage_of(rec) is not Stage.JOURNALED or "save" not in rec:
             raise ValueError(f"a {rec['stage']} step where the head belongs")

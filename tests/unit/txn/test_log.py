@@ -419,6 +419,16 @@ def test_a_head_with_a_flipped_magic_line_is_damage_not_another_file() -> None:
             journal.read_log(data)
 
 
+def test_a_magic_line_without_a_whole_head_says_so() -> None:
+    """A journal cut after its magic line, or inside its head, is damage named in words (the
+    head is renamed into place whole, so no crash leaves one)."""
+    head_end = len(journal.MAGIC) + WRITTEN[len(journal.MAGIC):].index(b"\n") + 1
+    for data in (journal.MAGIC, WRITTEN[:head_end - 7]):
+        with pytest.raises(journal.JournalDamagedError,
+                           match=r"no whole head record follows its magic line\)$"):
+            journal.read_log(data)
+
+
 def test_a_last_record_half_written_and_zero_padded_is_a_torn_tail() -> None:
     """After a power cut an unsynced append can come back as its first half and zeros to its
     full length (the size reached the disk, not all the data): a torn tail, not damage."""
