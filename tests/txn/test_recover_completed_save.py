@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from filecord import Cord, FileBackedData, recover, save, save_many
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
 from filecord.errors import DataChangedError, RecoverError, SaveError
-from filecord_testing import AtCall, pattern
+from filecord_testing import AtCall, consume_killed_at_truncate, pattern
 from support.killjob import fork_run
 
 W = 4096
@@ -212,8 +213,6 @@ def test_a_temp_renamed_by_hand_before_the_moves_finished_is_no_commit(tmp_path:
     reached, so recover does not finish (it would delete the parked sources and the journal,
     the one record of where a's moved bytes are); it refuses, naming out.bin as where they
     are.  Renamed back, the next recover rolls back byte-exact."""
-    from filecord_testing import consume_killed_at_truncate
-
     (tmp_path / "a.bin").write_bytes(A)
     (tmp_path / "b.bin").write_bytes(B)
     (tmp_path / "out.bin").write_bytes(b"OLD")
@@ -228,7 +227,16 @@ def test_a_temp_renamed_by_hand_before_the_moves_finished_is_no_commit(tmp_path:
     (got,) = caught.value.results  # type: ignore[attr-defined]
     assert got.action == "refused", said
     assert "never reached its commit point" in said, said
-    assert f"of {tmp_path / 'out.bin'}" in " ".join(got.notes), got.notes  # the bytes' place
+    # The byte map names out.bin, and a's moved bytes are there at the offset it gives.
+    (line,) = (n for n in got.notes if n.startswith(f"{tmp_path / 'a.bin'}:"))
+    found = re.search(rf"\[(\d+), (\d+)\) at offset (\d+) of "
+                      rf"{re.escape(str(tmp_path / 'out.bin'))}$", line)
+    assert found is not None, line
+    lo, hi, at = map(int, found.groups())
+    assert hi == len(A), line
+    assert 0 < lo < hi, line
+    assert (tmp_path / "out.bin").read_bytes()[at:at + hi - lo] == A[lo:hi]
+    assert (tmp_path / parked[0]).read_bytes() == A[:lo]  # the kept prefix: every byte placed
     assert {n: (tmp_path / n).read_bytes() for n in parked} == before
     assert any(n.endswith(_names.JOURNAL) for n in os.listdir(tmp_path))
     (tmp_path / "out.bin").rename(temp)

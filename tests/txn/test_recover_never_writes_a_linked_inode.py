@@ -70,6 +70,31 @@ def _killed_mid_move(d: Path) -> None:
     consume_killed_at_truncate(d, 3, W)
 
 
+def _recover_killed_at_naming_the_rebuilt_source(tmp_path: Path) -> tuple[Path, Path]:
+    """A mid-move crash whose parked a.bin has a rescue link, then a recover SIGKILLed at the
+    link that names the rebuilt a.bin (after its ``rebuilt`` step): the save's directory and
+    the rescue link."""
+    from support.killjob import fork_run
+
+    d = tmp_path / "save"
+    d.mkdir()
+    _killed_mid_move(d)
+    rescue = tmp_path / "rescue.bin"
+    os.link(_token_file(d, _names.SOURCE, ".a.bin."), rescue)
+
+    class KillAtNaming(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "link" and str(args[0]).startswith("/proc/self/fd/"):
+                os.kill(os.getpid(), 9)
+
+    def job() -> None:
+        with _sys.use(KillAtNaming()):
+            recover(d)
+
+    assert fork_run(job) == -9
+    return d, rescue
+
+
 def _victim(path: Path, data: bytes) -> Path:
     path.parent.mkdir(exist_ok=True)
     path.write_bytes(data)
@@ -176,24 +201,7 @@ def test_a_rebuild_stopped_before_it_is_named_loses_no_byte(tmp_path: Path) -> N
     """recover killed while the rebuilt a.bin is still a file without a name (right before
     its link): the temps were not freed under it (a crash takes an unnamed file with it), so
     the next recover rebuilds it from them, byte-exact."""
-    from support.killjob import fork_run
-
-    d = tmp_path / "save"
-    d.mkdir()
-    _killed_mid_move(d)
-    rescue = tmp_path / "rescue.bin"
-    os.link(_token_file(d, _names.SOURCE, ".a.bin."), rescue)
-
-    class KillAtNaming(_sys.Backend):
-        def hook(self, op: str, args: tuple[object, ...]) -> None:
-            if op == "link" and str(args[0]).startswith("/proc/self/fd/"):
-                os.kill(os.getpid(), 9)
-
-    def job() -> None:
-        with _sys.use(KillAtNaming()):
-            recover(d)
-
-    assert fork_run(job) == -9
+    d, rescue = _recover_killed_at_naming_the_rebuilt_source(tmp_path)
     assert not (d / "a.bin").exists()
     (got,) = recover(d)
     assert got.action == "restored"
@@ -208,24 +216,7 @@ def test_a_file_put_at_the_name_on_a_rebuilt_files_inode_number_is_not_taken_for
     puts at a.bin on that number (modelled: the step made to name the new file's number) is
     not the rebuilt source: recover keeps the parked prefix and the temps (it said "restored"
     and deleted them, the third attack's T1 of its rerun)."""
-    from support.killjob import fork_run
-
-    d = tmp_path / "save"
-    d.mkdir()
-    _killed_mid_move(d)
-    rescue = tmp_path / "rescue.bin"
-    os.link(_token_file(d, _names.SOURCE, ".a.bin."), rescue)
-
-    class KillAtNaming(_sys.Backend):
-        def hook(self, op: str, args: tuple[object, ...]) -> None:
-            if op == "link" and str(args[0]).startswith("/proc/self/fd/"):
-                os.kill(os.getpid(), 9)
-
-    def job() -> None:
-        with _sys.use(KillAtNaming()):
-            recover(d)
-
-    assert fork_run(job) == -9
+    d, rescue = _recover_killed_at_naming_the_rebuilt_source(tmp_path)
     (d / "a.bin").write_bytes(b"another process's file")
     planted = os.stat(d / "a.bin")
 

@@ -25,8 +25,9 @@ its records check** (SQLite's rule: a journal that checks is played back).
   identity, size and times against what the records say: a change is refused or kept, never
   overwritten) and what a crash can leave differing from a record (a truncate or rename that
   did not reach the disk; a torn or lost last step, where an output under its final name
-  proves the commit point was passed: ``assess.renamed``).  What neither proves is refused as
-  damage, naming the files, never blamed on another process.
+  proves the commit point was passed, ``assess.renamed``, unless whole records disprove
+  it).  What neither proves is refused as damage, naming the files, never blamed on another
+  process.
 
 The failure path and ``recover`` branch on :func:`decide` alone (the stage from ``stages``,
 the finding from ``assess``); every ``recover`` result is a row, reported by its word

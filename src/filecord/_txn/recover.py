@@ -59,8 +59,9 @@ class Recovered:
 
     ``action``: "finished" (completed after its commit point), "restored" (rolled back: the
     sources whole again), "discarded" (nothing to undo: its temps or lock file removed),
-    "skipped" (its lock is held) or "refused" (``detail`` says why; it begins with
-    :data:`FAILED` where a system call failed after recover began to change files).
+    "skipped" (its lock is held) or "refused" (``detail`` says why; ``began`` where recover
+    had begun to change files when a system call or a check stopped it: ``detail`` then
+    begins with :data:`FAILED`).
     ``kept``: consumed sources another process changed after the commit point, kept (never
     deleted) under their own names or, when taken, their parked names; ``detail`` and
     ``notes`` say where.
@@ -76,6 +77,7 @@ class Recovered:
     notes: tuple[str, ...] = field(default=(), repr=False)
     kept: tuple[str, ...] = ()
     not_removed: tuple[str, ...] = ()
+    began: bool = False  # refused only after recover began to change files (:data:`FAILED`)
 
 
 def recover(path: str | os.PathLike[str]) -> list[Recovered]:
@@ -109,7 +111,7 @@ def _recover(target: str) -> list[Recovered]:
     else:
         results = [_recover_file(target)]
     done = [r for r in results if r is not None]
-    failed = [r for r in done if r.detail.startswith(FAILED)]
+    failed = [r for r in done if r.began]
     refused = [r for r in done if r.action == "refused" and r not in failed]
     kept = [r for r in done if r.kept]
     if refused or failed or kept:
@@ -365,7 +367,8 @@ def _act(path: str, log_: journal.Log) -> Recovered:
         log.warning("recover failed %s after it began: %s", path, exc)
         again = "" if isinstance(exc, (RecoverError, DataChangedError)) else ": run it again"
         return Recovered(path, table.OUTCOME[table.Action.REFUSE], detail=f"{FAILED}: {exc}; "
-                         f"the journal and temps are kept{again}", notes=tuple(where))
+                         f"the journal and temps are kept{again}", notes=tuple(where),
+                         began=True)
 
 
 def _where(log_: journal.Log, *, acted: bool = True) -> list[str]:
@@ -380,14 +383,14 @@ def _where(log_: journal.Log, *, acted: bool = True) -> list[str]:
 def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
     """The stage and what the files say, from the records that check.  An output under its
     final name proves the commit point passed (renamed only after the ``committed`` step's
-    fsync): COMMITTED, lost step or not.  A torn last record with files the whole records do
-    not account for is DAMAGED, never another process; the third value says what they showed."""
+    fsync): COMMITTED, lost step or not, unless whole records disprove it (the ``committed``
+    step follows every ``moved`` and ``inserted`` step: without one, a temp renamed by hand).
+    A torn last record with files the whole records do not account for is DAMAGED, never
+    another process; the third value says what they showed."""
     j, stage = log_.journal, log_.stage
     records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
                              log_.cuts)
     seen = assess.observe(j, recover=True, rebuilt=log_.rebuilt)
-    # ... unless whole records disprove it: the ``committed`` step follows every ``moved`` and
-    # ``inserted`` step, so without one the commit was never reached (a temp renamed by hand).
     lost = stage is Stage.MOVING and assess.renamed(j, seen) and (log_.damage is not None or (
         log_.moved == len(j.moved()) and all((s.dev, s.ino) in log_.inserted
                                              for s in j.sources if s.adopt and s.inserted)))
