@@ -167,8 +167,7 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      "            ChangeKind.METADATA: Found.METADATA}.get(exc.kind, Found.METADATA)",
      [DECISIONS]),
     ("an unrecorded insert: bytes past the source collapsed without a hole in front", "undo.py",
-     "    if not inserted and s.inserted and size > s.size and (",
-     "    if False and (", [APPENDED]),
+     "hole=not front or (", "hole=True or (", [APPENDED]),
     ("a window feeding two temps fsyncs only the first", "transfer.py",
      "        for fd in sorted({temps[d.output] for _a, _b, d in parts}):\n",
      "        for fd in sorted({temps[d.output] for _a, _b, d in parts})[:1]:\n", [WINDOW2]),
@@ -185,8 +184,7 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("an adopted file linked to another name after its claim is committed", "adopt.py",
      "    refuse_linked(st, path)\n    was = ", "    was = ", [LINKED]),
     ("recover takes a held lock for no proof (refused, not skipped)", "recover.py",
-     "return _decided(path, stage, Found.BUSY, BUSY)",
-     "return _decided(path, stage, Found.UNPROVEN, BUSY)",
+     "        return Found.BUSY, BUSY", "        return Found.UNPROVEN, BUSY",
      [LIVE]),
     ("recover discards a journal-less save whose lock says its journal was made", "recover.py",
      "        (said.journaled and others, Found.UNPROVEN,", "        (False, Found.UNPROVEN,",
@@ -386,7 +384,7 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
       "test_a_failed_whole_adoption_gives_the_source_its_own_mode_back"]),
     # --- the one door to every write of recover and of a rollback (issue 36, fifth pass) ----
     ("an inode another name reaches opened for writing", "undo.py",
-     "    if st.st_nlink == 1:\n        return fd, True", "    if True:\n        return fd, True",
+     "        if st.st_nlink == 1 or flags == os.O_RDONLY:", "        if True:",
      [LINKS, 'tests/txn/test_finish_and_rollback_decisions.py::test_a_rollback_never_punches_a_temp_another_name_links_to']),  # noqa: E501
     ("a temp with another link given the journal's mode and owner", "undo.py",
      "        if own:\n            apply_owner_mode(fd, mode, uid, gid)",

@@ -236,11 +236,11 @@ def _adopted(j: Journal, s: JournalSource, f: SourceFacts, *,
     under its own name the undo does not touch it: nothing to check."""
     length = j.outputs[s.dests[0].output].length
     whole = not s.inserted and length == s.size  # a file adopted whole is only renamed back
-    if f.at_temp is None or whole or s.adopted_size(f.at_temp.size, length, inserted=inserted):
-        return None
-    return DataChangedError(j.temp(s.dests[0].output), expected_size=s.size + s.inserted,
-                            found_size=f.at_temp.size,
-                            reason=s.adopted_change(f.at_temp.size, length, inserted=inserted))
+    why = None if f.at_temp is None or whole else s.adopted_refusal(f.at_temp.size, length,
+                                                                   inserted=inserted)
+    return None if why is None else DataChangedError(
+        j.temp(s.dests[0].output), expected_size=s.size + s.inserted,
+        found_size=f.at_temp.size if f.at_temp else 0, reason=why)
 
 
 def check_temps(j: Journal, seen: Observed) -> OSError | None:

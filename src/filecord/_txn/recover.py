@@ -190,13 +190,9 @@ def _recover_journal_less(directory: str, token: str,
     (and where), or that nothing destructive happened and the rest is garbage."""
     others = [n for s, ns in names.items() if s != _names.LOCK for n in ns]
     lock = _sys.abspath(os.path.join(directory, names[_names.LOCK][0]))
-    try:
-        fd = liveness.acquire(lock)
-    except liveness.LockBusyError:
-        return _decided(lock, Stage.CREATED, Found.BUSY, BUSY)
-    except liveness.NotALockFileError as exc:  # its strerror names it
-        return _decided(lock, Stage.CREATED, Found.DAMAGED, f"{exc.strerror}; nothing was "
-                        "touched")
+    fd = _acquire(lock)
+    if isinstance(fd, tuple):
+        return _decided(lock, Stage.CREATED, *fd)
     if fd is None:
         return None  # removed by whoever held it a moment ago
     try:
@@ -231,6 +227,16 @@ def _recover_journal_less(directory: str, token: str,
 _LOCK_LIMIT = 1 << 16  # bytes of a lock file read: two short records, far below this
 
 
+def _acquire(lock: str) -> int | tuple[Found, str] | None:
+    """:func:`liveness.acquire`, a lock held or not a lock file said as what it proves."""
+    try:
+        return liveness.acquire(lock)
+    except liveness.LockBusyError:
+        return Found.BUSY, BUSY
+    except liveness.NotALockFileError as exc:  # its strerror names it
+        return Found.DAMAGED, f"{exc.strerror}; nothing was touched"
+
+
 def _read_pointer(fd: int, token: str) -> liveness.Pointer:
     """What a lock file says: the journal it names and whether that journal was made."""
     size = min(_sys.fstat(fd).st_size, _LOCK_LIMIT)
@@ -262,20 +268,20 @@ def _lock_all(j: journal.Journal, locks: dict[str, tuple[str, int]], pointer: st
     for directory, path in j.locks().items():
         if directory in locks:
             continue
-        fd = liveness.acquire(path)
-        if fd is None:
-            return Found.UNPROVEN, f"its lock file {path} is missing, so nothing proves the " \
-                "save is over"
+        fd = _acquire(path)
+        if fd is None or isinstance(fd, tuple):
+            return fd or (Found.UNPROVEN, f"its lock file {path} is missing, so nothing proves "
+                          "the save is over; nothing was touched")
         locks[directory] = (path, fd)
         said = _read_pointer(fd, j.token)
         if said.damage is not None:
-            return Found.DAMAGED, f"{said.damage}: {path}"
+            return Found.DAMAGED, f"{said.damage}: {path}; nothing was touched"
         if said.journal is None:  # emptied or zeroed: a lock file is linked whole
             return Found.DAMAGED, f"its lock file {path} is damaged (it names no journal: " \
-                "emptied or zeroed after it was written)"
+                "emptied or zeroed after it was written); nothing was touched"
         if said.journal != pointer:
             return Found.FOREIGN, f"the lock file {path} belongs to another journal: this one " \
-                "reaches beyond its save"
+                "reaches beyond its save; nothing was touched"
     return None
 
 
@@ -284,17 +290,15 @@ def _recover_journal(
 ) -> Recovered | None:
     """Recover the save whose journal is ``path`` (None: gone while we looked).  Every lock
     taken or ``held`` is removed once the save is over, else only closed."""
-    locks = dict(held)
+    locks, result = dict(held), None
     try:
         result = _judge(path, suffix, locks)
-    except BaseException:
-        _sys.close_each([fd for _p, fd in locks.values()])
-        raise
-    for lock, fd in locks.values():
-        if result is not None and result.action in ("finished", "restored", "discarded"):
-            liveness.release(lock, fd)
-        else:
-            _sys.close_each([fd])
+    finally:  # a raise leaves result None: every lock only closed
+        for lock, fd in locks.values():
+            if result is not None and result.action in ("finished", "restored", "discarded"):
+                liveness.release(lock, fd)
+            else:
+                _sys.close_each([fd])
     return result
 
 
@@ -327,34 +331,26 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
         return _decided(path, stage, Found.FOREIGN, f"a lock file in {strays[0]} names this "
                         "journal, but the journal does not list that directory; nothing was "
                         "touched")
-    try:
-        refused = _lock_all(log_.journal, locks, path)
-    except liveness.LockBusyError:
-        return _decided(path, stage, Found.BUSY, BUSY)
-    except liveness.NotALockFileError as exc:  # its strerror names it
-        return _decided(path, stage, Found.DAMAGED, f"{exc.strerror}; nothing was touched")
+    refused = _lock_all(log_.journal, locks, path)
     if refused is None:
         return _act(path, log_)
     # A save removes its journal before its lock files: a lock gone with the journal too is a
     # save that ended after the scan.
     if refused[0] is Found.UNPROVEN and undo.same_file(path, seen.st_dev, seen.st_ino) is None:
         return None
-    return _decided(path, stage, refused[0], f"{refused[1]}; nothing was touched")
+    return _decided(path, stage, *refused)
 
 
 def _act(path: str, log_: journal.Log) -> Recovered:
     j = log_.journal
     stage, found, torn_why = _assess(log_)
     action = table.decide(table.Actor.RECOVER, stage, found.found)
-    if action is table.Action.REFUSE and log_.damage is not None:
-        # Records are missing: where the bytes are is not told, only where to look.
+    if action is table.Action.REFUSE:  # records missing: not where the bytes are, where to look
         return _decided(path, stage, found.found, found.why, [
             "the files to check: " + ", ".join([path, *assess.token_files(j),
-                                                *(s.path for s in j.sources)])])
-    if action is table.Action.REFUSE:
-        notes = [f"the files: {torn_why}"] if torn_why else []
-        return _decided(path, stage, found.found, found.why,
-                        [*notes, *_where(log_, acted=stage is Stage.ROLLING_BACK)])
+                                                *(s.path for s in j.sources)])]
+            if log_.damage is not None else [*([f"the files: {torn_why}"] if torn_why else []),
+                                             *_where(log_, acted=stage is Stage.ROLLING_BACK)])
     try:
         if action is table.Action.FINISH:
             return _finish(path, log_, action, lost=log_.stage is not stage)

@@ -63,27 +63,24 @@ def rebuilt_at(path: str, s: JournalSource, new: Key | None) -> os.stat_result |
 
 
 def open_own(path: str, dev: int, ino: int) -> tuple[int, bool]:
-    """The one door to every write here (the module's notes): ``path``, proven the inode (dev,
-    ino), opened read-write and True where that name is its one link, else read-only and False."""
-    fd, st = _open_proven(path, dev, ino, os.O_RDWR)
-    if st.st_nlink == 1:
-        return fd, True
-    _sys.close(fd)
-    return _open_proven(path, dev, ino, os.O_RDONLY)[0], False
-
-
-def _open_proven(path: str, dev: int, ino: int, flags: int) -> tuple[int, os.stat_result]:
-    """Open ``path`` (no symlink followed) and prove through the descriptor that it is the
-    inode (dev, ino): an ``lstat`` before ``open`` leaves a window to swap the name."""
-    fd = _sys.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
-    try:
-        st = _sys.fstat(fd)
-        if (st.st_dev, st.st_ino) != (dev, ino) or not stat_mod.S_ISREG(st.st_mode):
-            raise RecoverError(f"{path} changed while recover was looking at it; not touched")
-    except BaseException:
+    """The one door to every write here (the module's notes): ``path`` opened (no symlink
+    followed) and proven through the descriptor the inode (dev, ino) (an ``lstat`` before
+    ``open`` leaves a window to swap the name); read-write and True where that name is its one
+    link, else read-only and False."""
+    flags = os.O_RDWR
+    while True:
+        fd = _sys.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            st = _sys.fstat(fd)
+            if (st.st_dev, st.st_ino) != (dev, ino) or not stat_mod.S_ISREG(st.st_mode):
+                raise RecoverError(f"{path} changed while recover was looking at it; not touched")
+        except BaseException:
+            _sys.close(fd)
+            raise
+        if st.st_nlink == 1 or flags == os.O_RDONLY:
+            return fd, flags == os.O_RDWR
         _sys.close(fd)
-        raise
-    return fd, st
+        flags = os.O_RDONLY
 
 
 Key = tuple[int, int]  # (st_dev, st_ino)
@@ -174,19 +171,18 @@ def _unpark(fd: int, at: str, s: JournalSource, temps: list[int | None], window:
 def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Counters, *,
              own: bool, inserted: bool) -> Callable[[int], object] | None:
     """Give an adopted source at its output's temp its own bytes back, judged from the temp's
-    size (``JournalSource.adopted_size``): in place where ``own`` (what follows it truncated,
+    size (``JournalSource.adopted_refusal``): in place where ``own`` (what follows it truncated,
     the space in front collapsed), else what fills a copy."""
     size = _sys.fstat(fd).st_size
-    if not s.adopted_size(size, length, inserted=inserted):
+    # An insert not recorded is proven done only by a hole in front of a source that had none
+    # (nothing is written there before its step); else the bytes past the source's are
+    # another process's append.
+    front = not inserted and s.inserted and size == s.size + s.inserted
+    why = s.adopted_refusal(size, length, inserted=inserted, hole=not front or (
+        s.dense and not _sys.extents(fd, 0, s.inserted)))
+    if why is not None:
         raise DataChangedError(temp, expected_size=s.size + s.inserted, found_size=size,
-                               reason=s.adopted_change(size, length, inserted=inserted))
-    if not inserted and s.inserted and size > s.size and (
-            not s.dense or _sys.extents(fd, 0, s.inserted)):
-        # The insert is not recorded: only a hole in front of a source that had none proves
-        # it was done (nothing is written there before its step); else the bytes past the
-        # source's are another process's append.
-        raise DataChangedError(temp, expected_size=s.size, found_size=size,
-                               reason=s.adopted_change(size, length, inserted=inserted))
+                               reason=why)
     at = s.inserted if size > s.size else 0  # where the source's bytes begin
     if not own:  # untouched (its own size): named back as it is, nothing written
         return None if size == s.size else lambda new: transfer.copy_range(
@@ -274,7 +270,8 @@ def unlink_parked(j: Journal, looked: Mapping[Key, tuple[int, int]],
     look and is kept, named back if its name is free, and the committed error returned says
     where, once the rest are gone.  The save and recover judge alike."""
     moved = [s for s in j.sources if not s.adopt]
-    kept: list[tuple[str, int, int, str]] = []  # (source, size last seen, now, where kept)
+    err: DataChangedError | None = None  # about the first source kept
+    kept: list[str] = []  # where each is kept
     notes = ["the outputs are complete under their final names"]
     for s in moved:
         # Another process's inode put at its name is kept and said like a changed source.
@@ -294,19 +291,18 @@ def unlink_parked(j: Journal, looked: Mapping[Key, tuple[int, int]],
                 at, why = s.path, "under its own name"
             except RecoverError:
                 why = f"{s.path} is now another file"
-        kept.append((s.path, was, st.st_size, at))
+        err = err or DataChangedError(s.path, expected_size=was, found_size=st.st_size,
+                                      reason="another process changed this consumed source "
+                                      "after the commit point, so it was not deleted")
+        kept.append(at)
         notes.append(f"{s.path}: {st.st_size} bytes (the save last saw {was}); kept at {at} "
                      f"({why})")
     c.fsyncs += _sys.fsync_parents([j.parked(s) for s in moved])
-    if not kept:
-        return None
-    err = DataChangedError(kept[0][0], expected_size=kept[0][1], found_size=kept[0][2],
-                           reason="another process changed this consumed source after the "
-                           "commit point, so it was not deleted")
-    err.committed = True
-    for note in notes:
-        add_note(err, note)
-    err.kept = tuple(k[3] for k in kept)  # type: ignore[attr-defined]
+    if err is not None:
+        err.committed = True
+        for note in notes:
+            add_note(err, note)
+        err.kept = tuple(kept)  # type: ignore[attr-defined]
     return err
 
 
