@@ -169,8 +169,8 @@ def _crashed(j: Journal, r: Records, seen: Observed) -> Assessment:
     bad = (RecoverError(seen.unreadable) if seen.unreadable is not None else unaccounted(j, seen)
            or (check_committed(j, seen) if r.stage is Stage.COMMITTED else None)
            or (check_strict(j, seen, r.moved, r.inserted, r.cuts) if moving else None)
-           or (check_temps(j, seen) if moving else None)
-           or (check_findable(j, seen) if moving or r.stage is Stage.ROLLING_BACK else None))
+           or (check_rollback(j, seen, temps=moving)
+               if moving or r.stage is Stage.ROLLING_BACK else None))
     if bad is None:
         return Assessment(Found.AS_LEFT)
     changed = isinstance(bad, DataChangedError)  # else the files could not be checked
@@ -243,11 +243,15 @@ def _adopted(j: Journal, s: JournalSource, f: SourceFacts, *,
         found_size=f.at_temp.size if f.at_temp else 0, reason=why)
 
 
-def check_temps(j: Journal, seen: Observed) -> OSError | None:
-    """Every temp a cut source's bytes went to is there and reaches their end (temps are sized
-    before the first move), or a rollback would stop part way."""
+def check_rollback(j: Journal, seen: Observed, *, temps: bool) -> OSError | None:
+    """Every source where a rollback looks for it and (``temps``) every temp a cut source's
+    bytes went to there and reaching their end (temps are sized before the first move), or a
+    rollback would stop part way."""
     for s, f in zip(j.sources, seen.sources, strict=True):
-        if s.adopt or f.parked is None or f.parked.size == s.size:
+        if f.parked is None and f.own is None and f.at_temp is None:
+            where = j.temp(s.dests[0].output) if s.adopt and s.dests else j.parked(s)
+            return RecoverError(f"{s.path}: the source is neither at its name nor at {where}")
+        if not temps or s.adopt or f.parked is None or f.parked.size == s.size:
             continue
         for d in (d for d in s.dests if d.src_offset + d.length > f.parked.size):
             temp = seen.outputs[d.output].temp
@@ -262,15 +266,6 @@ def check_temps(j: Journal, seen: Observed) -> OSError | None:
                     j.temp(d.output), expected_size=j.outputs[d.output].length,
                     found_size=temp.size, reason=f"the temp ends before the bytes moved out of "
                     f"{s.path}: another process cut it")
-    return None
-
-
-def check_findable(j: Journal, seen: Observed) -> RecoverError | None:
-    """Every source where a rollback looks for it (the rollback would stop part way)."""
-    for s, f in zip(j.sources, seen.sources, strict=True):
-        if f.parked is None and f.own is None and f.at_temp is None:
-            where = j.temp(s.dests[0].output) if s.adopt and s.dests else j.parked(s)
-            return RecoverError(f"{s.path}: the source is neither at its name nor at {where}")
     return None
 
 
@@ -380,12 +375,9 @@ def _adopted_where(j: Journal, s: JournalSource, f: SourceFacts, *, inserted: bo
     at = temp if f.at_temp is not None else s.path if f.own is not None else None
     # the space is in front of it only once inserted: a temp at the file's own size holds it
     # at offset 0 (renamed, nothing inserted yet, or already collapsed)
-    shifted = f.at_temp is not None and s.inserted and f.at_temp.size >= s.size + s.inserted
-    off = ""
-    if shifted and at == temp:
-        off = (f" (at offset {s.inserted})" if inserted else
-               f" (at offset 0, or at {s.inserted} if the space in front of it was "
-               "inserted before its record was written)")
+    off = "" if f.at_temp is None or not s.inserted or f.at_temp.size < s.size + s.inserted else (
+        f" (at offset {s.inserted})" if inserted else f" (at offset 0, or at {s.inserted} if "
+        "the space in front of it was inserted before its record was written)")
     if at and held:
         return (f"{s.path}: the file ({s.size} bytes) was adopted as {at}{off}; another "
                 "process changed a source during the save, so that range holds what it left")

@@ -2,22 +2,19 @@
 
 Theory of operation
 -------------------
-What recover may touch is fixed by names, locks and links (the trust rule, ``decide``):
-nothing else is created, changed or deleted, whatever a journal says.  A file argument must
-be named like a journal, regular, with a head ``journal.confine`` accepts (else refused before
-a byte changes).  A directory's token-named files are grouped by token: without a journal,
-the lock file is taken (``LOCK_NB``): held is a running save (skipped), free names the journal
-it was made for (found and recovered, or never durable: the rest is garbage, removed); files
-without a lock file or journal are refused.  Before acting, recover takes the lock file of
-every directory the journal lists, each naming this journal.
+What recover may touch, and what a journal is trusted for, is ``decide``'s trust rule.  A
+file argument must be named like a journal, regular, with a head ``journal.confine`` accepts
+(else refused before a byte changes).  A directory's token-named files are grouped by token:
+without a journal, the lock file is taken (``LOCK_NB``): held is a running save (skipped),
+free names the journal it was made for (found and recovered, or never durable: the rest is
+garbage, removed); files without a lock file or journal are refused.  Before acting, recover
+takes the lock file of every directory the journal lists, each naming this journal.
 
-The stage is the last step that checks, the files are judged against the records
-(``assess``), and the table's row acts (``decide``): ``journaled`` or ``moving`` rolls back
-after logging ``rolling back``, ``rolling back`` continues, ``committed`` finishes, ``held`` is
-refused.  An output under its final name proves a ``committed`` step lost or damaged: finished
-from the files (``LOST_COMMIT``, ``DAMAGED_COMMIT``: then only token files removed); without
-it, damage is refused naming the files to check.  Every result is a row (``decide.OUTCOME``),
-judged from the files, so recover is idempotent and may be interrupted and run again.
+Then the files are judged against the records that check (``assess``) and the table's row
+acts (``decide``).  An output under its final name proves a ``committed`` step lost or
+damaged (:data:`RENAMED`; damaged records: then only token files removed); without it,
+damage is refused naming the files to check.  Every result is a row, judged from the files,
+so recover is idempotent and may be interrupted and run again.
 """
 
 from __future__ import annotations
@@ -40,17 +37,13 @@ log = logging.getLogger(__name__)
 
 Action = table.Outcome  # the words of ``decide.OUTCOME``: one vocabulary
 JOURNAL_LIMIT = 1 << 30  # a journal is a few bytes per piece; anything larger is not ours
-LOST_COMMIT = ("its committed step is damaged or lost, but its outputs were under their final "
-               "names (renamed only after that step's fsync): finished from the files, the "
-               "parked sources judged by their size alone")
 FAILED = "recover failed after it began"  # a system call's error midway: files may be changed
 BUSY = "its lock is held: its save is running, or another recover is at work on it"
 ENDED = ("its journal was made and is gone with every file of the save but this lock file: "
          "the save had ended (completed or rolled back) before it could remove it; removed")
-DAMAGED_COMMIT = ("but its outputs were under their final names (renamed only after the "
-                  "committed step's fsync): finished from the files and the records before the "
-                  "damage, the parked sources judged by their size alone, only files carrying "
-                  "the save's token removed")
+RENAMED = ("but its outputs were under their final names (renamed only after the committed "
+           "step's fsync): finished from the files and the records that check, the parked "
+           "sources judged by their size alone")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +133,7 @@ def _scan(directory: str) -> dict[str, dict[str, list[str]]]:
 
 
 def _decided(where: str, stage: Stage, found: Found, why: str,
-             notes: Sequence[str] = ()) -> Recovered:
-    """The table's result for what was found, where recover does nothing (skip, refuse)."""
+             notes: Sequence[str] = ()) -> Recovered:  # skip or refuse: nothing done
     action = table.decide(table.Actor.RECOVER, stage, found)
     if action is table.Action.REFUSE:
         log.warning("recover refused %s: %s", where, why)
@@ -186,8 +178,7 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
 
 def _recover_journal_less(directory: str, token: str,
                           names: dict[str, list[str]]) -> Recovered | None:
-    """A save without a journal in ``directory``: its lock file says whether one was made
-    (and where), or that nothing destructive happened and the rest is garbage."""
+    """Its lock file says whether a journal was made (and where), else the rest is garbage."""
     others = [n for s, ns in names.items() if s != _names.LOCK for n in ns]
     lock = _sys.abspath(os.path.join(directory, names[_names.LOCK][0]))
     fd = _acquire(lock)
@@ -238,7 +229,6 @@ def _acquire(lock: str) -> int | tuple[Found, str] | None:
 
 
 def _read_pointer(fd: int, token: str) -> liveness.Pointer:
-    """What a lock file says: the journal it names and whether that journal was made."""
     size = min(_sys.fstat(fd).st_size, _LOCK_LIMIT)
     return liveness.read_pointer(_sys.read_all(fd, 0, size), token)
 
@@ -247,8 +237,7 @@ def _real_dir(path: str) -> str:
     return _sys.realpath(os.path.dirname(_sys.abspath(path)))
 
 
-def _read(path: str) -> tuple[bytes, os.stat_result]:
-    """A journal's bytes and the file they were read from."""
+def _read(path: str) -> tuple[bytes, os.stat_result]:  # a journal's bytes, the file read
     fd = liveness.open_regular(path)
     try:
         st = _sys.fstat(fd)
@@ -303,7 +292,7 @@ def _recover_journal(
 
 
 def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recovered | None:
-    """The body of :func:`_recover_journal`; adds the lock files it takes to ``locks``."""
+    """:func:`_recover_journal`'s body, taking lock files into ``locks``."""
     try:
         if suffix in _names.OLD_JOURNALS:  # version 3 named its stages
             raise journal.JournalVersionError(
@@ -411,7 +400,8 @@ def _finish(path: str, log_: journal.Log, action: table.Action, *, lost: bool) -
     _sys.unlink(path)
     detail = [str(kept)] if kept is not None else []  # the changed source: the notes say where
     if log_.damage is not None or lost:
-        detail.append(f"{log_.damage}, {DAMAGED_COMMIT}" if log_.damage else LOST_COMMIT)
+        detail.append(f"{log_.damage or 'its committed step is damaged or lost'}, {RENAMED}"
+                      + (", only files carrying the save's token removed" if log_.damage else ""))
     if left:
         detail.append("kept, as no longer the file the save recorded (or not in a directory "
                       "the save's lock or parked files prove its own): " + ", ".join(left))

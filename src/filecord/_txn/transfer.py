@@ -97,40 +97,30 @@ class Counters:
         self.fsyncs += 1
 
 
-def _buffered_copy(
-    src: int, dst: int, src_off: int, dst_off: int | None, n: int, c: Counters, progress: Progress
-) -> None:
-    buf = c.buffer()
-    done = 0
-    while done < n:
-        view = buf[: min(len(buf), n - done)]
-        got = _sys.preadinto(src, view, src_off + done)
-        if got <= 0:
-            raise OSError(errno.EIO, f"source ended {n - done} bytes early at {src_off + done}")
-        _sys.write_all(dst, view[:got], None if dst_off is None else dst_off + done)
-        done += got
-        progress(got)
-
-
 def copy_range(
     src: int, dst: int, src_off: int, dst_off: int | None, n: int, c: Counters,
     progress: Progress = lambda _n: None, *, kind: Tally = "copied",
 ) -> None:
     """Copy ``n`` bytes completely, at ``dst_off`` or (None) appended to a stream."""
-    done = 0
+    done, buffered = 0, False
     while done < n:
-        size = min(SEGMENT, n - done)
-        try:
-            got = (_sys.sendfile(dst, src, src_off + done, size) if dst_off is None
-                   else _sys.copy_file_range(src, dst, size, src_off + done, dst_off + done))
-        except OSError as exc:
-            if exc.errno not in _CFR_FALLBACK:
-                raise
-            got = 0
-        if got <= 0:  # refused, or 0 where data should be: the buffer raises EIO at a real end
-            _buffered_copy(src, dst, src_off + done,
-                           None if dst_off is None else dst_off + done, n - done, c, progress)
-            break
+        at = None if dst_off is None else dst_off + done
+        if not buffered:
+            size = min(SEGMENT, n - done)
+            try:
+                got = (_sys.sendfile(dst, src, src_off + done, size) if at is None
+                       else _sys.copy_file_range(src, dst, size, src_off + done, at))
+            except OSError as exc:
+                if exc.errno not in _CFR_FALLBACK:
+                    raise
+                got = 0
+            buffered = got <= 0  # refused, or 0 where data should be: EIO below at a real end
+        if buffered:
+            view = c.buffer()[: min(BUFFER, n - done)]
+            got = _sys.preadinto(src, view, src_off + done)
+            if got <= 0:
+                raise OSError(errno.EIO, f"source ended {n - done} bytes early at {src_off + done}")
+            _sys.write_all(dst, view[:got], at)
         done += got
         progress(got)
     setattr(c, kind, getattr(c, kind) + n)  # counted once complete: a failed copy raises

@@ -4,10 +4,8 @@ Theory of operation
 -------------------
 Judged from the files, never from memory: a failed save's rollback and ``recover`` run the
 same code, and both may be interrupted at any call and run again.  Every write goes through
-one door, :func:`open_own`: an inode is written (bytes, times, mode, owner) only where the
-token name is its one link.  A token name may be a hard link to any file on the file system
-and a forged journal can record that file's identity; one only the token name reaches is no
-one else's, and one with another name is never written.
+one door, :func:`open_own` (the trust rule, ``decide``: an inode another name reaches is
+never written).
 
 *Roll back* (before the commit point), per source, newest first: an adopted source at its
 output's temp has what the save appended truncated and the inserted space collapsed (the
@@ -88,9 +86,8 @@ Key = tuple[int, int]  # (st_dev, st_ino)
 
 def roll_back(j: Journal, c: transfer.Counters, inserted: frozenset[Key],
               rebuilt: Mapping[Key, Key], log: Callable[[bytes], None]) -> int:
-    """Put every source back, byte-exact under its own name; how many moved back.
-    ``inserted``: the adopted sources whose insert the journal records; ``rebuilt`` the files
-    its ``rebuilt`` steps name; ``log`` appends a step to the journal, durably."""
+    """Put every source back (the module's notes); how many moved back.  ``inserted``,
+    ``rebuilt``: as ``journal.Log``'s; ``log`` appends a step, durably."""
     temps: list[int | None] = []  # the temps still holding this save's inodes
     try:
         for o, out in enumerate(j.outputs):
@@ -107,9 +104,7 @@ def roll_back(j: Journal, c: transfer.Counters, inserted: frozenset[Key],
 
 def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer.Counters, *,
               inserted: bool, new: Key | None, log: Callable[[bytes], None]) -> int:
-    """One source back (``new``: the file its ``rebuilt`` step names).  An inode with another
-    link is not written: its bytes are rebuilt in a new file (:func:`_copy_out`), unless the
-    one logged and named before a stop is at its name, and only the token name goes."""
+    """One source back (``new``: the file its ``rebuilt`` step names)."""
     at = j.temp(s.dests[0].output) if s.adopt else j.parked(s)
     if same_file(at, s.dev, s.ino) is None:
         st = same_file(s.path, s.dev, s.ino)
@@ -224,8 +219,7 @@ def _copy_out(fd: int, at: str, s: JournalSource, c: transfer.Counters,
         _sys.close(new)
 
 
-def _name_back(src: str, dst: str) -> None:
-    """Give ``src``'s inode back the name ``dst``, never replacing another file there."""
+def _name_back(src: str, dst: str) -> None:  # never over another file at dst
     taken = RecoverError(f"{dst} is now another file; the original bytes are kept at {src}")
     try:
         _sys.link(src, dst)
@@ -254,8 +248,8 @@ def remove_temps(j: Journal) -> None:
 
 def finish(j: Journal, journal_path: str, looked: Mapping[Key, tuple[int, int]],
            *, removals: bool = True) -> tuple[tuple[str, ...], DataChangedError | None]:
-    """Finish a committed save (the module's notes); the removals kept (``removals`` False:
-    only token files go) and the error for the parked sources kept (:func:`unlink_parked`)."""
+    """Finish a committed save (``removals`` False: only token files go); the removals kept
+    and :func:`unlink_parked`'s error."""
     _rename_outputs(j, journal_path)
     # Removals first, while the parked sources prove their directories the save's.
     _removed, removals_kept = discard_and_remove(
@@ -265,10 +259,8 @@ def finish(j: Journal, journal_path: str, looked: Mapping[Key, tuple[int, int]],
 
 def unlink_parked(j: Journal, looked: Mapping[Key, tuple[int, int]],
                   c: transfer.Counters) -> DataChangedError | None:
-    """Unlink each parked source still its inode, at its kept prefix and as ``looked`` (the
-    ``committed`` step's last look: size and mtime); one that is not was written after the
-    look and is kept, named back if its name is free, and the committed error returned says
-    where, once the rest are gone.  The save and recover judge alike."""
+    """The finish's parked sources (the module's notes; ``looked``: the ``committed`` step's
+    looks): the save and recover judge alike; the committed error says where any is kept."""
     moved = [s for s in j.sources if not s.adopt]
     err: DataChangedError | None = None  # about the first source kept
     kept: list[str] = []  # where each is kept
@@ -350,9 +342,8 @@ def proven_directories(j: Journal) -> frozenset[str]:
 
 def discard_and_remove(j: Journal, proven: frozenset[str] | None = None
                        ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Unlink each discard temp still its inode, then each removal still the recorded file
-    and (for recover) in a ``proven`` directory (None: the running save, which recorded them);
-    fsync their directories.  (removed, kept)."""
+    """Unlink each discard temp and each removal still the recorded file (recover: in a
+    ``proven`` directory; None: the running save, which recorded them).  (removed, kept)."""
     gone: list[str] = []
     for o, out in enumerate(j.outputs):
         if out.discard and same_file(j.temp(o), out.dev, out.ino) is not None:
