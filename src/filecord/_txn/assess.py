@@ -2,20 +2,17 @@
 
 Theory of operation
 -------------------
-The in-process failure path (``failure``) and ``recover`` both look, judge and ask ``decide``:
+The in-process failure path (``failure``) and ``recover`` both look (:func:`observe`, the
+only I/O here: a name holding another inode counts as absent, an error is kept as
+``unreadable``), judge (:func:`assess`, pure) and ask ``decide``.  The records are trusted for
+what happened (the trust rule, ``decide``); the files are judged only for what another process
+or a crash can make differ from them, into one :class:`~filecord._txn.decide.Found`:
 
-1. :func:`observe` (the only I/O here) ``lstat``s each source at its parked and own names (an
-   adopted one at its temp) and each output at its temp and final names; a name holding
-   another inode counts as absent, an error is kept as ``unreadable``.
-2. :func:`assess` is pure: the records are trusted for what happened (the trust rule,
-   ``decide``); the files are judged only for what another process or a crash can make differ
-   from them, into one :class:`~filecord._txn.decide.Found`:
-
-   * a running save (``Actor.SAVE``): the change it saw mid-move (by its typed kind), then each
-     parked source against its last look (size, mtime, ctime, or its truncate in flight);
-   * recover (``Actor.RECOVER``), by stage: HELD is CHANGED; before a rollback every source at
-     its own size or one its ``cut`` steps name (a finished move at its kept prefix) and the
-     temps its moved bytes went to there; before a finish every temp at its journaled length.
+* a running save (``Actor.SAVE``): the change it saw mid-move (by its typed kind), then each
+  parked source against its last look (size, mtime, ctime, or its truncate in flight);
+* recover (``Actor.RECOVER``), by stage: HELD is CHANGED; before a rollback every source at
+  its own size or one its ``cut`` steps name (a finished move at its kept prefix) and the
+  temps its moved bytes went to there; before a finish every temp at its journaled length.
 
 A record that does not check is DAMAGED (:func:`damaged`), never "another process".
 """
@@ -315,7 +312,8 @@ def check_committed(j: Journal, seen: Observed) -> DataChangedError | None:
 
 def observe(j: Journal, *, recover: bool = False,
             rebuilt: Mapping[Key, Key] | None = None) -> Observed:
-    """Look at every name of the save (for ``recover``, list its token files too); a source
+    """``lstat`` each source at its parked and own names (an adopted one at its temp) and each
+    output at its temp and final names (for ``recover``, list its token files too); a source
     at its name is its inode or the file a ``rebuilt`` step names (``journal.Log.rebuilt``)."""
     def _facts(path: str, dev: int, ino: int) -> Facts | None:
         st = undo.same_file(path, dev, ino)

@@ -23,7 +23,7 @@ import logging
 import os
 import stat as stat_mod
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
@@ -253,7 +253,11 @@ def _lock_all(j: journal.Journal, locks: dict[str, tuple[str, int]], pointer: st
               ) -> tuple[Found, str] | None:
     """Take the lock file of every directory of the save into ``locks``; what proves nothing
     (None: all do).  One missing is UNPROVEN (the save removes each after its journal), one
-    naming another journal FOREIGN (this one reaches beyond its save)."""
+    naming another journal, or one held in a directory it does not list, FOREIGN."""
+    strays = [d for d in locks if d not in j.locks()]
+    if strays:
+        return Found.FOREIGN, f"a lock file in {strays[0]} names this journal, but the journal " \
+            "does not list that directory; nothing was touched"
     for directory, path in j.locks().items():
         if directory in locks:
             continue
@@ -314,20 +318,14 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
                  else Found.FOREIGN if isinstance(exc, RecoverError) else Found.UNREADABLE)
         return _decided(path, Stage.MOVING, found,
                         f"{exc.strerror if odd else exc}; nothing was touched")
-    stage = log_.stage
-    strays = [d for d in locks if d not in log_.journal.locks()]
-    if strays:
-        return _decided(path, stage, Found.FOREIGN, f"a lock file in {strays[0]} names this "
-                        "journal, but the journal does not list that directory; nothing was "
-                        "touched")
-    refused = _lock_all(log_.journal, locks, path)
+    refused = _lock_all(j, locks, path)
     if refused is None:
         return _act(path, log_)
     # A save removes its journal before its lock files: a lock gone with the journal too is a
     # save that ended after the scan.
     if refused[0] is Found.UNPROVEN and undo.same_file(path, seen.st_dev, seen.st_ino) is None:
         return None
-    return _decided(path, stage, *refused)
+    return _decided(path, log_.stage, *refused)
 
 
 def _act(path: str, log_: journal.Log) -> Recovered:
@@ -348,11 +346,10 @@ def _act(path: str, log_: journal.Log) -> Recovered:
         # Every refusal was decided above, before the first change: what stops the act now (a
         # check meeting a file put there meanwhile, a system call's error) may come after
         # files were changed, so it is never said as a refusal.
-        where = _where(log_)
         log.warning("recover failed %s after it began: %s", path, exc)
         again = "" if isinstance(exc, (RecoverError, DataChangedError)) else ": run it again"
         return Recovered(path, table.OUTCOME[table.Action.REFUSE], detail=f"{FAILED}: {exc}; "
-                         f"the journal and temps are kept{again}", notes=tuple(where),
+                         f"the journal and temps are kept{again}", notes=tuple(_where(log_)),
                          began=True)
 
 
@@ -373,17 +370,15 @@ def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
     A torn last record with files the whole records do not account for is DAMAGED, never
     another process; the third value says what they showed."""
     j, stage = log_.journal, log_.stage
-    records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
-                             log_.cuts)
     seen = assess.observe(j, recover=True, rebuilt=log_.rebuilt)
     lost = stage is Stage.MOVING and assess.renamed(j, seen) and (log_.damage is not None or (
         log_.moved == len(j.moved()) and all((s.dev, s.ino) in log_.inserted
                                              for s in j.sources if s.adopt and s.inserted)))
-    if lost:
-        stage = Stage.COMMITTED
-        records = replace(records, stage=stage)
+    stage = Stage.COMMITTED if lost else stage
     if log_.damage is not None and stage is not Stage.COMMITTED:  # nothing proves the rest
         return stage, assess.damaged(journal.JournalDamagedError(log_.damage)), None
+    records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
+                             log_.cuts)
     found = assess.assess(j, records, seen)
     if (log_.torn or lost) and found.found is not Found.DAMAGED and table.decide(
             table.Actor.RECOVER, stage, found.found) is table.Action.REFUSE:
@@ -418,7 +413,10 @@ def _roll_back(path: str, log_: journal.Log, stage: Stage, action: table.Action)
     if stage is Stage.MOVING:  # ROLL_BACK from journaled or moving: first the log says so
         log(journal.step(Stage.ROLLING_BACK))
     undo.roll_back(j, transfer.Counters(), log_.inserted, log_.rebuilt, log)
-    undo.remove_temps(j)
+    temps = [j.temp(o) for o, out in enumerate(j.outputs) if not out.direct]
+    for temp in temps:
+        _sys.unlink_missing_ok(temp)
+    _sys.fsync_parents(temps)
     # The claim "temps removed" is checked against the directories, not the journal.
     left = assess.token_files(j)
     if left:

@@ -239,13 +239,6 @@ def _name_back(src: str, dst: str) -> None:  # never over another file at dst
     _sys.fsync_parents([dst, src])
 
 
-def remove_temps(j: Journal) -> None:
-    temps = [j.temp(o) for o, out in enumerate(j.outputs) if not out.direct]
-    for t in temps:
-        _sys.unlink_missing_ok(t)
-    _sys.fsync_parents(temps)
-
-
 def finish(j: Journal, journal_path: str, looked: Mapping[Key, tuple[int, int]],
            *, removals: bool = True) -> tuple[tuple[str, ...], DataChangedError | None]:
     """Finish a committed save (``removals`` False: only token files go); the removals kept
