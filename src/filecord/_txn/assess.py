@@ -233,11 +233,12 @@ def _adopted(j: Journal, s: JournalSource, f: SourceFacts, *,
     under its own name the undo does not touch it: nothing to check."""
     length = j.outputs[s.dests[0].output].length
     whole = not s.inserted and length == s.size  # a file adopted whole is only renamed back
-    why = None if f.at_temp is None or whole else s.adopted_refusal(f.at_temp.size, length,
-                                                                   inserted=inserted)
+    if f.at_temp is None or whole:
+        return None
+    why = s.adopted_refusal(f.at_temp.size, length, inserted=inserted)
     return None if why is None else DataChangedError(
-        j.temp(s.dests[0].output), expected_size=s.size + s.inserted,
-        found_size=f.at_temp.size if f.at_temp else 0, reason=why)
+        j.temp(s.dests[0].output), expected_size=s.size + s.inserted, found_size=f.at_temp.size,
+        reason=why)
 
 
 def check_rollback(j: Journal, seen: Observed, *, temps: bool) -> OSError | None:

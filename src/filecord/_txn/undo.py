@@ -176,8 +176,8 @@ def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Coun
     why = s.adopted_refusal(size, length, inserted=inserted, hole=not front or (
         s.dense and not _sys.extents(fd, 0, s.inserted)))
     if why is not None:
-        raise DataChangedError(temp, expected_size=s.size + s.inserted, found_size=size,
-                               reason=why)
+        raise DataChangedError(temp, expected_size=s.size if front else s.size + s.inserted,
+                               found_size=size, reason=why)
     at = s.inserted if size > s.size else 0  # where the source's bytes begin
     if not own:  # untouched (its own size): named back as it is, nothing written
         return None if size == s.size else lambda new: transfer.copy_range(
