@@ -242,8 +242,7 @@ def _read(path: str) -> tuple[bytes, os.stat_result]:  # a journal's bytes, the 
     try:
         st = _sys.fstat(fd)
         if st.st_size > JOURNAL_LIMIT:
-            raise journal.NotAJournalError(
-                f"{path} is {st.st_size} bytes: not a filecord journal")
+            raise journal.NotAJournalError(f"{path} is {st.st_size} bytes: not a filecord journal")
         return _sys.read_all(fd, 0, st.st_size), st
     finally:
         _sys.close(fd)
@@ -278,9 +277,7 @@ def _lock_all(j: journal.Journal, locks: dict[str, tuple[str, int]], pointer: st
     return None
 
 
-def _recover_journal(
-    path: str, suffix: str, held: dict[str, tuple[str, int]]
-) -> Recovered | None:
+def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -> Recovered | None:
     """Recover the save whose journal is ``path`` (None: gone while we looked).  Every lock
     taken or ``held`` is removed once the save is over, else only closed."""
     locks, result = dict(held), None
