@@ -77,7 +77,7 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("recover: a source at a size no cut step names let through", "assess.py",
      "    if st.size not in sizes:", "    if False:", [UNIT, GUARDS]),
     ("recover: every size below the full one taken for a logged cut", "assess.py",
-     "                          else (s.size, *(cuts or {}).get(key, ())))",
+     "                          else (s.size, *cuts.get(key, ())))",
      "                          else (s.size, f.parked.size))", [UNIT, GUARDS]),
     ("a window cut without its cut step", "transfer.py",
      "        log_cut(lo)  # before the check: nothing but the check may stand before the cut\n",

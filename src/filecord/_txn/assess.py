@@ -149,7 +149,7 @@ def _running(j: Journal, r: Records, seen: Observed) -> Assessment:
         return Assessment(found, err, first, why, changed=key)
     sizes = {k: (look.facts.size, *(() if look.pending is None else (look.pending,)))
              for k, look in r.looks.items()}
-    bad = check_strict(j, seen, r.moved, r.inserted, sizes)
+    bad = check_strict(j, seen, r, sizes)
     if bad is not None:
         return Assessment(Found.CHANGED, notes=(f"{bad}",), why=HELD_WHY)
     return Assessment(Found.AS_LEFT)
@@ -165,7 +165,7 @@ def _crashed(j: Journal, r: Records, seen: Observed) -> Assessment:
     moving = r.stage is Stage.MOVING
     bad = (RecoverError(seen.unreadable) if seen.unreadable is not None else unaccounted(j, seen)
            or (check_committed(j, seen) if r.stage is Stage.COMMITTED else None)
-           or (check_strict(j, seen, r.moved, r.inserted, r.cuts) if moving else None)
+           or (check_strict(j, seen, r, r.cuts) if moving else None)
            or (check_rollback(j, seen, temps=moving)
                if moving or r.stage is Stage.ROLLING_BACK else None))
     if bad is None:
@@ -188,22 +188,21 @@ def changed_since(name: str, st: Facts, look: Look, why: str) -> DataChangedErro
                             kind=ChangeKind.METADATA if metadata else ChangeKind.CONTENT)
 
 
-def check_strict(j: Journal, seen: Observed, done: int = 0,
-                 inserted: frozenset[Key] = frozenset(),
-                 cuts: Mapping[Key, tuple[int, ...]] | None = None) -> DataChangedError | None:
-    """A source not as this save can have left it (None: all are): the first ``done`` moved
-    sources at their kept prefix, the others at their own size or one of their ``cuts`` (the
-    ``cut`` steps, or the running save's look and truncate in flight)."""
-    finished = {(s.dev, s.ino) for s in j.moved()[:done]}
+def check_strict(j: Journal, seen: Observed, r: Records,
+                 cuts: Mapping[Key, tuple[int, ...]]) -> DataChangedError | None:
+    """A source not as this save can have left it (None: all are): the first ``r.moved``
+    moved sources at their kept prefix, the others at their own size or one of their ``cuts``
+    (the ``cut`` steps, or the running save's look and truncate in flight)."""
+    finished = {(s.dev, s.ino) for s in j.moved()[:r.moved]}
     for s, f in zip(j.sources, seen.sources, strict=True):
         key = (s.dev, s.ino)
         if s.adopt:
-            bad = _adopted(j, s, f, inserted=key in inserted)
+            bad = _adopted(j, s, f, inserted=key in r.inserted)
         elif f.parked is None:  # never parked, so never moved
             bad = None if f.own is None else _cut_to(s, s.path, f.own, (s.size,))
         else:
             bad = _cut_to(s, j.parked(s), f.parked, (s.run_start,) if key in finished
-                          else (s.size, *(cuts or {}).get(key, ())))
+                          else (s.size, *cuts.get(key, ())))
         if bad is not None:
             return bad
     return None
