@@ -519,3 +519,12 @@ def trace_save(spec_name: str, root: Path, *, cfr: bool = True) -> list[Call]:
     detach_all(datas)
     shutil.rmtree(root)
     return tracer.calls
+
+
+def trace_where(spec_name: str, scratch: Path, disk: Path, *, cfr: bool = True) -> list[Call]:
+    """:func:`trace_save` under ``scratch`` (a sweep's faster file system: tmpfs, or ext4 in
+    RAM), asserted to make the same calls, call for call, as the save does under ``disk``."""
+    on_disk = [c.op for c in trace_save(spec_name, disk / "trace-on-disk", cfr=cfr)]
+    calls = trace_save(spec_name, scratch / "trace", cfr=cfr)
+    assert [c.op for c in calls] == on_disk, f"{spec_name}: other calls under {scratch}"
+    return calls

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from support.scenarios import trace_save
+from support.scenarios import trace_where
 from support.shrunk import SHRUNK, tighten
 from sweeps.test_fault_points import run_all, summarize
 
@@ -31,8 +31,7 @@ def test_fault_at_every_call_with_a_shrunk_window(
     tmp_path: Path, ram_ext4_path: Path, tight: int, kind: str, persistent: bool
 ) -> None:
     """On ext4 in RAM (``ram_ext4_path``), its calls asserted the same as under ``tmp_path``."""
-    on_disk = [c.op for c in trace_save(SHRUNK.name, tmp_path / "disk", cfr=True)]
-    assert [c.op for c in trace_save(SHRUNK.name, ram_ext4_path / "ram", cfr=True)] == on_disk
+    trace_where(SHRUNK.name, ram_ext4_path, tmp_path)
     tally = run_all(ram_ext4_path / "runs", SHRUNK.name, kind, persistent=persistent, cfr=True)
     assert not tally.failures, summarize(tally.failures)
     assert tally.points >= (60 if kind == "enospc" else 3)
