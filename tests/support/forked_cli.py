@@ -6,8 +6,9 @@ server: ``python`` with ``filecord.cli`` imported and nothing run) that forks a 
 input, so each input still runs in its own process: its own working directory, its argv as
 the bytes a shell passes, its stdout and stderr on their own files (the streams the
 interpreter made for pipes, as for ``subprocess.run(capture_output=True)``), and its exit
-status from ``sys.exit`` exactly as ``python -m`` gives it (an exception that escapes prints
-its traceback and exits 1).  Nothing a child does reaches the next one.  Each child is killed
+status as ``python -m`` gives it (an exception that escapes prints its traceback and exits 1;
+the atexit functions run, finalizers still alive among them; only the interpreter's teardown
+of its modules is skipped).  Nothing a child does reaches the next one.  Each child is killed
 by SIGALRM after ``timeout`` seconds (exit status -14).
 """
 
@@ -21,9 +22,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 _SERVER = r"""
-import json, os, runpy, signal, sys, traceback
+import atexit, json, os, runpy, signal, sys
 
 import filecord.cli  # the import every child shares
+
+def exit_status(exc):
+    # The exit status the interpreter makes of SystemExit (and prints, for a message).
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
 
 def child(args, cwd, out, err, timeout):
     signal.alarm(timeout)
@@ -35,20 +45,17 @@ def child(args, cwd, out, err, timeout):
         os.close(f)
     os.chdir(cwd)
     sys.argv = ["filecord", *[os.fsdecode(bytes.fromhex(a)) for a in args]]
-    code = 0
     try:
         runpy.run_module("filecord.cli", run_name="__main__", alter_sys=True)
-    except SystemExit as exc:  # what the interpreter makes of sys.exit(...)
-        if exc.code is None:
-            code = 0
-        elif isinstance(exc.code, int):
-            code = exc.code & 0xFF
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
+        code = 0
+    except SystemExit as exc:
+        code = exit_status(exc)
     except BaseException:
-        traceback.print_exc()
+        sys.excepthook(*sys.exc_info())  # the traceback, as the interpreter prints it
         code = 1
+    # The interpreter's exit without its module teardown (a tenth of a second a child): the
+    # atexit functions (finalizers still alive, logging's flush), then the streams.
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
