@@ -261,7 +261,7 @@ def unframe(line: bytes) -> dict[str, object]:
         record = json.loads(payload)
         if not isinstance(record, dict) or Stage(record.get("stage")) not in _FIELDS:
             raise ValueError("it is not a step record")
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # JSON nested past the parser's depth
         raise StrayRecordError(str(exc)) from None
     if frozenset(record) - {"stage"} not in _FIELDS[Stage(record["stage"])]:
         raise StrayRecordError(f"a {record['stage']} step has fields {sorted(record)}")

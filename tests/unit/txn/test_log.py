@@ -437,3 +437,22 @@ def test_a_last_record_half_written_and_zero_padded_is_a_torn_tail() -> None:
     padded = last[:len(last) // 2] + b"\0" * (len(last) - len(last) // 2)
     log = journal.read_log(head + padded)
     assert (log.torn, dict(log.cuts)) == (True, {})
+
+
+@pytest.mark.parametrize("where", ["head", "step", "lock"])
+def test_a_record_nested_past_the_parsers_depth_is_damage_not_an_internal_error(
+        where: str) -> None:
+    """A forged record whose checksum holds but whose JSON nests deeper than the parser goes
+    (a RecursionError inside ``json``) is damage like any record no save writes."""
+    import hashlib
+
+    payload = b"[" * 100_000 + b"]" * 100_000
+    deep = b"%08x %s %s\n" % (len(payload), hashlib.sha256(payload).hexdigest()[:32].encode(),
+                              payload)
+    if where == "lock":
+        said = liveness.read_pointer(liveness.pointer_record("/d/x") + deep, TOKEN)
+        assert said.journal is None
+        assert said.damage is not None
+        return
+    with pytest.raises(journal.JournalDamagedError, match="damaged"):
+        journal.read_log(journal.MAGIC + deep if where == "head" else HEAD + deep)
