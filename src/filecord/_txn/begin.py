@@ -110,23 +110,22 @@ def _record(txn: Txn) -> journal.Journal:
 
 
 def write_journal(txn: Txn) -> journal.Journal:
-    record = txn.record = _record(txn)
-    pending = journal_name(txn, _names.PENDING)
+    record = _record(txn)
+    pending, final = journal_name(txn, _names.PENDING), journal_name(txn, _names.JOURNAL)
     head = journal.encode(record)  # once: a head of 100,000 moved ranges is megabytes
     fd = _sys.open(pending, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         _sys.write_all(fd, head, 0)
         txn.counters.fsync(fd)
+        # Every name the rollback needs (temps, lock files) durable before the journal's.
+        txn.counters.fsyncs += _sys.fsync_parents([pending, *filter(None, txn.temps)])
+        _sys.rename(pending, final)
     except BaseException:
         _sys.close_each([fd])
         raise
     # kept open: the later steps are appended through it
-    txn.log = liveness.Appender(pending, len(head), fd=fd, fsync=txn.counters.fsync)
-    # Every name the rollback needs (temps, lock files) durable before the journal's.
-    txn.counters.fsyncs += _sys.fsync_parents([pending, *filter(None, txn.temps)])
-    final = journal_name(txn, _names.JOURNAL)
-    _sys.rename(pending, final)
-    txn.journal_path = txn.log.path = final
+    txn.log = liveness.Appender(final, len(head), fd=fd, fsync=txn.counters.fsync)
+    txn.record = record
     txn.to(Stage.JOURNALED)  # the rename is the transition; a failed fsync below rolls back
     txn.counters.fsyncs += _sys.fsync_parents([final])
     created = len(liveness.pointer_record(final))
@@ -155,8 +154,6 @@ def append_step(txn: Txn, record: bytes, stage: Stage | None = None) -> None:
     returns.  A step whose write or fsync failed is not taken (``liveness.Appender``): until
     the next cuts it off a crash may keep it, but the files are as it says (every step
     precedes its action)."""
-    if txn.log is None:  # pragma: no cover - steps follow the journal's write
-        raise SaveError("a journal step without a journal")
-    txn.log(record)
+    txn.journaled()[1](record)
     if stage is not None:
         txn.to(stage)

@@ -68,52 +68,42 @@ def finish_modes(txn: Txn) -> None:
 
 
 # Source descriptors a fill keeps open at once (a merge of 600 shards under `ulimit -n 256`
-# failed with EMFILE): past it the oldest is looked at and closed, and held to the same
-# baseline when opened again.
+# failed with EMFILE): past it the oldest is closed.  Every source is looked at after its
+# bytes are copied, so one closed is opened again and compared then.
 OPEN_SOURCES = 64
 
 
 def _source_fd(txn: Txn, data: FileBackedData) -> int:
+    """Its descriptor, the file held to the plan's look and to itself as first opened."""
     ident = data.identity
     key = (ident.dev, ident.ino)
-    if key not in txn.src_fds:
-        if len(txn.src_fds) >= OPEN_SOURCES:  # the oldest looked at and closed
-            old = next(iter(txn.src_fds))
-            old_fd, first = txn.src_fds[old]
-            now = _sys.fstat(old_fd)
-            del txn.src_fds[old]
-            _sys.close(old_fd)
-            txn.src_closed[old] = first
-            _compare(txn.prep.facts.datas[old][0], first, now)
-        fd = _open_source(txn, data)
-        try:
-            st = _sys.fstat(fd)
-            was = txn.src_closed.pop(key, None)
-            # The baseline must itself be the captured file; one opened again keeps its first.
-            if was is not None:
-                _compare(data, was, st)
-                st = was
-            elif (st.st_size, st.st_mtime_ns) != (ident.size, ident.mtime_ns):
-                raise DataChangedError(data.path, expected_size=ident.size,
-                                       found_size=st.st_size,
-                                       reason="another process changed it as it was opened")
-            txn.src_fds[key] = (fd, st)
-        except BaseException:
-            _sys.close(fd)
-            raise
-    return txn.src_fds[key][0]
+    fd = txn.src_fds.get(key)
+    if fd is not None:
+        return fd
+    if len(txn.src_fds) >= OPEN_SOURCES:
+        _sys.close(txn.src_fds.pop(next(iter(txn.src_fds))))
+    fd = _open_source(txn, data)
+    try:
+        st = _sys.fstat(fd)
+        if (st.st_size, st.st_mtime_ns) != (ident.size, ident.mtime_ns):
+            raise DataChangedError(data.path, expected_size=ident.size, found_size=st.st_size,
+                                   reason="another process changed it as it was opened")
+        _compare(data, txn.src_seen.setdefault(key, st), st)
+    except BaseException:
+        _sys.close(fd)
+        raise
+    txn.src_fds[key] = fd
+    return fd
 
 
 def _open_source(txn: Txn, data: FileBackedData) -> int:
     """A source checked through its descriptor; read at its parked name when an output built
     around an adopted file is filled after the parking (a source copied, not moved)."""
-    ident = data.identity
-    record = txn.record
-    parked = None if record is None or txn.stage is not Stage.MOVING else next(
-        (record.parked(s) for s in record.sources
-         if (s.dev, s.ino) == (ident.dev, ident.ino) and not s.adopt), None)
-    if parked is None:
+    ident, record = data.identity, txn.record
+    s = None if record is None else record.by_key().get((ident.dev, ident.ino))
+    if record is None or s is None or s.adopt or txn.stage is not Stage.MOVING:
         return data.open_checked()
+    parked = record.parked(s)
     try:
         fd = _sys.open(parked, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
@@ -137,10 +127,9 @@ def _compare(data: FileBackedData, was: os.stat_result, now: os.stat_result) -> 
 
 
 def _recheck_source(txn: Txn, data: FileBackedData) -> None:
-    """The source must be the file it was when opened (F-mix); reopened if closed meanwhile."""
-    _source_fd(txn, data)
-    fd, was = txn.src_fds[(data.identity.dev, data.identity.ino)]
-    _compare(data, was, _sys.fstat(fd))
+    """The source must be the file it was when first opened; reopened if closed meanwhile."""
+    fd = _source_fd(txn, data)
+    _compare(data, txn.src_seen[(data.identity.dev, data.identity.ino)], _sys.fstat(fd))
 
 
 @contextlib.contextmanager

@@ -185,6 +185,9 @@ class Journal:
         """Each directory holding a temp (in output order) -> its lock file (:func:`lock_files`)."""
         return lock_files((o.final for o in self.outputs if not o.direct), self.token)
 
+    def by_key(self) -> dict[tuple[int, int], JournalSource]:
+        return {(s.dev, s.ino): s for s in self.sources}
+
     def moved(self) -> list[JournalSource]:
         """The sources a move shortens, in the order the moves run."""
         return [s for s in self.sources if not s.adopt and s.run_start < s.size]
@@ -419,7 +422,7 @@ def read_log(data: bytes, *, intact_prefix: bool = False) -> Log:
 def _steps(j: Journal, records: tuple[dict[str, object], ...]) -> Log:
     """What the steps after the head say (moves finished, inserts done, cuts, last looks, the
     last stage), each field checked against the head: one out of range is damage."""
-    sources = {(s.dev, s.ino): s for s in j.sources}
+    sources = j.by_key()
     movers = {(s.dev, s.ino): s for s in j.moved()}
     moved = 0
     inserted: set[tuple[int, int]] = set()

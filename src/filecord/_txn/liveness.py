@@ -86,6 +86,11 @@ class Appender:
             if fd != self.fd:
                 _sys.close(fd)
 
+    def close(self) -> list[OSError]:
+        """Let go of ``fd`` (a later step opens the journal by name); the close's error."""
+        fd, self.fd = self.fd, None
+        return _sys.close_each([] if fd is None else [fd])
+
 
 def _names_same(fd: int, path: str) -> bool:
     try:

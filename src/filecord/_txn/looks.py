@@ -24,28 +24,23 @@ from __future__ import annotations
 from filecord._io import syscalls as _sys
 from filecord._plan.facts import unless_unsupported
 from filecord._txn import assess, undo
+from filecord._txn.journal import Journal
 from filecord._txn.state import Placed, Txn
 from filecord._txn.transfer import Facts, Look
 from filecord.errors import ChangeKind, DataChangedError
 
 
-def take(txn: Txn) -> None:
+def take(txn: Txn, record: Journal) -> None:
     """The first look at each parked source."""
-    record = txn.record
-    if record is None:  # pragma: no cover - parking needs a journal
-        return
     for s in record.sources:
         if s.adopt:
             continue
         key = (s.dev, s.ino)
         st = undo.same_file(record.parked(s), *key)
-        opened = txn.src_fds.get(key)
         ident = txn.prep.facts.datas[key][0].identity
-        size, mtime = ((opened[1].st_size, opened[1].st_mtime_ns) if opened
-                       else (ident.size, ident.mtime_ns))
-        if st is None or (st.st_size, st.st_mtime_ns) != (size, mtime):
+        if st is None or (st.st_size, st.st_mtime_ns) != (ident.size, ident.mtime_ns):
             txn.changed = key
-            raise DataChangedError(record.parked(s), expected_size=size,
+            raise DataChangedError(record.parked(s), expected_size=ident.size,
                                    found_size=None if st is None else st.st_size,
                                    reason="another process changed it as it was parked",
                                    kind=ChangeKind.REPLACED if st is None else
@@ -53,16 +48,13 @@ def take(txn: Txn) -> None:
         txn.looks[key] = Look(Facts.of(st))
 
 
-def check(txn: Txn) -> dict[tuple[int, int], tuple[int, int]]:
+def check(txn: Txn, record: Journal) -> dict[tuple[int, int], tuple[int, int]]:
     """Every parked source as last seen, just before the commit point: the looks (size,
     mtime) for the ``committed`` step and the unlinks after it (``undo.unlink_parked``)."""
-    record = txn.record
-    if record is None:
-        return {}
     seen: dict[tuple[int, int], tuple[int, int]] = {}
     for s in record.sources:
         key = (s.dev, s.ino)
-        if s.adopt or key not in txn.looks:
+        if key not in txn.looks:  # an adopted source is never looked at
             continue
         st = undo.same_file(record.parked(s), *key)
         err = None if st is None else assess.changed_since(

@@ -48,7 +48,7 @@ from filecord._plan.space import check_space
 from filecord._plan.types import MoveSource, PieceActions, SavePlan
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord._txn import adopt, begin, fill, journal, looks, transfer, undo
-from filecord._txn.failure import close_descriptors, drop_locks, journaled
+from filecord._txn.failure import close_descriptors, drop_locks
 from filecord._txn.failure import fail as _fail
 from filecord._txn.stages import Stage
 from filecord._txn.state import Prepared, Txn
@@ -301,8 +301,9 @@ def _execute(txn: Txn) -> None:
     # Only where a crash needs it (the theory's step 3); direct outputs are never renamed.
     if (p.moves or p.consumed or txn.removals or any(o.discard for o in p.outputs)
             or sum(not o.direct for o in p.outputs) > 1):
-        begin.park_sources(txn, begin.write_journal(txn))
-        looks.take(txn)
+        record = begin.write_journal(txn)
+        begin.park_sources(txn, record)
+        looks.take(txn, record)
     _presize_for_moves(txn)
     for m in p.moves:
         _move(txn, m)
@@ -321,8 +322,8 @@ def _presize_for_moves(txn: Txn, *, before_fill: bool = False) -> None:
 
 
 def _move(txn: Txn, m: MoveSource) -> None:
-    record = journaled(txn)[0]
-    src = next(s for s in record.sources if (s.dev, s.ino) == m.key)
+    record = txn.journaled()[0]
+    src = record.by_key()[m.key]
     txn.to(Stage.MOVING)
     if m.adopt:
         adopt.adopt(txn, m, src)
@@ -380,13 +381,13 @@ def _commit(txn: Txn) -> None:
     if txn.counters.moved != sum(d.length for m in p.moves if not m.adopt for d in m.dests):
         raise RuntimeError(f"a bug in filecord: {txn.counters.moved} bytes moved, not the plan's")
     record = txn.record
-    seen = looks.check(txn)  # the last look, just before the commit point
-    if record is not None and txn.journal_path is not None:
+    if record is not None:
+        seen = looks.check(txn, record)  # the last look, just before the commit point
         begin.append_step(txn, journal.step(Stage.COMMITTED, looked=[
             [*k, *v] for k, v in seen.items()]), Stage.COMMITTED)
-        if txn.log is not None and txn.log.fd is not None:
-            fd, txn.log.fd = txn.log.fd, None
-            _sys.close(fd)  # its steps all fsynced: a close error is raised
+        errors = txn.journaled()[1].close()
+        if errors:  # its steps all fsynced: a close error is raised
+            raise errors[0]
         adopt.take_owner_modes(txn, record)
     finals: list[str] = []
     for out, temp in zip(p.outputs, txn.temps, strict=True):
@@ -398,11 +399,11 @@ def _commit(txn: Txn) -> None:
     if txn.durable:
         txn.counters.fsyncs += _sys.fsync_parents(finals)
     kept = None
-    if record is not None and txn.journal_path is not None:
+    if record is not None:
         # Removals first: the parked sources prove their directories the save's to recover.
         txn.removed, txn.changed_removals = undo.discard_and_remove(record)
         kept = undo.unlink_parked(record, seen, txn.counters)
-        _sys.unlink(txn.journal_path)
+        _sys.unlink(txn.journaled()[1].path)
     txn.to(Stage.DONE)
     drop_locks(txn, remove=True)
     if kept is not None:  # the outputs are complete; a source written after the last look
