@@ -29,7 +29,7 @@ from filecord._plan.types import MoveSource
 from filecord._txn import begin, fill, journal, looks, undo
 from filecord._txn.stages import Stage
 from filecord._txn.state import Placed, Txn
-from filecord.errors import ChangeKind, DataChangedError, SaveError
+from filecord.errors import ChangeKind, DataChangedError
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,7 @@ def adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
 def _claim(txn: Txn, m: MoveSource, src: journal.JournalSource) -> int:
     """Step 1; the descriptor there."""
     o = m.dests[0].output
-    temp = txn.temps[o]
-    if temp is None:  # pragma: no cover - the plan adopts only into temps
-        raise SaveError(f"{m.path}: no temp to adopt into")
+    temp = txn.journaled()[0].temp(o)
     data = txn.prep.facts.datas[m.key][0]
     st = undo.same_file(data.path, *m.key)
     if st is None or (st.st_size, st.st_mtime_ns) != (m.size, data.identity.mtime_ns):
@@ -91,7 +89,7 @@ def _insert(txn: Txn, m: MoveSource, src: journal.JournalSource, fd: int) -> Pla
     where = looks.blocks(fd, src.inserted, m.size)
     now = _sys.fstat(fd)  # a write or cut since the look above (before the blocks')
     if now.st_size != m.size + src.inserted:
-        raise DataChangedError(txn.temps[m.dests[0].output] or m.path,
+        raise DataChangedError(txn.journaled()[0].temp(m.dests[0].output),
                                expected_size=m.size + src.inserted, found_size=now.st_size,
                                reason="another process wrote to or cut it as it was adopted")
     if src.inserted:
@@ -111,7 +109,7 @@ def refuse_linked(st: os.stat_result, path: str) -> None:
                                kind=ChangeKind.LINKED)
 
 
-def check_at_commit(txn: Txn, o: int, st: os.stat_result) -> None:
+def check_at_commit(txn: Txn, o: int, fd: int, st: os.stat_result) -> None:
     """Step 4: output ``o``'s adopted file is as the save left it, else a change (held)."""
     p = txn.prep.plan
     key = p.adopted[o]
@@ -124,9 +122,7 @@ def check_at_commit(txn: Txn, o: int, st: os.stat_result) -> None:
                                reason="another process changed the adopted file before the "
                                "commit")
     placed = txn.adopted_blocks.get(o)
-    fd = txn.fds[o]
-    if placed is not None and fd is not None and looks.blocks(fd, placed[0],
-                                                              placed[1]) != placed[2]:
+    if placed is not None and looks.blocks(fd, placed[0], placed[1]) != placed[2]:
         # Only the blocks say the source's bytes are gone: held, never put back as the source.
         txn.changed = key
         raise DataChangedError(path, expected_size=length, found_size=st.st_size,

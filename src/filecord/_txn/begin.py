@@ -2,13 +2,11 @@
 
 Theory of operation
 -------------------
-1. Before any temp, a lock file per directory (``liveness.create``), its ``created`` step
-   naming the journal durable: a temp's name implies its lock and that step.
-2. The record goes to ``.filecord-pending``, fsynced, every directory of the save fsynced,
-   then is renamed to ``.filecord-journal``, its directory fsynced: a journal name never holds
-   a torn head.  Later steps are appended through its open descriptor at its logical end, each
-   fsynced.  Each lock file then gets a durable ``journaled`` step: a journal missing later was
-   removed.
+1. Before any temp, a lock file per directory (``liveness``), its ``created`` step naming the
+   journal durable: a temp's name implies its lock and that step.
+2. The head (``journal``), fsynced under its pending name with every directory of the save,
+   renamed, its directory fsynced; later steps appended through its open descriptor.  Each
+   lock file then gets a durable ``journaled`` step: a journal missing later was removed.
 3. Every source the save will shorten or delete is renamed to ``.NAME.TOKEN.filecord-src``,
    the directories fsynced, before anything is cut: a crash leaves each source at one of its
    two names, both known to ``recover``.
@@ -129,8 +127,8 @@ def write_journal(txn: Txn) -> journal.Journal:
     txn.to(Stage.JOURNALED)  # the rename is the transition; a failed fsync below rolls back
     txn.counters.fsyncs += _sys.fsync_parents([final])
     created = len(liveness.pointer_record(final))
-    for _path, lock_fd in txn.locks:
-        liveness.mark_journaled(lock_fd, created)
+    for path, lock_fd in txn.locks:  # a journal missing from now on was removed
+        liveness.Appender(path, created, fd=lock_fd)(journal.step(Stage.JOURNALED))
     return record
 
 

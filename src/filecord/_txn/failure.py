@@ -66,7 +66,7 @@ def _close(txn: Txn, notes: list[str]) -> None:
     notes.extend(f"could not close a descriptor: {exc}" for exc in errors)
 
 
-def _raise(exc: BaseException, message: str, notes: list[str], **kw: object) -> NoReturn:
+def reraise(exc: BaseException, message: str, notes: list[str], **kw: object) -> NoReturn:
     """A system call's error becomes a ``SaveError``; the caller's own error keeps its type
     (a DataChangedError stays one), the journal it leaves riding along as attributes."""
     if isinstance(exc, OSError) and not isinstance(exc, FilecordError):
@@ -116,7 +116,7 @@ def _keep(txn: Txn, f: _Failed, notes: list[str], *, held: bool = False) -> NoRe
     notes.extend(assess.whereabouts(record, seen, left_at, inserted=frozenset(txn.inserted),
                                     held=held))
     notes.append(f"{f.why}; run `filecord recover {log_.path}` once the cause is fixed")
-    _raise(f.exc, f"saving {f.names} failed", notes, journal_path=log_.path,
+    reraise(f.exc, f"saving {f.names} failed", notes, journal_path=log_.path,
            sources=_states(record, seen))
 
 
@@ -178,11 +178,11 @@ def _finish(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
         notes.append(left.format(txn.log.path))
         what = "committed, but cleaning up after its commit point failed" if renamed else \
             "failed after its commit point"
-        _raise(f.exc, f"saving {f.names} {what}", notes, journal_path=txn.log.path,
+        reraise(f.exc, f"saving {f.names} {what}", notes, journal_path=txn.log.path,
                committed=renamed)
     notes.append(f"{f.names} holds the complete new content, but syncing its directory "
                  "failed: after a power loss the old file may come back")
-    _raise(f.exc, f"saving {f.names} failed after the rename", notes)
+    reraise(f.exc, f"saving {f.names} failed after the rename", notes)
 
 
 def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
@@ -242,7 +242,7 @@ def _discard(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     # A journal that could not be removed (its last step ``rolling back``: the rollback is
     # done) is named, so the caller can have ``recover`` remove it.
     kept = {"journal_path": txn.log.path} if left and txn.log else {}
-    _raise(f.exc, f"saving {f.names} failed", notes, **kept)
+    reraise(f.exc, f"saving {f.names} failed", notes, **kept)
 
 
 # Each row of the table (``decide.Action``) and the one function that carries it out.

@@ -157,12 +157,6 @@ def pointer_record(journal_path: str) -> bytes:
     return journal.step(Stage.CREATED, journal=journal_path)
 
 
-def mark_journaled(fd: int, end: int) -> None:
-    """The durable ``journaled`` step: a journal missing from now on was removed."""
-    _sys.write_all(fd, journal.step(Stage.JOURNALED), end)
-    _sys.fsync(fd)
-
-
 @dataclass(frozen=True, slots=True)
 class Pointer:
     """A lock file read back: the journal it names (None: empty or torn), whether it was

@@ -48,12 +48,12 @@ from filecord._plan.space import check_space
 from filecord._plan.types import MoveSource, PieceActions, SavePlan
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord._txn import adopt, begin, fill, journal, looks, transfer, undo
-from filecord._txn.failure import close_descriptors, drop_locks
+from filecord._txn.failure import close_descriptors, drop_locks, reraise
 from filecord._txn.failure import fail as _fail
 from filecord._txn.stages import Stage
 from filecord._txn.state import Prepared, Txn
 from filecord._txn.state import ProgressCallback as ProgressCallback
-from filecord.errors import DataChangedError, FilecordError, SaveError, add_note
+from filecord.errors import DataChangedError, FilecordError, SaveError
 
 log = logging.getLogger(__name__)
 
@@ -250,10 +250,8 @@ def _prepare(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_pl
             raise
         # A system call of the preflight failed (stat, statvfs, ...): still a SaveError, as
         # documented, and nothing exists yet to clean up.
-        names = ", ".join(p for p, _c in items)
-        err = SaveError(f"saving {names} failed: {exc.strerror or exc}", errno=exc.errno)
-        add_note(err, "nothing was created or changed: the save can be retried")
-        raise err from exc
+        reraise(exc, f"saving {', '.join(p for p, _c in items)} failed",
+                ["nothing was created or changed: the save can be retried"])
     for group in prep.facts.datas.values():
         for d in group:
             d.detach_cleanup()
@@ -365,7 +363,7 @@ def _seal(txn: Txn) -> None:
             txn.dirty.discard(fd)
         st = _sys.fstat(fd)
         if o in p.adopted:
-            adopt.check_at_commit(txn, o, st)
+            adopt.check_at_commit(txn, o, fd, st)
         if st.st_size != p.outputs[o].length:
             raise SaveError(f"{p.outputs[o].path}: temp is {st.st_size} bytes, expected "
                             f"{p.outputs[o].length}")
