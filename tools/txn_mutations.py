@@ -115,7 +115,7 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
     ("assess: the unchanged-source mtime not checked", "assess.py",
      "    if st.size == s.size and st.mtime_ns != s.mtime_ns:", "    if False:", [UNIT]),
     ("lock pointer: another token accepted", "liveness.py",
-     "parsed != (token, _names.JOURNAL)", "parsed[1] != _names.JOURNAL", [UNIT]),
+     "!= (token, _names.JOURNAL)", "[1:] != (_names.JOURNAL,)", [UNIT]),
     ("of_change: a link taken as a content change", "assess.py",
      "    return {ChangeKind.LINKED: Found.LINKED,",
      "    return {ChangeKind.LINKED: Found.CHANGED,", [UNIT]),

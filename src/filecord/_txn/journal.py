@@ -24,8 +24,7 @@ it licenses:
 * ``rolling back``, then one with ``rebuilt: [dev, ino, new_dev, new_ino]`` per source
   rebuilt in a new file (``undo``: its token name had another link) before that file is
   linked under the source's name: the proof that the file there is the rollback's own;
-* ``held``; the lock files (``liveness``) hold ``created`` (the journal's
-  path) and ``journaled``.
+* ``held``; the lock files (``liveness``) hold ``created`` (the journal's path) and ``journaled``.
 
 :func:`read_log` replays WAL style, strictly: it stops at the first record that does not check,
 a torn tail when no later record checks, else damage (a crash only cuts the tail).  A record
@@ -174,11 +173,9 @@ class Journal:
     removals: tuple[JournalRemoval, ...] = ()  # unlinked at the commit, in order
 
     def temp(self, o: int) -> str:
-        """Output ``o``'s temp path (derived, never stored)."""
         return _names.sibling(self.outputs[o].final, self.token, _names.TEMP)
 
     def parked(self, s: JournalSource) -> str:
-        """Where source ``s`` sits, renamed with the token, between journal and commit."""
         return _names.sibling(s.path, self.token, _names.SOURCE)
 
     def locks(self) -> dict[str, str]:
@@ -238,14 +235,12 @@ Step = Mapping[str, object]
 
 
 def frame(step: Step) -> bytes:
-    """One step record: length, checksum and payload on one line."""
     payload = json.dumps(dict(step), sort_keys=True, separators=(",", ":"),
                          ensure_ascii=True).encode()
     return b"%08x %s %s\n" % (len(payload), _sum(payload), payload)
 
 
 def step(stage: Stage, **fields: object) -> bytes:
-    """The framed step record of ``stage`` with its fields."""
     return frame({"stage": stage.value, **fields})
 
 
