@@ -160,7 +160,7 @@ def fill_output(txn: Txn, o: int) -> None:
     fd = txn.fds[o]
     if fd is None:
         raise SaveError(f"{out.path}: output descriptor missing")
-    run: _Run | None = None
+    runs: list[_Run] = []  # copies not made yet: adjacent ones join (building them calls nothing)
     copied: dict[tuple[int, int], FileBackedData] = {}  # sources of the runs copied
     for pos in p.actions.positions(o):
         r = p.actions.refs[pos]
@@ -174,16 +174,12 @@ def fill_output(txn: Txn, o: int) -> None:
             base, spans = ((piece.base, list(piece.runs())) if isinstance(piece, FileRows)
                            else (piece, [(piece.offset, r.length)]))
             for src_off, n in spans:
-                if run is None or not run.extends(base, src_off, dst_off):
-                    if run is not None:
-                        _copy_run(txn, fd, run, copied)
-                    run = _Run(base, src_off, dst_off, 0)
-                run.n += n
+                if not (runs and runs[-1].extends(base, src_off, dst_off)):
+                    runs.append(_Run(base, src_off, dst_off, 0))
+                runs[-1].n += n
                 dst_off = None if dst_off is None else dst_off + n
             continue
-        if run is not None:
-            _copy_run(txn, fd, run, copied)
-            run = None
+        _copy_runs(txn, fd, runs, copied)
         if isinstance(piece, Derived):
             _compute_piece(txn, piece, fd, dst_off)
         elif not isinstance(piece, FileBackedData):
@@ -195,8 +191,7 @@ def fill_output(txn: Txn, o: int) -> None:
             _recheck_source(txn, piece)
             if done != planned:
                 txn.outcomes[pos] = done
-    if run is not None:
-        _copy_run(txn, fd, run, copied)
+    _copy_runs(txn, fd, runs, copied)
     for data in copied.values():
         _recheck_source(txn, data)
     if not out.direct:
@@ -237,12 +232,15 @@ class _Run:
                 and (dst_off is None or dst_off == (self.dst_off or 0) + self.n))
 
 
-def _copy_run(txn: Txn, fd: int, run: _Run, copied: dict[tuple[int, int], FileBackedData]) -> None:
-    src = _source_fd(txn, run.data)
-    with _as_change(txn, run.data):
-        transfer.copy_range(src, fd, run.src_off, run.dst_off, run.n, txn.counters, txn.advance)
-    ident = run.data.identity
-    copied.setdefault((ident.dev, ident.ino), run.data)
+def _copy_runs(txn: Txn, fd: int, runs: list[_Run],
+               copied: dict[tuple[int, int], FileBackedData]) -> None:
+    for run in runs:
+        src = _source_fd(txn, run.data)
+        with _as_change(txn, run.data):
+            transfer.copy_range(src, fd, run.src_off, run.dst_off, run.n, txn.counters,
+                                txn.advance)
+        copied.setdefault((run.data.identity.dev, run.data.identity.ino), run.data)
+    runs.clear()
 
 
 def _clone_or_copy(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -> PieceAction:
