@@ -23,7 +23,7 @@ from filecord._plan.facts import unless_unsupported
 from filecord._txn import journal, liveness, transfer, undo
 from filecord._txn.stages import Stage
 from filecord._txn.state import Txn
-from filecord.errors import SaveError
+from filecord.errors import ChangeKind, DataChangedError, SaveError
 
 
 def journal_name(txn: Txn, suffix: str) -> str:
@@ -133,17 +133,28 @@ def write_journal(txn: Txn) -> journal.Journal:
 
 
 def park_sources(txn: Txn, record: journal.Journal) -> None:
+    """Step 3, each source given its first look there (``looks``)."""
     parked: list[str] = []
     for s in record.sources:
         if s.adopt:
             continue
         txn.to(Stage.MOVING)
-        current = txn.prep.facts.datas[(s.dev, s.ino)][0].path
-        if undo.same_file(current, s.dev, s.ino) is None:
-            txn.prep.facts.datas[(s.dev, s.ino)][0].check()
-            raise SaveError(f"{current} was replaced during the save")
-        _sys.rename(current, record.parked(s))
+        key, data = (s.dev, s.ino), txn.prep.facts.datas[(s.dev, s.ino)][0]
+        was = data.identity
+        if undo.same_file(data.path, *key) is None:
+            data.check()
+            raise SaveError(f"{data.path} was replaced during the save")
         parked.append(record.parked(s))
+        _sys.rename(data.path, parked[-1])
+        st = undo.same_file(parked[-1], *key)
+        if st is None or (st.st_size, st.st_mtime_ns) != (was.size, was.mtime_ns):
+            txn.changed = key
+            raise DataChangedError(parked[-1], expected_size=was.size,
+                                   found_size=None if st is None else st.st_size,
+                                   reason="another process changed it as it was parked",
+                                   kind=ChangeKind.REPLACED if st is None else
+                                   ChangeKind.CONTENT)
+        txn.looks[key] = transfer.Look(transfer.Facts.of(st))
     txn.counters.fsyncs += _sys.fsync_parents(parked)
 
 

@@ -4,10 +4,10 @@ back into, only a file still as last seen.
 Theory of operation
 -------------------
 The inode alone proves nothing about a write by a process that had the file open, so per
-source the save keeps its last look (``Txn.looks``: size, mtime, ctime), taken after parking
-(:func:`take`) and after each truncate (``transfer.move_source``, with the size a truncate in
-flight leaves), and compares it just before the ``committed`` step (:func:`check`: a
-difference is a ``DataChangedError``, the journal held) and in the rollback's assessment.
+source the save keeps its last look (``Txn.looks``: size, mtime, ctime), taken as it is parked
+(``begin.park_sources``) and after each truncate (``transfer.move_source``, with the size a
+truncate in flight leaves), and compares it just before the ``committed`` step (:func:`check`:
+a difference is a ``DataChangedError``, the journal held) and in the rollback's assessment.
 Size and mtime go into that step: the save and recover's finish unlink only a parked source
 still as they say (``undo.unlink_parked``: a changed one is kept, and the committed save
 raises once the rest is done).
@@ -26,26 +26,7 @@ from filecord._plan.facts import unless_unsupported
 from filecord._txn import assess, undo
 from filecord._txn.journal import Journal
 from filecord._txn.state import Placed, Txn
-from filecord._txn.transfer import Facts, Look
-from filecord.errors import ChangeKind, DataChangedError
-
-
-def take(txn: Txn, record: Journal) -> None:
-    """The first look at each parked source."""
-    for s in record.sources:
-        if s.adopt:
-            continue
-        key = (s.dev, s.ino)
-        st = undo.same_file(record.parked(s), *key)
-        ident = txn.prep.facts.datas[key][0].identity
-        if st is None or (st.st_size, st.st_mtime_ns) != (ident.size, ident.mtime_ns):
-            txn.changed = key
-            raise DataChangedError(record.parked(s), expected_size=ident.size,
-                                   found_size=None if st is None else st.st_size,
-                                   reason="another process changed it as it was parked",
-                                   kind=ChangeKind.REPLACED if st is None else
-                                   ChangeKind.CONTENT)
-        txn.looks[key] = Look(Facts.of(st))
+from filecord._txn.transfer import Facts
 
 
 def check(txn: Txn, record: Journal) -> dict[tuple[int, int], tuple[int, int]]:

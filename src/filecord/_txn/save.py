@@ -299,9 +299,7 @@ def _execute(txn: Txn) -> None:
     # Only where a crash needs it (the theory's step 3); direct outputs are never renamed.
     if (p.moves or p.consumed or txn.removals or any(o.discard for o in p.outputs)
             or sum(not o.direct for o in p.outputs) > 1):
-        record = begin.write_journal(txn)
-        begin.park_sources(txn, record)
-        looks.take(txn, record)
+        begin.park_sources(txn, begin.write_journal(txn))
     _presize_for_moves(txn)
     for m in p.moves:
         _move(txn, m)
