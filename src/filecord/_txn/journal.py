@@ -40,7 +40,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -509,40 +509,42 @@ def _clean(path: str) -> bool:
     return os.path.isabs(path) and os.path.normpath(path) == path and "\0" not in path
 
 
-def _unconfined(j: Journal, journal_path: str) -> Iterator[str]:
-    """Why the head reaches beyond its save, first reason first: a path not absolute and
-    normalised, an index or range out of bounds, a token not its name's, the journal away from
-    its first output's directory (resolved)."""
+def confine(j: Journal, journal_path: str) -> None:
+    """Refuse a head that reaches beyond its save, first reason first (the caller names the
+    journal): a path not absolute and normalised, an index or range out of bounds, a token not
+    its name's, the journal away from its first output's directory (resolved)."""
     parsed = _names.parse(os.path.basename(journal_path))
     if parsed is None or parsed[0] != j.token:
-        yield "the record's token is not the one in its name"
+        raise JournalDamagedError("the record's token is not the one in its name")
     if j.window < 1:
-        yield f"window {j.window} is not positive"
+        raise JournalDamagedError(f"window {j.window} is not positive")
     for o in j.outputs:
         if not _clean(o.final):
-            yield f"output path {o.final!r} is not confined"
+            raise JournalDamagedError(f"output path {o.final!r} is not confined")
         if o.discard and o.direct:
-            yield f"{o.final}: a discard output is direct"
+            raise JournalDamagedError(f"{o.final}: a discard output is direct")
     for s in j.sources:
         if not _clean(s.path):
-            yield f"source path {s.path!r} is not confined"
+            raise JournalDamagedError(f"source path {s.path!r} is not confined")
         if not 0 <= s.run_start <= s.size:
-            yield f"{s.path}: run start out of range"
+            raise JournalDamagedError(f"{s.path}: run start out of range")
         if s.adopt and (len(s.dests) != 1 or s.dests[0].src_offset != 0
                         or s.dests[0].length != s.size or s.dests[0].out_offset % BLOCK):
-            yield f"{s.path}: an adopted source must be one whole range at a block-aligned offset"
+            raise JournalDamagedError(f"{s.path}: an adopted source must be one whole range at "
+                                      "a block-aligned offset")
         if not s.adopt and s.run_start < s.size:
             try:  # a rollback puts back every byte above the kept prefix from where these say
                 cover(s.dests, s.run_start, s.size)
             except ValueError:
-                yield (f"{s.path}: its ranges do not hold the bytes its move takes "
-                       f"({s.run_start} to {s.size})")
+                raise JournalDamagedError(f"{s.path}: its ranges do not hold the bytes its move "
+                                          f"takes ({s.run_start} to {s.size})") from None
         for d in s.dests:
             out = j.outputs[d.output] if 0 <= d.output < len(j.outputs) else None
             if (out is None or out.direct or min(d.length, d.src_offset, d.out_offset) < 0
                     or d.src_offset + d.length > s.size or d.out_offset + d.length > out.length):
-                yield (f"{s.path}: a range {d.src_offset}+{d.length} -> output {d.output} at "
-                       f"{d.out_offset} is outside the source, its outputs or their temps")
+                raise JournalDamagedError(
+                    f"{s.path}: a range {d.src_offset}+{d.length} -> output {d.output} at "
+                    f"{d.out_offset} is outside the source, its outputs or their temps")
     dirs = list(j.locks())
     # A file the commit removes is not named by the token, so it must at least sit where the
     # save worked: beside an output with a temp (a direct output's directory holds no lock
@@ -550,16 +552,9 @@ def _unconfined(j: Journal, journal_path: str) -> Iterator[str]:
     near = set(dirs) | {os.path.dirname(s.path) for s in j.sources}
     for r in j.removals:
         if not _clean(r.path) or os.path.dirname(r.path) not in near:
-            yield f"removal path {r.path!r} is not confined"
+            raise JournalDamagedError(f"removal path {r.path!r} is not confined")
         if r.path in {o.final for o in j.outputs} | {s.path for s in j.sources}:
-            yield f"{r.path} is both removed and saved"
+            raise JournalDamagedError(f"{r.path} is both removed and saved")
     here = _sys.realpath(os.path.dirname(_sys.abspath(journal_path)))
     if not dirs or dirs[0] != here:
-        yield "the journal is not in its first output's directory"
-
-
-def confine(j: Journal, journal_path: str) -> None:
-    """Refuse a head that could reach beyond its save (:func:`_unconfined` says why)."""
-    why = next(_unconfined(j, journal_path), None)
-    if why is not None:
-        raise JournalDamagedError(why)  # the caller names the journal
+        raise JournalDamagedError("the journal is not in its first output's directory")
