@@ -285,12 +285,9 @@ class Replay:
 def _checks(line: bytes) -> bool:
     """Whether the line's length and checksum hold (a stray record checks: it is damage)."""
     try:
-        unframe(line)
-    except StrayRecordError:
-        return True
-    except (ValueError, KeyError, TypeError):
-        return False
-    return True
+        return bool(unframe(line))
+    except ValueError as exc:
+        return isinstance(exc, StrayRecordError)
 
 
 def _overlong(line: bytes) -> bool:
@@ -471,9 +468,6 @@ def _a(kind: type[_T], v: object) -> _T:
     return v
 
 
-_HEAD_KEYS = {"version", "token", "window", "outputs", "removals", "sources"}
-
-
 def _entry(table: tuple[tuple[str, type], ...], values: object) -> dict[str, Any]:
     """A list entry of the head: exactly the fields of ``table``, each of its type."""
     if not isinstance(values, list) or len(values) != len(table):
@@ -486,7 +480,7 @@ def _parse(body: object) -> Journal:
         raise TypeError("the head is not an object")
     if body["version"] != VERSION:
         raise ValueError(f"version {body['version']!r} is not {VERSION}")
-    if set(body) != _HEAD_KEYS:
+    if set(body) != {"version", "token", "window", "outputs", "removals", "sources"}:
         raise ValueError(f"the head has fields {sorted(body)}")
     sources = []
     for s in _a(list, body["sources"]):
