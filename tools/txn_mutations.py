@@ -354,9 +354,8 @@ MUTATIONS: list[tuple[str, str, str, str, list[str]]] = [
      '        unchanged = True',
      ['tests/txn/test_finish_and_rollback_decisions.py::test_the_saves_own_finish_keeps_a_source_written_after_its_last_look']),
     ("a kept journal's lock files removed (audit 3 A38)", 'failure.py',
-     '    _close(txn, notes)\n    drop_locks(txn, remove=False)\n'
-     '    record, log_ = txn.journaled()',
-     '    _close(txn, notes)\n    drop_locks(txn, remove=True)\n    record, log_ = txn.journaled()',
+     '    drop_locks(txn, remove=False)\n    record, log_ = txn.journaled()',
+     '    drop_locks(txn, remove=True)\n    record, log_ = txn.journaled()',
      ['tests/txn/test_finish_and_rollback_decisions.py::test_the_kind_of_a_change_mid_move_decides_what_recover_does']),
     ('row HOLD without its held step (audit 3 A39)', 'failure.py',
      '        begin.append_step(txn, journal.step(Stage.HELD), Stage.HELD)',

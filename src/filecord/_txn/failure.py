@@ -61,11 +61,6 @@ def close_descriptors(txn: Txn) -> list[OSError]:
     return _sys.close_each(fds)
 
 
-def _close(txn: Txn, notes: list[str]) -> None:
-    errors = close_descriptors(txn) + (txn.log.close() if txn.log else [])
-    notes.extend(f"could not close a descriptor: {exc}" for exc in errors)
-
-
 def reraise(exc: BaseException, message: str, notes: list[str], **kw: object) -> NoReturn:
     """A system call's error becomes a ``SaveError``; the caller's own error keeps its type
     (a DataChangedError stays one), the journal it leaves riding along as attributes."""
@@ -106,7 +101,6 @@ def _keep(txn: Txn, f: _Failed, notes: list[str], *, held: bool = False) -> NoRe
         except OSError as exc:
             notes.append(f"could not mark the journal held ({exc}): recover refuses it anyway "
                          "if the change shows in the source's size")
-    _close(txn, notes)
     drop_locks(txn, remove=False)
     record, log_ = txn.journaled()
     key = txn.moving or txn.changed
@@ -133,7 +127,10 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
     """Clean up after ``exc`` as the table says (from the stage and, past the journal, the
     files' assessment) and raise the error the caller sees; the save ends FAILED."""
     names = ", ".join(o.path for o in txn.prep.plan.outputs)
-    notes: list[str] = []
+    # Every descriptor let go first: from here on each step, the assessment and the undo open
+    # what they need by name, as recover does.
+    notes = [f"could not close a descriptor: {exc}"
+             for exc in close_descriptors(txn) + (txn.log.close() if txn.log else [])]
     try:
         if txn.stage not in (Stage.JOURNALED, Stage.MOVING):  # the stage alone decides
             _ACTIONS[decide(Actor.SAVE, txn.stage, Found.AS_LEFT)](txn, _Failed(exc, names), notes)
@@ -155,7 +152,6 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
 
 def _complete(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row COMPLETE: e.g. Ctrl-C while the last lock file was being let go."""
-    _close(txn, notes)
     drop_locks(txn, remove=False)
     add_note(f.exc, f"the save of {f.names} had completed: every output is in place and "
              "durable (a lock file left behind is removed by `filecord recover`)")
@@ -165,7 +161,6 @@ def _complete(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
 def _finish(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row FINISH: after the commit point nothing is undone; recover finishes (or, without a
     journal, the one rename was the commit and only its directory's fsync failed)."""
-    _close(txn, notes)
     drop_locks(txn, remove=txn.log is None)  # a journal's are recover's to remove
     if txn.log is not None:
         # RENAMED: every output is under its final name, so the save succeeded and only its
@@ -192,7 +187,6 @@ def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     record, log_ = txn.journaled()
     try:
         begin.append_step(txn, journal.step(Stage.ROLLING_BACK), Stage.ROLLING_BACK)
-        _close(txn, notes)  # the undo opens what it needs by name, as recover does
         restored = undo.roll_back(record, txn.counters, frozenset(txn.inserted), {},
                                   lambda step: begin.append_step(txn, step))
     except BaseException as rexc:  # noqa: BLE001 - any failure here leaves the journal in charge
@@ -215,7 +209,6 @@ def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
 
 def _discard(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row DISCARD (and the end of ROLL_BACK): nothing of the save is left but its garbage."""
-    _close(txn, notes)
     paths = [t for t in txn.temps if t is not None]
     if paths:  # a pending journal comes after the temps
         paths.append(begin.journal_name(txn, _names.PENDING))
