@@ -28,7 +28,7 @@ from filecord._io import syscalls as _sys
 from filecord._plan.types import MoveSource
 from filecord._txn import begin, fill, journal, looks, undo
 from filecord._txn.stages import Stage
-from filecord._txn.state import Placed, Txn
+from filecord._txn.state import Txn
 from filecord.errors import ChangeKind, DataChangedError
 
 log = logging.getLogger(__name__)
@@ -37,10 +37,8 @@ log = logging.getLogger(__name__)
 def adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
     o = m.dests[0].output
     fd = _claim(txn, m, src)
-    where = _insert(txn, m, src, fd) if src.inserted or (
-        txn.prep.plan.outputs[o].length > m.size) else None
-    if where is not None:
-        txn.adopted_blocks[o] = (src.inserted, m.size, where)
+    if src.inserted or txn.prep.plan.outputs[o].length > m.size:
+        _insert(txn, m, src, fd)
     fill.fill_output(txn, o)
     log.debug("adopt %s: the rest of %s written around it", m.path, txn.temps[o])
     # Moved bytes follow: presized only now, so a file adopted whole and cut by someone else
@@ -79,8 +77,8 @@ def _claim(txn: Txn, m: MoveSource, src: journal.JournalSource) -> int:
     return fd
 
 
-def _insert(txn: Txn, m: MoveSource, src: journal.JournalSource, fd: int) -> Placed | None:
-    """Step 2; where the source's bytes lie (None where the file system does not say)."""
+def _insert(txn: Txn, m: MoveSource, src: journal.JournalSource, fd: int) -> None:
+    """Step 2, noting where the source's bytes lie (where the file system says)."""
     if src.inserted:
         _sys.insert_range(fd, 0, src.inserted)
     # Size and times cannot tell another's cut from the save's writes around it, the blocks
@@ -97,7 +95,8 @@ def _insert(txn: Txn, m: MoveSource, src: journal.JournalSource, fd: int) -> Pla
                                             inserted=list(m.key)))
         txn.inserted.add(m.key)
         log.debug("adopt %s: %d bytes inserted in front of it, recorded", m.path, src.inserted)
-    return where
+    if where is not None:
+        txn.adopted_blocks[m.dests[0].output] = (src.inserted, m.size, where)
 
 
 def refuse_linked(st: os.stat_result, path: str) -> None:

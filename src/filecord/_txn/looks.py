@@ -35,17 +35,16 @@ def check(txn: Txn, record: Journal) -> dict[tuple[int, int], tuple[int, int]]:
     seen: dict[tuple[int, int], tuple[int, int]] = {}
     for s in record.sources:
         key = (s.dev, s.ino)
-        if key not in txn.looks:  # an adopted source is never looked at
+        st = undo.same_file(record.parked(s), *key) if key in txn.looks else None
+        if st is None:  # never looked at (adopted), or gone
             continue
-        st = undo.same_file(record.parked(s), *key)
-        err = None if st is None else assess.changed_since(
+        err = assess.changed_since(
             record.parked(s), Facts.of(st), txn.looks[key],
             "another process changed it after the save's last look, before the commit")
         if err is not None:
             txn.changed = key
             raise err
-        if st is not None:
-            seen[key] = (st.st_size, st.st_mtime_ns)
+        seen[key] = (st.st_size, st.st_mtime_ns)
     return seen
 
 
