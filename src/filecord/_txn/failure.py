@@ -129,8 +129,8 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
     names = ", ".join(o.path for o in txn.prep.plan.outputs)
     # Every descriptor let go first: from here on each step, the assessment and the undo open
     # what they need by name, as recover does.
-    notes = [f"could not close a descriptor: {exc}"
-             for exc in close_descriptors(txn) + (txn.log.close() if txn.log else [])]
+    notes = [f"could not close a descriptor: {e}"
+             for e in close_descriptors(txn) + (txn.log.close() if txn.log else [])]
     try:
         if txn.stage not in (Stage.JOURNALED, Stage.MOVING):  # the stage alone decides
             _ACTIONS[decide(Actor.SAVE, txn.stage, Found.AS_LEFT)](txn, _Failed(exc, names), notes)

@@ -358,7 +358,6 @@ def _seal(txn: Txn) -> None:
             continue
         if fd in txn.dirty and txn.durable:
             txn.counters.fsync(fd)
-            txn.dirty.discard(fd)
         st = _sys.fstat(fd)
         if o in p.adopted:
             adopt.check_at_commit(txn, o, fd, st)
