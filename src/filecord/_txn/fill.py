@@ -144,13 +144,6 @@ def _as_change(txn: Txn, *datas: FileBackedData) -> Iterator[None]:
         raise
 
 
-def fill(txn: Txn) -> None:
-    """Every output that is not built around an adopted file (``adopt`` fills those)."""
-    for o in range(len(txn.prep.plan.outputs)):
-        if o not in txn.prep.plan.adopted:
-            fill_output(txn, o)
-
-
 def fill_output(txn: Txn, o: int) -> None:
     """Output ``o``'s pieces that are not moved nor adopted, at their final offsets.  Pieces
     adjacent in their source and in the output are one copy; each source of the plain copies

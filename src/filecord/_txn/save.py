@@ -293,7 +293,9 @@ def _execute(txn: Txn) -> None:
         *(d.path for ds in txn.prep.facts.datas.values() for d in ds)])
     fill.create_outputs(txn)
     _presize_for_moves(txn, before_fill=True)
-    fill.fill(txn)
+    for o in range(len(p.outputs)):
+        if o not in p.adopted:  # one built around an adopted file is filled by ``adopt``
+            fill.fill_output(txn, o)
     txn.to(Stage.FILLED)
     fill.finish_modes(txn)
     # Only where a crash needs it (the theory's step 3); direct outputs are never renamed.
