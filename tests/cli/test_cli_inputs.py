@@ -2,18 +2,19 @@
 
 File names and keys may be any bytes the OS allows: names that are not UTF-8 reach Python as
 surrogate escapes and used to end in ``UnicodeEncodeError`` tracebacks.  Every test runs the
-command as a real subprocess with ``bytes`` arguments, exactly as a shell passes them.
+command as a real subprocess with ``bytes`` arguments, exactly as a shell passes them (the fuzz
+corpus in children of a fork server that imported the CLI once: support/forked_cli.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ import pytest
 from filecord import FileBackedData, cli
 from filecord.executorch import read_ptd
 from filecord_testing import leftovers, pattern
+from support.forked_cli import run_many
 
 SRC = Path(__file__).parents[2] / "src"
 ENV = {**os.environ, "PYTHONPATH": str(SRC), "FILECORD_NO_PROGRESS": "1"}
@@ -343,25 +345,35 @@ def corpus() -> list[list[bytes]]:
     return cases
 
 
+# The inputs run as real subprocesses too (one of each command and a bare argument): the fork
+# server's children must answer them exactly as ``python -m filecord.cli`` does.
+END_TO_END = (0, 1, 35, 36, 37, 39, 42, 43, 44, 61, 131, 135)
+
+
 def test_fuzz_corpus_never_prints_a_traceback(tmp_path: Path) -> None:
-    """Every command over every weird argument: a message and 0/1/2, never a traceback."""
+    """Every command over every weird argument: a message and 0/1/2, never a traceback.
+
+    Each input runs in its own process (a child of a fork server that imported the CLI once:
+    support/forked_cli.py); a few also run as ``python -m filecord.cli`` and must get the same
+    answer, byte for byte."""
     cases = corpus()
     assert len(cases) >= 130  # the corpus cannot silently shrink to nothing
     template = tmp_path / "template"
     populate(template)
     subprocess.run([sys.executable, "-m", "filecord.cli", "pack", "-q", "-o", os.fsdecode(BAD_OUT),
                     "k=" + os.fsdecode(BAD_FILE)], cwd=template, env=ENV, check=True)
-    dirs = []
-    for i in range(len(cases)):
-        d = tmp_path / f"case{i}"
+
+    def prepared(name: str) -> Path:
+        d = tmp_path / name
         populate(d)
         (d / os.fsdecode(BAD_OUT)).write_bytes((template / os.fsdecode(BAD_OUT)).read_bytes())
         (d / os.fsdecode(FAKE_JOURNAL)).write_bytes(b"not a journal")
-        dirs.append(d)
+        return d
+
+    dirs = [prepared(f"case{i}") for i in range(len(cases))]
+    (tmp_path / "streams").mkdir()
     start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda c: run(c[0], c[1], timeout=120), zip(cases, dirs,
-                                                                           strict=True)))
+    results = run_many(list(zip(cases, dirs, strict=True)), tmp_path / "streams", ENV)
     by_status: dict[int, int] = {}
     for args, d, r in zip(cases, dirs, results, strict=True):
         try:
@@ -378,3 +390,15 @@ def test_fuzz_corpus_never_prints_a_traceback(tmp_path: Path) -> None:
     assert by_status.get(0, 0) >= 10
     assert by_status.get(1, 0) >= 20
     assert by_status.get(2, 0) >= 40
+    assert {cases[i][0] for i in END_TO_END} >= {b"pack", b"plan", b"inspect", b"verify",
+                                                  b"recover", b"demo"}
+    for i in END_TO_END:
+        real = run(cases[i], prepared(f"real{i}"), timeout=120)
+        assert (real.returncode, unmeasured(real.stdout), real.stderr) == (
+            results[i].returncode, unmeasured(results[i].stdout), results[i].stderr), cases[i]
+
+
+def unmeasured(out: bytes) -> list[list[bytes]]:
+    """A report's lines up to their first measurement (the demo's times, sizes and peaks)."""
+    words = [line.split() for line in out.splitlines()]
+    return [w[:next((k for k, x in enumerate(w) if re.search(rb"\d", x)), len(w))] for w in words]

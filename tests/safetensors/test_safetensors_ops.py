@@ -237,6 +237,7 @@ def test_a_failed_owned_read_never_deletes_the_inputs(tmp_path, three_files):
     assert three_files[0].exists()
 
 
+@pytest.mark.usefixtures("young_heap")  # a gc.collect() after each of its many failures
 def test_a_consuming_merge_that_fails_anywhere_leaves_the_inputs_byte_exact(tmp_path,
                                                                             three_files):
     """Fail the Nth fsync or ftruncate (moves included): the inputs are restored byte for

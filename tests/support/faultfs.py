@@ -387,3 +387,27 @@ class FailCommitStep(SimFS):
         if COMMITTED_STEP in bytes(data):
             raise OSError(self.err, self.message)
         return super().pwrite(fd, data, offset)
+
+
+@dataclass(frozen=True)
+class Share:
+    """One of ``of`` interleaved shares of a sweep's points (``number`` from 1): a sweep of
+    minutes runs as several tests that pytest-xdist spreads over its workers, every point in
+    exactly one share.  Its floor of points is the whole sweep's floor over ``of``."""
+
+    number: int
+    of: int
+
+    def __str__(self) -> str:
+        return "whole" if self.of == 1 else f"share{self.number}of{self.of}"
+
+    def mine(self, i: int) -> bool:
+        """Whether the point with ordinal ``i`` (from 0) is in this share."""
+        return i % self.of == self.number - 1
+
+    def floor(self, whole: int) -> int:
+        return whole // self.of
+
+
+def shares(of: int) -> list[Share]:
+    return [Share(n, of) for n in range(1, of + 1)]

@@ -2,24 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "fsmatrix"))
+import fskit
+
 SHM = Path("/dev/shm")
 
 
-def _on_tmpfs(tmp_path: Path) -> Iterator[Path]:
+def _shm_has(room: int) -> bool:
     try:
         st = os.statvfs(SHM)
-        room = os.access(SHM, os.W_OK) and st.f_bavail * st.f_frsize >= 256 << 20
+        return os.access(SHM, os.W_OK) and st.f_bavail * st.f_frsize >= room
     except OSError:
-        room = False
-    if not room:
+        return False
+
+
+def _on_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    if not _shm_has(256 << 20):
         yield tmp_path
         return
     d = Path(tempfile.mkdtemp(prefix="filecord-sweep-", dir=SHM))
@@ -53,3 +61,19 @@ def model_disk_path(tmp_path: Path) -> Iterator[Path]:
     which tmpfs cannot do): the test asserts the kinds it covers.
     """
     yield from _on_tmpfs(tmp_path)
+
+
+@pytest.fixture
+def ram_ext4_path(tmp_path: Path) -> Iterator[Path]:
+    """A fresh directory on an ext4 file system whose image lives in RAM (``/dev/shm``), for a
+    sweep of a scenario whose calls differ on tmpfs (a consuming save probes for inserts,
+    which ext4 makes and tmpfs refuses): the disk's file system, call for call, without the
+    disk's waits (each of its fsyncs reaches tmpfs).  ``tmp_path`` where no ext4 can be
+    mounted (not root) or ``/dev/shm`` has no room.  A sweep that uses it asserts its save
+    makes the same calls there as under ``tmp_path``."""
+    with contextlib.ExitStack() as stack:
+        fs = None
+        if fskit.unavailable("ext4") is None and _shm_has(1 << 30):
+            with contextlib.suppress(fskit.MountError):
+                fs = stack.enter_context(fskit.mounted("ext4", 512 << 20, base=SHM))
+        yield tmp_path if fs is None else fs

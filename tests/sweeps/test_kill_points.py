@@ -31,9 +31,9 @@ import pytest
 import filecord
 import filecord.errors
 from filecord._plan import facts
-from support.faultfs import POINT_KINDS, Call, commit_point, destructive_points
+from support.faultfs import POINT_KINDS, Call, Share, commit_point, destructive_points, shares
 from support.killjob import run_job
-from support.scenarios import SPECS, Layout, trace_save
+from support.scenarios import SPECS, Layout, trace_save, trace_where
 
 # Floors near the real counts (about 90% of the kill points against the v2 core), so a broken
 # enumerator cannot pass by testing less.
@@ -50,14 +50,22 @@ RECOVER_POINT_FLOOR = {"consume3": 1070, "discard2": 475, "inplace": 270}
 KINDS = POINT_KINDS
 
 
-def scratch(spec_name: str, tmp_path: Path, ram_path: Path) -> Path:
-    """Where a sweep of ``spec_name`` runs: tmpfs, unless it adopts in place."""
-    return tmp_path if spec_name == "inplace" else ram_path
+# Adopting in place needs ext4 (tmpfs cannot insert): swept on ext4 in RAM.
+ON_EXT4 = frozenset({"inplace"})
 
 
-def kill_points(spec_name: str, root: Path) -> tuple[list[Call], list[Call]]:
-    """The save's calls and its destructive ones (of the kinds above, off the disk)."""
-    calls = trace_save(spec_name, root / "trace")
+def scratch(spec_name: str, ram_path: Path, ram_ext4_path: Path) -> Path:
+    """Where a sweep of ``spec_name`` runs: tmpfs, or ext4 in RAM (``ON_EXT4``)."""
+    return ram_ext4_path if spec_name in ON_EXT4 else ram_path
+
+
+def kill_points(spec_name: str, root: Path, disk: Path) -> tuple[list[Call], list[Call]]:
+    """The save's calls under ``root`` and its destructive ones (of the kinds above, off the
+    disk; on ext4 in RAM, every call the same as under ``disk``)."""
+    if spec_name in ON_EXT4:
+        calls = trace_where(spec_name, root, disk)
+    else:
+        calls = trace_save(spec_name, root / "trace")
     points = destructive_points(calls)
     if spec_name in KINDS:
         assert {c.op for c in points} == KINDS[spec_name]
@@ -126,9 +134,9 @@ def test_the_inplace_scenario_adopts_where_the_file_system_inserts(tmp_path: Pat
 @pytest.mark.parametrize("spec_name", ["consume3", "copy3", "single", "adopt2", "onsrc",
                                        "discard2", "inplace"])
 def test_sigkill_before_every_destructive_call(tmp_path: Path, ram_path: Path,
-                                              spec_name: str) -> None:
-    tmp_path = scratch(spec_name, tmp_path, ram_path)
-    calls, points = kill_points(spec_name, tmp_path)
+                                              ram_ext4_path: Path, spec_name: str) -> None:
+    disk, tmp_path = tmp_path, scratch(spec_name, ram_path, ram_ext4_path)
+    calls, points = kill_points(spec_name, tmp_path, disk)
     failures: list[str] = []
     outcomes: Counter[str] = Counter()
     for p, call in enumerate(points, 1):
@@ -157,21 +165,29 @@ def test_sigkill_before_every_destructive_call(tmp_path: Path, ram_path: Path,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec_name", ["consume3", "discard2", "inplace"])
-def test_sigkill_during_recover(tmp_path: Path, ram_path: Path, spec_name: str) -> None:
+@pytest.mark.parametrize(("spec_name", "share"), [
+    # consume3 in two interleaved shares (support.faultfs.Share): over a minute whole
+    *[pytest.param("consume3", s, id=f"consume3-{s}") for s in shares(2)],
+    pytest.param("discard2", Share(1, 1), id="discard2"),
+    pytest.param("inplace", Share(1, 1), id="inplace"),
+])
+def test_sigkill_during_recover(tmp_path: Path, ram_path: Path, ram_ext4_path: Path,
+                                spec_name: str, share: Share) -> None:
     """Kill the save at each point, then kill recovery at each of its points (the collapse of
     an adoption in place among them), recover again.  A save point that leaves the files of
     the next one (it kills before an fsync, with nothing between but reads: the same files
     for recover) is swept once, at the next."""
-    tmp_path = scratch(spec_name, tmp_path, ram_path)
-    calls, points = kill_points(spec_name, tmp_path)
+    disk, tmp_path = tmp_path, scratch(spec_name, ram_path, ram_ext4_path)
+    calls, points = kill_points(spec_name, tmp_path, disk)
     twins = same_files_as_next(calls, points)
     assert any(points[p - 1].op == "fsync" for p in twins)
     failures: list[str] = []
     recover_points = 0
-    for p, call in enumerate(points, 1):
-        if p in twins:
+    swept = [p for p in range(1, len(points) + 1) if p not in twins]
+    for i, p in enumerate(swept):
+        if not share.mine(i):
             continue
+        call = points[p - 1]
         want = expected_after_kill(calls, call)
         j = 1
         while True:
@@ -193,9 +209,9 @@ def test_sigkill_during_recover(tmp_path: Path, ram_path: Path, spec_name: str) 
                 break  # recovery finished before its j-th destructive call: every point covered
             recover_points += 1
             j += 1
-    print(f"\n{spec_name}: SIGKILL during recover: {recover_points - len(failures)}/"
+    print(f"\n{spec_name} ({share}): SIGKILL during recover: {recover_points - len(failures)}/"
           f"{recover_points} recovery crash points (over {len(points) - len(twins)} save crash "
           f"points; {len(twins)} more leave the files of the next) recovered again "
           f"all-or-nothing")
     assert not failures, "\n".join(failures[:20])
-    assert recover_points >= max(len(points), RECOVER_POINT_FLOOR[spec_name])
+    assert recover_points >= share.floor(max(len(points), RECOVER_POINT_FLOOR[spec_name]))

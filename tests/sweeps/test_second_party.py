@@ -45,7 +45,7 @@ import pytest
 from filecord._io import syscalls as _sys
 from filecord.errors import DataChangedError, RecoverError
 from support.faultfs import SRC_SUFFIX, Call, SimFS, commit_point
-from support.scenarios import SPECS, Layout, detach_all, lost_bytes, trace_save
+from support.scenarios import SPECS, Layout, detach_all, lost_bytes, trace_where
 
 OLD_MTIME = 1_600_000_000 * 10**9
 CHANGES = ("truncate", "append", "rewrite")
@@ -262,10 +262,12 @@ FLOOR = {("consume3", "A"): 153, ("consume3", "C"): 200, ("copy3", "W"): 98,
 @pytest.mark.parametrize("kind", CHANGES)
 @pytest.mark.parametrize(("spec_name", "key"), TARGETS, ids=[f"{s}-{k}" for s, k in TARGETS])
 def test_second_party_changes_a_source(
-    tmp_path: Path, spec_name: str, key: str, kind: str
+    tmp_path: Path, ram_ext4_path: Path, spec_name: str, key: str, kind: str
 ) -> None:
+    """On ext4 in RAM, its calls asserted the same as on the disk."""
+    disk, tmp_path = tmp_path, ram_ext4_path
     trace_root = tmp_path / "trace"
-    calls = trace_save(spec_name, trace_root)
+    calls = trace_where(spec_name, tmp_path, disk)
     cp = commit_point(calls)
     last, truncates = windows(Layout(SPECS[spec_name], trace_root), calls, key)
     assert last, "the trace never touched the source: the enumeration is broken"

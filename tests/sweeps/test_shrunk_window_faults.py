@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from support.scenarios import trace_where
 from support.shrunk import SHRUNK, tighten
 from sweeps.test_fault_points import run_all, summarize
 
@@ -27,9 +28,11 @@ def tight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
     ("enospc", False), ("enospc", True), ("short-write", False),
 ], ids=["enospc-once", "enospc-persist", "short-write-once"])
 def test_fault_at_every_call_with_a_shrunk_window(
-    tmp_path: Path, tight: int, kind: str, persistent: bool
+    tmp_path: Path, ram_ext4_path: Path, tight: int, kind: str, persistent: bool
 ) -> None:
-    tally = run_all(tmp_path / "runs", SHRUNK.name, kind, persistent=persistent, cfr=True)
+    """On ext4 in RAM (``ram_ext4_path``), its calls asserted the same as under ``tmp_path``."""
+    trace_where(SHRUNK.name, ram_ext4_path, tmp_path)
+    tally = run_all(ram_ext4_path / "runs", SHRUNK.name, kind, persistent=persistent, cfr=True)
     assert not tally.failures, summarize(tally.failures)
     assert tally.points >= (60 if kind == "enospc" else 3)
     if kind == "enospc":

@@ -2,20 +2,17 @@
 
 Theory of operation
 -------------------
-The in-process failure path (``failure``) and ``recover`` both look, judge and ask ``decide``:
+The in-process failure path (``failure``) and ``recover`` both look (:func:`observe`, the
+only I/O here: a name holding another inode counts as absent, an error is kept as
+``unreadable``), judge (:func:`assess`, pure) and ask ``decide``.  The records are trusted for
+what happened (the trust rule, ``decide``); the files are judged only for what another process
+or a crash can make differ from them, into one :class:`~filecord._txn.decide.Found`:
 
-1. :func:`observe` (the only I/O here) ``lstat``s each source at its parked and own names (an
-   adopted one at its temp) and each output at its temp and final names; a name holding
-   another inode counts as absent, an error is kept as ``unreadable``.
-2. :func:`assess` is pure: the records are trusted for what happened (the trust rule,
-   ``decide``); the files are judged only for what another process or a crash can make differ
-   from them, into one :class:`~filecord._txn.decide.Found`:
-
-   * a running save (``Actor.SAVE``): the change it saw mid-move (by its typed kind), then each
-     parked source against its last look (size, mtime, ctime, or its truncate in flight);
-   * recover (``Actor.RECOVER``), by stage: HELD is CHANGED; before a rollback every source at
-     its own size or one its ``cut`` steps name (a finished move at its kept prefix) and the
-     temps its moved bytes went to there; before a finish every temp at its journaled length.
+* a running save (``Actor.SAVE``): the change it saw mid-move (by its typed kind), then each
+  parked source against its last look (size, mtime, ctime, or its truncate in flight);
+* recover (``Actor.RECOVER``), by stage: HELD is CHANGED; before a rollback every source at
+  its own size or one its ``cut`` steps name (a finished move at its kept prefix) and the
+  temps its moved bytes went to there; before a finish every temp at its journaled length.
 
 A record that does not check is DAMAGED (:func:`damaged`), never "another process".
 """
@@ -152,7 +149,7 @@ def _running(j: Journal, r: Records, seen: Observed) -> Assessment:
         return Assessment(found, err, first, why, changed=key)
     sizes = {k: (look.facts.size, *(() if look.pending is None else (look.pending,)))
              for k, look in r.looks.items()}
-    bad = check_strict(j, seen, r.moved, r.inserted, sizes)
+    bad = check_strict(j, seen, r, sizes)
     if bad is not None:
         return Assessment(Found.CHANGED, notes=(f"{bad}",), why=HELD_WHY)
     return Assessment(Found.AS_LEFT)
@@ -168,9 +165,9 @@ def _crashed(j: Journal, r: Records, seen: Observed) -> Assessment:
     moving = r.stage is Stage.MOVING
     bad = (RecoverError(seen.unreadable) if seen.unreadable is not None else unaccounted(j, seen)
            or (check_committed(j, seen) if r.stage is Stage.COMMITTED else None)
-           or (check_strict(j, seen, r.moved, r.inserted, r.cuts) if moving else None)
-           or (check_temps(j, seen) if moving else None)
-           or (check_findable(j, seen) if moving or r.stage is Stage.ROLLING_BACK else None))
+           or (check_strict(j, seen, r, r.cuts) if moving else None)
+           or (check_rollback(j, seen, temps=moving)
+               if moving or r.stage is Stage.ROLLING_BACK else None))
     if bad is None:
         return Assessment(Found.AS_LEFT)
     changed = isinstance(bad, DataChangedError)  # else the files could not be checked
@@ -191,22 +188,21 @@ def changed_since(name: str, st: Facts, look: Look, why: str) -> DataChangedErro
                             kind=ChangeKind.METADATA if metadata else ChangeKind.CONTENT)
 
 
-def check_strict(j: Journal, seen: Observed, done: int = 0,
-                 inserted: frozenset[Key] = frozenset(),
-                 cuts: Mapping[Key, tuple[int, ...]] | None = None) -> DataChangedError | None:
-    """A source not as this save can have left it (None: all are): the first ``done`` moved
-    sources at their kept prefix, the others at their own size or one of their ``cuts`` (the
-    ``cut`` steps, or the running save's look and truncate in flight)."""
-    finished = {(s.dev, s.ino) for s in j.moved()[:done]}
+def check_strict(j: Journal, seen: Observed, r: Records,
+                 cuts: Mapping[Key, tuple[int, ...]]) -> DataChangedError | None:
+    """A source not as this save can have left it (None: all are): the first ``r.moved``
+    moved sources at their kept prefix, the others at their own size or one of their ``cuts``
+    (the ``cut`` steps, or the running save's look and truncate in flight)."""
+    finished = {(s.dev, s.ino) for s in j.moved()[:r.moved]}
     for s, f in zip(j.sources, seen.sources, strict=True):
         key = (s.dev, s.ino)
         if s.adopt:
-            bad = _adopted(j, s, f, inserted=key in inserted)
+            bad = _adopted(j, s, f, inserted=key in r.inserted)
         elif f.parked is None:  # never parked, so never moved
             bad = None if f.own is None else _cut_to(s, s.path, f.own, (s.size,))
         else:
             bad = _cut_to(s, j.parked(s), f.parked, (s.run_start,) if key in finished
-                          else (s.size, *(cuts or {}).get(key, ())))
+                          else (s.size, *cuts.get(key, ())))
         if bad is not None:
             return bad
     return None
@@ -236,18 +232,23 @@ def _adopted(j: Journal, s: JournalSource, f: SourceFacts, *,
     under its own name the undo does not touch it: nothing to check."""
     length = j.outputs[s.dests[0].output].length
     whole = not s.inserted and length == s.size  # a file adopted whole is only renamed back
-    if f.at_temp is None or whole or s.adopted_size(f.at_temp.size, length, inserted=inserted):
+    if f.at_temp is None or whole:
         return None
-    return DataChangedError(j.temp(s.dests[0].output), expected_size=s.size + s.inserted,
-                            found_size=f.at_temp.size,
-                            reason=s.adopted_change(f.at_temp.size, length, inserted=inserted))
+    why = s.adopted_refusal(f.at_temp.size, length, inserted=inserted)
+    return None if why is None else DataChangedError(
+        j.temp(s.dests[0].output), expected_size=s.size + s.inserted, found_size=f.at_temp.size,
+        reason=why)
 
 
-def check_temps(j: Journal, seen: Observed) -> OSError | None:
-    """Every temp a cut source's bytes went to is there and reaches their end (temps are sized
-    before the first move), or a rollback would stop part way."""
+def check_rollback(j: Journal, seen: Observed, *, temps: bool) -> OSError | None:
+    """Every source where a rollback looks for it and (``temps``) every temp a cut source's
+    bytes went to there and reaching their end (temps are sized before the first move), or a
+    rollback would stop part way."""
     for s, f in zip(j.sources, seen.sources, strict=True):
-        if s.adopt or f.parked is None or f.parked.size == s.size:
+        if f.parked is None and f.own is None and f.at_temp is None:
+            where = j.temp(s.dests[0].output) if s.adopt and s.dests else j.parked(s)
+            return RecoverError(f"{s.path}: the source is neither at its name nor at {where}")
+        if not temps or s.adopt or f.parked is None or f.parked.size == s.size:
             continue
         for d in (d for d in s.dests if d.src_offset + d.length > f.parked.size):
             temp = seen.outputs[d.output].temp
@@ -262,15 +263,6 @@ def check_temps(j: Journal, seen: Observed) -> OSError | None:
                     j.temp(d.output), expected_size=j.outputs[d.output].length,
                     found_size=temp.size, reason=f"the temp ends before the bytes moved out of "
                     f"{s.path}: another process cut it")
-    return None
-
-
-def check_findable(j: Journal, seen: Observed) -> RecoverError | None:
-    """Every source where a rollback looks for it (the rollback would stop part way)."""
-    for s, f in zip(j.sources, seen.sources, strict=True):
-        if f.parked is None and f.own is None and f.at_temp is None:
-            where = j.temp(s.dests[0].output) if s.adopt and s.dests else j.parked(s)
-            return RecoverError(f"{s.path}: the source is neither at its name nor at {where}")
     return None
 
 
@@ -320,7 +312,8 @@ def check_committed(j: Journal, seen: Observed) -> DataChangedError | None:
 
 def observe(j: Journal, *, recover: bool = False,
             rebuilt: Mapping[Key, Key] | None = None) -> Observed:
-    """Look at every name of the save (for ``recover``, list its token files too); a source
+    """``lstat`` each source at its parked and own names (an adopted one at its temp) and each
+    output at its temp and final names (for ``recover``, list its token files too); a source
     at its name is its inode or the file a ``rebuilt`` step names (``journal.Log.rebuilt``)."""
     def _facts(path: str, dev: int, ino: int) -> Facts | None:
         st = undo.same_file(path, dev, ino)
@@ -380,12 +373,9 @@ def _adopted_where(j: Journal, s: JournalSource, f: SourceFacts, *, inserted: bo
     at = temp if f.at_temp is not None else s.path if f.own is not None else None
     # the space is in front of it only once inserted: a temp at the file's own size holds it
     # at offset 0 (renamed, nothing inserted yet, or already collapsed)
-    shifted = f.at_temp is not None and s.inserted and f.at_temp.size >= s.size + s.inserted
-    off = ""
-    if shifted and at == temp:
-        off = (f" (at offset {s.inserted})" if inserted else
-               f" (at offset 0, or at {s.inserted} if the space in front of it was "
-               "inserted before its record was written)")
+    off = "" if f.at_temp is None or not s.inserted or f.at_temp.size < s.size + s.inserted else (
+        f" (at offset {s.inserted})" if inserted else f" (at offset 0, or at {s.inserted} if "
+        "the space in front of it was inserted before its record was written)")
     if at and held:
         return (f"{s.path}: the file ({s.size} bytes) was adopted as {at}{off}; another "
                 "process changed a source during the save, so that range holds what it left")

@@ -118,24 +118,22 @@ class JournalSource:
         """The bytes inserted in front of an adopted source in its output's temp (its offset)."""
         return self.dests[0].out_offset if self.adopt and self.dests else 0
 
-    def adopted_size(self, size: int, length: int, *, inserted: bool) -> bool:
-        """Whether its adoption (or undo) can have left the adopted source at ``size`` at its
-        temp: its own; up to ``length`` from its size plus the space once the insert is
-        recorded; exactly that before (done, its step not yet).  Else another process's."""
-        if size == self.size:
-            return True
-        if inserted or not self.inserted:  # nothing to insert: nothing to record
-            return self.size + self.inserted <= size <= length
-        return size == self.size + self.inserted
-
-    def adopted_change(self, size: int, length: int, *, inserted: bool = True) -> str:
-        """Why ``size`` is refused by :meth:`adopted_size`, for the error."""
-        if not inserted and self.inserted and size > self.size:
+    def adopted_refusal(self, size: int, length: int, *, inserted: bool,
+                        hole: bool = True) -> str | None:
+        """Why its adoption (or undo) cannot have left the adopted source at ``size`` at its
+        temp (None: it can): its own; up to ``length`` from its size plus the space once the
+        insert is recorded; exactly that before (done, its step not yet, where ``hole``: the
+        space in front is one).  Else another process's."""
+        unrecorded = not inserted and self.inserted
+        if size == self.size or (size == self.size + self.inserted and hole if unrecorded
+                                 else self.size + self.inserted <= size <= length):
+            return None
+        if unrecorded and size > self.size:
             return (f"{size - self.size} bytes follow the source's {self.size}, and the journal "
                     "does not record the space inserted in front of it: another process "
                     "appended them; nothing was cut (the source's bytes are at offset 0 of "
-                    "this file, or at "
-                    f"{self.inserted} if the insert was done and its record lost)")
+                    f"this file, or at {self.inserted} if the insert was done and its record "
+                    "lost)")
         if size > length:
             return (f"another process appended {size - length} bytes past the output's end; "
                     "nothing was cut: the source's bytes are at offset "

@@ -2,22 +2,19 @@
 
 Theory of operation
 -------------------
-What recover may touch is fixed by names, locks and links (the trust rule, ``decide``):
-nothing else is created, changed or deleted, whatever a journal says.  A file argument must
-be named like a journal, regular, with a head ``journal.confine`` accepts (else refused before
-a byte changes).  A directory's token-named files are grouped by token: without a journal,
-the lock file is taken (``LOCK_NB``): held is a running save (skipped), free names the journal
-it was made for (found and recovered, or never durable: the rest is garbage, removed); files
-without a lock file or journal are refused.  Before acting, recover takes the lock file of
-every directory the journal lists, each naming this journal.
+What recover may touch, and what a journal is trusted for, is ``decide``'s trust rule.  A
+file argument must be named like a journal, regular, with a head ``journal.confine`` accepts
+(else refused before a byte changes).  A directory's token-named files are grouped by token:
+without a journal, the lock file is taken (``LOCK_NB``): held is a running save (skipped),
+free names the journal it was made for (found and recovered, or never durable: the rest is
+garbage, removed); files without a lock file or journal are refused.  Before acting, recover
+takes the lock file of every directory the journal lists, each naming this journal.
 
-The stage is the last step that checks, the files are judged against the records
-(``assess``), and the table's row acts (``decide``): ``journaled`` or ``moving`` rolls back
-after logging ``rolling back``, ``rolling back`` continues, ``committed`` finishes, ``held`` is
-refused.  An output under its final name proves a ``committed`` step lost or damaged: finished
-from the files (``LOST_COMMIT``, ``DAMAGED_COMMIT``: then only token files removed); without
-it, damage is refused naming the files to check.  Every result is a row (``decide.OUTCOME``),
-judged from the files, so recover is idempotent and may be interrupted and run again.
+Then the files are judged against the records that check (``assess``) and the table's row
+acts (``decide``).  An output under its final name proves a ``committed`` step lost or
+damaged (:data:`RENAMED`; damaged records: then only token files removed); without it,
+damage is refused naming the files to check.  Every result is a row, judged from the files,
+so recover is idempotent and may be interrupted and run again.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ import logging
 import os
 import stat as stat_mod
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from filecord._io import names as _names
 from filecord._io import syscalls as _sys
@@ -40,17 +37,13 @@ log = logging.getLogger(__name__)
 
 Action = table.Outcome  # the words of ``decide.OUTCOME``: one vocabulary
 JOURNAL_LIMIT = 1 << 30  # a journal is a few bytes per piece; anything larger is not ours
-LOST_COMMIT = ("its committed step is damaged or lost, but its outputs were under their final "
-               "names (renamed only after that step's fsync): finished from the files, the "
-               "parked sources judged by their size alone")
 FAILED = "recover failed after it began"  # a system call's error midway: files may be changed
 BUSY = "its lock is held: its save is running, or another recover is at work on it"
 ENDED = ("its journal was made and is gone with every file of the save but this lock file: "
          "the save had ended (completed or rolled back) before it could remove it; removed")
-DAMAGED_COMMIT = ("but its outputs were under their final names (renamed only after the "
-                  "committed step's fsync): finished from the files and the records before the "
-                  "damage, the parked sources judged by their size alone, only files carrying "
-                  "the save's token removed")
+RENAMED = ("but its outputs were under their final names (renamed only after the committed "
+           "step's fsync): finished from the files and the records that check, the parked "
+           "sources judged by their size alone")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +133,7 @@ def _scan(directory: str) -> dict[str, dict[str, list[str]]]:
 
 
 def _decided(where: str, stage: Stage, found: Found, why: str,
-             notes: Sequence[str] = ()) -> Recovered:
-    """The table's result for what was found, where recover does nothing (skip, refuse)."""
+             notes: Sequence[str] = ()) -> Recovered:  # skip or refuse: nothing done
     action = table.decide(table.Actor.RECOVER, stage, found)
     if action is table.Action.REFUSE:
         log.warning("recover refused %s: %s", where, why)
@@ -186,17 +178,12 @@ def _recover_token(directory: str, token: str, names: dict[str, list[str]]) -> R
 
 def _recover_journal_less(directory: str, token: str,
                           names: dict[str, list[str]]) -> Recovered | None:
-    """A save without a journal in ``directory``: its lock file says whether one was made
-    (and where), or that nothing destructive happened and the rest is garbage."""
+    """Its lock file says whether a journal was made (and where), else the rest is garbage."""
     others = [n for s, ns in names.items() if s != _names.LOCK for n in ns]
     lock = _sys.abspath(os.path.join(directory, names[_names.LOCK][0]))
-    try:
-        fd = liveness.acquire(lock)
-    except liveness.LockBusyError:
-        return _decided(lock, Stage.CREATED, Found.BUSY, BUSY)
-    except liveness.NotALockFileError as exc:  # its strerror names it
-        return _decided(lock, Stage.CREATED, Found.DAMAGED, f"{exc.strerror}; nothing was "
-                        "touched")
+    fd = _acquire(lock)
+    if isinstance(fd, tuple):
+        return _decided(lock, Stage.CREATED, *fd)
     if fd is None:
         return None  # removed by whoever held it a moment ago
     try:
@@ -231,8 +218,17 @@ def _recover_journal_less(directory: str, token: str,
 _LOCK_LIMIT = 1 << 16  # bytes of a lock file read: two short records, far below this
 
 
+def _acquire(lock: str) -> int | tuple[Found, str] | None:
+    """:func:`liveness.acquire`, a lock held or not a lock file said as what it proves."""
+    try:
+        return liveness.acquire(lock)
+    except liveness.LockBusyError:
+        return Found.BUSY, BUSY
+    except liveness.NotALockFileError as exc:  # its strerror names it
+        return Found.DAMAGED, f"{exc.strerror}; nothing was touched"
+
+
 def _read_pointer(fd: int, token: str) -> liveness.Pointer:
-    """What a lock file says: the journal it names and whether that journal was made."""
     size = min(_sys.fstat(fd).st_size, _LOCK_LIMIT)
     return liveness.read_pointer(_sys.read_all(fd, 0, size), token)
 
@@ -241,14 +237,12 @@ def _real_dir(path: str) -> str:
     return _sys.realpath(os.path.dirname(_sys.abspath(path)))
 
 
-def _read(path: str) -> tuple[bytes, os.stat_result]:
-    """A journal's bytes and the file they were read from."""
+def _read(path: str) -> tuple[bytes, os.stat_result]:  # a journal's bytes, the file read
     fd = liveness.open_regular(path)
     try:
         st = _sys.fstat(fd)
         if st.st_size > JOURNAL_LIMIT:
-            raise journal.NotAJournalError(
-                f"{path} is {st.st_size} bytes: not a filecord journal")
+            raise journal.NotAJournalError(f"{path} is {st.st_size} bytes: not a filecord journal")
         return _sys.read_all(fd, 0, st.st_size), st
     finally:
         _sys.close(fd)
@@ -258,48 +252,48 @@ def _lock_all(j: journal.Journal, locks: dict[str, tuple[str, int]], pointer: st
               ) -> tuple[Found, str] | None:
     """Take the lock file of every directory of the save into ``locks``; what proves nothing
     (None: all do).  One missing is UNPROVEN (the save removes each after its journal), one
-    naming another journal FOREIGN (this one reaches beyond its save)."""
+    naming another journal, or one held in a directory it does not list, FOREIGN."""
+    strays = [d for d in locks if d not in j.locks()]
+    if strays:
+        return Found.FOREIGN, f"a lock file in {strays[0]} names this journal, but the journal " \
+            "does not list that directory; nothing was touched"
     for directory, path in j.locks().items():
         if directory in locks:
             continue
-        fd = liveness.acquire(path)
-        if fd is None:
-            return Found.UNPROVEN, f"its lock file {path} is missing, so nothing proves the " \
-                "save is over"
+        fd = _acquire(path)
+        if fd is None or isinstance(fd, tuple):
+            return fd or (Found.UNPROVEN, f"its lock file {path} is missing, so nothing proves "
+                          "the save is over; nothing was touched")
         locks[directory] = (path, fd)
         said = _read_pointer(fd, j.token)
         if said.damage is not None:
-            return Found.DAMAGED, f"{said.damage}: {path}"
+            return Found.DAMAGED, f"{said.damage}: {path}; nothing was touched"
         if said.journal is None:  # emptied or zeroed: a lock file is linked whole
             return Found.DAMAGED, f"its lock file {path} is damaged (it names no journal: " \
-                "emptied or zeroed after it was written)"
+                "emptied or zeroed after it was written); nothing was touched"
         if said.journal != pointer:
             return Found.FOREIGN, f"the lock file {path} belongs to another journal: this one " \
-                "reaches beyond its save"
+                "reaches beyond its save; nothing was touched"
     return None
 
 
-def _recover_journal(
-    path: str, suffix: str, held: dict[str, tuple[str, int]]
-) -> Recovered | None:
+def _recover_journal(path: str, suffix: str, held: dict[str, tuple[str, int]]) -> Recovered | None:
     """Recover the save whose journal is ``path`` (None: gone while we looked).  Every lock
     taken or ``held`` is removed once the save is over, else only closed."""
-    locks = dict(held)
+    locks, result = dict(held), None
     try:
         result = _judge(path, suffix, locks)
-    except BaseException:
-        _sys.close_each([fd for _p, fd in locks.values()])
-        raise
-    for lock, fd in locks.values():
-        if result is not None and result.action in ("finished", "restored", "discarded"):
-            liveness.release(lock, fd)
-        else:
-            _sys.close_each([fd])
+    finally:  # a raise leaves result None: every lock only closed
+        for lock, fd in locks.values():
+            if result is not None and result.action in ("finished", "restored", "discarded"):
+                liveness.release(lock, fd)
+            else:
+                _sys.close_each([fd])
     return result
 
 
 def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recovered | None:
-    """The body of :func:`_recover_journal`; adds the lock files it takes to ``locks``."""
+    """:func:`_recover_journal`'s body, taking lock files into ``locks``."""
     try:
         if suffix in _names.OLD_JOURNALS:  # version 3 named its stages
             raise journal.JournalVersionError(
@@ -321,40 +315,26 @@ def _judge(path: str, suffix: str, locks: dict[str, tuple[str, int]]) -> Recover
                  else Found.FOREIGN if isinstance(exc, RecoverError) else Found.UNREADABLE)
         return _decided(path, Stage.MOVING, found,
                         f"{exc.strerror if odd else exc}; nothing was touched")
-    stage = log_.stage
-    strays = [d for d in locks if d not in log_.journal.locks()]
-    if strays:
-        return _decided(path, stage, Found.FOREIGN, f"a lock file in {strays[0]} names this "
-                        "journal, but the journal does not list that directory; nothing was "
-                        "touched")
-    try:
-        refused = _lock_all(log_.journal, locks, path)
-    except liveness.LockBusyError:
-        return _decided(path, stage, Found.BUSY, BUSY)
-    except liveness.NotALockFileError as exc:  # its strerror names it
-        return _decided(path, stage, Found.DAMAGED, f"{exc.strerror}; nothing was touched")
+    refused = _lock_all(j, locks, path)
     if refused is None:
         return _act(path, log_)
     # A save removes its journal before its lock files: a lock gone with the journal too is a
     # save that ended after the scan.
     if refused[0] is Found.UNPROVEN and undo.same_file(path, seen.st_dev, seen.st_ino) is None:
         return None
-    return _decided(path, stage, refused[0], f"{refused[1]}; nothing was touched")
+    return _decided(path, log_.stage, *refused)
 
 
 def _act(path: str, log_: journal.Log) -> Recovered:
     j = log_.journal
     stage, found, torn_why = _assess(log_)
     action = table.decide(table.Actor.RECOVER, stage, found.found)
-    if action is table.Action.REFUSE and log_.damage is not None:
-        # Records are missing: where the bytes are is not told, only where to look.
+    if action is table.Action.REFUSE:  # records missing: not where the bytes are, where to look
         return _decided(path, stage, found.found, found.why, [
             "the files to check: " + ", ".join([path, *assess.token_files(j),
-                                                *(s.path for s in j.sources)])])
-    if action is table.Action.REFUSE:
-        notes = [f"the files: {torn_why}"] if torn_why else []
-        return _decided(path, stage, found.found, found.why,
-                        [*notes, *_where(log_, acted=stage is Stage.ROLLING_BACK)])
+                                                *(s.path for s in j.sources)])]
+            if log_.damage is not None else [*([f"the files: {torn_why}"] if torn_why else []),
+                                             *_where(log_, acted=stage is Stage.ROLLING_BACK)])
     try:
         if action is table.Action.FINISH:
             return _finish(path, log_, action, lost=log_.stage is not stage)
@@ -363,11 +343,10 @@ def _act(path: str, log_: journal.Log) -> Recovered:
         # Every refusal was decided above, before the first change: what stops the act now (a
         # check meeting a file put there meanwhile, a system call's error) may come after
         # files were changed, so it is never said as a refusal.
-        where = _where(log_)
         log.warning("recover failed %s after it began: %s", path, exc)
         again = "" if isinstance(exc, (RecoverError, DataChangedError)) else ": run it again"
         return Recovered(path, table.OUTCOME[table.Action.REFUSE], detail=f"{FAILED}: {exc}; "
-                         f"the journal and temps are kept{again}", notes=tuple(where),
+                         f"the journal and temps are kept{again}", notes=tuple(_where(log_)),
                          began=True)
 
 
@@ -388,17 +367,15 @@ def _assess(log_: journal.Log) -> tuple[Stage, assess.Assessment, str | None]:
     A torn last record with files the whole records do not account for is DAMAGED, never
     another process; the third value says what they showed."""
     j, stage = log_.journal, log_.stage
-    records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
-                             log_.cuts)
     seen = assess.observe(j, recover=True, rebuilt=log_.rebuilt)
     lost = stage is Stage.MOVING and assess.renamed(j, seen) and (log_.damage is not None or (
         log_.moved == len(j.moved()) and all((s.dev, s.ino) in log_.inserted
                                              for s in j.sources if s.adopt and s.inserted)))
-    if lost:
-        stage = Stage.COMMITTED
-        records = replace(records, stage=stage)
+    stage = Stage.COMMITTED if lost else stage
     if log_.damage is not None and stage is not Stage.COMMITTED:  # nothing proves the rest
         return stage, assess.damaged(journal.JournalDamagedError(log_.damage)), None
+    records = assess.Records(table.Actor.RECOVER, stage, log_.moved, log_.inserted,
+                             log_.cuts)
     found = assess.assess(j, records, seen)
     if (log_.torn or lost) and found.found is not Found.DAMAGED and table.decide(
             table.Actor.RECOVER, stage, found.found) is table.Action.REFUSE:
@@ -415,7 +392,8 @@ def _finish(path: str, log_: journal.Log, action: table.Action, *, lost: bool) -
     _sys.unlink(path)
     detail = [str(kept)] if kept is not None else []  # the changed source: the notes say where
     if log_.damage is not None or lost:
-        detail.append(f"{log_.damage}, {DAMAGED_COMMIT}" if log_.damage else LOST_COMMIT)
+        detail.append(f"{log_.damage or 'its committed step is damaged or lost'}, {RENAMED}"
+                      + (", only files carrying the save's token removed" if log_.damage else ""))
     if left:
         detail.append("kept, as no longer the file the save recorded (or not in a directory "
                       "the save's lock or parked files prove its own): " + ", ".join(left))
@@ -432,7 +410,10 @@ def _roll_back(path: str, log_: journal.Log, stage: Stage, action: table.Action)
     if stage is Stage.MOVING:  # ROLL_BACK from journaled or moving: first the log says so
         log(journal.step(Stage.ROLLING_BACK))
     undo.roll_back(j, transfer.Counters(), log_.inserted, log_.rebuilt, log)
-    undo.remove_temps(j)
+    temps = [j.temp(o) for o, out in enumerate(j.outputs) if not out.direct]
+    for temp in temps:
+        _sys.unlink_missing_ok(temp)
+    _sys.fsync_parents(temps)
     # The claim "temps removed" is checked against the directories, not the journal.
     left = assess.token_files(j)
     if left:

@@ -24,10 +24,11 @@ save's to change).
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from filecord._io import syscalls as _sys
@@ -85,31 +86,14 @@ class Counters:
     written: int = 0
     moved: int = 0
     restored: int = 0
-    _buf: memoryview | None = field(default=None, repr=False)
 
-    def buffer(self) -> memoryview:
-        if self._buf is None:
-            self._buf = memoryview(bytearray(BUFFER))
-        return self._buf
+    @functools.cached_property
+    def buffer(self) -> memoryview:  # allocated on the first buffered copy
+        return memoryview(bytearray(BUFFER))
 
     def fsync(self, fd: int) -> None:
         _sys.fsync(fd)
         self.fsyncs += 1
-
-
-def _buffered_copy(
-    src: int, dst: int, src_off: int, dst_off: int | None, n: int, c: Counters, progress: Progress
-) -> None:
-    buf = c.buffer()
-    done = 0
-    while done < n:
-        view = buf[: min(len(buf), n - done)]
-        got = _sys.preadinto(src, view, src_off + done)
-        if got <= 0:
-            raise OSError(errno.EIO, f"source ended {n - done} bytes early at {src_off + done}")
-        _sys.write_all(dst, view[:got], None if dst_off is None else dst_off + done)
-        done += got
-        progress(got)
 
 
 def copy_range(
@@ -117,20 +101,25 @@ def copy_range(
     progress: Progress = lambda _n: None, *, kind: Tally = "copied",
 ) -> None:
     """Copy ``n`` bytes completely, at ``dst_off`` or (None) appended to a stream."""
-    done = 0
+    done, buffered = 0, False
     while done < n:
-        size = min(SEGMENT, n - done)
-        try:
-            got = (_sys.sendfile(dst, src, src_off + done, size) if dst_off is None
-                   else _sys.copy_file_range(src, dst, size, src_off + done, dst_off + done))
-        except OSError as exc:
-            if exc.errno not in _CFR_FALLBACK:
-                raise
-            got = 0
-        if got <= 0:  # refused, or 0 where data should be: the buffer raises EIO at a real end
-            _buffered_copy(src, dst, src_off + done,
-                           None if dst_off is None else dst_off + done, n - done, c, progress)
-            break
+        at = None if dst_off is None else dst_off + done
+        if not buffered:
+            size = min(SEGMENT, n - done)
+            try:
+                got = (_sys.sendfile(dst, src, src_off + done, size) if at is None
+                       else _sys.copy_file_range(src, dst, size, src_off + done, at))
+            except OSError as exc:
+                if exc.errno not in _CFR_FALLBACK:
+                    raise
+                got = 0
+            buffered = got <= 0  # refused, or 0 where data should be: EIO below at a real end
+        if buffered:
+            view = c.buffer[: min(BUFFER, n - done)]
+            got = _sys.preadinto(src, view, src_off + done)
+            if got <= 0:
+                raise OSError(errno.EIO, f"source ended {n - done} bytes early at {src_off + done}")
+            _sys.write_all(dst, view[:got], at)
         done += got
         progress(got)
     setattr(c, kind, getattr(c, kind) + n)  # counted once complete: a failed copy raises
@@ -262,9 +251,9 @@ def restore_source(
     *,
     dense: bool = False,
     free: bool = True,
-) -> int:
+) -> None:
     """Put back the bytes a move took from ``src``, from its current size up (so a rerun
-    continues); how many.  ``temps[i]`` None: output ``i`` holds none of them.  ``dense``
+    continues).  ``temps[i]`` None: output ``i`` holds none of them.  ``dense``
     (the source had no holes): a hole in a temp where moved bytes should be proves they were
     never moved, a ``DataChangedError`` before anything is written.  ``free`` False: the
     temps' copies are kept (``src`` has no name yet: a crash would take it with it)."""
@@ -292,7 +281,6 @@ def restore_source(
                 _sys.punch_hole(tfd, at, n)
             except OSError as exc:  # noqa: PERF203 - best effort, each range
                 log.debug("punch_hole refused (%s); the temp keeps its copy until removed", exc)
-    return m.size - start
 
 
 def first_hole(fd: int, offset: int) -> int | None:

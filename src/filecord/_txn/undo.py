@@ -4,10 +4,8 @@ Theory of operation
 -------------------
 Judged from the files, never from memory: a failed save's rollback and ``recover`` run the
 same code, and both may be interrupted at any call and run again.  Every write goes through
-one door, :func:`open_own`: an inode is written (bytes, times, mode, owner) only where the
-token name is its one link.  A token name may be a hard link to any file on the file system
-and a forged journal can record that file's identity; one only the token name reaches is no
-one else's, and one with another name is never written.
+one door, :func:`open_own` (the trust rule, ``decide``: an inode another name reaches is
+never written).
 
 *Roll back* (before the commit point), per source, newest first: an adopted source at its
 output's temp has what the save appended truncated and the inserted space collapsed (the
@@ -63,27 +61,24 @@ def rebuilt_at(path: str, s: JournalSource, new: Key | None) -> os.stat_result |
 
 
 def open_own(path: str, dev: int, ino: int) -> tuple[int, bool]:
-    """The one door to every write here (the module's notes): ``path``, proven the inode (dev,
-    ino), opened read-write and True where that name is its one link, else read-only and False."""
-    fd, st = _open_proven(path, dev, ino, os.O_RDWR)
-    if st.st_nlink == 1:
-        return fd, True
-    _sys.close(fd)
-    return _open_proven(path, dev, ino, os.O_RDONLY)[0], False
-
-
-def _open_proven(path: str, dev: int, ino: int, flags: int) -> tuple[int, os.stat_result]:
-    """Open ``path`` (no symlink followed) and prove through the descriptor that it is the
-    inode (dev, ino): an ``lstat`` before ``open`` leaves a window to swap the name."""
-    fd = _sys.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
-    try:
-        st = _sys.fstat(fd)
-        if (st.st_dev, st.st_ino) != (dev, ino) or not stat_mod.S_ISREG(st.st_mode):
-            raise RecoverError(f"{path} changed while recover was looking at it; not touched")
-    except BaseException:
+    """The one door to every write here (the module's notes): ``path`` opened (no symlink
+    followed) and proven through the descriptor the inode (dev, ino) (an ``lstat`` before
+    ``open`` leaves a window to swap the name); read-write and True where that name is its one
+    link, else read-only and False."""
+    flags = os.O_RDWR
+    while True:
+        fd = _sys.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            st = _sys.fstat(fd)
+            if (st.st_dev, st.st_ino) != (dev, ino) or not stat_mod.S_ISREG(st.st_mode):
+                raise RecoverError(f"{path} changed while recover was looking at it; not touched")
+        except BaseException:
+            _sys.close(fd)
+            raise
+        if st.st_nlink == 1 or flags == os.O_RDONLY:
+            return fd, flags == os.O_RDWR
         _sys.close(fd)
-        raise
-    return fd, st
+        flags = os.O_RDONLY
 
 
 Key = tuple[int, int]  # (st_dev, st_ino)
@@ -91,9 +86,8 @@ Key = tuple[int, int]  # (st_dev, st_ino)
 
 def roll_back(j: Journal, c: transfer.Counters, inserted: frozenset[Key],
               rebuilt: Mapping[Key, Key], log: Callable[[bytes], None]) -> int:
-    """Put every source back, byte-exact under its own name; how many moved back.
-    ``inserted``: the adopted sources whose insert the journal records; ``rebuilt`` the files
-    its ``rebuilt`` steps name; ``log`` appends a step to the journal, durably."""
+    """Put every source back (the module's notes); how many moved back.  ``inserted``,
+    ``rebuilt``: as ``journal.Log``'s; ``log`` appends a step, durably."""
     temps: list[int | None] = []  # the temps still holding this save's inodes
     try:
         for o, out in enumerate(j.outputs):
@@ -110,9 +104,7 @@ def roll_back(j: Journal, c: transfer.Counters, inserted: frozenset[Key],
 
 def _put_back(j: Journal, s: JournalSource, temps: list[int | None], c: transfer.Counters, *,
               inserted: bool, new: Key | None, log: Callable[[bytes], None]) -> int:
-    """One source back (``new``: the file its ``rebuilt`` step names).  An inode with another
-    link is not written: its bytes are rebuilt in a new file (:func:`_copy_out`), unless the
-    one logged and named before a stop is at its name, and only the token name goes."""
+    """One source back (``new``: the file its ``rebuilt`` step names)."""
     at = j.temp(s.dests[0].output) if s.adopt else j.parked(s)
     if same_file(at, s.dev, s.ino) is None:
         st = same_file(s.path, s.dev, s.ino)
@@ -174,19 +166,18 @@ def _unpark(fd: int, at: str, s: JournalSource, temps: list[int | None], window:
 def _unadopt(fd: int, temp: str, s: JournalSource, length: int, c: transfer.Counters, *,
              own: bool, inserted: bool) -> Callable[[int], object] | None:
     """Give an adopted source at its output's temp its own bytes back, judged from the temp's
-    size (``JournalSource.adopted_size``): in place where ``own`` (what follows it truncated,
+    size (``JournalSource.adopted_refusal``): in place where ``own`` (what follows it truncated,
     the space in front collapsed), else what fills a copy."""
     size = _sys.fstat(fd).st_size
-    if not s.adopted_size(size, length, inserted=inserted):
-        raise DataChangedError(temp, expected_size=s.size + s.inserted, found_size=size,
-                               reason=s.adopted_change(size, length, inserted=inserted))
-    if not inserted and s.inserted and size > s.size and (
-            not s.dense or _sys.extents(fd, 0, s.inserted)):
-        # The insert is not recorded: only a hole in front of a source that had none proves
-        # it was done (nothing is written there before its step); else the bytes past the
-        # source's are another process's append.
-        raise DataChangedError(temp, expected_size=s.size, found_size=size,
-                               reason=s.adopted_change(size, length, inserted=inserted))
+    # An insert not recorded is proven done only by a hole in front of a source that had none
+    # (nothing is written there before its step); else the bytes past the source's are
+    # another process's append.
+    front = not inserted and s.inserted and size == s.size + s.inserted
+    why = s.adopted_refusal(size, length, inserted=inserted, hole=not front or (
+        s.dense and not _sys.extents(fd, 0, s.inserted)))
+    if why is not None:
+        raise DataChangedError(temp, expected_size=s.size if front else s.size + s.inserted,
+                               found_size=size, reason=why)
     at = s.inserted if size > s.size else 0  # where the source's bytes begin
     if not own:  # untouched (its own size): named back as it is, nothing written
         return None if size == s.size else lambda new: transfer.copy_range(
@@ -228,8 +219,7 @@ def _copy_out(fd: int, at: str, s: JournalSource, c: transfer.Counters,
         _sys.close(new)
 
 
-def _name_back(src: str, dst: str) -> None:
-    """Give ``src``'s inode back the name ``dst``, never replacing another file there."""
+def _name_back(src: str, dst: str) -> None:  # never over another file at dst
     taken = RecoverError(f"{dst} is now another file; the original bytes are kept at {src}")
     try:
         _sys.link(src, dst)
@@ -249,17 +239,10 @@ def _name_back(src: str, dst: str) -> None:
     _sys.fsync_parents([dst, src])
 
 
-def remove_temps(j: Journal) -> None:
-    temps = [j.temp(o) for o, out in enumerate(j.outputs) if not out.direct]
-    for t in temps:
-        _sys.unlink_missing_ok(t)
-    _sys.fsync_parents(temps)
-
-
 def finish(j: Journal, journal_path: str, looked: Mapping[Key, tuple[int, int]],
            *, removals: bool = True) -> tuple[tuple[str, ...], DataChangedError | None]:
-    """Finish a committed save (the module's notes); the removals kept (``removals`` False:
-    only token files go) and the error for the parked sources kept (:func:`unlink_parked`)."""
+    """Finish a committed save (``removals`` False: only token files go); the removals kept
+    and :func:`unlink_parked`'s error."""
     _rename_outputs(j, journal_path)
     # Removals first, while the parked sources prove their directories the save's.
     _removed, removals_kept = discard_and_remove(
@@ -269,12 +252,11 @@ def finish(j: Journal, journal_path: str, looked: Mapping[Key, tuple[int, int]],
 
 def unlink_parked(j: Journal, looked: Mapping[Key, tuple[int, int]],
                   c: transfer.Counters) -> DataChangedError | None:
-    """Unlink each parked source still its inode, at its kept prefix and as ``looked`` (the
-    ``committed`` step's last look: size and mtime); one that is not was written after the
-    look and is kept, named back if its name is free, and the committed error returned says
-    where, once the rest are gone.  The save and recover judge alike."""
+    """The finish's parked sources (the module's notes; ``looked``: the ``committed`` step's
+    looks): the save and recover judge alike; the committed error says where any is kept."""
     moved = [s for s in j.sources if not s.adopt]
-    kept: list[tuple[str, int, int, str]] = []  # (source, size last seen, now, where kept)
+    err: DataChangedError | None = None  # about the first source kept
+    kept: list[str] = []  # where each is kept
     notes = ["the outputs are complete under their final names"]
     for s in moved:
         # Another process's inode put at its name is kept and said like a changed source.
@@ -294,19 +276,18 @@ def unlink_parked(j: Journal, looked: Mapping[Key, tuple[int, int]],
                 at, why = s.path, "under its own name"
             except RecoverError:
                 why = f"{s.path} is now another file"
-        kept.append((s.path, was, st.st_size, at))
+        err = err or DataChangedError(s.path, expected_size=was, found_size=st.st_size,
+                                      reason="another process changed this consumed source "
+                                      "after the commit point, so it was not deleted")
+        kept.append(at)
         notes.append(f"{s.path}: {st.st_size} bytes (the save last saw {was}); kept at {at} "
                      f"({why})")
     c.fsyncs += _sys.fsync_parents([j.parked(s) for s in moved])
-    if not kept:
-        return None
-    err = DataChangedError(kept[0][0], expected_size=kept[0][1], found_size=kept[0][2],
-                           reason="another process changed this consumed source after the "
-                           "commit point, so it was not deleted")
-    err.committed = True
-    for note in notes:
-        add_note(err, note)
-    err.kept = tuple(k[3] for k in kept)  # type: ignore[attr-defined]
+    if err is not None:
+        err.committed = True
+        for note in notes:
+            add_note(err, note)
+        err.kept = tuple(kept)  # type: ignore[attr-defined]
     return err
 
 
@@ -354,9 +335,8 @@ def proven_directories(j: Journal) -> frozenset[str]:
 
 def discard_and_remove(j: Journal, proven: frozenset[str] | None = None
                        ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Unlink each discard temp still its inode, then each removal still the recorded file
-    and (for recover) in a ``proven`` directory (None: the running save, which recorded them);
-    fsync their directories.  (removed, kept)."""
+    """Unlink each discard temp and each removal still the recorded file (recover: in a
+    ``proven`` directory; None: the running save, which recorded them).  (removed, kept)."""
     gone: list[str] = []
     for o, out in enumerate(j.outputs):
         if out.discard and same_file(j.temp(o), out.dev, out.ino) is not None:
