@@ -505,3 +505,31 @@ def test_a_token_file_left_after_a_rollback_is_a_failure_after_it_began(tmp_path
     (again,) = recover(d)
     assert again.action == "restored"
     assert sorted(os.listdir(d)) == ["a.bin", "b.bin", "out.bin"]
+
+
+# --- the journal itself -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("tail", [b"", b"\nthe victim's own lines, after the journal's bytes\n"])
+def test_a_journal_name_linked_to_a_file_elsewhere_is_never_cut_or_appended_to(
+        tmp_path: Path, tail: bytes) -> None:
+    """Recover appends to a journal (and first cuts off a torn tail): a journal name that is a
+    hard link to a file elsewhere (forged, or a ``cp -al`` backup) is refused before any change,
+    the file elsewhere byte-exact and every file of the save as it was; once the journal has
+    one name again recover rolls back."""
+    d = tmp_path / "save"
+    d.mkdir()
+    _killed_mid_move(d)
+    j = _token_file(d, _names.JOURNAL)
+    victim = _victim(tmp_path / "outside" / "victim.log", j.read_bytes() + tail)
+    _relink(j, victim)
+    want = _look(victim)
+    before = {n: (d / n).read_bytes() for n in sorted(os.listdir(d))}
+    story = _recover_story(d)
+    assert "2 links: another name reaches the journal" in story and "refused" in story
+    assert _look(victim) == want
+    assert {n: (d / n).read_bytes() for n in sorted(os.listdir(d))} == before
+    os.unlink(j)  # one name again: a copy of the linked file
+    j.write_bytes(victim.read_bytes()[:len(victim.read_bytes()) - len(tail)])
+    recover(d)
+    assert (d / "a.bin").read_bytes() == A and (d / "b.bin").read_bytes() == B
+    assert (d / "out.bin").read_bytes() == b"OLD" and _look(victim) == want
