@@ -28,8 +28,8 @@ from filecord._io import syscalls as _sys
 from filecord._plan.types import MoveSource
 from filecord._txn import begin, fill, journal, looks, undo
 from filecord._txn.stages import Stage
-from filecord._txn.state import Placed, Txn
-from filecord.errors import ChangeKind, DataChangedError, SaveError
+from filecord._txn.state import Txn
+from filecord.errors import ChangeKind, DataChangedError
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,8 @@ log = logging.getLogger(__name__)
 def adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
     o = m.dests[0].output
     fd = _claim(txn, m, src)
-    where = _insert(txn, m, src, fd) if src.inserted or (
-        txn.prep.plan.outputs[o].length > m.size) else None
-    if where is not None:
-        txn.adopted_blocks[o] = (src.inserted, m.size, where)
+    if src.inserted or txn.prep.plan.outputs[o].length > m.size:
+        _insert(txn, m, src, fd)
     fill.fill_output(txn, o)
     log.debug("adopt %s: the rest of %s written around it", m.path, txn.temps[o])
     # Moved bytes follow: presized only now, so a file adopted whole and cut by someone else
@@ -52,9 +50,7 @@ def adopt(txn: Txn, m: MoveSource, src: journal.JournalSource) -> None:
 def _claim(txn: Txn, m: MoveSource, src: journal.JournalSource) -> int:
     """Step 1; the descriptor there."""
     o = m.dests[0].output
-    temp = txn.temps[o]
-    if temp is None:  # pragma: no cover - the plan adopts only into temps
-        raise SaveError(f"{m.path}: no temp to adopt into")
+    temp = txn.journaled()[0].temp(o)
     data = txn.prep.facts.datas[m.key][0]
     st = undo.same_file(data.path, *m.key)
     if st is None or (st.st_size, st.st_mtime_ns) != (m.size, data.identity.mtime_ns):
@@ -81,8 +77,8 @@ def _claim(txn: Txn, m: MoveSource, src: journal.JournalSource) -> int:
     return fd
 
 
-def _insert(txn: Txn, m: MoveSource, src: journal.JournalSource, fd: int) -> Placed | None:
-    """Step 2; where the source's bytes lie (None where the file system does not say)."""
+def _insert(txn: Txn, m: MoveSource, src: journal.JournalSource, fd: int) -> None:
+    """Step 2, noting where the source's bytes lie (where the file system says)."""
     if src.inserted:
         _sys.insert_range(fd, 0, src.inserted)
     # Size and times cannot tell another's cut from the save's writes around it, the blocks
@@ -91,7 +87,7 @@ def _insert(txn: Txn, m: MoveSource, src: journal.JournalSource, fd: int) -> Pla
     where = looks.blocks(fd, src.inserted, m.size)
     now = _sys.fstat(fd)  # a write or cut since the look above (before the blocks')
     if now.st_size != m.size + src.inserted:
-        raise DataChangedError(txn.temps[m.dests[0].output] or m.path,
+        raise DataChangedError(txn.journaled()[0].temp(m.dests[0].output),
                                expected_size=m.size + src.inserted, found_size=now.st_size,
                                reason="another process wrote to or cut it as it was adopted")
     if src.inserted:
@@ -99,7 +95,8 @@ def _insert(txn: Txn, m: MoveSource, src: journal.JournalSource, fd: int) -> Pla
                                             inserted=list(m.key)))
         txn.inserted.add(m.key)
         log.debug("adopt %s: %d bytes inserted in front of it, recorded", m.path, src.inserted)
-    return where
+    if where is not None:
+        txn.adopted_blocks[m.dests[0].output] = (src.inserted, m.size, where)
 
 
 def refuse_linked(st: os.stat_result, path: str) -> None:
@@ -111,7 +108,7 @@ def refuse_linked(st: os.stat_result, path: str) -> None:
                                kind=ChangeKind.LINKED)
 
 
-def check_at_commit(txn: Txn, o: int, st: os.stat_result) -> None:
+def check_at_commit(txn: Txn, o: int, fd: int, st: os.stat_result) -> None:
     """Step 4: output ``o``'s adopted file is as the save left it, else a change (held)."""
     p = txn.prep.plan
     key = p.adopted[o]
@@ -124,9 +121,7 @@ def check_at_commit(txn: Txn, o: int, st: os.stat_result) -> None:
                                reason="another process changed the adopted file before the "
                                "commit")
     placed = txn.adopted_blocks.get(o)
-    fd = txn.fds[o]
-    if placed is not None and fd is not None and looks.blocks(fd, placed[0],
-                                                              placed[1]) != placed[2]:
+    if placed is not None and looks.blocks(fd, placed[0], placed[1]) != placed[2]:
         # Only the blocks say the source's bytes are gone: held, never put back as the source.
         txn.changed = key
         raise DataChangedError(path, expected_size=length, found_size=st.st_size,

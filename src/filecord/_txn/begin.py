@@ -2,13 +2,11 @@
 
 Theory of operation
 -------------------
-1. Before any temp, a lock file per directory (``liveness.create``), its ``created`` step
-   naming the journal durable: a temp's name implies its lock and that step.
-2. The record goes to ``.filecord-pending``, fsynced, every directory of the save fsynced,
-   then is renamed to ``.filecord-journal``, its directory fsynced: a journal name never holds
-   a torn head.  Later steps are appended through its open descriptor at its logical end, each
-   fsynced.  Each lock file then gets a durable ``journaled`` step: a journal missing later was
-   removed.
+1. Before any temp, a lock file per directory (``liveness``), its ``created`` step naming the
+   journal durable: a temp's name implies its lock and that step.
+2. The head (``journal``), fsynced under its pending name with every directory of the save,
+   renamed, its directory fsynced; later steps appended through its open descriptor.  Each
+   lock file then gets a durable ``journaled`` step: a journal missing later was removed.
 3. Every source the save will shorten or delete is renamed to ``.NAME.TOKEN.filecord-src``,
    the directories fsynced, before anything is cut: a crash leaves each source at one of its
    two names, both known to ``recover``.
@@ -25,7 +23,7 @@ from filecord._plan.facts import unless_unsupported
 from filecord._txn import journal, liveness, transfer, undo
 from filecord._txn.stages import Stage
 from filecord._txn.state import Txn
-from filecord.errors import SaveError
+from filecord.errors import ChangeKind, DataChangedError, SaveError
 
 
 def journal_name(txn: Txn, suffix: str) -> str:
@@ -110,43 +108,53 @@ def _record(txn: Txn) -> journal.Journal:
 
 
 def write_journal(txn: Txn) -> journal.Journal:
-    record = txn.record = _record(txn)
-    pending = journal_name(txn, _names.PENDING)
+    record = _record(txn)
+    pending, final = journal_name(txn, _names.PENDING), journal_name(txn, _names.JOURNAL)
     head = journal.encode(record)  # once: a head of 100,000 moved ranges is megabytes
     fd = _sys.open(pending, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         _sys.write_all(fd, head, 0)
         txn.counters.fsync(fd)
+        # Every name the rollback needs (temps, lock files) durable before the journal's.
+        txn.counters.fsyncs += _sys.fsync_parents([pending, *filter(None, txn.temps)])
+        _sys.rename(pending, final)
     except BaseException:
         _sys.close_each([fd])
         raise
     # kept open: the later steps are appended through it
-    txn.log = liveness.Appender(pending, len(head), fd=fd, fsync=txn.counters.fsync)
-    # Every name the rollback needs (temps, lock files) durable before the journal's.
-    txn.counters.fsyncs += _sys.fsync_parents([pending, *filter(None, txn.temps)])
-    final = journal_name(txn, _names.JOURNAL)
-    _sys.rename(pending, final)
-    txn.journal_path = txn.log.path = final
+    txn.log = liveness.Appender(final, len(head), fd=fd, fsync=txn.counters.fsync)
+    txn.record = record
     txn.to(Stage.JOURNALED)  # the rename is the transition; a failed fsync below rolls back
     txn.counters.fsyncs += _sys.fsync_parents([final])
     created = len(liveness.pointer_record(final))
-    for _path, lock_fd in txn.locks:
-        liveness.mark_journaled(lock_fd, created)
+    for path, lock_fd in txn.locks:  # a journal missing from now on was removed
+        liveness.Appender(path, created, fd=lock_fd)(journal.step(Stage.JOURNALED))
     return record
 
 
 def park_sources(txn: Txn, record: journal.Journal) -> None:
+    """Step 3, each source given its first look there (``looks``)."""
     parked: list[str] = []
     for s in record.sources:
         if s.adopt:
             continue
         txn.to(Stage.MOVING)
-        current = txn.prep.facts.datas[(s.dev, s.ino)][0].path
-        if undo.same_file(current, s.dev, s.ino) is None:
-            txn.prep.facts.datas[(s.dev, s.ino)][0].check()
-            raise SaveError(f"{current} was replaced during the save")
-        _sys.rename(current, record.parked(s))
+        key, data = (s.dev, s.ino), txn.prep.facts.datas[(s.dev, s.ino)][0]
+        was = data.identity
+        if undo.same_file(data.path, *key) is None:
+            data.check()
+            raise SaveError(f"{data.path} was replaced during the save")
         parked.append(record.parked(s))
+        _sys.rename(data.path, parked[-1])
+        st = undo.same_file(parked[-1], *key)
+        if st is None or (st.st_size, st.st_mtime_ns) != (was.size, was.mtime_ns):
+            txn.changed = key
+            raise DataChangedError(parked[-1], expected_size=was.size,
+                                   found_size=None if st is None else st.st_size,
+                                   reason="another process changed it as it was parked",
+                                   kind=ChangeKind.REPLACED if st is None else
+                                   ChangeKind.CONTENT)
+        txn.looks[key] = transfer.Look(transfer.Facts.of(st))
     txn.counters.fsyncs += _sys.fsync_parents(parked)
 
 
@@ -155,8 +163,6 @@ def append_step(txn: Txn, record: bytes, stage: Stage | None = None) -> None:
     returns.  A step whose write or fsync failed is not taken (``liveness.Appender``): until
     the next cuts it off a crash may keep it, but the files are as it says (every step
     precedes its action)."""
-    if txn.log is None:  # pragma: no cover - steps follow the journal's write
-        raise SaveError("a journal step without a journal")
-    txn.log(record)
+    txn.journaled()[1](record)
     if stage is not None:
         txn.to(stage)

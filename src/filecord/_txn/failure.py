@@ -26,7 +26,7 @@ from filecord._io import syscalls as _sys
 from filecord._txn import assess, begin, journal, liveness, undo
 from filecord._txn.decide import Action, Actor, Found, decide
 from filecord._txn.journal import Journal
-from filecord._txn.stages import Stage, StageError
+from filecord._txn.stages import Stage
 from filecord._txn.state import Txn
 from filecord.errors import (
     DataChangedError,
@@ -55,21 +55,13 @@ def drop_locks(txn: Txn, *, remove: bool) -> None:
 
 def close_descriptors(txn: Txn) -> list[OSError]:
     """Close every temp and source descriptor, all of them whatever fails; the errors."""
-    fds = [fd for fd in txn.fds if fd is not None] + [fd for fd, _st in txn.src_fds.values()]
+    fds = [fd for fd in txn.fds if fd is not None] + list(txn.src_fds.values())
     txn.fds = [None] * len(txn.fds)
     txn.src_fds.clear()
     return _sys.close_each(fds)
 
 
-def _close(txn: Txn, notes: list[str]) -> None:
-    fds = [] if txn.log is None or txn.log.fd is None else [txn.log.fd]
-    if txn.log is not None:
-        txn.log.fd = None  # from here on a step opens the journal by name
-    errors = close_descriptors(txn) + _sys.close_each(fds)
-    notes.extend(f"could not close a descriptor: {exc}" for exc in errors)
-
-
-def _raise(exc: BaseException, message: str, notes: list[str], **kw: object) -> NoReturn:
+def reraise(exc: BaseException, message: str, notes: list[str], **kw: object) -> NoReturn:
     """A system call's error becomes a ``SaveError``; the caller's own error keeps its type
     (a DataChangedError stays one), the journal it leaves riding along as attributes."""
     if isinstance(exc, OSError) and not isinstance(exc, FilecordError):
@@ -98,14 +90,6 @@ def _states(record: Journal, seen: assess.Observed) -> tuple[SourceState, ...]:
     return tuple(states)
 
 
-def journaled(txn: Txn) -> tuple[Journal, str]:
-    """The record and journal name of a save past JOURNALED; a bug in filecord otherwise."""
-    record, path = txn.record, txn.journal_path
-    if record is None or path is None:  # pragma: no cover - the stage table rules it out
-        raise StageError(f"a save at {txn.stage.value} without its journal")
-    return record, path
-
-
 def _keep(txn: Txn, f: _Failed, notes: list[str], *, held: bool = False) -> NoReturn:
     """Row KEEP: the journal and temps stay for recover (no byte changed, or the files could
     not be checked); the notes say where every source's bytes are.  Row HOLD (``held``: a
@@ -117,17 +101,16 @@ def _keep(txn: Txn, f: _Failed, notes: list[str], *, held: bool = False) -> NoRe
         except OSError as exc:
             notes.append(f"could not mark the journal held ({exc}): recover refuses it anyway "
                          "if the change shows in the source's size")
-    _close(txn, notes)
     drop_locks(txn, remove=False)
-    record, path = journaled(txn)
+    record, log_ = txn.journaled()
     key = txn.moving or txn.changed
     during = assess.seen_mid_move(f.exc, key)  # the size the move last left it at
     left_at = {} if during is None or key is None else {key: during.expected_size}
     seen = assess.observe(record)  # afresh: the files may have changed since the assessment
     notes.extend(assess.whereabouts(record, seen, left_at, inserted=frozenset(txn.inserted),
                                     held=held))
-    notes.append(f"{f.why}; run `filecord recover {path}` once the cause is fixed")
-    _raise(f.exc, f"saving {f.names} failed", notes, journal_path=path,
+    notes.append(f"{f.why}; run `filecord recover {log_.path}` once the cause is fixed")
+    reraise(f.exc, f"saving {f.names} failed", notes, journal_path=log_.path,
            sources=_states(record, seen))
 
 
@@ -144,11 +127,14 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
     """Clean up after ``exc`` as the table says (from the stage and, past the journal, the
     files' assessment) and raise the error the caller sees; the save ends FAILED."""
     names = ", ".join(o.path for o in txn.prep.plan.outputs)
-    notes: list[str] = []
+    # Every descriptor let go first: from here on each step, the assessment and the undo open
+    # what they need by name, as recover does.
+    notes = [f"could not close a descriptor: {e}"
+             for e in close_descriptors(txn) + (txn.log.close() if txn.log else [])]
     try:
         if txn.stage not in (Stage.JOURNALED, Stage.MOVING):  # the stage alone decides
             _ACTIONS[decide(Actor.SAVE, txn.stage, Found.AS_LEFT)](txn, _Failed(exc, names), notes)
-        record = journaled(txn)[0]
+        record = txn.journaled()[0]
         # What the running save knows, as the records a crashed one would leave.
         records = assess.Records(Actor.SAVE, txn.stage, txn.moves_done, frozenset(txn.inserted),
                                  looks=txn.looks, cause=exc,
@@ -166,7 +152,6 @@ def fail(txn: Txn, exc: BaseException) -> NoReturn:
 
 def _complete(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row COMPLETE: e.g. Ctrl-C while the last lock file was being let go."""
-    _close(txn, notes)
     drop_locks(txn, remove=False)
     add_note(f.exc, f"the save of {f.names} had completed: every output is in place and "
              "durable (a lock file left behind is removed by `filecord recover`)")
@@ -176,9 +161,8 @@ def _complete(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
 def _finish(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row FINISH: after the commit point nothing is undone; recover finishes (or, without a
     journal, the one rename was the commit and only its directory's fsync failed)."""
-    _close(txn, notes)
-    drop_locks(txn, remove=txn.journal_path is None)  # a journal's are recover's to remove
-    if txn.journal_path is not None:
+    drop_locks(txn, remove=txn.log is None)  # a journal's are recover's to remove
+    if txn.log is not None:
         # RENAMED: every output is under its final name, so the save succeeded and only its
         # clean-up did not (``committed``: the CLI exits 0 with this as a warning).
         renamed = txn.stage is Stage.RENAMED
@@ -186,29 +170,28 @@ def _finish(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
                 "remove what is left of the consumed sources and the journal" if renamed else
                 "the outputs are complete; run `filecord recover {}` to finish moving them to "
                 "their final names and removing the consumed sources")
-        notes.append(left.format(txn.journal_path))
+        notes.append(left.format(txn.log.path))
         what = "committed, but cleaning up after its commit point failed" if renamed else \
             "failed after its commit point"
-        _raise(f.exc, f"saving {f.names} {what}", notes, journal_path=txn.journal_path,
+        reraise(f.exc, f"saving {f.names} {what}", notes, journal_path=txn.log.path,
                committed=renamed)
     notes.append(f"{f.names} holds the complete new content, but syncing its directory "
                  "failed: after a power loss the old file may come back")
-    _raise(f.exc, f"saving {f.names} failed after the rename", notes)
+    reraise(f.exc, f"saving {f.names} failed after the rename", notes)
 
 
 def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row ROLL_BACK: append the ``rolling back`` step (durable), put every byte back on the
     live files exactly as recover would, then discard the rest.  A failure of the undo asks
     the table again, at the stage reached, with the files unreadable."""
-    record = journaled(txn)[0]
+    record, log_ = txn.journaled()
     try:
         begin.append_step(txn, journal.step(Stage.ROLLING_BACK), Stage.ROLLING_BACK)
-        _close(txn, notes)  # the undo opens what it needs by name, as recover does
         restored = undo.roll_back(record, txn.counters, frozenset(txn.inserted), {},
                                   lambda step: begin.append_step(txn, step))
     except BaseException as rexc:  # noqa: BLE001 - any failure here leaves the journal in charge
         notes.append(f"rolling back also failed: {rexc!r}")
-        if txn.log is not None and txn.log.torn:
+        if log_.torn:
             notes.append("the step whose write or fsync failed could not be cut off the "
                          "journal: where it reads back whole `filecord recover` plays it (a "
                          "failed `committed` step: the save then completes, not rolled back)")
@@ -226,7 +209,6 @@ def _roll_back(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
 
 def _discard(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     """Row DISCARD (and the end of ROLL_BACK): nothing of the save is left but its garbage."""
-    _close(txn, notes)
     paths = [t for t in txn.temps if t is not None]
     if paths:  # a pending journal comes after the temps
         paths.append(begin.journal_name(txn, _names.PENDING))
@@ -237,12 +219,12 @@ def _discard(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
         except OSError as exc:  # noqa: PERF203 - every path is tried
             notes.append(f"could not remove {p}: {exc}")
             left = True
-    if txn.journal_path is not None and not left:
+    if txn.log is not None and not left:
         try:
             _sys.fsync_parents(paths)
-            _sys.unlink_missing_ok(txn.journal_path)
+            _sys.unlink_missing_ok(txn.log.path)
         except OSError as exc:
-            notes.append(f"could not remove the journal {txn.journal_path}: {exc}")
+            notes.append(f"could not remove the journal {txn.log.path}: {exc}")
             left = True
     drop_locks(txn, remove=not left)
     streams = [o.path for o in txn.prep.plan.outputs if o.direct]
@@ -252,8 +234,8 @@ def _discard(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     notes.append("no final name was changed and the sources are intact: the save can be retried")
     # A journal that could not be removed (its last step ``rolling back``: the rollback is
     # done) is named, so the caller can have ``recover`` remove it.
-    kept = {"journal_path": txn.journal_path} if left else {}
-    _raise(f.exc, f"saving {f.names} failed", notes, **kept)
+    kept = {"journal_path": txn.log.path} if left and txn.log else {}
+    reraise(f.exc, f"saving {f.names} failed", notes, **kept)
 
 
 # Each row of the table (``decide.Action``) and the one function that carries it out.

@@ -68,52 +68,42 @@ def finish_modes(txn: Txn) -> None:
 
 
 # Source descriptors a fill keeps open at once (a merge of 600 shards under `ulimit -n 256`
-# failed with EMFILE): past it the oldest is looked at and closed, and held to the same
-# baseline when opened again.
+# failed with EMFILE): past it the oldest is closed.  Every source is looked at after its
+# bytes are copied, so one closed is opened again and compared then.
 OPEN_SOURCES = 64
 
 
 def _source_fd(txn: Txn, data: FileBackedData) -> int:
+    """Its descriptor, the file held to the plan's look and to itself as first opened."""
     ident = data.identity
     key = (ident.dev, ident.ino)
-    if key not in txn.src_fds:
-        if len(txn.src_fds) >= OPEN_SOURCES:  # the oldest looked at and closed
-            old = next(iter(txn.src_fds))
-            old_fd, first = txn.src_fds[old]
-            now = _sys.fstat(old_fd)
-            del txn.src_fds[old]
-            _sys.close(old_fd)
-            txn.src_closed[old] = first
-            _compare(txn.prep.facts.datas[old][0], first, now)
-        fd = _open_source(txn, data)
-        try:
-            st = _sys.fstat(fd)
-            was = txn.src_closed.pop(key, None)
-            # The baseline must itself be the captured file; one opened again keeps its first.
-            if was is not None:
-                _compare(data, was, st)
-                st = was
-            elif (st.st_size, st.st_mtime_ns) != (ident.size, ident.mtime_ns):
-                raise DataChangedError(data.path, expected_size=ident.size,
-                                       found_size=st.st_size,
-                                       reason="another process changed it as it was opened")
-            txn.src_fds[key] = (fd, st)
-        except BaseException:
-            _sys.close(fd)
-            raise
-    return txn.src_fds[key][0]
+    fd = txn.src_fds.get(key)
+    if fd is not None:
+        return fd
+    if len(txn.src_fds) >= OPEN_SOURCES:
+        _sys.close(txn.src_fds.pop(next(iter(txn.src_fds))))
+    fd = _open_source(txn, data)
+    try:
+        st = _sys.fstat(fd)
+        if (st.st_size, st.st_mtime_ns) != (ident.size, ident.mtime_ns):
+            raise DataChangedError(data.path, expected_size=ident.size, found_size=st.st_size,
+                                   reason="another process changed it as it was opened")
+        _compare(data, txn.src_seen.setdefault(key, st), st)
+    except BaseException:
+        _sys.close(fd)
+        raise
+    txn.src_fds[key] = fd
+    return fd
 
 
 def _open_source(txn: Txn, data: FileBackedData) -> int:
     """A source checked through its descriptor; read at its parked name when an output built
     around an adopted file is filled after the parking (a source copied, not moved)."""
-    ident = data.identity
-    record = txn.record
-    parked = None if record is None or txn.stage is not Stage.MOVING else next(
-        (record.parked(s) for s in record.sources
-         if (s.dev, s.ino) == (ident.dev, ident.ino) and not s.adopt), None)
-    if parked is None:
+    ident, record = data.identity, txn.record
+    s = None if record is None else record.by_key().get((ident.dev, ident.ino))
+    if record is None or s is None or s.adopt or txn.stage is not Stage.MOVING:
         return data.open_checked()
+    parked = record.parked(s)
     try:
         fd = _sys.open(parked, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
@@ -137,10 +127,9 @@ def _compare(data: FileBackedData, was: os.stat_result, now: os.stat_result) -> 
 
 
 def _recheck_source(txn: Txn, data: FileBackedData) -> None:
-    """The source must be the file it was when opened (F-mix); reopened if closed meanwhile."""
-    _source_fd(txn, data)
-    fd, was = txn.src_fds[(data.identity.dev, data.identity.ino)]
-    _compare(data, was, _sys.fstat(fd))
+    """The source must be the file it was when first opened; reopened if closed meanwhile."""
+    fd = _source_fd(txn, data)
+    _compare(data, txn.src_seen[(data.identity.dev, data.identity.ino)], _sys.fstat(fd))
 
 
 @contextlib.contextmanager
@@ -155,13 +144,6 @@ def _as_change(txn: Txn, *datas: FileBackedData) -> Iterator[None]:
         raise
 
 
-def fill(txn: Txn) -> None:
-    """Every output that is not built around an adopted file (``adopt`` fills those)."""
-    for o in range(len(txn.prep.plan.outputs)):
-        if o not in txn.prep.plan.adopted:
-            fill_output(txn, o)
-
-
 def fill_output(txn: Txn, o: int) -> None:
     """Output ``o``'s pieces that are not moved nor adopted, at their final offsets.  Pieces
     adjacent in their source and in the output are one copy; each source of the plain copies
@@ -171,7 +153,7 @@ def fill_output(txn: Txn, o: int) -> None:
     fd = txn.fds[o]
     if fd is None:
         raise SaveError(f"{out.path}: output descriptor missing")
-    run: _Run | None = None
+    runs: list[_Run] = []  # copies not made yet: adjacent ones join (building them calls nothing)
     copied: dict[tuple[int, int], FileBackedData] = {}  # sources of the runs copied
     for pos in p.actions.positions(o):
         r = p.actions.refs[pos]
@@ -185,16 +167,12 @@ def fill_output(txn: Txn, o: int) -> None:
             base, spans = ((piece.base, list(piece.runs())) if isinstance(piece, FileRows)
                            else (piece, [(piece.offset, r.length)]))
             for src_off, n in spans:
-                if run is None or not run.extends(base, src_off, dst_off):
-                    if run is not None:
-                        _copy_run(txn, fd, run, copied)
-                    run = _Run(base, src_off, dst_off, 0)
-                run.n += n
+                if not (runs and runs[-1].extends(base, src_off, dst_off)):
+                    runs.append(_Run(base, src_off, dst_off, 0))
+                runs[-1].n += n
                 dst_off = None if dst_off is None else dst_off + n
             continue
-        if run is not None:
-            _copy_run(txn, fd, run, copied)
-            run = None
+        _copy_runs(txn, fd, runs, copied)
         if isinstance(piece, Derived):
             _compute_piece(txn, piece, fd, dst_off)
         elif not isinstance(piece, FileBackedData):
@@ -206,8 +184,7 @@ def fill_output(txn: Txn, o: int) -> None:
             _recheck_source(txn, piece)
             if done != planned:
                 txn.outcomes[pos] = done
-    if run is not None:
-        _copy_run(txn, fd, run, copied)
+    _copy_runs(txn, fd, runs, copied)
     for data in copied.values():
         _recheck_source(txn, data)
     if not out.direct:
@@ -248,12 +225,15 @@ class _Run:
                 and (dst_off is None or dst_off == (self.dst_off or 0) + self.n))
 
 
-def _copy_run(txn: Txn, fd: int, run: _Run, copied: dict[tuple[int, int], FileBackedData]) -> None:
-    src = _source_fd(txn, run.data)
-    with _as_change(txn, run.data):
-        transfer.copy_range(src, fd, run.src_off, run.dst_off, run.n, txn.counters, txn.advance)
-    ident = run.data.identity
-    copied.setdefault((ident.dev, ident.ino), run.data)
+def _copy_runs(txn: Txn, fd: int, runs: list[_Run],
+               copied: dict[tuple[int, int], FileBackedData]) -> None:
+    for run in runs:
+        src = _source_fd(txn, run.data)
+        with _as_change(txn, run.data):
+            transfer.copy_range(src, fd, run.src_off, run.dst_off, run.n, txn.counters,
+                                txn.advance)
+        copied.setdefault((run.data.identity.dev, run.data.identity.ino), run.data)
+    runs.clear()
 
 
 def _clone_or_copy(txn: Txn, piece: FileBackedData, fd: int, act: PieceAction) -> PieceAction:

@@ -24,8 +24,7 @@ it licenses:
 * ``rolling back``, then one with ``rebuilt: [dev, ino, new_dev, new_ino]`` per source
   rebuilt in a new file (``undo``: its token name had another link) before that file is
   linked under the source's name: the proof that the file there is the rollback's own;
-* ``held``; the lock files (``liveness``) hold ``created`` (the journal's
-  path) and ``journaled``.
+* ``held``; the lock files (``liveness``) hold ``created`` (the journal's path) and ``journaled``.
 
 :func:`read_log` replays WAL style, strictly: it stops at the first record that does not check,
 a torn tail when no later record checks, else damage (a crash only cuts the tail).  A record
@@ -41,7 +40,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -172,16 +171,17 @@ class Journal:
     removals: tuple[JournalRemoval, ...] = ()  # unlinked at the commit, in order
 
     def temp(self, o: int) -> str:
-        """Output ``o``'s temp path (derived, never stored)."""
         return _names.sibling(self.outputs[o].final, self.token, _names.TEMP)
 
     def parked(self, s: JournalSource) -> str:
-        """Where source ``s`` sits, renamed with the token, between journal and commit."""
         return _names.sibling(s.path, self.token, _names.SOURCE)
 
     def locks(self) -> dict[str, str]:
         """Each directory holding a temp (in output order) -> its lock file (:func:`lock_files`)."""
         return lock_files((o.final for o in self.outputs if not o.direct), self.token)
+
+    def by_key(self) -> dict[tuple[int, int], JournalSource]:
+        return {(s.dev, s.ino): s for s in self.sources}
 
     def moved(self) -> list[JournalSource]:
         """The sources a move shortens, in the order the moves run."""
@@ -233,14 +233,12 @@ Step = Mapping[str, object]
 
 
 def frame(step: Step) -> bytes:
-    """One step record: length, checksum and payload on one line."""
     payload = json.dumps(dict(step), sort_keys=True, separators=(",", ":"),
                          ensure_ascii=True).encode()
     return b"%08x %s %s\n" % (len(payload), _sum(payload), payload)
 
 
 def step(stage: Stage, **fields: object) -> bytes:
-    """The framed step record of ``stage`` with its fields."""
     return frame({"stage": stage.value, **fields})
 
 
@@ -285,12 +283,9 @@ class Replay:
 def _checks(line: bytes) -> bool:
     """Whether the line's length and checksum hold (a stray record checks: it is damage)."""
     try:
-        unframe(line)
-    except StrayRecordError:
-        return True
-    except (ValueError, KeyError, TypeError):
-        return False
-    return True
+        return bool(unframe(line))
+    except ValueError as exc:
+        return isinstance(exc, StrayRecordError)
 
 
 def _overlong(line: bytes) -> bool:
@@ -417,7 +412,7 @@ def read_log(data: bytes, *, intact_prefix: bool = False) -> Log:
 def _steps(j: Journal, records: tuple[dict[str, object], ...]) -> Log:
     """What the steps after the head say (moves finished, inserts done, cuts, last looks, the
     last stage), each field checked against the head: one out of range is damage."""
-    sources = {(s.dev, s.ino): s for s in j.sources}
+    sources = j.by_key()
     movers = {(s.dev, s.ino): s for s in j.moved()}
     moved = 0
     inserted: set[tuple[int, int]] = set()
@@ -471,9 +466,6 @@ def _a(kind: type[_T], v: object) -> _T:
     return v
 
 
-_HEAD_KEYS = {"version", "token", "window", "outputs", "removals", "sources"}
-
-
 def _entry(table: tuple[tuple[str, type], ...], values: object) -> dict[str, Any]:
     """A list entry of the head: exactly the fields of ``table``, each of its type."""
     if not isinstance(values, list) or len(values) != len(table):
@@ -486,7 +478,7 @@ def _parse(body: object) -> Journal:
         raise TypeError("the head is not an object")
     if body["version"] != VERSION:
         raise ValueError(f"version {body['version']!r} is not {VERSION}")
-    if set(body) != _HEAD_KEYS:
+    if set(body) != {"version", "token", "window", "outputs", "removals", "sources"}:
         raise ValueError(f"the head has fields {sorted(body)}")
     sources = []
     for s in _a(list, body["sources"]):
@@ -509,40 +501,42 @@ def _clean(path: str) -> bool:
     return os.path.isabs(path) and os.path.normpath(path) == path and "\0" not in path
 
 
-def _unconfined(j: Journal, journal_path: str) -> Iterator[str]:
-    """Why the head reaches beyond its save, first reason first: a path not absolute and
-    normalised, an index or range out of bounds, a token not its name's, the journal away from
-    its first output's directory (resolved)."""
+def confine(j: Journal, journal_path: str) -> None:
+    """Refuse a head that reaches beyond its save, first reason first (the caller names the
+    journal): a path not absolute and normalised, an index or range out of bounds, a token not
+    its name's, the journal away from its first output's directory (resolved)."""
     parsed = _names.parse(os.path.basename(journal_path))
     if parsed is None or parsed[0] != j.token:
-        yield "the record's token is not the one in its name"
+        raise JournalDamagedError("the record's token is not the one in its name")
     if j.window < 1:
-        yield f"window {j.window} is not positive"
+        raise JournalDamagedError(f"window {j.window} is not positive")
     for o in j.outputs:
         if not _clean(o.final):
-            yield f"output path {o.final!r} is not confined"
+            raise JournalDamagedError(f"output path {o.final!r} is not confined")
         if o.discard and o.direct:
-            yield f"{o.final}: a discard output is direct"
+            raise JournalDamagedError(f"{o.final}: a discard output is direct")
     for s in j.sources:
         if not _clean(s.path):
-            yield f"source path {s.path!r} is not confined"
+            raise JournalDamagedError(f"source path {s.path!r} is not confined")
         if not 0 <= s.run_start <= s.size:
-            yield f"{s.path}: run start out of range"
+            raise JournalDamagedError(f"{s.path}: run start out of range")
         if s.adopt and (len(s.dests) != 1 or s.dests[0].src_offset != 0
                         or s.dests[0].length != s.size or s.dests[0].out_offset % BLOCK):
-            yield f"{s.path}: an adopted source must be one whole range at a block-aligned offset"
+            raise JournalDamagedError(f"{s.path}: an adopted source must be one whole range at "
+                                      "a block-aligned offset")
         if not s.adopt and s.run_start < s.size:
             try:  # a rollback puts back every byte above the kept prefix from where these say
                 cover(s.dests, s.run_start, s.size)
             except ValueError:
-                yield (f"{s.path}: its ranges do not hold the bytes its move takes "
-                       f"({s.run_start} to {s.size})")
+                raise JournalDamagedError(f"{s.path}: its ranges do not hold the bytes its move "
+                                          f"takes ({s.run_start} to {s.size})") from None
         for d in s.dests:
             out = j.outputs[d.output] if 0 <= d.output < len(j.outputs) else None
             if (out is None or out.direct or min(d.length, d.src_offset, d.out_offset) < 0
                     or d.src_offset + d.length > s.size or d.out_offset + d.length > out.length):
-                yield (f"{s.path}: a range {d.src_offset}+{d.length} -> output {d.output} at "
-                       f"{d.out_offset} is outside the source, its outputs or their temps")
+                raise JournalDamagedError(
+                    f"{s.path}: a range {d.src_offset}+{d.length} -> output {d.output} at "
+                    f"{d.out_offset} is outside the source, its outputs or their temps")
     dirs = list(j.locks())
     # A file the commit removes is not named by the token, so it must at least sit where the
     # save worked: beside an output with a temp (a direct output's directory holds no lock
@@ -550,16 +544,9 @@ def _unconfined(j: Journal, journal_path: str) -> Iterator[str]:
     near = set(dirs) | {os.path.dirname(s.path) for s in j.sources}
     for r in j.removals:
         if not _clean(r.path) or os.path.dirname(r.path) not in near:
-            yield f"removal path {r.path!r} is not confined"
+            raise JournalDamagedError(f"removal path {r.path!r} is not confined")
         if r.path in {o.final for o in j.outputs} | {s.path for s in j.sources}:
-            yield f"{r.path} is both removed and saved"
+            raise JournalDamagedError(f"{r.path} is both removed and saved")
     here = _sys.realpath(os.path.dirname(_sys.abspath(journal_path)))
     if not dirs or dirs[0] != here:
-        yield "the journal is not in its first output's directory"
-
-
-def confine(j: Journal, journal_path: str) -> None:
-    """Refuse a head that could reach beyond its save (:func:`_unconfined` says why)."""
-    why = next(_unconfined(j, journal_path), None)
-    if why is not None:
-        raise JournalDamagedError(why)  # the caller names the journal
+        raise JournalDamagedError("the journal is not in its first output's directory")

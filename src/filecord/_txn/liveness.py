@@ -86,6 +86,11 @@ class Appender:
             if fd != self.fd:
                 _sys.close(fd)
 
+    def close(self) -> list[OSError]:
+        """Let go of ``fd`` (a later step opens the journal by name); the close's error."""
+        fd, self.fd = self.fd, None
+        return _sys.close_each([] if fd is None else [fd])
+
 
 def _names_same(fd: int, path: str) -> bool:
     try:
@@ -121,10 +126,7 @@ def create(path: str, content: bytes) -> int:
         # The name is ours alone (a signal can land after the link), unless a recover took
         # it: then that recover removes it.  Never hide why the lock could not be made.
         with contextlib.suppress(OSError):
-            if _names_same(fd, path):
-                _sys.unlink_missing_ok(path)
-        with contextlib.suppress(OSError):
-            _sys.close(fd)
+            release(path, fd)
         raise
     return fd
 
@@ -152,12 +154,6 @@ def pointer_record(journal_path: str) -> bytes:
     return journal.step(Stage.CREATED, journal=journal_path)
 
 
-def mark_journaled(fd: int, end: int) -> None:
-    """The durable ``journaled`` step: a journal missing from now on was removed."""
-    _sys.write_all(fd, journal.step(Stage.JOURNALED), end)
-    _sys.fsync(fd)
-
-
 @dataclass(frozen=True, slots=True)
 class Pointer:
     """A lock file read back: the journal it names (None: empty or torn), whether it was
@@ -178,10 +174,9 @@ def read_pointer(raw: bytes, token: str) -> Pointer:
         return Pointer(None)  # empty or torn: written before any temp, never fsynced
     stages = [journal.stage_of(rec) for rec in r.records]
     path = r.records[0].get("journal")
-    parsed = _names.parse(os.path.basename(path)) if isinstance(path, str) else None
     if (stages not in ([Stage.CREATED], [Stage.CREATED, Stage.JOURNALED])
-            or not isinstance(path, str) or parsed != (token, _names.JOURNAL)
-            or not os.path.isabs(path)):
+            or not isinstance(path, str) or not os.path.isabs(path)
+            or _names.parse(os.path.basename(path)) != (token, _names.JOURNAL)):
         return Pointer(None, damage="its lock file does not point at a journal of its save")
     return Pointer(path, len(stages) == 2)
 

@@ -4,10 +4,10 @@ back into, only a file still as last seen.
 Theory of operation
 -------------------
 The inode alone proves nothing about a write by a process that had the file open, so per
-source the save keeps its last look (``Txn.looks``: size, mtime, ctime), taken after parking
-(:func:`take`) and after each truncate (``transfer.move_source``, with the size a truncate in
-flight leaves), and compares it just before the ``committed`` step (:func:`check`: a
-difference is a ``DataChangedError``, the journal held) and in the rollback's assessment.
+source the save keeps its last look (``Txn.looks``: size, mtime, ctime), taken as it is parked
+(``begin.park_sources``) and after each truncate (``transfer.move_source``, with the size a
+truncate in flight leaves), and compares it just before the ``committed`` step (:func:`check`:
+a difference is a ``DataChangedError``, the journal held) and in the rollback's assessment.
 Size and mtime go into that step: the save and recover's finish unlink only a parked source
 still as they say (``undo.unlink_parked``: a changed one is kept, and the committed save
 raises once the rest is done).
@@ -24,55 +24,27 @@ from __future__ import annotations
 from filecord._io import syscalls as _sys
 from filecord._plan.facts import unless_unsupported
 from filecord._txn import assess, undo
+from filecord._txn.journal import Journal
 from filecord._txn.state import Placed, Txn
-from filecord._txn.transfer import Facts, Look
-from filecord.errors import ChangeKind, DataChangedError
+from filecord._txn.transfer import Facts
 
 
-def take(txn: Txn) -> None:
-    """The first look at each parked source."""
-    record = txn.record
-    if record is None:  # pragma: no cover - parking needs a journal
-        return
-    for s in record.sources:
-        if s.adopt:
-            continue
-        key = (s.dev, s.ino)
-        st = undo.same_file(record.parked(s), *key)
-        opened = txn.src_fds.get(key)
-        ident = txn.prep.facts.datas[key][0].identity
-        size, mtime = ((opened[1].st_size, opened[1].st_mtime_ns) if opened
-                       else (ident.size, ident.mtime_ns))
-        if st is None or (st.st_size, st.st_mtime_ns) != (size, mtime):
-            txn.changed = key
-            raise DataChangedError(record.parked(s), expected_size=size,
-                                   found_size=None if st is None else st.st_size,
-                                   reason="another process changed it as it was parked",
-                                   kind=ChangeKind.REPLACED if st is None else
-                                   ChangeKind.CONTENT)
-        txn.looks[key] = Look(Facts.of(st))
-
-
-def check(txn: Txn) -> dict[tuple[int, int], tuple[int, int]]:
+def check(txn: Txn, record: Journal) -> dict[tuple[int, int], tuple[int, int]]:
     """Every parked source as last seen, just before the commit point: the looks (size,
     mtime) for the ``committed`` step and the unlinks after it (``undo.unlink_parked``)."""
-    record = txn.record
-    if record is None:
-        return {}
     seen: dict[tuple[int, int], tuple[int, int]] = {}
     for s in record.sources:
         key = (s.dev, s.ino)
-        if s.adopt or key not in txn.looks:
+        st = undo.same_file(record.parked(s), *key) if key in txn.looks else None
+        if st is None:  # never looked at (adopted), or gone
             continue
-        st = undo.same_file(record.parked(s), *key)
-        err = None if st is None else assess.changed_since(
+        err = assess.changed_since(
             record.parked(s), Facts.of(st), txn.looks[key],
             "another process changed it after the save's last look, before the commit")
         if err is not None:
             txn.changed = key
             raise err
-        if st is not None:
-            seen[key] = (st.st_size, st.st_mtime_ns)
+        seen[key] = (st.st_size, st.st_mtime_ns)
     return seen
 
 

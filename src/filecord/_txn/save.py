@@ -48,12 +48,12 @@ from filecord._plan.space import check_space
 from filecord._plan.types import MoveSource, PieceActions, SavePlan
 from filecord._plan.window import DEFAULT_WINDOW
 from filecord._txn import adopt, begin, fill, journal, looks, transfer, undo
-from filecord._txn.failure import close_descriptors, drop_locks, journaled
+from filecord._txn.failure import close_descriptors, drop_locks, reraise
 from filecord._txn.failure import fail as _fail
 from filecord._txn.stages import Stage
 from filecord._txn.state import Prepared, Txn
 from filecord._txn.state import ProgressCallback as ProgressCallback
-from filecord.errors import DataChangedError, FilecordError, SaveError, add_note
+from filecord.errors import DataChangedError, FilecordError, SaveError
 
 log = logging.getLogger(__name__)
 
@@ -250,10 +250,8 @@ def _prepare(items: list[tuple[str, Cord]], *, consume: bool, window: int, in_pl
             raise
         # A system call of the preflight failed (stat, statvfs, ...): still a SaveError, as
         # documented, and nothing exists yet to clean up.
-        names = ", ".join(p for p, _c in items)
-        err = SaveError(f"saving {names} failed: {exc.strerror or exc}", errno=exc.errno)
-        add_note(err, "nothing was created or changed: the save can be retried")
-        raise err from exc
+        reraise(exc, f"saving {', '.join(p for p, _c in items)} failed",
+                ["nothing was created or changed: the save can be retried"])
     for group in prep.facts.datas.values():
         for d in group:
             d.detach_cleanup()
@@ -295,14 +293,15 @@ def _execute(txn: Txn) -> None:
         *(d.path for ds in txn.prep.facts.datas.values() for d in ds)])
     fill.create_outputs(txn)
     _presize_for_moves(txn, before_fill=True)
-    fill.fill(txn)
+    for o in range(len(p.outputs)):
+        if o not in p.adopted:  # one built around an adopted file is filled by ``adopt``
+            fill.fill_output(txn, o)
     txn.to(Stage.FILLED)
     fill.finish_modes(txn)
     # Only where a crash needs it (the theory's step 3); direct outputs are never renamed.
     if (p.moves or p.consumed or txn.removals or any(o.discard for o in p.outputs)
             or sum(not o.direct for o in p.outputs) > 1):
         begin.park_sources(txn, begin.write_journal(txn))
-        looks.take(txn)
     _presize_for_moves(txn)
     for m in p.moves:
         _move(txn, m)
@@ -321,8 +320,8 @@ def _presize_for_moves(txn: Txn, *, before_fill: bool = False) -> None:
 
 
 def _move(txn: Txn, m: MoveSource) -> None:
-    record = journaled(txn)[0]
-    src = next(s for s in record.sources if (s.dev, s.ino) == m.key)
+    record = txn.journaled()[0]
+    src = record.by_key()[m.key]
     txn.to(Stage.MOVING)
     if m.adopt:
         adopt.adopt(txn, m, src)
@@ -361,10 +360,9 @@ def _seal(txn: Txn) -> None:
             continue
         if fd in txn.dirty and txn.durable:
             txn.counters.fsync(fd)
-            txn.dirty.discard(fd)
         st = _sys.fstat(fd)
         if o in p.adopted:
-            adopt.check_at_commit(txn, o, st)
+            adopt.check_at_commit(txn, o, fd, st)
         if st.st_size != p.outputs[o].length:
             raise SaveError(f"{p.outputs[o].path}: temp is {st.st_size} bytes, expected "
                             f"{p.outputs[o].length}")
@@ -380,13 +378,13 @@ def _commit(txn: Txn) -> None:
     if txn.counters.moved != sum(d.length for m in p.moves if not m.adopt for d in m.dests):
         raise RuntimeError(f"a bug in filecord: {txn.counters.moved} bytes moved, not the plan's")
     record = txn.record
-    seen = looks.check(txn)  # the last look, just before the commit point
-    if record is not None and txn.journal_path is not None:
+    if record is not None:
+        seen = looks.check(txn, record)  # the last look, just before the commit point
         begin.append_step(txn, journal.step(Stage.COMMITTED, looked=[
             [*k, *v] for k, v in seen.items()]), Stage.COMMITTED)
-        if txn.log is not None and txn.log.fd is not None:
-            fd, txn.log.fd = txn.log.fd, None
-            _sys.close(fd)  # its steps all fsynced: a close error is raised
+        errors = txn.journaled()[1].close()
+        if errors:  # its steps all fsynced: a close error is raised
+            raise errors[0]
         adopt.take_owner_modes(txn, record)
     finals: list[str] = []
     for out, temp in zip(p.outputs, txn.temps, strict=True):
@@ -398,11 +396,11 @@ def _commit(txn: Txn) -> None:
     if txn.durable:
         txn.counters.fsyncs += _sys.fsync_parents(finals)
     kept = None
-    if record is not None and txn.journal_path is not None:
+    if record is not None:
         # Removals first: the parked sources prove their directories the save's to recover.
         txn.removed, txn.changed_removals = undo.discard_and_remove(record)
         kept = undo.unlink_parked(record, seen, txn.counters)
-        _sys.unlink(txn.journal_path)
+        _sys.unlink(txn.journaled()[1].path)
     txn.to(Stage.DONE)
     drop_locks(txn, remove=True)
     if kept is not None:  # the outputs are complete; a source written after the last look

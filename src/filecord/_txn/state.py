@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from filecord._plan.preflight import Facts
 from filecord._plan.types import PieceAction, SavePlan
 from filecord._txn import journal, liveness, transfer
-from filecord._txn.stages import Stage, advance
+from filecord._txn.stages import Stage, StageError, advance
 
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
 # where a range of a file lies on the device: (offset in the range, device offset, length)
@@ -42,12 +42,11 @@ class Txn:
     temps: list[str | None] = field(default_factory=list)
     locks: list[tuple[str, int]] = field(default_factory=list)
     dirty: set[int] = field(default_factory=set)
-    src_fds: dict[tuple[int, int], tuple[int, os.stat_result]] = field(default_factory=dict)
-    # closed to stay under the descriptor limit: the baseline a reopened one is held to
-    src_closed: dict[tuple[int, int], os.stat_result] = field(default_factory=dict)
-    record: journal.Journal | None = None
-    journal_path: str | None = None  # the journal's name, once it has one
-    log: liveness.Appender | None = None  # the journal's steps (its descriptor: to the commit)
+    src_fds: dict[tuple[int, int], int] = field(default_factory=dict)  # open, oldest first
+    # each source as first opened: the baseline it is held to (``fill``)
+    src_seen: dict[tuple[int, int], os.stat_result] = field(default_factory=dict)
+    record: journal.Journal | None = None  # the head, once the journal has its name
+    log: liveness.Appender | None = None  # its steps, at ``log.path`` (``fd``: to the commit)
     moving: tuple[int, int] | None = None  # the source being moved right now
     # per consumed source, the save's last look at it and the size a truncate in flight
     # leaves (None when none is): ``looks``
@@ -72,6 +71,12 @@ class Txn:
     def to(self, stage: Stage) -> None:
         if stage is not self.stage:  # a stage several steps log (each move's) is entered once
             self.stage = advance(self.stage, stage)
+
+    def journaled(self) -> tuple[journal.Journal, liveness.Appender]:
+        """The head and log of a save past JOURNALED; a bug in filecord otherwise."""
+        if self.record is None or self.log is None:  # pragma: no cover - the stages rule it out
+            raise StageError(f"a save at {self.stage.value} without its journal")
+        return self.record, self.log
 
     def advance(self, n: int) -> None:
         self.done += n
