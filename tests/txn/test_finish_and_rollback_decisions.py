@@ -459,3 +459,30 @@ def test_the_saves_own_finish_keeps_a_source_written_after_its_last_look(
     assert (tmp_path / "b.bin").read_bytes() == b"NEW"  # kept, its name back
     assert not (tmp_path / "a.bin").exists()
     assert sorted(os.listdir(tmp_path)) == ["b.bin", "out.bin"]
+
+
+def test_a_rollback_that_cannot_remove_its_temp_says_to_recover_before_a_retry(
+        tmp_path: Path) -> None:
+    """A failed consuming save puts every source back but cannot unlink its temp: the journal
+    and lock files stay too, and the error says to run recover before a retry (a retry that
+    consumes the sources first would leave a journal naming sources that are gone)."""
+    class Fail(_sys.Backend):
+        def __init__(self) -> None:
+            self.truncates = 0
+
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            self.truncates += op == "ftruncate"
+            if op == "ftruncate" and self.truncates == 2:
+                raise OSError(errno.EIO, "injected mid-move")
+            if op == "unlink" and str(args[0]).endswith(_names.TEMP):
+                raise OSError(errno.EIO, "injected at the temp's unlink")
+
+    with _sys.use(Fail()), pytest.raises(SaveError, match="injected mid-move") as caught:
+        save(tmp_path / "out.bin", _cord(tmp_path), consume=True, window=W)
+    (j,) = named(tmp_path, _names.JOURNAL)
+    said = " ".join(getattr(caught.value, "__notes__", []))
+    assert f"retried once `filecord recover {j}` has removed" in said
+    assert (tmp_path / "a.bin").read_bytes() == A
+    assert (tmp_path / "b.bin").read_bytes() == B
+    assert [r.action for r in recover(tmp_path)] == ["restored"]
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]

@@ -231,10 +231,12 @@ def _discard(txn: Txn, f: _Failed, notes: list[str]) -> NoReturn:
     if streams:
         notes.append(f"bytes already written to {', '.join(streams)} (not a regular file) "
                      "cannot be taken back")
-    notes.append("no final name was changed and the sources are intact: the save can be retried")
-    # A journal that could not be removed (its last step ``rolling back``: the rollback is
-    # done) is named, so the caller can have ``recover`` remove it.
+    # A journal left (its last step ``rolling back``: the rollback is done) names sources a
+    # retry may consume: recover removes it and what it lists first.
     kept = {"journal_path": txn.log.path} if left and txn.log else {}
+    notes.append("no final name was changed and the sources are intact: the save can be "
+                 "retried" + (f" once `filecord recover {txn.log.path}` has removed its "
+                              "journal, temps and lock files" if kept and txn.log else ""))
     reraise(f.exc, f"saving {f.names} failed", notes, **kept)
 
 
