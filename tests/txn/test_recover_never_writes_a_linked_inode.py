@@ -536,3 +536,40 @@ def test_a_journal_name_linked_to_a_file_elsewhere_is_never_cut_or_appended_to(
     assert (d / "b.bin").read_bytes() == B
     assert (d / "out.bin").read_bytes() == b"OLD"
     assert _look(victim) == want
+
+
+def test_a_failed_saves_rollback_never_appends_to_a_journal_name_linked_elsewhere(
+        tmp_path: Path) -> None:
+    """The failure path appends its ``rolling back`` step by the journal's name: a name
+    replaced by a link to a file elsewhere just before stops the rollback (the error says where
+    every byte is), the file elsewhere byte-exact; with one name again recover rolls back."""
+    d = tmp_path / "save"
+    d.mkdir()
+    (d / "a.bin").write_bytes(A)
+    (d / "b.bin").write_bytes(B)
+    victim = tmp_path / "outside" / "victim.log"
+    cord = Cord([FileBackedData(d / "a.bin", owned=True), FileBackedData(d / "b.bin", owned=True)])
+
+    linked: list[tuple[bytes, int, int, int, int, int]] = []
+
+    class LinkThenFail(_sys.Backend):
+        def hook(self, op: str, args: tuple[object, ...]) -> None:
+            if op == "ftruncate" and not linked and any(
+                    n.endswith(_names.SOURCE) for n in os.listdir(d)):  # the first cut
+                j = _token_file(d, _names.JOURNAL)
+                _victim(victim, j.read_bytes())
+                _relink(j, victim)
+                linked.append(_look(victim))
+                raise OSError(errno.EIO, "injected mid-move")
+
+    with _sys.use(LinkThenFail()), pytest.raises(OSError, match="injected mid-move") as caught:
+        save(d / "out.bin", cord, consume=True, window=W)
+    assert "rolling back also failed" in " ".join(getattr(caught.value, "__notes__", []))
+    assert [_look(victim)] == linked
+    j = _token_file(d, _names.JOURNAL)
+    os.unlink(j)
+    j.write_bytes(victim.read_bytes())
+    recover(d)
+    assert (d / "a.bin").read_bytes() == A
+    assert (d / "b.bin").read_bytes() == B
+    assert [_look(victim)] == linked

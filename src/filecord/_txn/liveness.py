@@ -41,9 +41,10 @@ class NotALockFileError(OSError):
     never a save's, and never opened in a way that could block or follow it."""
 
 
-def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
-    """Open a file recover finds by its name only if it is a regular file (else
-    ``NotALockFileError``), never following a symlink nor blocking (``O_NONBLOCK``: a FIFO)."""
+def open_regular(path: str, flags: int = os.O_RDONLY, *, sole: bool = False) -> int:
+    """Open a file recover finds by its name only if it is a regular file (and, ``sole``, its
+    one name; else ``NotALockFileError``), never following a symlink nor blocking
+    (``O_NONBLOCK``: a FIFO)."""
     try:
         fd = _sys.open(path, flags | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
@@ -52,8 +53,11 @@ def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
                 from None
         raise
     try:
-        if not stat_mod.S_ISREG(_sys.fstat(fd).st_mode):
+        st = _sys.fstat(fd)
+        if not stat_mod.S_ISREG(st.st_mode):
             raise NotALockFileError(errno.EINVAL, f"{path} is not a regular file")
+        if sole and st.st_nlink != 1:  # never written where another name reaches it
+            raise NotALockFileError(errno.EMLINK, f"{path} has another hard link")
     except BaseException:
         _sys.close(fd)
         raise
@@ -74,7 +78,7 @@ class Appender:
     fsync: Callable[[int], None] = _sys.fsync
 
     def __call__(self, record: bytes) -> None:
-        fd = open_regular(self.path, os.O_WRONLY) if self.fd is None else self.fd
+        fd = open_regular(self.path, os.O_WRONLY, sole=True) if self.fd is None else self.fd
         try:
             if self.torn:
                 _sys.ftruncate(fd, self.end)
