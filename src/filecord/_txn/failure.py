@@ -3,13 +3,14 @@
 Theory of operation
 -------------------
 ``fail`` decides nothing itself: it asks ``decide`` (the stage and, past the journal, the
-assessment of the files) and runs the function ``_ACTIONS`` gives for that row.  Before the
-journal the garbage goes (temps, a pending journal, the lock files last).  From JOURNALED a
-durable ``rolling back`` step comes first, so a crash continues the undo, then
-``undo.roll_back`` runs on the live files as ``recover`` would.  A source changed by someone
-else, or a failed undo, keeps everything: the locks only closed, the notes say which file
-holds which bytes and which ``filecord recover`` continues.  Past the commit point nothing is
-undone and the error names the journal.
+assessment of the files) and runs the function ``_ACTIONS`` gives for that row, every
+descriptor let go first: its steps open the journal by name, as recover's do (never where
+another name reaches it: ``liveness.open_regular``).  Before the journal the garbage goes
+(temps, a pending journal, the lock files last).  From JOURNALED a durable ``rolling back`` step
+comes first, so a crash continues the undo, then ``undo.roll_back`` runs on the live files as
+``recover`` would.  A source changed by someone else, or a failed undo, keeps everything: the
+locks only closed, the notes say which file holds which bytes and which ``filecord recover``
+continues.  Past the commit point nothing is undone and the error names the journal.
 """
 
 from __future__ import annotations
