@@ -56,7 +56,7 @@ def open_regular(path: str, flags: int = os.O_RDONLY, *, sole: bool = False) -> 
         st = _sys.fstat(fd)
         if not stat_mod.S_ISREG(st.st_mode):
             raise NotALockFileError(errno.EINVAL, f"{path} is not a regular file")
-        if sole and st.st_nlink != 1:  # never written where another name reaches it
+        if sole and st.st_nlink > 1:  # never written where another name reaches it (0: gone)
             raise NotALockFileError(errno.EMLINK, f"{path} has another hard link")
     except BaseException:
         _sys.close(fd)
