@@ -57,7 +57,10 @@ def open_regular(path: str, flags: int = os.O_RDONLY, *, sole: bool = False) -> 
         if not stat_mod.S_ISREG(st.st_mode):
             raise NotALockFileError(errno.EINVAL, f"{path} is not a regular file")
         if sole and st.st_nlink > 1:  # never written where another name reaches it (0: gone)
-            raise NotALockFileError(errno.EMLINK, f"{path} has another hard link")
+            raise NotALockFileError(errno.EMLINK, f"{path} has {st.st_nlink} links: another "
+                                    "name reaches the journal, which is written to (a copy "
+                                    "made with `cp -al`? give it one name, copy it with `cp`, "
+                                    "and run recover again)")
     except BaseException:
         _sys.close(fd)
         raise

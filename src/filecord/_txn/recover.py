@@ -238,15 +238,11 @@ def _real_dir(path: str) -> str:
 
 
 def _read(path: str) -> tuple[bytes, os.stat_result]:  # a journal's bytes, the file read
-    fd = liveness.open_regular(path)
+    fd = liveness.open_regular(path, sole=True)  # recover appends to it: refused before then
     try:
         st = _sys.fstat(fd)
         if st.st_size > JOURNAL_LIMIT:
             raise journal.NotAJournalError(f"{path} is {st.st_size} bytes: not a filecord journal")
-        if st.st_nlink > 1:  # recover appends to it: never to an inode another name reaches
-            raise RecoverError(f"{path} has {st.st_nlink} links: another name reaches the "
-                               "journal, and recover writes to it (a copy made with `cp -al`? "
-                               "give it one name, copy it with `cp`, and run recover again)")
         return _sys.read_all(fd, 0, st.st_size), st
     finally:
         _sys.close(fd)
